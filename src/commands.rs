@@ -1,0 +1,300 @@
+//! The CLI's commands as library functions: `run`, `check`, `devices`, `schema`.
+
+use crate::data::{self, Data};
+use crate::error::{Error, Result};
+use crate::graph::{DataShape, Graph, MemoryPlan};
+use crate::optim::Optimizer;
+use crate::run::{MetricsWriter, RunDir};
+use crate::spec::{self, parse_device, DeviceChoice, JobSpec};
+use crate::tensor::cpu::CpuBackend;
+use crate::tensor::Backend;
+use crate::train;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+pub struct RunArgs {
+    pub job: PathBuf,
+    pub sets: Vec<String>,
+    pub name: Option<String>,
+    pub runs_dir: PathBuf,
+}
+
+/// A job loaded, with its data and graph: everything `check` shows and `run` needs.
+struct Prepared {
+    spec: JobSpec,
+    data: Data,
+    graph: Graph,
+    threads: usize,
+}
+
+fn prepare(job: &Path, sets: &[String], name: Option<&str>) -> Result<Prepared> {
+    let mut spec = spec::load_job(job, sets)?;
+    if let Some(name) = name {
+        spec.job.name = Some(name.to_string());
+    }
+    let threads = spec
+        .train
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    // The pool can be built once per process; later calls (tests) keep the first one.
+    let _ = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build_global();
+    let data = data::load(&spec.data, spec.job.seed)?;
+    let shape = DataShape {
+        sample_shape: data.sample_shape.clone(),
+        classes: data.classes,
+        target_dim: data.target_dim,
+    };
+    let graph = Graph::build(&spec, &shape)?;
+    Ok(Prepared {
+        spec,
+        data,
+        graph,
+        threads,
+    })
+}
+
+/// Which backend a job runs on. Only the CPU exists so far; `auto` says so.
+fn pick_device(spec: &JobSpec) -> Result<&'static str> {
+    match parse_device(&spec.device.kind) {
+        Some(DeviceChoice::Cpu) => Ok("cpu"),
+        Some(DeviceChoice::Auto) => Ok("cpu"),
+        _ => Err(Error::Job(format!(
+            "device.type = \"{}\" is not available",
+            spec.device.kind
+        ))),
+    }
+}
+
+/// Trains a job; returns the run directory.
+pub fn run(args: &RunArgs) -> Result<PathBuf> {
+    let prepared = prepare(&args.job, &args.sets, args.name.as_deref())?;
+    let Prepared {
+        spec,
+        data,
+        graph,
+        threads,
+    } = prepared;
+    let device = pick_device(&spec)?;
+    let backend = CpuBackend::new(threads);
+
+    let run = RunDir::create(&args.runs_dir, spec.name())?;
+    let header = format!(
+        "# trainer run {} {}\n# resolved spec: defaults filled in, overrides applied\n# device: {} ({})",
+        args.job.display(),
+        args.sets.iter().map(|s| format!("--set {s}")).collect::<Vec<_>>().join(" "),
+        device,
+        backend.describe(),
+    );
+    run.write_config(&spec, &header)?;
+    crate::logging::attach_run_log(&run.path.join("train.log")).map_err(|e| {
+        Error::Runtime(format!(
+            "cannot create {}: {e}",
+            run.path.join("train.log").display()
+        ))
+    })?;
+    let result = run_in(&run, &spec, data, graph, &backend);
+    crate::logging::detach_run_log();
+    result.map(|()| run.path)
+}
+
+fn run_in(
+    run: &RunDir,
+    spec: &JobSpec,
+    data: Data,
+    graph: Graph,
+    backend: &CpuBackend,
+) -> Result<()> {
+    let started = Instant::now();
+    let memory = MemoryPlan::new(
+        &graph,
+        spec.data.batch_size,
+        Optimizer::<CpuBackend>::state_buffers(spec),
+    );
+    tracing::info!(
+        "run {} ({}): {} parameters, {} training samples, device {}, planned memory {}",
+        run.path.display(),
+        spec.name(),
+        graph.param_count,
+        data.train.len,
+        backend.describe(),
+        bytes(memory.total())
+    );
+    let mut metrics = MetricsWriter::create(&run.path.join("metrics.csv"))?;
+    let result = train::train(backend, spec, graph, data, &mut metrics);
+    let wall = started.elapsed().as_secs_f64();
+    let summary = match &result {
+        Ok(outcome) => {
+            let mut finals = serde_json::Map::new();
+            for row in outcome.last_train.iter().chain(&outcome.last_eval) {
+                finals.insert(format!("{}_loss", row.split), row.loss.into());
+                if let Some(a) = row.accuracy {
+                    finals.insert(format!("{}_accuracy", row.split), a.into());
+                }
+            }
+            tracing::info!(
+                "done: {} steps in {:.2} s, {:.0} samples/s{}",
+                outcome.steps,
+                wall,
+                outcome.samples_per_sec(),
+                outcome
+                    .last_eval
+                    .iter()
+                    .filter_map(|r| r.accuracy.map(|a| format!(
+                        ", {} accuracy {:.2}%",
+                        r.split,
+                        100.0 * a
+                    )))
+                    .collect::<String>()
+            );
+            serde_json::json!({
+                "status": "completed",
+                "run_id": run.id,
+                "job": spec.name(),
+                "device": backend.describe(),
+                "steps": outcome.steps,
+                "epochs": outcome.epochs,
+                "wall_s": wall,
+                "train_s": outcome.train_seconds,
+                "samples_per_sec": outcome.samples_per_sec(),
+                "final": finals,
+            })
+        }
+        Err(e) => serde_json::json!({
+            "status": "failed",
+            "run_id": run.id,
+            "job": spec.name(),
+            "error": e.to_string(),
+            "wall_s": wall,
+        }),
+    };
+    run.write_summary(&summary)?;
+    result.map(|_| ())
+}
+
+/// Validates a job and describes its graph, shapes, parameters and memory.
+pub fn check(job: &Path, sets: &[String]) -> Result<String> {
+    let Prepared {
+        spec,
+        data,
+        graph,
+        threads,
+    } = prepare(job, sets, None)?;
+    let device = pick_device(&spec)?;
+    let mut out = String::new();
+    let eval: Vec<String> = data
+        .eval
+        .iter()
+        .map(|(n, d)| format!("{n} {}", d.len))
+        .collect();
+    out += &format!(
+        "job {} ({}): ok\ndata: {:?}, train {}{}{}, batch {}\n\n",
+        spec.name(),
+        job.display(),
+        spec.data.source,
+        data.train.len,
+        if eval.is_empty() {
+            String::new()
+        } else {
+            format!(", {}", eval.join(", "))
+        },
+        data.classes
+            .map_or(String::new(), |c| format!(", {c} classes")),
+        spec.data.batch_size
+    );
+    out += &format!(
+        "{:<8} {:<10} {:<16} {:>12}\n",
+        "layer", "type", "output", "params"
+    );
+    out += &format!(
+        "{:<8} {:<10} {:<16} {:>12}\n",
+        "input",
+        "",
+        format!("{:?}", graph.input_shape),
+        ""
+    );
+    for (i, layer) in graph.layers.iter().enumerate() {
+        out += &format!(
+            "{:<8} {:<10} {:<16} {:>12}\n",
+            i,
+            layer.kind,
+            format!("{:?}", layer.out_shape),
+            group_digits(layer.param_count)
+        );
+    }
+    out += &format!("total parameters: {}\n\n", group_digits(graph.param_count));
+    let m = MemoryPlan::new(
+        &graph,
+        spec.data.batch_size,
+        Optimizer::<CpuBackend>::state_buffers(&spec),
+    );
+    out += &format!(
+        "memory on {device} ({threads} threads), batch {}:\n",
+        spec.data.batch_size
+    );
+    for (what, b) in [
+        ("parameters", m.params),
+        ("gradients", m.grads),
+        ("optimizer state", m.optimizer_state),
+        ("activations", m.activations),
+        ("activation gradients", m.activation_grads),
+        ("batch (inputs, targets)", m.batch),
+    ] {
+        out += &format!("  {what:<24} {:>12}\n", bytes(b));
+    }
+    out += &format!("  {:<24} {:>12}\n", "total", bytes(m.total()));
+    let data_bytes = (data.train.features.len()
+        + data.train.targets.len()
+        + data
+            .eval
+            .iter()
+            .map(|(_, d)| d.features.len() + d.targets.len())
+            .sum::<usize>())
+        * 4;
+    out += &format!(
+        "  {:<24} {:>12}\n",
+        "data set (held once)",
+        bytes(data_bytes)
+    );
+    Ok(out)
+}
+
+/// What this machine can run on.
+pub fn devices() -> String {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    format!("cpu: {model}, {threads} threads\ncuda: not available (this build has no CUDA engine yet)\n")
+}
+
+pub fn bytes(n: usize) -> String {
+    let n = n as f64;
+    if n < 1024.0 {
+        format!("{n} B")
+    } else if n < 1024.0 * 1024.0 {
+        format!("{:.1} KiB", n / 1024.0)
+    } else if n < 1024.0 * 1024.0 * 1024.0 {
+        format!("{:.1} MiB", n / (1024.0 * 1024.0))
+    } else {
+        format!("{:.2} GiB", n / (1024.0 * 1024.0 * 1024.0))
+    }
+}
+
+fn group_digits(n: usize) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}

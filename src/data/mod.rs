@@ -1,0 +1,217 @@
+//! Data sources (digits, csv, idx, synthetic), the train/validation split, normalisation, and
+//! the seeded batch order. Everything is loaded and checked before a run directory exists:
+//! bad data is a bad job (exit 2) with the file and the row or byte offset named.
+
+mod sources;
+
+use crate::error::{Error, Result};
+use crate::spec::{DataSource, DataSpec, Normalize, Task};
+use crate::tensor::rng::{derive, Rng};
+
+/// Samples as flat rows: `features` is [len, numel(shape)], `targets` is [len, target_dim]
+/// (a class index stored as f32 for classification).
+#[derive(Debug, Clone, Default)]
+pub struct Dataset {
+    pub features: Vec<f32>,
+    pub targets: Vec<f32>,
+    pub len: usize,
+}
+
+impl Dataset {
+    fn select(&self, rows: &[usize], row_len: usize, target_dim: usize) -> Dataset {
+        let mut out = Dataset {
+            len: rows.len(),
+            ..Default::default()
+        };
+        for &r in rows {
+            out.features
+                .extend_from_slice(&self.features[r * row_len..(r + 1) * row_len]);
+            out.targets
+                .extend_from_slice(&self.targets[r * target_dim..(r + 1) * target_dim]);
+        }
+        out
+    }
+}
+
+/// A loaded data set, split and normalised.
+#[derive(Debug, Clone)]
+pub struct Data {
+    pub sample_shape: Vec<usize>,
+    /// Some(classes) for classification.
+    pub classes: Option<usize>,
+    pub target_dim: usize,
+    pub train: Dataset,
+    /// Evaluation splits by name: "val" (held out from train), "test" (an explicit set).
+    pub eval: Vec<(&'static str, Dataset)>,
+}
+
+/// What a source produces before splitting.
+pub(crate) struct Raw {
+    pub sample_shape: Vec<usize>,
+    pub task: Task,
+    pub train: Dataset,
+    pub test: Option<Dataset>,
+    /// Where the labels came from, for range errors.
+    pub label_origin: String,
+}
+
+impl Data {
+    pub fn row_len(&self) -> usize {
+        self.sample_shape.iter().product()
+    }
+}
+
+pub fn load(spec: &DataSpec, seed: u64) -> Result<Data> {
+    let raw = match spec.source {
+        DataSource::Digits => sources::digits()?,
+        DataSource::Csv => sources::csv(spec)?,
+        DataSource::Idx => sources::idx(spec)?,
+        DataSource::Synthetic => sources::synthetic(spec, seed),
+    };
+    let row_len: usize = raw.sample_shape.iter().product();
+    let target_dim = if raw.train.len == 0 {
+        1
+    } else {
+        raw.train.targets.len() / raw.train.len
+    };
+    if raw.train.len == 0 {
+        return Err(Error::Job(format!(
+            "{}: no training samples",
+            raw.label_origin
+        )));
+    }
+    let classes = match raw.task {
+        Task::Regression => None,
+        Task::Classification => Some(check_labels(&raw, spec.classes)?),
+    };
+
+    let mut train = raw.train;
+    let mut eval = Vec::new();
+    if spec.val_fraction > 0.0 {
+        let val_len = (train.len as f64 * spec.val_fraction).round() as usize;
+        if val_len == 0 || val_len == train.len {
+            return Err(Error::Job(format!(
+                "data.val_fraction = {} of {} samples leaves {} for validation and {} for training; \
+                 both need at least one",
+                spec.val_fraction,
+                train.len,
+                val_len,
+                train.len - val_len
+            )));
+        }
+        let mut order: Vec<usize> = (0..train.len).collect();
+        Rng::new(derive(seed, 11)).shuffle(&mut order);
+        let (val_rows, train_rows) = order.split_at(val_len);
+        let (mut val_rows, mut train_rows) = (val_rows.to_vec(), train_rows.to_vec());
+        val_rows.sort_unstable();
+        train_rows.sort_unstable();
+        let val = train.select(&val_rows, row_len, target_dim);
+        train = train.select(&train_rows, row_len, target_dim);
+        eval.push(("val", val));
+    }
+    if let Some(test) = raw.test {
+        eval.push(("test", test));
+    }
+
+    normalize(spec.normalize, row_len, &mut train, &mut eval);
+    Ok(Data {
+        sample_shape: raw.sample_shape,
+        classes,
+        target_dim,
+        train,
+        eval,
+    })
+}
+
+/// Class labels must be whole numbers in 0..classes; returns the number of classes.
+fn check_labels(raw: &Raw, classes: Option<usize>) -> Result<usize> {
+    let mut largest = 0usize;
+    let splits =
+        std::iter::once(("training", &raw.train)).chain(raw.test.iter().map(|t| ("test", t)));
+    for (split, set) in splits {
+        for (row, &label) in set.targets.iter().enumerate() {
+            if label < 0.0 || label.fract() != 0.0 || !label.is_finite() {
+                return Err(Error::Job(format!(
+                    "{} ({split} sample {row}): label {label} is not a class index (a whole number >= 0)",
+                    raw.label_origin
+                )));
+            }
+            let label = label as usize;
+            if let Some(c) = classes {
+                if label >= c {
+                    return Err(Error::Job(format!(
+                        "{} ({split} sample {row}): label {label} is out of range for data.classes = {c} \
+                         (allowed: 0..{})",
+                        raw.label_origin,
+                        c - 1
+                    )));
+                }
+            }
+            largest = largest.max(label);
+        }
+    }
+    Ok(classes.unwrap_or(largest + 1).max(2))
+}
+
+fn normalize(
+    mode: Normalize,
+    row_len: usize,
+    train: &mut Dataset,
+    eval: &mut [(&'static str, Dataset)],
+) {
+    let (shift, scale): (Vec<f32>, Vec<f32>) = match mode {
+        Normalize::None => return,
+        Normalize::Scale => {
+            let max = train.features.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let s = if max > 0.0 { 1.0 / max } else { 1.0 };
+            (vec![0.0; row_len], vec![s; row_len])
+        }
+        Normalize::Standardize => {
+            let n = train.len as f64;
+            let mut mean = vec![0.0f64; row_len];
+            let mut sq = vec![0.0f64; row_len];
+            for row in train.features.chunks_exact(row_len) {
+                for j in 0..row_len {
+                    mean[j] += row[j] as f64;
+                    sq[j] += (row[j] as f64).powi(2);
+                }
+            }
+            let mut shift = Vec::with_capacity(row_len);
+            let mut scale = Vec::with_capacity(row_len);
+            for j in 0..row_len {
+                let m = mean[j] / n;
+                let var = (sq[j] / n - m * m).max(0.0);
+                let std = var.sqrt();
+                shift.push(m as f32);
+                // A constant feature (a border pixel) carries no information: centre it only.
+                scale.push(if std > 1e-8 { (1.0 / std) as f32 } else { 1.0 });
+            }
+            (shift, scale)
+        }
+    };
+    for set in std::iter::once(train).chain(eval.iter_mut().map(|(_, d)| d)) {
+        for row in set.features.chunks_exact_mut(row_len) {
+            for j in 0..row_len {
+                row[j] = (row[j] - shift[j]) * scale[j];
+            }
+        }
+    }
+}
+
+/// The order of the training samples in an epoch: a seeded permutation, or 0..n.
+pub fn epoch_order(n: usize, shuffle: bool, seed: u64, epoch: usize) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..n as u32).collect();
+    if shuffle {
+        Rng::new(derive(derive(seed, 12), epoch as u64)).shuffle(&mut order);
+    }
+    order
+}
+
+/// Batches per epoch for `n` samples: the last smaller batch counts unless dropped.
+pub fn batches_per_epoch(n: usize, batch_size: usize, drop_last: bool) -> usize {
+    if drop_last {
+        n / batch_size
+    } else {
+        n.div_ceil(batch_size)
+    }
+}

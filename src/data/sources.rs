@@ -1,0 +1,347 @@
+//! The data sources. Each returns raw samples and names the file and row or byte offset of
+//! anything wrong with them.
+
+use super::{Dataset, Raw};
+use crate::error::{Error, Result};
+use crate::spec::{Column, DataSpec, Task};
+use crate::tensor::rng::{derive, Rng};
+use std::io::Read;
+use std::path::Path;
+
+/// The UCI digits, bundled in the binary (E. Alpaydin, C. Kaynak, UCI ML Repository, 1998,
+/// CC BY 4.0): 1,797 rows of 64 pixel counts (0..16) and a label.
+const DIGITS_CSV_GZ: &[u8] = include_bytes!("../../jobs/data/digits.csv.gz");
+
+pub(crate) fn digits() -> Result<Raw> {
+    let text = gunzip_if_needed(DIGITS_CSV_GZ.to_vec(), "bundled digits")?;
+    let (train, _) = parse_csv(
+        &text,
+        "bundled digits",
+        false,
+        None,
+        None,
+        Task::Classification,
+    )?;
+    Ok(Raw {
+        sample_shape: vec![1, 8, 8],
+        task: Task::Classification,
+        train,
+        test: None,
+        label_origin: "bundled digits".into(),
+    })
+}
+
+pub(crate) fn csv(spec: &DataSpec) -> Result<Raw> {
+    let path = spec.path.as_deref().expect("validated: csv has a path");
+    let task = spec.task.unwrap_or(Task::Classification);
+    let header = spec.header.unwrap_or(true);
+    let read = |p: &Path| -> Result<(Dataset, usize)> {
+        let name = p.display().to_string();
+        let bytes = read_file(p)?;
+        let text = gunzip_if_needed(bytes, &name)?;
+        parse_csv(
+            &text,
+            &name,
+            header,
+            spec.label.as_ref(),
+            spec.features.as_deref(),
+            task,
+        )
+    };
+    let (train, width) = read(path)?;
+    let test = match &spec.test_path {
+        Some(p) => {
+            let (test, test_width) = read(p)?;
+            if test_width != width {
+                return Err(Error::Job(format!(
+                    "{}: {test_width} feature columns, but {} has {width}",
+                    p.display(),
+                    path.display()
+                )));
+            }
+            Some(test)
+        }
+        None => None,
+    };
+    Ok(Raw {
+        sample_shape: vec![width],
+        task,
+        train,
+        test,
+        label_origin: path.display().to_string(),
+    })
+}
+
+fn read_file(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path)
+        .map_err(|e| Error::Job(format!("cannot read data file {}: {e}", path.display())))
+}
+
+/// Decompresses gzip data (recognised by its magic bytes); other data is returned as is.
+fn gunzip_if_needed(bytes: Vec<u8>, name: &str) -> Result<Vec<u8>> {
+    if bytes.starts_with(&[0x1f, 0x8b]) {
+        let mut out = Vec::new();
+        flate2::read::GzDecoder::new(&bytes[..])
+            .read_to_end(&mut out)
+            .map_err(|e| Error::Job(format!("{name}: corrupt gzip data: {e}")))?;
+        Ok(out)
+    } else {
+        Ok(bytes)
+    }
+}
+
+/// Parses CSV rows into features and one target per row; returns the data and the number of
+/// feature columns.
+fn parse_csv(
+    text: &[u8],
+    name: &str,
+    has_header: bool,
+    label: Option<&Column>,
+    features: Option<&[Column]>,
+    task: Task,
+) -> Result<(Dataset, usize)> {
+    let mut reader = csv::ReaderBuilder::new()
+        .has_headers(has_header)
+        .from_reader(text);
+    let headers: Vec<String> = if has_header {
+        reader
+            .headers()
+            .map_err(|e| Error::Job(format!("{name}: {e}")))?
+            .iter()
+            .map(|h| h.trim().to_string())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let mut data = Dataset::default();
+    let mut columns: Option<(usize, Vec<usize>)> = None;
+    for (row, record) in reader.records().enumerate() {
+        let record = record.map_err(|e| Error::Job(format!("{name}: {e}")))?;
+        let line = record.position().map_or(row + 1, |p| p.line() as usize);
+        let (label_col, feature_cols) = match &columns {
+            Some(c) => c,
+            None => columns.insert(resolve_columns(
+                name,
+                &headers,
+                record.len(),
+                label,
+                features,
+            )?),
+        };
+        let value = |col: usize| -> Result<f32> {
+            let field = record.get(col).unwrap_or("").trim();
+            field.parse::<f32>().map_err(|_| {
+                let column = headers
+                    .get(col)
+                    .map_or(format!("{col}"), |h| format!("{col} (`{h}`)"));
+                Error::Job(format!(
+                    "{name}: line {line}, column {column}: `{field}` is not a number"
+                ))
+            })
+        };
+        for &c in feature_cols.iter() {
+            data.features.push(value(c)?);
+        }
+        let target = value(*label_col)?;
+        if task == Task::Classification && (target < 0.0 || target.fract() != 0.0) {
+            return Err(Error::Job(format!(
+                "{name}: line {line}: label `{target}` is not a class index (a whole number >= 0)"
+            )));
+        }
+        data.targets.push(target);
+        data.len += 1;
+    }
+    let width = columns.map_or(0, |(_, f)| f.len());
+    if data.len == 0 {
+        return Err(Error::Job(format!("{name}: no data rows")));
+    }
+    Ok((data, width))
+}
+
+fn resolve_columns(
+    name: &str,
+    headers: &[String],
+    width: usize,
+    label: Option<&Column>,
+    features: Option<&[Column]>,
+) -> Result<(usize, Vec<usize>)> {
+    let find = |c: &Column| -> Result<usize> {
+        match c {
+            Column::Index(i) if *i < width => Ok(*i),
+            Column::Index(i) => Err(Error::Job(format!(
+                "{name}: column index {i} does not exist (the file has {width} columns, 0..{})",
+                width.saturating_sub(1)
+            ))),
+            Column::Name(n) => headers.iter().position(|h| h == n).ok_or_else(|| {
+                Error::Job(format!(
+                    "{name}: no column named `{n}`{}",
+                    if headers.is_empty() {
+                        " (the file has no header: give column indices, or set data.header = true)"
+                            .to_string()
+                    } else {
+                        format!("; columns: {}", headers.join(", "))
+                    }
+                ))
+            }),
+        }
+    };
+    let label = match label {
+        Some(c) => find(c)?,
+        None => width
+            .checked_sub(1)
+            .ok_or_else(|| Error::Job(format!("{name}: empty rows")))?,
+    };
+    let features = match features {
+        Some(cols) => cols.iter().map(find).collect::<Result<Vec<_>>>()?,
+        None => (0..width).filter(|&c| c != label).collect(),
+    };
+    if features.is_empty() {
+        return Err(Error::Job(format!(
+            "{name}: no feature columns besides the label"
+        )));
+    }
+    Ok((label, features))
+}
+
+pub(crate) fn idx(spec: &DataSpec) -> Result<Raw> {
+    let pair = |images: &Path, labels: &Path| -> Result<(Dataset, Vec<usize>)> {
+        let (shape, pixels) = read_idx(images, 3)?;
+        let (label_shape, labels_u8) = read_idx(labels, 1)?;
+        if label_shape[0] != shape[0] {
+            return Err(Error::Job(format!(
+                "{} holds {} labels but {} holds {} images",
+                labels.display(),
+                label_shape[0],
+                images.display(),
+                shape[0]
+            )));
+        }
+        let data = Dataset {
+            features: pixels.iter().map(|&p| p as f32).collect(),
+            targets: labels_u8.iter().map(|&l| l as f32).collect(),
+            len: shape[0],
+        };
+        Ok((data, shape))
+    };
+    let train_images = spec.train_images.as_deref().expect("validated");
+    let (train, shape) = pair(
+        train_images,
+        spec.train_labels.as_deref().expect("validated"),
+    )?;
+    let test = match (&spec.test_images, &spec.test_labels) {
+        (Some(i), Some(l)) => {
+            let (test, test_shape) = pair(i, l)?;
+            if test_shape[1..] != shape[1..] {
+                return Err(Error::Job(format!(
+                    "{}: images are {}x{} but the training images are {}x{}",
+                    i.display(),
+                    test_shape[1],
+                    test_shape[2],
+                    shape[1],
+                    shape[2]
+                )));
+            }
+            Some(test)
+        }
+        _ => None,
+    };
+    Ok(Raw {
+        sample_shape: vec![1, shape[1], shape[2]],
+        task: Task::Classification,
+        train,
+        test,
+        label_origin: spec
+            .train_labels
+            .as_deref()
+            .expect("validated")
+            .display()
+            .to_string(),
+    })
+}
+
+/// Reads an IDX file of unsigned bytes with `dims` dimensions (big-endian header: magic
+/// 0x0000_08_DD, then one u32 per dimension, then the data).
+fn read_idx(path: &Path, dims: usize) -> Result<(Vec<usize>, Vec<u8>)> {
+    let name = path.display().to_string();
+    let bytes = gunzip_if_needed(read_file(path)?, &name)?;
+    let header_len = 4 + 4 * dims;
+    if bytes.len() < header_len {
+        return Err(Error::Job(format!(
+            "{name}: truncated IDX file: {} bytes, the header alone needs {header_len}",
+            bytes.len()
+        )));
+    }
+    let word = |i: usize| u32::from_be_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
+    let magic = word(0);
+    let expected = 0x0800 | dims as u32;
+    if magic != expected {
+        return Err(Error::Job(format!(
+            "{name}: not an IDX file of unsigned bytes with {dims} dimension(s): magic number \
+             0x{magic:08x} at offset 0, expected 0x{expected:08x}"
+        )));
+    }
+    let shape: Vec<usize> = (0..dims).map(|d| word(4 + 4 * d) as usize).collect();
+    let need: usize = shape.iter().product();
+    let have = bytes.len() - header_len;
+    if have != need {
+        return Err(Error::Job(format!(
+            "{name}: {} IDX file: the header ({shape:?}) promises {need} bytes of data after \
+             offset {header_len}, the file has {have}",
+            if have < need {
+                "truncated"
+            } else {
+                "oversized"
+            }
+        )));
+    }
+    Ok((shape, bytes[header_len..].to_vec()))
+}
+
+/// Seeded generated data: Gaussian blobs around random class centres (classification), or
+/// a random linear map plus noise (regression).
+pub(crate) fn synthetic(spec: &DataSpec, seed: u64) -> Raw {
+    let task = spec.task.unwrap_or(Task::Classification);
+    let n = spec.samples.unwrap_or(1000);
+    let width = spec.num_features.unwrap_or(16);
+    let mut rng = Rng::new(derive(seed, 13));
+    let mut data = Dataset {
+        len: n,
+        ..Default::default()
+    };
+    match task {
+        Task::Classification => {
+            let classes = spec.classes.unwrap_or(4);
+            let noise = spec.noise.unwrap_or(1.0);
+            let centres: Vec<f64> = (0..classes * width).map(|_| 2.0 * rng.normal()).collect();
+            for i in 0..n {
+                let c = i % classes;
+                for j in 0..width {
+                    data.features
+                        .push((centres[c * width + j] + noise * rng.normal()) as f32);
+                }
+                data.targets.push(c as f32);
+            }
+        }
+        Task::Regression => {
+            let targets = spec.targets.unwrap_or(1);
+            let noise = spec.noise.unwrap_or(0.1);
+            let scale = 1.0 / (width as f64).sqrt();
+            let weights: Vec<f64> = (0..targets * width).map(|_| scale * rng.normal()).collect();
+            for _ in 0..n {
+                let x: Vec<f64> = (0..width).map(|_| rng.normal()).collect();
+                data.features.extend(x.iter().map(|&v| v as f32));
+                for t in 0..targets {
+                    let y: f64 = (0..width).map(|j| weights[t * width + j] * x[j]).sum();
+                    data.targets.push((y + noise * rng.normal()) as f32);
+                }
+            }
+        }
+    }
+    Raw {
+        sample_shape: vec![width],
+        task,
+        train: data,
+        test: None,
+        label_origin: "synthetic data".into(),
+    }
+}

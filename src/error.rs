@@ -1,0 +1,45 @@
+//! The project's error type. Every error carries its exit code class, so `main` can map it
+//! without guessing: a bad job or bad usage exits 2, a failure while running exits 1.
+
+use std::fmt;
+
+#[derive(Debug)]
+pub enum Error {
+    /// The job spec, its data or the command line is wrong: fix the input. Exit code 2.
+    Job(String),
+    /// Something failed while running a valid job (I/O, numerical blow-up...). Exit code 1.
+    Runtime(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Error::Job(_) => 2,
+            Error::Runtime(_) => 1,
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Job(m) | Error::Runtime(m) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// Shorthand for a job error built with `format!`.
+#[macro_export]
+macro_rules! job_err {
+    ($($arg:tt)*) => { $crate::error::Error::Job(format!($($arg)*)) };
+}
+
+/// Shorthand for a runtime error built with `format!`.
+#[macro_export]
+macro_rules! runtime_err {
+    ($($arg:tt)*) => { $crate::error::Error::Runtime(format!($($arg)*)) };
+}

@@ -1,0 +1,327 @@
+//! Spec → static graph: each layer with its input and output shapes (per sample) and its
+//! parameters' place in the flat parameter buffer. Everything is known before the first step,
+//! so `trainer check` can print it and the executor can plan every buffer once.
+
+mod network;
+
+pub use network::Network;
+
+use crate::error::{Error, Result};
+use crate::spec::{GeluApproximation, JobSpec, LayerSpec, LossKind};
+use crate::tensor::rng::{derive, Rng};
+use crate::tensor::{Activation, LossFn};
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Op {
+    /// Parameters at `weight` ([out, inp] row-major) and `bias` (out) in the flat buffer.
+    Linear {
+        inp: usize,
+        out: usize,
+        weight: usize,
+        bias: Option<usize>,
+    },
+    Activation(Activation),
+    Dropout {
+        p: f32,
+    },
+    /// Shares its input's buffer: only the shape changes.
+    Flatten,
+}
+
+#[derive(Debug, Clone)]
+pub struct Layer {
+    /// "linear", "relu"...: the spec's type name.
+    pub kind: &'static str,
+    pub op: Op,
+    pub in_shape: Vec<usize>,
+    pub out_shape: Vec<usize>,
+    pub param_count: usize,
+}
+
+/// What the loss needs to know, checked against the model's output at build time.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Objective {
+    pub loss: LossFn,
+    /// Values per sample in the targets buffer: 1 (a class index) or the output width.
+    pub target_dim: usize,
+    /// Whether accuracy is meaningful (classification, or binary targets with bce).
+    pub has_accuracy: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct Graph {
+    pub input_shape: Vec<usize>,
+    pub layers: Vec<Layer>,
+    pub param_count: usize,
+    pub objective: Objective,
+}
+
+/// What the data provides that the graph is checked against.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DataShape {
+    pub sample_shape: Vec<usize>,
+    /// Some(classes) for class labels, None for real-valued targets.
+    pub classes: Option<usize>,
+    pub target_dim: usize,
+}
+
+pub fn numel(shape: &[usize]) -> usize {
+    shape.iter().product()
+}
+
+fn shape_str(shape: &[usize]) -> String {
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    format!("[{}]", dims.join(", "))
+}
+
+impl Graph {
+    /// Builds the graph for a job and its data, inferring every shape; errors name the layer.
+    pub fn build(spec: &JobSpec, data: &DataShape) -> Result<Graph> {
+        let input_shape = match &spec.model.input_shape {
+            Some(shape) if numel(shape) != numel(&data.sample_shape) => {
+                return Err(Error::Job(format!(
+                    "model.input_shape {} has {} values per sample but the data has {} ({})",
+                    shape_str(shape),
+                    numel(shape),
+                    numel(&data.sample_shape),
+                    shape_str(&data.sample_shape)
+                )))
+            }
+            Some(shape) => shape.clone(),
+            None => data.sample_shape.clone(),
+        };
+        let mut shape = input_shape.clone();
+        let mut layers = Vec::new();
+        let mut offset = 0;
+        for (i, layer) in spec.model.layers.iter().enumerate() {
+            let in_shape = shape.clone();
+            let (kind, op, out_shape) = match layer {
+                LayerSpec::Linear(l) => {
+                    if in_shape.len() != 1 {
+                        return Err(Error::Job(format!(
+                            "model.layers[{i}] (linear): its input has shape {} but linear needs \
+                             one dimension per sample; add {{ type = \"flatten\" }} before it",
+                            shape_str(&in_shape)
+                        )));
+                    }
+                    let inp = in_shape[0];
+                    if let Some(given) = l.in_features {
+                        if given != inp {
+                            return Err(Error::Job(format!(
+                                "model.layers[{i}] (linear): in = {given} given, but the previous \
+                                 layer outputs {inp} features"
+                            )));
+                        }
+                    }
+                    let weight = offset;
+                    offset += inp * l.out;
+                    let bias = l.bias.then(|| {
+                        offset += l.out;
+                        offset - l.out
+                    });
+                    (
+                        "linear",
+                        Op::Linear {
+                            inp,
+                            out: l.out,
+                            weight,
+                            bias,
+                        },
+                        vec![l.out],
+                    )
+                }
+                LayerSpec::Relu(_) => ("relu", Op::Activation(Activation::Relu), in_shape.clone()),
+                LayerSpec::Gelu(g) => {
+                    let f = match g.approximate {
+                        GeluApproximation::None => Activation::Gelu,
+                        GeluApproximation::Tanh => Activation::GeluTanh,
+                    };
+                    ("gelu", Op::Activation(f), in_shape.clone())
+                }
+                LayerSpec::Tanh(_) => ("tanh", Op::Activation(Activation::Tanh), in_shape.clone()),
+                LayerSpec::Sigmoid(_) => (
+                    "sigmoid",
+                    Op::Activation(Activation::Sigmoid),
+                    in_shape.clone(),
+                ),
+                LayerSpec::Dropout(d) => {
+                    ("dropout", Op::Dropout { p: d.p as f32 }, in_shape.clone())
+                }
+                LayerSpec::Flatten(_) => ("flatten", Op::Flatten, vec![numel(&in_shape)]),
+            };
+            let param_count = match &op {
+                Op::Linear { inp, out, bias, .. } => {
+                    inp * out + if bias.is_some() { *out } else { 0 }
+                }
+                _ => 0,
+            };
+            shape = out_shape.clone();
+            layers.push(Layer {
+                kind,
+                op,
+                in_shape,
+                out_shape,
+                param_count,
+            });
+        }
+        if offset == 0 {
+            return Err(Error::Job(
+                "model.layers: the model has no parameters to train; add a linear layer".into(),
+            ));
+        }
+        let objective = objective(spec, data, &shape, layers.len())?;
+        Ok(Graph {
+            input_shape,
+            layers,
+            param_count: offset,
+            objective,
+        })
+    }
+
+    pub fn output_shape(&self) -> &[usize] {
+        self.layers
+            .last()
+            .map_or(&self.input_shape, |l| &l.out_shape)
+    }
+
+    /// PyTorch's default initialisation for every parameter, from the job's seed: for a
+    /// linear layer, W and b uniform in ±1/√in (kaiming-uniform with a = √5 for W).
+    pub fn init_params(&self, seed: u64) -> Vec<f32> {
+        let mut params = vec![0.0f32; self.param_count];
+        for (i, layer) in self.layers.iter().enumerate() {
+            if let Op::Linear {
+                inp,
+                out,
+                weight,
+                bias,
+            } = layer.op
+            {
+                let mut rng = Rng::new(derive(seed, 1000 + i as u64));
+                let bound = 1.0 / (inp as f64).sqrt();
+                for w in &mut params[weight..weight + inp * out] {
+                    *w = rng.uniform(-bound, bound) as f32;
+                }
+                if let Some(b) = bias {
+                    for v in &mut params[b..b + out] {
+                        *v = rng.uniform(-bound, bound) as f32;
+                    }
+                }
+            }
+        }
+        params
+    }
+}
+
+fn objective(
+    spec: &JobSpec,
+    data: &DataShape,
+    out_shape: &[usize],
+    layers: usize,
+) -> Result<Objective> {
+    let width = numel(out_shape);
+    let last = format!(
+        "the last layer (model.layers[{}])",
+        layers.saturating_sub(1)
+    );
+    let mismatch = |what: String| {
+        Err(Error::Job(format!(
+            "{last} outputs {} ({width} values per sample) but {what}",
+            shape_str(out_shape)
+        )))
+    };
+    match spec.loss.kind {
+        LossKind::CrossEntropy => {
+            let Some(classes) = data.classes else {
+                return Err(Error::Job(
+                    "loss.type = \"cross_entropy\" needs class labels, but the data has real-valued \
+                     targets (task = \"regression\"); use \"mse\""
+                        .into(),
+                ));
+            };
+            if out_shape.len() != 1 || width != classes {
+                return mismatch(format!(
+                    "cross_entropy needs one logit per class ({classes} classes)"
+                ));
+            }
+            let label_smoothing = spec.loss.label_smoothing as f32;
+            Ok(Objective {
+                loss: LossFn::CrossEntropy { label_smoothing },
+                target_dim: 1,
+                has_accuracy: true,
+            })
+        }
+        LossKind::Mse | LossKind::BceWithLogits => {
+            let is_bce = spec.loss.kind == LossKind::BceWithLogits;
+            // Class labels with mse/bce are read as one-hot targets only for two classes
+            // with a single output: the label itself is the target.
+            let target_dim = match data.classes {
+                Some(2) if width == 1 => 1,
+                Some(c) => {
+                    return mismatch(format!(
+                        "the data has {c} class labels; {} needs real-valued targets (task = \
+                         \"regression\") or two classes and one output",
+                        if is_bce { "bce_with_logits" } else { "mse" }
+                    ))
+                }
+                None => data.target_dim,
+            };
+            if width != target_dim {
+                return mismatch(format!("the data has {target_dim} targets per sample"));
+            }
+            let loss = if is_bce {
+                LossFn::BceWithLogits
+            } else {
+                LossFn::Mse
+            };
+            Ok(Objective {
+                loss,
+                target_dim,
+                has_accuracy: is_bce,
+            })
+        }
+    }
+}
+
+/// Bytes the run needs, by kind, for `trainer check` and the run log.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryPlan {
+    pub params: usize,
+    pub grads: usize,
+    pub optimizer_state: usize,
+    pub activations: usize,
+    pub activation_grads: usize,
+    pub batch: usize,
+}
+
+impl MemoryPlan {
+    pub fn new(graph: &Graph, batch_size: usize, optimizer_buffers: usize) -> Self {
+        let f = std::mem::size_of::<f32>();
+        let mut activations = 0;
+        let mut activation_grads = 0;
+        for layer in &graph.layers {
+            if layer.op == Op::Flatten {
+                continue; // shares its input's buffers
+            }
+            let bytes = batch_size * numel(&layer.out_shape) * f;
+            activations += bytes;
+            activation_grads += bytes;
+        }
+        MemoryPlan {
+            params: graph.param_count * f,
+            grads: graph.param_count * f,
+            optimizer_state: graph.param_count * f * optimizer_buffers,
+            activations,
+            activation_grads,
+            batch: batch_size * (numel(&graph.input_shape) + graph.objective.target_dim) * f,
+        }
+    }
+
+    pub fn total(&self) -> usize {
+        self.params
+            + self.grads
+            + self.optimizer_state
+            + self.activations
+            + self.activation_grads
+            + self.batch
+    }
+}

@@ -1,0 +1,206 @@
+//! The executor: a graph's buffers on one backend, planned once at the largest batch, and the
+//! forward, loss and backward passes over them. The steady-state step allocates nothing.
+
+use super::{numel, Graph, Op};
+use crate::error::Result;
+use crate::tensor::rng::derive;
+use crate::tensor::Backend;
+
+pub struct Network<B: Backend> {
+    pub graph: Graph,
+    pub params: B::Buf,
+    pub grads: B::Buf,
+    /// Activation buffers by slot; slot 0 is the input batch.
+    acts: Vec<B::Buf>,
+    /// Gradients of the activations, by the same slots (slot 0 is empty: the input needs none).
+    dacts: Vec<B::Buf>,
+    /// slot[i] is where node i lives: node 0 is the input, node i+1 the output of layer i.
+    /// A flatten layer's output shares its input's slot.
+    slot: Vec<usize>,
+    targets: B::Buf,
+    max_batch: usize,
+    dropout_seed: u64,
+}
+
+/// Two distinct elements of a slice, one shared and one mutable.
+fn read_write<T>(v: &mut [T], read: usize, write: usize) -> (&T, &mut T) {
+    assert_ne!(read, write, "a layer cannot read and write the same buffer");
+    if read < write {
+        let (a, b) = v.split_at_mut(write);
+        (&a[read], &mut b[0])
+    } else {
+        let (a, b) = v.split_at_mut(read);
+        (&b[0], &mut a[write])
+    }
+}
+
+impl<B: Backend> Network<B> {
+    pub fn new(
+        backend: &B,
+        graph: Graph,
+        params: &[f32],
+        max_batch: usize,
+        seed: u64,
+    ) -> Result<Self> {
+        let mut slot = vec![0];
+        let mut sizes = vec![max_batch * numel(&graph.input_shape)];
+        for layer in &graph.layers {
+            if layer.op == Op::Flatten {
+                slot.push(*slot.last().unwrap_or(&0));
+            } else {
+                slot.push(sizes.len());
+                sizes.push(max_batch * numel(&layer.out_shape));
+            }
+        }
+        let acts = sizes
+            .iter()
+            .map(|&n| backend.alloc(n))
+            .collect::<Result<Vec<_>>>()?;
+        let dacts = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| backend.alloc(if i == 0 { 0 } else { n }))
+            .collect::<Result<Vec<_>>>()?;
+        let mut param_buf = backend.alloc(graph.param_count)?;
+        backend.upload(params, &mut param_buf);
+        Ok(Network {
+            grads: backend.alloc(graph.param_count)?,
+            params: param_buf,
+            acts,
+            dacts,
+            slot,
+            targets: backend.alloc(max_batch * graph.objective.target_dim)?,
+            max_batch,
+            dropout_seed: derive(seed, 77),
+            graph,
+        })
+    }
+
+    pub fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+
+    /// The input batch buffer, [max_batch, input numel].
+    pub fn input_mut(&mut self) -> &mut B::Buf {
+        &mut self.acts[0]
+    }
+
+    /// The targets buffer, [max_batch, target_dim].
+    pub fn targets_mut(&mut self) -> &mut B::Buf {
+        &mut self.targets
+    }
+
+    /// The model's output for the last forward pass.
+    pub fn output(&self) -> &B::Buf {
+        &self.acts[self.slot[self.graph.layers.len()]]
+    }
+
+    fn dropout_key(&self, layer: usize, step_key: u64) -> u64 {
+        derive(derive(self.dropout_seed, layer as u64), step_key)
+    }
+
+    /// Runs the layers on the first `n` samples of the input. `step_key` identifies the
+    /// micro-step, so dropout draws a fresh mask each step and the same one in backward.
+    pub fn forward(&mut self, backend: &B, n: usize, train: bool, step_key: u64) {
+        for i in 0..self.graph.layers.len() {
+            let layer = &self.graph.layers[i];
+            let (src, dst) = (self.slot[i], self.slot[i + 1]);
+            let len = n * numel(&layer.out_shape);
+            match layer.op {
+                Op::Flatten => {}
+                Op::Linear {
+                    inp,
+                    out,
+                    weight,
+                    bias,
+                } => {
+                    let (x, y) = read_write(&mut self.acts, src, dst);
+                    backend.linear_forward(x, &self.params, weight, bias, y, n, inp, out);
+                }
+                Op::Activation(f) => {
+                    let (x, y) = read_write(&mut self.acts, src, dst);
+                    backend.activation_forward(f, x, y, len);
+                }
+                Op::Dropout { p } => {
+                    let key = self.dropout_key(i, step_key);
+                    let (x, y) = read_write(&mut self.acts, src, dst);
+                    if train && p > 0.0 {
+                        backend.dropout_forward(p, key, x, y, len);
+                    } else {
+                        backend.copy(x, y, len);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The loss of the last forward pass against the first `n` targets, added to `stats`.
+    /// With `grad_scale`, also seeds the backward pass with d(mean loss)/d(output) · scale.
+    pub fn loss(&mut self, backend: &B, n: usize, grad_scale: Option<f32>, stats: &mut B::Stats) {
+        let out_slot = self.slot[self.graph.layers.len()];
+        let dim = numel(self.graph.output_shape());
+        let f = self.graph.objective.loss;
+        let dout = grad_scale.map(|_| &mut self.dacts[out_slot]);
+        let scale = grad_scale.unwrap_or(0.0);
+        backend.loss(
+            f,
+            &self.acts[out_slot],
+            &self.targets,
+            n,
+            dim,
+            scale,
+            dout,
+            stats,
+        );
+    }
+
+    /// Back-propagates the loss gradient, adding the parameter gradients into `grads`.
+    pub fn backward(&mut self, backend: &B, n: usize, step_key: u64) {
+        for i in (0..self.graph.layers.len()).rev() {
+            let layer = &self.graph.layers[i];
+            let (src, dst) = (self.slot[i], self.slot[i + 1]);
+            // Slot 0 is the data: nothing upstream needs its gradient.
+            let need_dx = src != 0;
+            let len = n * numel(&layer.out_shape);
+            match layer.op {
+                Op::Flatten => {}
+                Op::Linear {
+                    inp,
+                    out,
+                    weight,
+                    bias,
+                } => {
+                    let (dy, dx) = read_write(&mut self.dacts, dst, src);
+                    let dx = need_dx.then_some(dx);
+                    let x = &self.acts[src];
+                    backend.linear_backward(
+                        x,
+                        dy,
+                        &self.params,
+                        &mut self.grads,
+                        weight,
+                        bias,
+                        dx,
+                        n,
+                        inp,
+                        out,
+                    );
+                }
+                Op::Activation(f) if need_dx => {
+                    let (dy, dx) = read_write(&mut self.dacts, dst, src);
+                    backend.activation_backward(f, &self.acts[src], &self.acts[dst], dy, dx, len);
+                }
+                Op::Dropout { p } if need_dx => {
+                    let key = self.dropout_key(i, step_key);
+                    let (dy, dx) = read_write(&mut self.dacts, dst, src);
+                    if p > 0.0 {
+                        backend.dropout_backward(p, key, dy, dx, len);
+                    } else {
+                        backend.copy(dy, dx, len);
+                    }
+                }
+                Op::Activation(_) | Op::Dropout { .. } => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,81 @@
+//! Optimizers over the flat parameter buffer, with PyTorch's exact update rules (torch.optim
+//! SGD, Adam, AdamW), and learning-rate schedules.
+
+mod schedule;
+
+pub use schedule::Schedule;
+
+use crate::error::Result;
+use crate::spec::{JobSpec, OptimizerKind};
+use crate::tensor::{AdamStep, Backend, SgdStep};
+
+pub struct Optimizer<B: Backend> {
+    kind: OptimizerKind,
+    spec: crate::spec::OptimizerSpec,
+    weight_decay: f32,
+    /// sgd: the momentum buffer; adam: exp_avg.
+    state1: B::Buf,
+    /// adam: exp_avg_sq.
+    state2: B::Buf,
+    /// Optimizer steps taken.
+    steps: u64,
+}
+
+impl<B: Backend> Optimizer<B> {
+    /// State buffers of the size of the parameters that an optimizer keeps.
+    pub fn state_buffers(spec: &JobSpec) -> usize {
+        match spec.optimizer.kind {
+            OptimizerKind::Sgd if spec.optimizer.momentum == 0.0 => 0,
+            OptimizerKind::Sgd => 1,
+            OptimizerKind::Adam | OptimizerKind::Adamw => 2,
+        }
+    }
+
+    pub fn new(backend: &B, spec: &JobSpec, param_count: usize) -> Result<Self> {
+        let buffers = Self::state_buffers(spec);
+        let size = |i: usize| if buffers > i { param_count } else { 0 };
+        Ok(Optimizer {
+            kind: spec.optimizer.kind,
+            spec: spec.optimizer.clone(),
+            weight_decay: spec.weight_decay() as f32,
+            state1: backend.alloc(size(0))?,
+            state2: backend.alloc(size(1))?,
+            steps: 0,
+        })
+    }
+
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// One update of `params` from `grads` at learning rate `lr`.
+    pub fn step(&mut self, backend: &B, params: &mut B::Buf, grads: &B::Buf, lr: f64) {
+        self.steps += 1;
+        let o = &self.spec;
+        match self.kind {
+            OptimizerKind::Sgd => {
+                let h = SgdStep {
+                    lr: lr as f32,
+                    momentum: o.momentum as f32,
+                    dampening: o.dampening as f32,
+                    nesterov: o.nesterov,
+                    weight_decay: self.weight_decay,
+                    first_step: self.steps == 1,
+                };
+                backend.sgd_step(params, grads, &mut self.state1, &h);
+            }
+            OptimizerKind::Adam | OptimizerKind::Adamw => {
+                let h = AdamStep {
+                    lr: lr as f32,
+                    beta1: o.betas[0] as f32,
+                    beta2: o.betas[1] as f32,
+                    eps: o.eps as f32,
+                    weight_decay: self.weight_decay,
+                    decoupled: self.kind == OptimizerKind::Adamw,
+                    step: self.steps,
+                };
+                backend.adam_step(params, grads, &mut self.state1, &mut self.state2, &h);
+            }
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! The run directory `runs/<name>/<run-id>/`: config.toml (the resolved spec), metrics.csv
+//! (flushed row by row), train.log, and summary.json, written last. A run without a
+//! summary.json, or with `"status": "failed"`, did not finish.
+
+mod metrics;
+
+pub use metrics::{MetricsRow, MetricsWriter, METRICS_COLUMNS};
+
+use crate::error::{Error, Result};
+use crate::spec::JobSpec;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+pub struct RunDir {
+    pub path: PathBuf,
+    pub id: String,
+}
+
+impl RunDir {
+    /// Creates a new, unique run directory. The id is the UTC time plus a random suffix, so
+    /// ids sort by start time and two runs never share a directory.
+    pub fn create(runs_dir: &Path, name: &str) -> Result<RunDir> {
+        let parent = runs_dir.join(name);
+        fs::create_dir_all(&parent).map_err(|e| {
+            Error::Runtime(format!(
+                "cannot create runs directory {}: {e}",
+                parent.display()
+            ))
+        })?;
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        let stamp = utc_stamp(now.as_secs());
+        for attempt in 0u64..100 {
+            let suffix = crate::tensor::rng::mix(
+                now.as_nanos() as u64 ^ std::process::id() as u64 ^ attempt,
+            ) & 0xffff;
+            let id = format!("{stamp}-{suffix:04x}");
+            let path = parent.join(&id);
+            match fs::create_dir(&path) {
+                Ok(()) => return Ok(RunDir { path, id }),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => {
+                    return Err(Error::Runtime(format!(
+                        "cannot create run directory {}: {e}",
+                        path.display()
+                    )))
+                }
+            }
+        }
+        Err(Error::Runtime(format!(
+            "cannot find a free run id under {}",
+            parent.display()
+        )))
+    }
+
+    /// Writes the fully resolved spec, which reproduces the run with `trainer run config.toml`.
+    pub fn write_config(&self, spec: &JobSpec, header: &str) -> Result<()> {
+        let body = toml::to_string(spec)
+            .map_err(|e| Error::Runtime(format!("cannot serialise the spec: {e}")))?;
+        let text = format!("{header}\n{body}");
+        self.write_atomic("config.toml", text.as_bytes())
+    }
+
+    pub fn write_summary(&self, summary: &serde_json::Value) -> Result<()> {
+        let text = serde_json::to_string_pretty(summary).unwrap_or_default() + "\n";
+        self.write_atomic("summary.json", text.as_bytes())
+    }
+
+    /// Writes a file via a temporary name and a rename, so a reader never sees half of it.
+    fn write_atomic(&self, name: &str, bytes: &[u8]) -> Result<()> {
+        let tmp = self.path.join(format!(".{name}.tmp"));
+        let target = self.path.join(name);
+        let io =
+            |e: std::io::Error| Error::Runtime(format!("cannot write {}: {e}", target.display()));
+        let mut f = fs::File::create(&tmp).map_err(io)?;
+        f.write_all(bytes).map_err(io)?;
+        f.sync_all().map_err(io)?;
+        fs::rename(&tmp, &target).map_err(io)
+    }
+}
+
+/// `YYYYMMDD-HHMMSS` in UTC, from seconds since the Unix epoch (civil-from-days algorithm).
+pub fn utc_stamp(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}{month:02}{day:02}-{:02}{:02}{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn stamps_are_utc_calendar_times() {
+        assert_eq!(super::utc_stamp(0), "19700101-000000");
+        assert_eq!(super::utc_stamp(1_795_392_000 + 3_723), "20261123-010203");
+    }
+}

@@ -1,0 +1,543 @@
+//! What a job file may say: the serde types (which are also the JSON Schema), their defaults,
+//! the layered loading (file, environment, `--set`) and the validation that runs before any work.
+
+mod load;
+mod validate;
+
+pub use load::{load_job, parse_set_arg, JobSource};
+pub use validate::{parse_device, validate, DeviceChoice};
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// A training job: what to train, on what data, how and where.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    #[serde(default)]
+    pub job: JobSection,
+    pub data: DataSpec,
+    pub model: ModelSpec,
+    #[serde(default)]
+    pub loss: LossSpec,
+    pub optimizer: OptimizerSpec,
+    #[serde(default)]
+    pub train: TrainSpec,
+    #[serde(default)]
+    pub device: DeviceSpec,
+    #[serde(default)]
+    pub precision: PrecisionSpec,
+    #[serde(default)]
+    pub checkpoint: CheckpointSpec,
+    #[serde(default)]
+    pub parallel: ParallelSpec,
+}
+
+/// The names of the top-level sections, in file order.
+pub const SECTIONS: [&str; 10] = [
+    "job",
+    "data",
+    "model",
+    "loss",
+    "optimizer",
+    "train",
+    "device",
+    "precision",
+    "checkpoint",
+    "parallel",
+];
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct JobSection {
+    /// Run name: runs go to `<runs-dir>/<name>/<run-id>/`. Defaults to the job file's stem.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Seed for initialisation, shuffling, splits, dropout and synthetic data.
+    #[serde(default)]
+    pub seed: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DataSource {
+    /// The bundled UCI handwritten digits (1,797 8x8 images, 10 classes). No download.
+    Digits,
+    /// A CSV file: one sample per row, a label column and feature columns.
+    Csv,
+    /// IDX files (MNIST, Fashion-MNIST), gzip-compressed or raw.
+    Idx,
+    /// Seeded generated data, for classification or regression.
+    Synthetic,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Normalize {
+    /// Use the values as they are.
+    None,
+    /// Divide every feature by the largest absolute value in the training split.
+    Scale,
+    /// Per feature: subtract the training split's mean and divide by its standard deviation.
+    Standardize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Task {
+    /// Integer class labels `0..classes`.
+    Classification,
+    /// Real-valued targets.
+    Regression,
+}
+
+/// A CSV column, by header name or by 0-based index.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum Column {
+    Index(usize),
+    Name(String),
+}
+
+/// Where the samples come from and how they are batched. Keys of one source are refused
+/// with another source. Relative paths are relative to the job file's directory.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DataSpec {
+    pub source: DataSource,
+    /// Samples per micro-batch.
+    #[serde(default = "default_batch_size")]
+    pub batch_size: usize,
+    /// Fraction of the training samples held out (seeded) for validation; 0 for none.
+    #[serde(default)]
+    pub val_fraction: f64,
+    /// Reshuffle the training samples every epoch (seeded).
+    #[serde(default = "yes")]
+    pub shuffle: bool,
+    /// Drop the last, smaller batch of an epoch.
+    #[serde(default)]
+    pub drop_last: bool,
+    /// Feature normalisation, with statistics from the training split only.
+    #[serde(default = "default_normalize")]
+    pub normalize: Normalize,
+
+    // csv
+    /// csv: the file with the training samples.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    /// csv: an explicit validation file with the same columns (reported as split "test").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_path: Option<PathBuf>,
+    /// csv: whether the first row holds column names (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<bool>,
+    /// csv: the label column (name or index; default: the last column).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<Column>,
+    /// csv: the feature columns (default: every column but the label).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub features: Option<Vec<Column>>,
+
+    // idx
+    /// idx: training images (IDX, u8, gzip or raw).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train_images: Option<PathBuf>,
+    /// idx: training labels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train_labels: Option<PathBuf>,
+    /// idx: test images (reported as split "test").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_images: Option<PathBuf>,
+    /// idx: test labels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_labels: Option<PathBuf>,
+
+    // csv and synthetic
+    /// csv, synthetic: classification (integer labels) or regression (real targets).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<Task>,
+
+    // synthetic
+    /// synthetic: number of samples to generate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub samples: Option<usize>,
+    /// synthetic: features per sample.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_features: Option<usize>,
+    /// csv, idx, synthetic: number of classes; labels must lie in 0..classes
+    /// (csv and idx default: the largest label + 1; synthetic default: 4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub classes: Option<usize>,
+    /// synthetic regression: number of targets per sample.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub targets: Option<usize>,
+    /// synthetic: standard deviation of the noise added to each sample.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub noise: Option<f64>,
+}
+
+/// The model graph: a list of layers, applied in order.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSpec {
+    pub layers: Vec<LayerSpec>,
+    /// Shape of one input sample; defaults to the data's shape.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_shape: Option<Vec<usize>>,
+}
+
+/// One layer. `type` picks the kind; the other keys are that kind's settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum LayerSpec {
+    /// y = x Wᵀ + b, with PyTorch's initialisation (kaiming-uniform, a = √5).
+    Linear(LinearSpec),
+    Relu(NoSettings),
+    Gelu(GeluSpec),
+    Tanh(NoSettings),
+    Sigmoid(NoSettings),
+    /// Zeroes each element with probability p in training and scales the rest by 1/(1-p).
+    Dropout(DropoutSpec),
+    /// Collapses every dimension but the batch into one.
+    Flatten(NoSettings),
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NoSettings {}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LinearSpec {
+    /// Output features.
+    pub out: usize,
+    /// Input features; inferred from the previous layer, checked when given.
+    #[serde(default, rename = "in", skip_serializing_if = "Option::is_none")]
+    pub in_features: Option<usize>,
+    #[serde(default = "yes")]
+    pub bias: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum GeluApproximation {
+    /// The exact form, x·Φ(x) (PyTorch's default).
+    None,
+    /// The tanh approximation.
+    Tanh,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GeluSpec {
+    #[serde(default = "default_gelu")]
+    pub approximate: GeluApproximation,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DropoutSpec {
+    /// Probability of zeroing an element, in [0, 1).
+    #[serde(default = "default_dropout")]
+    pub p: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum LossKind {
+    /// Softmax cross-entropy over logits with integer class labels (fused, stable).
+    #[default]
+    CrossEntropy,
+    /// Mean squared error.
+    Mse,
+    /// Sigmoid + binary cross-entropy over logits, with targets in [0, 1].
+    BceWithLogits,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LossSpec {
+    #[serde(rename = "type", default)]
+    pub kind: LossKind,
+    /// cross_entropy: mixes the one-hot target with the uniform distribution, in [0, 1).
+    #[serde(default)]
+    pub label_smoothing: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OptimizerKind {
+    Sgd,
+    Adam,
+    Adamw,
+}
+
+/// The optimizer, with PyTorch's formulas and defaults.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OptimizerSpec {
+    #[serde(rename = "type")]
+    pub kind: OptimizerKind,
+    /// Base learning rate.
+    pub lr: f64,
+    /// Weight decay: L2 added to the gradient (sgd, adam) or decoupled (adamw).
+    /// Defaults: 0 for sgd and adam, 0.01 for adamw.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_decay: Option<f64>,
+    /// sgd: momentum factor.
+    #[serde(default)]
+    pub momentum: f64,
+    /// sgd: dampening for momentum.
+    #[serde(default)]
+    pub dampening: f64,
+    /// sgd: Nesterov momentum (needs momentum > 0 and dampening = 0).
+    #[serde(default)]
+    pub nesterov: bool,
+    /// adam, adamw: coefficients of the running averages of the gradient and its square.
+    #[serde(default = "default_betas")]
+    pub betas: [f64; 2],
+    /// adam, adamw: added to the denominator for numerical stability.
+    #[serde(default = "default_eps")]
+    pub eps: f64,
+    #[serde(default)]
+    pub schedule: ScheduleSpec,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ScheduleKind {
+    #[default]
+    Constant,
+    /// Multiply by gamma every step_size steps.
+    Step,
+    /// Multiply by gamma at each milestone step.
+    Multistep,
+    /// Multiply by gamma every step.
+    Exponential,
+    /// Cosine from lr down to min_lr over the steps after warm-up.
+    Cosine,
+}
+
+/// Learning-rate schedule, counted in optimizer steps, with an optional linear warm-up
+/// before it (the schedule then starts at the end of the warm-up).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleSpec {
+    #[serde(rename = "type", default)]
+    pub kind: ScheduleKind,
+    /// step: period in optimizer steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_size: Option<usize>,
+    /// multistep: the optimizer steps at which lr is multiplied by gamma.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub milestones: Option<Vec<usize>>,
+    /// step, multistep, exponential: the decay factor (default 0.1; exponential has no default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gamma: Option<f64>,
+    /// cosine: the final learning rate (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_lr: Option<f64>,
+    /// Steps of linear warm-up from warmup_start_factor·lr to lr.
+    #[serde(default)]
+    pub warmup_steps: usize,
+    /// Fraction of lr at the first warm-up step (default 0: PyTorch LinearLR uses 1/3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warmup_start_factor: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TrainSpec {
+    /// Passes over the training data.
+    #[serde(default = "default_epochs")]
+    pub epochs: usize,
+    /// Stop after this many optimizer steps, even mid-epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_steps: Option<usize>,
+    /// Micro-batches per optimizer step; the loss is averaged over them.
+    #[serde(default = "one")]
+    pub grad_accum_steps: usize,
+    /// Clip gradients to this global L2 norm (the pre-clip norm is logged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clip_grad_norm: Option<f64>,
+    /// Write a training row to metrics.csv every this many optimizer steps.
+    #[serde(default = "default_log_every")]
+    pub log_every: usize,
+    /// Evaluate on the validation and test splits every this many epochs (0: never).
+    #[serde(default = "one")]
+    pub eval_every_epochs: usize,
+    /// CPU threads (default: every core).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<usize>,
+}
+
+impl Default for TrainSpec {
+    fn default() -> Self {
+        TrainSpec {
+            epochs: default_epochs(),
+            max_steps: None,
+            grad_accum_steps: 1,
+            clip_grad_norm: None,
+            log_every: default_log_every(),
+            eval_every_epochs: 1,
+            threads: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceSpec {
+    /// "auto", "cpu", "cuda" or "cuda:N".
+    #[serde(rename = "type", default = "default_device")]
+    pub kind: String,
+    /// Allow TensorFloat-32 matmuls on CUDA (PyTorch's default is off).
+    #[serde(default)]
+    pub allow_tf32: bool,
+}
+
+impl Default for DeviceSpec {
+    fn default() -> Self {
+        DeviceSpec {
+            kind: default_device(),
+            allow_tf32: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PrecisionMode {
+    #[default]
+    Fp32,
+    Fp16,
+    Bf16,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PrecisionSpec {
+    #[serde(default)]
+    pub mode: PrecisionMode,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointSpec {
+    /// Write a training checkpoint every this many optimizer steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every_steps: Option<usize>,
+    /// Write a training checkpoint every this many epochs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every_epochs: Option<usize>,
+    /// Keep only the newest N checkpoints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_last: Option<usize>,
+    /// Activation checkpointing: "none", "all", or { segments = N }.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activations: Option<ActivationCheckpointing>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum ActivationCheckpointing {
+    Mode(ActivationMode),
+    Segments(SegmentsSpec),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ActivationMode {
+    /// Keep every activation (no recomputation).
+    None,
+    /// Recompute every layer's forward pass during the backward pass.
+    All,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SegmentsSpec {
+    /// Keep only the boundaries of this many segments and recompute each segment.
+    pub segments: usize,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ParallelSpec {
+    /// Devices for data parallelism: a list such as ["cuda:0", "cuda:1"], or "all".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub devices: Option<ParallelDevices>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum ParallelDevices {
+    /// "all": every visible GPU.
+    All(AllDevices),
+    /// Explicit devices, such as ["cuda:0", "cuda:1"].
+    List(Vec<String>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AllDevices {
+    All,
+}
+
+fn yes() -> bool {
+    true
+}
+fn one() -> usize {
+    1
+}
+fn default_batch_size() -> usize {
+    64
+}
+fn default_normalize() -> Normalize {
+    Normalize::Standardize
+}
+fn default_gelu() -> GeluApproximation {
+    GeluApproximation::None
+}
+fn default_dropout() -> f64 {
+    0.5
+}
+fn default_betas() -> [f64; 2] {
+    [0.9, 0.999]
+}
+fn default_eps() -> f64 {
+    1e-8
+}
+fn default_epochs() -> usize {
+    10
+}
+fn default_log_every() -> usize {
+    10
+}
+fn default_device() -> String {
+    "auto".into()
+}
+
+impl JobSpec {
+    /// The run name: `job.name`, set from the file stem at load time when absent.
+    pub fn name(&self) -> &str {
+        self.job.name.as_deref().unwrap_or("job")
+    }
+
+    /// The effective weight decay (PyTorch's defaults differ between optimizers).
+    pub fn weight_decay(&self) -> f64 {
+        self.optimizer
+            .weight_decay
+            .unwrap_or(match self.optimizer.kind {
+                OptimizerKind::Adamw => 0.01,
+                _ => 0.0,
+            })
+    }
+}
+
+/// The JSON Schema of a job file, as written to schemas/job.schema.json.
+pub fn json_schema() -> String {
+    let schema = schemars::schema_for!(JobSpec);
+    serde_json::to_string_pretty(&schema).expect("a schema always serialises") + "\n"
+}

@@ -1,0 +1,443 @@
+//! Semantic checks that types cannot express: ranges, keys that only apply to some choices,
+//! and features that are accepted by the schema but not implemented yet. Every problem is
+//! collected, so a user fixes a job in one round.
+
+use super::*;
+use crate::error::{Error, Result};
+
+struct Problems<'a> {
+    file: &'a str,
+    lines: Vec<String>,
+}
+
+impl Problems<'_> {
+    fn add(&mut self, key: &str, message: impl std::fmt::Display) {
+        self.lines
+            .push(format!("{}: key `{key}`: {message}", self.file));
+    }
+    fn check(&mut self, ok: bool, key: &str, message: impl std::fmt::Display) {
+        if !ok {
+            self.add(key, message);
+        }
+    }
+    fn not_yet(&mut self, key: &str, given: impl std::fmt::Display, issue: &str) {
+        self.add(
+            key,
+            format!("{given} is not supported yet ({issue}); remove it or set the default"),
+        );
+    }
+}
+
+pub fn validate(spec: &JobSpec, file: &str) -> Result<()> {
+    let mut p = Problems {
+        file,
+        lines: Vec::new(),
+    };
+    validate_data(&spec.data, &mut p);
+    validate_model(&spec.model, &mut p);
+    validate_loss(spec, &mut p);
+    validate_optimizer(&spec.optimizer, &mut p);
+    validate_train(&spec.train, &mut p);
+    validate_later_features(spec, &mut p);
+    if p.lines.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Job(p.lines.join("\n")))
+    }
+}
+
+fn validate_data(d: &DataSpec, p: &mut Problems) {
+    p.check(
+        d.batch_size >= 1,
+        "data.batch_size",
+        format!("{} given; must be at least 1", d.batch_size),
+    );
+    p.check(
+        (0.0..1.0).contains(&d.val_fraction),
+        "data.val_fraction",
+        format!("{} given; must be in [0, 1)", d.val_fraction),
+    );
+    let source = d.source;
+    let name = serde_json::to_string(&source).unwrap_or_default();
+    let mut only = |present: bool, key: &str, sources: &[DataSource]| {
+        if present && !sources.contains(&source) {
+            let allowed: Vec<String> = sources
+                .iter()
+                .map(|s| serde_json::to_string(s).unwrap_or_default())
+                .collect();
+            p.add(
+                &format!("data.{key}"),
+                format!(
+                    "only applies to source = {} (source is {name})",
+                    allowed.join(" or ")
+                ),
+            );
+        }
+    };
+    use DataSource::*;
+    only(d.path.is_some(), "path", &[Csv]);
+    only(d.test_path.is_some(), "test_path", &[Csv]);
+    only(d.header.is_some(), "header", &[Csv]);
+    only(d.label.is_some(), "label", &[Csv]);
+    only(d.features.is_some(), "features", &[Csv]);
+    only(d.train_images.is_some(), "train_images", &[Idx]);
+    only(d.train_labels.is_some(), "train_labels", &[Idx]);
+    only(d.test_images.is_some(), "test_images", &[Idx]);
+    only(d.test_labels.is_some(), "test_labels", &[Idx]);
+    only(d.task.is_some(), "task", &[Csv, Synthetic]);
+    only(d.samples.is_some(), "samples", &[Synthetic]);
+    only(d.num_features.is_some(), "num_features", &[Synthetic]);
+    only(d.classes.is_some(), "classes", &[Csv, Idx, Synthetic]);
+    only(d.targets.is_some(), "targets", &[Synthetic]);
+    only(d.noise.is_some(), "noise", &[Synthetic]);
+
+    match source {
+        Csv => p.check(
+            d.path.is_some(),
+            "data.path",
+            "missing: source = \"csv\" needs a file path",
+        ),
+        Idx => {
+            p.check(
+                d.train_images.is_some(),
+                "data.train_images",
+                "missing: source = \"idx\" needs it",
+            );
+            p.check(
+                d.train_labels.is_some(),
+                "data.train_labels",
+                "missing: source = \"idx\" needs it",
+            );
+            p.check(
+                d.test_images.is_some() == d.test_labels.is_some(),
+                "data.test_images",
+                "test_images and test_labels go together: give both or neither",
+            );
+        }
+        Synthetic => {
+            let task = d.task.unwrap_or(Task::Classification);
+            p.check(
+                d.samples.unwrap_or(1000) >= 2,
+                "data.samples",
+                "must be at least 2",
+            );
+            p.check(
+                d.num_features.unwrap_or(16) >= 1,
+                "data.num_features",
+                "must be at least 1",
+            );
+            p.check(
+                task == Task::Classification || d.classes.is_none(),
+                "data.classes",
+                "only applies to task = \"classification\"",
+            );
+            p.check(
+                task == Task::Regression || d.targets.is_none(),
+                "data.targets",
+                "only applies to task = \"regression\"",
+            );
+            p.check(
+                d.classes.unwrap_or(2) >= 2,
+                "data.classes",
+                "must be at least 2",
+            );
+            p.check(
+                d.targets.unwrap_or(1) >= 1,
+                "data.targets",
+                "must be at least 1",
+            );
+            p.check(
+                d.noise.unwrap_or(0.0) >= 0.0,
+                "data.noise",
+                format!("{} given; must be at least 0", d.noise.unwrap_or(0.0)),
+            );
+        }
+        Digits => {}
+    }
+}
+
+fn validate_model(m: &ModelSpec, p: &mut Problems) {
+    p.check(
+        !m.layers.is_empty(),
+        "model.layers",
+        "is empty; a model needs at least one layer",
+    );
+    for (i, layer) in m.layers.iter().enumerate() {
+        let key = format!("model.layers[{i}]");
+        match layer {
+            LayerSpec::Linear(l) => {
+                p.check(l.out >= 1, &format!("{key}.out"), "must be at least 1");
+                p.check(
+                    l.in_features != Some(0),
+                    &format!("{key}.in"),
+                    "must be at least 1",
+                );
+            }
+            LayerSpec::Dropout(d) => p.check(
+                (0.0..1.0).contains(&d.p),
+                &format!("{key}.p"),
+                format!("{} given; must be in [0, 1)", d.p),
+            ),
+            _ => {}
+        }
+    }
+    if let Some(shape) = &m.input_shape {
+        p.check(
+            !shape.is_empty() && shape.iter().all(|&d| d >= 1),
+            "model.input_shape",
+            format!("{shape:?} given; every dimension must be at least 1"),
+        );
+    }
+}
+
+fn validate_loss(spec: &JobSpec, p: &mut Problems) {
+    let l = &spec.loss;
+    p.check(
+        (0.0..1.0).contains(&l.label_smoothing),
+        "loss.label_smoothing",
+        format!("{} given; must be in [0, 1)", l.label_smoothing),
+    );
+    p.check(
+        l.label_smoothing == 0.0 || l.kind == LossKind::CrossEntropy,
+        "loss.label_smoothing",
+        "only applies to type = \"cross_entropy\"",
+    );
+}
+
+fn validate_optimizer(o: &OptimizerSpec, p: &mut Problems) {
+    p.check(
+        o.lr.is_finite() && o.lr > 0.0,
+        "optimizer.lr",
+        format!("{} given; must be a positive number", o.lr),
+    );
+    if let Some(wd) = o.weight_decay {
+        p.check(
+            wd >= 0.0,
+            "optimizer.weight_decay",
+            format!("{wd} given; must be at least 0"),
+        );
+    }
+    let is_sgd = o.kind == OptimizerKind::Sgd;
+    if is_sgd {
+        p.check(
+            o.momentum >= 0.0,
+            "optimizer.momentum",
+            format!("{} given; must be at least 0", o.momentum),
+        );
+        p.check(
+            (0.0..=1.0).contains(&o.dampening),
+            "optimizer.dampening",
+            format!("{} given; must be in [0, 1]", o.dampening),
+        );
+        p.check(
+            !o.nesterov || (o.momentum > 0.0 && o.dampening == 0.0),
+            "optimizer.nesterov",
+            "needs momentum > 0 and dampening = 0 (as in PyTorch)",
+        );
+        p.check(
+            o.betas == default_betas(),
+            "optimizer.betas",
+            "only applies to adam and adamw",
+        );
+        p.check(
+            o.eps == default_eps(),
+            "optimizer.eps",
+            "only applies to adam and adamw",
+        );
+    } else {
+        for (i, b) in o.betas.iter().enumerate() {
+            p.check(
+                (0.0..1.0).contains(b),
+                &format!("optimizer.betas[{i}]"),
+                format!("{b} given; must be in [0, 1)"),
+            );
+        }
+        p.check(
+            o.eps > 0.0,
+            "optimizer.eps",
+            format!("{} given; must be positive", o.eps),
+        );
+        p.check(
+            o.momentum == 0.0,
+            "optimizer.momentum",
+            "only applies to sgd",
+        );
+        p.check(
+            o.dampening == 0.0,
+            "optimizer.dampening",
+            "only applies to sgd",
+        );
+        p.check(!o.nesterov, "optimizer.nesterov", "only applies to sgd");
+    }
+
+    let s = &o.schedule;
+    use ScheduleKind::*;
+    let applies = |present: bool, key: &str, kinds: &[ScheduleKind], p: &mut Problems| {
+        if present && !kinds.contains(&s.kind) {
+            let names: Vec<String> = kinds
+                .iter()
+                .map(|k| serde_json::to_string(k).unwrap_or_default())
+                .collect();
+            p.add(
+                &format!("optimizer.schedule.{key}"),
+                format!("only applies to type = {}", names.join(" or ")),
+            );
+        }
+    };
+    applies(s.step_size.is_some(), "step_size", &[Step], p);
+    applies(s.milestones.is_some(), "milestones", &[Multistep], p);
+    applies(
+        s.gamma.is_some(),
+        "gamma",
+        &[Step, Multistep, Exponential],
+        p,
+    );
+    applies(s.min_lr.is_some(), "min_lr", &[Cosine], p);
+    match s.kind {
+        Step => p.check(
+            s.step_size.is_some_and(|n| n >= 1),
+            "optimizer.schedule.step_size",
+            "type = \"step\" needs step_size of at least 1",
+        ),
+        Multistep => p.check(
+            s.milestones
+                .as_ref()
+                .is_some_and(|m| !m.is_empty() && m.windows(2).all(|w| w[0] < w[1])),
+            "optimizer.schedule.milestones",
+            "type = \"multistep\" needs a non-empty, increasing list of steps",
+        ),
+        Exponential => p.check(
+            s.gamma.is_some(),
+            "optimizer.schedule.gamma",
+            "type = \"exponential\" needs gamma",
+        ),
+        _ => {}
+    }
+    if let Some(g) = s.gamma {
+        p.check(
+            g > 0.0,
+            "optimizer.schedule.gamma",
+            format!("{g} given; must be positive"),
+        );
+    }
+    if let Some(m) = s.min_lr {
+        p.check(
+            m >= 0.0,
+            "optimizer.schedule.min_lr",
+            format!("{m} given; must be at least 0"),
+        );
+    }
+    if let Some(f) = s.warmup_start_factor {
+        p.check(
+            (0.0..=1.0).contains(&f),
+            "optimizer.schedule.warmup_start_factor",
+            format!("{f} given; must be in [0, 1]"),
+        );
+        p.check(
+            s.warmup_steps > 0,
+            "optimizer.schedule.warmup_start_factor",
+            "only applies with warmup_steps > 0",
+        );
+    }
+}
+
+fn validate_train(t: &TrainSpec, p: &mut Problems) {
+    p.check(
+        t.epochs >= 1,
+        "train.epochs",
+        format!("{} given; must be at least 1", t.epochs),
+    );
+    p.check(
+        t.grad_accum_steps >= 1,
+        "train.grad_accum_steps",
+        format!("{} given; must be at least 1", t.grad_accum_steps),
+    );
+    p.check(
+        t.log_every >= 1,
+        "train.log_every",
+        format!("{} given; must be at least 1", t.log_every),
+    );
+    if let Some(m) = t.max_steps {
+        p.check(
+            m >= 1,
+            "train.max_steps",
+            format!("{m} given; must be at least 1"),
+        );
+    }
+    if let Some(c) = t.clip_grad_norm {
+        p.check(
+            c.is_finite() && c > 0.0,
+            "train.clip_grad_norm",
+            format!("{c} given; must be a positive number"),
+        );
+    }
+    if let Some(n) = t.threads {
+        p.check(
+            n >= 1,
+            "train.threads",
+            format!("{n} given; must be at least 1"),
+        );
+    }
+}
+
+/// Keys for capabilities that later issues implement: accepted by the schema so editors know
+/// them, refused here so that nothing is ever silently ignored.
+fn validate_later_features(spec: &JobSpec, p: &mut Problems) {
+    let device = spec.device.kind.as_str();
+    match parse_device(device) {
+        Some(DeviceChoice::Cpu | DeviceChoice::Auto) => {}
+        Some(DeviceChoice::Cuda(_)) => {
+            p.not_yet("device.type", format!("\"{device}\""), "the CUDA engine")
+        }
+        None => p.add(
+            "device.type",
+            format!("\"{device}\" given; allowed: \"auto\", \"cpu\", \"cuda\" or \"cuda:N\""),
+        ),
+    }
+    if spec.precision.mode != PrecisionMode::Fp32 {
+        let mode = serde_json::to_string(&spec.precision.mode).unwrap_or_default();
+        p.not_yet("precision.mode", mode, "mixed precision");
+    }
+    let c = &spec.checkpoint;
+    for (key, set) in [
+        ("checkpoint.every_steps", c.every_steps.is_some()),
+        ("checkpoint.every_epochs", c.every_epochs.is_some()),
+        ("checkpoint.keep_last", c.keep_last.is_some()),
+    ] {
+        if set {
+            p.not_yet(key, "a value", "training checkpoints");
+        }
+    }
+    match &c.activations {
+        None | Some(ActivationCheckpointing::Mode(ActivationMode::None)) => {}
+        Some(v) => p.not_yet(
+            "checkpoint.activations",
+            format!("{v:?}"),
+            "activation checkpointing",
+        ),
+    }
+    if let Some(d) = &spec.parallel.devices {
+        p.not_yet("parallel.devices", format!("{d:?}"), "data parallelism");
+    }
+}
+
+/// A parsed `device.type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceChoice {
+    Auto,
+    Cpu,
+    Cuda(usize),
+}
+
+pub fn parse_device(s: &str) -> Option<DeviceChoice> {
+    match s {
+        "auto" => Some(DeviceChoice::Auto),
+        "cpu" => Some(DeviceChoice::Cpu),
+        "cuda" => Some(DeviceChoice::Cuda(0)),
+        _ => s
+            .strip_prefix("cuda:")?
+            .parse()
+            .ok()
+            .map(DeviceChoice::Cuda),
+    }
+}

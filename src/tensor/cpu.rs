@@ -1,0 +1,473 @@
+//! The CPU backend: the reference every other backend is tested against, and the fast path
+//! for users without a GPU. Matrix products go through the `gemm` crate (AVX2/AVX-512
+//! kernels, threaded with rayon); large elementwise passes are split across the same threads.
+
+use super::{rng, Activation, AdamStep, Backend, LossFn, LossStats, SgdStep};
+use crate::error::Result;
+use gemm::Parallelism;
+use rayon::prelude::*;
+
+/// Elementwise passes shorter than this stay on one thread: splitting costs more than it saves.
+const PARALLEL_MIN_LEN: usize = 1 << 16;
+const CHUNK: usize = 1 << 14;
+
+#[derive(Debug, Clone)]
+pub struct CpuBackend {
+    threads: usize,
+}
+
+impl CpuBackend {
+    /// A backend using `threads` threads; rayon's global pool must have at least that many.
+    pub fn new(threads: usize) -> Self {
+        CpuBackend {
+            threads: threads.max(1),
+        }
+    }
+
+    fn parallelism(&self, m: usize, n: usize, k: usize) -> Parallelism {
+        // Below ~a million multiply-adds, a second thread costs more than it saves.
+        if self.threads > 1 && m * n * k >= 1 << 20 {
+            Parallelism::Rayon(self.threads)
+        } else {
+            Parallelism::None
+        }
+    }
+
+    /// Row-major dst[m, n] = (accumulate ? dst : 0) + lhs·rhs, where lhs and rhs are given
+    /// by their element strides (row stride, column stride), so transposes cost nothing.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul(
+        &self,
+        dst: &mut [f32],
+        accumulate: bool,
+        lhs: &[f32],
+        (lhs_rs, lhs_cs): (usize, usize),
+        rhs: &[f32],
+        (rhs_rs, rhs_cs): (usize, usize),
+        m: usize,
+        n: usize,
+        k: usize,
+    ) {
+        assert!(dst.len() >= m * n, "gemm destination too small");
+        assert!(m == 0 || k == 0 || lhs.len() > (m - 1) * lhs_rs + (k - 1) * lhs_cs);
+        assert!(n == 0 || k == 0 || rhs.len() > (k - 1) * rhs_rs + (n - 1) * rhs_cs);
+        // SAFETY: the asserts above keep every index the kernel touches inside the slices,
+        // and `dst` does not alias `lhs` or `rhs` (it is a distinct &mut).
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                k,
+                dst.as_mut_ptr(),
+                1,
+                n as isize,
+                accumulate,
+                lhs.as_ptr(),
+                lhs_cs as isize,
+                lhs_rs as isize,
+                rhs.as_ptr(),
+                rhs_cs as isize,
+                rhs_rs as isize,
+                1.0,
+                1.0,
+                false,
+                false,
+                false,
+                self.parallelism(m, n, k),
+            );
+        }
+    }
+}
+
+/// Runs `f` over matching chunks of `out` and `a`, in parallel when long enough.
+fn map2(out: &mut [f32], a: &[f32], f: impl Fn(&mut [f32], &[f32], usize) + Sync) {
+    if out.len() < PARALLEL_MIN_LEN {
+        f(out, a, 0);
+    } else {
+        out.par_chunks_mut(CHUNK)
+            .zip(a.par_chunks(CHUNK))
+            .enumerate()
+            .for_each(|(i, (o, a))| f(o, a, i * CHUNK));
+    }
+}
+
+impl Backend for CpuBackend {
+    type Buf = Vec<f32>;
+    type Stats = LossStats;
+
+    fn describe(&self) -> String {
+        format!("cpu ({} threads)", self.threads)
+    }
+
+    fn alloc(&self, len: usize) -> Result<Vec<f32>> {
+        Ok(vec![0.0; len])
+    }
+
+    fn from_host(&self, data: Vec<f32>) -> Result<Vec<f32>> {
+        Ok(data)
+    }
+
+    fn upload(&self, src: &[f32], dst: &mut Vec<f32>) {
+        dst[..src.len()].copy_from_slice(src);
+    }
+
+    fn download(&self, src: &Vec<f32>, dst: &mut [f32]) {
+        dst.copy_from_slice(&src[..dst.len()]);
+    }
+
+    fn fill(&self, buf: &mut Vec<f32>, value: f32) {
+        buf.fill(value);
+    }
+
+    fn copy(&self, src: &Vec<f32>, dst: &mut Vec<f32>, len: usize) {
+        dst[..len].copy_from_slice(&src[..len]);
+    }
+
+    fn gather_rows(&self, src: &Vec<f32>, rows: &[u32], row_len: usize, dst: &mut Vec<f32>) {
+        for (out, &r) in dst.chunks_exact_mut(row_len).zip(rows) {
+            let start = r as usize * row_len;
+            out.copy_from_slice(&src[start..start + row_len]);
+        }
+    }
+
+    fn linear_forward(
+        &self,
+        x: &Vec<f32>,
+        params: &Vec<f32>,
+        w: usize,
+        b: Option<usize>,
+        y: &mut Vec<f32>,
+        n: usize,
+        inp: usize,
+        out: usize,
+    ) {
+        let y = &mut y[..n * out];
+        if let Some(b) = b {
+            let bias = &params[b..b + out];
+            for row in y.chunks_exact_mut(out) {
+                row.copy_from_slice(bias);
+            }
+        }
+        let weight = &params[w..w + out * inp];
+        // y[n, out] (+)= x[n, inp] · Wᵀ, Wᵀ[k, j] = W[j·inp + k]
+        self.matmul(
+            y,
+            b.is_some(),
+            &x[..n * inp],
+            (inp, 1),
+            weight,
+            (1, inp),
+            n,
+            out,
+            inp,
+        );
+    }
+
+    fn linear_backward(
+        &self,
+        x: &Vec<f32>,
+        dy: &Vec<f32>,
+        params: &Vec<f32>,
+        grads: &mut Vec<f32>,
+        w: usize,
+        b: Option<usize>,
+        dx: Option<&mut Vec<f32>>,
+        n: usize,
+        inp: usize,
+        out: usize,
+    ) {
+        let dy = &dy[..n * out];
+        // dW[out, inp] += dyᵀ[out, n] · x[n, inp]
+        let dw = &mut grads[w..w + out * inp];
+        self.matmul(dw, true, dy, (1, out), &x[..n * inp], (inp, 1), out, inp, n);
+        if let Some(b) = b {
+            let db = &mut grads[b..b + out];
+            for row in dy.chunks_exact(out) {
+                for (g, d) in db.iter_mut().zip(row) {
+                    *g += d;
+                }
+            }
+        }
+        if let Some(dx) = dx {
+            // dx[n, inp] = dy[n, out] · W[out, inp]
+            let weight = &params[w..w + out * inp];
+            self.matmul(
+                &mut dx[..n * inp],
+                false,
+                dy,
+                (out, 1),
+                weight,
+                (inp, 1),
+                n,
+                inp,
+                out,
+            );
+        }
+    }
+
+    fn activation_forward(&self, f: Activation, x: &Vec<f32>, y: &mut Vec<f32>, len: usize) {
+        map2(&mut y[..len], &x[..len], |y, x, _| {
+            for (y, &x) in y.iter_mut().zip(x) {
+                *y = activation(f, x);
+            }
+        });
+    }
+
+    fn activation_backward(
+        &self,
+        f: Activation,
+        x: &Vec<f32>,
+        y: &Vec<f32>,
+        dy: &Vec<f32>,
+        dx: &mut Vec<f32>,
+        len: usize,
+    ) {
+        let (x, y, dy) = (&x[..len], &y[..len], &dy[..len]);
+        map2(&mut dx[..len], dy, |dx, dy, start| {
+            let x = &x[start..start + dx.len()];
+            let y = &y[start..start + dx.len()];
+            for i in 0..dx.len() {
+                dx[i] = dy[i] * activation_derivative(f, x[i], y[i]);
+            }
+        });
+    }
+
+    fn dropout_forward(&self, p: f32, key: u64, x: &Vec<f32>, y: &mut Vec<f32>, len: usize) {
+        let keep_scale = 1.0 / (1.0 - p);
+        map2(&mut y[..len], &x[..len], |y, x, start| {
+            for (i, (y, &x)) in y.iter_mut().zip(x).enumerate() {
+                let keep = rng::uniform(key, (start + i) as u64) >= p;
+                *y = if keep { x * keep_scale } else { 0.0 };
+            }
+        });
+    }
+
+    fn dropout_backward(&self, p: f32, key: u64, dy: &Vec<f32>, dx: &mut Vec<f32>, len: usize) {
+        // Same mask as the forward pass: same key, same indices.
+        self.dropout_forward(p, key, dy, dx, len);
+    }
+
+    fn loss(
+        &self,
+        f: LossFn,
+        out: &Vec<f32>,
+        targets: &Vec<f32>,
+        n: usize,
+        dim: usize,
+        grad_scale: f32,
+        mut dout: Option<&mut Vec<f32>>,
+        stats: &mut LossStats,
+    ) {
+        let g = grad_scale as f64 / n as f64;
+        for s in 0..n {
+            let x = &out[s * dim..(s + 1) * dim];
+            let mut grad = dout.as_deref_mut().map(|d| &mut d[s * dim..(s + 1) * dim]);
+            let (loss, correct) = match f {
+                LossFn::CrossEntropy { label_smoothing } => {
+                    let label = targets[s] as usize;
+                    cross_entropy_row(x, label, label_smoothing as f64, g, grad.as_deref_mut())
+                }
+                LossFn::Mse => {
+                    let t = &targets[s * dim..(s + 1) * dim];
+                    let mut sum = 0.0f64;
+                    for j in 0..dim {
+                        let diff = (x[j] - t[j]) as f64;
+                        sum += diff * diff;
+                        if let Some(d) = grad.as_deref_mut() {
+                            d[j] = (2.0 * diff * g / dim as f64) as f32;
+                        }
+                    }
+                    (sum / dim as f64, 0.0)
+                }
+                LossFn::BceWithLogits => {
+                    let t = &targets[s * dim..(s + 1) * dim];
+                    let (mut sum, mut hits) = (0.0f64, 0.0f64);
+                    for j in 0..dim {
+                        let (xj, tj) = (x[j] as f64, t[j] as f64);
+                        sum += xj.max(0.0) - xj * tj + (-xj.abs()).exp().ln_1p();
+                        hits += f64::from((xj > 0.0) == (tj >= 0.5));
+                        if let Some(d) = grad.as_deref_mut() {
+                            let sigmoid = 1.0 / (1.0 + (-xj).exp());
+                            d[j] = ((sigmoid - tj) * g / dim as f64) as f32;
+                        }
+                    }
+                    (sum / dim as f64, hits / dim as f64)
+                }
+            };
+            stats.loss_sum += loss;
+            stats.correct += correct;
+        }
+        stats.samples += n as f64;
+    }
+
+    fn new_stats(&self) -> Result<LossStats> {
+        Ok(LossStats::default())
+    }
+
+    fn take_stats(&self, stats: &mut LossStats) -> LossStats {
+        std::mem::take(stats)
+    }
+
+    fn sum_squares(&self, buf: &Vec<f32>) -> f64 {
+        buf.par_chunks(CHUNK)
+            .map(|c| c.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>())
+            .sum()
+    }
+
+    fn scale(&self, buf: &mut Vec<f32>, factor: f32) {
+        buf.par_chunks_mut(CHUNK)
+            .for_each(|c| c.iter_mut().for_each(|v| *v *= factor));
+    }
+
+    fn sgd_step(
+        &self,
+        params: &mut Vec<f32>,
+        grads: &Vec<f32>,
+        momentum: &mut Vec<f32>,
+        h: &SgdStep,
+    ) {
+        params
+            .par_chunks_mut(CHUNK)
+            .zip(grads.par_chunks(CHUNK))
+            .zip(momentum.par_chunks_mut(CHUNK))
+            .for_each(|((p, g), buf)| {
+                for i in 0..p.len() {
+                    let mut d = g[i];
+                    if h.weight_decay != 0.0 {
+                        d += h.weight_decay * p[i];
+                    }
+                    if h.momentum != 0.0 {
+                        buf[i] = if h.first_step {
+                            d
+                        } else {
+                            h.momentum * buf[i] + (1.0 - h.dampening) * d
+                        };
+                        d = if h.nesterov {
+                            d + h.momentum * buf[i]
+                        } else {
+                            buf[i]
+                        };
+                    }
+                    p[i] -= h.lr * d;
+                }
+            });
+    }
+
+    fn adam_step(
+        &self,
+        params: &mut Vec<f32>,
+        grads: &Vec<f32>,
+        exp_avg: &mut Vec<f32>,
+        exp_avg_sq: &mut Vec<f32>,
+        h: &AdamStep,
+    ) {
+        let bias_correction1 = 1.0 - (h.beta1 as f64).powi(h.step as i32);
+        let bias_correction2 = 1.0 - (h.beta2 as f64).powi(h.step as i32);
+        let step_size = (h.lr as f64 / bias_correction1) as f32;
+        let bias_correction2_sqrt = bias_correction2.sqrt() as f32;
+        let decay = 1.0 - h.lr * h.weight_decay;
+        params
+            .par_chunks_mut(CHUNK)
+            .zip(grads.par_chunks(CHUNK))
+            .zip(
+                exp_avg
+                    .par_chunks_mut(CHUNK)
+                    .zip(exp_avg_sq.par_chunks_mut(CHUNK)),
+            )
+            .for_each(|((p, g), (m, v))| {
+                for i in 0..p.len() {
+                    let mut grad = g[i];
+                    if h.decoupled {
+                        p[i] *= decay;
+                    } else if h.weight_decay != 0.0 {
+                        grad += h.weight_decay * p[i];
+                    }
+                    m[i] += (grad - m[i]) * (1.0 - h.beta1);
+                    v[i] = v[i] * h.beta2 + (1.0 - h.beta2) * grad * grad;
+                    let denom = v[i].sqrt() / bias_correction2_sqrt + h.eps;
+                    p[i] -= step_size * m[i] / denom;
+                }
+            });
+    }
+}
+
+const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+const GELU_COEF: f32 = 0.044_715;
+
+#[inline]
+pub fn activation(f: Activation, x: f32) -> f32 {
+    match f {
+        Activation::Relu => x.max(0.0),
+        Activation::Gelu => 0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2)),
+        Activation::GeluTanh => {
+            0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + GELU_COEF * x * x * x)).tanh())
+        }
+        Activation::Tanh => x.tanh(),
+        Activation::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+    }
+}
+
+/// f'(x), using y = f(x) where that is cheaper.
+#[inline]
+pub fn activation_derivative(f: Activation, x: f32, y: f32) -> f32 {
+    match f {
+        Activation::Relu => {
+            if x > 0.0 {
+                1.0
+            } else {
+                0.0
+            }
+        }
+        Activation::Gelu => {
+            let cdf = 0.5 * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2));
+            let pdf = (-0.5 * x * x).exp() * 0.398_942_3; // 1/√(2π)
+            cdf + x * pdf
+        }
+        Activation::GeluTanh => {
+            let inner = SQRT_2_OVER_PI * (x + GELU_COEF * x * x * x);
+            let t = inner.tanh();
+            0.5 * (1.0 + t)
+                + 0.5 * x * (1.0 - t * t) * SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_COEF * x * x)
+        }
+        Activation::Tanh => 1.0 - y * y,
+        Activation::Sigmoid => y * (1.0 - y),
+    }
+}
+
+/// Loss and hit (1 or 0) for one row of logits; writes the gradient times `g` when asked.
+/// PyTorch's label smoothing: the target is (1-ε)·onehot + ε/C.
+fn cross_entropy_row(
+    x: &[f32],
+    label: usize,
+    smoothing: f64,
+    g: f64,
+    grad: Option<&mut [f32]>,
+) -> (f64, f64) {
+    let classes = x.len();
+    let (mut max, mut argmax) = (f32::NEG_INFINITY, 0);
+    for (j, &v) in x.iter().enumerate() {
+        if v > max {
+            max = v;
+            argmax = j;
+        }
+    }
+    let max = max as f64;
+    let sum_exp: f64 = x.iter().map(|&v| (v as f64 - max).exp()).sum();
+    let log_sum_exp = max + sum_exp.ln();
+    let nll = log_sum_exp - x[label] as f64;
+    let loss = if smoothing > 0.0 {
+        let mean_nll = log_sum_exp - x.iter().map(|&v| v as f64).sum::<f64>() / classes as f64;
+        (1.0 - smoothing) * nll + smoothing * mean_nll
+    } else {
+        nll
+    };
+    if let Some(grad) = grad {
+        let uniform = smoothing / classes as f64;
+        for (j, d) in grad.iter_mut().enumerate() {
+            let p = (x[j] as f64 - log_sum_exp).exp();
+            let target = uniform + if j == label { 1.0 - smoothing } else { 0.0 };
+            *d = ((p - target) * g) as f32;
+        }
+    }
+    (loss, f64::from(argmax == label))
+}

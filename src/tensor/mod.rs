@@ -1,0 +1,176 @@
+//! The tensor engine: the `Backend` trait that every device implements over flat f32
+//! buffers, and the CPU backend that is both the reference and the fast path without a GPU.
+//!
+//! The graph executor owns the buffers and calls these ops; a layer's parameters are spans
+//! (offsets) into one flat parameter buffer, and their gradients the same spans of one flat
+//! gradient buffer, so the optimizer is a single pass and a checkpoint a single write.
+
+pub mod cpu;
+pub mod rng;
+
+use crate::error::Result;
+
+/// Elementwise activation functions, with PyTorch's definitions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    Relu,
+    /// x·Φ(x), with the exact error function.
+    Gelu,
+    /// 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
+    GeluTanh,
+    Tanh,
+    Sigmoid,
+}
+
+/// The loss functions, each fused with its gradient.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LossFn {
+    /// Softmax cross-entropy over `dim` logits with a class index per sample.
+    CrossEntropy { label_smoothing: f32 },
+    /// Mean squared error over `dim` targets per sample.
+    Mse,
+    /// Sigmoid + binary cross-entropy over `dim` logits with targets in [0, 1].
+    BceWithLogits,
+}
+
+/// One Adam/AdamW update's hyper-parameters, with PyTorch's semantics.
+#[derive(Debug, Clone, Copy)]
+pub struct AdamStep {
+    pub lr: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub weight_decay: f32,
+    /// AdamW: weight decay multiplies the parameters instead of joining the gradient.
+    pub decoupled: bool,
+    /// 1-based step count, for the bias corrections.
+    pub step: u64,
+}
+
+/// One SGD update's hyper-parameters, with PyTorch's semantics.
+#[derive(Debug, Clone, Copy)]
+pub struct SgdStep {
+    pub lr: f32,
+    pub momentum: f32,
+    pub dampening: f32,
+    pub nesterov: bool,
+    pub weight_decay: f32,
+    /// The momentum buffer is initialised with the first gradient (no dampening then).
+    pub first_step: bool,
+}
+
+/// Running sums a loss adds to: loss summed over samples, correct predictions, samples.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LossStats {
+    pub loss_sum: f64,
+    pub correct: f64,
+    pub samples: f64,
+}
+
+/// The ops a device implements. Buffers are flat f32 arrays; every op gets its sizes
+/// explicitly, and uses only the prefix it needs (a smaller last batch reuses the buffers).
+pub trait Backend {
+    /// Device memory holding f32 values.
+    type Buf;
+    /// Where a loss accumulates its statistics (kept on the device until read).
+    type Stats;
+
+    /// A short description for logs, e.g. "cpu (2 threads)".
+    fn describe(&self) -> String;
+    /// A zero-filled buffer.
+    fn alloc(&self, len: usize) -> Result<Self::Buf>;
+    /// A buffer holding `data` (the CPU backend keeps the vector itself: no copy).
+    fn from_host(&self, data: Vec<f32>) -> Result<Self::Buf>;
+    fn upload(&self, src: &[f32], dst: &mut Self::Buf);
+    fn download(&self, src: &Self::Buf, dst: &mut [f32]);
+    fn fill(&self, buf: &mut Self::Buf, value: f32);
+    fn copy(&self, src: &Self::Buf, dst: &mut Self::Buf, len: usize);
+    /// dst[i] = src[idx[i]] for rows of `row_len` values: assembles a batch from a data set
+    /// held on the device.
+    fn gather_rows(&self, src: &Self::Buf, rows: &[u32], row_len: usize, dst: &mut Self::Buf);
+
+    /// y[n, out] = x[n, inp] · Wᵀ (+ b), with W = params[w..] as [out, inp] row-major and
+    /// b = params[b..] of length out.
+    #[allow(clippy::too_many_arguments)]
+    fn linear_forward(
+        &self,
+        x: &Self::Buf,
+        params: &Self::Buf,
+        w: usize,
+        b: Option<usize>,
+        y: &mut Self::Buf,
+        n: usize,
+        inp: usize,
+        out: usize,
+    );
+    /// grads[W] += dyᵀ·x, grads[b] += Σₙ dy, and dx = dy·W when `dx` is given.
+    #[allow(clippy::too_many_arguments)]
+    fn linear_backward(
+        &self,
+        x: &Self::Buf,
+        dy: &Self::Buf,
+        params: &Self::Buf,
+        grads: &mut Self::Buf,
+        w: usize,
+        b: Option<usize>,
+        dx: Option<&mut Self::Buf>,
+        n: usize,
+        inp: usize,
+        out: usize,
+    );
+
+    fn activation_forward(&self, f: Activation, x: &Self::Buf, y: &mut Self::Buf, len: usize);
+    /// dx = dy · f'(x), given x and y = f(x).
+    #[allow(clippy::too_many_arguments)]
+    fn activation_backward(
+        &self,
+        f: Activation,
+        x: &Self::Buf,
+        y: &Self::Buf,
+        dy: &Self::Buf,
+        dx: &mut Self::Buf,
+        len: usize,
+    );
+
+    /// Keeps x[i] / (1 - p) where `rng::uniform(key, i) >= p`, else 0. The mask is never
+    /// stored: the backward pass (and a recomputation) draws it again from the same key.
+    fn dropout_forward(&self, p: f32, key: u64, x: &Self::Buf, y: &mut Self::Buf, len: usize);
+    fn dropout_backward(&self, p: f32, key: u64, dy: &Self::Buf, dx: &mut Self::Buf, len: usize);
+
+    /// The loss of `out` [n, dim] against `targets`, added to `stats`; when `dout` is given,
+    /// also its gradient d(mean loss)/d(out) times `grad_scale`.
+    #[allow(clippy::too_many_arguments)]
+    fn loss(
+        &self,
+        f: LossFn,
+        out: &Self::Buf,
+        targets: &Self::Buf,
+        n: usize,
+        dim: usize,
+        grad_scale: f32,
+        dout: Option<&mut Self::Buf>,
+        stats: &mut Self::Stats,
+    );
+    fn new_stats(&self) -> Result<Self::Stats>;
+    /// Reads the statistics and resets them to zero.
+    fn take_stats(&self, stats: &mut Self::Stats) -> LossStats;
+
+    /// Σ buf[i]², for the global gradient norm.
+    fn sum_squares(&self, buf: &Self::Buf) -> f64;
+    fn scale(&self, buf: &mut Self::Buf, factor: f32);
+    fn sgd_step(
+        &self,
+        params: &mut Self::Buf,
+        grads: &Self::Buf,
+        momentum: &mut Self::Buf,
+        h: &SgdStep,
+    );
+    fn adam_step(
+        &self,
+        params: &mut Self::Buf,
+        grads: &Self::Buf,
+        exp_avg: &mut Self::Buf,
+        exp_avg_sq: &mut Self::Buf,
+        h: &AdamStep,
+    );
+}
