@@ -76,15 +76,15 @@ pub fn run(args: &RunArgs) -> Result<PathBuf> {
         graph,
         threads,
     } = prepared;
-    let device = pick_device(&spec)?;
+    pick_device(&spec)?;
     let backend = CpuBackend::new(threads);
 
     let run = RunDir::create(&args.runs_dir, spec.name())?;
-    let header = format!(
-        "# trainer run {} {}\n# resolved spec: defaults filled in, overrides applied\n# device: {} ({})",
+    let header =
+        format!(
+        "# trainer run {} {}\n# resolved spec: defaults filled in, overrides applied\n# device: {}",
         args.job.display(),
         args.sets.iter().map(|s| format!("--set {s}")).collect::<Vec<_>>().join(" "),
-        device,
         backend.describe(),
     );
     run.write_config(&spec, &header)?;

@@ -9,6 +9,19 @@ use crate::error::Result;
 use crate::spec::{JobSpec, OptimizerKind};
 use crate::tensor::{AdamStep, Backend, SgdStep};
 
+/// torch.nn.utils.clip_grad_norm_: returns the global L2 norm of `grads` and, when a
+/// `max_norm` is given and exceeded, scales them by max_norm / (norm + 1e-6).
+pub fn clip_grad_norm<B: Backend>(backend: &B, grads: &mut B::Buf, max_norm: Option<f64>) -> f64 {
+    let norm = backend.sum_squares(grads).sqrt();
+    if let Some(max_norm) = max_norm {
+        let coef = max_norm / (norm + 1e-6);
+        if coef < 1.0 {
+            backend.scale(grads, coef as f32);
+        }
+    }
+    norm
+}
+
 pub struct Optimizer<B: Backend> {
     kind: OptimizerKind,
     spec: crate::spec::OptimizerSpec,

@@ -326,31 +326,40 @@ impl Backend for CpuBackend {
         momentum: &mut Vec<f32>,
         h: &SgdStep,
     ) {
-        params
-            .par_chunks_mut(CHUNK)
-            .zip(grads.par_chunks(CHUNK))
-            .zip(momentum.par_chunks_mut(CHUNK))
-            .for_each(|((p, g), buf)| {
-                for i in 0..p.len() {
-                    let mut d = g[i];
-                    if h.weight_decay != 0.0 {
-                        d += h.weight_decay * p[i];
-                    }
-                    if h.momentum != 0.0 {
-                        buf[i] = if h.first_step {
-                            d
-                        } else {
-                            h.momentum * buf[i] + (1.0 - h.dampening) * d
-                        };
-                        d = if h.nesterov {
-                            d + h.momentum * buf[i]
-                        } else {
-                            buf[i]
-                        };
-                    }
-                    p[i] -= h.lr * d;
+        let update = |p: &mut [f32], g: &[f32], buf: &mut [f32]| {
+            for i in 0..p.len() {
+                let mut d = g[i];
+                if h.weight_decay != 0.0 {
+                    d += h.weight_decay * p[i];
                 }
-            });
+                if h.momentum != 0.0 {
+                    buf[i] = if h.first_step {
+                        d
+                    } else {
+                        h.momentum * buf[i] + (1.0 - h.dampening) * d
+                    };
+                    d = if h.nesterov {
+                        d + h.momentum * buf[i]
+                    } else {
+                        buf[i]
+                    };
+                }
+                p[i] -= h.lr * d;
+            }
+        };
+        if h.momentum == 0.0 {
+            // No momentum buffer is kept (it is empty): nothing to zip with.
+            params
+                .par_chunks_mut(CHUNK)
+                .zip(grads.par_chunks(CHUNK))
+                .for_each(|(p, g)| update(p, g, &mut []));
+        } else {
+            params
+                .par_chunks_mut(CHUNK)
+                .zip(grads.par_chunks(CHUNK))
+                .zip(momentum.par_chunks_mut(CHUNK))
+                .for_each(|((p, g), buf)| update(p, g, buf));
+        }
     }
 
     fn adam_step(

@@ -9,7 +9,7 @@
 use crate::data::{batches_per_epoch, epoch_order, Data, Dataset};
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Network};
-use crate::optim::{Optimizer, Schedule};
+use crate::optim::{clip_grad_norm, Optimizer, Schedule};
 use crate::run::{MetricsRow, MetricsWriter};
 use crate::spec::JobSpec;
 use crate::tensor::{Backend, LossStats};
@@ -107,18 +107,8 @@ pub fn train<B: Backend>(
             }
             let step = outcome.steps + 1;
             let logging = step % log_every == 0 || step as usize == total;
-            let grad_norm = if clip.is_some() || logging {
-                Some(backend.sum_squares(&net.grads).sqrt())
-            } else {
-                None
-            };
-            if let (Some(max_norm), Some(norm)) = (clip, grad_norm) {
-                // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when below 1.
-                let coef = max_norm / (norm + 1e-6);
-                if coef < 1.0 {
-                    backend.scale(&mut net.grads, coef as f32);
-                }
-            }
+            let grad_norm =
+                (clip.is_some() || logging).then(|| clip_grad_norm(backend, &mut net.grads, clip));
             let lr = schedule.lr(outcome.steps as usize);
             optimizer.step(backend, &mut net.params, &net.grads, lr);
             outcome.steps = step;

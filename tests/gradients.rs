@@ -1,0 +1,196 @@
+//! Gradient checks: every layer and every loss, analytic gradients against central finite
+//! differences of the loss, on random inputs.
+
+mod common;
+
+use common::{network, spec};
+use trainer::graph::{DataShape, Network};
+use trainer::tensor::cpu::CpuBackend;
+use trainer::tensor::Backend;
+
+const N: usize = 5;
+const STEP_KEY: u64 = 3;
+
+fn mean_loss(net: &mut Network<CpuBackend>, b: &CpuBackend) -> f64 {
+    let mut stats = b.new_stats().unwrap();
+    net.forward(b, N, true, STEP_KEY);
+    net.loss(b, N, None, &mut stats);
+    stats.loss_sum / stats.samples
+}
+
+/// Compares d(loss)/d(param) with (L(p+h) - L(p-h)) / 2h for every parameter.
+fn check_gradients(job: &str, data: DataShape) {
+    let b = CpuBackend::new(1);
+    let spec = spec(job);
+    let mut net = network(&spec, &data, N, 7);
+    b.fill(&mut net.grads, 0.0);
+    let mut stats = b.new_stats().unwrap();
+    net.forward(&b, N, true, STEP_KEY);
+    net.loss(&b, N, Some(1.0), &mut stats);
+    net.backward(&b, N, STEP_KEY);
+    let analytic = net.grads.clone();
+    assert!(
+        analytic.iter().any(|&g| g.abs() > 1e-4),
+        "gradients are all ~0: nothing checked"
+    );
+
+    let h = 1e-3f32;
+    let mut worst = (0.0f64, 0usize);
+    for i in 0..analytic.len() {
+        let original = net.params[i];
+        net.params[i] = original + h;
+        let up = mean_loss(&mut net, &b);
+        net.params[i] = original - h;
+        let down = mean_loss(&mut net, &b);
+        net.params[i] = original;
+        let numeric = (up - down) / (2.0 * h as f64);
+        let a = analytic[i] as f64;
+        let error = (a - numeric).abs() / (a.abs().max(numeric.abs()) * 1e-2 + 2e-4);
+        if error > worst.0 {
+            worst = (error, i);
+        }
+        assert!(
+            error <= 1.0,
+            "param {i}: analytic {a:.6} vs numeric {numeric:.6}\n{job}"
+        );
+    }
+}
+
+fn between_linears(layer: &str) -> String {
+    format!(
+        r#"
+        [data]
+        source = "synthetic"
+        [model]
+        layers = [{{ type = "linear", out = 6 }}, {layer}, {{ type = "linear", out = 3 }}]
+        [optimizer]
+        type = "sgd"
+        lr = 0.1
+        "#
+    )
+}
+
+fn classes(n: usize) -> DataShape {
+    DataShape {
+        sample_shape: vec![4],
+        classes: Some(n),
+        target_dim: 1,
+    }
+}
+
+#[test]
+fn linear_gradients() {
+    check_gradients(
+        &between_linears(r#"{ type = "linear", out = 5 }"#),
+        classes(3),
+    );
+}
+
+#[test]
+fn linear_without_bias_gradients() {
+    check_gradients(
+        &between_linears(r#"{ type = "linear", out = 5, bias = false }"#),
+        classes(3),
+    );
+}
+
+#[test]
+fn relu_gradients() {
+    check_gradients(&between_linears(r#"{ type = "relu" }"#), classes(3));
+}
+
+#[test]
+fn gelu_gradients() {
+    check_gradients(&between_linears(r#"{ type = "gelu" }"#), classes(3));
+}
+
+#[test]
+fn gelu_tanh_gradients() {
+    check_gradients(
+        &between_linears(r#"{ type = "gelu", approximate = "tanh" }"#),
+        classes(3),
+    );
+}
+
+#[test]
+fn tanh_gradients() {
+    check_gradients(&between_linears(r#"{ type = "tanh" }"#), classes(3));
+}
+
+#[test]
+fn sigmoid_gradients() {
+    check_gradients(&between_linears(r#"{ type = "sigmoid" }"#), classes(3));
+}
+
+#[test]
+fn dropout_gradients_use_the_same_mask_as_forward() {
+    check_gradients(
+        &between_linears(r#"{ type = "dropout", p = 0.4 }"#),
+        classes(3),
+    );
+}
+
+#[test]
+fn flatten_gradients() {
+    let job = between_linears(r#"{ type = "flatten" }"#).replace(
+        r#"layers = [{ type = "linear""#,
+        r#"layers = [{ type = "flatten" }, { type = "linear""#,
+    );
+    check_gradients(
+        &job,
+        DataShape {
+            sample_shape: vec![2, 2],
+            classes: Some(3),
+            target_dim: 1,
+        },
+    );
+}
+
+fn loss_job(loss: &str) -> String {
+    format!(
+        r#"
+        [data]
+        source = "synthetic"
+        [model]
+        layers = [{{ type = "linear", out = 3 }}]
+        [loss]
+        {loss}
+        [optimizer]
+        type = "sgd"
+        lr = 0.1
+        "#
+    )
+}
+
+#[test]
+fn cross_entropy_gradients() {
+    check_gradients(&loss_job(r#"type = "cross_entropy""#), classes(3));
+}
+
+#[test]
+fn cross_entropy_with_label_smoothing_gradients() {
+    check_gradients(
+        &loss_job("type = \"cross_entropy\"\nlabel_smoothing = 0.2"),
+        classes(3),
+    );
+}
+
+#[test]
+fn mse_gradients() {
+    let data = DataShape {
+        sample_shape: vec![4],
+        classes: None,
+        target_dim: 3,
+    };
+    check_gradients(&loss_job(r#"type = "mse""#), data);
+}
+
+#[test]
+fn bce_with_logits_gradients() {
+    let data = DataShape {
+        sample_shape: vec![4],
+        classes: None,
+        target_dim: 3,
+    };
+    check_gradients(&loss_job(r#"type = "bce_with_logits""#), data);
+}
