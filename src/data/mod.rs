@@ -69,17 +69,12 @@ pub fn load(spec: &DataSpec, seed: u64) -> Result<Data> {
         DataSource::Synthetic => sources::synthetic(spec, seed),
     };
     let row_len: usize = raw.sample_shape.iter().product();
-    let target_dim = if raw.train.len == 0 {
-        1
-    } else {
-        raw.train.targets.len() / raw.train.len
-    };
-    if raw.train.len == 0 {
+    let Some(target_dim) = raw.train.targets.len().checked_div(raw.train.len) else {
         return Err(Error::Job(format!(
             "{}: no training samples",
             raw.label_origin
         )));
-    }
+    };
     let classes = match raw.task {
         Task::Regression => None,
         Task::Classification => Some(check_labels(&raw, spec.classes)?),

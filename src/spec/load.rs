@@ -68,8 +68,14 @@ pub fn load_job(path: &Path, sets: &[String]) -> Result<JobSpec> {
 /// TRAINER_REQUIRE_CUDA...) belong to other tools and are not job keys.
 fn job_env() -> Env {
     Env::prefixed("TRAINER_").split("__").filter(|key| {
-        let first = key.as_str().split('.').next().unwrap_or("");
-        SECTIONS.contains(&first)
+        // Keys are still upper case here: figment lowercases after filtering.
+        let first = key
+            .as_str()
+            .split('.')
+            .next()
+            .unwrap_or("")
+            .to_ascii_lowercase();
+        SECTIONS.contains(&first.as_str())
     })
 }
 

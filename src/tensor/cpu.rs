@@ -103,7 +103,7 @@ impl Backend for CpuBackend {
         Ok(vec![0.0; len])
     }
 
-    fn from_host(&self, data: Vec<f32>) -> Result<Vec<f32>> {
+    fn upload_vec(&self, data: Vec<f32>) -> Result<Vec<f32>> {
         Ok(data)
     }
 

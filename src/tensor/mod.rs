@@ -80,7 +80,7 @@ pub trait Backend {
     /// A zero-filled buffer.
     fn alloc(&self, len: usize) -> Result<Self::Buf>;
     /// A buffer holding `data` (the CPU backend keeps the vector itself: no copy).
-    fn from_host(&self, data: Vec<f32>) -> Result<Self::Buf>;
+    fn upload_vec(&self, data: Vec<f32>) -> Result<Self::Buf>;
     fn upload(&self, src: &[f32], dst: &mut Self::Buf);
     fn download(&self, src: &Self::Buf, dst: &mut [f32]);
     fn fill(&self, buf: &mut Self::Buf, value: f32);

@@ -67,8 +67,8 @@ pub fn train<B: Backend>(
     }
     let total = total_steps(spec, train_len);
     let schedule = Schedule::new(spec.optimizer.lr, &spec.optimizer.schedule, total);
-    let train_x = backend.from_host(data.train.features)?;
-    let train_y = backend.from_host(data.train.targets)?;
+    let train_x = backend.upload_vec(data.train.features)?;
+    let train_y = backend.upload_vec(data.train.targets)?;
     let eval_sets = data
         .eval
         .into_iter()
@@ -204,8 +204,8 @@ impl<B: Backend> DeviceSet<B> {
         Ok(DeviceSet {
             name,
             len: d.len,
-            x: backend.from_host(d.features)?,
-            y: backend.from_host(d.targets)?,
+            x: backend.upload_vec(d.features)?,
+            y: backend.upload_vec(d.targets)?,
         })
     }
 }

@@ -1,0 +1,522 @@
+//! The command line end to end: a real run and its directory, overrides, `check`, `schema`,
+//! and the bad-input table: every mistake exits 2 (or 1 at run time) with a message that
+//! names the problem, never a panic, and never leaves a run that looks finished.
+
+mod common;
+
+use common::{root, trainer_bin};
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn trainer(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(trainer_bin());
+    cmd.args(args).current_dir(root()).env_remove("RUST_LOG");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("trainer runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn finished_runs(runs: &Path) -> usize {
+    let Ok(names) = std::fs::read_dir(runs) else {
+        return 0;
+    };
+    names
+        .flatten()
+        .flat_map(|name| {
+            std::fs::read_dir(name.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
+        .filter(|run| {
+            std::fs::read_to_string(run.path().join("summary.json"))
+                .is_ok_and(|s| s.contains("\"completed\""))
+        })
+        .count()
+}
+
+#[test]
+fn mlp_job_trains_and_writes_a_complete_run_directory() {
+    let runs = tempfile::tempdir().unwrap();
+    let out = trainer(
+        &[
+            "run",
+            "jobs/mlp.toml",
+            "--set",
+            "train.epochs=3",
+            "--runs-dir",
+            runs.path().to_str().unwrap(),
+            "--quiet",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let dir = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let dir = Path::new(&dir);
+    assert!(
+        dir.starts_with(runs.path().join("mlp")),
+        "{}",
+        dir.display()
+    );
+
+    let metrics = std::fs::read_to_string(dir.join("metrics.csv")).unwrap();
+    let mut lines = metrics.lines();
+    assert_eq!(
+        lines.next().unwrap(),
+        "step,epoch,split,loss,accuracy,lr,grad_norm,samples_per_sec,elapsed_s"
+    );
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    assert!(
+        rows.iter().any(|r| r[2] == "train") && rows.iter().filter(|r| r[2] == "val").count() == 3
+    );
+    for r in &rows {
+        assert_eq!(r.len(), 9);
+        let loss: f64 = r[3].parse().unwrap();
+        assert!(loss.is_finite() && loss > 0.0);
+    }
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["status"], "completed");
+    assert_eq!(summary["epochs"], 3);
+    assert!(summary["final"]["val_accuracy"].as_f64().unwrap() > 0.9);
+    assert!(std::fs::read_to_string(dir.join("train.log"))
+        .unwrap()
+        .contains("val loss"));
+
+    // The resolved config reproduces the run: it is itself a valid job with the override in.
+    let config = std::fs::read_to_string(dir.join("config.toml")).unwrap();
+    assert!(config.contains("epochs = 3"));
+    let check = trainer(&["check", dir.join("config.toml").to_str().unwrap()], &[]);
+    assert!(check.status.success(), "{}", stderr(&check));
+}
+
+#[test]
+fn mlp_job_reaches_97_percent_on_the_digits() {
+    let runs = tempfile::tempdir().unwrap();
+    let out = trainer(
+        &[
+            "run",
+            "jobs/mlp.toml",
+            "--runs-dir",
+            runs.path().to_str().unwrap(),
+            "--quiet",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let dir = String::from_utf8(out.stdout).unwrap();
+    let summary: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(Path::new(dir.trim()).join("summary.json")).unwrap(),
+    )
+    .unwrap();
+    let accuracy = summary["final"]["val_accuracy"].as_f64().unwrap();
+    assert!(accuracy >= 0.97, "validation accuracy {accuracy}");
+}
+
+#[test]
+fn same_job_twice_gives_identical_metrics_in_distinct_directories() {
+    let runs = tempfile::tempdir().unwrap();
+    let r = runs.path().to_str().unwrap();
+    let args = [
+        "run",
+        "jobs/mlp.toml",
+        "--set",
+        "train.epochs=2",
+        "--runs-dir",
+        r,
+        "--quiet",
+    ];
+    let a = String::from_utf8(trainer(&args, &[]).stdout).unwrap();
+    let b = String::from_utf8(trainer(&args, &[]).stdout).unwrap();
+    assert_ne!(a, b);
+    let numbers = |dir: &str| -> Vec<String> {
+        let text = std::fs::read_to_string(Path::new(dir.trim()).join("metrics.csv")).unwrap();
+        // Everything but the timing columns.
+        text.lines()
+            .map(|l| l.split(',').take(7).collect::<Vec<_>>().join(","))
+            .collect()
+    };
+    assert_eq!(numbers(&a), numbers(&b));
+}
+
+#[test]
+fn overrides_layer_file_then_environment_then_set() {
+    let runs = tempfile::tempdir().unwrap();
+    let r = runs.path().to_str().unwrap();
+    let config = |out: Output| {
+        assert!(out.status.success(), "{}", stderr(&out));
+        let dir = String::from_utf8(out.stdout).unwrap();
+        std::fs::read_to_string(Path::new(dir.trim()).join("config.toml")).unwrap()
+    };
+    let env = [
+        ("TRAINER_OPTIMIZER__LR", "0.005"),
+        ("TRAINER_TRAIN__EPOCHS", "1"),
+        ("TRAINER_BIN_UNRELATED", "x"),
+    ];
+    let from_env = config(trainer(
+        &["run", "jobs/mlp.toml", "--runs-dir", r, "-q"],
+        &env,
+    ));
+    assert!(from_env.contains("lr = 0.005"), "{from_env}");
+    let from_set = config(trainer(
+        &[
+            "run",
+            "jobs/mlp.toml",
+            "--runs-dir",
+            r,
+            "-q",
+            "--set",
+            "optimizer.lr=0.002",
+        ],
+        &env,
+    ));
+    assert!(from_set.contains("lr = 0.002"), "{from_set}");
+    let named = trainer(
+        &[
+            "run",
+            "jobs/mlp.toml",
+            "--runs-dir",
+            r,
+            "-q",
+            "--name",
+            "sweep-a",
+        ],
+        &env,
+    );
+    assert!(String::from_utf8(named.stdout).unwrap().contains("sweep-a"));
+}
+
+#[test]
+fn check_prints_layers_shapes_parameters_and_memory() {
+    let out = trainer(&["check", "jobs/mlp.toml"], &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8(out.stdout).unwrap();
+    for expected in [
+        "flatten",
+        "[64]",
+        "linear",
+        "8,320",
+        "total parameters: 9,610",
+        "activations",
+        "total",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in\n{text}");
+    }
+}
+
+#[test]
+fn schema_on_disk_is_current() {
+    let out = trainer(&["schema"], &[]);
+    assert!(out.status.success());
+    let on_disk = std::fs::read_to_string(root().join("schemas/job.schema.json")).unwrap();
+    assert!(
+        String::from_utf8(out.stdout).unwrap() == on_disk,
+        "schemas/job.schema.json is stale: run `cargo run -- schema > schemas/job.schema.json`"
+    );
+}
+
+#[test]
+fn help_is_a_manual() {
+    let out = trainer(&["--help"], &[]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    for word in ["run", "check", "schema", "devices", "Exit codes", "--set"] {
+        assert!(text.contains(word), "--help lacks {word}");
+    }
+    let run_help = String::from_utf8(trainer(&["run", "--help"], &[]).stdout).unwrap();
+    assert!(run_help.contains("--runs-dir") && run_help.contains("--name"));
+}
+
+const GOOD_JOB: &str = r#"
+[data]
+source = "digits"
+[model]
+layers = [{ type = "flatten" }, { type = "linear", out = 10 }]
+[optimizer]
+type = "sgd"
+lr = 0.1
+[train]
+epochs = 1
+"#;
+
+/// Writes `job` (and any data files) to a fresh directory, runs `trainer run` on it, and
+/// checks the exit code, the message and that no finished-looking run was left.
+fn expect_failure(job: &str, files: &[(&str, &[u8])], extra: &[&str], code: i32, needles: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let job_path = dir.path().join("bad.toml");
+    std::fs::write(&job_path, job).unwrap();
+    for (name, bytes) in files {
+        std::fs::write(dir.path().join(name), bytes).unwrap();
+    }
+    let runs = dir.path().join("runs");
+    let mut args = vec![
+        "run",
+        job_path.to_str().unwrap(),
+        "--runs-dir",
+        runs.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let out = trainer(&args, &[]);
+    let err = stderr(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "exit code for {needles:?}: {err}"
+    );
+    assert!(!err.contains("panicked"), "panic: {err}");
+    for needle in needles {
+        assert!(err.contains(needle), "message lacks {needle:?}:\n{err}");
+    }
+    assert_eq!(finished_runs(&runs), 0);
+}
+
+#[test]
+fn malformed_toml_names_the_line_and_column() {
+    expect_failure(
+        "[data\nsource = \"digits\"\n",
+        &[],
+        &[],
+        2,
+        &["bad.toml:1:"],
+    );
+}
+
+#[test]
+fn unknown_key_suggests_the_right_one() {
+    let job = GOOD_JOB.replace("lr = 0.1", "lrr = 0.1");
+    expect_failure(
+        &job,
+        &[],
+        &[],
+        2,
+        &["bad.toml:8:1", "unknown field `lrr`", "did you mean `lr`?"],
+    );
+}
+
+#[test]
+fn wrong_type_names_the_key() {
+    let job = GOOD_JOB.replace("lr = 0.1", "lr = \"fast\"");
+    expect_failure(
+        &job,
+        &[],
+        &[],
+        2,
+        &[
+            "bad.toml:8:",
+            "optimizer.lr",
+            "invalid type: string \"fast\"",
+        ],
+    );
+}
+
+#[test]
+fn zero_batch_size_is_refused() {
+    let job = GOOD_JOB.replace("source = \"digits\"", "source = \"digits\"\nbatch_size = 0");
+    expect_failure(
+        &job,
+        &[],
+        &[],
+        2,
+        &["data.batch_size", "0 given; must be at least 1"],
+    );
+}
+
+#[test]
+fn negative_learning_rate_is_refused() {
+    expect_failure(
+        &GOOD_JOB.replace("lr = 0.1", "lr = -0.1"),
+        &[],
+        &[],
+        2,
+        &["optimizer.lr", "-0.1 given"],
+    );
+}
+
+#[test]
+fn unknown_layer_type_lists_the_known_ones() {
+    let job = GOOD_JOB.replace("type = \"linear\", out = 10", "type = \"lienar\", out = 10");
+    expect_failure(
+        &job,
+        &[],
+        &[],
+        2,
+        &[
+            "model.layers[1]",
+            "unknown variant `lienar`",
+            "did you mean `linear`?",
+        ],
+    );
+}
+
+#[test]
+fn shape_that_cannot_be_inferred_says_how_to_fix_it() {
+    let job = GOOD_JOB.replace("{ type = \"flatten\" }, ", "");
+    expect_failure(
+        &job,
+        &[],
+        &[],
+        2,
+        &[
+            "model.layers[0] (linear)",
+            "[1, 8, 8]",
+            "add { type = \"flatten\" }",
+        ],
+    );
+}
+
+#[test]
+fn output_width_must_match_the_classes() {
+    let job = GOOD_JOB.replace("out = 10", "out = 7");
+    expect_failure(&job, &[], &[], 2, &["outputs [7]", "10 classes"]);
+}
+
+#[test]
+fn missing_data_file_is_named() {
+    let job = GOOD_JOB.replace(
+        "source = \"digits\"",
+        "source = \"csv\"\npath = \"nowhere.csv\"",
+    );
+    expect_failure(&job, &[], &[], 2, &["cannot read data file", "nowhere.csv"]);
+}
+
+const IDX_JOB: &str = r#"
+[data]
+source = "idx"
+train_images = "images.gz"
+train_labels = "labels.idx"
+[model]
+layers = [{ type = "flatten" }, { type = "linear", out = 10 }]
+[optimizer]
+type = "sgd"
+lr = 0.1
+"#;
+
+#[test]
+fn corrupt_gzip_data_is_named() {
+    let garbage: &[u8] = &[0x1f, 0x8b, 8, 0, 1, 2, 3, 4, 5, 6, 7, 8];
+    expect_failure(
+        IDX_JOB,
+        &[("images.gz", garbage)],
+        &[],
+        2,
+        &["images.gz", "corrupt gzip"],
+    );
+}
+
+#[test]
+fn truncated_idx_file_says_how_much_is_missing() {
+    let mut images = vec![0, 0, 8, 3, 0, 0, 0, 2, 0, 0, 0, 2, 0, 0, 0, 2];
+    images.extend([7u8; 5]); // 2 images of 2x2 need 8 bytes
+    let labels: &[u8] = &[0, 0, 8, 1, 0, 0, 0, 2, 1, 2];
+    expect_failure(
+        &IDX_JOB.replace("images.gz", "images.idx"),
+        &[("images.idx", &images), ("labels.idx", labels)],
+        &[],
+        2,
+        &["images.idx", "truncated", "promises 8 bytes", "has 5"],
+    );
+}
+
+const CSV_JOB: &str = r#"
+[data]
+source = "csv"
+path = "data.csv"
+classes = 3
+[model]
+layers = [{ type = "linear", out = 3 }]
+[optimizer]
+type = "sgd"
+lr = 0.1
+"#;
+
+#[test]
+fn label_out_of_range_names_the_sample() {
+    let csv = b"a,b,label\n1,2,0\n3,4,5\n5,6,1\n";
+    expect_failure(
+        CSV_JOB,
+        &[("data.csv", csv)],
+        &[],
+        2,
+        &["label 5 is out of range", "classes = 3", "sample 1"],
+    );
+}
+
+#[test]
+fn ragged_csv_row_names_the_line() {
+    let csv = b"a,b,label\n1,2,0\n3,4\n5,6,1\n";
+    expect_failure(
+        CSV_JOB,
+        &[("data.csv", csv)],
+        &[],
+        2,
+        &["data.csv", "line: 3"],
+    );
+}
+
+#[test]
+fn set_of_an_unknown_key_is_refused() {
+    expect_failure(
+        GOOD_JOB,
+        &[],
+        &["--set", "optimizer.lrr=0.1"],
+        2,
+        &["--set optimizer.lrr", "did you mean `lr`?"],
+    );
+}
+
+#[test]
+fn set_without_a_value_is_a_usage_error() {
+    expect_failure(
+        GOOD_JOB,
+        &[],
+        &["--set", "optimizer.lr"],
+        2,
+        &["expected KEY=VALUE"],
+    );
+}
+
+#[test]
+fn features_of_later_issues_are_refused_not_ignored() {
+    let job = format!("{GOOD_JOB}\n[device]\ntype = \"cuda\"\n[precision]\nmode = \"bf16\"\n");
+    expect_failure(
+        &job,
+        &[],
+        &[],
+        2,
+        &["device.type", "precision.mode", "not supported yet"],
+    );
+}
+
+#[test]
+fn unwritable_runs_directory_fails_at_run_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("job.toml");
+    std::fs::write(&job, GOOD_JOB).unwrap();
+    let blocker = dir.path().join("not-a-dir");
+    std::fs::write(&blocker, "a file").unwrap();
+    let out = trainer(
+        &[
+            "run",
+            job.to_str().unwrap(),
+            "--runs-dir",
+            blocker.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("cannot create runs directory"));
+}
+
+#[test]
+fn missing_job_argument_is_a_usage_error() {
+    let out = trainer(&["run"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = trainer(&["run", "no/such/job.toml"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("cannot read job file no/such/job.toml"));
+}
