@@ -36,10 +36,6 @@ fn prepare(job: &Path, sets: &[String], name: Option<&str>) -> Result<Prepared> 
         .train
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    // The pool can be built once per process; later calls (tests) keep the first one.
-    let _ = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build_global();
     let data = data::load(&spec.data, spec.job.seed)?;
     let shape = DataShape {
         sample_shape: data.sample_shape.clone(),
@@ -94,7 +90,13 @@ pub fn run(args: &RunArgs) -> Result<PathBuf> {
             run.path.join("train.log").display()
         ))
     })?;
-    let result = run_in(&run, &spec, data, graph, &backend);
+    // The whole loop runs on the pool's threads, so the engine's parallel work is forked from
+    // a worker rather than injected from outside (on two cores that halves the wake-ups).
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .map_err(|e| Error::Runtime(format!("cannot start {threads} CPU threads: {e}")))?;
+    let result = pool.install(|| run_in(&run, &spec, data, graph, &backend));
     crate::logging::detach_run_log();
     result.map(|()| run.path)
 }
