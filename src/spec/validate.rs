@@ -394,6 +394,13 @@ fn validate_later_features(spec: &JobSpec, p: &mut Problems) {
             format!("\"{device}\" given; allowed: \"auto\", \"cpu\", \"cuda\" or \"cuda:N\""),
         ),
     }
+    if spec.device.allow_tf32 {
+        p.not_yet(
+            "device.allow_tf32",
+            "true",
+            "the CUDA engine; the CPU computes in full fp32",
+        );
+    }
     if spec.precision.mode != PrecisionMode::Fp32 {
         let mode = serde_json::to_string(&spec.precision.mode).unwrap_or_default();
         p.not_yet("precision.mode", mode, "mixed precision");

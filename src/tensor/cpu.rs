@@ -338,22 +338,34 @@ impl Backend for CpuBackend {
             .for_each(|c| c.iter_mut().for_each(|v| *v *= factor));
     }
 
-    fn sgd_step(&self, params: &mut Vec<f32>, grads: &Vec<f32>, momentum: &mut Vec<f32>, h: &SgdStep) {
+    fn sgd_step(
+        &self,
+        params: &mut Vec<f32>,
+        grads: &Vec<f32>,
+        momentum: &mut Vec<f32>,
+        h: &SgdStep,
+    ) {
         let (lr, wd) = (h.lr, h.weight_decay);
         if h.momentum == 0.0 {
             // No momentum buffer is kept (it is empty).
-            params.par_chunks_mut(CHUNK).zip(grads.par_chunks(CHUNK)).for_each(|(p, g)| {
-                vectorized(|| {
-                    for (p, &g) in p.iter_mut().zip(g) {
-                        *p -= lr * (g + wd * *p);
-                    }
-                })
-            });
+            params
+                .par_chunks_mut(CHUNK)
+                .zip(grads.par_chunks(CHUNK))
+                .for_each(|(p, g)| {
+                    vectorized(|| {
+                        for (p, &g) in p.iter_mut().zip(g) {
+                            *p -= lr * (g + wd * *p);
+                        }
+                    })
+                });
             return;
         }
         let (mu, keep) = (h.momentum, 1.0 - h.dampening);
-        params.par_chunks_mut(CHUNK).zip(grads.par_chunks(CHUNK)).zip(momentum.par_chunks_mut(CHUNK)).for_each(
-            |((p, g), buf)| {
+        params
+            .par_chunks_mut(CHUNK)
+            .zip(grads.par_chunks(CHUNK))
+            .zip(momentum.par_chunks_mut(CHUNK))
+            .for_each(|((p, g), buf)| {
                 vectorized(|| {
                     for ((p, &g), b) in p.iter_mut().zip(g).zip(buf.iter_mut()) {
                         let d = g + wd * *p;
@@ -361,8 +373,7 @@ impl Backend for CpuBackend {
                         *p -= lr * if h.nesterov { d + mu * *b } else { *b };
                     }
                 })
-            },
-        );
+            });
     }
 
     fn adam_step(
@@ -379,15 +390,24 @@ impl Backend for CpuBackend {
         let bias_correction2_sqrt = bias_correction2.sqrt() as f32;
         // Branch-free so it vectorises: AdamW decays the parameters (decay < 1, no L2 term),
         // Adam adds the L2 term to the gradient (decay = 1). x·1 and g + 0·x are exact.
-        let (decay, l2) = if h.decoupled { (1.0 - h.lr * h.weight_decay, 0.0) } else { (1.0, h.weight_decay) };
+        let (decay, l2) = if h.decoupled {
+            (1.0 - h.lr * h.weight_decay, 0.0)
+        } else {
+            (1.0, h.weight_decay)
+        };
         let (beta1, beta2, eps) = (h.beta1, h.beta2, h.eps);
         params
             .par_chunks_mut(CHUNK)
             .zip(grads.par_chunks(CHUNK))
-            .zip(exp_avg.par_chunks_mut(CHUNK).zip(exp_avg_sq.par_chunks_mut(CHUNK)))
+            .zip(
+                exp_avg
+                    .par_chunks_mut(CHUNK)
+                    .zip(exp_avg_sq.par_chunks_mut(CHUNK)),
+            )
             .for_each(|((p, g), (m, v))| {
                 vectorized(|| {
-                    for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+                    for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut())
+                    {
                         let grad = g + l2 * *p;
                         *p *= decay;
                         *m += (grad - *m) * (1.0 - beta1);

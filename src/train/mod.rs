@@ -94,23 +94,30 @@ pub fn train<B: Backend>(
         }
         for group in batches.chunks(accum) {
             let step_start = Instant::now();
-            backend.fill(&mut net.grads, 0.0);
-            for rows in group {
-                let n = rows.len();
-                backend.gather_rows(&train_x, rows, row_len, net.input_mut());
-                backend.gather_rows(&train_y, rows, target_dim, net.targets_mut());
-                net.forward(backend, n, true, micro_step);
-                net.loss(backend, n, Some(1.0 / group.len() as f32), &mut train_stats);
-                net.backward(backend, n, micro_step);
-                micro_step += 1;
-                window.samples += n as u64;
-            }
             let step = outcome.steps + 1;
             let logging = step % log_every == 0 || step as usize == total;
-            let grad_norm =
-                (clip.is_some() || logging).then(|| clip_grad_norm(backend, &mut net.grads, clip));
             let lr = schedule.lr(outcome.steps as usize);
-            optimizer.step(backend, &mut net.params, &net.grads, lr);
+            let batch = Batch {
+                x: &train_x,
+                y: &train_y,
+                row_len,
+                target_dim,
+            };
+            let grad_norm = optimizer_step(
+                backend,
+                &mut net,
+                &mut optimizer,
+                &batch,
+                group,
+                &mut micro_step,
+                &mut train_stats,
+                StepSettings {
+                    lr,
+                    clip,
+                    want_grad_norm: logging,
+                },
+            );
+            window.samples += group.iter().map(|rows| rows.len() as u64).sum::<u64>();
             outcome.steps = step;
             window.seconds += step_start.elapsed().as_secs_f64();
 
@@ -174,6 +181,53 @@ pub fn train<B: Backend>(
     backend.download(&net.params, &mut final_params);
     outcome.final_params = final_params;
     Ok(outcome)
+}
+
+/// Where the training samples live on the device.
+pub struct Batch<'a, B: Backend> {
+    pub x: &'a B::Buf,
+    pub y: &'a B::Buf,
+    pub row_len: usize,
+    pub target_dim: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct StepSettings {
+    pub lr: f64,
+    pub clip: Option<f64>,
+    /// Compute the gradient norm even without clipping (for a log row).
+    pub want_grad_norm: bool,
+}
+
+/// One optimizer step: forward, loss and backward over each micro-batch (rows of `batch`),
+/// gradients averaged over them, then clipping and the update. Returns the pre-clip global
+/// gradient norm when it was computed. Allocates nothing.
+#[allow(clippy::too_many_arguments)]
+pub fn optimizer_step<B: Backend>(
+    backend: &B,
+    net: &mut Network<B>,
+    optimizer: &mut Optimizer<B>,
+    batch: &Batch<B>,
+    micro_batches: &[&[u32]],
+    micro_step: &mut u64,
+    stats: &mut B::Stats,
+    settings: StepSettings,
+) -> Option<f64> {
+    backend.fill(&mut net.grads, 0.0);
+    let scale = 1.0 / micro_batches.len() as f32;
+    for rows in micro_batches {
+        let n = rows.len();
+        backend.gather_rows(batch.x, rows, batch.row_len, net.input_mut());
+        backend.gather_rows(batch.y, rows, batch.target_dim, net.targets_mut());
+        net.forward(backend, n, true, *micro_step);
+        net.loss(backend, n, Some(scale), stats);
+        net.backward(backend, n, *micro_step);
+        *micro_step += 1;
+    }
+    let grad_norm = (settings.clip.is_some() || settings.want_grad_norm)
+        .then(|| clip_grad_norm(backend, &mut net.grads, settings.clip));
+    optimizer.step(backend, &mut net.params, &net.grads, settings.lr);
+    grad_norm
 }
 
 /// Samples and training seconds since the last log row.

@@ -1,0 +1,125 @@
+//! The training step allocates nothing of its own once warmed up: every buffer is planned
+//! when the network is built. The one exception is not ours: the `gemm` crate takes, per matrix
+//! product, a packing scratch buffer and a small `did_pack_lhs` flag vector (gemm-common's
+//! gemm.rs; mallocs from the free list, no system call: checked with `strace -c`). Counted with
+//! a global allocator around the real `optimizer_step`.
+
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use trainer::graph::{DataShape, Graph, Network};
+use trainer::optim::Optimizer;
+use trainer::tensor::cpu::CpuBackend;
+use trainer::tensor::Backend;
+use trainer::train::{optimizer_step, Batch, StepSettings};
+
+struct Counting;
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+#[test]
+fn training_steps_allocate_nothing_but_gemm_scratch_and_retain_nothing() {
+    let spec = common::spec(
+        r#"
+        [data]
+        source = "synthetic"
+        [model]
+        layers = [
+          { type = "linear", out = 512 }, { type = "gelu" }, { type = "dropout", p = 0.2 },
+          { type = "linear", out = 256 }, { type = "relu" }, { type = "linear", out = 10 },
+        ]
+        [optimizer]
+        type = "adamw"
+        lr = 1e-3
+        "#,
+    );
+    let (batch, features, samples) = (64, 300, 512);
+    let data = DataShape {
+        sample_shape: vec![features],
+        classes: Some(10),
+        target_dim: 1,
+    };
+    // One thread: the count is then deterministic (threaded gemm takes a scratch per thread).
+    let backend = CpuBackend::new(1);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    pool.install(|| {
+        let graph = Graph::build(&spec, &data).unwrap();
+        let params = graph.init_params(1);
+        let mut net = Network::new(&backend, graph, &params, batch, 1).unwrap();
+        let mut optimizer = Optimizer::new(&backend, &spec, params.len()).unwrap();
+        let x = common::random_vec(samples * features, 2);
+        let y: Vec<f32> = (0..samples).map(|i| (i % 10) as f32).collect();
+        let order: Vec<u32> = (0..samples as u32).rev().collect();
+        let groups: Vec<&[u32]> = order.chunks(batch).collect();
+        let mut stats = backend.new_stats().unwrap();
+        let mut micro_step = 0;
+        let input = Batch::<CpuBackend> {
+            x: &x,
+            y: &y,
+            row_len: features,
+            target_dim: 1,
+        };
+        let settings = StepSettings {
+            lr: 1e-3,
+            clip: Some(1.0),
+            want_grad_norm: true,
+        };
+        let mut step = |count: bool| {
+            COUNTING.store(count, Ordering::SeqCst);
+            for pair in groups.chunks(2) {
+                optimizer_step(
+                    &backend,
+                    &mut net,
+                    &mut optimizer,
+                    &input,
+                    pair,
+                    &mut micro_step,
+                    &mut stats,
+                    settings,
+                );
+            }
+            COUNTING.store(false, Ordering::SeqCst);
+        };
+        // Matrix products per optimizer step: per micro-batch, each of the 3 linear layers runs
+        // forward and dW, and all but the first dx.
+        let products_per_epoch = groups.len() * (3 + 3 + 2);
+        step(false); // warm-up: thread-local state of gemm and the pool
+        let live_before = LIVE_BYTES.load(Ordering::SeqCst);
+        step(true);
+        step(true);
+        let allocations = ALLOCATIONS.load(Ordering::SeqCst);
+        // At most gemm's two per product over the two counted epochs, nothing else.
+        assert!(
+            allocations <= 2 * 2 * products_per_epoch,
+            "{allocations} allocations in 2 epochs of {products_per_epoch} matrix products"
+        );
+        assert_eq!(
+            LIVE_BYTES.load(Ordering::SeqCst),
+            live_before,
+            "steps retained memory"
+        );
+        assert!(backend.take_stats(&mut stats).samples > 0.0);
+    });
+}
