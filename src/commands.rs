@@ -3,10 +3,11 @@
 use crate::data::{self, Data};
 use crate::error::{Error, Result};
 use crate::graph::{DataShape, Graph, MemoryPlan};
-use crate::optim::Optimizer;
+use crate::optim;
 use crate::run::{MetricsWriter, RunDir};
 use crate::spec::{self, parse_device, DeviceChoice, JobSpec};
 use crate::tensor::cpu::CpuBackend;
+use crate::tensor::cuda::{self, CudaBackend};
 use crate::tensor::Backend;
 use crate::train;
 use std::path::{Path, PathBuf};
@@ -51,30 +52,85 @@ fn prepare(job: &Path, sets: &[String], name: Option<&str>) -> Result<Prepared> 
     })
 }
 
-/// Which backend a job runs on. Only the CPU exists so far; `auto` says so.
-fn pick_device(spec: &JobSpec) -> Result<&'static str> {
-    match parse_device(&spec.device.kind) {
-        Some(DeviceChoice::Cpu) => Ok("cpu"),
-        Some(DeviceChoice::Auto) => Ok("cpu"),
-        _ => Err(Error::Job(format!(
-            "device.type = \"{}\" is not available",
-            spec.device.kind
-        ))),
+/// The device a job runs on, after `auto` is resolved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Device {
+    Cpu,
+    Cuda(usize),
+}
+
+/// Resolves `device.type`. `auto` takes cuda:0 when a usable GPU (driver, device, NVRTC) is
+/// present, else the CPU, and logs why.
+fn pick_device(spec: &JobSpec) -> Result<Device> {
+    let device = match parse_device(&spec.device.kind) {
+        Some(DeviceChoice::Cpu) => Device::Cpu,
+        Some(DeviceChoice::Cuda(n)) => Device::Cuda(n),
+        Some(DeviceChoice::Auto) => match cuda::probe() {
+            Ok((devices, _)) if !devices.is_empty() && cuda::kernels::nvrtc_available() => {
+                tracing::info!("device auto: cuda:0 ({})", devices[0].name);
+                Device::Cuda(0)
+            }
+            Ok((devices, _)) if devices.is_empty() => {
+                tracing::info!("device auto: cpu (the CUDA driver sees no GPU)");
+                Device::Cpu
+            }
+            Ok(_) => {
+                tracing::info!("device auto: cpu (a GPU is present but libnvrtc was not found)");
+                Device::Cpu
+            }
+            Err(why) => {
+                tracing::info!("device auto: cpu ({why})");
+                Device::Cpu
+            }
+        },
+        None => {
+            return Err(Error::Job(format!(
+                "device.type = \"{}\" is not a device",
+                spec.device.kind
+            )))
+        }
+    };
+    if device == Device::Cpu && spec.device.allow_tf32 {
+        tracing::warn!("device.allow_tf32 has no effect on the CPU, which computes in full fp32");
     }
+    Ok(device)
 }
 
 /// Trains a job; returns the run directory.
 pub fn run(args: &RunArgs) -> Result<PathBuf> {
-    let prepared = prepare(&args.job, &args.sets, args.name.as_deref())?;
     let Prepared {
         spec,
         data,
         graph,
         threads,
-    } = prepared;
-    pick_device(&spec)?;
-    let backend = CpuBackend::new(threads);
+    } = prepare(&args.job, &args.sets, args.name.as_deref())?;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .map_err(|e| Error::Runtime(format!("cannot start {threads} CPU threads: {e}")))?;
+    match pick_device(&spec)? {
+        Device::Cpu => {
+            // The loop runs on the pool's threads, so the engine's parallel work is forked from
+            // a worker rather than injected from outside (on two cores that halves wake-ups).
+            let backend = CpuBackend::new(threads);
+            pool.install(|| run_on(args, &spec, data, graph, &backend))
+        }
+        Device::Cuda(ordinal) => {
+            // The GPU does the work; the loop stays on this thread, bound to the CUDA context.
+            let backend = CudaBackend::new(ordinal, spec.device.allow_tf32)?;
+            run_on(args, &spec, data, graph, &backend)
+        }
+    }
+}
 
+/// Creates the run directory and trains in it.
+fn run_on<B: Backend>(
+    args: &RunArgs,
+    spec: &JobSpec,
+    data: Data,
+    graph: Graph,
+    backend: &B,
+) -> Result<PathBuf> {
     let run = RunDir::create(&args.runs_dir, spec.name())?;
     let header =
         format!(
@@ -83,37 +139,24 @@ pub fn run(args: &RunArgs) -> Result<PathBuf> {
         args.sets.iter().map(|s| format!("--set {s}")).collect::<Vec<_>>().join(" "),
         backend.describe(),
     );
-    run.write_config(&spec, &header)?;
-    crate::logging::attach_run_log(&run.path.join("train.log")).map_err(|e| {
-        Error::Runtime(format!(
-            "cannot create {}: {e}",
-            run.path.join("train.log").display()
-        ))
-    })?;
-    // The whole loop runs on the pool's threads, so the engine's parallel work is forked from
-    // a worker rather than injected from outside (on two cores that halves the wake-ups).
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .map_err(|e| Error::Runtime(format!("cannot start {threads} CPU threads: {e}")))?;
-    let result = pool.install(|| run_in(&run, &spec, data, graph, &backend));
+    run.write_config(spec, &header)?;
+    let log = run.path.join("train.log");
+    crate::logging::attach_run_log(&log)
+        .map_err(|e| Error::Runtime(format!("cannot create {}: {e}", log.display())))?;
+    let result = run_in(&run, spec, data, graph, backend);
     crate::logging::detach_run_log();
     result.map(|()| run.path)
 }
 
-fn run_in(
+fn run_in<B: Backend>(
     run: &RunDir,
     spec: &JobSpec,
     data: Data,
     graph: Graph,
-    backend: &CpuBackend,
+    backend: &B,
 ) -> Result<()> {
     let started = Instant::now();
-    let memory = MemoryPlan::new(
-        &graph,
-        spec.data.batch_size,
-        Optimizer::<CpuBackend>::state_buffers(spec),
-    );
+    let memory = memory_plan(spec, &graph, &data, backend.memory().is_some());
     tracing::info!(
         "run {} ({}): {} parameters, {} training samples, device {}, planned memory {}",
         run.path.display(),
@@ -160,6 +203,8 @@ fn run_in(
                 "wall_s": wall,
                 "train_s": outcome.train_seconds,
                 "samples_per_sec": outcome.samples_per_sec(),
+                "memory_planned_bytes": memory.total(),
+                "device_memory_peak_bytes": backend.memory().map(|(_, peak)| peak),
                 "final": finals,
             })
         }
@@ -175,6 +220,28 @@ fn run_in(
     result.map(|_| ())
 }
 
+/// What the run will hold: the graph's buffers, and on a GPU also the data set and the cuBLAS
+/// workspace.
+fn memory_plan(spec: &JobSpec, graph: &Graph, data: &Data, on_gpu: bool) -> MemoryPlan {
+    let (data_bytes, workspace) = if on_gpu {
+        (data_set_bytes(data), cuda::CUBLAS_WORKSPACE)
+    } else {
+        (0, 0)
+    };
+    MemoryPlan::new(
+        graph,
+        spec.data.batch_size,
+        optim::state_buffers(spec),
+        data_bytes,
+        workspace,
+    )
+}
+
+fn data_set_bytes(data: &Data) -> usize {
+    let sets = std::iter::once(&data.train).chain(data.eval.iter().map(|(_, d)| d));
+    sets.map(|d| (d.features.len() + d.targets.len()) * 4).sum()
+}
+
 /// Validates a job and describes its graph, shapes, parameters and memory.
 pub fn check(job: &Path, sets: &[String]) -> Result<String> {
     let Prepared {
@@ -183,7 +250,6 @@ pub fn check(job: &Path, sets: &[String]) -> Result<String> {
         graph,
         threads,
     } = prepare(job, sets, None)?;
-    let device = pick_device(&spec)?;
     let mut out = String::new();
     let eval: Vec<String> = data
         .eval
@@ -226,39 +292,38 @@ pub fn check(job: &Path, sets: &[String]) -> Result<String> {
         );
     }
     out += &format!("total parameters: {}\n\n", group_digits(graph.param_count));
-    let m = MemoryPlan::new(
-        &graph,
-        spec.data.batch_size,
-        Optimizer::<CpuBackend>::state_buffers(&spec),
-    );
-    out += &format!(
-        "memory on {device} ({threads} threads), batch {}:\n",
-        spec.data.batch_size
-    );
-    for (what, b) in [
+    // Predict for the device the job names; `auto` is resolved as `run` would resolve it.
+    let on_gpu = pick_device(&spec)? != Device::Cpu;
+    let m = memory_plan(&spec, &graph, &data, on_gpu);
+    let device = if on_gpu {
+        spec.device.kind.replace("auto", "cuda:0")
+    } else {
+        format!("cpu ({threads} threads)")
+    };
+    out += &format!("memory on {device}, batch {}:\n", spec.data.batch_size);
+    let mut rows = vec![
         ("parameters", m.params),
         ("gradients", m.grads),
         ("optimizer state", m.optimizer_state),
         ("activations", m.activations),
         ("activation gradients", m.activation_grads),
         ("batch (inputs, targets)", m.batch),
-    ] {
+    ];
+    if on_gpu {
+        rows.push(("data set on the device", m.data));
+        rows.push(("cuBLAS workspace", m.workspace));
+    }
+    for (what, b) in rows {
         out += &format!("  {what:<24} {:>12}\n", bytes(b));
     }
     out += &format!("  {:<24} {:>12}\n", "total", bytes(m.total()));
-    let data_bytes = (data.train.features.len()
-        + data.train.targets.len()
-        + data
-            .eval
-            .iter()
-            .map(|(_, d)| d.features.len() + d.targets.len())
-            .sum::<usize>())
-        * 4;
-    out += &format!(
-        "  {:<24} {:>12}\n",
-        "data set (held once)",
-        bytes(data_bytes)
-    );
+    if !on_gpu {
+        out += &format!(
+            "  {:<24} {:>12}\n",
+            "data set (host memory)",
+            bytes(data_set_bytes(&data))
+        );
+    }
     Ok(out)
 }
 
@@ -270,10 +335,29 @@ pub fn devices() -> String {
         .and_then(|s| {
             s.lines()
                 .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
         })
         .unwrap_or_else(|| "unknown CPU".into());
-    format!("cpu: {model}, {threads} threads\ncuda: not available (this build has no CUDA engine yet)\n")
+    let mut out = format!("cpu: {model}, {threads} threads\n");
+    match cuda::probe() {
+        Ok((devices, versions)) if devices.is_empty() => {
+            out += &format!("cuda: no GPU ({versions})\n")
+        }
+        Ok((devices, versions)) => {
+            for d in devices {
+                let (major, minor) = d.compute_capability;
+                out += &format!(
+                    "cuda:{}: {}, compute capability {major}.{minor}, {}, {versions}\n",
+                    d.ordinal,
+                    d.name,
+                    bytes(d.memory_bytes)
+                );
+            }
+        }
+        Err(why) => out += &format!("cuda: not available ({why})\n"),
+    }
+    out
 }
 
 pub fn bytes(n: usize) -> String {

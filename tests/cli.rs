@@ -68,14 +68,18 @@ fn mlp_job_trains_and_writes_a_complete_run_directory() {
     let mut lines = metrics.lines();
     assert_eq!(
         lines.next().unwrap(),
-        "step,epoch,split,loss,accuracy,lr,grad_norm,samples_per_sec,elapsed_s"
+        "step,epoch,split,loss,accuracy,lr,grad_norm,samples_per_sec,elapsed_s,gpu_mem_allocated,gpu_mem_peak"
     );
     let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
     assert!(
         rows.iter().any(|r| r[2] == "train") && rows.iter().filter(|r| r[2] == "val").count() == 3
     );
     for r in &rows {
-        assert_eq!(r.len(), 9);
+        assert_eq!(r.len(), 11);
+        assert!(
+            r[9].is_empty() && r[10].is_empty(),
+            "no GPU memory on the CPU"
+        );
         let loss: f64 = r[3].parse().unwrap();
         assert!(loss.is_finite() && loss > 0.0);
     }
@@ -482,13 +486,47 @@ fn set_without_a_value_is_a_usage_error() {
 
 #[test]
 fn features_of_later_issues_are_refused_not_ignored() {
-    let job = format!("{GOOD_JOB}\n[device]\ntype = \"cuda\"\n[precision]\nmode = \"bf16\"\n");
+    let job = format!("{GOOD_JOB}\n[precision]\nmode = \"bf16\"\n[parallel]\ndevices = \"all\"\n");
     expect_failure(
         &job,
         &[],
         &[],
         2,
-        &["device.type", "precision.mode", "not supported yet"],
+        &["precision.mode", "parallel.devices", "not supported yet"],
+    );
+}
+
+#[test]
+fn cuda_without_a_gpu_is_a_clear_error_not_a_panic() {
+    if matches!(trainer::tensor::cuda::probe(), Ok((devices, _)) if !devices.is_empty()) {
+        eprintln!("skipped: this machine has a GPU");
+        return;
+    }
+    let job = format!("{GOOD_JOB}\n[device]\ntype = \"cuda:0\"\n");
+    expect_failure(&job, &[], &[], 2, &["device cuda:0 requested, but"]);
+}
+
+#[test]
+fn auto_device_says_which_device_it_picked() {
+    let runs = tempfile::tempdir().unwrap();
+    let out = trainer(
+        &[
+            "run",
+            "jobs/mlp.toml",
+            "--set",
+            "train.epochs=1",
+            "--runs-dir",
+            runs.path().to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("device auto: "), "{}", stderr(&out));
+    let dir = String::from_utf8(out.stdout).unwrap();
+    let config = std::fs::read_to_string(Path::new(dir.trim()).join("config.toml")).unwrap();
+    assert!(
+        config.contains("# device: cpu") || config.contains("# device: cuda:0"),
+        "{config}"
     );
 }
 

@@ -291,10 +291,22 @@ pub struct MemoryPlan {
     pub activations: usize,
     pub activation_grads: usize,
     pub batch: usize,
+    /// The data set, when it is held in device memory (GPU).
+    pub data: usize,
+    /// Library workspace on the device (cuBLAS).
+    pub workspace: usize,
 }
 
 impl MemoryPlan {
-    pub fn new(graph: &Graph, batch_size: usize, optimizer_buffers: usize) -> Self {
+    /// `device_data` and `workspace` are what a GPU holds besides the graph's buffers (0 on
+    /// the CPU, where the data set is ordinary host memory).
+    pub fn new(
+        graph: &Graph,
+        batch_size: usize,
+        optimizer_buffers: usize,
+        device_data: usize,
+        workspace: usize,
+    ) -> Self {
         let f = std::mem::size_of::<f32>();
         let mut activations = 0;
         let mut activation_grads = 0;
@@ -313,6 +325,8 @@ impl MemoryPlan {
             activations,
             activation_grads,
             batch: batch_size * (numel(&graph.input_shape) + graph.objective.target_dim) * f,
+            data: device_data,
+            workspace,
         }
     }
 

@@ -34,18 +34,18 @@ pub struct Optimizer<B: Backend> {
     steps: u64,
 }
 
-impl<B: Backend> Optimizer<B> {
-    /// State buffers of the size of the parameters that an optimizer keeps.
-    pub fn state_buffers(spec: &JobSpec) -> usize {
-        match spec.optimizer.kind {
-            OptimizerKind::Sgd if spec.optimizer.momentum == 0.0 => 0,
-            OptimizerKind::Sgd => 1,
-            OptimizerKind::Adam | OptimizerKind::Adamw => 2,
-        }
+/// State buffers of the size of the parameters that a job's optimizer keeps.
+pub fn state_buffers(spec: &JobSpec) -> usize {
+    match spec.optimizer.kind {
+        OptimizerKind::Sgd if spec.optimizer.momentum == 0.0 => 0,
+        OptimizerKind::Sgd => 1,
+        OptimizerKind::Adam | OptimizerKind::Adamw => 2,
     }
+}
 
+impl<B: Backend> Optimizer<B> {
     pub fn new(backend: &B, spec: &JobSpec, param_count: usize) -> Result<Self> {
-        let buffers = Self::state_buffers(spec);
+        let buffers = state_buffers(spec);
         let size = |i: usize| if buffers > i { param_count } else { 0 };
         Ok(Optimizer {
             kind: spec.optimizer.kind,

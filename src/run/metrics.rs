@@ -7,7 +7,7 @@ use std::path::Path;
 
 /// The columns, in order. Documented in README ("Reading metrics.csv"); new columns are only
 /// ever appended.
-pub const METRICS_COLUMNS: [&str; 9] = [
+pub const METRICS_COLUMNS: [&str; 11] = [
     "step",
     "epoch",
     "split",
@@ -17,6 +17,8 @@ pub const METRICS_COLUMNS: [&str; 9] = [
     "grad_norm",
     "samples_per_sec",
     "elapsed_s",
+    "gpu_mem_allocated",
+    "gpu_mem_peak",
 ];
 
 /// One row; `None` leaves the cell empty (e.g. accuracy for a regression).
@@ -31,6 +33,8 @@ pub struct MetricsRow {
     pub grad_norm: Option<f64>,
     pub samples_per_sec: Option<f64>,
     pub elapsed_s: f64,
+    /// Device memory (allocated, peak) in bytes, on a GPU.
+    pub gpu_mem: Option<(usize, usize)>,
 }
 
 pub struct MetricsWriter {
@@ -63,6 +67,8 @@ impl MetricsWriter {
             opt(row.grad_norm),
             opt(row.samples_per_sec.map(|s| s.round())),
             format!("{:.3}", row.elapsed_s),
+            opt(row.gpu_mem.map(|(a, _)| a as f64)),
+            opt(row.gpu_mem.map(|(_, p)| p as f64)),
         ])
     }
 

@@ -385,21 +385,11 @@ fn validate_train(t: &TrainSpec, p: &mut Problems) {
 fn validate_later_features(spec: &JobSpec, p: &mut Problems) {
     let device = spec.device.kind.as_str();
     match parse_device(device) {
-        Some(DeviceChoice::Cpu | DeviceChoice::Auto) => {}
-        Some(DeviceChoice::Cuda(_)) => {
-            p.not_yet("device.type", format!("\"{device}\""), "the CUDA engine")
-        }
+        Some(_) => {}
         None => p.add(
             "device.type",
             format!("\"{device}\" given; allowed: \"auto\", \"cpu\", \"cuda\" or \"cuda:N\""),
         ),
-    }
-    if spec.device.allow_tf32 {
-        p.not_yet(
-            "device.allow_tf32",
-            "true",
-            "the CUDA engine; the CPU computes in full fp32",
-        );
     }
     if spec.precision.mode != PrecisionMode::Fp32 {
         let mode = serde_json::to_string(&spec.precision.mode).unwrap_or_default();

@@ -18,9 +18,9 @@ pub struct CpuBackend {
 
 impl CpuBackend {
     /// A backend using `threads` threads; rayon's global pool must have at least that many.
-    pub fn new(threads: usize) -> Self {
+    pub const fn new(threads: usize) -> Self {
         CpuBackend {
-            threads: threads.max(1),
+            threads: if threads == 0 { 1 } else { threads },
         }
     }
 

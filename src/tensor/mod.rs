@@ -6,6 +6,7 @@
 //! gradient buffer, so the optimizer is a single pass and a checkpoint a single write.
 
 pub mod cpu;
+pub mod cuda;
 pub mod rng;
 
 use crate::error::Result;
@@ -173,4 +174,14 @@ pub trait Backend {
         exp_avg_sq: &mut Self::Buf,
         h: &AdamStep,
     );
+
+    /// The first failure of any op so far (devices report errors late); checked every step.
+    fn status(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Device memory (allocated, peak) in bytes, for devices whose memory is not the host's.
+    fn memory(&self) -> Option<(usize, usize)> {
+        None
+    }
 }

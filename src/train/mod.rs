@@ -117,6 +117,7 @@ pub fn train<B: Backend>(
                     want_grad_norm: logging,
                 },
             );
+            backend.status()?;
             window.samples += group.iter().map(|rows| rows.len() as u64).sum::<u64>();
             outcome.steps = step;
             window.seconds += step_start.elapsed().as_secs_f64();
@@ -133,6 +134,7 @@ pub fn train<B: Backend>(
                     grad_norm,
                     samples_per_sec: Some(window.samples as f64 / window.seconds.max(1e-9)),
                     elapsed_s: start.elapsed().as_secs_f64(),
+                    gpu_mem: backend.memory(),
                 };
                 check_finite(&row)?;
                 tracing::info!("{}", progress_line(&row, total));
@@ -302,6 +304,7 @@ fn evaluate<B: Backend>(
                 .has_accuracy
                 .then(|| s.correct / s.samples),
             elapsed_s: start.elapsed().as_secs_f64(),
+            gpu_mem: backend.memory(),
             ..Default::default()
         };
         tracing::info!("{}", progress_line(&row, 0));

@@ -1,0 +1,76 @@
+// Elementwise kernels: fills, copies, batch gathers, bias, activations, dropout.
+// Activation ids match src/tensor/cuda: 0 relu, 1 gelu (erf), 2 gelu (tanh), 3 tanh, 4 sigmoid.
+
+extern "C" __global__ void fill_f32(float* buf, u64 n, float value) {
+    GRID_STRIDE(i, n) buf[i] = value;
+}
+
+extern "C" __global__ void scale_f32(float* buf, u64 n, float factor) {
+    GRID_STRIDE(i, n) buf[i] *= factor;
+}
+
+// dst[r, :] = src[rows[r], :]
+extern "C" __global__ void gather_rows(const float* src, const u32* rows, u64 n_rows, u64 row_len, float* dst) {
+    GRID_STRIDE(i, n_rows * row_len) {
+        u64 r = i / row_len, c = i % row_len;
+        dst[i] = src[(u64)rows[r] * row_len + c];
+    }
+}
+
+// y[r, :] = b
+extern "C" __global__ void broadcast_rows(const float* b, u64 n, u64 width, float* y) {
+    GRID_STRIDE(i, n * width) y[i] = b[i % width];
+}
+
+// db[j] += sum over rows of dy[r, j]; one thread per column, rows read coalesced across threads.
+extern "C" __global__ void bias_grad(const float* dy, u64 n, u64 width, float* db) {
+    GRID_STRIDE(j, width) {
+        float sum = 0.0f;
+        for (u64 r = 0; r < n; r++) sum += dy[r * width + j];
+        db[j] += sum;
+    }
+}
+
+#define SQRT_2_OVER_PI 0.7978845608f
+#define GELU_COEF 0.044715f
+
+__device__ __forceinline__ float act(int f, float x) {
+    switch (f) {
+        case 0: return fmaxf(x, 0.0f);
+        case 1: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+        case 2: return 0.5f * x * (1.0f + tanhf(SQRT_2_OVER_PI * (x + GELU_COEF * x * x * x)));
+        case 3: return tanhf(x);
+        default: return 1.0f / (1.0f + expf(-x));
+    }
+}
+
+__device__ __forceinline__ float act_derivative(int f, float x, float y) {
+    switch (f) {
+        case 0: return x > 0.0f ? 1.0f : 0.0f;
+        case 1: {
+            float cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752f));
+            float pdf = expf(-0.5f * x * x) * 0.3989422804f;
+            return cdf + x * pdf;
+        }
+        case 2: {
+            float t = tanhf(SQRT_2_OVER_PI * (x + GELU_COEF * x * x * x));
+            return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * SQRT_2_OVER_PI * (1.0f + 3.0f * GELU_COEF * x * x);
+        }
+        case 3: return 1.0f - y * y;
+        default: return y * (1.0f - y);
+    }
+}
+
+extern "C" __global__ void activation_forward(int f, const float* x, float* y, u64 n) {
+    GRID_STRIDE(i, n) y[i] = act(f, x[i]);
+}
+
+extern "C" __global__ void activation_backward(int f, const float* x, const float* y, const float* dy, float* dx, u64 n) {
+    GRID_STRIDE(i, n) dx[i] = dy[i] * act_derivative(f, x[i], y[i]);
+}
+
+// Also the backward pass: the same key redraws the same mask.
+extern "C" __global__ void dropout(float p, u64 key, const float* x, float* y, u64 n) {
+    float keep_scale = 1.0f / (1.0f - p);
+    GRID_STRIDE(i, n) y[i] = rng_uniform(key, i) >= p ? x[i] * keep_scale : 0.0f;
+}

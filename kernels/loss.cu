@@ -1,0 +1,96 @@
+// Losses fused with their gradients. Each adds [loss summed over samples, correct, samples]
+// to `stats` (doubles, one atomic per block). With write_grad = 0 (evaluation) `dout` is not
+// touched. The gradient is d(mean loss)/d(out) * grad_scale, as in src/tensor/cpu.rs.
+
+// One warp per row of logits; 8 rows per block of 256 threads.
+extern "C" __global__ void cross_entropy(const float* logits, const float* labels, u64 n, u64 classes,
+                                         float smoothing, float grad_scale, int write_grad, float* dout,
+                                         double* stats) {
+    int lane = threadIdx.x & 31;
+    u64 row = (u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    double loss = 0.0, hit = 0.0;
+    if (row < n) {
+        const float* x = logits + row * classes;
+        u64 label = (u64)labels[row];
+        // max and argmax (lowest index among equal maxima, as torch.argmax)
+        float best = __int_as_float(0xff800000); // -inf
+        u64 arg = 0;
+        for (u64 j = lane; j < classes; j += 32)
+            if (x[j] > best) { best = x[j]; arg = j; }
+        for (int o = 16; o > 0; o >>= 1) {
+            float other = __shfl_xor_sync(0xffffffffu, best, o);
+            u64 other_arg = __shfl_xor_sync(0xffffffffu, arg, o);
+            if (other > best || (other == best && other_arg < arg)) { best = other; arg = other_arg; }
+        }
+        double sum_exp = 0.0, sum_x = 0.0;
+        for (u64 j = lane; j < classes; j += 32) {
+            sum_exp += exp((double)x[j] - (double)best);
+            sum_x += (double)x[j];
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            sum_exp += __shfl_xor_sync(0xffffffffu, sum_exp, o);
+            sum_x += __shfl_xor_sync(0xffffffffu, sum_x, o);
+        }
+        double lse = (double)best + log(sum_exp);
+        double nll = lse - (double)x[label];
+        double row_loss = smoothing > 0.0f
+            ? (1.0 - smoothing) * nll + smoothing * (lse - sum_x / (double)classes)
+            : nll;
+        if (write_grad) {
+            double g = (double)grad_scale / (double)n;
+            double uniform = (double)smoothing / (double)classes;
+            for (u64 j = lane; j < classes; j += 32) {
+                double p = exp((double)x[j] - lse);
+                double target = uniform + (j == label ? 1.0 - smoothing : 0.0);
+                dout[row * classes + j] = (float)((p - target) * g);
+            }
+        }
+        if (lane == 0) { loss = row_loss; hit = arg == label ? 1.0 : 0.0; }
+    }
+    double block_loss = block_sum(loss);
+    double block_hits = block_sum(hit);
+    if (threadIdx.x == 0) {
+        u64 first = (u64)blockIdx.x * (blockDim.x >> 5);
+        u64 per_block = blockDim.x >> 5;
+        u64 rows = first >= n ? 0 : (n - first < per_block ? n - first : per_block);
+        atomicAdd(&stats[0], block_loss);
+        atomicAdd(&stats[1], block_hits);
+        atomicAdd(&stats[2], (double)rows);
+    }
+}
+
+// kind 0: mse, 1: bce_with_logits. One thread per sample, looping over its `dim` outputs.
+extern "C" __global__ void elementwise_loss(int kind, const float* out, const float* targets, u64 n, u64 dim,
+                                            float grad_scale, int write_grad, float* dout, double* stats) {
+    double loss = 0.0, hits = 0.0;
+    u64 s = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (s < n) {
+        double g = (double)grad_scale / (double)n / (double)dim;
+        double sum = 0.0, matched = 0.0;
+        for (u64 j = 0; j < dim; j++) {
+            u64 i = s * dim + j;
+            double x = out[i], t = targets[i], grad;
+            if (kind == 0) {
+                double d = x - t;
+                sum += d * d;
+                grad = 2.0 * d * g;
+            } else {
+                sum += fmax(x, 0.0) - x * t + log1p(exp(-fabs(x)));
+                matched += ((x > 0.0) == (t >= 0.5)) ? 1.0 : 0.0;
+                grad = (1.0 / (1.0 + exp(-x)) - t) * g;
+            }
+            if (write_grad) dout[i] = (float)grad;
+        }
+        loss = sum / (double)dim;
+        hits = matched / (double)dim;
+    }
+    double block_loss = block_sum(loss);
+    double block_hits = block_sum(hits);
+    if (threadIdx.x == 0) {
+        u64 first = (u64)blockIdx.x * blockDim.x;
+        u64 rows = first >= n ? 0 : (n - first < blockDim.x ? n - first : blockDim.x);
+        atomicAdd(&stats[0], block_loss);
+        atomicAdd(&stats[1], block_hits);
+        atomicAdd(&stats[2], (double)rows);
+    }
+}

@@ -1,0 +1,36 @@
+// Optimizer updates over the flat parameter buffer (one launch for all parameters) and the
+// global gradient norm. Formulas as in src/tensor/cpu.rs (PyTorch's).
+
+extern "C" __global__ void sum_squares(const float* buf, u64 n, double* out) {
+    double acc = 0.0;
+    GRID_STRIDE(i, n) { double v = buf[i]; acc += v * v; }
+    acc = block_sum(acc);
+    if (threadIdx.x == 0) atomicAdd(out, acc);
+}
+
+extern "C" __global__ void sgd_step(float* p, const float* g, float* buf, u64 n, float lr, float momentum,
+                                    float dampening, int nesterov, float weight_decay, int first_step) {
+    GRID_STRIDE(i, n) {
+        float d = g[i] + weight_decay * p[i];
+        if (momentum != 0.0f) {
+            buf[i] = first_step ? d : momentum * buf[i] + (1.0f - dampening) * d;
+            d = nesterov ? d + momentum * buf[i] : buf[i];
+        }
+        p[i] -= lr * d;
+    }
+}
+
+// decay = 1 - lr*wd for AdamW (l2 = 0); decay = 1 and l2 = wd for Adam.
+extern "C" __global__ void adam_step(float* p, const float* g, float* m, float* v, u64 n, float beta1, float beta2,
+                                     float eps, float l2, float decay, float step_size, float bias_correction2_sqrt) {
+    GRID_STRIDE(i, n) {
+        float grad = g[i] + l2 * p[i];
+        float param = p[i] * decay;
+        float mi = m[i] + (grad - m[i]) * (1.0f - beta1);
+        float vi = v[i] * beta2 + (1.0f - beta2) * grad * grad;
+        m[i] = mi;
+        v[i] = vi;
+        float denom = sqrtf(vi) / bias_correction2_sqrt + eps;
+        p[i] = param - step_size * mi / denom;
+    }
+}

@@ -1,0 +1,423 @@
+//! The CUDA backend against the CPU backend: every op on random inputs (never zeros), with
+//! output buffers poisoned (NaN) first so unwritten elements show; fp32 relative error (max
+//! |gpu - cpu| / max |cpu|) at most 1e-5. Then whole jobs: the loss curve of jobs/mlp.toml on
+//! cuda follows the CPU's within 1e-4 relative over 100 steps from the same seed.
+//! Skips, with the reason, without a GPU; fails when TRAINER_REQUIRE_CUDA=1.
+
+mod common;
+
+use common::random_vec;
+use cudarc::driver::CudaSlice;
+use trainer::tensor::cpu::CpuBackend;
+use trainer::tensor::cuda::{probe, CudaBackend};
+use trainer::tensor::{Activation, AdamStep, Backend, LossFn, SgdStep};
+
+fn gpu() -> Option<CudaBackend> {
+    let required = std::env::var("TRAINER_REQUIRE_CUDA").is_ok_and(|v| v == "1");
+    let reason = match probe() {
+        Ok((devices, _)) if !devices.is_empty() => match CudaBackend::new(0, false) {
+            Ok(b) => return Some(b),
+            Err(e) => e.to_string(),
+        },
+        Ok(_) => "no GPU".to_string(),
+        Err(why) => why,
+    };
+    assert!(
+        !required,
+        "TRAINER_REQUIRE_CUDA=1 but CUDA is unusable: {reason}"
+    );
+    eprintln!("skipped: {reason}");
+    None
+}
+
+const CPU: CpuBackend = CpuBackend::new(1);
+
+fn up(g: &CudaBackend, v: &[f32]) -> CudaSlice<f32> {
+    g.upload_vec(v.to_vec()).unwrap()
+}
+
+/// A device buffer of `len` NaNs.
+fn poisoned(g: &CudaBackend, len: usize) -> CudaSlice<f32> {
+    let mut b = g.alloc(len).unwrap();
+    g.fill(&mut b, f32::NAN);
+    b
+}
+
+fn down(g: &CudaBackend, b: &CudaSlice<f32>, len: usize) -> Vec<f32> {
+    let mut v = vec![0.0; len];
+    g.download(b, &mut v);
+    g.status().unwrap();
+    v
+}
+
+fn assert_close(gpu: &[f32], cpu: &[f32], what: &str) {
+    assert_eq!(gpu.len(), cpu.len(), "{what}: lengths");
+    let scale = cpu.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-30);
+    let worst = gpu
+        .iter()
+        .zip(cpu)
+        .map(|(a, b)| (a - b).abs())
+        .fold(
+            0.0f32,
+            |m, d| if d.is_nan() { f32::INFINITY } else { m.max(d) },
+        );
+    assert!(
+        worst / scale <= 1e-5,
+        "{what}: max error {worst} against max |cpu| {scale} (relative {})",
+        worst / scale
+    );
+}
+
+#[test]
+fn linear_forward_and_backward_match_the_cpu() {
+    let Some(g) = gpu() else { return };
+    for (n, inp, out) in [(37, 53, 29), (256, 784, 256), (1, 7, 3)] {
+        for bias in [true, false] {
+            let params = random_vec(out * inp + out, 1);
+            let b = bias.then_some(out * inp);
+            let x = random_vec(n * inp, 2);
+            let dy = random_vec(n * out, 3);
+            let grads0 = random_vec(params.len(), 4);
+            let what = format!("linear n={n} in={inp} out={out} bias={bias}");
+
+            let mut y_cpu = vec![f32::NAN; n * out];
+            CPU.linear_forward(&x, &params, 0, b, &mut y_cpu, n, inp, out);
+            let mut y_gpu = poisoned(&g, n * out);
+            g.linear_forward(&up(&g, &x), &up(&g, &params), 0, b, &mut y_gpu, n, inp, out);
+            assert_close(
+                &down(&g, &y_gpu, n * out),
+                &y_cpu,
+                &format!("{what} forward"),
+            );
+
+            let (mut grads_cpu, mut dx_cpu) = (grads0.clone(), vec![f32::NAN; n * inp]);
+            CPU.linear_backward(
+                &x,
+                &dy,
+                &params,
+                &mut grads_cpu,
+                0,
+                b,
+                Some(&mut dx_cpu),
+                n,
+                inp,
+                out,
+            );
+            let (mut grads_gpu, mut dx_gpu) = (up(&g, &grads0), poisoned(&g, n * inp));
+            g.linear_backward(
+                &up(&g, &x),
+                &up(&g, &dy),
+                &up(&g, &params),
+                &mut grads_gpu,
+                0,
+                b,
+                Some(&mut dx_gpu),
+                n,
+                inp,
+                out,
+            );
+            assert_close(
+                &down(&g, &grads_gpu, params.len()),
+                &grads_cpu,
+                &format!("{what} dW/db (accumulated)"),
+            );
+            assert_close(&down(&g, &dx_gpu, n * inp), &dx_cpu, &format!("{what} dx"));
+        }
+    }
+}
+
+#[test]
+fn activations_forward_and_backward_match_the_cpu() {
+    let Some(g) = gpu() else { return };
+    let len = 10_007;
+    let x: Vec<f32> = random_vec(len, 5).iter().map(|v| v * 3.0).collect();
+    let dy = random_vec(len, 6);
+    for f in [
+        Activation::Relu,
+        Activation::Gelu,
+        Activation::GeluTanh,
+        Activation::Tanh,
+        Activation::Sigmoid,
+    ] {
+        let mut y_cpu = vec![0.0; len];
+        CPU.activation_forward(f, &x, &mut y_cpu, len);
+        let (xg, mut yg) = (up(&g, &x), poisoned(&g, len));
+        g.activation_forward(f, &xg, &mut yg, len);
+        assert_close(&down(&g, &yg, len), &y_cpu, &format!("{f:?} forward"));
+        let mut dx_cpu = vec![0.0; len];
+        CPU.activation_backward(f, &x, &y_cpu, &dy, &mut dx_cpu, len);
+        let mut dxg = poisoned(&g, len);
+        g.activation_backward(f, &xg, &yg, &up(&g, &dy), &mut dxg, len);
+        assert_close(&down(&g, &dxg, len), &dx_cpu, &format!("{f:?} backward"));
+    }
+}
+
+#[test]
+fn dropout_draws_the_same_mask_as_the_cpu() {
+    let Some(g) = gpu() else { return };
+    let len = 50_001;
+    let x = random_vec(len, 7);
+    for (p, key) in [(0.1f32, 1u64), (0.5, 0xdead_beef_1234), (0.9, u64::MAX)] {
+        let mut y_cpu = vec![0.0; len];
+        CPU.dropout_forward(p, key, &x, &mut y_cpu, len);
+        let mut yg = poisoned(&g, len);
+        g.dropout_forward(p, key, &up(&g, &x), &mut yg, len);
+        let y_gpu = down(&g, &yg, len);
+        assert_eq!(
+            y_gpu.iter().map(|v| *v == 0.0).collect::<Vec<_>>(),
+            y_cpu.iter().map(|v| *v == 0.0).collect::<Vec<_>>()
+        );
+        assert_close(&y_gpu, &y_cpu, &format!("dropout p={p}"));
+        let mut dx_cpu = vec![0.0; len];
+        CPU.dropout_backward(p, key, &x, &mut dx_cpu, len);
+        let mut dxg = poisoned(&g, len);
+        g.dropout_backward(p, key, &up(&g, &x), &mut dxg, len);
+        assert_close(
+            &down(&g, &dxg, len),
+            &dx_cpu,
+            &format!("dropout backward p={p}"),
+        );
+    }
+}
+
+#[test]
+fn losses_and_statistics_match_the_cpu() {
+    let Some(g) = gpu() else { return };
+    let cases: [(LossFn, usize, usize); 5] = [
+        (
+            LossFn::CrossEntropy {
+                label_smoothing: 0.0,
+            },
+            300,
+            10,
+        ),
+        (
+            LossFn::CrossEntropy {
+                label_smoothing: 0.1,
+            },
+            77,
+            1000,
+        ),
+        (
+            LossFn::CrossEntropy {
+                label_smoothing: 0.0,
+            },
+            5,
+            3,
+        ),
+        (LossFn::Mse, 129, 3),
+        (LossFn::BceWithLogits, 257, 2),
+    ];
+    for (f, n, dim) in cases {
+        let out: Vec<f32> = random_vec(n * dim, 8).iter().map(|v| v * 4.0).collect();
+        let targets: Vec<f32> = match f {
+            LossFn::CrossEntropy { .. } => (0..n).map(|i| ((i * 7919) % dim) as f32).collect(),
+            LossFn::Mse => random_vec(n * dim, 9),
+            LossFn::BceWithLogits => random_vec(n * dim, 9)
+                .iter()
+                .map(|v| (v.tanh() + 1.0) / 2.0)
+                .collect(),
+        };
+        for with_grad in [true, false] {
+            let mut stats_cpu = CPU.new_stats().unwrap();
+            let mut d_cpu = vec![f32::NAN; n * dim];
+            CPU.loss(
+                f,
+                &out,
+                &targets,
+                n,
+                dim,
+                0.25,
+                with_grad.then_some(&mut d_cpu),
+                &mut stats_cpu,
+            );
+            let mut stats_gpu = g.new_stats().unwrap();
+            let mut dg = poisoned(&g, n * dim);
+            g.loss(
+                f,
+                &up(&g, &out),
+                &up(&g, &targets),
+                n,
+                dim,
+                0.25,
+                with_grad.then_some(&mut dg),
+                &mut stats_gpu,
+            );
+            let s = g.take_stats(&mut stats_gpu);
+            g.status().unwrap();
+            let what = format!("{f:?} n={n} dim={dim}");
+            assert!(
+                (s.loss_sum - stats_cpu.loss_sum).abs() <= 1e-5 * stats_cpu.loss_sum.abs(),
+                "{what}: loss {} vs {}",
+                s.loss_sum,
+                stats_cpu.loss_sum
+            );
+            assert!(
+                (s.correct - stats_cpu.correct).abs() < 1e-9,
+                "{what}: correct {} vs {}",
+                s.correct,
+                stats_cpu.correct
+            );
+            assert_eq!(s.samples, n as f64);
+            if with_grad {
+                assert_close(&down(&g, &dg, n * dim), &d_cpu, &format!("{what} gradient"));
+            } else {
+                assert!(
+                    down(&g, &dg, n * dim).iter().all(|v| v.is_nan()),
+                    "{what}: evaluation wrote a gradient"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn reductions_fills_gathers_and_copies_match_the_cpu() {
+    let Some(g) = gpu() else { return };
+    let v = random_vec(1_000_003, 10);
+    let cpu = CPU.sum_squares(&v);
+    let gpu_sum = g.sum_squares(&up(&g, &v));
+    assert!(
+        (gpu_sum - cpu).abs() <= 1e-9 * cpu,
+        "sum of squares {gpu_sum} vs {cpu}"
+    );
+
+    let mut a = up(&g, &v);
+    g.scale(&mut a, 0.37);
+    let mut c = v.clone();
+    CPU.scale(&mut c, 0.37);
+    assert_close(&down(&g, &a, v.len()), &c, "scale");
+    g.fill(&mut a, 2.5);
+    assert!(down(&g, &a, v.len()).iter().all(|&x| x == 2.5));
+
+    let src = random_vec(100 * 13, 11);
+    let rows: Vec<u32> = (0..64).map(|i| (i * 37 % 100) as u32).collect();
+    let mut dst_cpu = vec![f32::NAN; 64 * 13];
+    CPU.gather_rows(&src, &rows, 13, &mut dst_cpu);
+    let mut dst_gpu = poisoned(&g, 64 * 13);
+    g.gather_rows(&up(&g, &src), &rows, 13, &mut dst_gpu);
+    assert_eq!(down(&g, &dst_gpu, 64 * 13), dst_cpu, "gather");
+
+    let mut copy = poisoned(&g, 500);
+    g.copy(&up(&g, &src), &mut copy, 500);
+    assert_eq!(down(&g, &copy, 500), src[..500].to_vec(), "copy");
+}
+
+#[test]
+fn optimizer_updates_match_the_cpu() {
+    let Some(g) = gpu() else { return };
+    let n = 123_457;
+    let p0 = random_vec(n, 12);
+    let grads: Vec<Vec<f32>> = (0..3).map(|s| random_vec(n, 13 + s)).collect();
+    for (momentum, dampening, nesterov, wd) in [
+        (0.0, 0.0, false, 0.0),
+        (0.9, 0.1, false, 0.01),
+        (0.9, 0.0, true, 0.001),
+    ] {
+        let (mut p_cpu, mut m_cpu) = (p0.clone(), vec![0.0; if momentum > 0.0 { n } else { 0 }]);
+        let (mut p_gpu, mut m_gpu) = (up(&g, &p0), g.alloc(m_cpu.len()).unwrap());
+        for (step, grad) in grads.iter().enumerate() {
+            let h = SgdStep {
+                lr: 0.05,
+                momentum,
+                dampening,
+                nesterov,
+                weight_decay: wd,
+                first_step: step == 0,
+            };
+            CPU.sgd_step(&mut p_cpu, grad, &mut m_cpu, &h);
+            g.sgd_step(&mut p_gpu, &up(&g, grad), &mut m_gpu, &h);
+        }
+        assert_close(
+            &down(&g, &p_gpu, n),
+            &p_cpu,
+            &format!("sgd momentum={momentum} nesterov={nesterov}"),
+        );
+    }
+    for decoupled in [false, true] {
+        let (mut p_cpu, mut m_cpu, mut v_cpu) = (p0.clone(), vec![0.0; n], vec![0.0; n]);
+        let (mut p_gpu, mut m_gpu, mut v_gpu) =
+            (up(&g, &p0), g.alloc(n).unwrap(), g.alloc(n).unwrap());
+        for (step, grad) in grads.iter().enumerate() {
+            let h = AdamStep {
+                lr: 1e-3,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: 0.01,
+                decoupled,
+                step: step as u64 + 1,
+            };
+            CPU.adam_step(&mut p_cpu, grad, &mut m_cpu, &mut v_cpu, &h);
+            g.adam_step(&mut p_gpu, &up(&g, grad), &mut m_gpu, &mut v_gpu, &h);
+        }
+        assert_close(
+            &down(&g, &p_gpu, n),
+            &p_cpu,
+            &format!("adam decoupled={decoupled} params"),
+        );
+        assert_close(
+            &down(&g, &v_gpu, n),
+            &v_cpu,
+            &format!("adam decoupled={decoupled} exp_avg_sq"),
+        );
+    }
+}
+
+/// Train rows (step, loss) of a job run through the CLI on a device, one row per step.
+fn loss_curve(device: &str, extra: &[&str]) -> Vec<(u64, f64)> {
+    let runs = tempfile::tempdir().unwrap();
+    let mut args = vec![
+        "run",
+        "jobs/mlp.toml",
+        "--runs-dir",
+        runs.path().to_str().unwrap(),
+        "-q",
+    ];
+    let device_set = format!("device.type=\"{device}\"");
+    args.extend([
+        "--set",
+        &device_set,
+        "--set",
+        "train.max_steps=100",
+        "--set",
+        "train.log_every=1",
+    ]);
+    args.extend_from_slice(extra);
+    let out = std::process::Command::new(common::trainer_bin())
+        .args(&args)
+        .current_dir(common::root())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{device}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dir = String::from_utf8(out.stdout).unwrap();
+    let metrics =
+        std::fs::read_to_string(std::path::Path::new(dir.trim()).join("metrics.csv")).unwrap();
+    metrics
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').collect::<Vec<_>>())
+        .filter(|r| r[2] == "train")
+        .map(|r| (r[0].parse().unwrap(), r[3].parse().unwrap()))
+        .collect()
+}
+
+#[test]
+fn mlp_job_on_cuda_follows_the_cpu_loss_curve() {
+    if gpu().is_none() {
+        return;
+    }
+    for extra in [&[][..], &["--set", "model.layers=[{type=\"flatten\"},{type=\"linear\",out=64},{type=\"gelu\"},{type=\"dropout\",p=0.2},{type=\"linear\",out=10}]"][..]] {
+        let cpu = loss_curve("cpu", extra);
+        let cuda = loss_curve("cuda", extra);
+        assert_eq!(cpu.len(), 100);
+        assert_eq!(cpu.iter().map(|r| r.0).collect::<Vec<_>>(), cuda.iter().map(|r| r.0).collect::<Vec<_>>());
+        for ((step, a), (_, b)) in cpu.iter().zip(&cuda) {
+            assert!((a - b).abs() <= 1e-4 * a.abs(), "step {step}: cpu loss {a} vs cuda {b} ({extra:?})");
+        }
+    }
+}
