@@ -71,13 +71,19 @@ def main():
     p.add_argument("--data-dir", default=DATA_DIR)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="cpu or cuda (data is moved to it first)")
     args = p.parse_args()
+    dev = torch.device(args.device)
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
 
     wall0 = time.perf_counter()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     sizes = [int(s) for s in args.layers.split(",")]
-    model = make_mlp(sizes)
+    model = make_mlp(sizes).to(dev)
     loss_fn = nn.CrossEntropyLoss()
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
 
@@ -90,29 +96,33 @@ def main():
     acc = None
     train_s, samples = 0.0, 0
     if args.data == "fashion":
-        xtr, ytr, xte, yte = load_fashion(args.data_dir)
+        xtr, ytr, xte, yte = (t.to(dev) for t in load_fashion(args.data_dir))
         assert xtr.shape[1] == sizes[0] and sizes[-1] == 10, "layers must be 784,...,10"
         gen = torch.Generator().manual_seed(args.seed)
         n = len(xtr)
         for _ in range(args.epochs):
-            perm = torch.randperm(n, generator=gen)
+            perm = torch.randperm(n, generator=gen).to(dev)
+            sync()
             t0 = time.perf_counter()
             for i in range(0, n, args.batch):
                 idx = perm[i:i + args.batch]
                 step(xtr[idx], ytr[idx])
+            sync()
             train_s += time.perf_counter() - t0
             samples += n
         model.eval()
         with torch.no_grad():
             acc = (model(xte).argmax(1) == yte).float().mean().item()
     else:
-        x = torch.randn(args.batch, sizes[0])
-        y = torch.randint(0, sizes[-1], (args.batch,))
+        x = torch.randn(args.batch, sizes[0], device=dev)
+        y = torch.randint(0, sizes[-1], (args.batch,), device=dev)
         for _ in range(5):
             step(x, y)
+        sync()
         t0 = time.perf_counter()
         for _ in range(args.steps):
             step(x, y)
+        sync()
         train_s = time.perf_counter() - t0
         samples = args.steps * args.batch
 
@@ -120,7 +130,7 @@ def main():
         "framework": "pytorch", "torch_version": torch.__version__, "data": args.data,
         "layers": sizes, "batch": args.batch, "samples_per_sec": samples / train_s,
         "train_s": train_s, "test_accuracy": acc,
-        "wall_s": time.perf_counter() - wall0, "threads": torch.get_num_threads(),
+        "wall_s": time.perf_counter() - wall0, "threads": torch.get_num_threads(), "device": str(dev),
     }))
 
 

@@ -1,14 +1,15 @@
-// Losses fused with their gradients. Each adds [loss summed over samples, correct, samples]
-// to `stats` (doubles, one atomic per block). With write_grad = 0 (evaluation) `dout` is not
-// touched. The gradient is d(mean loss)/d(out) * grad_scale, as in src/tensor/cpu.rs.
+// Losses fused with their gradients. Each writes every sample's loss to row_stats[r] and its
+// correct fraction to row_stats[n + r]; reduce_stats then adds their sums (in a fixed order, so
+// runs are bit-reproducible) to stats = [loss sum, correct, samples]. With write_grad = 0
+// (evaluation) `dout` is not touched. The gradient is d(mean loss)/d(out) * grad_scale, as in
+// src/tensor/cpu.rs.
 
 // One warp per row of logits; 8 rows per block of 256 threads.
 extern "C" __global__ void cross_entropy(const float* logits, const float* labels, u64 n, u64 classes,
                                          float smoothing, float grad_scale, int write_grad, float* dout,
-                                         double* stats) {
+                                         double* row_stats) {
     int lane = threadIdx.x & 31;
     u64 row = (u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    double loss = 0.0, hit = 0.0;
     if (row < n) {
         const float* x = logits + row * classes;
         u64 label = (u64)labels[row];
@@ -45,24 +46,16 @@ extern "C" __global__ void cross_entropy(const float* logits, const float* label
                 dout[row * classes + j] = (float)((p - target) * g);
             }
         }
-        if (lane == 0) { loss = row_loss; hit = arg == label ? 1.0 : 0.0; }
-    }
-    double block_loss = block_sum(loss);
-    double block_hits = block_sum(hit);
-    if (threadIdx.x == 0) {
-        u64 first = (u64)blockIdx.x * (blockDim.x >> 5);
-        u64 per_block = blockDim.x >> 5;
-        u64 rows = first >= n ? 0 : (n - first < per_block ? n - first : per_block);
-        atomicAdd(&stats[0], block_loss);
-        atomicAdd(&stats[1], block_hits);
-        atomicAdd(&stats[2], (double)rows);
+        if (lane == 0) {
+            row_stats[row] = row_loss;
+            row_stats[n + row] = arg == label ? 1.0 : 0.0;
+        }
     }
 }
 
 // kind 0: mse, 1: bce_with_logits. One thread per sample, looping over its `dim` outputs.
 extern "C" __global__ void elementwise_loss(int kind, const float* out, const float* targets, u64 n, u64 dim,
-                                            float grad_scale, int write_grad, float* dout, double* stats) {
-    double loss = 0.0, hits = 0.0;
+                                            float grad_scale, int write_grad, float* dout, double* row_stats) {
     u64 s = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (s < n) {
         double g = (double)grad_scale / (double)n / (double)dim;
@@ -81,16 +74,23 @@ extern "C" __global__ void elementwise_loss(int kind, const float* out, const fl
             }
             if (write_grad) dout[i] = (float)grad;
         }
-        loss = sum / (double)dim;
-        hits = matched / (double)dim;
+        row_stats[s] = sum / (double)dim;
+        row_stats[n + s] = matched / (double)dim;
     }
-    double block_loss = block_sum(loss);
-    double block_hits = block_sum(hits);
+}
+
+// One block: stats += [sum of losses, sum of hits, n], each thread summing a fixed stride.
+extern "C" __global__ void reduce_stats(const double* row_stats, u64 n, double* stats) {
+    double loss = 0.0, hits = 0.0;
+    for (u64 i = threadIdx.x; i < n; i += blockDim.x) {
+        loss += row_stats[i];
+        hits += row_stats[n + i];
+    }
+    loss = block_sum(loss);
+    hits = block_sum(hits);
     if (threadIdx.x == 0) {
-        u64 first = (u64)blockIdx.x * blockDim.x;
-        u64 rows = first >= n ? 0 : (n - first < blockDim.x ? n - first : blockDim.x);
-        atomicAdd(&stats[0], block_loss);
-        atomicAdd(&stats[1], block_hits);
-        atomicAdd(&stats[2], (double)rows);
+        stats[0] += loss;
+        stats[1] += hits;
+        stats[2] += (double)n;
     }
 }

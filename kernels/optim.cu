@@ -1,11 +1,20 @@
 // Optimizer updates over the flat parameter buffer (one launch for all parameters) and the
 // global gradient norm. Formulas as in src/tensor/cpu.rs (PyTorch's).
 
-extern "C" __global__ void sum_squares(const float* buf, u64 n, double* out) {
+// Two passes, no atomics, so the norm (and clipping) is bit-reproducible: every block writes
+// its partial sum, then one block adds the partials in order.
+extern "C" __global__ void sum_squares_partial(const float* buf, u64 n, double* partials) {
     double acc = 0.0;
     GRID_STRIDE(i, n) { double v = buf[i]; acc += v * v; }
     acc = block_sum(acc);
-    if (threadIdx.x == 0) atomicAdd(out, acc);
+    if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
+extern "C" __global__ void sum_partials(const double* partials, u64 count, double* out) {
+    double acc = 0.0;
+    for (u64 i = threadIdx.x; i < count; i += blockDim.x) acc += partials[i];
+    acc = block_sum(acc);
+    if (threadIdx.x == 0) out[0] = acc;
 }
 
 extern "C" __global__ void sgd_step(float* p, const float* g, float* buf, u64 n, float lr, float momentum,

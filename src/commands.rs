@@ -203,6 +203,7 @@ fn run_in<B: Backend>(
                 "wall_s": wall,
                 "train_s": outcome.train_seconds,
                 "samples_per_sec": outcome.samples_per_sec(),
+                "startup_s": outcome.startup_s,
                 "memory_planned_bytes": memory.total(),
                 "device_memory_peak_bytes": backend.memory().map(|(_, peak)| peak),
                 "final": finals,

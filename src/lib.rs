@@ -15,3 +15,9 @@ pub mod tensor;
 pub mod train;
 
 pub use error::{Error, Result};
+
+/// When the process started (main calls this first), for start-up time in summaries.
+pub fn process_start() -> std::time::Instant {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    *START.get_or_init(std::time::Instant::now)
+}

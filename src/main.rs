@@ -58,6 +58,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    trainer::process_start();
     let cli = Cli::parse();
     let quiet = matches!(cli.command, Command::Run { quiet: true, .. });
     trainer::logging::init(quiet);

@@ -33,7 +33,9 @@ fn every_kernel_compiles_for_ampere_and_hopper() {
         "dropout",
         "cross_entropy",
         "elementwise_loss",
-        "sum_squares",
+        "reduce_stats",
+        "sum_squares_partial",
+        "sum_partials",
         "sgd_step",
         "adam_step",
     ];

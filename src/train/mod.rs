@@ -27,6 +27,8 @@ pub struct Outcome {
     /// The last evaluation row of each split.
     pub last_eval: Vec<MetricsRow>,
     pub final_params: Vec<f32>,
+    /// Seconds from process start to the first training step (start-up: data, kernels...).
+    pub startup_s: f64,
 }
 
 impl Outcome {
@@ -94,6 +96,9 @@ pub fn train<B: Backend>(
         }
         for group in batches.chunks(accum) {
             let step_start = Instant::now();
+            if outcome.steps == 0 {
+                outcome.startup_s = crate::process_start().elapsed().as_secs_f64();
+            }
             let step = outcome.steps + 1;
             let logging = step % log_every == 0 || step as usize == total;
             let lr = schedule.lr(outcome.steps as usize);

@@ -20,6 +20,8 @@ use std::sync::Arc;
 /// byte the run uses is counted.
 pub const CUBLAS_WORKSPACE: usize = 32 << 20;
 const THREADS: u32 = 256;
+/// Blocks of the first pass of the gradient norm (a fixed count keeps the sum's order fixed).
+const NORM_BLOCKS: u32 = 1024;
 
 /// One GPU as seen by `trainer devices`.
 #[derive(Debug, Clone)]
@@ -78,7 +80,9 @@ struct Functions {
     dropout: CudaFunction,
     cross_entropy: CudaFunction,
     elementwise_loss: CudaFunction,
-    sum_squares: CudaFunction,
+    reduce_stats: CudaFunction,
+    sum_squares_partial: CudaFunction,
+    sum_partials: CudaFunction,
     sgd_step: CudaFunction,
     adam_step: CudaFunction,
 }
@@ -89,7 +93,11 @@ pub struct CudaBackend {
     f: Functions,
     /// Row indices of the batch being gathered, grown to the largest batch once.
     rows: RefCell<CudaSlice<u32>>,
-    scratch: RefCell<CudaSlice<f64>>,
+    /// Per-sample loss and hit of the last loss call, [2, batch], grown to the largest batch.
+    row_stats: RefCell<CudaSlice<f64>>,
+    /// Per-block partial sums of the gradient norm, then the norm itself.
+    partials: RefCell<CudaSlice<f64>>,
+    norm: RefCell<CudaSlice<f64>>,
     /// The cuBLAS workspace, kept alive for the handle's lifetime.
     _workspace: CudaSlice<u8>,
     allocated: Cell<usize>,
@@ -163,7 +171,9 @@ impl CudaBackend {
             dropout: load("dropout")?,
             cross_entropy: load("cross_entropy")?,
             elementwise_loss: load("elementwise_loss")?,
-            sum_squares: load("sum_squares")?,
+            reduce_stats: load("reduce_stats")?,
+            sum_squares_partial: load("sum_squares_partial")?,
+            sum_partials: load("sum_partials")?,
             sgd_step: load("sgd_step")?,
             adam_step: load("adam_step")?,
         };
@@ -198,7 +208,13 @@ impl CudaBackend {
         let rows = stream
             .alloc_zeros::<u32>(1)
             .map_err(|e| cuda_err("allocating", e))?;
-        let scratch = stream
+        let row_stats = stream
+            .alloc_zeros::<f64>(2)
+            .map_err(|e| cuda_err("allocating", e))?;
+        let partials = stream
+            .alloc_zeros::<f64>(NORM_BLOCKS as usize)
+            .map_err(|e| cuda_err("allocating", e))?;
+        let norm = stream
             .alloc_zeros::<f64>(1)
             .map_err(|e| cuda_err("allocating", e))?;
         let description = format!(
@@ -212,7 +228,9 @@ impl CudaBackend {
             blas,
             f,
             rows: RefCell::new(rows),
-            scratch: RefCell::new(scratch),
+            row_stats: RefCell::new(row_stats),
+            partials: RefCell::new(partials),
+            norm: RefCell::new(norm),
             _workspace: workspace,
             allocated: Cell::new(CUBLAS_WORKSPACE),
             peak: Cell::new(CUBLAS_WORKSPACE),
@@ -547,6 +565,16 @@ impl Backend for CudaBackend {
             None => out,
         };
         let (rows, width) = (n as u64, dim as u64);
+        let mut row_stats = self.row_stats.borrow_mut();
+        if row_stats.len() < 2 * n {
+            match self.stream.alloc_zeros::<f64>(2 * n) {
+                Ok(grown) => {
+                    self.count((grown.len() - row_stats.len()) * 8);
+                    *row_stats = grown;
+                }
+                Err(e) => return self.launch("allocating loss statistics", Err(e)),
+            }
+        }
         match f {
             LossFn::CrossEntropy { label_smoothing } => {
                 let mut l = self.stream.launch_builder(&self.f.cross_entropy);
@@ -558,7 +586,7 @@ impl Backend for CudaBackend {
                     .arg(&grad_scale)
                     .arg(&write_grad)
                     .arg(dout_ptr)
-                    .arg(&mut *stats);
+                    .arg(&mut *row_stats);
                 let warps_per_block = (THREADS / 32) as usize;
                 let cfg = LaunchConfig {
                     grid_dim: (n.div_ceil(warps_per_block).max(1) as u32, 1, 1),
@@ -566,7 +594,7 @@ impl Backend for CudaBackend {
                     shared_mem_bytes: 0,
                 };
                 // SAFETY: one warp per row reads `dim` logits and a label, writes `dim`
-                // gradients when asked, and adds three doubles to stats.
+                // gradients when asked, and two doubles of row_stats.
                 self.launch("cross-entropy", unsafe { l.launch(cfg) }.map(|_| ()));
             }
             LossFn::Mse | LossFn::BceWithLogits => {
@@ -580,16 +608,29 @@ impl Backend for CudaBackend {
                     .arg(&grad_scale)
                     .arg(&write_grad)
                     .arg(dout_ptr)
-                    .arg(&mut *stats);
+                    .arg(&mut *row_stats);
                 let cfg = LaunchConfig {
                     grid_dim: (n.div_ceil(THREADS as usize).max(1) as u32, 1, 1),
                     block_dim: (THREADS, 1, 1),
                     shared_mem_bytes: 0,
                 };
-                // SAFETY: one thread per sample reads/writes its `dim` values.
+                // SAFETY: one thread per sample reads/writes its `dim` values and two doubles
+                // of row_stats.
                 self.launch("loss", unsafe { l.launch(cfg) }.map(|_| ()));
             }
         }
+        let mut l = self.stream.launch_builder(&self.f.reduce_stats);
+        l.arg(&*row_stats).arg(&rows).arg(&mut *stats);
+        let one_block = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: reads 2n doubles of row_stats, adds to the three of stats.
+        self.launch(
+            "loss statistics",
+            unsafe { l.launch(one_block) }.map(|_| ()),
+        );
     }
 
     fn new_stats(&self) -> Result<CudaSlice<f64>> {
@@ -615,19 +656,29 @@ impl Backend for CudaBackend {
     }
 
     fn sum_squares(&self, buf: &CudaSlice<f32>) -> f64 {
-        let mut scratch = self.scratch.borrow_mut();
-        let zero = self.stream.memset_zeros(&mut *scratch);
-        self.record("clearing", zero);
+        let (mut partials, mut norm) = (self.partials.borrow_mut(), self.norm.borrow_mut());
         let n = buf.len() as u64;
-        let mut l = self.stream.launch_builder(&self.f.sum_squares);
-        l.arg(buf).arg(&n).arg(&mut *scratch);
-        // SAFETY: reads n elements, adds to one double.
-        self.launch(
-            "gradient norm",
-            unsafe { l.launch(grid(buf.len()).clamp_blocks(1024)) }.map(|_| ()),
-        );
+        let mut l = self.stream.launch_builder(&self.f.sum_squares_partial);
+        l.arg(buf).arg(&n).arg(&mut *partials);
+        let cfg = LaunchConfig {
+            grid_dim: (NORM_BLOCKS, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: reads n elements; block b writes partials[b], b < NORM_BLOCKS = its length.
+        self.launch("gradient norm", unsafe { l.launch(cfg) }.map(|_| ()));
+        let count = NORM_BLOCKS as u64;
+        let mut l = self.stream.launch_builder(&self.f.sum_partials);
+        l.arg(&*partials).arg(&count).arg(&mut *norm);
+        let one_block = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: reads NORM_BLOCKS doubles, writes one.
+        self.launch("gradient norm", unsafe { l.launch(one_block) }.map(|_| ()));
         let mut host = [0.0f64];
-        let read = self.stream.memcpy_dtoh(&*scratch, &mut host[..]);
+        let read = self.stream.memcpy_dtoh(&*norm, &mut host[..]);
         self.record("reading the gradient norm", read);
         host[0]
     }
@@ -725,17 +776,5 @@ fn activation_id(f: Activation) -> i32 {
         Activation::GeluTanh => 2,
         Activation::Tanh => 3,
         Activation::Sigmoid => 4,
-    }
-}
-
-trait ClampBlocks {
-    fn clamp_blocks(self, max: u32) -> Self;
-}
-
-impl ClampBlocks for LaunchConfig {
-    /// Fewer blocks for reductions: each block ends in one atomic add.
-    fn clamp_blocks(mut self, max: u32) -> Self {
-        self.grid_dim.0 = self.grid_dim.0.min(max);
-        self
     }
 }

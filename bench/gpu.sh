@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The GPU verification run, for a session lent a GPU machine. From the project root here:
+#
+#   mkdir -p .gpu && cp bench/gpu.sh .gpu/extra.sh && ../shared/tools/gpu-bundle
+#   mkdir -p .gpu/data && cp /usr/share/datasets/fashion-mnist/*.gz .gpu/data/   # 30 MB
+#   then on the device: command "bash .gpu/run.sh", carry [".gpu"]
+#
+# run.sh runs every test binary with TRAINER_REQUIRE_CUDA=1, then this script, which measures,
+# side by side in the same call: trainer (cuda) against PyTorch eager on the GPU, start-up cold
+# and warm, and predicted against measured device memory. Results land in $OUT/gpu-bench.txt.
+set -uo pipefail
+out="${OUT:-/tmp}/gpu-bench.txt"
+bin=.gpu/trainer
+runs=$(mktemp -d)
+log() { echo "$*" | tee -a "$out"; }
+summary() { python3 -c 'import json,sys; s=json.load(open(sys.argv[1]+"/summary.json")); f=s.get("final",{}); print(json.dumps({k: s.get(k) for k in ["samples_per_sec","wall_s","startup_s","memory_planned_bytes","device_memory_peak_bytes"]} | {"test_accuracy": f.get("test_accuracy")}))' "$1"; }
+trainer() { local dir; dir=$($bin run "$@" --runs-dir "$runs" --quiet) && summary "$dir"; }
+
+log "== devices"; $bin devices | tee -a "$out"
+export TRAINER_CACHE_DIR=$(mktemp -d)
+log "== start-up, cold (NVRTC compiles) then warm (cache)"
+log "cold: $(trainer jobs/mlp.toml --set device.type=\"cuda\" --set train.epochs=1)"
+log "warm: $(trainer jobs/mlp.toml --set device.type=\"cuda\" --set train.epochs=1)"
+
+for rep in 1 2; do
+  log "== MLP 784-1024-1024-10 batch 256 Adam fp32, 200 steps (repeat $rep)"
+  log "trainer: $(trainer bench/mlp1024.toml --set device.type=\"cuda\")"
+  log "pytorch: $(python3 bench/pytorch_mlp.py --device cuda --data synthetic --layers 784,1024,1024,10 --batch 256 --steps 200 | tail -1)"
+  log "== MLP 784-4096x3-10 batch 4096 Adam fp32, 50 steps (repeat $rep)"
+  log "trainer: $(trainer bench/mlp4096.toml --set device.type=\"cuda\")"
+  log "pytorch: $(python3 bench/pytorch_mlp.py --device cuda --data synthetic --layers 784,4096,4096,4096,10 --batch 4096 --steps 50 | tail -1)"
+done
+if [ -f .gpu/data/train-images-idx3-ubyte.gz ]; then
+  d=.gpu/data
+  sets=(--set device.type=\"cuda\" --set data.train_images=\"$PWD/$d/train-images-idx3-ubyte.gz\" --set data.train_labels=\"$PWD/$d/train-labels-idx1-ubyte.gz\" --set data.test_images=\"$PWD/$d/t10k-images-idx3-ubyte.gz\" --set data.test_labels=\"$PWD/$d/t10k-labels-idx1-ubyte.gz\")
+  log "== jobs/fashion_mnist_mlp.toml end to end"
+  log "trainer: $(trainer jobs/fashion_mnist_mlp.toml "${sets[@]}")"
+  log "pytorch: $(python3 bench/pytorch_mlp.py --device cuda --data fashion --data-dir $d --layers 784,256,128,10 --batch 128 --epochs 10 | tail -1)"
+else
+  log "== Fashion-MNIST not carried (.gpu/data): skipped"
+fi
