@@ -23,6 +23,10 @@ fn every_kernel_compiles_for_ampere_and_hopper() {
     let (major, minor) = kernels::nvrtc_version().unwrap();
     eprintln!("NVRTC {major}.{minor}");
     let names = [
+        "cast_f32_to_f16",
+        "cast_f16_to_f32",
+        "cast_f32_to_bf16",
+        "cast_bf16_to_f32",
         "fill_f32",
         "scale_f32",
         "gather_rows",

@@ -1,8 +1,10 @@
 //! Optimizers over the flat parameter buffer, with PyTorch's exact update rules (torch.optim
 //! SGD, Adam, AdamW), and learning-rate schedules.
 
+mod scaler;
 mod schedule;
 
+pub use scaler::LossScaler;
 pub use schedule::Schedule;
 
 use crate::error::Result;

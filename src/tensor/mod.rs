@@ -5,6 +5,7 @@
 //! (offsets) into one flat parameter buffer, and their gradients the same spans of one flat
 //! gradient buffer, so the optimizer is a single pass and a checkpoint a single write.
 
+pub mod cast;
 pub mod cpu;
 pub mod cuda;
 pub mod rng;

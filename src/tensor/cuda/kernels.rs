@@ -7,7 +7,8 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 use std::path::PathBuf;
 
 /// Every kernel file, in the order they are concatenated after common.cuh.
-pub const SOURCES: [(&str, &str); 3] = [
+pub const SOURCES: [(&str, &str); 4] = [
+    ("cast.cu", include_str!("../../../kernels/cast.cu")),
     (
         "elementwise.cu",
         include_str!("../../../kernels/elementwise.cu"),

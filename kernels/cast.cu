@@ -1,0 +1,49 @@
+// f32 <-> f16 / bf16 casts, round-to-nearest-even (as PyTorch and the `half` crate). NVRTC has
+// no cuda_fp16.h here, so the conversions are written with PTX cvt instructions; halves are
+// stored as their raw 16-bit patterns.
+
+typedef unsigned short u16;
+
+__device__ __forceinline__ u16 f32_to_f16_bits(float x) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+}
+
+__device__ __forceinline__ float f16_bits_to_f32(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ u16 f32_to_bf16_bits(float x) {
+#if __CUDA_ARCH__ >= 800
+    u16 h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+#else
+    u32 u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40u);  // quiet NaN
+    return (u16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+#endif
+}
+
+__device__ __forceinline__ float bf16_bits_to_f32(u16 h) {
+    return __uint_as_float(((u32)h) << 16);
+}
+
+extern "C" __global__ void cast_f32_to_f16(const float* x, u16* y, u64 n) {
+    GRID_STRIDE(i, n) y[i] = f32_to_f16_bits(x[i]);
+}
+
+extern "C" __global__ void cast_f16_to_f32(const u16* x, float* y, u64 n) {
+    GRID_STRIDE(i, n) y[i] = f16_bits_to_f32(x[i]);
+}
+
+extern "C" __global__ void cast_f32_to_bf16(const float* x, u16* y, u64 n) {
+    GRID_STRIDE(i, n) y[i] = f32_to_bf16_bits(x[i]);
+}
+
+extern "C" __global__ void cast_bf16_to_f32(const u16* x, float* y, u64 n) {
+    GRID_STRIDE(i, n) y[i] = bf16_bits_to_f32(x[i]);
+}

@@ -1,0 +1,90 @@
+//! Dynamic loss scaling with torch.cuda.amp.GradScaler's semantics and defaults: the loss is
+//! multiplied by `scale` before backward; a step whose gradients hold an inf or NaN is skipped
+//! and the scale multiplied by `backoff_factor`; after `growth_interval` consecutive clean
+//! steps the scale is multiplied by `growth_factor`.
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct LossScaler {
+    pub scale: f64,
+    pub growth_factor: f64,
+    pub backoff_factor: f64,
+    pub growth_interval: u64,
+    /// Clean steps since the last growth or backoff (GradScaler's `_growth_tracker`).
+    pub clean_steps: u64,
+    /// Optimizer steps skipped so far because of non-finite gradients.
+    pub skipped_steps: u64,
+}
+
+impl Default for LossScaler {
+    /// GradScaler's defaults: init_scale 2^16, growth 2 every 2000 clean steps, backoff 0.5.
+    fn default() -> Self {
+        LossScaler::new(65536.0, 2.0, 0.5, 2000)
+    }
+}
+
+impl LossScaler {
+    pub fn new(
+        init_scale: f64,
+        growth_factor: f64,
+        backoff_factor: f64,
+        growth_interval: u64,
+    ) -> Self {
+        LossScaler {
+            scale: init_scale,
+            growth_factor,
+            backoff_factor,
+            growth_interval,
+            clean_steps: 0,
+            skipped_steps: 0,
+        }
+    }
+
+    /// What the trainer does with the gradients of a step, given whether any was non-finite.
+    /// Returns true when the optimizer step may run (on gradients divided by the old scale).
+    pub fn update(&mut self, found_inf: bool) -> bool {
+        if found_inf {
+            self.scale *= self.backoff_factor;
+            self.clean_steps = 0;
+            self.skipped_steps += 1;
+            return false;
+        }
+        self.clean_steps += 1;
+        if self.clean_steps == self.growth_interval {
+            self.scale *= self.growth_factor;
+            self.clean_steps = 0;
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_overflow_skips_the_step_and_halves_the_scale() {
+        let mut s = LossScaler::default();
+        assert!(s.update(false));
+        assert!(!s.update(true));
+        assert_eq!(s.scale, 32768.0);
+        assert_eq!((s.clean_steps, s.skipped_steps), (0, 1));
+    }
+
+    #[test]
+    fn the_scale_doubles_after_growth_interval_clean_steps() {
+        let mut s = LossScaler::new(1024.0, 2.0, 0.5, 3);
+        for _ in 0..2 {
+            assert!(s.update(false));
+        }
+        assert_eq!(s.scale, 1024.0);
+        assert!(s.update(false));
+        assert_eq!(s.scale, 2048.0);
+        // An overflow resets the count: three more clean steps are needed.
+        s.update(true);
+        s.update(false);
+        s.update(false);
+        assert_eq!(s.scale, 1024.0);
+        s.update(false);
+        assert_eq!(s.scale, 2048.0);
+    }
+}
