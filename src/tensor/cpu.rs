@@ -24,7 +24,7 @@ impl CpuBackend {
         }
     }
 
-    fn parallelism(&self, m: usize, n: usize, k: usize) -> Parallelism {
+    pub(crate) fn parallelism(&self, m: usize, n: usize, k: usize) -> Parallelism {
         // Below ~a million multiply-adds, a second thread costs more than it saves.
         if self.threads > 1 && m * n * k >= 1 << 20 {
             Parallelism::Rayon(self.threads)
@@ -36,7 +36,7 @@ impl CpuBackend {
     /// Row-major dst[m, n] = (accumulate ? dst : 0) + lhs·rhs, where lhs and rhs are given
     /// by their element strides (row stride, column stride), so transposes cost nothing.
     #[allow(clippy::too_many_arguments)]
-    fn matmul(
+    pub(crate) fn matmul(
         &self,
         dst: &mut [f32],
         accumulate: bool,

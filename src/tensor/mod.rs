@@ -9,6 +9,7 @@ pub mod cast;
 pub mod cpu;
 pub mod cuda;
 pub mod rng;
+pub mod spatial;
 
 use crate::error::Result;
 

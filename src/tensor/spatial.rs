@@ -1,0 +1,514 @@
+//! CPU kernels of the image layers (NCHW): conv2d through im2col + GEMM, max and average
+//! pooling, batch norm and layer norm, each with its backward pass. PyTorch's definitions:
+//! zero padding for conv, -inf padding for max pooling, count_include_pad for average pooling,
+//! biased variance for normalising and unbiased variance for running statistics.
+//!
+//! Convolution runs samples in parallel, each thread with its own im2col scratch (a slice of
+//! the caller's workspace, `conv_workspace_len` long), so nothing is allocated per step.
+
+use super::cpu::CpuBackend;
+use rayon::prelude::*;
+
+/// A 2-D convolution's geometry, for one sample of [c, h, w] into [o, oh, ow].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conv2d {
+    pub c: usize,
+    pub h: usize,
+    pub w: usize,
+    pub o: usize,
+    pub kh: usize,
+    pub kw: usize,
+    pub stride: (usize, usize),
+    pub pad: (usize, usize),
+    pub dil: (usize, usize),
+    pub groups: usize,
+}
+
+impl Conv2d {
+    /// Output height; None when the kernel does not fit.
+    pub fn out_hw(&self) -> Option<(usize, usize)> {
+        let span = |size: usize, pad: usize, dil: usize, k: usize, stride: usize| {
+            (size + 2 * pad)
+                .checked_sub(dil * (k - 1) + 1)
+                .map(|d| d / stride + 1)
+        };
+        Some((
+            span(self.h, self.pad.0, self.dil.0, self.kh, self.stride.0)?,
+            span(self.w, self.pad.1, self.dil.1, self.kw, self.stride.1)?,
+        ))
+    }
+
+    fn oh_ow(&self) -> (usize, usize) {
+        self.out_hw().expect("validated geometry")
+    }
+
+    /// Rows of one group's im2col matrix: its input channels times the kernel area.
+    fn group_rows(&self) -> usize {
+        self.c / self.groups * self.kh * self.kw
+    }
+
+    /// Elements of one sample's im2col matrix [c·kh·kw, oh·ow].
+    pub fn col_len(&self) -> usize {
+        let (oh, ow) = self.oh_ow();
+        self.c * self.kh * self.kw * oh * ow
+    }
+
+    pub fn weight_len(&self) -> usize {
+        self.o * self.group_rows()
+    }
+
+    /// col[(ci, ki, kj), (p, q)] = x[ci, p·s - pad + ki·d, q·s - pad + kj·d] (0 outside).
+    fn im2col(&self, x: &[f32], col: &mut [f32]) {
+        let (oh, ow) = self.oh_ow();
+        let mut row = 0;
+        for ci in 0..self.c {
+            let plane = &x[ci * self.h * self.w..(ci + 1) * self.h * self.w];
+            for ki in 0..self.kh {
+                for kj in 0..self.kw {
+                    let out = &mut col[row * oh * ow..(row + 1) * oh * ow];
+                    for p in 0..oh {
+                        let i =
+                            (p * self.stride.0 + ki * self.dil.0) as isize - self.pad.0 as isize;
+                        let dst = &mut out[p * ow..(p + 1) * ow];
+                        if i < 0 || i >= self.h as isize {
+                            dst.fill(0.0);
+                            continue;
+                        }
+                        let src = &plane[i as usize * self.w..(i as usize + 1) * self.w];
+                        for (q, d) in dst.iter_mut().enumerate() {
+                            let j = (q * self.stride.1 + kj * self.dil.1) as isize
+                                - self.pad.1 as isize;
+                            *d = if j < 0 || j >= self.w as isize {
+                                0.0
+                            } else {
+                                src[j as usize]
+                            };
+                        }
+                    }
+                    row += 1;
+                }
+            }
+        }
+    }
+
+    /// The adjoint of im2col: adds every column entry back into its input position.
+    fn col2im(&self, col: &[f32], dx: &mut [f32]) {
+        let (oh, ow) = self.oh_ow();
+        let mut row = 0;
+        for ci in 0..self.c {
+            let plane = &mut dx[ci * self.h * self.w..(ci + 1) * self.h * self.w];
+            for ki in 0..self.kh {
+                for kj in 0..self.kw {
+                    let src = &col[row * oh * ow..(row + 1) * oh * ow];
+                    for p in 0..oh {
+                        let i =
+                            (p * self.stride.0 + ki * self.dil.0) as isize - self.pad.0 as isize;
+                        if i < 0 || i >= self.h as isize {
+                            continue;
+                        }
+                        let dst = &mut plane[i as usize * self.w..(i as usize + 1) * self.w];
+                        for q in 0..ow {
+                            let j = (q * self.stride.1 + kj * self.dil.1) as isize
+                                - self.pad.1 as isize;
+                            if j >= 0 && j < self.w as isize {
+                                dst[j as usize] += src[p * ow + q];
+                            }
+                        }
+                    }
+                    row += 1;
+                }
+            }
+        }
+    }
+}
+
+/// Scratch the convolution of `threads` threads needs.
+pub fn conv_workspace_len(s: &Conv2d, threads: usize) -> usize {
+    s.col_len() * threads.max(1)
+}
+
+/// Splits `n` samples into one contiguous run per workspace slot.
+fn samples_per_thread(n: usize, workspace: &[f32], col_len: usize) -> usize {
+    let slots = (workspace.len() / col_len.max(1)).max(1);
+    n.div_ceil(slots).max(1)
+}
+
+/// y[n, o, oh, ow] = conv(x[n, c, h, w], W[o, c/g, kh, kw]) + b.
+#[allow(clippy::too_many_arguments)]
+pub fn conv2d_forward(
+    s: &Conv2d,
+    x: &[f32],
+    w: &[f32],
+    b: Option<&[f32]>,
+    y: &mut [f32],
+    n: usize,
+    workspace: &mut [f32],
+) {
+    let (oh, ow) = s.oh_ow();
+    let (in_len, out_len, col_len) = (s.c * s.h * s.w, s.o * oh * ow, s.col_len());
+    let per = samples_per_thread(n, workspace, col_len);
+    let (og, rows) = (s.o / s.groups, s.group_rows());
+    let serial = CpuBackend::new(1);
+    y[..n * out_len]
+        .par_chunks_mut(per * out_len)
+        .zip(workspace.par_chunks_mut(col_len))
+        .enumerate()
+        .for_each(|(t, (ys, col))| {
+            for (j, y_n) in ys.chunks_mut(out_len).enumerate() {
+                let sample = t * per + j;
+                s.im2col(&x[sample * in_len..(sample + 1) * in_len], col);
+                for g in 0..s.groups {
+                    let y_g = &mut y_n[g * og * oh * ow..(g + 1) * og * oh * ow];
+                    if let Some(b) = b {
+                        for (oc, plane) in y_g.chunks_mut(oh * ow).enumerate() {
+                            plane.fill(b[g * og + oc]);
+                        }
+                    }
+                    let w_g = &w[g * og * rows..(g + 1) * og * rows];
+                    let col_g = &col[g * rows * oh * ow..(g + 1) * rows * oh * ow];
+                    serial.matmul(
+                        y_g,
+                        b.is_some(),
+                        w_g,
+                        (rows, 1),
+                        col_g,
+                        (oh * ow, 1),
+                        og,
+                        oh * ow,
+                        rows,
+                    );
+                }
+            }
+        });
+}
+
+/// dW += Σₙ dyₙ·colₙᵀ, db += Σ dy, dx = col2im(Wᵀ·dyₙ) when asked.
+#[allow(clippy::too_many_arguments)]
+pub fn conv2d_backward(
+    cpu: &CpuBackend,
+    s: &Conv2d,
+    x: &[f32],
+    w: &[f32],
+    dy: &[f32],
+    dw: &mut [f32],
+    db: Option<&mut [f32]>,
+    dx: Option<&mut [f32]>,
+    n: usize,
+    workspace: &mut [f32],
+) {
+    let (oh, ow) = s.oh_ow();
+    let (in_len, out_len, col_len) = (s.c * s.h * s.w, s.o * oh * ow, s.col_len());
+    let (og, rows) = (s.o / s.groups, s.group_rows());
+    if let Some(db) = db {
+        for dy_n in dy[..n * out_len].chunks(out_len) {
+            for (oc, plane) in dy_n.chunks(oh * ow).enumerate() {
+                db[oc] += plane.iter().sum::<f32>();
+            }
+        }
+    }
+    // dW: samples in order (a fixed summation order), each GEMM threaded when large enough.
+    let col = &mut workspace[..col_len];
+    for sample in 0..n {
+        s.im2col(&x[sample * in_len..(sample + 1) * in_len], col);
+        let dy_n = &dy[sample * out_len..(sample + 1) * out_len];
+        for g in 0..s.groups {
+            let dy_g = &dy_n[g * og * oh * ow..(g + 1) * og * oh * ow];
+            let col_g = &col[g * rows * oh * ow..(g + 1) * rows * oh * ow];
+            let dw_g = &mut dw[g * og * rows..(g + 1) * og * rows];
+            // dW_g[og, rows] += dy_g[og, ohw] · col_gᵀ[ohw, rows]
+            cpu.matmul(
+                dw_g,
+                true,
+                dy_g,
+                (oh * ow, 1),
+                col_g,
+                (1, oh * ow),
+                og,
+                rows,
+                oh * ow,
+            );
+        }
+    }
+    let Some(dx) = dx else { return };
+    let per = samples_per_thread(n, workspace, col_len);
+    let serial = CpuBackend::new(1);
+    dx[..n * in_len]
+        .par_chunks_mut(per * in_len)
+        .zip(workspace.par_chunks_mut(col_len))
+        .enumerate()
+        .for_each(|(t, (dxs, col))| {
+            for (j, dx_n) in dxs.chunks_mut(in_len).enumerate() {
+                let sample = t * per + j;
+                let dy_n = &dy[sample * out_len..(sample + 1) * out_len];
+                for g in 0..s.groups {
+                    let w_g = &w[g * og * rows..(g + 1) * og * rows];
+                    let dy_g = &dy_n[g * og * oh * ow..(g + 1) * og * oh * ow];
+                    let col_g = &mut col[g * rows * oh * ow..(g + 1) * rows * oh * ow];
+                    // dcol_g[rows, ohw] = W_gᵀ[rows, og] · dy_g[og, ohw]
+                    serial.matmul(
+                        col_g,
+                        false,
+                        w_g,
+                        (1, rows),
+                        dy_g,
+                        (oh * ow, 1),
+                        rows,
+                        oh * ow,
+                        og,
+                    );
+                }
+                dx_n.fill(0.0);
+                s.col2im(col, dx_n);
+            }
+        });
+}
+
+/// Pooling geometry over [c, h, w] planes (PyTorch: stride defaults to the kernel size).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pool2d {
+    pub c: usize,
+    pub h: usize,
+    pub w: usize,
+    pub k: (usize, usize),
+    pub stride: (usize, usize),
+    pub pad: (usize, usize),
+}
+
+impl Pool2d {
+    pub fn out_hw(&self) -> Option<(usize, usize)> {
+        let span = |size: usize, pad: usize, k: usize, stride: usize| {
+            (size + 2 * pad).checked_sub(k).map(|d| d / stride + 1)
+        };
+        Some((
+            span(self.h, self.pad.0, self.k.0, self.stride.0)?,
+            span(self.w, self.pad.1, self.k.1, self.stride.1)?,
+        ))
+    }
+
+    /// Calls `f(p, q, window)` for every output position with the in-bounds input indices of
+    /// its window (row-major within the plane).
+    fn windows(&self, mut f: impl FnMut(usize, usize, &mut dyn Iterator<Item = usize>)) {
+        let (oh, ow) = self.out_hw().expect("validated geometry");
+        for p in 0..oh {
+            for q in 0..ow {
+                let i0 = (p * self.stride.0) as isize - self.pad.0 as isize;
+                let j0 = (q * self.stride.1) as isize - self.pad.1 as isize;
+                let (h, w) = (self.h as isize, self.w as isize);
+                let mut it = (i0..i0 + self.k.0 as isize)
+                    .filter(move |&i| i >= 0 && i < h)
+                    .flat_map(move |i| {
+                        (j0..j0 + self.k.1 as isize)
+                            .filter(move |&j| j >= 0 && j < w)
+                            .map(move |j| (i * w + j) as usize)
+                    });
+                f(p, q, &mut it);
+            }
+        }
+    }
+}
+
+/// Max over each window (padding counts as -inf).
+pub fn maxpool2d_forward(s: &Pool2d, x: &[f32], y: &mut [f32], n: usize) {
+    let (oh, ow) = s.out_hw().expect("validated geometry");
+    for (x_c, y_c) in x[..n * s.c * s.h * s.w]
+        .chunks(s.h * s.w)
+        .zip(y.chunks_mut(oh * ow))
+    {
+        s.windows(|p, q, window| {
+            y_c[p * ow + q] = window.map(|i| x_c[i]).fold(f32::NEG_INFINITY, |m, v| {
+                if v > m || v.is_nan() {
+                    v
+                } else {
+                    m
+                }
+            });
+        });
+    }
+}
+
+/// Routes each output gradient to the first position of its window holding the maximum
+/// (found again from x and y: no index buffer is kept).
+pub fn maxpool2d_backward(s: &Pool2d, x: &[f32], y: &[f32], dy: &[f32], dx: &mut [f32], n: usize) {
+    let (oh, ow) = s.out_hw().expect("validated geometry");
+    let plane = s.h * s.w;
+    dx[..n * s.c * plane].fill(0.0);
+    for ((x_c, y_c), (dy_c, dx_c)) in x[..n * s.c * plane]
+        .chunks(plane)
+        .zip(y.chunks(oh * ow))
+        .zip(dy.chunks(oh * ow).zip(dx.chunks_mut(plane)))
+    {
+        s.windows(|p, q, window| {
+            let target = y_c[p * ow + q];
+            for i in window {
+                if x_c[i] == target || (target.is_nan() && x_c[i].is_nan()) {
+                    dx_c[i] += dy_c[p * ow + q];
+                    break;
+                }
+            }
+        });
+    }
+}
+
+/// Mean over each window, dividing by the full kernel area (count_include_pad = true).
+pub fn avgpool2d_forward(s: &Pool2d, x: &[f32], y: &mut [f32], n: usize) {
+    let (oh, ow) = s.out_hw().expect("validated geometry");
+    let area = (s.k.0 * s.k.1) as f32;
+    for (x_c, y_c) in x[..n * s.c * s.h * s.w]
+        .chunks(s.h * s.w)
+        .zip(y.chunks_mut(oh * ow))
+    {
+        s.windows(|p, q, window| y_c[p * ow + q] = window.map(|i| x_c[i]).sum::<f32>() / area);
+    }
+}
+
+pub fn avgpool2d_backward(s: &Pool2d, dy: &[f32], dx: &mut [f32], n: usize) {
+    let (oh, ow) = s.out_hw().expect("validated geometry");
+    let area = (s.k.0 * s.k.1) as f32;
+    let plane = s.h * s.w;
+    dx[..n * s.c * plane].fill(0.0);
+    for (dy_c, dx_c) in dy[..n * s.c * oh * ow]
+        .chunks(oh * ow)
+        .zip(dx.chunks_mut(plane))
+    {
+        s.windows(|p, q, window| {
+            let g = dy_c[p * ow + q] / area;
+            window.for_each(|i| dx_c[i] += g);
+        });
+    }
+}
+
+/// Batch norm over [n, c, spatial]: statistics per channel over the batch and the spatial
+/// positions. Training uses (and returns through `mean`/`invstd`) the batch statistics and
+/// updates the running ones; evaluation uses the running ones.
+#[allow(clippy::too_many_arguments)]
+pub fn batchnorm_forward(
+    x: &[f32],
+    y: &mut [f32],
+    n: usize,
+    c: usize,
+    spatial: usize,
+    gamma: &[f32],
+    beta: &[f32],
+    running: (&mut [f32], &mut [f32]),
+    (mean, invstd): (&mut [f32], &mut [f32]),
+    train: bool,
+    momentum: f32,
+    eps: f32,
+) {
+    let (running_mean, running_var) = running;
+    let m = (n * spatial) as f64;
+    for ch in 0..c {
+        let values =
+            || (0..n).flat_map(move |s| (0..spatial).map(move |p| (s * c + ch) * spatial + p));
+        if train {
+            let mu = values().map(|i| x[i] as f64).sum::<f64>() / m;
+            let var = values().map(|i| (x[i] as f64 - mu).powi(2)).sum::<f64>() / m;
+            mean[ch] = mu as f32;
+            invstd[ch] = (1.0 / (var + eps as f64).sqrt()) as f32;
+            let unbiased = if m > 1.0 { var * m / (m - 1.0) } else { var };
+            running_mean[ch] = (1.0 - momentum) * running_mean[ch] + momentum * mu as f32;
+            running_var[ch] = (1.0 - momentum) * running_var[ch] + momentum * unbiased as f32;
+        } else {
+            mean[ch] = running_mean[ch];
+            invstd[ch] = 1.0 / (running_var[ch] + eps).sqrt();
+        }
+        for i in values() {
+            y[i] = (x[i] - mean[ch]) * invstd[ch] * gamma[ch] + beta[ch];
+        }
+    }
+}
+
+/// Training-mode backward: dx = γ·invstd·(dy - mean(dy) - x̂·mean(dy·x̂)); dγ += Σ dy·x̂;
+/// dβ += Σ dy.
+#[allow(clippy::too_many_arguments)]
+pub fn batchnorm_backward(
+    x: &[f32],
+    dy: &[f32],
+    dx: Option<&mut [f32]>,
+    n: usize,
+    c: usize,
+    spatial: usize,
+    gamma: &[f32],
+    (mean, invstd): (&[f32], &[f32]),
+    (dgamma, dbeta): (&mut [f32], &mut [f32]),
+) {
+    let m = (n * spatial) as f64;
+    let mut dx = dx;
+    for ch in 0..c {
+        let values =
+            || (0..n).flat_map(move |s| (0..spatial).map(move |p| (s * c + ch) * spatial + p));
+        let xhat = |i: usize| ((x[i] - mean[ch]) * invstd[ch]) as f64;
+        let sum_dy: f64 = values().map(|i| dy[i] as f64).sum();
+        let sum_dy_xhat: f64 = values().map(|i| dy[i] as f64 * xhat(i)).sum();
+        dgamma[ch] += sum_dy_xhat as f32;
+        dbeta[ch] += sum_dy as f32;
+        if let Some(dx) = dx.as_deref_mut() {
+            let scale = gamma[ch] as f64 * invstd[ch] as f64;
+            for i in values() {
+                dx[i] = (scale * (dy[i] as f64 - sum_dy / m - xhat(i) * sum_dy_xhat / m)) as f32;
+            }
+        }
+    }
+}
+
+/// Layer norm over the last `width` values of each of `rows` rows, with γ and β per position.
+/// Saves each row's mean and invstd for the backward pass.
+#[allow(clippy::too_many_arguments)]
+pub fn layernorm_forward(
+    x: &[f32],
+    y: &mut [f32],
+    rows: usize,
+    width: usize,
+    gamma: &[f32],
+    beta: &[f32],
+    (mean, invstd): (&mut [f32], &mut [f32]),
+    eps: f32,
+) {
+    for r in 0..rows {
+        let row = &x[r * width..(r + 1) * width];
+        let mu = row.iter().map(|&v| v as f64).sum::<f64>() / width as f64;
+        let var = row.iter().map(|&v| (v as f64 - mu).powi(2)).sum::<f64>() / width as f64;
+        mean[r] = mu as f32;
+        invstd[r] = (1.0 / (var + eps as f64).sqrt()) as f32;
+        for (j, out) in y[r * width..(r + 1) * width].iter_mut().enumerate() {
+            *out = (row[j] - mean[r]) * invstd[r] * gamma[j] + beta[j];
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn layernorm_backward(
+    x: &[f32],
+    dy: &[f32],
+    dx: Option<&mut [f32]>,
+    rows: usize,
+    width: usize,
+    gamma: &[f32],
+    (mean, invstd): (&[f32], &[f32]),
+    (dgamma, dbeta): (&mut [f32], &mut [f32]),
+) {
+    let mut dx = dx;
+    for r in 0..rows {
+        let (xr, dyr) = (
+            &x[r * width..(r + 1) * width],
+            &dy[r * width..(r + 1) * width],
+        );
+        let xhat = |j: usize| ((xr[j] - mean[r]) * invstd[r]) as f64;
+        let (mut sum_g, mut sum_g_xhat) = (0.0f64, 0.0f64);
+        for j in 0..width {
+            let g = dyr[j] as f64 * gamma[j] as f64;
+            sum_g += g;
+            sum_g_xhat += g * xhat(j);
+            dgamma[j] += dyr[j] * xhat(j) as f32;
+            dbeta[j] += dyr[j];
+        }
+        if let Some(dx) = dx.as_deref_mut() {
+            for j in 0..width {
+                let g = dyr[j] as f64 * gamma[j] as f64;
+                let w = width as f64;
+                dx[r * width + j] =
+                    (invstd[r] as f64 * (g - sum_g / w - xhat(j) * sum_g_xhat / w)) as f32;
+            }
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! The CPU image kernels against PyTorch (tests/fixtures/spatial_reference.json, from
+//! make_spatial_reference.py): conv2d with stride, padding, dilation and groups, max and
+//! average pooling, batch norm (train, running statistics, eval) and layer norm, forward and
+//! every gradient.
+
+mod common;
+
+use serde_json::Value;
+use trainer::tensor::cpu::CpuBackend;
+use trainer::tensor::spatial::*;
+
+fn floats(v: &Value) -> Vec<f32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect()
+}
+
+fn int(v: &Value) -> usize {
+    v.as_u64().unwrap() as usize
+}
+
+fn pair(v: &Value) -> (usize, usize) {
+    (int(&v[0]), int(&v[1]))
+}
+
+fn assert_close(ours: &[f32], torch: &[f32], what: &str) {
+    assert_eq!(ours.len(), torch.len(), "{what}: lengths");
+    let scale = torch.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-6);
+    for (i, (a, b)) in ours.iter().zip(torch).enumerate() {
+        assert!(
+            (a - b).abs() <= 2e-5 * scale,
+            "{what}[{i}]: ours {a} vs PyTorch {b} (scale {scale})"
+        );
+    }
+}
+
+fn cases(op: &str) -> Vec<Value> {
+    let text =
+        std::fs::read_to_string(common::root().join("tests/fixtures/spatial_reference.json"))
+            .unwrap();
+    let v: Value = serde_json::from_str(&text).unwrap();
+    v["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["op"] == op)
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn conv2d_matches_pytorch_forward_and_backward() {
+    let cases = cases("conv2d");
+    assert_eq!(cases.len(), 4);
+    for c in cases {
+        let (k, n) = (pair(&c["k"]), int(&c["n"]));
+        let s = Conv2d {
+            c: int(&c["c"]),
+            h: int(&c["h"]),
+            w: int(&c["w"]),
+            o: int(&c["o"]),
+            kh: k.0,
+            kw: k.1,
+            stride: pair(&c["stride"]),
+            pad: pair(&c["pad"]),
+            dil: pair(&c["dil"]),
+            groups: int(&c["groups"]),
+        };
+        let what = format!("{s:?}");
+        let (x, w, dy) = (floats(&c["x"]), floats(&c["weight"]), floats(&c["dy"]));
+        let b = c["bias"].is_array().then(|| floats(&c["bias"]));
+        for threads in [1, 3] {
+            let mut ws = vec![0.0; conv_workspace_len(&s, threads)];
+            let mut y = vec![f32::NAN; floats(&c["y"]).len()];
+            conv2d_forward(&s, &x, &w, b.as_deref(), &mut y, n, &mut ws);
+            assert_close(
+                &y,
+                &floats(&c["y"]),
+                &format!("{what} y, {threads} threads"),
+            );
+            let (mut dw, mut db, mut dx) =
+                (vec![0.0; w.len()], vec![0.0; s.o], vec![f32::NAN; x.len()]);
+            let db_arg = b.is_some().then_some(&mut db[..]);
+            conv2d_backward(
+                &CpuBackend::new(2),
+                &s,
+                &x,
+                &w,
+                &dy,
+                &mut dw,
+                db_arg,
+                Some(&mut dx),
+                n,
+                &mut ws,
+            );
+            assert_close(&dx, &floats(&c["dx"]), &format!("{what} dx"));
+            assert_close(&dw, &floats(&c["dweight"]), &format!("{what} dW"));
+            if b.is_some() {
+                assert_close(&db, &floats(&c["dbias"]), &format!("{what} db"));
+            }
+        }
+    }
+}
+
+#[test]
+fn pooling_matches_pytorch_forward_and_backward() {
+    for op in ["maxpool2d", "avgpool2d"] {
+        for c in cases(op) {
+            let n = int(&c["n"]);
+            let s = Pool2d {
+                c: int(&c["c"]),
+                h: int(&c["h"]),
+                w: int(&c["w"]),
+                k: pair(&c["k"]),
+                stride: pair(&c["stride"]),
+                pad: pair(&c["pad"]),
+            };
+            let (x, dy) = (floats(&c["x"]), floats(&c["dy"]));
+            let mut y = vec![f32::NAN; dy.len()];
+            let mut dx = vec![f32::NAN; x.len()];
+            if op == "maxpool2d" {
+                maxpool2d_forward(&s, &x, &mut y, n);
+                maxpool2d_backward(&s, &x, &y, &dy, &mut dx, n);
+            } else {
+                avgpool2d_forward(&s, &x, &mut y, n);
+                avgpool2d_backward(&s, &dy, &mut dx, n);
+            }
+            assert_close(&y, &floats(&c["y"]), &format!("{op} {s:?} y"));
+            assert_close(&dx, &floats(&c["dx"]), &format!("{op} {s:?} dx"));
+        }
+    }
+}
+
+#[test]
+fn batchnorm_matches_pytorch_in_training_and_evaluation() {
+    for c in cases("batchnorm") {
+        let (n, ch, sp) = (int(&c["n"]), int(&c["c"]), int(&c["spatial"]));
+        let (momentum, eps) = (
+            c["momentum"].as_f64().unwrap() as f32,
+            c["eps"].as_f64().unwrap() as f32,
+        );
+        let (x, gamma, beta, dy) = (
+            floats(&c["x"]),
+            floats(&c["gamma"]),
+            floats(&c["beta"]),
+            floats(&c["dy"]),
+        );
+        let (mut rm, mut rv) = (floats(&c["running_mean0"]), floats(&c["running_var0"]));
+        let (mut mean, mut invstd) = (vec![0.0; ch], vec![0.0; ch]);
+        let mut y = vec![f32::NAN; x.len()];
+        batchnorm_forward(
+            &x,
+            &mut y,
+            n,
+            ch,
+            sp,
+            &gamma,
+            &beta,
+            (&mut rm, &mut rv),
+            (&mut mean, &mut invstd),
+            true,
+            momentum,
+            eps,
+        );
+        assert_close(&y, &floats(&c["y"]), "batchnorm y");
+        assert_close(&rm, &floats(&c["running_mean"]), "running mean");
+        assert_close(&rv, &floats(&c["running_var"]), "running var");
+        let (mut dx, mut dg, mut dbeta) = (vec![f32::NAN; x.len()], vec![0.0; ch], vec![0.0; ch]);
+        batchnorm_backward(
+            &x,
+            &dy,
+            Some(&mut dx),
+            n,
+            ch,
+            sp,
+            &gamma,
+            (&mean, &invstd),
+            (&mut dg, &mut dbeta),
+        );
+        assert_close(&dx, &floats(&c["dx"]), "batchnorm dx");
+        assert_close(&dg, &floats(&c["dgamma"]), "batchnorm dgamma");
+        assert_close(&dbeta, &floats(&c["dbeta"]), "batchnorm dbeta");
+        let mut y_eval = vec![f32::NAN; x.len()];
+        batchnorm_forward(
+            &x,
+            &mut y_eval,
+            n,
+            ch,
+            sp,
+            &gamma,
+            &beta,
+            (&mut rm, &mut rv),
+            (&mut mean, &mut invstd),
+            false,
+            momentum,
+            eps,
+        );
+        assert_close(&y_eval, &floats(&c["y_eval"]), "batchnorm eval y");
+    }
+}
+
+#[test]
+fn layernorm_matches_pytorch() {
+    for c in cases("layernorm") {
+        let (rows, width, eps) = (
+            int(&c["rows"]),
+            int(&c["width"]),
+            c["eps"].as_f64().unwrap() as f32,
+        );
+        let (x, gamma, beta, dy) = (
+            floats(&c["x"]),
+            floats(&c["gamma"]),
+            floats(&c["beta"]),
+            floats(&c["dy"]),
+        );
+        let (mut mean, mut invstd) = (vec![0.0; rows], vec![0.0; rows]);
+        let mut y = vec![f32::NAN; x.len()];
+        layernorm_forward(
+            &x,
+            &mut y,
+            rows,
+            width,
+            &gamma,
+            &beta,
+            (&mut mean, &mut invstd),
+            eps,
+        );
+        assert_close(&y, &floats(&c["y"]), "layernorm y");
+        let (mut dx, mut dg, mut db) =
+            (vec![f32::NAN; x.len()], vec![0.0; width], vec![0.0; width]);
+        layernorm_backward(
+            &x,
+            &dy,
+            Some(&mut dx),
+            rows,
+            width,
+            &gamma,
+            (&mean, &invstd),
+            (&mut dg, &mut db),
+        );
+        assert_close(&dx, &floats(&c["dx"]), "layernorm dx");
+        assert_close(&dg, &floats(&c["dgamma"]), "layernorm dgamma");
+        assert_close(&db, &floats(&c["dbeta"]), "layernorm dbeta");
+    }
+}
