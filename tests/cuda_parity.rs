@@ -421,3 +421,287 @@ fn mlp_job_on_cuda_follows_the_cpu_loss_curve() {
         }
     }
 }
+
+#[test]
+fn image_layers_match_the_cpu() {
+    use trainer::tensor::{Conv2d, Pool2d, PoolKind};
+    let Some(g) = gpu() else { return };
+    let cpu = CpuBackend::new(2);
+    let convs = [
+        Conv2d {
+            c: 3,
+            h: 13,
+            w: 11,
+            o: 8,
+            kh: 3,
+            kw: 3,
+            stride: (1, 1),
+            pad: (1, 1),
+            dil: (1, 1),
+            groups: 1,
+        },
+        Conv2d {
+            c: 4,
+            h: 9,
+            w: 9,
+            o: 6,
+            kh: 3,
+            kw: 2,
+            stride: (2, 1),
+            pad: (1, 0),
+            dil: (1, 2),
+            groups: 2,
+        },
+        Conv2d {
+            c: 32,
+            h: 14,
+            w: 14,
+            o: 64,
+            kh: 3,
+            kw: 3,
+            stride: (1, 1),
+            pad: (1, 1),
+            dil: (1, 1),
+            groups: 1,
+        },
+    ];
+    let n = 5;
+    for s in convs {
+        let (oh, ow) = s.out_hw().unwrap();
+        let (in_len, out_len) = (n * s.c * s.h * s.w, n * s.o * oh * ow);
+        let params = random_vec(s.weight_len() + s.o, 20);
+        let bias = Some(s.weight_len());
+        let (x, dy) = (random_vec(in_len, 21), random_vec(out_len, 22));
+        let mut ws_cpu = vec![0.0; cpu.conv_workspace_len(&s, n)];
+        let mut ws_gpu = g.alloc(g.conv_workspace_len(&s, n)).unwrap();
+        let mut y_cpu = vec![f32::NAN; out_len];
+        cpu.conv2d_forward(&s, &x, &params, 0, bias, &mut y_cpu, n, &mut ws_cpu);
+        let (xg, pg) = (up(&g, &x), up(&g, &params));
+        let mut yg = poisoned(&g, out_len);
+        g.conv2d_forward(&s, &xg, &pg, 0, bias, &mut yg, n, &mut ws_gpu);
+        assert_close(
+            &down(&g, &yg, out_len),
+            &y_cpu,
+            &format!("conv {s:?} forward"),
+        );
+        let grads0 = random_vec(params.len(), 23);
+        let (mut gr_cpu, mut dx_cpu) = (grads0.clone(), vec![f32::NAN; in_len]);
+        cpu.conv2d_backward(
+            &s,
+            &x,
+            &dy,
+            &params,
+            &mut gr_cpu,
+            0,
+            bias,
+            Some(&mut dx_cpu),
+            n,
+            &mut ws_cpu,
+        );
+        let (mut gr_gpu, mut dxg) = (up(&g, &grads0), poisoned(&g, in_len));
+        g.conv2d_backward(
+            &s,
+            &xg,
+            &up(&g, &dy),
+            &pg,
+            &mut gr_gpu,
+            0,
+            bias,
+            Some(&mut dxg),
+            n,
+            &mut ws_gpu,
+        );
+        assert_close(
+            &down(&g, &gr_gpu, params.len()),
+            &gr_cpu,
+            &format!("conv {s:?} dW/db"),
+        );
+        assert_close(&down(&g, &dxg, in_len), &dx_cpu, &format!("conv {s:?} dx"));
+    }
+    for (kind, s) in [
+        (
+            PoolKind::Max,
+            Pool2d {
+                c: 3,
+                h: 8,
+                w: 8,
+                k: (2, 2),
+                stride: (2, 2),
+                pad: (0, 0),
+            },
+        ),
+        (
+            PoolKind::Max,
+            Pool2d {
+                c: 2,
+                h: 7,
+                w: 9,
+                k: (3, 3),
+                stride: (2, 2),
+                pad: (1, 1),
+            },
+        ),
+        (
+            PoolKind::Avg,
+            Pool2d {
+                c: 2,
+                h: 7,
+                w: 9,
+                k: (3, 3),
+                stride: (2, 2),
+                pad: (1, 1),
+            },
+        ),
+        (
+            PoolKind::Avg,
+            Pool2d {
+                c: 4,
+                h: 7,
+                w: 7,
+                k: (7, 7),
+                stride: (7, 7),
+                pad: (0, 0),
+            },
+        ),
+    ] {
+        let (oh, ow) = s.out_hw().unwrap();
+        let (in_len, out_len) = (n * s.c * s.h * s.w, n * s.c * oh * ow);
+        let (x, dy) = (random_vec(in_len, 24), random_vec(out_len, 25));
+        let mut y_cpu = vec![f32::NAN; out_len];
+        cpu.pool2d_forward(kind, &s, &x, &mut y_cpu, n);
+        let (xg, mut yg) = (up(&g, &x), poisoned(&g, out_len));
+        g.pool2d_forward(kind, &s, &xg, &mut yg, n);
+        assert_close(
+            &down(&g, &yg, out_len),
+            &y_cpu,
+            &format!("{kind:?} {s:?} forward"),
+        );
+        let mut dx_cpu = vec![f32::NAN; in_len];
+        cpu.pool2d_backward(kind, &s, &x, &y_cpu, &dy, &mut dx_cpu, n);
+        let mut dxg = poisoned(&g, in_len);
+        g.pool2d_backward(kind, &s, &xg, &yg, &up(&g, &dy), &mut dxg, n);
+        assert_close(
+            &down(&g, &dxg, in_len),
+            &dx_cpu,
+            &format!("{kind:?} {s:?} backward"),
+        );
+    }
+    let (c, spatial) = (6, 49);
+    let len = n * c * spatial;
+    let (x, dy) = (random_vec(len, 26), random_vec(len, 27));
+    let params = random_vec(2 * c, 28);
+    let mut state0 = random_vec(4 * c, 29);
+    state0[c..2 * c].iter_mut().for_each(|v| *v = v.abs() + 0.5); // a running variance
+    for train in [true, false] {
+        let (mut st_cpu, mut y_cpu) = (state0.clone(), vec![f32::NAN; len]);
+        cpu.batchnorm_forward(
+            &x,
+            &mut y_cpu,
+            (n, c, spatial),
+            &params,
+            0,
+            &mut st_cpu,
+            train,
+            0.1,
+            1e-5,
+        );
+        let (mut st_gpu, mut yg) = (up(&g, &state0), poisoned(&g, len));
+        let (xg, pg) = (up(&g, &x), up(&g, &params));
+        g.batchnorm_forward(
+            &xg,
+            &mut yg,
+            (n, c, spatial),
+            &pg,
+            0,
+            &mut st_gpu,
+            train,
+            0.1,
+            1e-5,
+        );
+        assert_close(
+            &down(&g, &yg, len),
+            &y_cpu,
+            &format!("batch norm train={train}"),
+        );
+        assert_close(
+            &down(&g, &st_gpu, 4 * c),
+            &st_cpu,
+            &format!("batch norm state train={train}"),
+        );
+        if train {
+            let (mut gr_cpu, mut dx_cpu) = (vec![0.5; 2 * c], vec![f32::NAN; len]);
+            cpu.batchnorm_backward(
+                &x,
+                &dy,
+                Some(&mut dx_cpu),
+                (n, c, spatial),
+                &params,
+                &mut gr_cpu,
+                0,
+                &st_cpu,
+            );
+            let (mut gr_gpu, mut dxg) = (up(&g, &[0.5; 12]), poisoned(&g, len));
+            g.batchnorm_backward(
+                &xg,
+                &up(&g, &dy),
+                Some(&mut dxg),
+                (n, c, spatial),
+                &pg,
+                &mut gr_gpu,
+                0,
+                &st_gpu,
+            );
+            assert_close(&down(&g, &dxg, len), &dx_cpu, "batch norm dx");
+            assert_close(
+                &down(&g, &gr_gpu, 2 * c),
+                &gr_cpu,
+                "batch norm dgamma/dbeta",
+            );
+        }
+    }
+    let (rows, width) = (37, 300);
+    let (x, dy) = (random_vec(rows * width, 30), random_vec(rows * width, 31));
+    let params = random_vec(2 * width, 32);
+    let (mut saved_cpu, mut y_cpu) = (vec![0.0; 2 * rows], vec![f32::NAN; rows * width]);
+    cpu.layernorm_forward(
+        &x,
+        &mut y_cpu,
+        (rows, width),
+        &params,
+        0,
+        &mut saved_cpu,
+        1e-5,
+    );
+    let (xg, pg) = (up(&g, &x), up(&g, &params));
+    let (mut saved_gpu, mut yg) = (g.alloc(2 * rows).unwrap(), poisoned(&g, rows * width));
+    g.layernorm_forward(&xg, &mut yg, (rows, width), &pg, 0, &mut saved_gpu, 1e-5);
+    assert_close(&down(&g, &yg, rows * width), &y_cpu, "layer norm forward");
+    let (mut gr_cpu, mut dx_cpu) = (vec![0.0; 2 * width], vec![f32::NAN; rows * width]);
+    cpu.layernorm_backward(
+        &x,
+        &dy,
+        Some(&mut dx_cpu),
+        (rows, width),
+        &params,
+        &mut gr_cpu,
+        0,
+        &saved_cpu,
+    );
+    let (mut gr_gpu, mut dxg) = (g.alloc(2 * width).unwrap(), poisoned(&g, rows * width));
+    g.layernorm_backward(
+        &xg,
+        &up(&g, &dy),
+        Some(&mut dxg),
+        (rows, width),
+        &pg,
+        &mut gr_gpu,
+        0,
+        &saved_gpu,
+    );
+    assert_close(&down(&g, &dxg, rows * width), &dx_cpu, "layer norm dx");
+    assert_close(
+        &down(&g, &gr_gpu, 2 * width),
+        &gr_cpu,
+        "layer norm dgamma/dbeta",
+    );
+}

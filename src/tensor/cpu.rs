@@ -2,7 +2,8 @@
 //! for users without a GPU. Matrix products go through the `gemm` crate (AVX2/AVX-512
 //! kernels, threaded with rayon); large elementwise passes are split across the same threads.
 
-use super::{rng, Activation, AdamStep, Backend, LossFn, LossStats, SgdStep};
+use super::spatial::{self, Conv2d, Pool2d};
+use super::{rng, Activation, AdamStep, Backend, LossFn, LossStats, PoolKind, SgdStep};
 use crate::error::Result;
 use gemm::Parallelism;
 use rayon::prelude::*;
@@ -113,6 +114,172 @@ fn map2(out: &mut [f32], a: &[f32], f: impl Fn(&mut [f32], &[f32], usize) + Sync
 impl Backend for CpuBackend {
     type Buf = Vec<f32>;
     type Stats = LossStats;
+
+    fn conv_workspace_len(&self, s: &Conv2d, _max_batch: usize) -> usize {
+        spatial::conv_workspace_len(s, self.threads)
+    }
+
+    fn conv2d_forward(
+        &self,
+        s: &Conv2d,
+        x: &Vec<f32>,
+        params: &Vec<f32>,
+        w: usize,
+        b: Option<usize>,
+        y: &mut Vec<f32>,
+        n: usize,
+        workspace: &mut Vec<f32>,
+    ) {
+        let weight = &params[w..w + s.weight_len()];
+        let bias = b.map(|b| &params[b..b + s.o]);
+        spatial::conv2d_forward(s, x, weight, bias, y, n, workspace);
+    }
+
+    fn conv2d_backward(
+        &self,
+        s: &Conv2d,
+        x: &Vec<f32>,
+        dy: &Vec<f32>,
+        params: &Vec<f32>,
+        grads: &mut Vec<f32>,
+        w: usize,
+        b: Option<usize>,
+        dx: Option<&mut Vec<f32>>,
+        n: usize,
+        workspace: &mut Vec<f32>,
+    ) {
+        let weight = &params[w..w + s.weight_len()];
+        // The bias follows the weight in the flat buffer (see graph::Graph::build).
+        let (dw, rest) = grads[w..].split_at_mut(s.weight_len());
+        let db = b.map(|b| &mut rest[b - w - s.weight_len()..][..s.o]);
+        spatial::conv2d_backward(
+            self,
+            s,
+            x,
+            weight,
+            dy,
+            dw,
+            db,
+            dx.map(|d| &mut d[..]),
+            n,
+            workspace,
+        );
+    }
+
+    fn pool2d_forward(&self, kind: PoolKind, s: &Pool2d, x: &Vec<f32>, y: &mut Vec<f32>, n: usize) {
+        match kind {
+            PoolKind::Max => spatial::maxpool2d_forward(s, x, y, n),
+            PoolKind::Avg => spatial::avgpool2d_forward(s, x, y, n),
+        }
+    }
+
+    fn pool2d_backward(
+        &self,
+        kind: PoolKind,
+        s: &Pool2d,
+        x: &Vec<f32>,
+        y: &Vec<f32>,
+        dy: &Vec<f32>,
+        dx: &mut Vec<f32>,
+        n: usize,
+    ) {
+        match kind {
+            PoolKind::Max => spatial::maxpool2d_backward(s, x, y, dy, dx, n),
+            PoolKind::Avg => spatial::avgpool2d_backward(s, dy, dx, n),
+        }
+    }
+
+    fn batchnorm_forward(
+        &self,
+        x: &Vec<f32>,
+        y: &mut Vec<f32>,
+        (n, c, spatial): (usize, usize, usize),
+        params: &Vec<f32>,
+        gamma: usize,
+        state: &mut Vec<f32>,
+        train: bool,
+        momentum: f32,
+        eps: f32,
+    ) {
+        let (g, b) = (&params[gamma..gamma + c], &params[gamma + c..gamma + 2 * c]);
+        let (running, saved) = state[..4 * c].split_at_mut(2 * c);
+        let running = running.split_at_mut(c);
+        let saved = saved.split_at_mut(c);
+        spatial::batchnorm_forward(
+            x, y, n, c, spatial, g, b, running, saved, train, momentum, eps,
+        );
+    }
+
+    fn batchnorm_backward(
+        &self,
+        x: &Vec<f32>,
+        dy: &Vec<f32>,
+        dx: Option<&mut Vec<f32>>,
+        (n, c, spatial): (usize, usize, usize),
+        params: &Vec<f32>,
+        grads: &mut Vec<f32>,
+        gamma: usize,
+        state: &Vec<f32>,
+    ) {
+        let (dgamma, dbeta) = grads[gamma..gamma + 2 * c].split_at_mut(c);
+        let saved = (&state[2 * c..3 * c], &state[3 * c..4 * c]);
+        let g = &params[gamma..gamma + c];
+        spatial::batchnorm_backward(
+            x,
+            dy,
+            dx.map(|d| &mut d[..]),
+            n,
+            c,
+            spatial,
+            g,
+            saved,
+            (dgamma, dbeta),
+        );
+    }
+
+    fn layernorm_forward(
+        &self,
+        x: &Vec<f32>,
+        y: &mut Vec<f32>,
+        (rows, width): (usize, usize),
+        params: &Vec<f32>,
+        gamma: usize,
+        saved: &mut Vec<f32>,
+        eps: f32,
+    ) {
+        let (g, b) = (
+            &params[gamma..gamma + width],
+            &params[gamma + width..gamma + 2 * width],
+        );
+        let (mean, invstd) = saved[..2 * rows].split_at_mut(rows);
+        spatial::layernorm_forward(x, y, rows, width, g, b, (mean, invstd), eps);
+    }
+
+    fn layernorm_backward(
+        &self,
+        x: &Vec<f32>,
+        dy: &Vec<f32>,
+        dx: Option<&mut Vec<f32>>,
+        (rows, width): (usize, usize),
+        params: &Vec<f32>,
+        grads: &mut Vec<f32>,
+        gamma: usize,
+        saved: &Vec<f32>,
+    ) {
+        let (dgamma, dbeta) = grads[gamma..gamma + 2 * width].split_at_mut(width);
+        let stats = (&saved[..rows], &saved[rows..2 * rows]);
+        let g = &params[gamma..gamma + width];
+        spatial::layernorm_backward(
+            x,
+            dy,
+            dx.map(|d| &mut d[..]),
+            rows,
+            width,
+            g,
+            stats,
+            (dgamma, dbeta),
+        );
+    }
 
     fn describe(&self) -> String {
         format!("cpu ({} threads)", self.threads)

@@ -12,6 +12,16 @@ pub mod rng;
 pub mod spatial;
 
 use crate::error::Result;
+pub use spatial::{Conv2d, Pool2d};
+
+/// Which pooling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolKind {
+    /// Maximum over the window; padding counts as -inf.
+    Max,
+    /// Mean over the full window area (padding counts as 0: count_include_pad).
+    Avg,
+}
 
 /// Elementwise activation functions, with PyTorch's definitions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -175,6 +185,109 @@ pub trait Backend {
         exp_avg: &mut Self::Buf,
         exp_avg_sq: &mut Self::Buf,
         h: &AdamStep,
+    );
+
+    /// f32 elements of scratch `conv2d_*` needs for batches of up to `max_batch`.
+    fn conv_workspace_len(&self, s: &Conv2d, max_batch: usize) -> usize;
+    /// y[n, o, oh, ow] = conv(x, W) + b, W = params[w..] as [o, c/groups, kh, kw].
+    #[allow(clippy::too_many_arguments)]
+    fn conv2d_forward(
+        &self,
+        s: &Conv2d,
+        x: &Self::Buf,
+        params: &Self::Buf,
+        w: usize,
+        b: Option<usize>,
+        y: &mut Self::Buf,
+        n: usize,
+        workspace: &mut Self::Buf,
+    );
+    /// grads[W] += ∂/∂W, grads[b] += ∂/∂b, dx = ∂/∂x when given.
+    #[allow(clippy::too_many_arguments)]
+    fn conv2d_backward(
+        &self,
+        s: &Conv2d,
+        x: &Self::Buf,
+        dy: &Self::Buf,
+        params: &Self::Buf,
+        grads: &mut Self::Buf,
+        w: usize,
+        b: Option<usize>,
+        dx: Option<&mut Self::Buf>,
+        n: usize,
+        workspace: &mut Self::Buf,
+    );
+    fn pool2d_forward(
+        &self,
+        kind: PoolKind,
+        s: &Pool2d,
+        x: &Self::Buf,
+        y: &mut Self::Buf,
+        n: usize,
+    );
+    #[allow(clippy::too_many_arguments)]
+    fn pool2d_backward(
+        &self,
+        kind: PoolKind,
+        s: &Pool2d,
+        x: &Self::Buf,
+        y: &Self::Buf,
+        dy: &Self::Buf,
+        dx: &mut Self::Buf,
+        n: usize,
+    );
+    /// Batch norm over [n, c, spatial] with γ = params[gamma..], β = params[gamma + c..] and
+    /// `state` = [running mean | running var | batch mean | batch invstd] (c each).
+    #[allow(clippy::too_many_arguments)]
+    fn batchnorm_forward(
+        &self,
+        x: &Self::Buf,
+        y: &mut Self::Buf,
+        shape: (usize, usize, usize),
+        params: &Self::Buf,
+        gamma: usize,
+        state: &mut Self::Buf,
+        train: bool,
+        momentum: f32,
+        eps: f32,
+    );
+    /// Training-mode backward; uses the batch statistics the forward pass saved in `state`.
+    #[allow(clippy::too_many_arguments)]
+    fn batchnorm_backward(
+        &self,
+        x: &Self::Buf,
+        dy: &Self::Buf,
+        dx: Option<&mut Self::Buf>,
+        shape: (usize, usize, usize),
+        params: &Self::Buf,
+        grads: &mut Self::Buf,
+        gamma: usize,
+        state: &Self::Buf,
+    );
+    /// Layer norm over rows of `width`, γ = params[gamma..], β = params[gamma + width..];
+    /// `saved` = [mean | invstd] per row.
+    #[allow(clippy::too_many_arguments)]
+    fn layernorm_forward(
+        &self,
+        x: &Self::Buf,
+        y: &mut Self::Buf,
+        shape: (usize, usize),
+        params: &Self::Buf,
+        gamma: usize,
+        saved: &mut Self::Buf,
+        eps: f32,
+    );
+    #[allow(clippy::too_many_arguments)]
+    fn layernorm_backward(
+        &self,
+        x: &Self::Buf,
+        dy: &Self::Buf,
+        dx: Option<&mut Self::Buf>,
+        shape: (usize, usize),
+        params: &Self::Buf,
+        grads: &mut Self::Buf,
+        gamma: usize,
+        saved: &Self::Buf,
     );
 
     /// The first failure of any op so far (devices report errors late); checked every step.

@@ -7,7 +7,7 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 use std::path::PathBuf;
 
 /// Every kernel file, in the order they are concatenated after common.cuh.
-pub const SOURCES: [(&str, &str); 4] = [
+pub const SOURCES: [(&str, &str); 5] = [
     ("cast.cu", include_str!("../../../kernels/cast.cu")),
     (
         "elementwise.cu",
@@ -15,6 +15,7 @@ pub const SOURCES: [(&str, &str); 4] = [
     ),
     ("loss.cu", include_str!("../../../kernels/loss.cu")),
     ("optim.cu", include_str!("../../../kernels/optim.cu")),
+    ("spatial.cu", include_str!("../../../kernels/spatial.cu")),
 ];
 const COMMON: &str = include_str!("../../../kernels/common.cuh");
 

@@ -6,12 +6,12 @@
 
 pub mod kernels;
 
-use super::{Activation, AdamStep, Backend, LossFn, LossStats, SgdStep};
+use super::{Activation, AdamStep, Backend, Conv2d, LossFn, LossStats, Pool2d, PoolKind, SgdStep};
 use crate::error::{Error, Result};
 use cudarc::cublas::sys::{cublasMath_t, cublasOperation_t};
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
@@ -85,6 +85,117 @@ struct Functions {
     sum_partials: CudaFunction,
     sgd_step: CudaFunction,
     adam_step: CudaFunction,
+    im2col: CudaFunction,
+    col2im: CudaFunction,
+    cn_to_nchw: CudaFunction,
+    nchw_to_cn: CudaFunction,
+    row_sums_add: CudaFunction,
+    pool2d_forward: CudaFunction,
+    pool2d_backward: CudaFunction,
+    batchnorm_forward: CudaFunction,
+    batchnorm_backward: CudaFunction,
+    layernorm_forward: CudaFunction,
+    layernorm_backward: CudaFunction,
+    layernorm_param_grads: CudaFunction,
+}
+
+/// kernels/spatial.cu's ConvGeom, field for field.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ConvGeom {
+    n: u64,
+    c: u64,
+    h: u64,
+    w: u64,
+    o: u64,
+    kh: u64,
+    kw: u64,
+    sh: u64,
+    sw: u64,
+    ph: u64,
+    pw: u64,
+    dh: u64,
+    dw: u64,
+    oh: u64,
+    ow: u64,
+}
+
+// SAFETY: plain u64 fields, #[repr(C)], matching the kernel's struct.
+unsafe impl DeviceRepr for ConvGeom {}
+
+impl ConvGeom {
+    fn new(s: &Conv2d, n: usize) -> Self {
+        let (oh, ow) = s.out_hw().expect("validated geometry");
+        let u = |v: usize| v as u64;
+        ConvGeom {
+            n: u(n),
+            c: u(s.c),
+            h: u(s.h),
+            w: u(s.w),
+            o: u(s.o),
+            kh: u(s.kh),
+            kw: u(s.kw),
+            sh: u(s.stride.0),
+            sw: u(s.stride.1),
+            ph: u(s.pad.0),
+            pw: u(s.pad.1),
+            dh: u(s.dil.0),
+            dw: u(s.dil.1),
+            oh: u(oh),
+            ow: u(ow),
+        }
+    }
+}
+
+/// kernels/spatial.cu's PoolGeom.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct PoolGeom {
+    n: u64,
+    c: u64,
+    h: u64,
+    w: u64,
+    kh: u64,
+    kw: u64,
+    sh: u64,
+    sw: u64,
+    ph: u64,
+    pw: u64,
+    oh: u64,
+    ow: u64,
+}
+
+// SAFETY: plain u64 fields, #[repr(C)], matching the kernel's struct.
+unsafe impl DeviceRepr for PoolGeom {}
+
+impl PoolGeom {
+    fn new(s: &Pool2d, n: usize) -> Self {
+        let (oh, ow) = s.out_hw().expect("validated geometry");
+        let u = |v: usize| v as u64;
+        PoolGeom {
+            n: u(n),
+            c: u(s.c),
+            h: u(s.h),
+            w: u(s.w),
+            kh: u(s.k.0),
+            kw: u(s.k.1),
+            sh: u(s.stride.0),
+            sw: u(s.stride.1),
+            ph: u(s.pad.0),
+            pw: u(s.pad.1),
+            oh: u(oh),
+            ow: u(ow),
+        }
+    }
+}
+
+/// One block per item (channel or row), 256 threads reducing together.
+fn per_item(items: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (items.max(1) as u32, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 pub struct CudaBackend {
@@ -176,6 +287,18 @@ impl CudaBackend {
             sum_partials: load("sum_partials")?,
             sgd_step: load("sgd_step")?,
             adam_step: load("adam_step")?,
+            im2col: load("im2col")?,
+            col2im: load("col2im")?,
+            cn_to_nchw: load("cn_to_nchw")?,
+            nchw_to_cn: load("nchw_to_cn")?,
+            row_sums_add: load("row_sums_add")?,
+            pool2d_forward: load("pool2d_forward")?,
+            pool2d_backward: load("pool2d_backward")?,
+            batchnorm_forward: load("batchnorm_forward")?,
+            batchnorm_backward: load("batchnorm_backward")?,
+            layernorm_forward: load("layernorm_forward")?,
+            layernorm_backward: load("layernorm_backward")?,
+            layernorm_param_grads: load("layernorm_param_grads")?,
         };
         let blas =
             CudaBlas::new(stream.clone()).map_err(|e| cuda_err("creating the cuBLAS handle", e))?;
@@ -307,6 +430,335 @@ impl CudaBackend {
 impl Backend for CudaBackend {
     type Buf = CudaSlice<f32>;
     type Stats = CudaSlice<f64>;
+
+    fn conv_workspace_len(&self, s: &Conv2d, max_batch: usize) -> usize {
+        // col [c·kh·kw, n·p] and the output in GEMM layout [o, n·p].
+        let (oh, ow) = s.out_hw().expect("validated geometry");
+        (s.c * s.kh * s.kw + s.o) * max_batch * oh * ow
+    }
+
+    fn conv2d_forward(
+        &self,
+        s: &Conv2d,
+        x: &CudaSlice<f32>,
+        params: &CudaSlice<f32>,
+        w: usize,
+        b: Option<usize>,
+        y: &mut CudaSlice<f32>,
+        n: usize,
+        workspace: &mut CudaSlice<f32>,
+    ) {
+        let geom = ConvGeom::new(s, n);
+        let (plane, ckk) = ((geom.oh * geom.ow) as usize, s.c * s.kh * s.kw);
+        let cols = n * plane;
+        let (mut col, mut ycn) = workspace.split_at_mut(ckk * cols);
+        let mut l = self.stream.launch_builder(&self.f.im2col);
+        l.arg(x).arg(&geom).arg(&mut col);
+        // SAFETY: reads x [n, c, h, w], writes ckk·cols elements of col.
+        self.launch("im2col", unsafe { l.launch(grid(ckk * cols)) }.map(|_| ()));
+        let (og, rows) = (s.o / s.groups, ckk / s.groups);
+        for g in 0..s.groups {
+            let weight = params.slice(w + g * og * rows..w + (g + 1) * og * rows);
+            let col_g = col.slice(g * rows * cols..(g + 1) * rows * cols);
+            let mut out_g = ycn.slice_mut(g * og * cols..(g + 1) * og * cols);
+            self.gemm(
+                "conv forward",
+                (og, cols, rows),
+                &weight,
+                false,
+                &col_g,
+                false,
+                &mut out_g,
+                false,
+            );
+        }
+        let (n64, o64, p64) = (n as u64, s.o as u64, plane as u64);
+        let has_bias = i32::from(b.is_some());
+        let bias = params.slice(b.unwrap_or(0)..);
+        let ycn = ycn.slice(..);
+        let mut l = self.stream.launch_builder(&self.f.cn_to_nchw);
+        l.arg(&ycn)
+            .arg(&bias)
+            .arg(&has_bias)
+            .arg(&n64)
+            .arg(&o64)
+            .arg(&p64)
+            .arg(&mut *y);
+        // SAFETY: reads o·n·p of ycn (and o biases when has_bias), writes n·o·p of y.
+        self.launch(
+            "conv layout",
+            unsafe { l.launch(grid(n * s.o * plane)) }.map(|_| ()),
+        );
+    }
+
+    fn conv2d_backward(
+        &self,
+        s: &Conv2d,
+        x: &CudaSlice<f32>,
+        dy: &CudaSlice<f32>,
+        params: &CudaSlice<f32>,
+        grads: &mut CudaSlice<f32>,
+        w: usize,
+        b: Option<usize>,
+        dx: Option<&mut CudaSlice<f32>>,
+        n: usize,
+        workspace: &mut CudaSlice<f32>,
+    ) {
+        let geom = ConvGeom::new(s, n);
+        let (plane, ckk) = ((geom.oh * geom.ow) as usize, s.c * s.kh * s.kw);
+        let cols = n * plane;
+        let (n64, o64, p64) = (n as u64, s.o as u64, plane as u64);
+        let (mut col, mut dycn) = workspace.split_at_mut(ckk * cols);
+        let mut l = self.stream.launch_builder(&self.f.nchw_to_cn);
+        l.arg(dy).arg(&n64).arg(&o64).arg(&p64).arg(&mut dycn);
+        // SAFETY: reads n·o·p of dy, writes o·n·p of dycn.
+        self.launch(
+            "conv layout",
+            unsafe { l.launch(grid(n * s.o * plane)) }.map(|_| ()),
+        );
+        if let Some(b) = b {
+            let cols64 = cols as u64;
+            let mut db = grads.slice_mut(b..b + s.o);
+            let dycn = dycn.slice(..);
+            let mut l = self.stream.launch_builder(&self.f.row_sums_add);
+            l.arg(&dycn).arg(&o64).arg(&cols64).arg(&mut db);
+            // SAFETY: reads o rows of cols values, adds into o biases.
+            self.launch(
+                "conv bias gradient",
+                unsafe { l.launch(per_item(s.o.min(65_535))) }.map(|_| ()),
+            );
+        }
+        let mut l = self.stream.launch_builder(&self.f.im2col);
+        l.arg(x).arg(&geom).arg(&mut col);
+        // SAFETY: as in the forward pass.
+        self.launch("im2col", unsafe { l.launch(grid(ckk * cols)) }.map(|_| ()));
+        let (og, rows) = (s.o / s.groups, ckk / s.groups);
+        for g in 0..s.groups {
+            // dW_g[og, rows] += dY_g[og, cols] · col_gᵀ (col_g stored [rows, cols])
+            let dy_g = dycn.slice(g * og * cols..(g + 1) * og * cols);
+            let col_g = col.slice(g * rows * cols..(g + 1) * rows * cols);
+            let mut dw = grads.slice_mut(w + g * og * rows..w + (g + 1) * og * rows);
+            self.gemm(
+                "conv dW",
+                (og, rows, cols),
+                &dy_g,
+                false,
+                &col_g,
+                true,
+                &mut dw,
+                true,
+            );
+        }
+        let Some(dx) = dx else { return };
+        for g in 0..s.groups {
+            // dcol_g[rows, cols] = W_gᵀ (W_g stored [og, rows]) · dY_g[og, cols]
+            let weight = params.slice(w + g * og * rows..w + (g + 1) * og * rows);
+            let dy_g = dycn.slice(g * og * cols..(g + 1) * og * cols);
+            let mut col_g = col.slice_mut(g * rows * cols..(g + 1) * rows * cols);
+            self.gemm(
+                "conv dcol",
+                (rows, cols, og),
+                &weight,
+                true,
+                &dy_g,
+                false,
+                &mut col_g,
+                false,
+            );
+        }
+        let col = col.slice(..);
+        let mut l = self.stream.launch_builder(&self.f.col2im);
+        l.arg(&col).arg(&geom).arg(&mut *dx);
+        // SAFETY: reads col, writes every element of dx [n, c, h, w].
+        self.launch(
+            "col2im",
+            unsafe { l.launch(grid(n * s.c * s.h * s.w)) }.map(|_| ()),
+        );
+    }
+
+    fn pool2d_forward(
+        &self,
+        kind: PoolKind,
+        s: &Pool2d,
+        x: &CudaSlice<f32>,
+        y: &mut CudaSlice<f32>,
+        n: usize,
+    ) {
+        let (geom, kind) = (PoolGeom::new(s, n), i32::from(kind == PoolKind::Avg));
+        let mut l = self.stream.launch_builder(&self.f.pool2d_forward);
+        l.arg(&kind).arg(x).arg(&geom).arg(&mut *y);
+        let outputs = (geom.n * geom.c * geom.oh * geom.ow) as usize;
+        // SAFETY: one thread per output reads its window.
+        self.launch("pooling", unsafe { l.launch(grid(outputs)) }.map(|_| ()));
+    }
+
+    fn pool2d_backward(
+        &self,
+        kind: PoolKind,
+        s: &Pool2d,
+        x: &CudaSlice<f32>,
+        y: &CudaSlice<f32>,
+        dy: &CudaSlice<f32>,
+        dx: &mut CudaSlice<f32>,
+        n: usize,
+    ) {
+        let (geom, kind) = (PoolGeom::new(s, n), i32::from(kind == PoolKind::Avg));
+        let mut l = self.stream.launch_builder(&self.f.pool2d_backward);
+        l.arg(&kind).arg(x).arg(y).arg(dy).arg(&geom).arg(&mut *dx);
+        // SAFETY: one thread per input element gathers from the windows containing it.
+        self.launch(
+            "pooling backward",
+            unsafe { l.launch(grid(n * s.c * s.h * s.w)) }.map(|_| ()),
+        );
+    }
+
+    fn batchnorm_forward(
+        &self,
+        x: &CudaSlice<f32>,
+        y: &mut CudaSlice<f32>,
+        shape: (usize, usize, usize),
+        params: &CudaSlice<f32>,
+        gamma: usize,
+        state: &mut CudaSlice<f32>,
+        train: bool,
+        momentum: f32,
+        eps: f32,
+    ) {
+        let (n, c, spatial) = shape;
+        let (n64, c64, s64, train) = (n as u64, c as u64, spatial as u64, i32::from(train));
+        let (g, b) = (
+            params.slice(gamma..gamma + c),
+            params.slice(gamma + c..gamma + 2 * c),
+        );
+        let mut l = self.stream.launch_builder(&self.f.batchnorm_forward);
+        l.arg(x)
+            .arg(&mut *y)
+            .arg(&n64)
+            .arg(&c64)
+            .arg(&s64)
+            .arg(&g)
+            .arg(&b);
+        l.arg(&mut *state).arg(&train).arg(&momentum).arg(&eps);
+        // SAFETY: one block per channel reads/writes that channel's n·spatial values and its
+        // four state entries.
+        self.launch("batch norm", unsafe { l.launch(per_item(c)) }.map(|_| ()));
+    }
+
+    fn batchnorm_backward(
+        &self,
+        x: &CudaSlice<f32>,
+        dy: &CudaSlice<f32>,
+        dx: Option<&mut CudaSlice<f32>>,
+        shape: (usize, usize, usize),
+        params: &CudaSlice<f32>,
+        grads: &mut CudaSlice<f32>,
+        gamma: usize,
+        state: &CudaSlice<f32>,
+    ) {
+        let (n, c, spatial) = shape;
+        let (n64, c64, s64) = (n as u64, c as u64, spatial as u64);
+        let write_dx = i32::from(dx.is_some());
+        let g = params.slice(gamma..gamma + c);
+        let mut both = grads.slice_mut(gamma..gamma + 2 * c);
+        let (mut dg, mut db) = both.split_at_mut(c);
+        // Without dx the kernel never writes it; it still needs a valid pointer.
+        let dx_arg: &CudaSlice<f32> = match &dx {
+            Some(d) => d,
+            None => x,
+        };
+        let mut l = self.stream.launch_builder(&self.f.batchnorm_backward);
+        l.arg(x)
+            .arg(dy)
+            .arg(dx_arg)
+            .arg(&write_dx)
+            .arg(&n64)
+            .arg(&c64)
+            .arg(&s64);
+        l.arg(&g).arg(state).arg(&mut dg).arg(&mut db);
+        // SAFETY: one block per channel; writes dx only when write_dx.
+        self.launch(
+            "batch norm backward",
+            unsafe { l.launch(per_item(c)) }.map(|_| ()),
+        );
+    }
+
+    fn layernorm_forward(
+        &self,
+        x: &CudaSlice<f32>,
+        y: &mut CudaSlice<f32>,
+        shape: (usize, usize),
+        params: &CudaSlice<f32>,
+        gamma: usize,
+        saved: &mut CudaSlice<f32>,
+        eps: f32,
+    ) {
+        let (rows, width) = shape;
+        let (r64, w64) = (rows as u64, width as u64);
+        let (g, b) = (
+            params.slice(gamma..gamma + width),
+            params.slice(gamma + width..gamma + 2 * width),
+        );
+        let mut l = self.stream.launch_builder(&self.f.layernorm_forward);
+        l.arg(x)
+            .arg(&mut *y)
+            .arg(&r64)
+            .arg(&w64)
+            .arg(&g)
+            .arg(&b)
+            .arg(&mut *saved)
+            .arg(&eps);
+        // SAFETY: one block per row.
+        self.launch(
+            "layer norm",
+            unsafe { l.launch(per_item(rows)) }.map(|_| ()),
+        );
+    }
+
+    fn layernorm_backward(
+        &self,
+        x: &CudaSlice<f32>,
+        dy: &CudaSlice<f32>,
+        dx: Option<&mut CudaSlice<f32>>,
+        shape: (usize, usize),
+        params: &CudaSlice<f32>,
+        grads: &mut CudaSlice<f32>,
+        gamma: usize,
+        saved: &CudaSlice<f32>,
+    ) {
+        let (rows, width) = shape;
+        let (r64, w64) = (rows as u64, width as u64);
+        let g = params.slice(gamma..gamma + width);
+        if let Some(dx) = dx {
+            let mut l = self.stream.launch_builder(&self.f.layernorm_backward);
+            l.arg(x)
+                .arg(dy)
+                .arg(&mut *dx)
+                .arg(&r64)
+                .arg(&w64)
+                .arg(&g)
+                .arg(saved);
+            // SAFETY: one block per row writes its dx.
+            self.launch(
+                "layer norm backward",
+                unsafe { l.launch(per_item(rows)) }.map(|_| ()),
+            );
+        }
+        let mut both = grads.slice_mut(gamma..gamma + 2 * width);
+        let (mut dg, mut db) = both.split_at_mut(width);
+        let mut l = self.stream.launch_builder(&self.f.layernorm_param_grads);
+        l.arg(x)
+            .arg(dy)
+            .arg(&r64)
+            .arg(&w64)
+            .arg(saved)
+            .arg(&mut dg)
+            .arg(&mut db);
+        // SAFETY: one thread per column.
+        self.launch(
+            "layer norm parameter gradients",
+            unsafe { l.launch(grid(width)) }.map(|_| ()),
+        );
+    }
 
     fn describe(&self) -> String {
         self.description.clone()

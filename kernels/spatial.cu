@@ -1,0 +1,278 @@
+// Image layers, NCHW. Convolution is Caffe-style batched im2col: col is [c*kh*kw, n*oh*ow], so
+// one cuBLAS GEMM per group covers the whole batch, with layout kernels between [n, o, p] and
+// [o, n*p]. Every backward pass gathers (one thread per input element) instead of scattering
+// with atomics, so results are bit-reproducible.
+
+struct ConvGeom {
+    u64 n, c, h, w, o, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow;
+};
+
+// col[(ci, ki, kj), (s, p, q)] = x[s, ci, p*sh - ph + ki*dh, q*sw - pw + kj*dw], 0 outside.
+extern "C" __global__ void im2col(const float* x, ConvGeom g, float* col) {
+    u64 cols = g.n * g.oh * g.ow;
+    GRID_STRIDE(idx, g.c * g.kh * g.kw * cols) {
+        u64 row = idx / cols, column = idx % cols;
+        u64 s = column / (g.oh * g.ow), pq = column % (g.oh * g.ow);
+        u64 p = pq / g.ow, q = pq % g.ow;
+        u64 ci = row / (g.kh * g.kw), k = row % (g.kh * g.kw);
+        long long i = (long long)(p * g.sh + (k / g.kw) * g.dh) - (long long)g.ph;
+        long long j = (long long)(q * g.sw + (k % g.kw) * g.dw) - (long long)g.pw;
+        bool inside = i >= 0 && i < (long long)g.h && j >= 0 && j < (long long)g.w;
+        col[idx] = inside ? x[((s * g.c + ci) * g.h + i) * g.w + j] : 0.0f;
+    }
+}
+
+// dx[s, ci, i, j] = sum of the col entries im2col took from it (a gather: no atomics).
+extern "C" __global__ void col2im(const float* col, ConvGeom g, float* dx) {
+    u64 cols = g.n * g.oh * g.ow;
+    GRID_STRIDE(idx, g.n * g.c * g.h * g.w) {
+        u64 j = idx % g.w, i = (idx / g.w) % g.h, ci = (idx / (g.w * g.h)) % g.c, s = idx / (g.w * g.h * g.c);
+        float sum = 0.0f;
+        for (u64 ki = 0; ki < g.kh; ki++) {
+            long long pi = (long long)(i + g.ph) - (long long)(ki * g.dh);
+            if (pi < 0 || pi % g.sh != 0 || pi / g.sh >= (long long)g.oh) continue;
+            for (u64 kj = 0; kj < g.kw; kj++) {
+                long long qj = (long long)(j + g.pw) - (long long)(kj * g.dw);
+                if (qj < 0 || qj % g.sw != 0 || qj / g.sw >= (long long)g.ow) continue;
+                u64 row = (ci * g.kh + ki) * g.kw + kj;
+                u64 column = (s * g.oh + pi / g.sh) * g.ow + qj / g.sw;
+                sum += col[row * cols + column];
+            }
+        }
+        dx[idx] = sum;
+    }
+}
+
+// y[s, o, p] = src[o, s*P + p] (+ bias[o]): from the GEMM's layout to NCHW.
+extern "C" __global__ void cn_to_nchw(const float* src, const float* bias, int has_bias, u64 n, u64 o, u64 plane, float* y) {
+    GRID_STRIDE(idx, n * o * plane) {
+        u64 p = idx % plane, oc = (idx / plane) % o, s = idx / (plane * o);
+        y[idx] = src[oc * n * plane + s * plane + p] + (has_bias ? bias[oc] : 0.0f);
+    }
+}
+
+// dst[o, s*P + p] = dy[s, o, p]: NCHW to the GEMM's layout.
+extern "C" __global__ void nchw_to_cn(const float* dy, u64 n, u64 o, u64 plane, float* dst) {
+    GRID_STRIDE(idx, n * o * plane) {
+        u64 p = idx % plane, s = (idx / plane) % n, oc = idx / (plane * n);
+        dst[idx] = dy[(s * o + oc) * plane + p];
+    }
+}
+
+// dst[r] += sum of row r of src [rows, cols]; one block per row.
+extern "C" __global__ void row_sums_add(const float* src, u64 rows, u64 cols, float* dst) {
+    for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        double acc = 0.0;
+        for (u64 c = threadIdx.x; c < cols; c += blockDim.x) acc += src[r * cols + c];
+        acc = block_sum(acc);
+        if (threadIdx.x == 0) dst[r] += (float)acc;
+        __syncthreads();
+    }
+}
+
+struct PoolGeom {
+    u64 n, c, h, w, kh, kw, sh, sw, ph, pw, oh, ow;
+};
+
+// kind 0: max (padding is -inf), 1: average over the full kernel area (count_include_pad).
+extern "C" __global__ void pool2d_forward(int kind, const float* x, PoolGeom g, float* y) {
+    GRID_STRIDE(idx, g.n * g.c * g.oh * g.ow) {
+        u64 q = idx % g.ow, p = (idx / g.ow) % g.oh, plane = idx / (g.ow * g.oh);
+        const float* xp = x + plane * g.h * g.w;
+        float acc = kind == 0 ? __int_as_float(0xff800000) : 0.0f;
+        for (u64 a = 0; a < g.kh; a++) {
+            long long i = (long long)(p * g.sh + a) - (long long)g.ph;
+            if (i < 0 || i >= (long long)g.h) continue;
+            for (u64 b = 0; b < g.kw; b++) {
+                long long j = (long long)(q * g.sw + b) - (long long)g.pw;
+                if (j < 0 || j >= (long long)g.w) continue;
+                float v = xp[i * g.w + j];
+                if (kind == 0) { if (v > acc || v != v) acc = v; } else acc += v;
+            }
+        }
+        y[idx] = kind == 0 ? acc : acc / (float)(g.kh * g.kw);
+    }
+}
+
+// One thread per input element gathers from every window containing it; for max pooling only
+// from windows whose first maximum (recomputed) is this element.
+extern "C" __global__ void pool2d_backward(int kind, const float* x, const float* y, const float* dy, PoolGeom g, float* dx) {
+    GRID_STRIDE(idx, g.n * g.c * g.h * g.w) {
+        u64 j = idx % g.w, i = (idx / g.w) % g.h, plane = idx / (g.w * g.h);
+        const float* xp = x + plane * g.h * g.w;
+        float sum = 0.0f;
+        for (u64 a = 0; a < g.kh; a++) {
+            long long pi = (long long)(i + g.ph) - (long long)a;
+            if (pi < 0 || pi % g.sh != 0 || pi / g.sh >= (long long)g.oh) continue;
+            u64 p = pi / g.sh;
+            for (u64 b = 0; b < g.kw; b++) {
+                long long qj = (long long)(j + g.pw) - (long long)b;
+                if (qj < 0 || qj % g.sw != 0 || qj / g.sw >= (long long)g.ow) continue;
+                u64 q = qj / g.sw, out = (plane * g.oh + p) * g.ow + q;
+                if (kind == 1) { sum += dy[out] / (float)(g.kh * g.kw); continue; }
+                // Is (i, j) the first position of window (p, q) holding its maximum?
+                float target = y[out];
+                u64 first = ~0ull;
+                for (u64 wa = 0; wa < g.kh && first == ~0ull; wa++) {
+                    long long wi = (long long)(p * g.sh + wa) - (long long)g.ph;
+                    if (wi < 0 || wi >= (long long)g.h) continue;
+                    for (u64 wb = 0; wb < g.kw; wb++) {
+                        long long wj = (long long)(q * g.sw + wb) - (long long)g.pw;
+                        if (wj < 0 || wj >= (long long)g.w) continue;
+                        float v = xp[wi * g.w + wj];
+                        if (v == target || (v != v && target != target)) { first = wi * g.w + wj; break; }
+                    }
+                }
+                if (first == i * g.w + j) sum += dy[out];
+            }
+        }
+        dx[idx] = sum;
+    }
+}
+
+// Batch norm over [n, c, spatial], one block per channel. state = [running_mean | running_var |
+// mean | invstd], c each. Training: batch statistics (biased variance to normalise, unbiased
+// for the running variance); evaluation: the running statistics.
+extern "C" __global__ void batchnorm_forward(const float* x, float* y, u64 n, u64 c, u64 spatial, const float* gamma,
+                                             const float* beta, float* state, int train, float momentum, float eps) {
+    u64 ch = blockIdx.x;
+    if (ch >= c) return;
+    u64 m = n * spatial;
+    __shared__ float mean_s, invstd_s;
+    if (train) {
+        double sum = 0.0;
+        for (u64 k = threadIdx.x; k < m; k += blockDim.x) sum += x[((k / spatial) * c + ch) * spatial + k % spatial];
+        sum = block_sum(sum);
+        __shared__ double mu_s;
+        if (threadIdx.x == 0) mu_s = sum / (double)m;
+        __syncthreads();
+        double mu = mu_s, sq = 0.0;
+        for (u64 k = threadIdx.x; k < m; k += blockDim.x) {
+            double d = x[((k / spatial) * c + ch) * spatial + k % spatial] - mu;
+            sq += d * d;
+        }
+        sq = block_sum(sq);
+        if (threadIdx.x == 0) {
+            double var = sq / (double)m;
+            double unbiased = m > 1 ? var * (double)m / (double)(m - 1) : var;
+            mean_s = (float)mu;
+            invstd_s = (float)(1.0 / sqrt(var + (double)eps));
+            state[ch] = (1.0f - momentum) * state[ch] + momentum * (float)mu;
+            state[c + ch] = (1.0f - momentum) * state[c + ch] + momentum * (float)unbiased;
+        }
+    } else if (threadIdx.x == 0) {
+        mean_s = state[ch];
+        invstd_s = 1.0f / sqrtf(state[c + ch] + eps);
+    }
+    __syncthreads();
+    float mu = mean_s, is = invstd_s;
+    if (threadIdx.x == 0) { state[2 * c + ch] = mu; state[3 * c + ch] = is; }
+    for (u64 k = threadIdx.x; k < m; k += blockDim.x) {
+        u64 i = ((k / spatial) * c + ch) * spatial + k % spatial;
+        y[i] = (x[i] - mu) * is * gamma[ch] + beta[ch];
+    }
+}
+
+// Training-mode backward, one block per channel: dgamma += sum dy*xhat, dbeta += sum dy,
+// dx = gamma*invstd*(dy - mean(dy) - xhat*mean(dy*xhat)) when write_dx.
+extern "C" __global__ void batchnorm_backward(const float* x, const float* dy, float* dx, int write_dx, u64 n, u64 c,
+                                              u64 spatial, const float* gamma, const float* state, float* dgamma,
+                                              float* dbeta) {
+    u64 ch = blockIdx.x;
+    if (ch >= c) return;
+    u64 m = n * spatial;
+    float mu = state[2 * c + ch], is = state[3 * c + ch];
+    double sum_dy = 0.0, sum_dy_xhat = 0.0;
+    for (u64 k = threadIdx.x; k < m; k += blockDim.x) {
+        u64 i = ((k / spatial) * c + ch) * spatial + k % spatial;
+        double xhat = (double)((x[i] - mu) * is);
+        sum_dy += dy[i];
+        sum_dy_xhat += (double)dy[i] * xhat;
+    }
+    sum_dy = block_sum(sum_dy);
+    __shared__ double totals[2];
+    if (threadIdx.x == 0) { totals[0] = sum_dy; }
+    __syncthreads();
+    sum_dy_xhat = block_sum(sum_dy_xhat);
+    if (threadIdx.x == 0) {
+        totals[1] = sum_dy_xhat;
+        dgamma[ch] += (float)sum_dy_xhat;
+        dbeta[ch] += (float)totals[0];
+    }
+    __syncthreads();
+    if (!write_dx) return;
+    double scale = (double)gamma[ch] * (double)is, a = totals[0] / (double)m, b = totals[1] / (double)m;
+    for (u64 k = threadIdx.x; k < m; k += blockDim.x) {
+        u64 i = ((k / spatial) * c + ch) * spatial + k % spatial;
+        double xhat = (double)((x[i] - mu) * is);
+        dx[i] = (float)(scale * ((double)dy[i] - a - xhat * b));
+    }
+}
+
+// Layer norm over rows of `width`, one block per row; saved = [mean | invstd], rows each.
+extern "C" __global__ void layernorm_forward(const float* x, float* y, u64 rows, u64 width, const float* gamma,
+                                             const float* beta, float* saved, float eps) {
+    u64 r = blockIdx.x;
+    if (r >= rows) return;
+    const float* xr = x + r * width;
+    double sum = 0.0;
+    for (u64 j = threadIdx.x; j < width; j += blockDim.x) sum += xr[j];
+    sum = block_sum(sum);
+    __shared__ double mu_s;
+    __shared__ float is_s;
+    if (threadIdx.x == 0) mu_s = sum / (double)width;
+    __syncthreads();
+    double mu = mu_s, sq = 0.0;
+    for (u64 j = threadIdx.x; j < width; j += blockDim.x) { double d = xr[j] - mu; sq += d * d; }
+    sq = block_sum(sq);
+    if (threadIdx.x == 0) {
+        is_s = (float)(1.0 / sqrt(sq / (double)width + (double)eps));
+        saved[r] = (float)mu;
+        saved[rows + r] = is_s;
+    }
+    __syncthreads();
+    float m = (float)mu, is = is_s;
+    for (u64 j = threadIdx.x; j < width; j += blockDim.x) y[r * width + j] = (xr[j] - m) * is * gamma[j] + beta[j];
+}
+
+// dx per row (one block per row); dgamma/dbeta are column sums (layernorm_param_grads).
+extern "C" __global__ void layernorm_backward(const float* x, const float* dy, float* dx, u64 rows, u64 width,
+                                              const float* gamma, const float* saved) {
+    u64 r = blockIdx.x;
+    if (r >= rows) return;
+    float mu = saved[r], is = saved[rows + r];
+    double sum_g = 0.0, sum_g_xhat = 0.0;
+    for (u64 j = threadIdx.x; j < width; j += blockDim.x) {
+        double g = (double)dy[r * width + j] * gamma[j];
+        sum_g += g;
+        sum_g_xhat += g * (double)((x[r * width + j] - mu) * is);
+    }
+    sum_g = block_sum(sum_g);
+    __shared__ double totals[2];
+    if (threadIdx.x == 0) totals[0] = sum_g;
+    __syncthreads();
+    sum_g_xhat = block_sum(sum_g_xhat);
+    if (threadIdx.x == 0) totals[1] = sum_g_xhat;
+    __syncthreads();
+    double a = totals[0] / (double)width, b = totals[1] / (double)width;
+    for (u64 j = threadIdx.x; j < width; j += blockDim.x) {
+        double g = (double)dy[r * width + j] * gamma[j];
+        double xhat = (double)((x[r * width + j] - mu) * is);
+        dx[r * width + j] = (float)((double)is * (g - a - xhat * b));
+    }
+}
+
+// dgamma[j] += sum_r dy*xhat, dbeta[j] += sum_r dy; one thread per column.
+extern "C" __global__ void layernorm_param_grads(const float* x, const float* dy, u64 rows, u64 width,
+                                                 const float* saved, float* dgamma, float* dbeta) {
+    GRID_STRIDE(j, width) {
+        float g = 0.0f, b = 0.0f;
+        for (u64 r = 0; r < rows; r++) {
+            float d = dy[r * width + j];
+            g += d * ((x[r * width + j] - saved[r]) * saved[rows + r]);
+            b += d;
+        }
+        dgamma[j] += g;
+        dbeta[j] += b;
+    }
+}
