@@ -285,45 +285,54 @@ impl Pool2d {
         ))
     }
 
-    /// Calls `f(p, q, window)` for every output position with the in-bounds input indices of
-    /// its window (row-major within the plane).
-    fn windows(&self, mut f: impl FnMut(usize, usize, &mut dyn Iterator<Item = usize>)) {
+    /// The in-bounds input rows and columns of output (p, q)'s window.
+    #[inline]
+    fn window(&self, p: usize, q: usize) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
+        let clamp = |start: isize, k: usize, size: usize| {
+            let lo = start.max(0) as usize;
+            let hi = (start + k as isize).clamp(0, size as isize) as usize;
+            lo..hi.max(lo)
+        };
+        let i0 = (p * self.stride.0) as isize - self.pad.0 as isize;
+        let j0 = (q * self.stride.1) as isize - self.pad.1 as isize;
+        (clamp(i0, self.k.0, self.h), clamp(j0, self.k.1, self.w))
+    }
+
+    /// Runs `f(input plane, output plane)` for each of the n·c planes, in parallel.
+    fn planes<A: Sync, B: Send>(
+        &self,
+        n: usize,
+        input: &[A],
+        output: &mut [B],
+        f: impl Fn(usize, &[A], &mut [B]) + Sync + Send,
+    ) {
         let (oh, ow) = self.out_hw().expect("validated geometry");
-        for p in 0..oh {
-            for q in 0..ow {
-                let i0 = (p * self.stride.0) as isize - self.pad.0 as isize;
-                let j0 = (q * self.stride.1) as isize - self.pad.1 as isize;
-                let (h, w) = (self.h as isize, self.w as isize);
-                let mut it = (i0..i0 + self.k.0 as isize)
-                    .filter(move |&i| i >= 0 && i < h)
-                    .flat_map(move |i| {
-                        (j0..j0 + self.k.1 as isize)
-                            .filter(move |&j| j >= 0 && j < w)
-                            .map(move |j| (i * w + j) as usize)
-                    });
-                f(p, q, &mut it);
-            }
-        }
+        let count = n * self.c;
+        input[..count * self.h * self.w]
+            .par_chunks(self.h * self.w)
+            .zip(output[..count * oh * ow].par_chunks_mut(oh * ow))
+            .enumerate()
+            .for_each(|(plane, (i, o))| f(plane, i, o));
     }
 }
 
-/// Max over each window (padding counts as -inf).
+/// Max over each window (padding counts as -inf; NaN wins, as in PyTorch).
 pub fn maxpool2d_forward(s: &Pool2d, x: &[f32], y: &mut [f32], n: usize) {
-    let (oh, ow) = s.out_hw().expect("validated geometry");
-    for (x_c, y_c) in x[..n * s.c * s.h * s.w]
-        .chunks(s.h * s.w)
-        .zip(y.chunks_mut(oh * ow))
-    {
-        s.windows(|p, q, window| {
-            y_c[p * ow + q] = window.map(|i| x_c[i]).fold(f32::NEG_INFINITY, |m, v| {
-                if v > m || v.is_nan() {
-                    v
-                } else {
-                    m
+    let (_, ow) = s.out_hw().expect("validated geometry");
+    s.planes(n, x, y, |_, x_c, y_c| {
+        for (idx, out) in y_c.iter_mut().enumerate() {
+            let (rows, cols) = s.window(idx / ow, idx % ow);
+            let mut m = f32::NEG_INFINITY;
+            for i in rows {
+                for &v in &x_c[i * s.w + cols.start..i * s.w + cols.end] {
+                    if v > m || v.is_nan() {
+                        m = v;
+                    }
                 }
-            });
-        });
-    }
+            }
+            *out = m;
+        }
+    });
 }
 
 /// Routes each output gradient to the first position of its window holding the maximum
@@ -331,50 +340,71 @@ pub fn maxpool2d_forward(s: &Pool2d, x: &[f32], y: &mut [f32], n: usize) {
 pub fn maxpool2d_backward(s: &Pool2d, x: &[f32], y: &[f32], dy: &[f32], dx: &mut [f32], n: usize) {
     let (oh, ow) = s.out_hw().expect("validated geometry");
     let plane = s.h * s.w;
-    dx[..n * s.c * plane].fill(0.0);
-    for ((x_c, y_c), (dy_c, dx_c)) in x[..n * s.c * plane]
-        .chunks(plane)
-        .zip(y.chunks(oh * ow))
-        .zip(dy.chunks(oh * ow).zip(dx.chunks_mut(plane)))
-    {
-        s.windows(|p, q, window| {
-            let target = y_c[p * ow + q];
-            for i in window {
-                if x_c[i] == target || (target.is_nan() && x_c[i].is_nan()) {
-                    dx_c[i] += dy_c[p * ow + q];
-                    break;
+    dx[..n * s.c * plane]
+        .par_chunks_mut(plane)
+        .enumerate()
+        .for_each(|(c, dx_c)| {
+            dx_c.fill(0.0);
+            let x_c = &x[c * plane..(c + 1) * plane];
+            let (y_c, dy_c) = (
+                &y[c * oh * ow..(c + 1) * oh * ow],
+                &dy[c * oh * ow..(c + 1) * oh * ow],
+            );
+            for idx in 0..oh * ow {
+                let (rows, cols) = s.window(idx / ow, idx % ow);
+                let target = y_c[idx];
+                'search: for i in rows {
+                    for j in cols.clone() {
+                        let v = x_c[i * s.w + j];
+                        if v == target || (target.is_nan() && v.is_nan()) {
+                            dx_c[i * s.w + j] += dy_c[idx];
+                            break 'search;
+                        }
+                    }
                 }
             }
         });
-    }
 }
 
 /// Mean over each window, dividing by the full kernel area (count_include_pad = true).
 pub fn avgpool2d_forward(s: &Pool2d, x: &[f32], y: &mut [f32], n: usize) {
-    let (oh, ow) = s.out_hw().expect("validated geometry");
+    let (_, ow) = s.out_hw().expect("validated geometry");
     let area = (s.k.0 * s.k.1) as f32;
-    for (x_c, y_c) in x[..n * s.c * s.h * s.w]
-        .chunks(s.h * s.w)
-        .zip(y.chunks_mut(oh * ow))
-    {
-        s.windows(|p, q, window| y_c[p * ow + q] = window.map(|i| x_c[i]).sum::<f32>() / area);
-    }
+    s.planes(n, x, y, |_, x_c, y_c| {
+        for (idx, out) in y_c.iter_mut().enumerate() {
+            let (rows, cols) = s.window(idx / ow, idx % ow);
+            let sum: f32 = rows
+                .map(|i| {
+                    x_c[i * s.w + cols.start..i * s.w + cols.end]
+                        .iter()
+                        .sum::<f32>()
+                })
+                .sum();
+            *out = sum / area;
+        }
+    });
 }
 
 pub fn avgpool2d_backward(s: &Pool2d, dy: &[f32], dx: &mut [f32], n: usize) {
     let (oh, ow) = s.out_hw().expect("validated geometry");
     let area = (s.k.0 * s.k.1) as f32;
     let plane = s.h * s.w;
-    dx[..n * s.c * plane].fill(0.0);
-    for (dy_c, dx_c) in dy[..n * s.c * oh * ow]
-        .chunks(oh * ow)
-        .zip(dx.chunks_mut(plane))
-    {
-        s.windows(|p, q, window| {
-            let g = dy_c[p * ow + q] / area;
-            window.for_each(|i| dx_c[i] += g);
+    dx[..n * s.c * plane]
+        .par_chunks_mut(plane)
+        .enumerate()
+        .for_each(|(c, dx_c)| {
+            dx_c.fill(0.0);
+            let dy_c = &dy[c * oh * ow..(c + 1) * oh * ow];
+            for idx in 0..oh * ow {
+                let (rows, cols) = s.window(idx / ow, idx % ow);
+                let g = dy_c[idx] / area;
+                for i in rows {
+                    dx_c[i * s.w + cols.start..i * s.w + cols.end]
+                        .iter_mut()
+                        .for_each(|d| *d += g);
+                }
+            }
         });
-    }
 }
 
 /// Batch norm over [n, c, spatial]: statistics per channel over the batch and the spatial
