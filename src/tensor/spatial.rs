@@ -395,9 +395,9 @@ pub fn avgpool2d_backward(s: &Pool2d, dy: &[f32], dx: &mut [f32], n: usize) {
         .for_each(|(c, dx_c)| {
             dx_c.fill(0.0);
             let dy_c = &dy[c * oh * ow..(c + 1) * oh * ow];
-            for idx in 0..oh * ow {
+            for (idx, &d) in dy_c.iter().enumerate() {
                 let (rows, cols) = s.window(idx / ow, idx % ow);
-                let g = dy_c[idx] / area;
+                let g = d / area;
                 for i in rows {
                     dx_c[i * s.w + cols.start..i * s.w + cols.end]
                         .iter_mut()
