@@ -9,6 +9,7 @@ pub mod error;
 pub mod graph;
 pub mod logging;
 pub mod optim;
+pub mod parallel;
 pub mod run;
 pub mod spec;
 pub mod tensor;

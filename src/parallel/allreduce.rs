@@ -1,0 +1,113 @@
+//! Gradient averaging for replicas that are threads of one process. Deterministic: every
+//! element is summed over the replicas in rank order, so results do not depend on timing;
+//! the work is split, each replica reducing its own chunk. All buffers are allocated once.
+
+use std::sync::{Barrier, RwLock};
+
+pub struct CpuAllReduce {
+    replicas: usize,
+    len: usize,
+    /// Each replica's gradients, deposited before reducing.
+    slots: Vec<RwLock<Vec<f32>>>,
+    /// The averaged gradients, one chunk per replica (each reduces its own).
+    result: Vec<RwLock<Vec<f32>>>,
+    barrier: Barrier,
+}
+
+impl CpuAllReduce {
+    /// For `replicas` replicas averaging buffers of `len` values.
+    pub fn new(replicas: usize, len: usize) -> Self {
+        let chunks = (0..replicas).map(|r| Self::chunk(len, replicas, r).len());
+        CpuAllReduce {
+            replicas,
+            len,
+            slots: (0..replicas).map(|_| RwLock::new(vec![0.0; len])).collect(),
+            result: chunks.map(|n| RwLock::new(vec![0.0; n])).collect(),
+            barrier: Barrier::new(replicas),
+        }
+    }
+
+    fn chunk(len: usize, replicas: usize, rank: usize) -> std::ops::Range<usize> {
+        let per = len.div_ceil(replicas.max(1));
+        (rank * per).min(len)..((rank + 1) * per).min(len)
+    }
+
+    /// Replaces `grads` by the mean over all replicas. Every replica must call it, with its
+    /// own rank, the same number of times.
+    pub fn mean(&self, rank: usize, grads: &mut [f32]) {
+        assert_eq!(grads.len(), self.len, "all-reduce buffer length");
+        self.slots[rank]
+            .write()
+            .expect("no replica panicked")
+            .copy_from_slice(grads);
+        self.barrier.wait();
+        {
+            let range = Self::chunk(self.len, self.replicas, rank);
+            let mut out = self.result[rank].write().expect("no replica panicked");
+            out.copy_from_slice(&self.slots[0].read().expect("no replica panicked")[range.clone()]);
+            for slot in &self.slots[1..] {
+                let slot = slot.read().expect("no replica panicked");
+                for (o, v) in out.iter_mut().zip(&slot[range.clone()]) {
+                    *o += v;
+                }
+            }
+            let inv = 1.0 / self.replicas as f32;
+            out.iter_mut().for_each(|v| *v *= inv);
+        }
+        self.barrier.wait();
+        for (r, chunk) in self.result.iter().enumerate() {
+            let range = Self::chunk(self.len, self.replicas, r);
+            grads[range].copy_from_slice(&chunk.read().expect("no replica panicked"));
+        }
+        // Nobody may deposit the next round's gradients before everyone has read this one.
+        self.barrier.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn every_replica_gets_the_mean_in_a_fixed_order() {
+        for replicas in [1, 2, 3, 4] {
+            let len = 1001;
+            let group = Arc::new(CpuAllReduce::new(replicas, len));
+            let handles: Vec<_> = (0..replicas)
+                .map(|rank| {
+                    let group = group.clone();
+                    std::thread::spawn(move || {
+                        let mut results = Vec::new();
+                        for round in 0..3 {
+                            let mut g: Vec<f32> = (0..len)
+                                .map(|i| (i * (rank + 1) + round) as f32 * 0.1)
+                                .collect();
+                            group.mean(rank, &mut g);
+                            results.push(g);
+                        }
+                        results
+                    })
+                })
+                .collect();
+            let all: Vec<Vec<Vec<f32>>> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+            for round in 0..3 {
+                for i in [0, 1, 500, 1000] {
+                    let expected: f32 = (0..replicas)
+                        .map(|r| (i * (r + 1) + round) as f32 * 0.1)
+                        .sum::<f32>()
+                        / replicas as f32;
+                    for replica in &all {
+                        assert!(
+                            (replica[round][i] - expected).abs() <= 1e-5 * expected.abs().max(1.0)
+                        );
+                    }
+                }
+                assert!(
+                    all.iter().all(|r| r[round] == all[0][round]),
+                    "replicas differ"
+                );
+            }
+        }
+    }
+}
