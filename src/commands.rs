@@ -1,15 +1,17 @@
 //! The CLI's commands as library functions: `run`, `check`, `devices`, `schema`.
 
+use crate::checkpoint::{self, weights, ResumePoint};
 use crate::data::{self, Data};
 use crate::error::{Error, Result};
 use crate::graph::{DataShape, Graph, MemoryPlan};
 use crate::optim;
 use crate::run::{MetricsWriter, RunDir};
-use crate::spec::{self, parse_device, DeviceChoice, JobSpec};
+use crate::signals::Stop;
+use crate::spec::{self, parse_device, DeviceChoice, JobSpec, ResumeMode};
 use crate::tensor::cpu::CpuBackend;
 use crate::tensor::cuda::{self, CudaBackend};
 use crate::tensor::Backend;
-use crate::train;
+use crate::train::{self, Session};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -18,6 +20,19 @@ pub struct RunArgs {
     pub sets: Vec<String>,
     pub name: Option<String>,
     pub runs_dir: PathBuf,
+    /// Continue a run: its directory (newest checkpoint) or one checkpoint file.
+    pub resume: Option<PathBuf>,
+    /// When the checkpoint to resume from is corrupt, use the newest intact older one.
+    pub resume_fallback: bool,
+    /// Resume even when the job changed keys that alter training.
+    pub force: bool,
+}
+
+/// How a run begins: fresh (from the seeded initialisation or model.init_from), or from a
+/// checkpoint, in that checkpoint's run directory.
+enum Start {
+    Fresh { initial_params: Option<Vec<f32>> },
+    Resume(Box<ResumePoint>),
 }
 
 /// A job loaded, with its data and graph: everything `check` shows and `run` needs.
@@ -96,7 +111,7 @@ fn pick_device(spec: &JobSpec) -> Result<Device> {
     Ok(device)
 }
 
-/// Trains a job; returns the run directory.
+/// Trains a job, or continues one from a checkpoint; returns the run directory.
 pub fn run(args: &RunArgs) -> Result<PathBuf> {
     let Prepared {
         spec,
@@ -104,6 +119,7 @@ pub fn run(args: &RunArgs) -> Result<PathBuf> {
         graph,
         threads,
     } = prepare(&args.job, &args.sets, args.name.as_deref())?;
+    let start = plan_start(args, &spec, &graph, data.train.len)?;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
@@ -113,28 +129,46 @@ pub fn run(args: &RunArgs) -> Result<PathBuf> {
             // The loop runs on the pool's threads, so the engine's parallel work is forked from
             // a worker rather than injected from outside (on two cores that halves wake-ups).
             let backend = CpuBackend::new(threads);
-            pool.install(|| run_on(args, &spec, data, graph, &backend))
+            pool.install(|| run_on(args, &spec, data, graph, &backend, start))
         }
         Device::Cuda(ordinal) => {
             // The GPU does the work; the loop stays on this thread, bound to the CUDA context.
             let backend = CudaBackend::new(ordinal, spec.device.allow_tf32)?;
-            run_on(args, &spec, data, graph, &backend)
+            run_on(args, &spec, data, graph, &backend, start)
         }
     }
 }
 
-/// Creates the run directory and trains in it.
+/// Opens the run directory (new, or the resumed run's) and trains in it.
 fn run_on<B: Backend>(
     args: &RunArgs,
     spec: &JobSpec,
     data: Data,
     graph: Graph,
     backend: &B,
+    start: Start,
 ) -> Result<PathBuf> {
-    let run = RunDir::create(&args.runs_dir, spec.name())?;
-    let header =
-        format!(
-        "# trainer run {} {}\n# resolved spec: defaults filled in, overrides applied\n# device: {}",
+    let run = match &start {
+        Start::Fresh { .. } => RunDir::create(&args.runs_dir, spec.name())?,
+        Start::Resume(point) => {
+            let run = RunDir::open(&point.run_dir)?;
+            // Until this attempt finishes, the run must not look finished.
+            let _ = std::fs::remove_file(run.path.join("summary.json"));
+            run
+        }
+    };
+    let resumed = match &start {
+        Start::Resume(point) => {
+            format!(
+                "\n# resumed from {} (step {})",
+                point.checkpoint.path.display(),
+                point.checkpoint.state.step
+            )
+        }
+        Start::Fresh { .. } => String::new(),
+    };
+    let header = format!(
+        "# trainer run {} {}\n# resolved spec: defaults filled in, overrides applied\n# device: {}{resumed}",
         args.job.display(),
         args.sets.iter().map(|s| format!("--set {s}")).collect::<Vec<_>>().join(" "),
         backend.describe(),
@@ -143,17 +177,93 @@ fn run_on<B: Backend>(
     let log = run.path.join("train.log");
     crate::logging::attach_run_log(&log)
         .map_err(|e| Error::Runtime(format!("cannot create {}: {e}", log.display())))?;
-    let result = run_in(&run, spec, data, graph, backend);
+    let result = run_in(&run, args, spec, data, graph, backend, start);
     crate::logging::detach_run_log();
     result.map(|()| run.path)
 }
 
+/// Decides how the run begins, and checks everything about it that can be wrong before a
+/// run directory is touched: the checkpoint (found, intact, of this job, not past the end)
+/// or the model.init_from file.
+fn plan_start(args: &RunArgs, spec: &JobSpec, graph: &Graph, train_len: usize) -> Result<Start> {
+    let target = match (&args.resume, spec.checkpoint.resume) {
+        (Some(path), _) => Some(path.clone()),
+        (None, Some(ResumeMode::Auto)) => checkpoint::find_auto_resume(&args.runs_dir, spec.name()),
+        _ => None,
+    };
+    let Some(target) = target else {
+        let initial_params = match &spec.model.init_from {
+            Some(path) => Some(weights::read(path, graph)?),
+            None => None,
+        };
+        return Ok(Start::Fresh { initial_params });
+    };
+    let mut point = checkpoint::locate(&target, args.resume_fallback)?;
+    let c = &mut point.checkpoint;
+    let name = c.path.display().to_string();
+    let (job, _) = checkpoint::spec_json(spec);
+    let changes = checkpoint::incompatible_changes(&c.spec, &job);
+    if !changes.is_empty() {
+        if !args.force {
+            return Err(Error::Job(format!(
+                "cannot resume from {name}: the job differs from the checkpoint's in keys that \
+                 change training:\n  {}\n(only train.epochs, train.max_steps, train.log_every, \
+                 train.eval_every_epochs, train.threads, device.*, checkpoint.* and job.name may \
+                 change; pass --force to resume anyway)",
+                changes.join("\n  ")
+            )));
+        }
+        tracing::warn!(
+            "--force: resuming from {name} although the job changed: {}",
+            changes.join("; ")
+        );
+    }
+    if c.params.len() != graph.param_count {
+        return Err(Error::Job(format!(
+            "cannot resume from {name}: it holds {} parameters, the job's model has {}",
+            c.params.len(),
+            graph.param_count
+        )));
+    }
+    let kept: Vec<&str> = c.optimizer.iter().map(|(n, _)| n.as_str()).collect();
+    if kept != optim::state_names(spec) {
+        // Only reachable with --force: the optimizer changed kind.
+        tracing::warn!("--force: the optimizer changed; its state starts afresh");
+        c.optimizer.clear();
+        c.state.optimizer_steps = 0;
+    }
+    let total = train::total_steps(spec, train_len) as u64;
+    let step = c.state.step;
+    if step > total || (c.state.finished && step == total) {
+        return Err(Error::Job(format!(
+            "cannot resume from {name}: it is at step {step}{} and this job trains {total} steps \
+             (train.epochs = {}{}); raise train.epochs or train.max_steps to train further",
+            if c.state.finished {
+                ", where the run finished,"
+            } else {
+                ""
+            },
+            spec.train.epochs,
+            spec.train
+                .max_steps
+                .map_or(String::new(), |m| format!(", train.max_steps = {m}"))
+        )));
+    }
+    tracing::info!(
+        "resuming {} from {name} (step {step})",
+        point.run_dir.display()
+    );
+    Ok(Start::Resume(Box::new(point)))
+}
+
 fn run_in<B: Backend>(
     run: &RunDir,
+    args: &RunArgs,
     spec: &JobSpec,
     data: Data,
     graph: Graph,
     backend: &B,
+    start: Start,
 ) -> Result<()> {
     let started = Instant::now();
     let memory = memory_plan(spec, &graph, &data, backend.memory().is_some());
@@ -166,10 +276,55 @@ fn run_in<B: Backend>(
         backend.describe(),
         bytes(memory.total())
     );
-    let mut metrics = MetricsWriter::create(&run.path.join("metrics.csv"))?;
-    let result = train::train(backend, spec, graph, data, &mut metrics);
+    let metrics_path = run.path.join("metrics.csv");
+    let (mut metrics, session) = match start {
+        Start::Fresh { initial_params } => (
+            MetricsWriter::create(&metrics_path)?,
+            Session {
+                initial_params,
+                ..Session::default()
+            },
+        ),
+        Start::Resume(point) => (
+            MetricsWriter::resume(&metrics_path, point.checkpoint.state.metrics_rows)?,
+            Session {
+                resume: Some(point.checkpoint),
+                ..Session::default()
+            },
+        ),
+    };
+    let resumed_from = session.resume.as_ref().map(|c| c.path.clone());
+    let stop = Stop::install()
+        .map_err(|e| Error::Runtime(format!("cannot install the SIGINT/SIGTERM handlers: {e}")))?;
+    let session = Session {
+        checkpoint_dir: Some(run.path.join(checkpoint::DIR)),
+        stop: Some(&stop),
+        ..session
+    };
+    let weights_graph = graph.clone();
+    let mut result = train::train_session(backend, spec, graph, data, &mut metrics, session);
+    drop(stop);
+    if let Ok(outcome) = &result {
+        if outcome.interrupted.is_none() {
+            let path = run.path.join(weights::MODEL_FILE);
+            if let Err(e) = weights::write(&path, &weights_graph, &outcome.final_params) {
+                result = Err(e);
+            }
+        }
+    }
     let wall = started.elapsed().as_secs_f64();
+    let resumed_from = resumed_from.map(|p| p.display().to_string());
     let summary = match &result {
+        Ok(outcome) if outcome.interrupted.is_some() => serde_json::json!({
+            "status": "interrupted",
+            "run_id": run.id,
+            "job": spec.name(),
+            "signal": outcome.interrupted,
+            "steps": outcome.steps,
+            "checkpoint": outcome.last_checkpoint.as_ref().map(|p| p.display().to_string()),
+            "resumed_from": resumed_from,
+            "wall_s": wall,
+        }),
         Ok(outcome) => {
             let mut finals = serde_json::Map::new();
             for row in outcome.last_train.iter().chain(&outcome.last_eval) {
@@ -206,6 +361,7 @@ fn run_in<B: Backend>(
                 "startup_s": outcome.startup_s,
                 "memory_planned_bytes": memory.total(),
                 "device_memory_peak_bytes": backend.memory().map(|(_, peak)| peak),
+                "resumed_from": resumed_from,
                 "final": finals,
             })
         }
@@ -218,7 +374,30 @@ fn run_in<B: Backend>(
         }),
     };
     run.write_summary(&summary)?;
-    result.map(|_| ())
+    let outcome = result?;
+    match outcome.interrupted {
+        Some(signal) => {
+            let name = if signal == crate::signals::SIGTERM {
+                "SIGTERM"
+            } else {
+                "SIGINT"
+            };
+            let checkpoint = outcome.last_checkpoint.map_or("no checkpoint".into(), |p| {
+                format!("checkpoint {}", p.display())
+            });
+            Err(Error::Interrupted {
+                signal,
+                message: format!(
+                    "stopped by {name} after step {}; {checkpoint} written; continue with: \
+                     trainer run {} --resume {}",
+                    outcome.steps,
+                    args.job.display(),
+                    run.path.display()
+                ),
+            })
+        }
+        None => Ok(()),
+    }
 }
 
 /// What the run will hold: the graph's buffers, and on a GPU also the data set and the cuBLAS
@@ -324,6 +503,37 @@ pub fn check(job: &Path, sets: &[String]) -> Result<String> {
             "data set (host memory)",
             bytes(data_set_bytes(&data))
         );
+    }
+    match graph.checkpoint_segments {
+        Some(segments) => {
+            let saved = 1.0 - m.activations as f64 / m.activations_without_checkpointing as f64;
+            out += &format!(
+                "activation checkpointing: {segments} segments, {} layers recomputed in \
+                 backward; activations {} and as much for their gradients ({} each without, \
+                 {:.0}% less)\n",
+                m.recomputed_layers,
+                bytes(m.activations),
+                bytes(m.activations_without_checkpointing),
+                100.0 * saved
+            );
+        }
+        None => {
+            let plan = crate::graph::BufferPlan::new(
+                &graph.input_shape,
+                &graph.layers,
+                Some(crate::graph::BufferPlan::best_segments(
+                    &graph.input_shape,
+                    &graph.layers,
+                )),
+            );
+            let with = spec.data.batch_size * plan.activation_values() * 4;
+            out += &format!(
+                "activation checkpointing: off; with checkpoint.activations = \"all\" ({} \
+                 segments) activations would take {} (and as much for their gradients)\n",
+                plan.segments.len(),
+                bytes(with)
+            );
+        }
     }
     Ok(out)
 }

@@ -9,6 +9,9 @@ pub enum Error {
     Job(String),
     /// Something failed while running a valid job (I/O, numerical blow-up...). Exit code 1.
     Runtime(String),
+    /// SIGINT or SIGTERM stopped the run after a checkpoint: exit code 128 + the signal
+    /// (130, 143), as a shell reports a death by that signal.
+    Interrupted { signal: i32, message: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -18,6 +21,7 @@ impl Error {
         match self {
             Error::Job(_) => 2,
             Error::Runtime(_) => 1,
+            Error::Interrupted { signal, .. } => 128 + signal,
         }
     }
 }
@@ -25,7 +29,9 @@ impl Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::Job(m) | Error::Runtime(m) => f.write_str(m),
+            Error::Job(m) | Error::Runtime(m) | Error::Interrupted { message: m, .. } => {
+                f.write_str(m)
+            }
         }
     }
 }

@@ -3,6 +3,7 @@
 //!
 //! Data flows one way: spec ▸ graph ▸ (data) ▸ train ▸ run. See ARCHITECTURE.md.
 
+pub mod checkpoint;
 pub mod commands;
 pub mod data;
 pub mod error;
@@ -11,6 +12,7 @@ pub mod logging;
 pub mod optim;
 pub mod parallel;
 pub mod run;
+pub mod signals;
 pub mod spec;
 pub mod tensor;
 pub mod train;

@@ -55,9 +55,12 @@ pub fn init(quiet: bool) {
         .try_init();
 }
 
-/// From now on, log lines also go to `path`.
+/// From now on, log lines also go to `path` (appended: a resumed run continues its log).
 pub fn attach_run_log(path: &Path) -> std::io::Result<()> {
-    let file = File::create(path)?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
     if let Ok(mut guard) = RUN_LOG.lock() {
         *guard = Some(file);
     }

@@ -16,8 +16,13 @@ Examples:
 
 Overrides, lowest to highest: the job file, TRAINER_SECTION__KEY environment variables, --set.
 
-Exit codes: 0 success; 2 bad job spec, data or usage (nothing was trained); 1 failure while
-running (the run directory's summary.json says \"failed\" and why).";
+Resuming:
+  trainer run jobs/mlp.toml --resume runs/mlp/20261122-160622-ebbc
+  trainer run jobs/mlp.toml --resume runs/mlp/20261122-160622-ebbc/checkpoints/step-00000200.safetensors
+
+Exit codes: 0 success; 2 bad job spec, data, checkpoint or usage (nothing was trained); 1
+failure while running (the run directory's summary.json says \"failed\" and why); 130 / 143
+stopped by SIGINT / SIGTERM after writing a checkpoint (summary.json says \"interrupted\").";
 
 #[derive(Parser)]
 #[command(name = "trainer", version, about = "Declarative training-job runner: a TOML job in, a trained model and CSV metrics out.", after_help = AFTER_HELP)]
@@ -44,6 +49,18 @@ enum Command {
         /// Only print warnings and errors.
         #[arg(long, short)]
         quiet: bool,
+        /// Continue a run: a run directory (its newest checkpoint) or a checkpoint file
+        /// (RUN/checkpoints/step-NNNNNNNN.safetensors). The run goes on in that directory.
+        #[arg(long, value_name = "RUN_DIR|CHECKPOINT")]
+        resume: Option<PathBuf>,
+        /// With --resume (or checkpoint.resume = "auto"): when the checkpoint fails its
+        /// integrity check, use the newest intact earlier one instead of stopping.
+        #[arg(long)]
+        resume_fallback: bool,
+        /// With --resume: continue even though the job changed keys that alter training
+        /// (model, data, loss, optimizer...), which is refused otherwise.
+        #[arg(long)]
+        force: bool,
     },
     /// Validate a job and print its layers, output shapes, parameter counts and memory.
     Check {
@@ -68,12 +85,18 @@ fn main() -> ExitCode {
             sets,
             name,
             runs_dir,
+            resume,
+            resume_fallback,
+            force,
             ..
         } => commands::run(&commands::RunArgs {
             job,
             sets,
             name,
             runs_dir,
+            resume,
+            resume_fallback,
+            force,
         })
         .map(|dir| println!("{}", dir.display())),
         Command::Check { job, sets } => {
@@ -90,6 +113,10 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e @ trainer::Error::Interrupted { .. }) => {
+            eprintln!("{e}");
+            ExitCode::from(e.exit_code() as u8)
+        }
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::from(e.exit_code() as u8)

@@ -214,6 +214,35 @@ fn check_prints_layers_shapes_parameters_and_memory() {
 }
 
 #[test]
+fn check_shows_activation_memory_with_and_without_checkpointing() {
+    let out = trainer(
+        &[
+            "check",
+            "bench/mlp8.toml",
+            "--set",
+            "checkpoint.activations={ segments = 4 }",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8(out.stdout).unwrap();
+    for expected in [
+        "activations                   6.0 MiB",
+        "activation checkpointing: 4 segments, 11 layers recomputed",
+        "(14.0 MiB each without, 57% less)",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in\n{text}");
+    }
+    let out = trainer(&["check", "bench/mlp8.toml"], &[]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("activations                  14.0 MiB")
+            && text.contains("checkpointing: off; with checkpoint.activations = \"all\""),
+        "{text}"
+    );
+}
+
+#[test]
 fn schema_on_disk_is_current() {
     let out = trainer(&["schema"], &[]);
     assert!(out.status.success());

@@ -2,12 +2,16 @@
 //! parameters' place in the flat parameter buffer. Everything is known before the first step,
 //! so `trainer check` can print it and the executor can plan every buffer once.
 
+mod buffers;
 mod network;
 
+pub use buffers::BufferPlan;
 pub use network::Network;
 
 use crate::error::{Error, Result};
-use crate::spec::{GeluApproximation, JobSpec, LayerSpec, LossKind};
+use crate::spec::{
+    ActivationCheckpointing, ActivationMode, GeluApproximation, JobSpec, LayerSpec, LossKind,
+};
 use crate::tensor::rng::{derive, Rng};
 use crate::tensor::{Activation, LossFn};
 
@@ -54,6 +58,8 @@ pub struct Graph {
     pub layers: Vec<Layer>,
     pub param_count: usize,
     pub objective: Objective,
+    /// Activation checkpointing: the number of segments, or None for none.
+    pub checkpoint_segments: Option<usize>,
 }
 
 /// What the data provides that the graph is checked against.
@@ -170,12 +176,54 @@ impl Graph {
             ));
         }
         let objective = objective(spec, data, &shape, layers.len())?;
+        let checkpoint_segments = match &spec.checkpoint.activations {
+            None | Some(ActivationCheckpointing::Mode(ActivationMode::None)) => None,
+            Some(ActivationCheckpointing::Mode(ActivationMode::All)) => {
+                Some(BufferPlan::best_segments(&input_shape, &layers))
+            }
+            Some(ActivationCheckpointing::Segments(s)) => Some(s.segments),
+        };
         Ok(Graph {
             input_shape,
             layers,
             param_count: offset,
             objective,
+            checkpoint_segments,
         })
+    }
+
+    /// Where the activations live, with this graph's activation checkpointing.
+    pub fn buffer_plan(&self) -> BufferPlan {
+        BufferPlan::new(&self.input_shape, &self.layers, self.checkpoint_segments)
+    }
+
+    /// PyTorch nn.Sequential state_dict names of each linear layer's parameters: the
+    /// layer's index in model.layers, then `.weight` ([out, in]) or `.bias` ([out]).
+    pub fn state_dict_entries(&self) -> Vec<StateDictEntry> {
+        let mut entries = Vec::new();
+        for (i, layer) in self.layers.iter().enumerate() {
+            if let Op::Linear {
+                inp,
+                out,
+                weight,
+                bias,
+            } = layer.op
+            {
+                entries.push(StateDictEntry {
+                    name: format!("{i}.weight"),
+                    shape: vec![out, inp],
+                    offset: weight,
+                });
+                if let Some(b) = bias {
+                    entries.push(StateDictEntry {
+                        name: format!("{i}.bias"),
+                        shape: vec![out],
+                        offset: b,
+                    });
+                }
+            }
+        }
+        entries
     }
 
     pub fn output_shape(&self) -> &[usize] {
@@ -282,6 +330,23 @@ fn objective(
     }
 }
 
+/// One parameter tensor under its PyTorch name, and where it lies in the flat buffer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StateDictEntry {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub offset: usize,
+}
+
+impl StateDictEntry {
+    pub fn len(&self) -> usize {
+        numel(&self.shape)
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// Bytes the run needs, by kind, for `trainer check` and the run log.
 #[derive(Debug, Clone, Default)]
 pub struct MemoryPlan {
@@ -295,6 +360,11 @@ pub struct MemoryPlan {
     pub data: usize,
     /// Library workspace on the device (cuBLAS).
     pub workspace: usize,
+    /// Activations (and as much again for their gradients) without activation
+    /// checkpointing; equal to `activations` when it is off.
+    pub activations_without_checkpointing: usize,
+    /// Layers whose forward pass backward recomputes (0 without checkpointing).
+    pub recomputed_layers: usize,
 }
 
 impl MemoryPlan {
@@ -308,25 +378,22 @@ impl MemoryPlan {
         workspace: usize,
     ) -> Self {
         let f = std::mem::size_of::<f32>();
-        let mut activations = 0;
-        let mut activation_grads = 0;
-        for layer in &graph.layers {
-            if layer.op == Op::Flatten {
-                continue; // shares its input's buffers
-            }
-            let bytes = batch_size * numel(&layer.out_shape) * f;
-            activations += bytes;
-            activation_grads += bytes;
-        }
+        let plan = graph.buffer_plan();
+        let plain = BufferPlan::new(&graph.input_shape, &graph.layers, None);
+        // Every activation buffer has a gradient buffer of the same size (the input's is
+        // empty: nothing upstream needs the data's gradient).
+        let activations = batch_size * plan.activation_values() * f;
         MemoryPlan {
             params: graph.param_count * f,
             grads: graph.param_count * f,
             optimizer_state: graph.param_count * f * optimizer_buffers,
             activations,
-            activation_grads,
+            activation_grads: activations,
             batch: batch_size * (numel(&graph.input_shape) + graph.objective.target_dim) * f,
             data: device_data,
             workspace,
+            activations_without_checkpointing: batch_size * plain.activation_values() * f,
+            recomputed_layers: plan.recomputed_layers(),
         }
     }
 

@@ -1,7 +1,10 @@
 //! The executor: a graph's buffers on one backend, planned once at the largest batch, and the
 //! forward, loss and backward passes over them. The steady-state step allocates nothing.
+//! With activation checkpointing (see `BufferPlan`), backward recomputes each segment's inner
+//! activations before back-propagating through it; dropout redraws the same masks, since a
+//! mask is a pure function of the seed, the layer and the micro-step.
 
-use super::{numel, Graph, Op};
+use super::{numel, BufferPlan, Graph, Op};
 use crate::error::Result;
 use crate::tensor::rng::derive;
 use crate::tensor::Backend;
@@ -14,9 +17,8 @@ pub struct Network<B: Backend> {
     acts: Vec<B::Buf>,
     /// Gradients of the activations, by the same slots (slot 0 is empty: the input needs none).
     dacts: Vec<B::Buf>,
-    /// slot[i] is where node i lives: node 0 is the input, node i+1 the output of layer i.
-    /// A flatten layer's output shares its input's slot.
-    slot: Vec<usize>,
+    /// Which buffer each node uses, the backward segments and what they recompute.
+    plan: BufferPlan,
     targets: B::Buf,
     max_batch: usize,
     dropout_seed: u64,
@@ -42,16 +44,8 @@ impl<B: Backend> Network<B> {
         max_batch: usize,
         seed: u64,
     ) -> Result<Self> {
-        let mut slot = vec![0];
-        let mut sizes = vec![max_batch * numel(&graph.input_shape)];
-        for layer in &graph.layers {
-            if layer.op == Op::Flatten {
-                slot.push(*slot.last().unwrap_or(&0));
-            } else {
-                slot.push(sizes.len());
-                sizes.push(max_batch * numel(&layer.out_shape));
-            }
-        }
+        let plan = graph.buffer_plan();
+        let sizes: Vec<usize> = plan.sizes.iter().map(|&n| max_batch * n).collect();
         let acts = sizes
             .iter()
             .map(|&n| backend.alloc(n))
@@ -68,7 +62,7 @@ impl<B: Backend> Network<B> {
             params: param_buf,
             acts,
             dacts,
-            slot,
+            plan,
             targets: backend.alloc(max_batch * graph.objective.target_dim)?,
             max_batch,
             dropout_seed: derive(seed, 77),
@@ -92,7 +86,7 @@ impl<B: Backend> Network<B> {
 
     /// The model's output for the last forward pass.
     pub fn output(&self) -> &B::Buf {
-        &self.acts[self.slot[self.graph.layers.len()]]
+        &self.acts[self.plan.slot[self.graph.layers.len()]]
     }
 
     fn dropout_key(&self, layer: usize, step_key: u64) -> u64 {
@@ -103,32 +97,36 @@ impl<B: Backend> Network<B> {
     /// micro-step, so dropout draws a fresh mask each step and the same one in backward.
     pub fn forward(&mut self, backend: &B, n: usize, train: bool, step_key: u64) {
         for i in 0..self.graph.layers.len() {
-            let layer = &self.graph.layers[i];
-            let (src, dst) = (self.slot[i], self.slot[i + 1]);
-            let len = n * numel(&layer.out_shape);
-            match layer.op {
-                Op::Flatten => {}
-                Op::Linear {
-                    inp,
-                    out,
-                    weight,
-                    bias,
-                } => {
-                    let (x, y) = read_write(&mut self.acts, src, dst);
-                    backend.linear_forward(x, &self.params, weight, bias, y, n, inp, out);
-                }
-                Op::Activation(f) => {
-                    let (x, y) = read_write(&mut self.acts, src, dst);
-                    backend.activation_forward(f, x, y, len);
-                }
-                Op::Dropout { p } => {
-                    let key = self.dropout_key(i, step_key);
-                    let (x, y) = read_write(&mut self.acts, src, dst);
-                    if train && p > 0.0 {
-                        backend.dropout_forward(p, key, x, y, len);
-                    } else {
-                        backend.copy(x, y, len);
-                    }
+            self.forward_layer(backend, i, n, train, step_key);
+        }
+    }
+
+    fn forward_layer(&mut self, backend: &B, i: usize, n: usize, train: bool, step_key: u64) {
+        let layer = &self.graph.layers[i];
+        let (src, dst) = (self.plan.slot[i], self.plan.slot[i + 1]);
+        let len = n * numel(&layer.out_shape);
+        match layer.op {
+            Op::Flatten => {}
+            Op::Linear {
+                inp,
+                out,
+                weight,
+                bias,
+            } => {
+                let (x, y) = read_write(&mut self.acts, src, dst);
+                backend.linear_forward(x, &self.params, weight, bias, y, n, inp, out);
+            }
+            Op::Activation(f) => {
+                let (x, y) = read_write(&mut self.acts, src, dst);
+                backend.activation_forward(f, x, y, len);
+            }
+            Op::Dropout { p } => {
+                let key = self.dropout_key(i, step_key);
+                let (x, y) = read_write(&mut self.acts, src, dst);
+                if train && p > 0.0 {
+                    backend.dropout_forward(p, key, x, y, len);
+                } else {
+                    backend.copy(x, y, len);
                 }
             }
         }
@@ -137,7 +135,7 @@ impl<B: Backend> Network<B> {
     /// The loss of the last forward pass against the first `n` targets, added to `stats`.
     /// With `grad_scale`, also seeds the backward pass with d(mean loss)/d(output) · scale.
     pub fn loss(&mut self, backend: &B, n: usize, grad_scale: Option<f32>, stats: &mut B::Stats) {
-        let out_slot = self.slot[self.graph.layers.len()];
+        let out_slot = self.plan.slot[self.graph.layers.len()];
         let dim = numel(self.graph.output_shape());
         let f = self.graph.objective.loss;
         let dout = grad_scale.map(|_| &mut self.dacts[out_slot]);
@@ -155,52 +153,66 @@ impl<B: Backend> Network<B> {
     }
 
     /// Back-propagates the loss gradient, adding the parameter gradients into `grads`.
+    /// Segment by segment from the last: recompute its inner activations (activation
+    /// checkpointing; nothing without it), then go back through its layers.
     pub fn backward(&mut self, backend: &B, n: usize, step_key: u64) {
-        for i in (0..self.graph.layers.len()).rev() {
-            let layer = &self.graph.layers[i];
-            let (src, dst) = (self.slot[i], self.slot[i + 1]);
-            // Slot 0 is the data: nothing upstream needs its gradient.
-            let need_dx = src != 0;
-            let len = n * numel(&layer.out_shape);
-            match layer.op {
-                Op::Flatten => {}
-                Op::Linear {
-                    inp,
-                    out,
+        for s in (0..self.plan.segments.len()).rev() {
+            let layers = self.plan.segments[s].clone();
+            for i in layers.clone() {
+                if self.plan.recompute[i] {
+                    self.forward_layer(backend, i, n, true, step_key);
+                }
+            }
+            for i in layers.rev() {
+                self.backward_layer(backend, i, n, step_key);
+            }
+        }
+    }
+
+    fn backward_layer(&mut self, backend: &B, i: usize, n: usize, step_key: u64) {
+        let layer = &self.graph.layers[i];
+        let (src, dst) = (self.plan.slot[i], self.plan.slot[i + 1]);
+        // Slot 0 is the data: nothing upstream needs its gradient.
+        let need_dx = src != 0;
+        let len = n * numel(&layer.out_shape);
+        match layer.op {
+            Op::Flatten => {}
+            Op::Linear {
+                inp,
+                out,
+                weight,
+                bias,
+            } => {
+                let (dy, dx) = read_write(&mut self.dacts, dst, src);
+                let dx = need_dx.then_some(dx);
+                let x = &self.acts[src];
+                backend.linear_backward(
+                    x,
+                    dy,
+                    &self.params,
+                    &mut self.grads,
                     weight,
                     bias,
-                } => {
-                    let (dy, dx) = read_write(&mut self.dacts, dst, src);
-                    let dx = need_dx.then_some(dx);
-                    let x = &self.acts[src];
-                    backend.linear_backward(
-                        x,
-                        dy,
-                        &self.params,
-                        &mut self.grads,
-                        weight,
-                        bias,
-                        dx,
-                        n,
-                        inp,
-                        out,
-                    );
-                }
-                Op::Activation(f) if need_dx => {
-                    let (dy, dx) = read_write(&mut self.dacts, dst, src);
-                    backend.activation_backward(f, &self.acts[src], &self.acts[dst], dy, dx, len);
-                }
-                Op::Dropout { p } if need_dx => {
-                    let key = self.dropout_key(i, step_key);
-                    let (dy, dx) = read_write(&mut self.dacts, dst, src);
-                    if p > 0.0 {
-                        backend.dropout_backward(p, key, dy, dx, len);
-                    } else {
-                        backend.copy(dy, dx, len);
-                    }
-                }
-                Op::Activation(_) | Op::Dropout { .. } => {}
+                    dx,
+                    n,
+                    inp,
+                    out,
+                );
             }
+            Op::Activation(f) if need_dx => {
+                let (dy, dx) = read_write(&mut self.dacts, dst, src);
+                backend.activation_backward(f, &self.acts[src], &self.acts[dst], dy, dx, len);
+            }
+            Op::Dropout { p } if need_dx => {
+                let key = self.dropout_key(i, step_key);
+                let (dy, dx) = read_write(&mut self.dacts, dst, src);
+                if p > 0.0 {
+                    backend.dropout_backward(p, key, dy, dx, len);
+                } else {
+                    backend.copy(dy, dx, len);
+                }
+            }
+            Op::Activation(_) | Op::Dropout { .. } => {}
         }
     }
 }

@@ -34,6 +34,8 @@ pub struct Optimizer<B: Backend> {
     state2: B::Buf,
     /// Optimizer steps taken.
     steps: u64,
+    /// The names of the state buffers in use (state1, then state2).
+    names: &'static [&'static str],
 }
 
 /// State buffers of the size of the parameters that a job's optimizer keeps.
@@ -42,6 +44,15 @@ pub fn state_buffers(spec: &JobSpec) -> usize {
         OptimizerKind::Sgd if spec.optimizer.momentum == 0.0 => 0,
         OptimizerKind::Sgd => 1,
         OptimizerKind::Adam | OptimizerKind::Adamw => 2,
+    }
+}
+
+/// PyTorch's names of the state buffers a job's optimizer keeps, in order.
+pub fn state_names(spec: &JobSpec) -> &'static [&'static str] {
+    match state_buffers(spec) {
+        0 => &[],
+        1 => &["momentum_buffer"],
+        _ => &["exp_avg", "exp_avg_sq"],
     }
 }
 
@@ -56,11 +67,51 @@ impl<B: Backend> Optimizer<B> {
             state1: backend.alloc(size(0))?,
             state2: backend.alloc(size(1))?,
             steps: 0,
+            names: state_names(spec),
         })
     }
 
     pub fn steps(&self) -> u64 {
         self.steps
+    }
+
+    /// The state buffers with their names (see `state_names`), for a checkpoint.
+    pub fn state(&self) -> Vec<(&'static str, &B::Buf)> {
+        self.names
+            .iter()
+            .zip([&self.state1, &self.state2])
+            .map(|(n, b)| (*n, b))
+            .collect()
+    }
+
+    /// Continues from a checkpoint's state: the buffers by name and the step count. The
+    /// error says which buffer is missing or has the wrong size.
+    pub fn restore(
+        &mut self,
+        backend: &B,
+        state: &[(String, Vec<f32>)],
+        steps: u64,
+        param_count: usize,
+    ) -> std::result::Result<(), String> {
+        let given: Vec<&str> = state.iter().map(|(n, _)| n.as_str()).collect();
+        if given != self.names {
+            return Err(format!(
+                "the checkpoint's optimizer state is [{}], this optimizer keeps [{}]",
+                given.join(", "),
+                self.names.join(", ")
+            ));
+        }
+        for ((name, values), buf) in state.iter().zip([&mut self.state1, &mut self.state2]) {
+            if values.len() != param_count {
+                return Err(format!(
+                    "optimizer state `{name}` has {} values, the model {param_count} parameters",
+                    values.len()
+                ));
+            }
+            backend.upload(values, buf);
+        }
+        self.steps = steps;
+        Ok(())
     }
 
     /// One update of `params` from `grads` at learning rate `lr`.

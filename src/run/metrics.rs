@@ -40,6 +40,8 @@ pub struct MetricsRow {
 pub struct MetricsWriter {
     writer: csv::Writer<File>,
     path: String,
+    /// Rows written, the header excluded (a checkpoint records it).
+    rows: u64,
 }
 
 impl MetricsWriter {
@@ -50,9 +52,51 @@ impl MetricsWriter {
         let mut w = MetricsWriter {
             writer: csv::Writer::from_writer(file),
             path: name,
+            rows: 0,
         };
         w.write_record(METRICS_COLUMNS.iter().map(|s| s.to_string()).collect())?;
         Ok(w)
+    }
+
+    /// Reopens a resumed run's metrics.csv: keeps the header and the first `keep_rows`
+    /// rows (those written before the checkpoint), drops the rest, and appends after them.
+    pub fn resume(path: &Path, keep_rows: u64) -> Result<Self> {
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::Runtime(format!("cannot read {name} to resume it: {e}")))?;
+        let header = METRICS_COLUMNS.join(",");
+        if text.lines().next() != Some(header.as_str()) {
+            return Err(Error::Runtime(format!(
+                "{name} does not start with the header `{header}`; it is not this run's metrics"
+            )));
+        }
+        // Cells are numbers and split names: a row never spans lines.
+        let mut end = header.len() + 1;
+        for row in 0..keep_rows {
+            match text[end..].find('\n') {
+                Some(i) => end += i + 1,
+                None => {
+                    return Err(Error::Runtime(format!(
+                        "{name} has {row} rows but the checkpoint was written after row \
+                         {keep_rows}: rows are missing, so it cannot be continued"
+                    )))
+                }
+            }
+        }
+        let file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(path)
+            .and_then(|f| f.set_len(end as u64).map(|()| f))
+            .map_err(|e| Error::Runtime(format!("cannot reopen {name}: {e}")))?;
+        Ok(MetricsWriter {
+            writer: csv::Writer::from_writer(file),
+            path: name,
+            rows: keep_rows,
+        })
+    }
+
+    pub fn rows(&self) -> u64 {
+        self.rows
     }
 
     pub fn write(&mut self, row: &MetricsRow) -> Result<()> {
@@ -69,7 +113,9 @@ impl MetricsWriter {
             format!("{:.3}", row.elapsed_s),
             opt(row.gpu_mem.map(|(a, _)| a as f64)),
             opt(row.gpu_mem.map(|(_, p)| p as f64)),
-        ])
+        ])?;
+        self.rows += 1;
+        Ok(())
     }
 
     fn write_record(&mut self, fields: Vec<String>) -> Result<()> {

@@ -1,6 +1,8 @@
 //! The run directory `runs/<name>/<run-id>/`: config.toml (the resolved spec), metrics.csv
-//! (flushed row by row), train.log, and summary.json, written last. A run without a
-//! summary.json, or with `"status": "failed"`, did not finish.
+//! (flushed row by row), train.log, checkpoints/ (see `checkpoint`), model.safetensors (the
+//! final weights) and summary.json, written last. A run without a summary.json, or with
+//! `"status"` other than `"completed"`, did not finish; an `"interrupted"` one can be
+//! resumed.
 
 mod metrics;
 
@@ -54,6 +56,24 @@ impl RunDir {
             "cannot find a free run id under {}",
             parent.display()
         )))
+    }
+
+    /// An existing run directory, to continue a run in it.
+    pub fn open(path: &Path) -> Result<RunDir> {
+        if !path.is_dir() {
+            return Err(Error::Job(format!(
+                "run directory {} does not exist",
+                path.display()
+            )));
+        }
+        let id = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        Ok(RunDir {
+            path: path.to_path_buf(),
+            id,
+        })
     }
 
     /// Writes the fully resolved spec, which reproduces the run with `trainer run config.toml`.

@@ -278,6 +278,7 @@ fn resolve_paths(spec: &mut JobSpec, base: &Path) {
         &mut d.train_labels,
         &mut d.test_images,
         &mut d.test_labels,
+        &mut spec.model.init_from,
     ]
     .into_iter()
     .flatten()

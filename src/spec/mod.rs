@@ -185,6 +185,11 @@ pub struct ModelSpec {
     /// Shape of one input sample; defaults to the data's shape.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input_shape: Option<Vec<usize>>,
+    /// Start from the weights in this safetensors file (PyTorch nn.Sequential state_dict
+    /// names: `<layer index>.weight` [out, in], `<layer index>.bias` [out]), e.g. a previous
+    /// run's model.safetensors. Names and shapes are checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_from: Option<PathBuf>,
 }
 
 /// One layer. `type` picks the kind; the other keys are that kind's settings.
@@ -422,21 +427,98 @@ pub struct PrecisionSpec {
     pub mode: PrecisionMode,
 }
 
+/// Training-state checkpoints (runs/<name>/<id>/checkpoints/step-NNNNNNNN.safetensors),
+/// resuming, and activation checkpointing.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CheckpointSpec {
     /// Write a training checkpoint every this many optimizer steps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub every_steps: Option<usize>,
-    /// Write a training checkpoint every this many epochs.
+    /// Write a training checkpoint every this many epochs (after that epoch's evaluation).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub every_epochs: Option<usize>,
-    /// Keep only the newest N checkpoints.
+    /// Keep only the newest N checkpoints (default: keep all).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keep_last: Option<usize>,
+    /// Also keep the checkpoint with the best evaluation, among those written right after an
+    /// evaluation of their own parameters (every_epochs ones, and the final one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_best: Option<KeepBestSpec>,
+    /// "auto": continue the newest unfinished run of the same job name under the runs
+    /// directory, from its latest checkpoint (a new run when there is none). Default "never".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume: Option<ResumeMode>,
     /// Activation checkpointing: "none", "all", or { segments = N }.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub activations: Option<ActivationCheckpointing>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ResumeMode {
+    /// Always start a new run (unless `trainer run --resume` says otherwise).
+    Never,
+    /// Continue the newest unfinished run of this job name when it has a checkpoint.
+    Auto,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KeepBestSpec {
+    /// An evaluation column of metrics.csv: the split and the value.
+    pub metric: BestMetric,
+    /// Whether smaller or larger is better (default: min for a loss, max for an accuracy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<BestMode>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BestMetric {
+    ValLoss,
+    ValAccuracy,
+    TestLoss,
+    TestAccuracy,
+}
+
+impl BestMetric {
+    /// The name as written in the job and in a checkpoint's evaluation: "val_loss"...
+    pub fn name(self) -> &'static str {
+        match self {
+            BestMetric::ValLoss => "val_loss",
+            BestMetric::ValAccuracy => "val_accuracy",
+            BestMetric::TestLoss => "test_loss",
+            BestMetric::TestAccuracy => "test_accuracy",
+        }
+    }
+    /// The metrics.csv split it is read from.
+    pub fn split(self) -> &'static str {
+        match self {
+            BestMetric::ValLoss | BestMetric::ValAccuracy => "val",
+            BestMetric::TestLoss | BestMetric::TestAccuracy => "test",
+        }
+    }
+    pub fn is_accuracy(self) -> bool {
+        matches!(self, BestMetric::ValAccuracy | BestMetric::TestAccuracy)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BestMode {
+    Min,
+    Max,
+}
+
+impl KeepBestSpec {
+    pub fn mode(&self) -> BestMode {
+        self.mode.unwrap_or(if self.metric.is_accuracy() {
+            BestMode::Max
+        } else {
+            BestMode::Min
+        })
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -451,14 +533,16 @@ pub enum ActivationCheckpointing {
 pub enum ActivationMode {
     /// Keep every activation (no recomputation).
     None,
-    /// Recompute every layer's forward pass during the backward pass.
+    /// Recompute every layer's forward pass during the backward pass, with the number of
+    /// segments that needs the least activation memory (about √layers).
     All,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SegmentsSpec {
-    /// Keep only the boundaries of this many segments and recompute each segment.
+    /// Split the layers into this many segments of (nearly) equal layer counts; keep only
+    /// the segment boundaries in the forward pass and recompute each segment in backward.
     pub segments: usize,
 }
 

@@ -38,6 +38,7 @@ pub fn validate(spec: &JobSpec, file: &str) -> Result<()> {
     validate_loss(spec, &mut p);
     validate_optimizer(&spec.optimizer, &mut p);
     validate_train(&spec.train, &mut p);
+    validate_checkpoint(spec, &mut p);
     validate_later_features(spec, &mut p);
     if p.lines.is_empty() {
         Ok(())
@@ -380,6 +381,69 @@ fn validate_train(t: &TrainSpec, p: &mut Problems) {
     }
 }
 
+fn validate_checkpoint(spec: &JobSpec, p: &mut Problems) {
+    let c = &spec.checkpoint;
+    for (key, value) in [
+        ("checkpoint.every_steps", c.every_steps),
+        ("checkpoint.every_epochs", c.every_epochs),
+        ("checkpoint.keep_last", c.keep_last),
+    ] {
+        if let Some(n) = value {
+            p.check(n >= 1, key, format!("{n} given; must be at least 1"));
+        }
+    }
+    if let Some(best) = &c.keep_best {
+        // A checkpoint is compared by the evaluation of its own parameters, which only
+        // every_epochs checkpoints (and the final one) have.
+        p.check(
+            c.every_epochs.is_some() && spec.train.eval_every_epochs > 0,
+            "checkpoint.keep_best",
+            format!(
+                "metric \"{}\" needs checkpoint.every_epochs and train.eval_every_epochs > 0: \
+                 checkpoints are compared by the evaluation made right before them",
+                best.metric.name()
+            ),
+        );
+        let split = best.metric.split();
+        let has_split = match split {
+            "val" => spec.data.val_fraction > 0.0,
+            _ => spec.data.test_path.is_some() || spec.data.test_images.is_some(),
+        };
+        p.check(
+            has_split,
+            "checkpoint.keep_best.metric",
+            format!(
+                "\"{}\" given, but the job has no {split} split ({})",
+                best.metric.name(),
+                if split == "val" {
+                    "set data.val_fraction"
+                } else {
+                    "give data.test_path or data.test_images"
+                }
+            ),
+        );
+        p.check(
+            !best.metric.is_accuracy() || spec.loss.kind != LossKind::Mse,
+            "checkpoint.keep_best.metric",
+            format!(
+                "\"{}\" given, but loss.type = \"mse\" has no accuracy; use a loss metric",
+                best.metric.name()
+            ),
+        );
+    }
+    if let Some(ActivationCheckpointing::Segments(s)) = &c.activations {
+        let layers = spec.model.layers.len();
+        p.check(
+            (1..=layers.max(1)).contains(&s.segments),
+            "checkpoint.activations.segments",
+            format!(
+                "{} given; must be between 1 and the number of layers ({layers})",
+                s.segments
+            ),
+        );
+    }
+}
+
 /// Keys for capabilities that later issues implement: accepted by the schema so editors know
 /// them, refused here so that nothing is ever silently ignored.
 fn validate_later_features(spec: &JobSpec, p: &mut Problems) {
@@ -394,24 +458,6 @@ fn validate_later_features(spec: &JobSpec, p: &mut Problems) {
     if spec.precision.mode != PrecisionMode::Fp32 {
         let mode = serde_json::to_string(&spec.precision.mode).unwrap_or_default();
         p.not_yet("precision.mode", mode, "mixed precision");
-    }
-    let c = &spec.checkpoint;
-    for (key, set) in [
-        ("checkpoint.every_steps", c.every_steps.is_some()),
-        ("checkpoint.every_epochs", c.every_epochs.is_some()),
-        ("checkpoint.keep_last", c.keep_last.is_some()),
-    ] {
-        if set {
-            p.not_yet(key, "a value", "training checkpoints");
-        }
-    }
-    match &c.activations {
-        None | Some(ActivationCheckpointing::Mode(ActivationMode::None)) => {}
-        Some(v) => p.not_yet(
-            "checkpoint.activations",
-            format!("{v:?}"),
-            "activation checkpointing",
-        ),
     }
     if let Some(d) = &spec.parallel.devices {
         p.not_yet("parallel.devices", format!("{d:?}"), "data parallelism");

@@ -494,10 +494,22 @@ impl Backend for CpuBackend {
         std::mem::take(stats)
     }
 
+    fn set_stats(&self, stats: &mut LossStats, value: LossStats) {
+        *stats = value;
+    }
+
     fn sum_squares(&self, buf: &Vec<f32>) -> f64 {
-        buf.par_chunks(CHUNK)
-            .map(|c| c.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>())
-            .sum()
+        // A fixed reduction order, so the gradient norm (and clipping) is the same in every
+        // run: each chunk is summed in order, then the chunks' sums in order. (A rayon
+        // `.sum()` combines in a tree shaped by work stealing, which varies from run to run.)
+        // At most PARTS chunks, their sums on the stack: no allocation.
+        const PARTS: usize = 64;
+        let chunk = CHUNK.max(buf.len().div_ceil(PARTS));
+        let mut partial = [0.0f64; PARTS];
+        buf.par_chunks(chunk)
+            .zip(partial.par_iter_mut())
+            .for_each(|(c, p)| *p = c.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>());
+        partial.iter().sum()
     }
 
     fn scale(&self, buf: &mut Vec<f32>, factor: f32) {

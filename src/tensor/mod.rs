@@ -167,6 +167,8 @@ pub trait Backend {
     fn new_stats(&self) -> Result<Self::Stats>;
     /// Reads the statistics and resets them to zero.
     fn take_stats(&self, stats: &mut Self::Stats) -> LossStats;
+    /// Sets the statistics (a checkpoint saves and restores a partly accumulated log row).
+    fn set_stats(&self, stats: &mut Self::Stats, value: LossStats);
 
     /// Σ buf[i]², for the global gradient norm.
     fn sum_squares(&self, buf: &Self::Buf) -> f64;

@@ -6,16 +6,20 @@
 //! by the number of micro-batches in the step. At an epoch's end fewer than
 //! `grad_accum_steps` batches may remain: that last step averages over the ones there are.
 
+use crate::checkpoint::{self, Checkpoint, Saving, TrainState};
 use crate::data::{batches_per_epoch, epoch_order, Data, Dataset};
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Network};
 use crate::optim::{clip_grad_norm, Optimizer, Schedule};
 use crate::run::{MetricsRow, MetricsWriter};
+use crate::signals::Stop;
 use crate::spec::JobSpec;
 use crate::tensor::{Backend, LossStats};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-/// What a finished training run reports.
+/// What a finished (or interrupted) training run reports.
 #[derive(Debug, Clone, Default)]
 pub struct Outcome {
     pub steps: u64,
@@ -29,6 +33,10 @@ pub struct Outcome {
     pub final_params: Vec<f32>,
     /// Seconds from process start to the first training step (start-up: data, kernels...).
     pub startup_s: f64,
+    /// The newest checkpoint this run wrote.
+    pub last_checkpoint: Option<PathBuf>,
+    /// Set when a signal stopped the run early: the signal's number.
+    pub interrupted: Option<i32>,
 }
 
 impl Outcome {
@@ -37,14 +45,33 @@ impl Outcome {
     }
 }
 
+/// What a run starts from and what it may do besides training. `Session::default()` starts
+/// from the seeded initialisation and writes no checkpoint: that is `train`.
+#[derive(Default)]
+pub struct Session<'a> {
+    /// Parameters to start from (model.init_from) instead of the seeded initialisation.
+    pub initial_params: Option<Vec<f32>>,
+    /// A checkpoint to continue from; it must belong to this job (see
+    /// `checkpoint::incompatible_changes`).
+    pub resume: Option<Checkpoint>,
+    /// Where checkpoints go (`checkpoint.every_*`, a stop signal); None writes none.
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Checked after every optimizer step: stop there, with a checkpoint.
+    pub stop: Option<&'a Stop>,
+}
+
 /// Optimizer steps the whole run will take.
 pub fn total_steps(spec: &JobSpec, train_len: usize) -> usize {
-    let batches = batches_per_epoch(train_len, spec.data.batch_size, spec.data.drop_last);
-    let per_epoch = batches.div_ceil(spec.train.grad_accum_steps);
-    let all = per_epoch * spec.train.epochs;
+    let all = steps_per_epoch(spec, train_len) * spec.train.epochs;
     spec.train.max_steps.map_or(all, |m| m.min(all))
 }
 
+fn steps_per_epoch(spec: &JobSpec, train_len: usize) -> usize {
+    let batches = batches_per_epoch(train_len, spec.data.batch_size, spec.data.drop_last);
+    batches.div_ceil(spec.train.grad_accum_steps)
+}
+
+/// Trains from the job's seeded initialisation, writing no checkpoint.
 pub fn train<B: Backend>(
     backend: &B,
     spec: &JobSpec,
@@ -52,13 +79,47 @@ pub fn train<B: Backend>(
     data: Data,
     metrics: &mut MetricsWriter,
 ) -> Result<Outcome> {
+    train_session(backend, spec, graph, data, metrics, Session::default())
+}
+
+/// Trains as `session` says. Everything that decides the numbers (the data order, dropout
+/// masks, the learning rate) is a pure function of (job.seed, epoch, step, micro-step), so
+/// a run continued from a checkpoint computes exactly what the uninterrupted run would.
+pub fn train_session<B: Backend>(
+    backend: &B,
+    spec: &JobSpec,
+    graph: Graph,
+    data: Data,
+    metrics: &mut MetricsWriter,
+    session: Session,
+) -> Result<Outcome> {
+    let Session {
+        initial_params,
+        resume,
+        checkpoint_dir,
+        stop,
+    } = session;
     let batch_size = spec.data.batch_size;
     let row_len = data.row_len();
     let target_dim = data.target_dim;
     let has_accuracy = graph.objective.has_accuracy;
-    let params = graph.init_params(spec.job.seed);
+    let param_count = graph.param_count;
+    let (params, resume) = match resume {
+        Some(mut c) => (std::mem::take(&mut c.params), Some(c)),
+        None => (
+            initial_params.unwrap_or_else(|| graph.init_params(spec.job.seed)),
+            None,
+        ),
+    };
+    if params.len() != param_count {
+        return Err(Error::Job(format!(
+            "the starting parameters have {} values but the model has {param_count} parameters",
+            params.len()
+        )));
+    }
     let mut net = Network::new(backend, graph, &params, batch_size, spec.job.seed)?;
-    let mut optimizer = Optimizer::new(backend, spec, params.len())?;
+    drop(params);
+    let mut optimizer = Optimizer::new(backend, spec, param_count)?;
 
     let train_len = data.train.len;
     if spec.data.drop_last && train_len < batch_size {
@@ -79,29 +140,45 @@ pub fn train<B: Backend>(
 
     let mut train_stats = backend.new_stats()?;
     let mut eval_stats = backend.new_stats()?;
+    let mut st = TrainState::start(spec.job.seed);
+    if let Some(c) = resume {
+        optimizer
+            .restore(backend, &c.optimizer, c.state.optimizer_steps, param_count)
+            .map_err(|e| Error::Job(format!("{}: {e}", c.path.display())))?;
+        backend.set_stats(&mut train_stats, c.window);
+        st = c.state;
+        st.finished = false;
+        st.evaluation.clear();
+    }
     let start = Instant::now();
+    let elapsed_before = st.elapsed_s;
+    let elapsed = || elapsed_before + start.elapsed().as_secs_f64();
     let mut outcome = Outcome::default();
-    let mut window = Window::new();
-    let mut micro_step = 0u64;
     let accum = spec.train.grad_accum_steps;
     let clip = spec.train.clip_grad_norm;
     let log_every = spec.train.log_every as u64;
+    let policy = &spec.checkpoint;
+    let mut saver = checkpoint_dir.as_deref().map(|dir| Saver { dir, spec });
 
-    'epochs: for epoch in 1..=spec.train.epochs {
-        outcome.epochs = epoch;
+    'epochs: for epoch in st.epoch..=spec.train.epochs {
+        st.epoch = epoch;
         let order = epoch_order(train_len, spec.data.shuffle, spec.job.seed, epoch);
         let mut batches: Vec<&[u32]> = order.chunks(batch_size).collect();
         if spec.data.drop_last && train_len % batch_size != 0 {
             batches.pop();
         }
-        for group in batches.chunks(accum) {
+        // A resumed run continues where the checkpoint stood in this epoch's order.
+        for group in batches.chunks(accum).skip(st.steps_in_epoch) {
+            if st.step as usize >= total {
+                break 'epochs;
+            }
             let step_start = Instant::now();
-            if outcome.steps == 0 {
+            if st.step == 0 && outcome.startup_s == 0.0 {
                 outcome.startup_s = crate::process_start().elapsed().as_secs_f64();
             }
-            let step = outcome.steps + 1;
+            let step = st.step + 1;
             let logging = step % log_every == 0 || step as usize == total;
-            let lr = schedule.lr(outcome.steps as usize);
+            let lr = schedule.lr(st.step as usize);
             let batch = Batch {
                 x: &train_x,
                 y: &train_y,
@@ -114,7 +191,7 @@ pub fn train<B: Backend>(
                 &mut optimizer,
                 &batch,
                 group,
-                &mut micro_step,
+                &mut st.micro_step,
                 &mut train_stats,
                 StepSettings {
                     lr,
@@ -123,9 +200,10 @@ pub fn train<B: Backend>(
                 },
             );
             backend.status()?;
-            window.samples += group.iter().map(|rows| rows.len() as u64).sum::<u64>();
-            outcome.steps = step;
-            window.seconds += step_start.elapsed().as_secs_f64();
+            st.window_samples += group.iter().map(|rows| rows.len() as u64).sum::<u64>();
+            st.step = step;
+            st.steps_in_epoch += 1;
+            st.window_seconds += step_start.elapsed().as_secs_f64();
 
             if logging {
                 let stats = backend.take_stats(&mut train_stats);
@@ -137,57 +215,170 @@ pub fn train<B: Backend>(
                     accuracy: has_accuracy.then(|| stats.correct / stats.samples),
                     lr: Some(lr),
                     grad_norm,
-                    samples_per_sec: Some(window.samples as f64 / window.seconds.max(1e-9)),
-                    elapsed_s: start.elapsed().as_secs_f64(),
+                    samples_per_sec: Some(st.window_samples as f64 / st.window_seconds.max(1e-9)),
+                    elapsed_s: elapsed(),
                     gpu_mem: backend.memory(),
                 };
                 check_finite(&row)?;
                 tracing::info!("{}", progress_line(&row, total));
                 metrics.write(&row)?;
-                outcome.train_samples += window.samples;
-                outcome.train_seconds += window.seconds;
-                window = Window::new();
+                st.train_samples += st.window_samples;
+                st.train_seconds += st.window_seconds;
+                st.window_samples = 0;
+                st.window_seconds = 0.0;
                 outcome.last_train = Some(row);
             }
-            if step as usize >= total {
-                break 'epochs;
+            let signal = stop.and_then(Stop::requested);
+            let due = policy.every_steps.is_some_and(|n| step % n as u64 == 0);
+            if let Some(saver) = saver.as_mut().filter(|_| due || signal.is_some()) {
+                st.elapsed_s = elapsed();
+                let path = saver.save(backend, &net, &optimizer, &mut train_stats, &st, metrics)?;
+                outcome.last_checkpoint = Some(path);
+            }
+            if signal.is_some() {
+                outcome.interrupted = signal;
+                return Ok(finish(outcome, &st, None));
             }
         }
+        if st.step as usize >= total {
+            break 'epochs;
+        }
         let eval_every = spec.train.eval_every_epochs;
+        let mut evaluation = BTreeMap::new();
         if eval_every > 0 && epoch % eval_every == 0 && epoch < spec.train.epochs {
-            evaluate(
+            evaluation = evaluate(
                 backend,
                 &mut net,
                 &eval_sets,
                 &mut eval_stats,
                 epoch,
-                outcome.steps,
-                start,
+                st.step,
+                elapsed(),
                 metrics,
                 &mut outcome,
             )?;
         }
+        // The epoch is done, evaluation included: a checkpoint from here starts the next.
+        st.epoch = epoch + 1;
+        st.steps_in_epoch = 0;
+        if policy.every_epochs.is_some_and(|n| epoch % n == 0) {
+            if let Some(saver) = saver.as_mut() {
+                st.elapsed_s = elapsed();
+                st.evaluation = evaluation;
+                let path = saver.save(backend, &net, &optimizer, &mut train_stats, &st, metrics)?;
+                st.evaluation.clear();
+                outcome.last_checkpoint = Some(path);
+            }
+        }
     }
+    // The epoch the loop ended in (it stands at the next one's start after a full epoch).
+    let last_epoch = if st.steps_in_epoch == 0 {
+        st.epoch.saturating_sub(1).max(1)
+    } else {
+        st.epoch
+    };
     // The final evaluation, always (also when max_steps ended the run mid-epoch).
     if spec.train.eval_every_epochs > 0 {
-        evaluate(
+        st.evaluation = evaluate(
             backend,
             &mut net,
             &eval_sets,
             &mut eval_stats,
-            outcome.epochs,
-            outcome.steps,
-            start,
+            last_epoch,
+            st.step,
+            elapsed(),
             metrics,
             &mut outcome,
         )?;
     }
-    outcome.train_samples += window.samples;
-    outcome.train_seconds += window.seconds;
-    let mut final_params = vec![0.0; net.graph.param_count];
+    st.train_samples += st.window_samples;
+    st.train_seconds += st.window_seconds;
+    st.window_samples = 0;
+    st.window_seconds = 0.0;
+    let checkpointing = policy.every_steps.is_some() || policy.every_epochs.is_some();
+    if let Some(saver) = saver.as_mut().filter(|_| checkpointing) {
+        st.finished = true;
+        if st.steps_in_epoch == steps_per_epoch(spec, train_len) {
+            st.epoch += 1;
+            st.steps_in_epoch = 0;
+        }
+        st.elapsed_s = elapsed();
+        let path = saver.save(backend, &net, &optimizer, &mut train_stats, &st, metrics)?;
+        outcome.last_checkpoint = Some(path);
+    }
+    let mut final_params = vec![0.0; param_count];
     backend.download(&net.params, &mut final_params);
-    outcome.final_params = final_params;
+    let mut outcome = finish(outcome, &st, Some(final_params));
+    outcome.epochs = last_epoch;
     Ok(outcome)
+}
+
+fn finish(mut outcome: Outcome, st: &TrainState, final_params: Option<Vec<f32>>) -> Outcome {
+    outcome.steps = st.step;
+    outcome.epochs = st.epoch;
+    outcome.train_samples = st.train_samples;
+    outcome.train_seconds = st.train_seconds;
+    outcome.final_params = final_params.unwrap_or_default();
+    outcome
+}
+
+/// Writes training checkpoints for one run.
+struct Saver<'a> {
+    dir: &'a Path,
+    spec: &'a JobSpec,
+}
+
+impl Saver<'_> {
+    /// Downloads the state, writes it crash-safely, and applies keep_last / keep_best.
+    fn save<B: Backend>(
+        &mut self,
+        backend: &B,
+        net: &Network<B>,
+        optimizer: &Optimizer<B>,
+        stats: &mut B::Stats,
+        st: &TrainState,
+        metrics: &MetricsWriter,
+    ) -> Result<PathBuf> {
+        let started = Instant::now();
+        let n = net.graph.param_count;
+        let mut params = vec![0.0; n];
+        backend.download(&net.params, &mut params);
+        let optimizer_state: Vec<(&'static str, Vec<f32>)> = optimizer
+            .state()
+            .into_iter()
+            .map(|(name, buf)| {
+                let mut values = vec![0.0; n];
+                backend.download(buf, &mut values);
+                (name, values)
+            })
+            .collect();
+        // Reading the open row's sums resets them on the device: put them straight back.
+        let window: LossStats = backend.take_stats(stats);
+        backend.set_stats(stats, window);
+        let state = TrainState {
+            optimizer_steps: optimizer.steps(),
+            metrics_rows: metrics.rows(),
+            ..st.clone()
+        };
+        let (path, size) = checkpoint::save(
+            self.dir,
+            Saving {
+                state: &state,
+                spec: self.spec,
+                params: &params,
+                optimizer: &optimizer_state,
+                window,
+            },
+        )?;
+        checkpoint::prune(self.dir, &self.spec.checkpoint)?;
+        tracing::info!(
+            "checkpoint {} ({:.1} MiB in {:.3} s)",
+            path.display(),
+            size as f64 / (1024.0 * 1024.0),
+            started.elapsed().as_secs_f64()
+        );
+        Ok(path)
+    }
 }
 
 /// Where the training samples live on the device.
@@ -237,21 +428,6 @@ pub fn optimizer_step<B: Backend>(
     grad_norm
 }
 
-/// Samples and training seconds since the last log row.
-struct Window {
-    samples: u64,
-    seconds: f64,
-}
-
-impl Window {
-    fn new() -> Self {
-        Window {
-            samples: 0,
-            seconds: 0.0,
-        }
-    }
-}
-
 /// An evaluation split, held on the device.
 struct DeviceSet<B: Backend> {
     name: &'static str,
@@ -279,10 +455,11 @@ fn evaluate<B: Backend>(
     stats: &mut B::Stats,
     epoch: usize,
     step: u64,
-    start: Instant,
+    elapsed_s: f64,
     metrics: &mut MetricsWriter,
     outcome: &mut Outcome,
-) -> Result<()> {
+) -> Result<BTreeMap<String, f64>> {
+    let mut evaluation = BTreeMap::new();
     let row_len: usize = net.graph.input_shape.iter().product();
     let target_dim = net.graph.objective.target_dim;
     let batch = net.max_batch();
@@ -308,16 +485,20 @@ fn evaluate<B: Backend>(
                 .objective
                 .has_accuracy
                 .then(|| s.correct / s.samples),
-            elapsed_s: start.elapsed().as_secs_f64(),
+            elapsed_s,
             gpu_mem: backend.memory(),
             ..Default::default()
         };
+        evaluation.insert(format!("{}_loss", set.name), row.loss);
+        if let Some(a) = row.accuracy {
+            evaluation.insert(format!("{}_accuracy", set.name), a);
+        }
         tracing::info!("{}", progress_line(&row, 0));
         metrics.write(&row)?;
         outcome.last_eval.retain(|r| r.split != set.name);
         outcome.last_eval.push(row);
     }
-    Ok(())
+    Ok(evaluation)
 }
 
 fn check_finite(row: &MetricsRow) -> Result<()> {

@@ -1107,6 +1107,12 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn set_stats(&self, stats: &mut CudaSlice<f64>, value: LossStats) {
+        let host = [value.loss_sum, value.correct, value.samples];
+        let r = self.stream.memcpy_htod(&host[..], stats);
+        self.record("restoring loss statistics", r);
+    }
+
     fn sum_squares(&self, buf: &CudaSlice<f32>) -> f64 {
         let (mut partials, mut norm) = (self.partials.borrow_mut(), self.norm.borrow_mut());
         let n = buf.len() as u64;

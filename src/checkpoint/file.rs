@@ -1,0 +1,263 @@
+//! safetensors files written so that a crash never leaves a half-written file under the real
+//! name, and read back with an integrity check.
+//!
+//! Writing: the header is built with the safetensors crate's own types (so the format is
+//! theirs), the tensors are streamed from memory without another copy, into `.NAME.tmp`
+//! beside the target; then fsync, rename onto the target, and fsync of the directory, so
+//! that after a crash at any moment the directory holds either the old file or the new one.
+//! The header metadata records the tensor bytes' length and an XXH3-64 checksum over every
+//! tensor (name and bytes, in name order).
+//!
+//! Reading: the whole file is read, its header parsed and checked against the file's length
+//! (a truncated file fails here), and the checksum recomputed when the file has one (files
+//! from other tools, e.g. PyTorch's, have none).
+
+use safetensors::tensor::{Metadata, TensorInfo};
+use safetensors::{Dtype, SafeTensors};
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::{BufWriter, Read, Write};
+use std::path::Path;
+use xxhash_rust::xxh3::Xxh3;
+
+// Tensor bytes are written and read as the machine's own f32/f64 bytes; safetensors is
+// little-endian, as is every platform this project builds for.
+const _: () = assert!(cfg!(target_endian = "little"));
+
+/// Metadata keys this module owns.
+pub const CHECKSUM_KEY: &str = "checksum";
+pub const TENSOR_BYTES_KEY: &str = "tensor_bytes";
+
+/// A tensor to write, borrowed from memory.
+pub enum Values<'a> {
+    F32(&'a [f32]),
+    F64(&'a [f64]),
+}
+
+impl Values<'_> {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Values::F32(v) => bytemuck::cast_slice(v),
+            Values::F64(v) => bytemuck::cast_slice(v),
+        }
+    }
+    fn dtype(&self) -> Dtype {
+        match self {
+            Values::F32(_) => Dtype::F32,
+            Values::F64(_) => Dtype::F64,
+        }
+    }
+}
+
+pub struct TensorOut<'a> {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub values: Values<'a>,
+}
+
+/// XXH3-64 over each tensor's name and bytes, in name order: independent of where the
+/// tensors lie in the file.
+fn checksum<'a>(tensors: impl Iterator<Item = (&'a str, &'a [u8])>) -> String {
+    let mut sorted: Vec<_> = tensors.collect();
+    sorted.sort_by_key(|(name, _)| *name);
+    let mut h = Xxh3::new();
+    for (name, bytes) in sorted {
+        h.update(&(name.len() as u64).to_le_bytes());
+        h.update(name.as_bytes());
+        h.update(&(bytes.len() as u64).to_le_bytes());
+        h.update(bytes);
+    }
+    format!("xxh3-64:{:016x}", h.digest())
+}
+
+/// Writes `tensors` with `metadata` to `path` crash-safely; returns the file's size.
+/// The error is a sentence naming the file.
+pub fn write(
+    path: &Path,
+    tensors: &[TensorOut],
+    metadata: BTreeMap<String, String>,
+) -> Result<u64, String> {
+    let fail =
+        |what: &str, e: &dyn std::fmt::Display| format!("cannot {what} {}: {e}", path.display());
+    // 8-byte types first, so every tensor stays aligned (as the safetensors crate does).
+    let mut order: Vec<&TensorOut> = tensors.iter().collect();
+    order.sort_by(|a, b| {
+        b.values
+            .dtype()
+            .cmp(&a.values.dtype())
+            .then(a.name.cmp(&b.name))
+    });
+    let mut infos = Vec::with_capacity(order.len());
+    let mut offset = 0;
+    for t in &order {
+        let n = t.values.bytes().len();
+        infos.push((
+            t.name.clone(),
+            TensorInfo {
+                dtype: t.values.dtype(),
+                shape: t.shape.clone(),
+                data_offsets: (offset, offset + n),
+            },
+        ));
+        offset += n;
+    }
+    let mut meta = metadata;
+    meta.insert(
+        CHECKSUM_KEY.into(),
+        checksum(order.iter().map(|t| (t.name.as_str(), t.values.bytes()))),
+    );
+    meta.insert(TENSOR_BYTES_KEY.into(), offset.to_string());
+    // The header as a JSON object with sorted keys, so the same tensors give the same bytes
+    // (the crate's Metadata keeps its entries in a HashMap's order).
+    let mut header = serde_json::Map::new();
+    header.insert("__metadata__".into(), serde_json::json!(meta));
+    for (name, info) in infos {
+        let info = serde_json::to_value(info).map_err(|e| fail("describe", &e))?;
+        header.insert(name, info);
+    }
+    let mut header = serde_json::to_vec(&header).map_err(|e| fail("describe", &e))?;
+    header.resize(header.len().next_multiple_of(8), b' ');
+
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let write = || -> std::io::Result<()> {
+        let mut out = BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
+        out.write_all(&(header.len() as u64).to_le_bytes())?;
+        out.write_all(&header)?;
+        for t in &order {
+            out.write_all(t.values.bytes())?;
+        }
+        let file = out.into_inner().map_err(|e| e.into_error())?;
+        file.sync_all()?;
+        drop(file);
+        std::fs::rename(&tmp, path)?;
+        // The rename itself is durable only once the directory is.
+        File::open(dir)?.sync_all()
+    };
+    if let Err(e) = write() {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(fail("write", &e));
+    }
+    Ok((8 + header.len() + offset) as u64)
+}
+
+/// A safetensors file read whole and checked.
+pub struct TensorFile {
+    bytes: Vec<u8>,
+    data_start: usize,
+    metadata: Metadata,
+}
+
+/// Reads and checks a file; the error says what is wrong (the caller names the file).
+pub fn read(path: &Path) -> Result<TensorFile, String> {
+    let mut bytes = Vec::new();
+    File::open(path)
+        .and_then(|mut f| f.read_to_end(&mut bytes))
+        .map_err(|e| format!("cannot read it: {e}"))?;
+    let (header_len, metadata) = SafeTensors::read_metadata(&bytes).map_err(|e| {
+        format!(
+            "it is not a complete safetensors file ({} bytes; {e}): truncated or corrupt",
+            bytes.len()
+        )
+    })?;
+    let file = TensorFile {
+        data_start: 8 + header_len,
+        bytes,
+        metadata,
+    };
+    let meta = file.metadata.metadata().clone().unwrap_or_default();
+    if let Some(expected) = meta.get(TENSOR_BYTES_KEY) {
+        let have = file.bytes.len() - file.data_start;
+        if expected.parse::<usize>().ok() != Some(have) {
+            return Err(format!(
+                "its header promises {expected} bytes of tensor data but it has {have}: \
+                 truncated or corrupt"
+            ));
+        }
+    }
+    if let Some(expected) = meta.get(CHECKSUM_KEY) {
+        let names: Vec<String> = file.metadata.tensors().into_keys().collect();
+        let actual = checksum(
+            names
+                .iter()
+                .map(|n| (n.as_str(), file.raw(n).map_or(&[][..], |(_, _, b)| b))),
+        );
+        if &actual != expected {
+            return Err(format!(
+                "checksum mismatch (stored {expected}, computed {actual}): the tensor data \
+                 is corrupt"
+            ));
+        }
+    }
+    Ok(file)
+}
+
+/// Only the header metadata of a file (cheap: the tensors are not read); None when the file
+/// cannot be read or has no valid header.
+pub fn read_metadata_only(path: &Path) -> Option<HashMap<String, String>> {
+    let mut f = File::open(path).ok()?;
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len).ok()?;
+    let len = usize::try_from(u64::from_le_bytes(len)).ok()?;
+    if len > 100_000_000 {
+        return None;
+    }
+    let mut header = vec![0u8; len];
+    f.read_exact(&mut header).ok()?;
+    let meta: Metadata = serde_json::from_slice(&header).ok()?;
+    meta.metadata().clone()
+}
+
+impl TensorFile {
+    pub fn metadata(&self) -> HashMap<String, String> {
+        self.metadata.metadata().clone().unwrap_or_default()
+    }
+
+    /// Tensor names, sorted.
+    pub fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.metadata.tensors().into_keys().collect();
+        names.sort();
+        names
+    }
+
+    fn raw(&self, name: &str) -> Option<(Dtype, &[usize], &[u8])> {
+        let info = self.metadata.info(name)?;
+        let (s, e) = info.data_offsets;
+        let data = &self.bytes[self.data_start + s..self.data_start + e];
+        Some((info.dtype, &info.shape, data))
+    }
+
+    pub fn shape(&self, name: &str) -> Option<&[usize]> {
+        self.raw(name).map(|(_, shape, _)| shape)
+    }
+
+    /// A tensor's values as f32; the error names the tensor and what it holds instead.
+    pub fn f32s(&self, name: &str) -> Result<Vec<f32>, String> {
+        match self.raw(name) {
+            Some((Dtype::F32, _, b)) => Ok(b
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect()),
+            Some((dtype, _, _)) => Err(format!(
+                "tensor `{name}` is {dtype:?}; only F32 is read (convert it with \
+                 tensor.float() before saving)"
+            )),
+            None => Err(format!("it has no tensor `{name}`")),
+        }
+    }
+
+    pub fn f64s(&self, name: &str) -> Result<Vec<f64>, String> {
+        match self.raw(name) {
+            Some((Dtype::F64, _, b)) => Ok(b
+                .chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .collect()),
+            Some((dtype, _, _)) => Err(format!("tensor `{name}` is {dtype:?}, expected F64")),
+            None => Err(format!("it has no tensor `{name}`")),
+        }
+    }
+}

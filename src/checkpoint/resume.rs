@@ -1,0 +1,221 @@
+//! Finding the checkpoint a run resumes from, and deciding whether the job may continue
+//! from it. Everything here happens before training, so its errors are bad input (exit 2).
+
+use super::{list, load, Checkpoint, DIR};
+use crate::error::{Error, Result};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// A checkpoint to continue from, and the run directory the run continues in.
+pub struct ResumePoint {
+    pub run_dir: PathBuf,
+    pub checkpoint: Checkpoint,
+}
+
+/// `--resume PATH`: a run directory (its newest checkpoint), that run's checkpoints/
+/// directory, or one checkpoint file in it. A checkpoint that fails its integrity check is
+/// an error naming it, unless `fallback`: then the newest intact older one is used.
+pub fn locate(path: &Path, fallback: bool) -> Result<ResumePoint> {
+    let given = path.display();
+    let meta = std::fs::metadata(path).map_err(|e| Error::Job(format!("--resume {given}: {e}")))?;
+    let (dir, candidates) = if meta.is_dir() {
+        let dir = if path.join(DIR).is_dir() {
+            path.join(DIR)
+        } else if path.file_name().is_some_and(|n| n == DIR) {
+            path.to_path_buf()
+        } else {
+            return Err(Error::Job(format!(
+                "--resume {given}: no {DIR}/ directory there; give a run directory \
+                 (runs/<name>/<run-id>) whose run wrote a checkpoint, or a checkpoint file"
+            )));
+        };
+        let newest_first: Vec<PathBuf> = list(&dir).into_iter().rev().map(|(_, p)| p).collect();
+        if newest_first.is_empty() {
+            return Err(Error::Job(format!(
+                "--resume {given}: {} holds no checkpoint (step-*.safetensors)",
+                dir.display()
+            )));
+        }
+        (dir, newest_first)
+    } else {
+        let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+        if dir.file_name().is_none_or(|n| n != DIR) {
+            return Err(Error::Job(format!(
+                "--resume {given}: a checkpoint must lie in its run's {DIR}/ directory, \
+                 so the run can continue in that run directory"
+            )));
+        }
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let step = super::step_of(name).unwrap_or(u64::MAX);
+        let mut candidates = vec![path.to_path_buf()];
+        candidates.extend(
+            list(&dir)
+                .into_iter()
+                .rev()
+                .filter(|(s, _)| *s < step)
+                .map(|(_, p)| p),
+        );
+        (dir, candidates)
+    };
+    let run_dir = dir.parent().unwrap_or(Path::new(".")).to_path_buf();
+    let mut problems = Vec::new();
+    for p in &candidates {
+        match load(p) {
+            Ok(checkpoint) => {
+                if !problems.is_empty() {
+                    tracing::warn!(
+                        "--resume-fallback: resuming from {} (step {})",
+                        p.display(),
+                        checkpoint.state.step
+                    );
+                }
+                return Ok(ResumePoint {
+                    run_dir,
+                    checkpoint,
+                });
+            }
+            Err(why) => {
+                let line = format!("checkpoint {}: {why}", p.display());
+                if !fallback {
+                    let hint = if candidates.len() > 1 {
+                        "; pass --resume-fallback to resume from the newest intact earlier \
+                         checkpoint instead"
+                    } else {
+                        ""
+                    };
+                    return Err(Error::Job(format!("cannot resume from {line}{hint}")));
+                }
+                tracing::warn!("--resume-fallback: skipping {line}");
+                problems.push(line);
+            }
+        }
+    }
+    Err(Error::Job(format!(
+        "--resume {given}: no intact checkpoint to fall back to:\n{}",
+        problems.join("\n")
+    )))
+}
+
+/// `checkpoint.resume = "auto"`: the newest run of `name` under `runs_dir` (run ids sort by
+/// start time), when it did not complete and wrote a checkpoint; None means a new run.
+pub fn find_auto_resume(runs_dir: &Path, name: &str) -> Option<PathBuf> {
+    let mut runs: Vec<PathBuf> = std::fs::read_dir(runs_dir.join(name))
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
+    runs.sort();
+    let newest = runs.pop()?;
+    let completed = std::fs::read_to_string(newest.join("summary.json"))
+        .is_ok_and(|s| s.contains("\"status\": \"completed\""));
+    if completed {
+        tracing::info!(
+            "checkpoint.resume = \"auto\": the newest run {} completed; starting a new run",
+            newest.display()
+        );
+        return None;
+    }
+    if list(&newest.join(DIR)).is_empty() {
+        tracing::info!(
+            "checkpoint.resume = \"auto\": the newest run {} has no checkpoint; starting a new run",
+            newest.display()
+        );
+        return None;
+    }
+    Some(newest)
+}
+
+/// Keys that may change between a checkpoint and the job resuming from it: how long to
+/// train, how often to log, evaluate and checkpoint, where and with how many threads. Any
+/// other change (model, data, loss, optimizer, seed, accumulation, clipping, precision)
+/// would make the result something no single run produces.
+const SAFE_TO_CHANGE: [&str; 9] = [
+    "job.name",
+    "train.epochs",
+    "train.max_steps",
+    "train.log_every",
+    "train.eval_every_epochs",
+    "train.threads",
+    "device",
+    "checkpoint",
+    // Only the start of a fresh run reads it; a resumed run starts from the checkpoint.
+    "model.init_from",
+];
+
+fn is_safe(key: &str) -> bool {
+    SAFE_TO_CHANGE.iter().any(|s| {
+        key == *s
+            || key
+                .strip_prefix(s)
+                .is_some_and(|rest| rest.starts_with('.') || rest.starts_with('['))
+    })
+}
+
+fn flatten(prefix: String, value: &Value, out: &mut BTreeMap<String, String>) {
+    let join = |k: &str| {
+        if prefix.is_empty() {
+            k.to_string()
+        } else {
+            format!("{prefix}.{k}")
+        }
+    };
+    match value {
+        Value::Object(map) if !map.is_empty() => {
+            for (k, v) in map {
+                flatten(join(k), v, out);
+            }
+        }
+        Value::Array(items) if !items.is_empty() => {
+            for (i, v) in items.iter().enumerate() {
+                flatten(format!("{prefix}[{i}]"), v, out);
+            }
+        }
+        other => {
+            out.insert(prefix, other.to_string());
+        }
+    }
+}
+
+/// The keys (dotted paths, e.g. `model.layers[1].out`) whose values differ between the
+/// checkpoint's job and this one and may not change, each with both values.
+pub fn incompatible_changes(checkpoint: &Value, job: &Value) -> Vec<String> {
+    let (mut old, mut new) = (BTreeMap::new(), BTreeMap::new());
+    flatten(String::new(), checkpoint, &mut old);
+    flatten(String::new(), job, &mut new);
+    let keys: std::collections::BTreeSet<&String> = old.keys().chain(new.keys()).collect();
+    let unset = "(not set)".to_string();
+    keys.into_iter()
+        .filter(|k| old.get(*k) != new.get(*k) && !is_safe(k))
+        .map(|k| {
+            format!(
+                "{k}: {} in the checkpoint, {} now",
+                old.get(k).unwrap_or(&unset),
+                new.get(k).unwrap_or(&unset)
+            )
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn only_changes_that_alter_training_are_reported() {
+        let old = json!({"train": {"epochs": 3, "clip_grad_norm": 1.0},
+            "model": {"layers": [{"type": "linear", "out": 8}]}, "checkpoint": {"every_steps": 5}});
+        let new = json!({"train": {"epochs": 9},
+            "model": {"layers": [{"type": "linear", "out": 16}]}, "checkpoint": {"keep_last": 2}});
+        assert_eq!(
+            incompatible_changes(&old, &new),
+            [
+                "model.layers[0].out: 8 in the checkpoint, 16 now",
+                "train.clip_grad_norm: 1.0 in the checkpoint, (not set) now"
+            ]
+        );
+        assert!(is_safe("device.type") && !is_safe("devices") && !is_safe("train.epochsx"));
+    }
+}

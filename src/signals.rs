@@ -1,0 +1,62 @@
+//! SIGINT and SIGTERM during a run: the first asks the training loop to stop after the
+//! current optimizer step and write a checkpoint (exit 130 or 143, as a shell reports a
+//! death by that signal); a second one ends the process at once. Stopping at once corrupts
+//! nothing: checkpoints are replaced by rename only when complete, and metrics.csv rows
+//! after the last checkpoint are dropped when the run is resumed.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+pub use signal_hook::consts::{SIGINT, SIGTERM};
+
+/// The handlers of one run; they are removed when this is dropped.
+pub struct Stop {
+    requested: Arc<AtomicBool>,
+    signal: Arc<AtomicUsize>,
+    ids: Vec<signal_hook::SigId>,
+}
+
+impl Stop {
+    pub fn install() -> std::io::Result<Stop> {
+        let requested = Arc::new(AtomicBool::new(false));
+        let signal = Arc::new(AtomicUsize::new(0));
+        let mut ids = Vec::new();
+        for sig in [SIGINT, SIGTERM] {
+            // Order matters: the exit is armed by the flag that the first signal sets, so it
+            // must be registered before the action that sets it.
+            ids.push(signal_hook::flag::register_conditional_shutdown(
+                sig,
+                128 + sig,
+                Arc::clone(&requested),
+            )?);
+            ids.push(signal_hook::flag::register_usize(
+                sig,
+                Arc::clone(&signal),
+                sig as usize,
+            )?);
+            ids.push(signal_hook::flag::register(sig, Arc::clone(&requested))?);
+        }
+        Ok(Stop {
+            requested,
+            signal,
+            ids,
+        })
+    }
+
+    /// The signal that asked to stop, if one did.
+    pub fn requested(&self) -> Option<i32> {
+        if self.requested.load(Ordering::SeqCst) {
+            Some(self.signal.load(Ordering::SeqCst) as i32)
+        } else {
+            None
+        }
+    }
+}
+
+impl Drop for Stop {
+    fn drop(&mut self) {
+        for id in self.ids.drain(..) {
+            signal_hook::low_level::unregister(id);
+        }
+    }
+}

@@ -1,0 +1,530 @@
+//! Training checkpoints end to end, through the real binary: a run killed with SIGKILL (or
+//! stopped by SIGINT / SIGTERM) and resumed gives the same metrics rows (timing columns
+//! aside) and bit-identical final weights as the run that was never stopped; resuming from
+//! any checkpoint does too; keep_last / keep_best / resume = "auto"; and the bad inputs:
+//! corrupt or truncated checkpoints, changed jobs, paths that do not exist.
+
+mod common;
+
+use common::{root, trainer_bin};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+fn trainer(args: &[&str]) -> Output {
+    Command::new(trainer_bin())
+        .args(args)
+        .current_dir(root())
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("trainer runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn run_dir(o: &Output) -> PathBuf {
+    assert!(o.status.success(), "{}", stderr(o));
+    PathBuf::from(String::from_utf8(o.stdout.clone()).unwrap().trim())
+}
+
+/// Every number in metrics.csv but the timing columns (samples_per_sec, elapsed_s).
+fn metrics(dir: &Path) -> Vec<String> {
+    std::fs::read_to_string(dir.join("metrics.csv"))
+        .unwrap()
+        .lines()
+        .map(|l| l.split(',').take(7).collect::<Vec<_>>().join(","))
+        .collect()
+}
+
+fn weights(dir: &Path) -> Vec<u8> {
+    std::fs::read(dir.join("model.safetensors")).unwrap()
+}
+
+fn checkpoints(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir.join("checkpoints"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+fn summary(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap()
+}
+
+/// Long enough (846 steps) that a kill lands mid-run, and exercising everything the
+/// resumed state must carry: shuffling, a validation split, dropout, gradient accumulation,
+/// clipping, AdamW, warm-up and cosine schedule, log rows that do not fall on checkpoint
+/// steps, and checkpoints both mid-epoch and at epoch ends.
+const LONG_JOB: &str = r#"
+[job]
+name = "long"
+seed = 3
+[data]
+source = "synthetic"
+samples = 20000
+num_features = 64
+classes = 10
+noise = 3.0
+batch_size = 32
+val_fraction = 0.1
+[model]
+layers = [
+  { type = "linear", out = 384 }, { type = "relu" }, { type = "dropout", p = 0.2 },
+  { type = "linear", out = 256 }, { type = "gelu" }, { type = "linear", out = 10 },
+]
+[optimizer]
+type = "adamw"
+lr = 1e-3
+schedule = { type = "cosine", warmup_steps = 30 }
+[train]
+epochs = 3
+grad_accum_steps = 2
+clip_grad_norm = 1.0
+log_every = 7
+[checkpoint]
+every_steps = 25
+every_epochs = 1
+"#;
+
+struct Job {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    runs: PathBuf,
+}
+
+fn write_job(text: &str) -> Job {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("job.toml");
+    std::fs::write(&path, text).unwrap();
+    let runs = dir.path().join("runs");
+    Job {
+        _dir: dir,
+        path,
+        runs,
+    }
+}
+
+impl Job {
+    fn args<'a>(&'a self, extra: &[&'a str]) -> Vec<&'a str> {
+        let mut args = vec![
+            "run",
+            self.path.to_str().unwrap(),
+            "--runs-dir",
+            self.runs.to_str().unwrap(),
+            "--quiet",
+        ];
+        args.extend_from_slice(extra);
+        args
+    }
+    fn run(&self, extra: &[&str]) -> Output {
+        trainer(&self.args(extra))
+    }
+}
+
+/// The uninterrupted run of LONG_JOB, shared by the tests of this file.
+struct Reference {
+    job: Job,
+    dir: PathBuf,
+    metrics: Vec<String>,
+    weights: Vec<u8>,
+}
+
+fn reference() -> &'static Reference {
+    static REFERENCE: OnceLock<Reference> = OnceLock::new();
+    REFERENCE.get_or_init(|| {
+        let job = write_job(LONG_JOB);
+        let dir = run_dir(&job.run(&[]));
+        Reference {
+            metrics: metrics(&dir),
+            weights: weights(&dir),
+            dir,
+            job,
+        }
+    })
+}
+
+fn assert_same_as_reference(dir: &Path) {
+    let r = reference();
+    let (got, want) = (metrics(dir), &r.metrics);
+    assert_eq!(
+        got.len(),
+        want.len(),
+        "metrics rows: {} vs {}",
+        got.len(),
+        want.len()
+    );
+    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+        assert_eq!(a, b, "metrics.csv line {}", i + 1);
+    }
+    assert!(weights(dir) == r.weights, "final weights differ");
+    assert_eq!(summary(dir)["status"], "completed");
+}
+
+/// Starts LONG_JOB, waits until its checkpoint for `step` exists, then sends `signal`
+/// (`count` times). Returns the exit status and the run directory.
+fn start_then_signal(
+    job: &Job,
+    step: u64,
+    signal: i32,
+    count: usize,
+) -> (std::process::ExitStatus, PathBuf) {
+    let mut child = Command::new(trainer_bin())
+        .args(job.args(&[]))
+        .current_dir(root())
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let wanted = format!("step-{step:08}.safetensors");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let dir = loop {
+        let found = std::fs::read_dir(job.runs.join("long"))
+            .ok()
+            .and_then(|mut d| d.next())
+            .and_then(|e| e.ok())
+            .map(|e| e.path())
+            .filter(|d| d.join("checkpoints").join(&wanted).exists());
+        if let Some(dir) = found {
+            break dir;
+        }
+        assert!(Instant::now() < deadline, "no {wanted} after 120 s");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended before {wanted}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    for i in 0..count {
+        if i > 0 {
+            // Two signals sent back to back can merge into one pending signal; a moment
+            // apart, the first has been handled while the stop it asked for (finish the
+            // step, write a checkpoint) is still going on.
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        // SAFETY: plain kill(2) on our own child's pid.
+        unsafe { libc::kill(child.id() as i32, signal) };
+    }
+    (child.wait().unwrap(), dir)
+}
+
+#[test]
+fn sigkill_then_resume_gives_the_uninterrupted_run_exactly() {
+    use std::os::unix::process::ExitStatusExt;
+    let job = write_job(LONG_JOB);
+    let (status, dir) = start_then_signal(&job, 100, libc::SIGKILL, 1);
+    assert_eq!(status.signal(), Some(libc::SIGKILL));
+    assert!(
+        !dir.join("summary.json").exists(),
+        "the run finished before the kill: make LONG_JOB longer"
+    );
+    let out = job.run(&["--resume", dir.to_str().unwrap()]);
+    assert_eq!(
+        run_dir(&out),
+        dir,
+        "a resumed run continues in its directory"
+    );
+    assert_same_as_reference(&dir);
+}
+
+#[test]
+fn sigint_and_sigterm_checkpoint_the_current_step_and_exit_130_and_143() {
+    for (signal, code) in [(libc::SIGINT, 130), (libc::SIGTERM, 143)] {
+        let job = write_job(LONG_JOB);
+        let (status, dir) = start_then_signal(&job, 50, signal, 1);
+        assert_eq!(status.code(), Some(code));
+        let s = summary(&dir);
+        assert_eq!(s["status"], "interrupted");
+        let steps = s["steps"].as_u64().unwrap();
+        assert!(steps >= 50);
+        let newest = checkpoints(&dir).pop().unwrap();
+        assert_eq!(newest, format!("step-{steps:08}.safetensors"));
+        run_dir(&job.run(&["--resume", dir.to_str().unwrap()]));
+        assert_same_as_reference(&dir);
+    }
+}
+
+#[test]
+fn a_second_sigint_stops_at_once_and_leaves_a_resumable_run() {
+    let job = write_job(LONG_JOB);
+    let (status, dir) = start_then_signal(&job, 75, libc::SIGINT, 2);
+    assert_eq!(status.code(), Some(130));
+    // It did not wait for the graceful stop, which ends by writing summary.json.
+    assert!(!dir.join("summary.json").exists());
+    run_dir(&job.run(&["--resume", dir.to_str().unwrap()]));
+    assert_same_as_reference(&dir);
+}
+
+/// A copy of the reference run as a crash right after `checkpoint` would have left it:
+/// later checkpoints gone, no summary or final weights, metrics.csv with the rows written
+/// after the checkpoint still in it.
+fn crashed_copy(checkpoint: &str) -> (tempfile::TempDir, PathBuf) {
+    let r = reference();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    std::fs::create_dir_all(dir.join("checkpoints")).unwrap();
+    for name in ["metrics.csv", "config.toml", "train.log"] {
+        std::fs::copy(r.dir.join(name), dir.join(name)).unwrap();
+    }
+    let mut found = false;
+    for name in checkpoints(&r.dir) {
+        if name.as_str() <= checkpoint {
+            found |= name == checkpoint;
+            let from = r.dir.join("checkpoints").join(&name);
+            std::fs::copy(from, dir.join("checkpoints").join(&name)).unwrap();
+        }
+    }
+    assert!(found, "the reference run has no {checkpoint}");
+    (tmp, dir)
+}
+
+#[test]
+fn resuming_from_any_checkpoint_gives_the_same_run() {
+    let r = reference();
+    // 563 training batches per epoch in steps of 2: 282 steps per epoch, 846 in all.
+    assert!(checkpoints(&r.dir).contains(&"step-00000282.safetensors".to_string()));
+    // Mid-epoch; at an epoch's end (written after its evaluation); the run's last step.
+    for name in [
+        "step-00000550.safetensors",
+        "step-00000564.safetensors",
+        "step-00000846.safetensors",
+    ] {
+        let (_tmp, dir) = crashed_copy(name);
+        std::fs::remove_file(dir.join("summary.json")).ok();
+        let checkpoint = dir.join("checkpoints").join(name);
+        if name.ends_with("846.safetensors") {
+            // The final checkpoint: that run finished; nothing is left to train.
+            let out = r.job.run(&["--resume", checkpoint.to_str().unwrap()]);
+            assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+            assert!(stderr(&out).contains("raise train.epochs or train.max_steps"));
+            continue;
+        }
+        run_dir(&r.job.run(&["--resume", checkpoint.to_str().unwrap()]));
+        assert_same_as_reference(&dir);
+    }
+}
+
+/// The bundled digits: a run of a fraction of a second, for the bad inputs.
+const SMALL_JOB: &str = r#"
+[job]
+name = "small"
+[data]
+source = "digits"
+val_fraction = 0.2
+[model]
+layers = [{ type = "flatten" }, { type = "linear", out = 32 }, { type = "relu" }, { type = "linear", out = 10 }]
+[optimizer]
+type = "adam"
+lr = 1e-3
+[train]
+epochs = 4
+[checkpoint]
+every_steps = 10
+"#;
+
+/// A small run whose final checkpoint was lost, as a crash would leave it.
+fn crashed_small_run(job: &Job) -> PathBuf {
+    let dir = run_dir(&job.run(&[]));
+    std::fs::remove_file(dir.join("summary.json")).unwrap();
+    let newest = checkpoints(&dir).pop().unwrap();
+    std::fs::remove_file(dir.join("checkpoints").join(newest)).unwrap();
+    dir
+}
+
+fn expect_exit_2(out: &Output, needles: &[&str]) {
+    let err = stderr(out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    for n in needles {
+        assert!(err.contains(n), "message lacks {n:?}:\n{err}");
+    }
+}
+
+#[test]
+fn corrupt_checkpoint_is_refused_by_name_and_fallback_uses_the_previous_one() {
+    let job = write_job(SMALL_JOB);
+    let dir = crashed_small_run(&job);
+    let names = checkpoints(&dir);
+    let newest = dir.join("checkpoints").join(names.last().unwrap());
+    let mut bytes = std::fs::read(&newest).unwrap();
+    let last = bytes.len() - 5;
+    bytes[last] ^= 0x40; // one bit in the tensor data
+    std::fs::write(&newest, &bytes).unwrap();
+    let out = job.run(&["--resume", dir.to_str().unwrap()]);
+    expect_exit_2(
+        &out,
+        &[
+            names.last().unwrap(),
+            "checksum mismatch",
+            "--resume-fallback",
+        ],
+    );
+
+    let out = job.run(&["--resume", dir.to_str().unwrap(), "--resume-fallback"]);
+    assert_eq!(run_dir(&out), dir);
+    assert_eq!(summary(&dir)["status"], "completed");
+}
+
+#[test]
+fn truncated_checkpoint_is_refused_by_name() {
+    let job = write_job(SMALL_JOB);
+    let dir = crashed_small_run(&job);
+    let newest = dir
+        .join("checkpoints")
+        .join(checkpoints(&dir).pop().unwrap());
+    let bytes = std::fs::read(&newest).unwrap();
+    std::fs::write(&newest, &bytes[..bytes.len() / 2]).unwrap();
+    let out = job.run(&["--resume", newest.to_str().unwrap()]);
+    expect_exit_2(&out, &[newest.to_str().unwrap(), "truncated"]);
+}
+
+#[test]
+fn resuming_a_changed_model_is_refused_naming_the_keys_unless_forced() {
+    let job = write_job(SMALL_JOB);
+    let dir = crashed_small_run(&job);
+    let d = dir.to_str().unwrap();
+    let out = job.run(&["--resume", d, "--set", "model.layers[1].out=64"]);
+    // --set cannot index lists; change the job file instead.
+    assert_eq!(out.status.code(), Some(2));
+    let changed = write_job(
+        &SMALL_JOB
+            .replace("out = 32", "out = 64")
+            .replace("lr = 1e-3", "lr = 0.01"),
+    );
+    let out = changed.run(&["--resume", d]);
+    expect_exit_2(
+        &out,
+        &[
+            "model.layers[1].out: 32 in the checkpoint, 64 now",
+            "optimizer.lr: 0.001 in the checkpoint, 0.01 now",
+            "--force",
+        ],
+    );
+    // --force cannot make 64 hidden units out of 32.
+    let out = changed.run(&["--resume", d, "--force"]);
+    expect_exit_2(&out, &["parameters"]);
+    // A changed learning rate can be forced.
+    let out = job.run(&["--resume", d, "--force", "--set", "optimizer.lr=0.01"]);
+    assert_eq!(run_dir(&out), dir);
+}
+
+#[test]
+fn safe_changes_are_allowed_and_a_finished_run_can_train_further() {
+    let job = write_job(SMALL_JOB);
+    let dir = run_dir(&job.run(&[]));
+    let steps = summary(&dir)["steps"].as_u64().unwrap();
+    // Finished, and nothing more asked for.
+    let out = job.run(&["--resume", dir.to_str().unwrap()]);
+    expect_exit_2(&out, &["raise train.epochs or train.max_steps"]);
+    // More epochs, other log interval, checkpoint settings: allowed.
+    let out = job.run(&[
+        "--resume",
+        dir.to_str().unwrap(),
+        "--set",
+        "train.epochs=6",
+        "--set",
+        "train.log_every=5",
+        "--set",
+        "checkpoint.keep_last=2",
+    ]);
+    assert_eq!(run_dir(&out), dir);
+    let s = summary(&dir);
+    assert_eq!(s["steps"].as_u64().unwrap(), steps / 4 * 6);
+    assert_eq!(s["epochs"], 6);
+    // No step appears twice in the train rows.
+    let rows = metrics(&dir);
+    let train: Vec<&String> = rows.iter().filter(|r| r.contains(",train,")).collect();
+    let mut seen: Vec<&str> = train.iter().map(|r| r.split(',').next().unwrap()).collect();
+    let n = seen.len();
+    seen.dedup();
+    assert_eq!(seen.len(), n);
+}
+
+#[test]
+fn nonexistent_resume_path_and_a_run_without_checkpoints_are_named() {
+    let job = write_job(SMALL_JOB);
+    let out = job.run(&["--resume", "no/such/run"]);
+    expect_exit_2(&out, &["--resume no/such/run", "No such file"]);
+    let plain = write_job(&SMALL_JOB.replace("every_steps = 10", ""));
+    let dir = run_dir(&plain.run(&[]));
+    let out = plain.run(&["--resume", dir.to_str().unwrap()]);
+    expect_exit_2(&out, &["no checkpoints/ directory"]);
+    // A checkpoint file outside a run's checkpoints/ directory.
+    let stray = dir.join("model.safetensors");
+    let out = plain.run(&["--resume", stray.to_str().unwrap()]);
+    expect_exit_2(&out, &["must lie in its run's checkpoints/ directory"]);
+}
+
+#[test]
+fn keep_last_and_keep_best_prune_old_checkpoints() {
+    let job = write_job(&format!(
+        "{SMALL_JOB}every_epochs = 1\nkeep_last = 2\nkeep_best = {{ metric = \"val_loss\" }}\n"
+    ));
+    let dir = run_dir(&job.run(&[]));
+    let kept = checkpoints(&dir);
+    // 23 steps per epoch, 92 in all: the newest two, and the best by val_loss, which for a
+    // steadily learning model is the final one too.
+    assert_eq!(
+        kept,
+        ["step-00000090.safetensors", "step-00000092.safetensors"]
+    );
+
+    // With max mode on the loss, the "best" is the worst: the first epoch's checkpoint.
+    let job = write_job(&format!(
+        "{SMALL_JOB}every_epochs = 1\nkeep_last = 1\nkeep_best = {{ metric = \"val_loss\", mode = \"max\" }}\n"
+    ));
+    let dir = run_dir(&job.run(&[]));
+    assert_eq!(
+        checkpoints(&dir),
+        ["step-00000023.safetensors", "step-00000092.safetensors"]
+    );
+}
+
+#[test]
+fn resume_auto_continues_the_newest_unfinished_run_else_starts_a_new_one() {
+    let job = write_job(&format!("{SMALL_JOB}resume = \"auto\"\n"));
+    let dir = crashed_small_run(&job);
+    let again = run_dir(&job.run(&[]));
+    assert_eq!(again, dir, "auto continues the crashed run");
+    assert_eq!(summary(&dir)["status"], "completed");
+    let fresh = run_dir(&job.run(&[]));
+    assert_ne!(fresh, dir, "a completed run is not continued");
+}
+
+#[test]
+fn checkpoint_keys_are_validated() {
+    for (setting, needles) in [
+        ("every_steps = 0", vec!["checkpoint.every_steps", "0 given"]),
+        (
+            "keep_best = { metric = \"val_loss\" }",
+            vec!["checkpoint.keep_best", "every_epochs"],
+        ),
+        (
+            "every_epochs = 1\nkeep_best = { metric = \"test_accuracy\" }",
+            vec!["checkpoint.keep_best.metric", "no test split"],
+        ),
+        (
+            "activations = { segments = 9 }",
+            vec!["checkpoint.activations.segments", "9 given"],
+        ),
+        (
+            "resume = \"sometimes\"",
+            vec!["checkpoint.resume", "unknown variant"],
+        ),
+    ] {
+        let job = write_job(&format!(
+            "{}{setting}\n",
+            SMALL_JOB.replace("every_steps = 10\n", "")
+        ));
+        let out = job.run(&[]);
+        expect_exit_2(&out, &needles);
+    }
+}

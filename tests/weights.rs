@@ -1,0 +1,284 @@
+//! model.safetensors and model.init_from: PyTorch nn.Sequential names and layouts, an exact
+//! round trip, clear errors for files that do not fit, and (when a Python with torch is
+//! found) the file loaded into the equivalent torch model gives the same outputs.
+
+mod common;
+
+use common::{root, trainer_bin};
+use safetensors::SafeTensors;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use trainer::checkpoint::weights;
+use trainer::graph::{DataShape, Graph, Network, Op};
+use trainer::spec::JobSpec;
+use trainer::tensor::cpu::CpuBackend;
+use trainer::tensor::Activation;
+
+fn trainer(args: &[&str]) -> Output {
+    Command::new(trainer_bin())
+        .args(args)
+        .current_dir(root())
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("trainer runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Digits, a model with parameterless layers between the linear ones (they still count in
+/// the names), one linear without bias.
+const LAYERS: &str = r#"[
+  { type = "flatten" }, { type = "linear", out = 32 }, { type = "relu" },
+  { type = "dropout", p = 0.2 }, { type = "linear", out = 24, bias = false },
+  { type = "gelu", approximate = "tanh" }, { type = "linear", out = 16 }, { type = "tanh" },
+  { type = "linear", out = 12 }, { type = "sigmoid" }, { type = "gelu" },
+  { type = "linear", out = 10 },
+]"#;
+
+fn job_text(layers: &str, extra: &str) -> String {
+    format!(
+        "[job]\nname = \"w\"\nseed = 4\n[data]\nsource = \"digits\"\nval_fraction = 0.2\n\
+         [model]\nlayers = {layers}\n{extra}\n[optimizer]\ntype = \"adam\"\nlr = 3e-3\n\
+         [train]\nepochs = 2\nlog_every = 1\n"
+    )
+}
+
+/// Runs a job written to `dir`; returns the run directory.
+fn run(dir: &Path, file: &str, text: &str) -> Output {
+    let job = dir.join(file);
+    std::fs::write(&job, text).unwrap();
+    let runs = dir.join("runs");
+    trainer(&[
+        "run",
+        job.to_str().unwrap(),
+        "--runs-dir",
+        runs.to_str().unwrap(),
+        "-q",
+    ])
+}
+
+fn run_dir(o: &Output) -> PathBuf {
+    assert!(o.status.success(), "{}", stderr(o));
+    PathBuf::from(String::from_utf8(o.stdout.clone()).unwrap().trim())
+}
+
+#[test]
+fn model_safetensors_has_pytorch_sequential_names_and_layouts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = run_dir(&run(tmp.path(), "job.toml", &job_text(LAYERS, "")));
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let file = SafeTensors::deserialize(&bytes).unwrap();
+    let mut names: Vec<(String, Vec<usize>)> = file
+        .tensors()
+        .into_iter()
+        .map(|(n, t)| (n, t.shape().to_vec()))
+        .collect();
+    names.sort();
+    let expected: Vec<(String, Vec<usize>)> = [
+        ("1.bias", vec![32]),
+        ("1.weight", vec![32, 64]),
+        ("11.bias", vec![10]),
+        ("11.weight", vec![10, 12]),
+        ("4.weight", vec![24, 32]),
+        ("6.bias", vec![16]),
+        ("6.weight", vec![16, 24]),
+        ("8.bias", vec![12]),
+        ("8.weight", vec![12, 16]),
+    ]
+    .into_iter()
+    .map(|(n, s)| (n.to_string(), s))
+    .collect();
+    assert_eq!(names, expected);
+    let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
+    assert_eq!(meta.metadata().as_ref().unwrap()["format"], "pt");
+}
+
+fn digits_graph(layers: &str) -> (JobSpec, Graph) {
+    let spec = common::spec(&job_text(layers, ""));
+    let data = DataShape {
+        sample_shape: vec![1, 8, 8],
+        classes: Some(10),
+        target_dim: 1,
+    };
+    let graph = Graph::build(&spec, &data).unwrap();
+    (spec, graph)
+}
+
+#[test]
+fn written_weights_read_back_bit_identical() {
+    let (_, graph) = digits_graph(LAYERS);
+    let params = common::random_vec(graph.param_count, 21);
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("w.safetensors");
+    weights::write(&path, &graph, &params).unwrap();
+    let back = weights::read(&path, &graph).unwrap();
+    assert!(back
+        .iter()
+        .zip(&params)
+        .all(|(a, b)| a.to_bits() == b.to_bits()));
+    assert_eq!(back.len(), params.len());
+}
+
+#[test]
+fn init_from_starts_a_job_from_a_previous_runs_weights() {
+    let tmp = tempfile::tempdir().unwrap();
+    let first = run_dir(&run(tmp.path(), "a.toml", &job_text(LAYERS, "")));
+    let file = first.join("model.safetensors");
+    let first_loss = |dir: &Path| -> f64 {
+        let m = std::fs::read_to_string(dir.join("metrics.csv")).unwrap();
+        m.lines()
+            .nth(1)
+            .unwrap()
+            .split(',')
+            .nth(3)
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let init = format!("init_from = \"{}\"", file.display());
+    let second = run_dir(&run(tmp.path(), "b.toml", &job_text(LAYERS, &init)));
+    // The first step of a fresh run sees an untrained model (loss ~ln 10 = 2.30); started
+    // from the weights trained for two epochs, the loss is lower from the first step.
+    let (fresh, continued) = (first_loss(&first), first_loss(&second));
+    assert!(
+        continued < fresh - 0.2,
+        "first-step loss {continued} vs {fresh}"
+    );
+    // A relative path is relative to the job file.
+    let rel = file.strip_prefix(tmp.path()).unwrap().display().to_string();
+    let init = format!("init_from = \"{rel}\"");
+    run_dir(&run(tmp.path(), "c.toml", &job_text(LAYERS, &init)));
+}
+
+#[test]
+fn init_from_files_that_do_not_fit_are_refused_with_the_names() {
+    let tmp = tempfile::tempdir().unwrap();
+    let small = r#"[{ type = "flatten" }, { type = "linear", out = 32 }, { type = "relu" }, { type = "linear", out = 10 }]"#;
+    let dir = run_dir(&run(tmp.path(), "a.toml", &job_text(small, "")));
+    let file = dir.join("model.safetensors").display().to_string();
+    let cases: [(String, Vec<&str>); 3] = [
+        (
+            small.replace("out = 32", "out = 16"),
+            vec![
+                "model.init_from",
+                "tensor `1.weight` has shape [32, 64], the model needs [16, 64]",
+            ],
+        ),
+        (
+            small.replace(
+                r#"{ type = "relu" }"#,
+                r#"{ type = "relu" }, { type = "dropout" }"#,
+            ),
+            vec![
+                "missing tensors 4.weight, 4.bias",
+                "unexpected tensors 3.bias, 3.weight",
+            ],
+        ),
+        (
+            small.to_string(),
+            vec!["nowhere.safetensors", "cannot read it"],
+        ),
+    ];
+    for (i, (layers, needles)) in cases.iter().enumerate() {
+        let target = if i == 2 { "nowhere.safetensors" } else { &file };
+        let out = run(
+            tmp.path(),
+            "bad.toml",
+            &job_text(layers, &format!("init_from = \"{target}\"")),
+        );
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        for n in needles {
+            assert!(err.contains(n), "message lacks {n:?}:\n{err}");
+        }
+    }
+}
+
+/// A Python that has torch and safetensors: $TRAINER_TORCH_PYTHON, the development
+/// machine's /work/torch-venv, or python3.
+fn torch_python() -> Option<String> {
+    let candidates = [
+        std::env::var("TRAINER_TORCH_PYTHON").ok(),
+        Some("/work/torch-venv/bin/python".into()),
+        Some("python3".into()),
+    ];
+    candidates.into_iter().flatten().find(|py| {
+        Command::new(py)
+            .args(["-c", "import torch, safetensors"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    })
+}
+
+/// The layers as the torch script builds them.
+fn layers_json(graph: &Graph) -> String {
+    let items: Vec<String> = graph
+        .layers
+        .iter()
+        .map(|l| match &l.op {
+            Op::Flatten => "[\"flatten\"]".into(),
+            Op::Linear { inp, out, bias, .. } => {
+                format!("[\"linear\", {inp}, {out}, {}]", bias.is_some())
+            }
+            Op::Dropout { p } => format!("[\"dropout\", {p}]"),
+            Op::Activation(Activation::Relu) => "[\"relu\"]".into(),
+            Op::Activation(Activation::Gelu) => "[\"gelu\", \"none\"]".into(),
+            Op::Activation(Activation::GeluTanh) => "[\"gelu\", \"tanh\"]".into(),
+            Op::Activation(Activation::Tanh) => "[\"tanh\"]".into(),
+            Op::Activation(Activation::Sigmoid) => "[\"sigmoid\"]".into(),
+        })
+        .collect();
+    format!("[{}]", items.join(", "))
+}
+
+#[test]
+fn pytorch_loads_model_safetensors_and_computes_the_same_outputs() {
+    let Some(python) = torch_python() else {
+        println!("skipped: no Python with torch and safetensors (set TRAINER_TORCH_PYTHON to one)");
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = run_dir(&run(tmp.path(), "job.toml", &job_text(LAYERS, "")));
+    let model = dir.join("model.safetensors");
+
+    // trainer's own outputs for random inputs, from the same file.
+    let (_, graph) = digits_graph(LAYERS);
+    let params = weights::read(&model, &graph).unwrap();
+    let n = 16;
+    let backend = CpuBackend::new(1);
+    let json = layers_json(&graph);
+    let mut net = Network::new(&backend, graph, &params, n, 0).unwrap();
+    let input = common::random_vec(n * 64, 5);
+    net.input_mut().copy_from_slice(&input);
+    net.forward(&backend, n, false, 0);
+    let expected = net.output()[..n * 10].to_vec();
+    let case = tmp.path().join("case.safetensors");
+    let views = [
+        ("input", input.as_slice(), vec![n, 1, 8, 8]),
+        ("expected", expected.as_slice(), vec![n, 10]),
+    ];
+    let tensors: Vec<(&str, safetensors::tensor::TensorView)> = views
+        .iter()
+        .map(|(name, values, shape)| {
+            let view = safetensors::tensor::TensorView::new(
+                safetensors::Dtype::F32,
+                shape.clone(),
+                bytemuck::cast_slice(values),
+            )
+            .unwrap();
+            (*name, view)
+        })
+        .collect();
+    std::fs::write(&case, safetensors::serialize(tensors, None).unwrap()).unwrap();
+
+    let out = Command::new(&python)
+        .arg(root().join("tests/fixtures/torch_load_model.py"))
+        .args([model.to_str().unwrap(), case.to_str().unwrap(), &json])
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
+    println!("{python}: {text}");
+    assert!(out.status.success(), "torch disagrees:\n{text}");
+}
