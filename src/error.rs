@@ -9,6 +9,8 @@ pub enum Error {
     Job(String),
     /// Something failed while running a valid job (I/O, numerical blow-up...). Exit code 1.
     Runtime(String),
+    /// The loss became NaN or infinite: a runtime failure (exit 1) that summaries name.
+    Diverged(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -17,7 +19,7 @@ impl Error {
     pub fn exit_code(&self) -> i32 {
         match self {
             Error::Job(_) => 2,
-            Error::Runtime(_) => 1,
+            Error::Runtime(_) | Error::Diverged(_) => 1,
         }
     }
 }
@@ -25,7 +27,7 @@ impl Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::Job(m) | Error::Runtime(m) => f.write_str(m),
+            Error::Job(m) | Error::Runtime(m) | Error::Diverged(m) => f.write_str(m),
         }
     }
 }

@@ -9,8 +9,11 @@ pub mod error;
 pub mod graph;
 pub mod logging;
 pub mod optim;
+pub mod provenance;
+pub mod results;
 pub mod run;
 pub mod spec;
+pub mod sweep;
 pub mod tensor;
 pub mod train;
 

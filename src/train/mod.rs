@@ -5,6 +5,13 @@
 //! Gradient accumulation: the loss of each micro-batch is its mean over its samples, divided
 //! by the number of micro-batches in the step. At an epoch's end fewer than
 //! `grad_accum_steps` batches may remain: that last step averages over the ones there are.
+//!
+//! A run ends after its epochs, or earlier at `max_steps`, `max_time` or early stopping
+//! (`stopping`); `Outcome::end_reason` says which.
+
+mod stopping;
+
+pub use stopping::EndReason;
 
 use crate::data::{batches_per_epoch, epoch_order, Data, Dataset};
 use crate::error::{Error, Result};
@@ -27,6 +34,7 @@ pub struct Outcome {
     /// The last evaluation row of each split.
     pub last_eval: Vec<MetricsRow>,
     pub final_params: Vec<f32>,
+    pub end_reason: EndReason,
 }
 
 impl Outcome {
@@ -84,6 +92,10 @@ pub fn train<B: Backend>(
     let accum = spec.train.grad_accum_steps;
     let clip = spec.train.clip_grad_norm;
     let log_every = spec.train.log_every as u64;
+    let epoch_steps = batches_per_epoch(train_len, batch_size, spec.data.drop_last).div_ceil(accum)
+        * spec.train.epochs;
+    let deadline = stopping::deadline(spec, start);
+    let mut early_stopping = stopping::EarlyStopping::new(spec);
 
     'epochs: for epoch in 1..=spec.train.epochs {
         outcome.epochs = epoch;
@@ -95,7 +107,9 @@ pub fn train<B: Backend>(
         for group in batches.chunks(accum) {
             let step_start = Instant::now();
             let step = outcome.steps + 1;
-            let logging = step % log_every == 0 || step as usize == total;
+            // Past the deadline, this step is the last one (and is logged).
+            let out_of_time = deadline.is_some_and(|d| Instant::now() >= d);
+            let logging = step % log_every == 0 || step as usize == total || out_of_time;
             let lr = schedule.lr(outcome.steps as usize);
             let batch = Batch {
                 x: &train_x,
@@ -145,6 +159,14 @@ pub fn train<B: Backend>(
                 outcome.last_train = Some(row);
             }
             if step as usize >= total {
+                if total < epoch_steps {
+                    outcome.end_reason = EndReason::MaxSteps;
+                }
+                break 'epochs;
+            }
+            if out_of_time {
+                tracing::info!("train.max_time reached after {step} steps");
+                outcome.end_reason = EndReason::MaxTime;
                 break 'epochs;
             }
         }
@@ -161,10 +183,17 @@ pub fn train<B: Backend>(
                 metrics,
                 &mut outcome,
             )?;
+            if let Some(es) = early_stopping.as_mut() {
+                if es.should_stop(&outcome.last_eval) {
+                    outcome.end_reason = EndReason::EarlyStopped;
+                    break 'epochs;
+                }
+            }
         }
     }
-    // The final evaluation, always (also when max_steps ended the run mid-epoch).
-    if spec.train.eval_every_epochs > 0 {
+    // The final evaluation, also when max_steps or max_time ended the run mid-epoch; early
+    // stopping has just evaluated.
+    if spec.train.eval_every_epochs > 0 && outcome.end_reason != EndReason::EarlyStopped {
         evaluate(
             backend,
             &mut net,
@@ -319,7 +348,7 @@ fn check_finite(row: &MetricsRow) -> Result<()> {
     if row.loss.is_finite() {
         return Ok(());
     }
-    Err(Error::Runtime(format!(
+    Err(Error::Diverged(format!(
         "training diverged: the loss is {} at step {} (epoch {}); try a lower optimizer.lr or \
          train.clip_grad_norm",
         row.loss, row.step, row.epoch
