@@ -568,6 +568,20 @@ fn completions_are_generated_for_the_common_shells() {
     }
     let out = trainer(&["completions", "tcsh"], &[]);
     assert_eq!(out.status.code(), Some(2));
+    let help = stdout(&ok(trainer(&["--help"], &[])));
+    for command in ["sweep", "ls", "compare", "plot", "completions", "--explain"] {
+        assert!(help.contains(command), "--help lacks {command}");
+    }
+    let sweep_help = stdout(&ok(trainer(&["sweep", "--help"], &[])));
+    for flag in [
+        "--grid",
+        "--zip",
+        "--sweep-id",
+        "--retry-failed",
+        "--runs-dir",
+    ] {
+        assert!(sweep_help.contains(flag), "sweep --help lacks {flag}");
+    }
 }
 
 /// Runs `args` (with the tiny job as `JOB` and a temporary runs directory as `RUNS`) and

@@ -16,6 +16,12 @@ pub fn explain(path: &Path, sets: &[String]) -> Result<String> {
         .map_err(|e| runtime_err!("cannot serialise the resolved spec: {e}"))?;
     let mut leaves = Vec::new();
     flatten(&mut Vec::new(), &resolved, &mut leaves);
+    // Sections in file order (job, data, model, ...); the serialised table sorts them.
+    let section = |path: &[Seg]| match path.first() {
+        Some(Seg::Key(k)) => super::SECTIONS.iter().position(|s| s == k),
+        _ => None,
+    };
+    leaves.sort_by_key(|(path, _)| section(path));
 
     let rows: Vec<[String; 3]> = leaves
         .into_iter()
