@@ -26,6 +26,9 @@ pub struct RunArgs {
     pub resume_fallback: bool,
     /// Resume even when the job changed keys that alter training.
     pub force: bool,
+    /// Create the run directory exactly here (a sweep point) instead of a new one under
+    /// `<runs_dir>/<name>/`.
+    pub dir: Option<PathBuf>,
 }
 
 /// How a run begins: fresh (from the seeded initialisation or model.init_from), or from a
@@ -149,7 +152,10 @@ fn run_on<B: Backend>(
     start: Start,
 ) -> Result<PathBuf> {
     let run = match &start {
-        Start::Fresh { .. } => RunDir::create(&args.runs_dir, spec.name())?,
+        Start::Fresh { .. } => match &args.dir {
+            Some(dir) => RunDir::create_at(dir)?,
+            None => RunDir::create(&args.runs_dir, spec.name())?,
+        },
         Start::Resume(point) => {
             let run = RunDir::open(&point.run_dir)?;
             // Until this attempt finishes, the run must not look finished.
@@ -174,6 +180,7 @@ fn run_on<B: Backend>(
         backend.describe(),
     );
     run.write_config(spec, &header)?;
+    crate::provenance::write(&run, spec, &backend.describe())?;
     let log = run.path.join("train.log");
     crate::logging::attach_run_log(&log)
         .map_err(|e| Error::Runtime(format!("cannot create {}: {e}", log.display())))?;
@@ -350,6 +357,7 @@ fn run_in<B: Backend>(
             );
             serde_json::json!({
                 "status": "completed",
+                "end_reason": outcome.end_reason.as_str(),
                 "run_id": run.id,
                 "job": spec.name(),
                 "device": backend.describe(),
@@ -367,6 +375,11 @@ fn run_in<B: Backend>(
         }
         Err(e) => serde_json::json!({
             "status": "failed",
+            "end_reason": match e {
+                Error::Diverged(_) => train::EndReason::Diverged,
+                _ => train::EndReason::Failed,
+            }
+            .as_str(),
             "run_id": run.id,
             "job": spec.name(),
             "error": e.to_string(),
@@ -541,15 +554,7 @@ pub fn check(job: &Path, sets: &[String]) -> Result<String> {
 /// What this machine can run on.
 pub fn devices() -> String {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let model = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
+    let model = crate::provenance::cpu_model();
     let mut out = format!("cpu: {model}, {threads} threads\n");
     match cuda::probe() {
         Ok((devices, versions)) if devices.is_empty() => {

@@ -12,6 +12,8 @@ pub enum Error {
     /// SIGINT or SIGTERM stopped the run after a checkpoint: exit code 128 + the signal
     /// (130, 143), as a shell reports a death by that signal.
     Interrupted { signal: i32, message: String },
+    /// The loss became NaN or infinite: a runtime failure (exit 1) that summaries name.
+    Diverged(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -20,7 +22,7 @@ impl Error {
     pub fn exit_code(&self) -> i32 {
         match self {
             Error::Job(_) => 2,
-            Error::Runtime(_) => 1,
+            Error::Runtime(_) | Error::Diverged(_) => 1,
             Error::Interrupted { signal, .. } => 128 + signal,
         }
     }
@@ -29,9 +31,10 @@ impl Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::Job(m) | Error::Runtime(m) | Error::Interrupted { message: m, .. } => {
-                f.write_str(m)
-            }
+            Error::Job(m)
+            | Error::Runtime(m)
+            | Error::Diverged(m)
+            | Error::Interrupted { message: m, .. } => f.write_str(m),
         }
     }
 }

@@ -11,9 +11,12 @@ pub mod graph;
 pub mod logging;
 pub mod optim;
 pub mod parallel;
+pub mod provenance;
+pub mod results;
 pub mod run;
 pub mod signals;
 pub mod spec;
+pub mod sweep;
 pub mod tensor;
 pub mod train;
 

@@ -1,17 +1,23 @@
 //! The `trainer` command line: parses arguments, calls a command, maps errors to exit codes
 //! (0 success, 2 bad job or usage, 1 failure while running).
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use trainer::commands;
+use trainer::results::{self, plot::XAxis, table::Format};
+use trainer::sweep::{self, SweepArgs};
 
 const AFTER_HELP: &str = "\
 Examples:
   trainer run jobs/mlp.toml
   trainer run jobs/mlp.toml --set optimizer.lr=3e-4 --set train.epochs=5 --name lr-3e-4
   TRAINER_OPTIMIZER__LR=3e-4 trainer run jobs/mlp.toml
-  trainer check jobs/mlp.toml
+  trainer check jobs/mlp.toml --explain
+  trainer sweep jobs/mlp.toml --grid optimizer.lr=1e-4,3e-4,1e-3 --grid data.batch_size=64,128
+  trainer ls
+  trainer compare runs/mlp/sweep-1a2b3c4d --format markdown
+  trainer plot runs/mlp/sweep-1a2b3c4d --metric loss,val_accuracy --x epoch -o curves.png
   for lr in 1e-4 3e-4 1e-3; do trainer run jobs/mlp.toml --set optimizer.lr=$lr --name lr-$lr; done
 
 Overrides, lowest to highest: the job file, TRAINER_SECTION__KEY environment variables, --set.
@@ -25,7 +31,7 @@ failure while running (the run directory's summary.json says \"failed\" and why)
 stopped by SIGINT / SIGTERM after writing a checkpoint (summary.json says \"interrupted\").";
 
 #[derive(Parser)]
-#[command(name = "trainer", version, about = "Declarative training-job runner: a TOML job in, a trained model and CSV metrics out.", after_help = AFTER_HELP)]
+#[command(name = "trainer", version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("TRAINER_GIT_COMMIT"), ")"), about = "Declarative training-job runner: a TOML job in, a trained model and CSV metrics out.", after_help = AFTER_HELP)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -67,7 +73,72 @@ enum Command {
         job: PathBuf,
         #[arg(long = "set", value_name = "KEY=VALUE")]
         sets: Vec<String>,
+        /// Print every resolved value instead, and where it came from (default, file,
+        /// environment, --set).
+        #[arg(long)]
+        explain: bool,
     },
+    /// Train one run per point of a grid of overrides, one after another, in
+    /// <runs-dir>/<name>/<sweep-id>/ with sweep.csv indexing the points. Running the same
+    /// sweep again skips the points that finished and starts the others again.
+    Sweep {
+        job: PathBuf,
+        /// Sweep a key over values (TOML, as for --set); every combination of the --grid keys
+        /// is a point. Repeatable. Values split on commas outside brackets and quotes.
+        #[arg(long, value_name = "KEY=V1,V2,...")]
+        grid: Vec<String>,
+        /// Keys that move together: the i-th values of every --zip key form one point of this
+        /// axis (all need the same number of values). Repeatable.
+        #[arg(long, value_name = "KEY=V1,V2,...")]
+        zip: Vec<String>,
+        /// Override a key for every point (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        sets: Vec<String>,
+        /// Name (default: job.name, else the job file's stem).
+        #[arg(long)]
+        name: Option<String>,
+        #[arg(long, value_name = "DIR", default_value = "runs")]
+        runs_dir: PathBuf,
+        /// The sweep's directory name (default: sweep-<hash of the resolved job and grid>).
+        #[arg(long, value_name = "ID")]
+        sweep_id: Option<String>,
+        /// Run points that failed before again (default: a failed point is final).
+        #[arg(long)]
+        retry_failed: bool,
+        /// Only print warnings and errors.
+        #[arg(long, short)]
+        quiet: bool,
+    },
+    /// List the runs under a runs directory: keys that differ, status, final and best metrics.
+    Ls {
+        #[arg(default_value = "runs")]
+        runs_dir: PathBuf,
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
+    },
+    /// Compare runs side by side; each argument is a run, a sweep, or a directory of runs.
+    Compare {
+        #[arg(required = true, value_name = "RUN_OR_SWEEP")]
+        runs: Vec<PathBuf>,
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
+    },
+    /// Plot learning curves of runs (train and evaluation splits) to a PNG or SVG file.
+    Plot {
+        #[arg(required = true, value_name = "RUN_OR_SWEEP")]
+        runs: Vec<PathBuf>,
+        /// Metrics, one panel each: a column for every split (loss, accuracy, lr, grad_norm)
+        /// or one split's (val_accuracy). Default: loss, and accuracy when there is one.
+        #[arg(long, value_delimiter = ',', value_name = "METRIC,...")]
+        metric: Vec<String>,
+        #[arg(long, value_enum, default_value = "step")]
+        x: XAxis,
+        /// The image; .png or .svg.
+        #[arg(long, short, default_value = "curves.png")]
+        output: PathBuf,
+    },
+    /// Print a shell completion script, e.g. `trainer completions bash > ~/.local/share/bash-completion/completions/trainer`.
+    Completions { shell: clap_complete::Shell },
     /// Print the job file's JSON Schema (schemas/job.schema.json).
     Schema,
     /// List the devices this machine can train on.
@@ -77,7 +148,10 @@ enum Command {
 fn main() -> ExitCode {
     trainer::process_start();
     let cli = Cli::parse();
-    let quiet = matches!(cli.command, Command::Run { quiet: true, .. });
+    let quiet = matches!(
+        cli.command,
+        Command::Run { quiet: true, .. } | Command::Sweep { quiet: true, .. }
+    );
     trainer::logging::init(quiet);
     let result = match cli.command {
         Command::Run {
@@ -97,10 +171,62 @@ fn main() -> ExitCode {
             resume,
             resume_fallback,
             force,
+            dir: None,
         })
         .map(|dir| println!("{}", dir.display())),
-        Command::Check { job, sets } => {
-            commands::check(&job, &sets).map(|report| print!("{report}"))
+        Command::Check {
+            job,
+            sets,
+            explain: false,
+        } => commands::check(&job, &sets).map(|report| print!("{report}")),
+        Command::Check {
+            job,
+            sets,
+            explain: true,
+        } => commands::check(&job, &sets)
+            .and_then(|_| trainer::spec::explain(&job, &sets))
+            .map(|table| print!("{table}")),
+        Command::Sweep {
+            job,
+            grid,
+            zip,
+            sets,
+            name,
+            runs_dir,
+            sweep_id,
+            retry_failed,
+            ..
+        } => sweep::sweep(&SweepArgs {
+            job,
+            sets,
+            grid,
+            zip,
+            name,
+            runs_dir,
+            sweep_id,
+            retry_failed,
+        })
+        .map(|dir| println!("{}", dir.display())),
+        Command::Ls { runs_dir, format } => {
+            results::list(&[runs_dir], format).map(|t| print!("{t}"))
+        }
+        Command::Compare { runs, format } => results::list(&runs, format).map(|t| print!("{t}")),
+        Command::Plot {
+            runs,
+            metric,
+            x,
+            output,
+        } => results::load_runs(&runs)
+            .and_then(|r| results::plot::plot(&r, &metric, x, &output))
+            .map(|()| println!("{}", output.display())),
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "trainer",
+                &mut std::io::stdout(),
+            );
+            Ok(())
         }
         Command::Schema => {
             print!("{}", trainer::spec::json_schema());

@@ -203,15 +203,19 @@ fn start_then_signal(
         );
         std::thread::sleep(Duration::from_millis(1));
     };
-    for i in 0..count {
-        if i > 0 {
-            // Two signals sent back to back can merge into one pending signal; a moment
-            // apart, the first has been handled while the stop it asked for (finish the
-            // step, write a checkpoint) is still going on.
-            std::thread::sleep(Duration::from_micros(200));
+    // SAFETY: plain kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, signal) };
+    if count > 1 {
+        // Signals sent back to back can merge into one pending signal, and on a busy machine
+        // the child may not run between two sends. So the "second" signal is repeated every
+        // millisecond until the child is gone: one of them lands while the stop the first
+        // asked for (finish the step, fsync a checkpoint, write the summary) is under way.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+            // SAFETY: as above; the child has not been reaped yet, so its pid is still ours.
+            unsafe { libc::kill(child.id() as i32, signal) };
         }
-        // SAFETY: plain kill(2) on our own child's pid.
-        unsafe { libc::kill(child.id() as i32, signal) };
     }
     (child.wait().unwrap(), dir)
 }

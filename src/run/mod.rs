@@ -76,6 +76,27 @@ impl RunDir {
         })
     }
 
+    /// Creates exactly `path` (a sweep point's directory); its parents may exist already.
+    pub fn create_at(path: &Path) -> Result<RunDir> {
+        let io = |e: std::io::Error| {
+            Error::Runtime(format!(
+                "cannot create run directory {}: {e}",
+                path.display()
+            ))
+        };
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent).map_err(io)?;
+        }
+        fs::create_dir(path).map_err(io)?;
+        let id = path
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        Ok(RunDir {
+            path: path.to_path_buf(),
+            id,
+        })
+    }
+
     /// Writes the fully resolved spec, which reproduces the run with `trainer run config.toml`.
     pub fn write_config(&self, spec: &JobSpec, header: &str) -> Result<()> {
         let body = toml::to_string(spec)
@@ -90,7 +111,7 @@ impl RunDir {
     }
 
     /// Writes a file via a temporary name and a rename, so a reader never sees half of it.
-    fn write_atomic(&self, name: &str, bytes: &[u8]) -> Result<()> {
+    pub fn write_atomic(&self, name: &str, bytes: &[u8]) -> Result<()> {
         let tmp = self.path.join(format!(".{name}.tmp"));
         let target = self.path.join(name);
         let io =

@@ -46,11 +46,7 @@ pub fn load_job(path: &Path, sets: &[String]) -> Result<JobSpec> {
     // 3. The layers.
     let set_table = parse_sets(sets)?;
     warn_about_ignored_env();
-    let figment = Figment::new()
-        .merge(Toml::file_exact(path))
-        .merge(job_env())
-        .merge(SetArgs(set_table.clone()));
-    let mut spec: JobSpec = figment
+    let mut spec: JobSpec = layers(path, &set_table)
         .extract()
         .map_err(|e| layered_error(&file, &set_table, e))?;
 
@@ -62,6 +58,15 @@ pub fn load_job(path: &Path, sets: &[String]) -> Result<JobSpec> {
     resolve_paths(&mut spec, base);
     super::validate(&spec, &file)?;
     Ok(spec)
+}
+
+/// The layers, lowest first: the file, the environment, `--set`. Figment tags every value
+/// with the layer it came from (`trainer check --explain` reads those tags).
+pub(super) fn layers(path: &Path, sets: &toml::Table) -> Figment {
+    Figment::new()
+        .merge(Toml::file_exact(path))
+        .merge(job_env())
+        .merge(SetArgs(sets.clone()))
 }
 
 /// `TRAINER_SECTION__KEY=value`; variables whose first part is not a section (TRAINER_BIN,
@@ -97,9 +102,12 @@ fn warn_about_ignored_env() {
 /// The `--set` overrides as one provider, so errors can say a value came from `--set`.
 struct SetArgs(toml::Table);
 
+/// The name of the `--set` layer in figment's metadata.
+pub(super) const SET_LAYER: &str = "--set";
+
 impl Provider for SetArgs {
     fn metadata(&self) -> Metadata {
-        Metadata::named("--set")
+        Metadata::named(SET_LAYER)
     }
     fn data(&self) -> std::result::Result<Map<Profile, Dict>, figment::Error> {
         Serialized::defaults(&self.0).data()
@@ -130,7 +138,7 @@ pub fn parse_set_arg(arg: &str) -> Result<(Vec<String>, toml::Value)> {
     Ok((parts, value))
 }
 
-fn parse_sets(sets: &[String]) -> Result<toml::Table> {
+pub(super) fn parse_sets(sets: &[String]) -> Result<toml::Table> {
     let mut root = toml::Table::new();
     for arg in sets {
         let (parts, value) = parse_set_arg(arg)?;

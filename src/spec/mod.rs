@@ -1,9 +1,13 @@
 //! What a job file may say: the serde types (which are also the JSON Schema), their defaults,
 //! the layered loading (file, environment, `--set`) and the validation that runs before any work.
 
+mod controls;
+mod explain;
 mod load;
 mod validate;
 
+pub use controls::{parse_duration, EarlyStoppingSpec, StopMode};
+pub use explain::explain;
 pub use load::{load_job, parse_set_arg, JobSource};
 pub use validate::{parse_device, validate, DeviceChoice};
 
@@ -375,6 +379,13 @@ pub struct TrainSpec {
     /// CPU threads (default: every core).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub threads: Option<usize>,
+    /// Stop when an evaluation metric stops improving.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub early_stopping: Option<EarlyStoppingSpec>,
+    /// Stop training after this much wall time, e.g. "90s", "30m", "2h", "1h30m"; the final
+    /// evaluation still runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_time: Option<String>,
 }
 
 impl Default for TrainSpec {
@@ -387,6 +398,8 @@ impl Default for TrainSpec {
             log_every: default_log_every(),
             eval_every_epochs: 1,
             threads: None,
+            early_stopping: None,
+            max_time: None,
         }
     }
 }

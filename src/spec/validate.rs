@@ -39,6 +39,9 @@ pub fn validate(spec: &JobSpec, file: &str) -> Result<()> {
     validate_optimizer(&spec.optimizer, &mut p);
     validate_train(&spec.train, &mut p);
     validate_checkpoint(spec, &mut p);
+    for (key, message) in super::controls::problems(spec) {
+        p.add(&key, message);
+    }
     validate_later_features(spec, &mut p);
     if p.lines.is_empty() {
         Ok(())

@@ -5,6 +5,13 @@
 //! Gradient accumulation: the loss of each micro-batch is its mean over its samples, divided
 //! by the number of micro-batches in the step. At an epoch's end fewer than
 //! `grad_accum_steps` batches may remain: that last step averages over the ones there are.
+//!
+//! A run ends after its epochs, or earlier at `max_steps`, `max_time` or early stopping
+//! (`stopping`); `Outcome::end_reason` says which.
+
+mod stopping;
+
+pub use stopping::EndReason;
 
 use crate::checkpoint::{self, Checkpoint, Saving, TrainState};
 use crate::data::{batches_per_epoch, epoch_order, Data, Dataset};
@@ -37,6 +44,7 @@ pub struct Outcome {
     pub last_checkpoint: Option<PathBuf>,
     /// Set when a signal stopped the run early: the signal's number.
     pub interrupted: Option<i32>,
+    pub end_reason: EndReason,
 }
 
 impl Outcome {
@@ -159,6 +167,10 @@ pub fn train_session<B: Backend>(
     let log_every = spec.train.log_every as u64;
     let policy = &spec.checkpoint;
     let mut saver = checkpoint_dir.as_deref().map(|dir| Saver { dir, spec });
+    let epoch_steps = batches_per_epoch(train_len, batch_size, spec.data.drop_last).div_ceil(accum)
+        * spec.train.epochs;
+    let deadline = stopping::deadline(spec, start);
+    let mut early_stopping = stopping::EarlyStopping::new(spec);
 
     'epochs: for epoch in st.epoch..=spec.train.epochs {
         st.epoch = epoch;
@@ -177,7 +189,9 @@ pub fn train_session<B: Backend>(
                 outcome.startup_s = crate::process_start().elapsed().as_secs_f64();
             }
             let step = st.step + 1;
-            let logging = step % log_every == 0 || step as usize == total;
+            // Past the deadline, this step is the last one (and is logged).
+            let out_of_time = deadline.is_some_and(|d| Instant::now() >= d);
+            let logging = step % log_every == 0 || step as usize == total || out_of_time;
             let lr = schedule.lr(st.step as usize);
             let batch = Batch {
                 x: &train_x,
@@ -230,7 +244,10 @@ pub fn train_session<B: Backend>(
             }
             let signal = stop.and_then(Stop::requested);
             let due = policy.every_steps.is_some_and(|n| step % n as u64 == 0);
-            if let Some(saver) = saver.as_mut().filter(|_| due || signal.is_some()) {
+            if let Some(saver) = saver
+                .as_mut()
+                .filter(|_| due || signal.is_some() || out_of_time)
+            {
                 st.elapsed_s = elapsed();
                 let path = saver.save(backend, &net, &optimizer, &mut train_stats, &st, metrics)?;
                 outcome.last_checkpoint = Some(path);
@@ -238,6 +255,11 @@ pub fn train_session<B: Backend>(
             if signal.is_some() {
                 outcome.interrupted = signal;
                 return Ok(finish(outcome, &st, None));
+            }
+            if out_of_time {
+                tracing::info!("train.max_time reached after {step} steps");
+                outcome.end_reason = EndReason::MaxTime;
+                break 'epochs;
             }
         }
         if st.step as usize >= total {
@@ -257,6 +279,12 @@ pub fn train_session<B: Backend>(
                 metrics,
                 &mut outcome,
             )?;
+            if let Some(es) = early_stopping.as_mut() {
+                if es.should_stop(&outcome.last_eval) {
+                    outcome.end_reason = EndReason::EarlyStopped;
+                    break 'epochs;
+                }
+            }
         }
         // The epoch is done, evaluation included: a checkpoint from here starts the next.
         st.epoch = epoch + 1;
@@ -271,6 +299,12 @@ pub fn train_session<B: Backend>(
             }
         }
     }
+    if outcome.end_reason == EndReason::Completed
+        && st.step as usize >= total
+        && total < epoch_steps
+    {
+        outcome.end_reason = EndReason::MaxSteps;
+    }
     // The epoch the loop ended in (it stands at the next one's start after a full epoch).
     let last_epoch = if st.steps_in_epoch == 0 {
         st.epoch.saturating_sub(1).max(1)
@@ -278,7 +312,8 @@ pub fn train_session<B: Backend>(
         st.epoch
     };
     // The final evaluation, always (also when max_steps ended the run mid-epoch).
-    if spec.train.eval_every_epochs > 0 {
+    // Early stopping has just evaluated.
+    if spec.train.eval_every_epochs > 0 && outcome.end_reason != EndReason::EarlyStopped {
         st.evaluation = evaluate(
             backend,
             &mut net,
@@ -505,7 +540,7 @@ fn check_finite(row: &MetricsRow) -> Result<()> {
     if row.loss.is_finite() {
         return Ok(());
     }
-    Err(Error::Runtime(format!(
+    Err(Error::Diverged(format!(
         "training diverged: the loss is {} at step {} (epoch {}); try a lower optimizer.lr or \
          train.clip_grad_norm",
         row.loss, row.step, row.epoch

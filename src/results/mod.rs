@@ -1,0 +1,382 @@
+//! Reading finished (and unfinished) runs back: `trainer ls`, `trainer compare`, `trainer plot`
+//! and sweep.csv all see a run through `RunRecord`: its resolved config, its status, its
+//! metrics rows, and the final and best value of each metric.
+
+pub mod plot;
+pub mod table;
+
+use crate::error::Result;
+use crate::job_err;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use table::{Cell, Table};
+
+/// How a run stands, from summary.json, or from provenance.json when there is no summary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Completed,
+    Failed,
+    /// No summary yet, and the process that started it is alive on this host.
+    Running,
+    /// No summary, and its process is gone (killed, or the machine stopped).
+    Killed,
+    /// No summary and no provenance to tell which.
+    Unfinished,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Completed => "completed",
+            Status::Failed => "failed",
+            Status::Running => "running",
+            Status::Killed => "killed",
+            Status::Unfinished => "unfinished",
+        }
+    }
+}
+
+/// One row of metrics.csv: its position and every numeric column it has.
+#[derive(Debug, Clone)]
+pub struct MetricsPoint {
+    pub step: u64,
+    pub epoch: usize,
+    pub split: String,
+    pub values: BTreeMap<String, f64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct RunRecord {
+    pub dir: PathBuf,
+    /// config.toml's body: the resolved spec.
+    pub config: toml::Table,
+    pub summary: Option<serde_json::Value>,
+    pub status: Status,
+    pub points: Vec<MetricsPoint>,
+}
+
+/// Columns of metrics.csv that are metrics of the model, with best = min or max.
+const SCORED: [(&str, bool); 2] = [("loss", false), ("accuracy", true)];
+
+impl RunRecord {
+    pub fn load(dir: &Path) -> Result<RunRecord> {
+        let config_path = dir.join("config.toml");
+        let text = std::fs::read_to_string(&config_path)
+            .map_err(|e| job_err!("{} is not a run directory: {e}", dir.display()))?;
+        let config: toml::Table = toml::from_str(&text)
+            .map_err(|e| job_err!("{}: {}", config_path.display(), e.message()))?;
+        let summary: Option<serde_json::Value> = std::fs::read_to_string(dir.join("summary.json"))
+            .ok()
+            .and_then(|s| serde_json::from_str(&s).ok());
+        let status = match summary.as_ref().and_then(|s| s["status"].as_str()) {
+            Some("completed") => Status::Completed,
+            Some(_) => Status::Failed,
+            None => liveness(dir),
+        };
+        Ok(RunRecord {
+            dir: dir.to_path_buf(),
+            config,
+            summary,
+            status,
+            points: read_metrics(&dir.join("metrics.csv")),
+        })
+    }
+
+    pub fn end_reason(&self) -> Option<&str> {
+        self.summary.as_ref()?["end_reason"].as_str()
+    }
+
+    /// Every `<split>_<column>` series in the run, in the order first seen.
+    pub fn metric_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = Vec::new();
+        for p in &self.points {
+            for column in p.values.keys() {
+                let name = format!("{}_{column}", p.split);
+                if !names.contains(&name) {
+                    names.push(name);
+                }
+            }
+        }
+        names
+    }
+
+    /// The scored metrics (loss, accuracy): the last value of each split's series, and for
+    /// evaluation splits the best, as (`val_loss`, x) and (`best_val_loss`, y).
+    pub fn final_and_best(&self) -> Vec<(String, f64)> {
+        let mut out = Vec::new();
+        let splits: BTreeSet<&str> = self.points.iter().map(|p| p.split.as_str()).collect();
+        for split in order_splits(splits) {
+            for (column, higher_is_better) in SCORED {
+                let series: Vec<f64> = self
+                    .points
+                    .iter()
+                    .filter(|p| p.split == split)
+                    .filter_map(|p| p.values.get(column).copied())
+                    .collect();
+                let Some(&last) = series.last() else { continue };
+                out.push((format!("{split}_{column}"), last));
+                if split != "train" {
+                    let best = series.iter().copied().fold(
+                        if higher_is_better {
+                            f64::NEG_INFINITY
+                        } else {
+                            f64::INFINITY
+                        },
+                        |a, b| if higher_is_better { a.max(b) } else { a.min(b) },
+                    );
+                    out.push((format!("best_{split}_{column}"), best));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// train first, then val, then test, then anything else.
+fn order_splits(splits: BTreeSet<&str>) -> Vec<&str> {
+    let rank = |s: &str| {
+        ["train", "val", "test"]
+            .iter()
+            .position(|&k| k == s)
+            .unwrap_or(3)
+    };
+    let mut v: Vec<&str> = splits.into_iter().collect();
+    v.sort_by_key(|s| (rank(s), s.to_string()));
+    v
+}
+
+/// Whether the process named in provenance.json is still alive (on this host).
+fn liveness(dir: &Path) -> Status {
+    let Some(prov) = std::fs::read_to_string(dir.join("provenance.json"))
+        .ok()
+        .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
+    else {
+        return Status::Unfinished;
+    };
+    let same_host = prov["host"].as_str() == Some(crate::provenance::hostname().as_str());
+    match prov["pid"].as_u64() {
+        Some(pid) if same_host => {
+            if Path::new(&format!("/proc/{pid}")).exists() {
+                Status::Running
+            } else {
+                Status::Killed
+            }
+        }
+        _ => Status::Unfinished,
+    }
+}
+
+/// metrics.csv as points; a missing or partly written file gives what could be read (a
+/// killed run's last line may be cut).
+fn read_metrics(path: &Path) -> Vec<MetricsPoint> {
+    let Ok(mut reader) = csv::Reader::from_path(path) else {
+        return Vec::new();
+    };
+    let Ok(header) = reader.headers().cloned() else {
+        return Vec::new();
+    };
+    let mut points = Vec::new();
+    for record in reader.records().map_while(|r| r.ok()) {
+        let field = |name: &str| {
+            header
+                .iter()
+                .position(|h| h == name)
+                .and_then(|i| record.get(i))
+        };
+        let (Some(step), Some(epoch), Some(split)) = (
+            field("step").and_then(|s| s.parse().ok()),
+            field("epoch").and_then(|s| s.parse().ok()),
+            field("split"),
+        ) else {
+            continue;
+        };
+        let values = header
+            .iter()
+            .zip(record.iter())
+            .filter(|(h, _)| !["step", "epoch", "split"].contains(h))
+            .filter_map(|(h, v)| v.parse::<f64>().ok().map(|v| (h.to_string(), v)))
+            .collect();
+        points.push(MetricsPoint {
+            step,
+            epoch,
+            split: split.to_string(),
+            values,
+        });
+    }
+    points
+}
+
+/// The run directories at or under `path` (a run, a sweep, a job's runs, a whole runs
+/// directory), sorted by path, which sorts runs by start time and sweep points by index.
+pub fn find_runs(path: &Path) -> Result<Vec<PathBuf>> {
+    if !path.is_dir() {
+        return Err(job_err!(
+            "{}: no such directory (expected a run directory, a sweep or a runs directory)",
+            path.display()
+        ));
+    }
+    let mut found = Vec::new();
+    walk(path, 0, &mut found);
+    found.sort();
+    Ok(found)
+}
+
+fn walk(dir: &Path, depth: usize, found: &mut Vec<PathBuf>) {
+    if dir.join("config.toml").is_file() {
+        found.push(dir.to_path_buf());
+        return;
+    }
+    // runs/<name>/<sweep>/<point>/ is the deepest layout; a little slack for nesting.
+    if depth >= 5 {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            walk(&entry.path(), depth + 1, found);
+        }
+    }
+}
+
+/// Loads every run at or under each path, each once.
+pub fn load_runs(paths: &[PathBuf]) -> Result<Vec<RunRecord>> {
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    for p in paths {
+        for d in find_runs(p)? {
+            if !dirs.contains(&d) {
+                dirs.push(d);
+            }
+        }
+    }
+    dirs.iter().map(|d| RunRecord::load(d)).collect()
+}
+
+/// The table of every run at or under `paths`, rendered.
+pub fn list(paths: &[PathBuf], format: table::Format) -> Result<String> {
+    let runs = load_runs(paths)?;
+    if runs.is_empty() {
+        let dirs: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+        tracing::warn!("no runs under {}", dirs.join(", "));
+    }
+    Ok(compare_table(&runs).render(format))
+}
+
+/// The resolved config as dotted keys and inline TOML values; tables are walked into,
+/// arrays (model.layers) are one value.
+fn flat_config(table: &toml::Table) -> BTreeMap<String, String> {
+    fn walk(prefix: &str, table: &toml::Table, out: &mut BTreeMap<String, String>) {
+        for (k, v) in table {
+            let key = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            match v {
+                toml::Value::Table(t) => walk(&key, t, out),
+                v => {
+                    out.insert(key, v.to_string());
+                }
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk("", table, &mut out);
+    out
+}
+
+/// The config keys whose values are not the same in every run, in key order.
+pub fn differing_keys(runs: &[RunRecord]) -> Vec<String> {
+    let flats: Vec<BTreeMap<String, String>> =
+        runs.iter().map(|r| flat_config(&r.config)).collect();
+    let keys: BTreeSet<&String> = flats.iter().flat_map(|f| f.keys()).collect();
+    keys.into_iter()
+        .filter(|k| flats.iter().any(|f| f.get(*k) != flats[0].get(*k)))
+        .cloned()
+        .collect()
+}
+
+/// A short label for each run: its path below the runs' common ancestor.
+pub fn labels(runs: &[RunRecord]) -> Vec<String> {
+    let common = runs
+        .iter()
+        .map(|r| r.dir.parent().unwrap_or(&r.dir).to_path_buf())
+        .reduce(|a, b| {
+            a.components()
+                .zip(b.components())
+                .take_while(|(x, y)| x == y)
+                .map(|(x, _)| x)
+                .collect()
+        })
+        .unwrap_or_default();
+    runs.iter()
+        .map(|r| {
+            r.dir
+                .strip_prefix(&common)
+                .unwrap_or(&r.dir)
+                .display()
+                .to_string()
+        })
+        .collect()
+}
+
+/// The comparison table: one row per run with the keys that differ, status, size of the
+/// run, and the final and best metrics.
+pub fn compare_table(runs: &[RunRecord]) -> Table {
+    let keys = differing_keys(runs);
+    let mut metric_columns: Vec<String> = Vec::new();
+    let per_run: Vec<Vec<(String, f64)>> = runs.iter().map(|r| r.final_and_best()).collect();
+    for (name, _) in per_run.iter().flatten() {
+        if !metric_columns.contains(name) {
+            metric_columns.push(name.clone());
+        }
+    }
+    let mut columns: Vec<String> = vec!["run".into(), "status".into(), "end_reason".into()];
+    columns.extend(keys.iter().cloned());
+    columns.extend(["epochs", "steps", "wall_s"].map(String::from));
+    columns.extend(metric_columns.iter().cloned());
+
+    let labels = labels(runs);
+    let rows = runs
+        .iter()
+        .zip(&labels)
+        .zip(&per_run)
+        .map(|((run, label), metrics)| {
+            let flat = flat_config(&run.config);
+            let summary = run.summary.as_ref();
+            let last = run.points.last();
+            let mut row = vec![
+                Cell::Text(label.clone()),
+                Cell::Text(run.status.as_str().into()),
+                run.end_reason()
+                    .map_or(Cell::Empty, |r| Cell::Text(r.into())),
+            ];
+            row.extend(
+                keys.iter()
+                    .map(|k| flat.get(k).map_or(Cell::Empty, |v| Cell::Text(v.clone()))),
+            );
+            let int = |key: &str, fallback: Option<u64>| {
+                summary
+                    .and_then(|s| s[key].as_u64())
+                    .or(fallback)
+                    .map_or(Cell::Empty, |v| Cell::Int(v as i64))
+            };
+            row.push(int("epochs", last.map(|p| p.epoch as u64)));
+            row.push(int("steps", last.map(|p| p.step)));
+            row.push(
+                summary
+                    .and_then(|s| s["wall_s"].as_f64())
+                    .map_or(Cell::Empty, Cell::Float),
+            );
+            row.extend(metric_columns.iter().map(|c| {
+                metrics
+                    .iter()
+                    .find(|(n, _)| n == c)
+                    .map_or(Cell::Empty, |(_, v)| Cell::Float(*v))
+            }));
+            row
+        })
+        .collect();
+    Table { columns, rows }
+}

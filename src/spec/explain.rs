@@ -1,0 +1,127 @@
+//! `trainer check JOB --explain`: every resolved value of a job and the layer it came from
+//! (default, the file, the environment, `--set`). Figment tags each value with the provider
+//! that supplied it; a value in the resolved spec that no layer holds is a default.
+
+use super::load::{layers, parse_sets, SET_LAYER};
+use crate::error::Result;
+use crate::runtime_err;
+use figment::value::Value;
+use std::path::Path;
+
+/// One line per resolved value: key, value (as TOML), source.
+pub fn explain(path: &Path, sets: &[String]) -> Result<String> {
+    let spec = super::load_job(path, sets)?;
+    let figment = layers(path, &parse_sets(sets)?);
+    let resolved = toml::Value::try_from(&spec)
+        .map_err(|e| runtime_err!("cannot serialise the resolved spec: {e}"))?;
+    let mut leaves = Vec::new();
+    flatten(&mut Vec::new(), &resolved, &mut leaves);
+    // Sections in file order (job, data, model, ...); the serialised table sorts them.
+    let section = |path: &[Seg]| match path.first() {
+        Some(Seg::Key(k)) => super::SECTIONS.iter().position(|s| s == k),
+        _ => None,
+    };
+    leaves.sort_by_key(|(path, _)| section(path));
+
+    let rows: Vec<[String; 3]> = leaves
+        .into_iter()
+        .map(|(key, value)| {
+            let source = match layered_value(&figment, &key) {
+                Some(v) => describe_source(&figment, &v, &key),
+                None if key == [Seg::Key("job".into()), Seg::Key("name".into())] => {
+                    "default (the job file's name)".into()
+                }
+                None => "default".into(),
+            };
+            [dotted(&key), value.to_string(), source]
+        })
+        .collect();
+    let width = |i: usize| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0);
+    let (w0, w1) = (width(0).max(3), width(1).max(5));
+    let mut out = format!("{:<w0$}  {:<w1$}  source\n", "key", "value");
+    for [k, v, s] in rows {
+        out += &format!("{k:<w0$}  {v:<w1$}  {s}\n");
+    }
+    Ok(out)
+}
+
+/// A step in a key path: a table key or an array index.
+#[derive(Debug, Clone, PartialEq)]
+enum Seg {
+    Key(String),
+    Index(usize),
+}
+
+fn dotted(path: &[Seg]) -> String {
+    let mut s = String::new();
+    for seg in path {
+        match seg {
+            Seg::Key(k) if s.is_empty() => s += k,
+            Seg::Key(k) => s += &format!(".{k}"),
+            Seg::Index(i) => s += &format!("[{i}]"),
+        }
+    }
+    s
+}
+
+/// Leaves of the resolved spec: scalars and arrays of scalars; tables and arrays of tables
+/// (model.layers) are walked into.
+fn flatten(path: &mut Vec<Seg>, value: &toml::Value, out: &mut Vec<(Vec<Seg>, toml::Value)>) {
+    match value {
+        toml::Value::Table(t) => {
+            for (k, v) in t {
+                path.push(Seg::Key(k.clone()));
+                flatten(path, v, out);
+                path.pop();
+            }
+        }
+        toml::Value::Array(items) if items.iter().any(|v| v.is_table()) => {
+            for (i, v) in items.iter().enumerate() {
+                path.push(Seg::Index(i));
+                flatten(path, v, out);
+                path.pop();
+            }
+        }
+        leaf => out.push((path.clone(), leaf.clone())),
+    }
+}
+
+/// The value at `path` in the layered (not yet defaulted) data, if any layer gave one.
+fn layered_value(figment: &figment::Figment, path: &[Seg]) -> Option<Value> {
+    let Some(Seg::Key(first)) = path.first() else {
+        return None;
+    };
+    let mut value = figment.find_value(first).ok()?;
+    for seg in &path[1..] {
+        value = match (seg, value) {
+            (Seg::Key(k), Value::Dict(_, dict)) => dict.get(k)?.clone(),
+            (Seg::Index(i), Value::Array(_, items)) => items.get(*i)?.clone(),
+            _ => return None,
+        };
+    }
+    Some(value)
+}
+
+fn describe_source(figment: &figment::Figment, value: &Value, path: &[Seg]) -> String {
+    let Some(meta) = figment.get_metadata(value.tag()) else {
+        return "unknown".into();
+    };
+    if meta.name == SET_LAYER {
+        return format!("--set {}", dotted(path));
+    }
+    match &meta.source {
+        Some(figment::Source::File(file)) => format!("file {}", file.display()),
+        // The only other layer is the environment: TRAINER_SECTION__KEY, where an array
+        // (model.layers) can only be given whole.
+        _ => {
+            let keys: Vec<String> = path
+                .iter()
+                .map_while(|s| match s {
+                    Seg::Key(k) => Some(k.to_uppercase()),
+                    Seg::Index(_) => None,
+                })
+                .collect();
+            format!("environment TRAINER_{}", keys.join("__"))
+        }
+    }
+}

@@ -1,0 +1,468 @@
+//! `trainer sweep`: one run per point of a grid of overrides, run one after another, grouped
+//! in `<runs-dir>/<name>/<sweep-id>/` with sweep.csv indexing the points.
+//!
+//! A point's directory name is fixed by its place in the grid (`002-lr=1e-3-batch_size=64`),
+//! so the state of a sweep is its directory: re-running the same sweep (same resolved job, same
+//! grid: the same sweep id) skips the points that finished and starts the others again.
+//! sweep.csv is rebuilt from the point directories and rewritten atomically after each point.
+
+use crate::commands::{self, RunArgs};
+use crate::error::{Error, Result};
+use crate::results::table::{Cell, Format, Table};
+use crate::results::{RunRecord, Status};
+use crate::spec::{load_job, parse_set_arg};
+use crate::{job_err, provenance, runtime_err};
+use std::path::{Path, PathBuf};
+
+pub struct SweepArgs {
+    pub job: PathBuf,
+    /// Overrides shared by every point.
+    pub sets: Vec<String>,
+    /// `KEY=V1,V2,...`: every combination of the grid axes is a point.
+    pub grid: Vec<String>,
+    /// `KEY=V1,V2,...`: zipped keys move together, as one more axis of the grid.
+    pub zip: Vec<String>,
+    pub name: Option<String>,
+    pub runs_dir: PathBuf,
+    pub sweep_id: Option<String>,
+    /// Run points that failed before again (a failure is otherwise final: same job, same
+    /// seed, same result).
+    pub retry_failed: bool,
+}
+
+/// One swept key with its values as given (TOML text, as for `--set`).
+#[derive(Debug, Clone, PartialEq)]
+struct Axis {
+    key: String,
+    values: Vec<String>,
+}
+
+/// One point: (key, value) overrides, in axis order.
+type Point = Vec<(String, String)>;
+
+/// Runs (or completes) a sweep; returns its directory.
+pub fn sweep(args: &SweepArgs) -> Result<PathBuf> {
+    let grid = args
+        .grid
+        .iter()
+        .map(|a| parse_axis("--grid", a))
+        .collect::<Result<Vec<_>>>()?;
+    let zip = args
+        .zip
+        .iter()
+        .map(|a| parse_axis("--zip", a))
+        .collect::<Result<Vec<_>>>()?;
+    check_axes(&grid, &zip, &args.sets)?;
+    let points = expand(&grid, &zip);
+
+    // Every point must be a valid job before the first one trains.
+    let base = load_job(&args.job, &args.sets)?;
+    for (i, point) in points.iter().enumerate() {
+        load_job(&args.job, &point_sets(&args.sets, point)).map_err(|e| {
+            job_err!(
+                "sweep point {} of {} ({}): {e}",
+                i + 1,
+                points.len(),
+                describe(point)
+            )
+        })?;
+    }
+
+    let definition = definition(&base, &grid, &zip)?;
+    let sweep_id = match &args.sweep_id {
+        Some(id) => check_sweep_id(id)?,
+        None => format!(
+            "sweep-{:08x}",
+            provenance::fnv1a64(definition.as_bytes()) >> 32
+        ),
+    };
+    let name = args.name.clone().unwrap_or_else(|| base.name().to_string());
+    let dir = args.runs_dir.join(&name).join(&sweep_id);
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| runtime_err!("cannot create sweep directory {}: {e}", dir.display()))?;
+    record_definition(&dir, &definition, args)?;
+
+    let keys: Vec<String> = grid.iter().chain(&zip).map(|a| a.key.clone()).collect();
+    let point_dirs: Vec<PathBuf> = points
+        .iter()
+        .enumerate()
+        .map(|(i, p)| dir.join(point_dir_name(i, p)))
+        .collect();
+    let mut failed = 0;
+    for (i, (point, point_dir)) in points.iter().zip(&point_dirs).enumerate() {
+        let label = format!(
+            "sweep point {}/{} ({})",
+            i + 1,
+            points.len(),
+            describe(point)
+        );
+        let mut resume = None;
+        if point_dir.exists() {
+            match RunRecord::load(point_dir).map(|r| r.status) {
+                Ok(Status::Completed) => {
+                    tracing::info!("{label}: completed before, skipped");
+                    continue;
+                }
+                Ok(Status::Failed) if !args.retry_failed => {
+                    tracing::info!(
+                        "{label}: failed before, skipped (--retry-failed runs it again)"
+                    );
+                    failed += 1;
+                    continue;
+                }
+                _ => resume = restart_or_resume(point_dir)?,
+            }
+        }
+        tracing::info!("{label}: {}", point_dir.display());
+        write_index(&dir, &keys, &points, &point_dirs, Some(i))?;
+        let result = commands::run(&RunArgs {
+            job: args.job.clone(),
+            sets: point_sets(&args.sets, point),
+            name: args.name.clone(),
+            runs_dir: args.runs_dir.clone(),
+            dir: Some(point_dir.clone()),
+            resume_fallback: resume.is_some(),
+            resume,
+            force: false,
+        });
+        match result {
+            Ok(_) => {}
+            // A bad job is a bad sweep: stop at once rather than fail every point alike.
+            Err(e @ Error::Job(_)) => {
+                write_index(&dir, &keys, &points, &point_dirs, None)?;
+                return Err(job_err!("{label}: {e}"));
+            }
+            Err(e) => {
+                tracing::warn!("{label} failed: {e}");
+                failed += 1;
+            }
+        }
+        write_index(&dir, &keys, &points, &point_dirs, None)?;
+    }
+    write_index(&dir, &keys, &points, &point_dirs, None)?;
+    if failed > 0 {
+        return Err(runtime_err!(
+            "{failed} of {} sweep points failed; see {}",
+            points.len(),
+            dir.join("sweep.csv").display()
+        ));
+    }
+    Ok(dir)
+}
+
+/// `KEY=V1,V2,...` into an axis; each value is checked as `--set KEY=V` would read it.
+fn parse_axis(flag: &str, arg: &str) -> Result<Axis> {
+    let usage = format!("expected KEY=V1,V2,..., e.g. {flag} optimizer.lr=1e-4,3e-4,1e-3");
+    let (key, raw) = arg
+        .split_once('=')
+        .ok_or_else(|| job_err!("{flag} {arg}: {usage}"))?;
+    let key = key.trim().to_string();
+    let values = split_values(raw);
+    if values.is_empty() || values.iter().any(|v| v.is_empty()) {
+        return Err(job_err!("{flag} {arg}: an empty value; {usage}"));
+    }
+    for v in &values {
+        parse_set_arg(&format!("{key}={v}")).map_err(|e| job_err!("{flag} {arg}: {e}"))?;
+    }
+    Ok(Axis { key, values })
+}
+
+/// Splits on commas that are not inside brackets, braces or quotes, so values can be TOML
+/// arrays and strings: `model.input_shape=[1,64],[64]`.
+fn split_values(raw: &str) -> Vec<String> {
+    let mut values = Vec::new();
+    let (mut depth, mut quote, mut current) = (0i32, None, String::new());
+    for c in raw.chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, '"' | '\'') => quote = Some(c),
+            (None, '[' | '{') => depth += 1,
+            (None, ']' | '}') => depth -= 1,
+            (None, ',') if depth == 0 => {
+                values.push(current.trim().to_string());
+                current.clear();
+                continue;
+            }
+            _ => {}
+        }
+        current.push(c);
+    }
+    values.push(current.trim().to_string());
+    values
+}
+
+fn check_axes(grid: &[Axis], zip: &[Axis], sets: &[String]) -> Result<()> {
+    if grid.is_empty() && zip.is_empty() {
+        return Err(job_err!(
+            "trainer sweep needs at least one --grid KEY=V1,V2,... (or --zip)"
+        ));
+    }
+    let set_keys = sets
+        .iter()
+        .filter_map(|s| s.split_once('=').map(|(k, _)| k.trim().to_string()));
+    let mut seen: Vec<String> = Vec::new();
+    for key in grid
+        .iter()
+        .chain(zip)
+        .map(|a| a.key.clone())
+        .chain(set_keys)
+    {
+        if seen.contains(&key) {
+            return Err(job_err!(
+                "{key} is given twice (in --grid, --zip or --set); give each key once"
+            ));
+        }
+        seen.push(key);
+    }
+    if let Some(first) = zip.first() {
+        for other in &zip[1..] {
+            if other.values.len() != first.values.len() {
+                return Err(job_err!(
+                    "--zip {} has {} values but --zip {} has {}; zipped keys need the same number",
+                    first.key,
+                    first.values.len(),
+                    other.key,
+                    other.values.len()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every combination: the first --grid key varies slowest, the zipped keys fastest.
+fn expand(grid: &[Axis], zip: &[Axis]) -> Vec<Point> {
+    let mut axes: Vec<Vec<Point>> = grid
+        .iter()
+        .map(|a| {
+            a.values
+                .iter()
+                .map(|v| vec![(a.key.clone(), v.clone())])
+                .collect()
+        })
+        .collect();
+    if let Some(first) = zip.first() {
+        axes.push(
+            (0..first.values.len())
+                .map(|i| {
+                    zip.iter()
+                        .map(|a| (a.key.clone(), a.values[i].clone()))
+                        .collect()
+                })
+                .collect(),
+        );
+    }
+    axes.iter().fold(vec![Vec::new()], |points, axis| {
+        points
+            .iter()
+            .flat_map(|p| {
+                axis.iter().map(move |choice| {
+                    let mut q = p.clone();
+                    q.extend(choice.iter().cloned());
+                    q
+                })
+            })
+            .collect()
+    })
+}
+
+fn point_sets(base: &[String], point: &Point) -> Vec<String> {
+    let mut sets = base.to_vec();
+    sets.extend(point.iter().map(|(k, v)| format!("{k}={v}")));
+    sets
+}
+
+fn describe(point: &Point) -> String {
+    point
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// What identifies a sweep: the resolved base job (however it was spelled) and the axes.
+fn definition(base: &crate::spec::JobSpec, grid: &[Axis], zip: &[Axis]) -> Result<String> {
+    let mut text = format!("job {}\n", provenance::spec_hash(base)?);
+    for (flag, axes) in [("grid", grid), ("zip", zip)] {
+        for a in axes {
+            text += &format!("{flag} {}={}\n", a.key, a.values.join(","));
+        }
+    }
+    Ok(text)
+}
+
+fn check_sweep_id(id: &str) -> Result<String> {
+    let ok = !id.is_empty()
+        && !id.starts_with('.')
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+    if ok {
+        Ok(id.to_string())
+    } else {
+        Err(job_err!(
+            "--sweep-id {id:?}: allowed: letters, digits, '-', '_' and '.' (not first)"
+        ))
+    }
+}
+
+/// sweep.txt holds the definition; a sweep id reused for another job or grid is refused
+/// rather than mixing two sweeps in one directory.
+fn record_definition(dir: &Path, definition: &str, args: &SweepArgs) -> Result<()> {
+    let path = dir.join("sweep.txt");
+    let text = format!(
+        "{definition}# started by: {}\n# job file: {}\n",
+        provenance::command_line(),
+        args.job.display()
+    );
+    match std::fs::read_to_string(&path) {
+        Ok(old) if !old.starts_with(definition) => Err(job_err!(
+            "{} holds a different sweep (another job or grid); give another --sweep-id, or \
+             leave it out to get one from the job and grid",
+            dir.display()
+        )),
+        Ok(_) => Ok(()),
+        Err(_) => std::fs::write(&path, text)
+            .map_err(|e| runtime_err!("cannot write {}: {e}", path.display())),
+    }
+}
+
+fn point_dir_name(index: usize, point: &Point) -> String {
+    let mut name = format!("{index:03}");
+    for (k, v) in point {
+        let short = k.rsplit('.').next().unwrap_or(k);
+        name += &format!("-{short}={v}");
+    }
+    let safe: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.=+".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(96)
+        .collect();
+    safe
+}
+
+/// An unfinished (or failed, with --retry-failed) point starts again from scratch.
+/// When runs can resume from a training checkpoint, this is where a point continues instead.
+/// An unfinished point continues from its newest intact checkpoint when it wrote one (the
+/// job has `[checkpoint]` settings); otherwise it starts again from scratch.
+fn restart_or_resume(point_dir: &Path) -> Result<Option<PathBuf>> {
+    if crate::checkpoint::locate(point_dir, true).is_ok() {
+        tracing::info!(
+            "{} did not finish; resuming it from its checkpoint",
+            point_dir.display()
+        );
+        return Ok(Some(point_dir.to_path_buf()));
+    }
+    tracing::info!("{} did not finish; starting it again", point_dir.display());
+    std::fs::remove_dir_all(point_dir)
+        .map_err(|e| runtime_err!("cannot clear {}: {e}", point_dir.display()))?;
+    Ok(None)
+}
+
+/// Rebuilds sweep.csv from the point directories; `running` is the point starting now.
+fn write_index(
+    dir: &Path,
+    keys: &[String],
+    points: &[Point],
+    point_dirs: &[PathBuf],
+    running: Option<usize>,
+) -> Result<()> {
+    let records: Vec<Option<RunRecord>> =
+        point_dirs.iter().map(|d| RunRecord::load(d).ok()).collect();
+    let metrics: Vec<Vec<(String, f64)>> = records
+        .iter()
+        .map(|r| r.as_ref().map(|r| r.final_and_best()).unwrap_or_default())
+        .collect();
+    let mut metric_columns: Vec<String> = Vec::new();
+    for (name, _) in metrics.iter().flatten() {
+        if !metric_columns.contains(name) {
+            metric_columns.push(name.clone());
+        }
+    }
+    let mut columns = vec!["point".to_string()];
+    columns.extend(keys.iter().cloned());
+    columns.extend(["status", "end_reason", "run_dir", "wall_s"].map(String::from));
+    columns.extend(metric_columns.iter().cloned());
+
+    let text = |s: &str| Cell::Text(s.to_string());
+    let rows = (0..points.len())
+        .map(|i| {
+            let record = records[i].as_ref();
+            let status = match (running == Some(i), record) {
+                (true, _) => "running",
+                (false, Some(r)) => r.status.as_str(),
+                (false, None) => "pending",
+            };
+            let mut row = vec![Cell::Int(i as i64)];
+            row.extend(points[i].iter().map(|(_, v)| text(v)));
+            row.push(text(status));
+            row.push(
+                record
+                    .and_then(|r| r.end_reason())
+                    .map_or(Cell::Empty, text),
+            );
+            row.push(text(
+                &point_dirs[i]
+                    .file_name()
+                    .map_or(String::new(), |n| n.to_string_lossy().into_owned()),
+            ));
+            row.push(
+                record
+                    .and_then(|r| r.summary.as_ref())
+                    .and_then(|s| s["wall_s"].as_f64())
+                    .map_or(Cell::Empty, Cell::Float),
+            );
+            row.extend(metric_columns.iter().map(|c| {
+                metrics[i]
+                    .iter()
+                    .find(|(n, _)| n == c)
+                    .map_or(Cell::Empty, |(_, v)| Cell::Float(*v))
+            }));
+            row
+        })
+        .collect();
+    let csv = Table { columns, rows }.render(Format::Csv);
+    let tmp = dir.join(".sweep.csv.tmp");
+    let target = dir.join("sweep.csv");
+    std::fs::write(&tmp, csv)
+        .and_then(|()| std::fs::rename(&tmp, &target))
+        .map_err(|e| runtime_err!("cannot write {}: {e}", target.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_split_on_top_level_commas_only() {
+        assert_eq!(split_values("1e-4, 3e-4"), ["1e-4", "3e-4"]);
+        assert_eq!(split_values("[1,64],[64]"), ["[1,64]", "[64]"]);
+        assert_eq!(split_values("\"a,b\",c"), ["\"a,b\"", "c"]);
+        assert_eq!(split_values(""), [""]);
+    }
+
+    #[test]
+    fn grid_is_a_product_and_zip_moves_together() {
+        let axis = |k: &str, v: &[&str]| Axis {
+            key: k.into(),
+            values: v.iter().map(|s| s.to_string()).collect(),
+        };
+        let points = expand(
+            &[axis("a", &["1", "2"])],
+            &[axis("b", &["x", "y"]), axis("c", &["p", "q"])],
+        );
+        let described: Vec<String> = points.iter().map(describe).collect();
+        assert_eq!(
+            described,
+            ["a=1 b=x c=p", "a=1 b=y c=q", "a=2 b=x c=p", "a=2 b=y c=q"]
+        );
+        assert_eq!(point_dir_name(3, &points[3]), "003-a=2-b=y-c=q");
+    }
+}

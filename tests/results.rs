@@ -1,0 +1,793 @@
+//! Sweeps and results end to end through the binary: sweeps (and finishing a killed one),
+//! ls / compare parsed back in every format, plots, early stopping and the other ways a run
+//! ends, provenance, `check --explain`, completions, and the bad-input cases.
+
+mod common;
+
+use common::{root, trainer_bin};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn trainer(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(trainer_bin());
+    cmd.args(args).current_dir(root()).env_remove("RUST_LOG");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("trainer runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn ok(o: Output) -> Output {
+    assert!(
+        o.status.success(),
+        "exit {:?}: {}",
+        o.status.code(),
+        stderr(&o)
+    );
+    o
+}
+
+/// A small, fast job on the bundled digits with a validation split.
+const TINY_JOB: &str = r#"
+[job]
+name = "tiny"
+seed = 1
+[data]
+source = "digits"
+batch_size = 64
+val_fraction = 0.2
+[model]
+layers = [{ type = "flatten" }, { type = "linear", out = 10 }]
+[optimizer]
+type = "sgd"
+lr = 0.1
+[train]
+epochs = 1
+log_every = 5
+threads = 1
+"#;
+
+fn write_job(dir: &Path, text: &str) -> PathBuf {
+    let path = dir.join("job.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn read_csv(path: &Path) -> (Vec<String>, Vec<Vec<String>>) {
+    let mut r = csv::Reader::from_path(path).unwrap();
+    let header = r.headers().unwrap().iter().map(String::from).collect();
+    let rows = r
+        .records()
+        .map(|rec| rec.unwrap().iter().map(String::from).collect())
+        .collect();
+    (header, rows)
+}
+
+fn column<'a>(header: &[String], row: &'a [String], name: &str) -> &'a str {
+    let i = header
+        .iter()
+        .position(|h| h == name)
+        .unwrap_or_else(|| panic!("no column {name} in {header:?}"));
+    &row[i]
+}
+
+fn summary(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap()
+}
+
+fn sweep_args<'a>(job: &'a str, runs: &'a str) -> Vec<&'a str> {
+    vec![
+        "sweep",
+        job,
+        "--grid",
+        "optimizer.lr=0.05,0.2",
+        "--grid",
+        "data.batch_size=32,64",
+        "--runs-dir",
+        runs,
+    ]
+}
+
+#[test]
+fn a_2x2_sweep_makes_four_runs_and_an_index_and_a_rerun_redoes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), TINY_JOB);
+    let runs = tmp.path().join("runs");
+    let (job, runs_s) = (job.to_str().unwrap(), runs.to_str().unwrap());
+    let out = ok(trainer(&sweep_args(job, runs_s), &[]));
+    let sweep_dir = PathBuf::from(stdout(&out).trim());
+    assert_eq!(sweep_dir.parent().unwrap(), runs.join("tiny"));
+    assert!(sweep_dir
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .starts_with("sweep-"));
+
+    let (header, rows) = read_csv(&sweep_dir.join("sweep.csv"));
+    assert_eq!(rows.len(), 4, "{rows:?}");
+    let mut seen = Vec::new();
+    for (i, row) in rows.iter().enumerate() {
+        assert_eq!(column(&header, row, "point"), i.to_string());
+        assert_eq!(column(&header, row, "status"), "completed");
+        assert_eq!(column(&header, row, "end_reason"), "completed");
+        let lr = column(&header, row, "optimizer.lr");
+        let bs = column(&header, row, "data.batch_size");
+        seen.push(format!("{lr} {bs}"));
+        let run_dir = sweep_dir.join(column(&header, row, "run_dir"));
+        let config = std::fs::read_to_string(run_dir.join("config.toml")).unwrap();
+        assert!(config.contains(&format!("lr = {lr}")), "{config}");
+        assert!(config.contains(&format!("batch_size = {bs}")), "{config}");
+        let s = summary(&run_dir);
+        let val_loss: f64 = column(&header, row, "val_loss").parse().unwrap();
+        // (serde_json's float parsing may differ in the last bit.)
+        assert!((val_loss - s["final"]["val_loss"].as_f64().unwrap()).abs() < 1e-12);
+        let best: f64 = column(&header, row, "best_val_accuracy").parse().unwrap();
+        assert!((0.0..=1.0).contains(&best));
+        assert!(column(&header, row, "wall_s").parse::<f64>().unwrap() > 0.0);
+    }
+    assert_eq!(seen, ["0.05 32", "0.05 64", "0.2 32", "0.2 64"]);
+    let point_dirs = std::fs::read_dir(&sweep_dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().join("config.toml").exists())
+        .count();
+    assert_eq!(point_dirs, 4);
+
+    // The same sweep again: the same directory, nothing trained again.
+    let first_run = sweep_dir.join(column(&header, &rows[0], "run_dir"));
+    let first_summary = std::fs::read_to_string(first_run.join("summary.json")).unwrap();
+    let again = ok(trainer(&sweep_args(job, runs_s), &[]));
+    assert_eq!(stdout(&again).trim(), sweep_dir.to_str().unwrap());
+    assert_eq!(
+        stderr(&again).matches("completed before, skipped").count(),
+        4
+    );
+    assert_eq!(
+        std::fs::read_to_string(first_run.join("summary.json")).unwrap(),
+        first_summary
+    );
+
+    // compare and ls read the sweep back, in every format.
+    let csv_out = ok(trainer(
+        &["compare", sweep_dir.to_str().unwrap(), "--format", "csv"],
+        &[],
+    ));
+    let mut reader = csv::Reader::from_reader(csv_out.stdout.as_slice());
+    let header: Vec<String> = reader.headers().unwrap().iter().map(String::from).collect();
+    let rows: Vec<Vec<String>> = reader
+        .records()
+        .map(|r| r.unwrap().iter().map(String::from).collect())
+        .collect();
+    assert_eq!(rows.len(), 4);
+    assert!(header.contains(&"optimizer.lr".to_string()), "{header:?}");
+    assert!(header.contains(&"data.batch_size".to_string()));
+    assert!(
+        !header.contains(&"optimizer.type".to_string()),
+        "only keys that differ: {header:?}"
+    );
+    for row in &rows {
+        assert_eq!(column(&header, row, "status"), "completed");
+        let last: f64 = column(&header, row, "val_loss").parse().unwrap();
+        let best: f64 = column(&header, row, "best_val_loss").parse().unwrap();
+        assert!(best <= last);
+        assert_eq!(column(&header, row, "epochs"), "1");
+    }
+
+    let json_out = ok(trainer(
+        &["compare", sweep_dir.to_str().unwrap(), "--format", "json"],
+        &[],
+    ));
+    let json: serde_json::Value = serde_json::from_slice(&json_out.stdout).unwrap();
+    let array = json.as_array().unwrap();
+    assert_eq!(array.len(), 4);
+    assert_eq!(array[0]["status"], "completed");
+    assert!(array[0]["val_accuracy"].as_f64().unwrap() > 0.5);
+    assert_eq!(array[3]["optimizer.lr"], "0.2");
+
+    let md = stdout(&ok(trainer(
+        &[
+            "compare",
+            sweep_dir.to_str().unwrap(),
+            "--format",
+            "markdown",
+        ],
+        &[],
+    )));
+    let lines: Vec<&str> = md.lines().collect();
+    assert_eq!(lines.len(), 6, "{md}");
+    assert!(lines[1].starts_with("| --- |"));
+    assert!(lines.iter().all(|l| l.starts_with('|') && l.ends_with('|')));
+
+    let table = stdout(&ok(trainer(&["ls", runs_s], &[])));
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 5, "{table}");
+    let heads: Vec<&str> = lines[0].split_whitespace().collect();
+    assert_eq!(&heads[..3], ["run", "status", "end_reason"]);
+    for line in &lines[1..] {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(fields.len(), heads.len(), "{table}");
+        assert_eq!(fields[1], "completed");
+    }
+    // Columns line up: every row's status starts where the header's does.
+    let at = lines[0].find("status").unwrap();
+    assert!(lines[1..].iter().all(|l| l[at..].starts_with("completed")));
+
+    // plot writes a PNG and an SVG of the four runs.
+    let png = tmp.path().join("curves.png");
+    ok(trainer(
+        &[
+            "plot",
+            sweep_dir.to_str().unwrap(),
+            "--metric",
+            "loss,accuracy",
+            "-o",
+            png.to_str().unwrap(),
+        ],
+        &[],
+    ));
+    let bytes = std::fs::read(&png).unwrap();
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+    assert!(bytes.len() > 20_000, "{} bytes", bytes.len());
+    let svg = tmp.path().join("curves.svg");
+    ok(trainer(
+        &[
+            "plot",
+            sweep_dir.to_str().unwrap(),
+            "--x",
+            "epoch",
+            "-o",
+            svg.to_str().unwrap(),
+        ],
+        &[],
+    ));
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.starts_with("<svg"), "{}", &text[..100]);
+    assert!(
+        text.contains("batch_size=64 lr=0.2 val"),
+        "legend names the runs"
+    );
+    assert!(text.contains("\nepoch\n"), "the x axis is named");
+}
+
+#[test]
+fn a_killed_sweep_finishes_when_run_again_without_redoing_finished_points() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Points that last 1.5 s on any machine (max_time), so the kill lands inside the second.
+    let job = write_job(
+        tmp.path(),
+        &TINY_JOB.replace("epochs = 1", "epochs = 1000000\nmax_time = \"1.5s\""),
+    );
+    let runs = tmp.path().join("runs");
+    let args = vec![
+        "sweep",
+        job.to_str().unwrap(),
+        "--grid",
+        "optimizer.lr=0.01,0.02,0.03",
+        "--runs-dir",
+        runs.to_str().unwrap(),
+        "--sweep-id",
+        "killed",
+        "--quiet",
+    ];
+    let mut child = Command::new(trainer_bin())
+        .args(&args)
+        .current_dir(root())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let index = runs.join("tiny/killed/sweep.csv");
+    let started = Instant::now();
+    // Wait until the first point has completed and the second has written its first rows.
+    let second_started = || {
+        let index = std::fs::read_to_string(&index).unwrap_or_default();
+        index.contains(",completed,")
+            && index.contains(",running,")
+            && std::fs::read_dir(runs.join("tiny/killed"))
+                .unwrap()
+                .flatten()
+                .any(|e| {
+                    e.file_name().to_string_lossy().starts_with("001-")
+                        && e.path().join("metrics.csv").exists()
+                })
+    };
+    while !second_started() {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "the second point never started"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let (header, rows) = read_csv(&index);
+    assert_eq!(column(&header, &rows[0], "status"), "completed");
+    assert_eq!(
+        column(&header, &rows[1], "status"),
+        "running",
+        "the kill should land in the second point: {rows:?}"
+    );
+    let first = runs
+        .join("tiny/killed")
+        .join(column(&header, &rows[0], "run_dir"));
+    let first_summary = std::fs::read_to_string(first.join("summary.json")).unwrap();
+    let second = runs
+        .join("tiny/killed")
+        .join(column(&header, &rows[1], "run_dir"));
+    assert!(!second.join("summary.json").exists());
+
+    // ls sees the killed run for what it is.
+    let ls = stdout(&ok(trainer(
+        &["ls", runs.to_str().unwrap(), "--format", "json"],
+        &[],
+    )));
+    let listed: serde_json::Value = serde_json::from_str(&ls).unwrap();
+    let statuses: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(statuses, ["completed", "killed"]);
+
+    let mut again = args.clone();
+    again.pop(); // not --quiet: the log says what was skipped
+    let out = ok(trainer(&again, &[]));
+    assert_eq!(stderr(&out).matches("completed before, skipped").count(), 1);
+    assert!(stderr(&out).contains("did not finish; starting it again"));
+    let (header, rows) = read_csv(&index);
+    assert_eq!(rows.len(), 3);
+    assert!(rows
+        .iter()
+        .all(|r| column(&header, r, "status") == "completed"));
+    assert_eq!(
+        std::fs::read_to_string(first.join("summary.json")).unwrap(),
+        first_summary,
+        "the finished point was not trained again"
+    );
+    assert_eq!(summary(&second)["status"], "completed");
+}
+
+#[test]
+fn early_stopping_ends_at_the_expected_epoch_on_a_plateau() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A learning rate so small that val_loss cannot improve by min_delta: epoch 1 sets the
+    // best, epochs 2 and 3 do not beat it, patience 2 stops after epoch 3.
+    let job = TINY_JOB.replace("lr = 0.1", "lr = 1e-9").replace(
+        "epochs = 1",
+        "epochs = 20\nearly_stopping = { metric = \"val_loss\", patience = 2, min_delta = 0.01 }",
+    );
+    let job = write_job(tmp.path(), &job);
+    let runs = tmp.path().join("runs");
+    let out = ok(trainer(
+        &[
+            "run",
+            job.to_str().unwrap(),
+            "--runs-dir",
+            runs.to_str().unwrap(),
+        ],
+        &[],
+    ));
+    let dir = PathBuf::from(stdout(&out).trim());
+    let s = summary(&dir);
+    assert_eq!(s["end_reason"], "early_stopped");
+    assert_eq!(s["epochs"], 3);
+    let (header, rows) = read_csv(&dir.join("metrics.csv"));
+    let val_epochs: Vec<&str> = rows
+        .iter()
+        .filter(|r| column(&header, r, "split") == "val")
+        .map(|r| column(&header, r, "epoch"))
+        .collect();
+    assert_eq!(val_epochs, ["1", "2", "3"]);
+    assert!(stderr(&out).contains("early stopping: val_loss has not improved"));
+
+    // A learning model is not stopped: accuracy keeps improving for a while at lr 0.1.
+    let job = write_job(
+        tmp.path(),
+        &TINY_JOB.replace(
+            "epochs = 1",
+            "epochs = 4\nearly_stopping = { metric = \"val_accuracy\", patience = 3 }",
+        ),
+    );
+    let out = ok(trainer(
+        &[
+            "run",
+            job.to_str().unwrap(),
+            "--runs-dir",
+            runs.to_str().unwrap(),
+            "-q",
+        ],
+        &[],
+    ));
+    let s = summary(Path::new(stdout(&out).trim()));
+    assert_eq!(s["end_reason"], "completed");
+    assert_eq!(s["epochs"], 4);
+}
+
+#[test]
+fn every_way_a_run_ends_is_in_its_summary() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), TINY_JOB);
+    let runs = tmp.path().join("runs");
+    let run = |sets: &[&str]| {
+        let mut args = vec![
+            "run",
+            job.to_str().unwrap(),
+            "--runs-dir",
+            runs.to_str().unwrap(),
+            "-q",
+        ];
+        for s in sets {
+            args.extend(["--set", s]);
+        }
+        trainer(&args, &[])
+    };
+    let reason = |out: &Output| summary(Path::new(stdout(out).trim()))["end_reason"].clone();
+
+    assert_eq!(reason(&ok(run(&[]))), "completed");
+    assert_eq!(reason(&ok(run(&["train.max_steps=3"]))), "max_steps");
+    let timed = ok(run(&["train.epochs=100000", "train.max_time=\"1s\""]));
+    assert_eq!(reason(&timed), "max_time");
+    let s = summary(Path::new(stdout(&timed).trim()));
+    assert!(s["wall_s"].as_f64().unwrap() < 30.0);
+    assert!(s["final"]["val_loss"].is_number(), "evaluated at the end");
+
+    // Gradient descent on a quadratic with a far too large step grows geometrically.
+    let exploding = write_job(
+        tmp.path(),
+        r#"
+[job]
+name = "exploding"
+[data]
+source = "synthetic"
+task = "regression"
+samples = 256
+num_features = 8
+[model]
+layers = [{ type = "linear", out = 1 }]
+[loss]
+type = "mse"
+[optimizer]
+type = "sgd"
+lr = 100.0
+[train]
+epochs = 50
+log_every = 1
+"#,
+    );
+    let diverged = trainer(
+        &[
+            "run",
+            exploding.to_str().unwrap(),
+            "--runs-dir",
+            runs.to_str().unwrap(),
+            "-q",
+        ],
+        &[],
+    );
+    assert_eq!(diverged.status.code(), Some(1), "{}", stderr(&diverged));
+    assert!(stderr(&diverged).contains("training diverged"));
+    let dir = std::fs::read_dir(runs.join("exploding"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| summary(p)["status"] == "failed")
+        .expect("the diverged run has a summary");
+    assert_eq!(summary(&dir)["end_reason"], "diverged");
+}
+
+#[test]
+fn each_run_records_its_provenance() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), TINY_JOB);
+    let runs = tmp.path().join("runs");
+    let run = |lr: &str| {
+        let set = format!("optimizer.lr={lr}");
+        let out = ok(trainer(
+            &[
+                "run",
+                job.to_str().unwrap(),
+                "--runs-dir",
+                runs.to_str().unwrap(),
+                "-q",
+                "--set",
+                &set,
+            ],
+            &[],
+        ));
+        let dir = PathBuf::from(stdout(&out).trim());
+        let text = std::fs::read_to_string(dir.join("provenance.json")).unwrap();
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()
+    };
+    let a = run("0.1");
+    assert_eq!(a["trainer_version"], env!("CARGO_PKG_VERSION"));
+    assert!(!a["git_commit"].as_str().unwrap().is_empty());
+    assert!(a["device"].as_str().unwrap().starts_with("cpu"));
+    let command = a["command_line"].as_str().unwrap();
+    assert!(command.contains(" run ") && command.contains("--set optimizer.lr=0.1"));
+    let hash = a["spec_hash"].as_str().unwrap();
+    assert!(hash.starts_with("fnv1a64:") && hash.len() == 24, "{hash}");
+    // Same resolved spec, same hash; another value, another hash.
+    assert_eq!(run("0.1")["spec_hash"], a["spec_hash"]);
+    assert_ne!(run("0.2")["spec_hash"], a["spec_hash"]);
+}
+
+#[test]
+fn check_explain_says_where_every_value_came_from() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), TINY_JOB);
+    let out = ok(trainer(
+        &[
+            "check",
+            job.to_str().unwrap(),
+            "--explain",
+            "--set",
+            "train.epochs=2",
+        ],
+        &[("TRAINER_OPTIMIZER__LR", "0.3")],
+    ));
+    let text = stdout(&out);
+    let line = |key: &str| -> Vec<String> {
+        let l = text
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(key))
+            .unwrap_or_else(|| panic!("no {key} in\n{text}"));
+        l.split_whitespace().map(String::from).collect()
+    };
+    assert_eq!(
+        line("optimizer.lr")[1..],
+        ["0.3", "environment", "TRAINER_OPTIMIZER__LR"]
+    );
+    assert_eq!(line("train.epochs")[1..], ["2", "--set", "train.epochs"]);
+    assert_eq!(line("data.source")[1], "\"digits\"");
+    assert_eq!(line("data.source")[2], "file");
+    assert_eq!(line("train.eval_every_epochs")[1..], ["1", "default"]);
+    assert_eq!(line("model.layers[1].out")[1..3], ["10", "file"]);
+    assert_eq!(line("model.layers[1].bias")[1..], ["true", "default"]);
+}
+
+#[test]
+fn completions_are_generated_for_the_common_shells() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = ok(trainer(&["completions", shell], &[]));
+        let text = stdout(&out);
+        assert!(
+            text.contains("trainer") && text.contains("sweep"),
+            "{shell}"
+        );
+    }
+    let out = trainer(&["completions", "tcsh"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    let help = stdout(&ok(trainer(&["--help"], &[])));
+    for command in ["sweep", "ls", "compare", "plot", "completions", "--explain"] {
+        assert!(help.contains(command), "--help lacks {command}");
+    }
+    let sweep_help = stdout(&ok(trainer(&["sweep", "--help"], &[])));
+    for flag in [
+        "--grid",
+        "--zip",
+        "--sweep-id",
+        "--retry-failed",
+        "--runs-dir",
+    ] {
+        assert!(sweep_help.contains(flag), "sweep --help lacks {flag}");
+    }
+}
+
+/// Runs `args` (with the tiny job as `JOB` and a temporary runs directory as `RUNS`) and
+/// checks the exit code and that the message names the problem.
+fn expect_error(job_text: &str, args: &[&str], code: i32, needles: &[&str]) {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), job_text);
+    let runs = tmp.path().join("runs");
+    let args: Vec<&str> = args
+        .iter()
+        .map(|a| match *a {
+            "JOB" => job.to_str().unwrap(),
+            "RUNS" => runs.to_str().unwrap(),
+            a => a,
+        })
+        .collect();
+    let out = trainer(&args, &[]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    for n in needles {
+        assert!(err.contains(n), "{args:?}: message lacks {n:?}:\n{err}");
+    }
+    assert!(
+        !runs.exists() || code != 2 || !has_summary(&runs),
+        "a bad sweep trained nothing"
+    );
+}
+
+fn has_summary(dir: &Path) -> bool {
+    walk(dir).iter().any(|p| p.ends_with("summary.json"))
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.path().is_dir() {
+            out.extend(walk(&e.path()));
+        } else {
+            out.push(e.path());
+        }
+    }
+    out
+}
+
+#[test]
+fn bad_sweeps_are_refused_before_anything_trains() {
+    let sweep = |extra: &[&'static str]| {
+        let mut a = vec!["sweep", "JOB", "--runs-dir", "RUNS"];
+        a.extend_from_slice(extra);
+        a
+    };
+    expect_error(
+        TINY_JOB,
+        &sweep(&["--grid", "optimizer.lr"]),
+        2,
+        &["--grid optimizer.lr", "expected KEY=V1,V2"],
+    );
+    expect_error(
+        TINY_JOB,
+        &sweep(&["--grid", "optimizer.lr="]),
+        2,
+        &["--grid optimizer.lr=", "empty value"],
+    );
+    expect_error(
+        TINY_JOB,
+        &sweep(&["--grid", "optimizer.lrr=0.1,0.2"]),
+        2,
+        &["sweep point 1 of 2", "optimizer.lrr", "did you mean `lr`?"],
+    );
+    expect_error(
+        TINY_JOB,
+        &sweep(&["--grid", "optimizer.lr=0.1,-1"]),
+        2,
+        &[
+            "sweep point 2 of 2 (optimizer.lr=-1)",
+            "-1 given; must be a positive number",
+        ],
+    );
+    expect_error(
+        TINY_JOB,
+        &sweep(&[
+            "--zip",
+            "optimizer.lr=0.1,0.2",
+            "--zip",
+            "data.batch_size=8,16,32",
+        ]),
+        2,
+        &["--zip optimizer.lr has 2 values but --zip data.batch_size has 3"],
+    );
+    expect_error(
+        TINY_JOB,
+        &sweep(&[
+            "--grid",
+            "optimizer.lr=0.1,0.2",
+            "--set",
+            "optimizer.lr=0.3",
+        ]),
+        2,
+        &["optimizer.lr is given twice"],
+    );
+    expect_error(TINY_JOB, &sweep(&[]), 2, &["at least one --grid"]);
+    expect_error(
+        TINY_JOB,
+        &sweep(&["--grid", "optimizer.lr=0.1", "--sweep-id", "../x"]),
+        2,
+        &["--sweep-id \"../x\"", "allowed"],
+    );
+}
+
+#[test]
+fn bad_training_controls_name_the_key_and_what_is_allowed() {
+    let run = ["run", "JOB", "--runs-dir", "RUNS"];
+    expect_error(
+        &TINY_JOB.replace("epochs = 1", "epochs = 1\nmax_time = \"2 hours\""),
+        &run,
+        2,
+        &[
+            "train.max_time",
+            "\"2 hours\" given",
+            "\"90s\", \"30m\", \"2h\"",
+        ],
+    );
+    expect_error(
+        &TINY_JOB.replace("val_fraction = 0.2\n", "").replace(
+            "epochs = 1",
+            "epochs = 1\nearly_stopping = { metric = \"val_loss\" }",
+        ),
+        &run,
+        2,
+        &[
+            "train.early_stopping.metric",
+            "\"val_loss\" given",
+            "no evaluation split",
+        ],
+    );
+    expect_error(
+        &TINY_JOB.replace(
+            "epochs = 1",
+            "epochs = 1\nearly_stopping = { metric = \"test_accuracy\" }",
+        ),
+        &run,
+        2,
+        &[
+            "\"test_accuracy\" given, which this job never produces",
+            "allowed for this job: val_loss, val_accuracy",
+        ],
+    );
+    expect_error(
+        &TINY_JOB.replace(
+            "epochs = 1",
+            "epochs = 1\nearly_stopping = { metric = \"val_loss\", patience = 0 }",
+        ),
+        &run,
+        2,
+        &["train.early_stopping.patience", "0 given"],
+    );
+}
+
+#[test]
+fn bad_results_arguments_are_usage_errors() {
+    expect_error(TINY_JOB, &["compare", "RUNS"], 2, &["no such directory"]);
+    expect_error(TINY_JOB, &["ls", "RUNS"], 2, &["no such directory"]);
+    expect_error(TINY_JOB, &["compare"], 2, &["RUN_OR_SWEEP"]);
+    expect_error(
+        TINY_JOB,
+        &["ls", "--format", "xml"],
+        2,
+        &["csv", "json", "markdown"],
+    );
+    // A real run to plot, then bad plot arguments.
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), TINY_JOB);
+    let runs = tmp.path().join("runs");
+    let out = ok(trainer(
+        &[
+            "run",
+            job.to_str().unwrap(),
+            "--runs-dir",
+            runs.to_str().unwrap(),
+            "-q",
+        ],
+        &[],
+    ));
+    let dir = stdout(&out).trim().to_string();
+    let jpg = tmp.path().join("x.jpg");
+    let bad = trainer(&["plot", &dir, "-o", jpg.to_str().unwrap()], &[]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(stderr(&bad).contains(".png or .svg"), "{}", stderr(&bad));
+    let png = tmp.path().join("x.png");
+    let bad = trainer(
+        &[
+            "plot",
+            &dir,
+            "--metric",
+            "perplexity",
+            "-o",
+            png.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        stderr(&bad).contains("--metric perplexity: no run has it; allowed: accuracy"),
+        "{}",
+        stderr(&bad)
+    );
+    assert!(!png.exists());
+}
