@@ -205,9 +205,15 @@ fn plan_start(args: &RunArgs, spec: &JobSpec, graph: &Graph, train_len: usize) -
         };
         return Ok(Start::Fresh { initial_params });
     };
+    let loading = Instant::now();
     let mut point = checkpoint::locate(&target, args.resume_fallback)?;
     let c = &mut point.checkpoint;
     let name = c.path.display().to_string();
+    tracing::info!(
+        "read and verified checkpoint {name} ({:.1} MiB) in {:.3} s",
+        std::fs::metadata(&c.path).map_or(0, |m| m.len()) as f64 / (1024.0 * 1024.0),
+        loading.elapsed().as_secs_f64()
+    );
     let (job, _) = checkpoint::spec_json(spec);
     let changes = checkpoint::incompatible_changes(&c.spec, &job);
     if !changes.is_empty() {

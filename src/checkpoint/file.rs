@@ -154,10 +154,7 @@ pub struct TensorFile {
 
 /// Reads and checks a file; the error says what is wrong (the caller names the file).
 pub fn read(path: &Path) -> Result<TensorFile, String> {
-    let mut bytes = Vec::new();
-    File::open(path)
-        .and_then(|mut f| f.read_to_end(&mut bytes))
-        .map_err(|e| format!("cannot read it: {e}"))?;
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read it: {e}"))?;
     let (header_len, metadata) = SafeTensors::read_metadata(&bytes).map_err(|e| {
         format!(
             "it is not a complete safetensors file ({} bytes; {e}): truncated or corrupt",
@@ -212,6 +209,13 @@ pub fn read_metadata_only(path: &Path) -> Option<HashMap<String, String>> {
     meta.metadata().clone()
 }
 
+/// The values in `bytes`, copied whole (the bytes need not be aligned for `T`).
+fn values_from<T: bytemuck::Pod + Default>(bytes: &[u8]) -> Vec<T> {
+    let mut values = vec![T::default(); bytes.len() / std::mem::size_of::<T>()];
+    bytemuck::cast_slice_mut::<T, u8>(&mut values).copy_from_slice(bytes);
+    values
+}
+
 impl TensorFile {
     pub fn metadata(&self) -> HashMap<String, String> {
         self.metadata.metadata().clone().unwrap_or_default()
@@ -238,10 +242,7 @@ impl TensorFile {
     /// A tensor's values as f32; the error names the tensor and what it holds instead.
     pub fn f32s(&self, name: &str) -> Result<Vec<f32>, String> {
         match self.raw(name) {
-            Some((Dtype::F32, _, b)) => Ok(b
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect()),
+            Some((Dtype::F32, _, b)) => Ok(values_from(b)),
             Some((dtype, _, _)) => Err(format!(
                 "tensor `{name}` is {dtype:?}; only F32 is read (convert it with \
                  tensor.float() before saving)"
@@ -252,10 +253,7 @@ impl TensorFile {
 
     pub fn f64s(&self, name: &str) -> Result<Vec<f64>, String> {
         match self.raw(name) {
-            Some((Dtype::F64, _, b)) => Ok(b
-                .chunks_exact(8)
-                .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
-                .collect()),
+            Some((Dtype::F64, _, b)) => Ok(values_from(b)),
             Some((dtype, _, _)) => Err(format!("tensor `{name}` is {dtype:?}, expected F64")),
             None => Err(format!("it has no tensor `{name}`")),
         }

@@ -243,7 +243,9 @@ pub fn train_session<B: Backend>(
                 outcome.last_train = Some(row);
             }
             let signal = stop.and_then(Stop::requested);
-            let due = policy.every_steps.is_some_and(|n| step % n as u64 == 0);
+            // At the last step the final checkpoint follows (after the final evaluation).
+            let due =
+                policy.every_steps.is_some_and(|n| step % n as u64 == 0) && (step as usize) < total;
             if let Some(saver) = saver
                 .as_mut()
                 .filter(|_| due || signal.is_some() || out_of_time)
