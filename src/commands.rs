@@ -10,7 +10,7 @@ use crate::signals::Stop;
 use crate::spec::{self, parse_device, DeviceChoice, JobSpec, ResumeMode};
 use crate::tensor::cpu::CpuBackend;
 use crate::tensor::cuda::{self, CudaBackend};
-use crate::tensor::Backend;
+use crate::tensor::{spatial, Backend};
 use crate::train::{self, Session};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -46,15 +46,19 @@ struct Prepared {
     threads: usize,
 }
 
+/// The CPU threads a job uses: train.threads, else every core.
+fn cpu_threads(spec: &JobSpec) -> usize {
+    spec.train
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
 fn prepare(job: &Path, sets: &[String], name: Option<&str>) -> Result<Prepared> {
     let mut spec = spec::load_job(job, sets)?;
     if let Some(name) = name {
         spec.job.name = Some(name.to_string());
     }
-    let threads = spec
-        .train
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let threads = cpu_threads(&spec);
     let data = data::load(&spec.data, spec.job.seed)?;
     let shape = DataShape {
         sample_shape: data.sample_shape.clone(),
@@ -422,10 +426,15 @@ fn run_in<B: Backend>(
 /// What the run will hold: the graph's buffers, and on a GPU also the data set and the cuBLAS
 /// workspace.
 fn memory_plan(spec: &JobSpec, graph: &Graph, data: &Data, on_gpu: bool) -> MemoryPlan {
+    let (batch, threads) = (spec.data.batch_size, cpu_threads(spec));
     let (data_bytes, workspace) = if on_gpu {
-        (data_set_bytes(data), cuda::CUBLAS_WORKSPACE)
+        let conv = graph.conv_workspace(|s| cuda::conv_workspace_len(s, batch));
+        (data_set_bytes(data), cuda::CUBLAS_WORKSPACE + 4 * conv)
     } else {
-        (0, 0)
+        (
+            0,
+            4 * graph.conv_workspace(|s| spatial::conv_workspace_len(s, threads)),
+        )
     };
     MemoryPlan::new(
         graph,
@@ -507,10 +516,11 @@ pub fn check(job: &Path, sets: &[String]) -> Result<String> {
         ("activations", m.activations),
         ("activation gradients", m.activation_grads),
         ("batch (inputs, targets)", m.batch),
+        ("layer state", m.layer_state),
+        ("scratch (conv, cuBLAS)", m.workspace),
     ];
     if on_gpu {
         rows.push(("data set on the device", m.data));
-        rows.push(("cuBLAS workspace", m.workspace));
     }
     for (what, b) in rows {
         out += &format!("  {what:<24} {:>12}\n", bytes(b));

@@ -587,3 +587,46 @@ fn missing_job_argument_is_a_usage_error() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("cannot read job file no/such/job.toml"));
 }
+
+#[test]
+fn image_layers_on_flat_input_say_how_to_shape_it() {
+    let job = GOOD_JOB.replace(
+        r#"layers = [{ type = "flatten" }, { type = "linear", out = 10 }]"#,
+        r#"layers = [{ type = "flatten" }, { type = "conv2d", out = 4, kernel_size = 3 }, { type = "flatten" }, { type = "linear", out = 10 }]"#,
+    );
+    expect_failure(
+        &job,
+        &[],
+        &[],
+        2,
+        &["model.layers[1] (conv2d)", "[64]", "model.input_shape"],
+    );
+}
+
+#[test]
+fn a_kernel_larger_than_the_image_is_refused() {
+    let job = GOOD_JOB.replace(
+        r#"layers = [{ type = "flatten" }, { type = "linear", out = 10 }]"#,
+        r#"layers = [{ type = "conv2d", out = 4, kernel_size = 9 }, { type = "flatten" }, { type = "linear", out = 10 }]"#,
+    );
+    expect_failure(
+        &job,
+        &[],
+        &[],
+        2,
+        &[
+            "model.layers[0] (conv2d)",
+            "9x9 kernel",
+            "does not fit the 8x8 input",
+        ],
+    );
+}
+
+#[test]
+fn conv_groups_must_divide_the_channels() {
+    let job = GOOD_JOB.replace(
+        r#"layers = [{ type = "flatten" }, { type = "linear", out = 10 }]"#,
+        r#"layers = [{ type = "conv2d", out = 4, kernel_size = 3, groups = 3 }, { type = "flatten" }, { type = "linear", out = 10 }]"#,
+    );
+    expect_failure(&job, &[], &[], 2, &["groups = 3 must divide"]);
+}

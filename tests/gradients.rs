@@ -190,3 +190,85 @@ fn bce_with_logits_gradients() {
     };
     check_gradients(&loss_job(r#"type = "bce_with_logits""#), data);
 }
+
+/// An image model: input [2, 6, 5] samples, `middle` between a conv and the classifier.
+fn image_job(middle: &str) -> String {
+    format!(
+        r#"
+        [data]
+        source = "synthetic"
+        [model]
+        layers = [
+          {{ type = "conv2d", out = 4, kernel_size = 3, padding = 1 }},
+          {middle},
+          {{ type = "flatten" }},
+          {{ type = "linear", out = 3 }},
+        ]
+        [optimizer]
+        type = "sgd"
+        lr = 0.1
+        "#
+    )
+}
+
+fn images() -> DataShape {
+    DataShape {
+        sample_shape: vec![2, 6, 5],
+        classes: Some(3),
+        target_dim: 1,
+    }
+}
+
+#[test]
+fn conv2d_gradients() {
+    check_gradients(
+        &image_job(
+            r#"{ type = "conv2d", out = 4, kernel_size = [3, 2], stride = [2, 1], padding = [1, 0], groups = 2 }"#,
+        ),
+        images(),
+    );
+}
+
+#[test]
+fn dilated_conv2d_without_bias_gradients() {
+    check_gradients(
+        &image_job(r#"{ type = "conv2d", out = 3, kernel_size = 2, dilation = 2, bias = false }"#),
+        images(),
+    );
+}
+
+#[test]
+fn maxpool2d_gradients() {
+    check_gradients(
+        &image_job(r#"{ type = "maxpool2d", kernel_size = 3, stride = 2, padding = 1 }"#),
+        images(),
+    );
+}
+
+#[test]
+fn avgpool2d_gradients() {
+    check_gradients(
+        &image_job(r#"{ type = "avgpool2d", kernel_size = 2 }"#),
+        images(),
+    );
+}
+
+#[test]
+fn global_avg_pool_gradients() {
+    check_gradients(&image_job(r#"{ type = "global_avg_pool" }"#), images());
+}
+
+#[test]
+fn layernorm_gradients() {
+    check_gradients(&image_job(r#"{ type = "layernorm" }"#), images());
+}
+
+#[test]
+fn reshape_gradients() {
+    check_gradients(
+        &image_job(
+            r#"{ type = "reshape", shape = [2, -1, 5] }, { type = "conv2d", out = 2, kernel_size = 1 }"#,
+        ),
+        images(),
+    );
+}

@@ -12,7 +12,7 @@ use trainer::checkpoint::weights;
 use trainer::graph::{DataShape, Graph, Network, Op};
 use trainer::spec::JobSpec;
 use trainer::tensor::cpu::CpuBackend;
-use trainer::tensor::Activation;
+use trainer::tensor::{Activation, PoolKind};
 
 fn trainer(args: &[&str]) -> Output {
     Command::new(trainer_bin())
@@ -218,7 +218,37 @@ fn layers_json(graph: &Graph) -> String {
         .layers
         .iter()
         .map(|l| match &l.op {
-            Op::Flatten => "[\"flatten\"]".into(),
+            Op::View => format!("[\"view\", {:?}]", l.out_shape),
+            Op::Conv2d { geom: g, bias, .. } => format!(
+                "[\"conv2d\", {}, {}, [{}, {}], [{}, {}], [{}, {}], [{}, {}], {}, {}]",
+                g.c,
+                g.o,
+                g.kh,
+                g.kw,
+                g.stride.0,
+                g.stride.1,
+                g.pad.0,
+                g.pad.1,
+                g.dil.0,
+                g.dil.1,
+                g.groups,
+                bias.is_some()
+            ),
+            Op::Pool { kind, geom: g } => format!(
+                "[\"{}\", [{}, {}], [{}, {}], [{}, {}]]",
+                if *kind == PoolKind::Max {
+                    "maxpool2d"
+                } else {
+                    "avgpool2d"
+                },
+                g.k.0,
+                g.k.1,
+                g.stride.0,
+                g.stride.1,
+                g.pad.0,
+                g.pad.1
+            ),
+            Op::LayerNorm { width, eps, .. } => format!("[\"layernorm\", {width}, {eps}]"),
             Op::Linear { inp, out, bias, .. } => {
                 format!("[\"linear\", {inp}, {out}, {}]", bias.is_some())
             }
@@ -233,18 +263,36 @@ fn layers_json(graph: &Graph) -> String {
     format!("[{}]", items.join(", "))
 }
 
+/// A CNN over the digits' [1, 8, 8]: grouped, dilated and strided convolutions, both
+/// poolings, layer norm, global pooling and reshape, so every image layer's names and layouts
+/// are checked against torch's.
+const CNN_LAYERS: &str = r#"[
+  { type = "conv2d", out = 4, kernel_size = 3, padding = 1 }, { type = "relu" },
+  { type = "maxpool2d", kernel_size = 3, stride = 2, padding = 1 },
+  { type = "conv2d", out = 6, kernel_size = [3, 2], padding = [1, 1], groups = 2, bias = false },
+  { type = "layernorm" }, { type = "avgpool2d", kernel_size = 2 },
+  { type = "reshape", shape = [6, 1, -1] }, { type = "conv2d", out = 8, kernel_size = [1, 2], dilation = 2 },
+  { type = "global_avg_pool" }, { type = "flatten" }, { type = "linear", out = 10 },
+]"#;
+
 #[test]
 fn pytorch_loads_model_safetensors_and_computes_the_same_outputs() {
+    for layers in [LAYERS, CNN_LAYERS] {
+        compare_with_torch(layers);
+    }
+}
+
+fn compare_with_torch(layers: &str) {
     let Some(python) = torch_python() else {
         println!("skipped: no Python with torch and safetensors (set TRAINER_TORCH_PYTHON to one)");
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
-    let dir = run_dir(&run(tmp.path(), "job.toml", &job_text(LAYERS, "")));
+    let dir = run_dir(&run(tmp.path(), "job.toml", &job_text(layers, "")));
     let model = dir.join("model.safetensors");
 
     // trainer's own outputs for random inputs, from the same file.
-    let (_, graph) = digits_graph(LAYERS);
+    let (_, graph) = digits_graph(layers);
     let params = weights::read(&model, &graph).unwrap();
     let n = 16;
     let backend = CpuBackend::new(1);

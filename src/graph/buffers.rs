@@ -34,7 +34,7 @@ impl BufferPlan {
         let mut value_of_node = vec![0usize];
         let mut value_size = vec![numel(input_shape)];
         for (i, layer) in layers.iter().enumerate() {
-            if layer.op == Op::Flatten {
+            if layer.op == Op::View {
                 value_of_node.push(value_of_node[i]);
             } else {
                 value_of_node.push(value_size.len());
@@ -90,7 +90,7 @@ impl BufferPlan {
         let recompute = layers
             .iter()
             .enumerate()
-            .map(|(i, l)| l.op != Op::Flatten && !kept[value_of_node[i + 1]])
+            .map(|(i, l)| l.op != Op::View && !kept[value_of_node[i + 1]])
             .collect();
         BufferPlan {
             slot: value_of_node.iter().map(|&v| buffer_of_value[v]).collect(),

@@ -3,6 +3,7 @@
 //! so `trainer check` can print it and the executor can plan every buffer once.
 
 mod buffers;
+mod image;
 mod network;
 
 pub use buffers::BufferPlan;
@@ -13,7 +14,7 @@ use crate::spec::{
     ActivationCheckpointing, ActivationMode, GeluApproximation, JobSpec, LayerSpec, LossKind,
 };
 use crate::tensor::rng::{derive, Rng};
-use crate::tensor::{Activation, LossFn};
+use crate::tensor::{Activation, Conv2d, LossFn, Pool2d, PoolKind};
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Op {
@@ -28,8 +29,24 @@ pub enum Op {
     Dropout {
         p: f32,
     },
-    /// Shares its input's buffer: only the shape changes.
-    Flatten,
+    /// flatten, reshape: shares its input's buffer, only the shape changes.
+    View,
+    /// Parameters at `weight` ([o, c/groups, kh, kw]) and `bias` (o).
+    Conv2d {
+        geom: Conv2d,
+        weight: usize,
+        bias: Option<usize>,
+    },
+    Pool {
+        kind: PoolKind,
+        geom: Pool2d,
+    },
+    /// Over rows of `width` values; γ at `gamma`, β right after it.
+    LayerNorm {
+        width: usize,
+        gamma: usize,
+        eps: f32,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -153,12 +170,40 @@ impl Graph {
                 LayerSpec::Dropout(d) => {
                     ("dropout", Op::Dropout { p: d.p as f32 }, in_shape.clone())
                 }
-                LayerSpec::Flatten(_) => ("flatten", Op::Flatten, vec![numel(&in_shape)]),
+                LayerSpec::Flatten(_) => ("flatten", Op::View, vec![numel(&in_shape)]),
+                LayerSpec::Reshape(r) => {
+                    let (op, out) = image::reshape(i, r, &in_shape)?;
+                    ("reshape", op, out)
+                }
+                LayerSpec::Conv2d(c) => {
+                    let (op, out) = image::conv2d(i, c, &in_shape, &mut offset)?;
+                    ("conv2d", op, out)
+                }
+                LayerSpec::Maxpool2d(p) => {
+                    let (op, out) = image::pool(i, PoolKind::Max, p, &in_shape)?;
+                    ("maxpool2d", op, out)
+                }
+                LayerSpec::Avgpool2d(p) => {
+                    let (op, out) = image::pool(i, PoolKind::Avg, p, &in_shape)?;
+                    ("avgpool2d", op, out)
+                }
+                LayerSpec::GlobalAvgPool(_) => {
+                    let (op, out) = image::global_avg_pool(i, &in_shape)?;
+                    ("global_avg_pool", op, out)
+                }
+                LayerSpec::Layernorm(l) => {
+                    let (op, out) = image::layernorm(l, &in_shape, &mut offset);
+                    ("layernorm", op, out)
+                }
             };
             let param_count = match &op {
                 Op::Linear { inp, out, bias, .. } => {
                     inp * out + if bias.is_some() { *out } else { 0 }
                 }
+                Op::Conv2d { geom, bias, .. } => {
+                    geom.weight_len() + if bias.is_some() { geom.o } else { 0 }
+                }
+                Op::LayerNorm { width, .. } => 2 * width,
                 _ => 0,
             };
             shape = out_shape.clone();
@@ -199,31 +244,79 @@ impl Graph {
 
     /// PyTorch nn.Sequential state_dict names of each linear layer's parameters: the
     /// layer's index in model.layers, then `.weight` ([out, in]) or `.bias` ([out]).
+    /// The largest conv2d scratch, given a backend's rule for one layer (values, not bytes).
+    pub fn conv_workspace(&self, per_layer: impl Fn(&Conv2d) -> usize) -> usize {
+        let conv = |l: &Layer| match &l.op {
+            Op::Conv2d { geom, .. } => Some(per_layer(geom)),
+            _ => None,
+        };
+        self.layers.iter().filter_map(conv).max().unwrap_or(0)
+    }
+
     pub fn state_dict_entries(&self) -> Vec<StateDictEntry> {
-        let mut entries = Vec::new();
-        for (i, layer) in self.layers.iter().enumerate() {
-            if let Op::Linear {
-                inp,
-                out,
-                weight,
-                bias,
-            } = layer.op
-            {
-                entries.push(StateDictEntry {
-                    name: format!("{i}.weight"),
-                    shape: vec![out, inp],
-                    offset: weight,
+        self.parameter_tensors()
+            .into_iter()
+            .map(|t| StateDictEntry {
+                name: format!("{}.{}", t.layer, t.name),
+                shape: t.shape,
+                offset: t.offset,
+            })
+            .collect()
+    }
+
+    /// Every parameter tensor: its layer, PyTorch name and shape, place in the flat buffer,
+    /// and PyTorch's default initialisation.
+    fn parameter_tensors(&self) -> Vec<ParameterTensor> {
+        let mut tensors = Vec::new();
+        for (layer, l) in self.layers.iter().enumerate() {
+            let mut push = |name, shape: Vec<usize>, offset, init| {
+                tensors.push(ParameterTensor {
+                    layer,
+                    name,
+                    shape,
+                    offset,
+                    init,
                 });
-                if let Some(b) = bias {
-                    entries.push(StateDictEntry {
-                        name: format!("{i}.bias"),
-                        shape: vec![out],
-                        offset: b,
-                    });
+            };
+            match l.op {
+                Op::Linear {
+                    inp,
+                    out,
+                    weight,
+                    bias,
+                } => {
+                    // kaiming_uniform(a = √5) gives ±1/√fan_in; the bias uses the same bound.
+                    let bound = 1.0 / (inp as f64).sqrt();
+                    push("weight", vec![out, inp], weight, Init::Uniform(bound));
+                    if let Some(b) = bias {
+                        push("bias", vec![out], b, Init::Uniform(bound));
+                    }
                 }
+                Op::Conv2d {
+                    geom: g,
+                    weight,
+                    bias,
+                } => {
+                    let fan_in = g.c / g.groups * g.kh * g.kw;
+                    let bound = 1.0 / (fan_in as f64).sqrt();
+                    push(
+                        "weight",
+                        vec![g.o, g.c / g.groups, g.kh, g.kw],
+                        weight,
+                        Init::Uniform(bound),
+                    );
+                    if let Some(b) = bias {
+                        push("bias", vec![g.o], b, Init::Uniform(bound));
+                    }
+                }
+                Op::LayerNorm { width, gamma, .. } => {
+                    push("weight", vec![width], gamma, Init::Constant(1.0));
+                    push("bias", vec![width], gamma + width, Init::Constant(0.0));
+                }
+                Op::Activation(_) | Op::Dropout { .. } | Op::View | Op::Pool { .. } => {}
             }
         }
-        entries
+        tensors
     }
 
     pub fn output_shape(&self) -> &[usize] {
@@ -232,32 +325,43 @@ impl Graph {
             .map_or(&self.input_shape, |l| &l.out_shape)
     }
 
-    /// PyTorch's default initialisation for every parameter, from the job's seed: for a
-    /// linear layer, W and b uniform in ±1/√in (kaiming-uniform with a = √5 for W).
+    /// PyTorch's default initialisation for every parameter, from the job's seed (a stream
+    /// per layer, so adding a layer does not change the others' initial values).
     pub fn init_params(&self, seed: u64) -> Vec<f32> {
         let mut params = vec![0.0f32; self.param_count];
-        for (i, layer) in self.layers.iter().enumerate() {
-            if let Op::Linear {
-                inp,
-                out,
-                weight,
-                bias,
-            } = layer.op
-            {
-                let mut rng = Rng::new(derive(seed, 1000 + i as u64));
-                let bound = 1.0 / (inp as f64).sqrt();
-                for w in &mut params[weight..weight + inp * out] {
-                    *w = rng.uniform(-bound, bound) as f32;
+        let mut rngs: Vec<Option<Rng>> = vec![None; self.layers.len()];
+        for t in self.parameter_tensors() {
+            let values = &mut params[t.offset..t.offset + numel(&t.shape)];
+            match t.init {
+                Init::Uniform(bound) => {
+                    let rng = rngs[t.layer]
+                        .get_or_insert_with(|| Rng::new(derive(seed, 1000 + t.layer as u64)));
+                    values
+                        .iter_mut()
+                        .for_each(|v| *v = rng.uniform(-bound, bound) as f32);
                 }
-                if let Some(b) = bias {
-                    for v in &mut params[b..b + out] {
-                        *v = rng.uniform(-bound, bound) as f32;
-                    }
-                }
+                Init::Constant(c) => values.fill(c),
             }
         }
         params
     }
+}
+
+/// How PyTorch initialises a parameter tensor by default.
+#[derive(Debug, Clone, Copy)]
+enum Init {
+    /// Uniform in ±bound.
+    Uniform(f64),
+    Constant(f32),
+}
+
+#[derive(Debug, Clone)]
+struct ParameterTensor {
+    layer: usize,
+    name: &'static str,
+    shape: Vec<usize>,
+    offset: usize,
+    init: Init,
 }
 
 fn objective(
@@ -358,8 +462,10 @@ pub struct MemoryPlan {
     pub batch: usize,
     /// The data set, when it is held in device memory (GPU).
     pub data: usize,
-    /// Library workspace on the device (cuBLAS).
+    /// Scratch: the conv2d workspace (im2col), and cuBLAS's on a GPU.
     pub workspace: usize,
+    /// What layers keep from forward for backward besides activations (layer-norm statistics).
+    pub layer_state: usize,
     /// Activations (and as much again for their gradients) without activation
     /// checkpointing; equal to `activations` when it is off.
     pub activations_without_checkpointing: usize,
@@ -368,8 +474,8 @@ pub struct MemoryPlan {
 }
 
 impl MemoryPlan {
-    /// `device_data` and `workspace` are what a GPU holds besides the graph's buffers (0 on
-    /// the CPU, where the data set is ordinary host memory).
+    /// `device_data` is the data set when a GPU holds it (0 on the CPU, where it is ordinary
+    /// host memory); `workspace` the scratch bytes of the backend (see `conv_workspace`).
     pub fn new(
         graph: &Graph,
         batch_size: usize,
@@ -392,6 +498,11 @@ impl MemoryPlan {
             batch: batch_size * (numel(&graph.input_shape) + graph.objective.target_dim) * f,
             data: device_data,
             workspace,
+            layer_state: graph
+                .layers
+                .iter()
+                .map(|l| network::aux_len(&l.op, &l.out_shape, batch_size) * f)
+                .sum(),
             activations_without_checkpointing: batch_size * plain.activation_values() * f,
             recomputed_layers: plan.recomputed_layers(),
         }
@@ -404,5 +515,8 @@ impl MemoryPlan {
             + self.activations
             + self.activation_grads
             + self.batch
+            + self.layer_state
+            + self.data
+            + self.workspace
     }
 }

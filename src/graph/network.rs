@@ -20,8 +20,21 @@ pub struct Network<B: Backend> {
     /// Which buffer each node uses, the backward segments and what they recompute.
     plan: BufferPlan,
     targets: B::Buf,
+    /// Scratch shared by every conv2d layer (im2col), sized for the largest.
+    workspace: B::Buf,
+    /// Per layer: what its backward pass needs from the forward pass besides activations
+    /// (layer norm: each row's mean and invstd); empty for the others.
+    aux: Vec<B::Buf>,
     max_batch: usize,
     dropout_seed: u64,
+}
+
+/// f32 values of per-layer saved state at `max_batch` (see `Network::aux`).
+pub fn aux_len(op: &Op, out_shape: &[usize], max_batch: usize) -> usize {
+    match op {
+        Op::LayerNorm { width, .. } => 2 * max_batch * numel(out_shape) / width.max(&1),
+        _ => 0,
+    }
 }
 
 /// Two distinct elements of a slice, one shared and one mutable.
@@ -55,6 +68,20 @@ impl<B: Backend> Network<B> {
             .enumerate()
             .map(|(i, &n)| backend.alloc(if i == 0 { 0 } else { n }))
             .collect::<Result<Vec<_>>>()?;
+        let workspace_len = graph
+            .layers
+            .iter()
+            .filter_map(|l| match &l.op {
+                Op::Conv2d { geom, .. } => Some(backend.conv_workspace_len(geom, max_batch)),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
+        let aux = graph
+            .layers
+            .iter()
+            .map(|l| backend.alloc(aux_len(&l.op, &l.out_shape, max_batch)))
+            .collect::<Result<Vec<_>>>()?;
         let mut param_buf = backend.alloc(graph.param_count)?;
         backend.upload(params, &mut param_buf);
         Ok(Network {
@@ -64,6 +91,8 @@ impl<B: Backend> Network<B> {
             dacts,
             plan,
             targets: backend.alloc(max_batch * graph.objective.target_dim)?,
+            workspace: backend.alloc(workspace_len)?,
+            aux,
             max_batch,
             dropout_seed: derive(seed, 77),
             graph,
@@ -106,7 +135,7 @@ impl<B: Backend> Network<B> {
         let (src, dst) = (self.plan.slot[i], self.plan.slot[i + 1]);
         let len = n * numel(&layer.out_shape);
         match layer.op {
-            Op::Flatten => {}
+            Op::View => {}
             Op::Linear {
                 inp,
                 out,
@@ -128,6 +157,35 @@ impl<B: Backend> Network<B> {
                 } else {
                     backend.copy(x, y, len);
                 }
+            }
+            Op::Conv2d { geom, weight, bias } => {
+                let (x, y) = read_write(&mut self.acts, src, dst);
+                backend.conv2d_forward(
+                    &geom,
+                    x,
+                    &self.params,
+                    weight,
+                    bias,
+                    y,
+                    n,
+                    &mut self.workspace,
+                );
+            }
+            Op::Pool { kind, geom } => {
+                let (x, y) = read_write(&mut self.acts, src, dst);
+                backend.pool2d_forward(kind, &geom, x, y, n);
+            }
+            Op::LayerNorm { width, gamma, eps } => {
+                let (x, y) = read_write(&mut self.acts, src, dst);
+                backend.layernorm_forward(
+                    x,
+                    y,
+                    (len / width, width),
+                    &self.params,
+                    gamma,
+                    &mut self.aux[i],
+                    eps,
+                );
             }
         }
     }
@@ -176,7 +234,7 @@ impl<B: Backend> Network<B> {
         let need_dx = src != 0;
         let len = n * numel(&layer.out_shape);
         match layer.op {
-            Op::Flatten => {}
+            Op::View => {}
             Op::Linear {
                 inp,
                 out,
@@ -212,7 +270,45 @@ impl<B: Backend> Network<B> {
                     backend.copy(dy, dx, len);
                 }
             }
-            Op::Activation(_) | Op::Dropout { .. } => {}
+            Op::Conv2d { geom, weight, bias } => {
+                let (dy, dx) = read_write(&mut self.dacts, dst, src);
+                let dx = need_dx.then_some(dx);
+                let x = &self.acts[src];
+                let ws = &mut self.workspace;
+                backend.conv2d_backward(
+                    &geom,
+                    x,
+                    dy,
+                    &self.params,
+                    &mut self.grads,
+                    weight,
+                    bias,
+                    dx,
+                    n,
+                    ws,
+                );
+            }
+            Op::Pool { kind, geom } if need_dx => {
+                let (dy, dx) = read_write(&mut self.dacts, dst, src);
+                backend.pool2d_backward(kind, &geom, &self.acts[src], &self.acts[dst], dy, dx, n);
+            }
+            Op::LayerNorm { width, gamma, .. } => {
+                let (dy, dx) = read_write(&mut self.dacts, dst, src);
+                let dx = need_dx.then_some(dx);
+                let shape = (len / width, width);
+                let x = &self.acts[src];
+                backend.layernorm_backward(
+                    x,
+                    dy,
+                    dx,
+                    shape,
+                    &self.params,
+                    &mut self.grads,
+                    gamma,
+                    &self.aux[i],
+                );
+            }
+            Op::Activation(_) | Op::Dropout { .. } | Op::Pool { .. } => {}
         }
     }
 }

@@ -210,6 +210,85 @@ pub enum LayerSpec {
     Dropout(DropoutSpec),
     /// Collapses every dimension but the batch into one.
     Flatten(NoSettings),
+    /// Gives each sample a new shape with the same number of values (one -1 is inferred).
+    Reshape(ReshapeSpec),
+    /// 2-D convolution over [channels, height, width] samples, PyTorch's Conv2d.
+    Conv2d(Conv2dSpec),
+    /// Maximum over windows (padding counts as -inf), PyTorch's MaxPool2d.
+    Maxpool2d(PoolSpec),
+    /// Mean over windows (padding counts as 0: count_include_pad), PyTorch's AvgPool2d.
+    Avgpool2d(PoolSpec),
+    /// Mean over each channel's whole plane: [c, h, w] → [c, 1, 1] (AdaptiveAvgPool2d(1)).
+    GlobalAvgPool(NoSettings),
+    /// Normalises over the last dimension, with learned scale and shift (PyTorch's LayerNorm).
+    Layernorm(LayerNormSpec),
+}
+
+/// A size given as one number (both dimensions) or as [height, width].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum Size2 {
+    Square(usize),
+    HeightWidth([usize; 2]),
+}
+
+impl Size2 {
+    pub fn pair(self) -> (usize, usize) {
+        match self {
+            Size2::Square(s) => (s, s),
+            Size2::HeightWidth([h, w]) => (h, w),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReshapeSpec {
+    /// The new per-sample shape; one entry may be -1.
+    pub shape: Vec<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Conv2dSpec {
+    /// Output channels.
+    pub out: usize,
+    /// Input channels; inferred from the input, checked when given.
+    #[serde(default, rename = "in", skip_serializing_if = "Option::is_none")]
+    pub in_channels: Option<usize>,
+    pub kernel_size: Size2,
+    #[serde(default = "size_one")]
+    pub stride: Size2,
+    /// Zero padding on each side.
+    #[serde(default = "size_zero")]
+    pub padding: Size2,
+    #[serde(default = "size_one")]
+    pub dilation: Size2,
+    /// Channel groups: input and output channels must both divide by it.
+    #[serde(default = "one")]
+    pub groups: usize,
+    #[serde(default = "yes")]
+    pub bias: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PoolSpec {
+    pub kernel_size: Size2,
+    /// Defaults to kernel_size, as in PyTorch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stride: Option<Size2>,
+    /// Padding on each side (at most half the kernel).
+    #[serde(default = "size_zero")]
+    pub padding: Size2,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LayerNormSpec {
+    /// Added to the variance for numerical stability.
+    #[serde(default = "default_norm_eps")]
+    pub eps: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
@@ -582,6 +661,15 @@ pub enum AllDevices {
     All,
 }
 
+fn size_one() -> Size2 {
+    Size2::Square(1)
+}
+fn size_zero() -> Size2 {
+    Size2::Square(0)
+}
+fn default_norm_eps() -> f64 {
+    1e-5
+}
 fn yes() -> bool {
     true
 }

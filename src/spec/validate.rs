@@ -182,6 +182,54 @@ fn validate_model(m: &ModelSpec, p: &mut Problems) {
                 &format!("{key}.p"),
                 format!("{} given; must be in [0, 1)", d.p),
             ),
+            LayerSpec::Conv2d(c) => {
+                p.check(c.out >= 1, &format!("{key}.out"), "must be at least 1");
+                p.check(
+                    c.in_channels != Some(0),
+                    &format!("{key}.in"),
+                    "must be at least 1",
+                );
+                p.check(
+                    c.groups >= 1,
+                    &format!("{key}.groups"),
+                    "must be at least 1",
+                );
+                for (name, size, min) in [
+                    ("kernel_size", c.kernel_size, 1),
+                    ("stride", c.stride, 1),
+                    ("dilation", c.dilation, 1),
+                ] {
+                    let (h, w) = size.pair();
+                    p.check(
+                        h >= min && w >= min,
+                        &format!("{key}.{name}"),
+                        format!("{size:?} given; must be at least {min}"),
+                    );
+                }
+            }
+            LayerSpec::Maxpool2d(s) | LayerSpec::Avgpool2d(s) => {
+                let (h, w) = s.kernel_size.pair();
+                p.check(
+                    h >= 1 && w >= 1,
+                    &format!("{key}.kernel_size"),
+                    "must be at least 1",
+                );
+                if let Some(stride) = s.stride {
+                    let (h, w) = stride.pair();
+                    p.check(
+                        h >= 1 && w >= 1,
+                        &format!("{key}.stride"),
+                        "must be at least 1",
+                    );
+                }
+            }
+            LayerSpec::Layernorm(l) => {
+                p.check(
+                    l.eps > 0.0,
+                    &format!("{key}.eps"),
+                    format!("{} given; must be positive", l.eps),
+                );
+            }
             _ => {}
         }
     }

@@ -189,6 +189,13 @@ impl PoolGeom {
     }
 }
 
+/// f32 values of scratch a conv2d layer needs on the GPU: its im2col matrix [c·kh·kw, n·p] and
+/// its output in GEMM layout [o, n·p].
+pub fn conv_workspace_len(s: &Conv2d, max_batch: usize) -> usize {
+    let (oh, ow) = s.out_hw().expect("validated geometry");
+    (s.c * s.kh * s.kw + s.o) * max_batch * oh * ow
+}
+
 /// One block per item (channel or row), 256 threads reducing together.
 fn per_item(items: usize) -> LaunchConfig {
     LaunchConfig {
@@ -432,9 +439,7 @@ impl Backend for CudaBackend {
     type Stats = CudaSlice<f64>;
 
     fn conv_workspace_len(&self, s: &Conv2d, max_batch: usize) -> usize {
-        // col [c·kh·kw, n·p] and the output in GEMM layout [o, n·p].
-        let (oh, ow) = s.out_hw().expect("validated geometry");
-        (s.c * s.kh * s.kw + s.o) * max_batch * oh * ow
+        conv_workspace_len(s, max_batch)
     }
 
     fn conv2d_forward(

@@ -1,0 +1,181 @@
+//! Building the image layers: shape inference and parameter layout for conv2d, pooling,
+//! layer norm and reshape. Errors name the layer, its input shape and what it needs.
+
+use super::{numel, shape_str, Op};
+use crate::error::{Error, Result};
+use crate::spec::{Conv2dSpec, LayerNormSpec, PoolSpec, ReshapeSpec};
+use crate::tensor::{Conv2d, Pool2d, PoolKind};
+
+/// The [channels, height, width] of an image layer's input.
+fn chw(i: usize, kind: &str, in_shape: &[usize]) -> Result<(usize, usize, usize)> {
+    match *in_shape {
+        [c, h, w] => Ok((c, h, w)),
+        _ => Err(Error::Job(format!(
+            "model.layers[{i}] ({kind}): its input has shape {} but {kind} needs [channels, height, \
+             width] per sample{}",
+            shape_str(in_shape),
+            if in_shape.len() == 1 {
+                "; flat data can be given a shape with model.input_shape = [c, h, w] or a reshape layer"
+            } else {
+                ""
+            }
+        ))),
+    }
+}
+
+pub(super) fn conv2d(
+    i: usize,
+    l: &Conv2dSpec,
+    in_shape: &[usize],
+    offset: &mut usize,
+) -> Result<(Op, Vec<usize>)> {
+    let (c, h, w) = chw(i, "conv2d", in_shape)?;
+    let err = |m: String| Err(Error::Job(format!("model.layers[{i}] (conv2d): {m}")));
+    if let Some(given) = l.in_channels {
+        if given != c {
+            return err(format!(
+                "in = {given} given, but its input has {c} channels"
+            ));
+        }
+    }
+    if l.groups == 0 || c % l.groups != 0 || l.out % l.groups != 0 {
+        return err(format!(
+            "groups = {} must divide both the input channels ({c}) and out ({})",
+            l.groups, l.out
+        ));
+    }
+    let (kh, kw) = l.kernel_size.pair();
+    let geom = Conv2d {
+        c,
+        h,
+        w,
+        o: l.out,
+        kh,
+        kw,
+        stride: l.stride.pair(),
+        pad: l.padding.pair(),
+        dil: l.dilation.pair(),
+        groups: l.groups,
+    };
+    let Some((oh, ow)) = geom.out_hw() else {
+        return err(format!(
+            "a {kh}x{kw} kernel (dilation {:?}) does not fit the {h}x{w} input with padding {:?}",
+            geom.dil, geom.pad
+        ));
+    };
+    let weight = *offset;
+    *offset += geom.weight_len();
+    let bias = l.bias.then(|| {
+        *offset += l.out;
+        *offset - l.out
+    });
+    Ok((Op::Conv2d { geom, weight, bias }, vec![l.out, oh, ow]))
+}
+
+pub(super) fn pool(
+    i: usize,
+    kind: PoolKind,
+    l: &PoolSpec,
+    in_shape: &[usize],
+) -> Result<(Op, Vec<usize>)> {
+    let name = if kind == PoolKind::Max {
+        "maxpool2d"
+    } else {
+        "avgpool2d"
+    };
+    let (c, h, w) = chw(i, name, in_shape)?;
+    let k = l.kernel_size.pair();
+    let pad = l.padding.pair();
+    if pad.0 * 2 > k.0 || pad.1 * 2 > k.1 {
+        return Err(Error::Job(format!(
+            "model.layers[{i}] ({name}): padding {pad:?} must be at most half the kernel {k:?} (as in PyTorch)"
+        )));
+    }
+    let geom = Pool2d {
+        c,
+        h,
+        w,
+        k,
+        stride: l.stride.unwrap_or(l.kernel_size).pair(),
+        pad,
+    };
+    match geom.out_hw() {
+        Some((oh, ow)) if oh > 0 && ow > 0 && geom.stride.0 > 0 && geom.stride.1 > 0 => {
+            Ok((Op::Pool { kind, geom }, vec![c, oh, ow]))
+        }
+        _ => Err(Error::Job(format!(
+            "model.layers[{i}] ({name}): a {}x{} window does not fit the {h}x{w} input",
+            k.0, k.1
+        ))),
+    }
+}
+
+/// AdaptiveAvgPool2d(1): an average pool whose window is the whole plane.
+pub(super) fn global_avg_pool(i: usize, in_shape: &[usize]) -> Result<(Op, Vec<usize>)> {
+    let (c, h, w) = chw(i, "global_avg_pool", in_shape)?;
+    let geom = Pool2d {
+        c,
+        h,
+        w,
+        k: (h, w),
+        stride: (h, w),
+        pad: (0, 0),
+    };
+    Ok((
+        Op::Pool {
+            kind: PoolKind::Avg,
+            geom,
+        },
+        vec![c, 1, 1],
+    ))
+}
+
+/// Over the last dimension; γ then β in the flat buffer.
+pub(super) fn layernorm(
+    l: &LayerNormSpec,
+    in_shape: &[usize],
+    offset: &mut usize,
+) -> (Op, Vec<usize>) {
+    let width = *in_shape.last().unwrap_or(&1);
+    let gamma = *offset;
+    *offset += 2 * width;
+    (
+        Op::LayerNorm {
+            width,
+            gamma,
+            eps: l.eps as f32,
+        },
+        in_shape.to_vec(),
+    )
+}
+
+pub(super) fn reshape(i: usize, l: &ReshapeSpec, in_shape: &[usize]) -> Result<(Op, Vec<usize>)> {
+    let total = numel(in_shape);
+    let err = || {
+        Err(Error::Job(format!(
+            "model.layers[{i}] (reshape): shape {:?} cannot hold the {total} values of its input {} \
+             (at most one -1, every other entry at least 1)",
+            l.shape,
+            shape_str(in_shape)
+        )))
+    };
+    let inferred = l.shape.iter().filter(|&&d| d == -1).count();
+    if inferred > 1 || l.shape.iter().any(|&d| d == 0 || d < -1) || l.shape.is_empty() {
+        return err();
+    }
+    let known: usize = l
+        .shape
+        .iter()
+        .filter(|&&d| d > 0)
+        .map(|&d| d as usize)
+        .product();
+    if known == 0 || (inferred == 0 && known != total) || (inferred == 1 && total % known != 0) {
+        return err();
+    }
+    let shape = l
+        .shape
+        .iter()
+        .map(|&d| if d == -1 { total / known } else { d as usize })
+        .collect();
+    Ok((Op::View, shape))
+}
