@@ -17,7 +17,8 @@ trap 'rm -rf "$runs"' EXIT
 
 trainer_rate() { # job -> "samples/s accuracy"
   local dir
-  dir=$($bin run "$1" --runs-dir "$runs" --quiet --set train.threads=$threads)
+  # shellcheck disable=SC2086  # TRAINER_EXTRA is a list of arguments
+  dir=$($bin run "$1" --runs-dir "$runs" --quiet --set train.threads=$threads ${TRAINER_EXTRA:-})
   python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); f=s["final"]; print(round(s["samples_per_sec"]), f.get("test_accuracy", "n/a"), round(s["wall_s"],2))' "$dir/summary.json"
 }
 torch_rate() {
@@ -42,3 +43,7 @@ case_run() { # name, trainer job, pytorch args...
 echo "threads=$threads repeats=$repeats torch=$("$py" -c 'import torch; print(torch.__version__)') cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
 case_run fashion_mnist_mlp jobs/fashion_mnist_mlp.toml --data fashion --layers 784,256,128,10 --batch 128 --epochs 10 --lr 1e-3
 case_run mlp1024_b256 bench/mlp1024.toml --data synthetic --layers 784,1024,1024,10 --batch 256 --steps 200
+# The CNN for one epoch (throughput; accuracy after 5 epochs is measured separately).
+cnn_epochs=${CNN_EPOCHS:-1}
+TRAINER_EXTRA="--set train.epochs=$cnn_epochs" case_run fashion_mnist_cnn jobs/fashion_mnist_cnn.toml \
+  --model cnn --data fashion --batch 128 --epochs "$cnn_epochs" --lr 1e-3

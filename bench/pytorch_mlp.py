@@ -51,6 +51,15 @@ def load_fashion(data_dir):
     return [torch.from_numpy(a) for a in (xtr, ytr, xte, yte)]
 
 
+def make_cnn():
+    """jobs/fashion_mnist_cnn.toml's model."""
+    return nn.Sequential(
+        nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(3136, 128), nn.ReLU(), nn.Linear(128, 10),
+    )
+
+
 def make_mlp(sizes):
     layers = []
     for i in range(len(sizes) - 1):
@@ -72,6 +81,8 @@ def main():
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="cpu or cuda (data is moved to it first)")
+    p.add_argument("--model", choices=["mlp", "cnn"], default="mlp",
+                   help="mlp: --layers; cnn: jobs/fashion_mnist_cnn.toml's conv net (fashion data)")
     args = p.parse_args()
     dev = torch.device(args.device)
 
@@ -83,7 +94,7 @@ def main():
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     sizes = [int(s) for s in args.layers.split(",")]
-    model = make_mlp(sizes).to(dev)
+    model = (make_cnn() if args.model == "cnn" else make_mlp(sizes)).to(dev)
     loss_fn = nn.CrossEntropyLoss()
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
 
@@ -97,7 +108,10 @@ def main():
     train_s, samples = 0.0, 0
     if args.data == "fashion":
         xtr, ytr, xte, yte = (t.to(dev) for t in load_fashion(args.data_dir))
-        assert xtr.shape[1] == sizes[0] and sizes[-1] == 10, "layers must be 784,...,10"
+        if args.model == "cnn":
+            xtr, xte = xtr.reshape(-1, 1, 28, 28), xte.reshape(-1, 1, 28, 28)
+        else:
+            assert xtr.shape[1] == sizes[0] and sizes[-1] == 10, "layers must be 784,...,10"
         gen = torch.Generator().manual_seed(args.seed)
         n = len(xtr)
         for _ in range(args.epochs):

@@ -433,7 +433,7 @@ fn memory_plan(spec: &JobSpec, graph: &Graph, data: &Data, on_gpu: bool) -> Memo
     } else {
         (
             0,
-            4 * graph.conv_workspace(|s| spatial::conv_workspace_len(s, threads)),
+            4 * graph.conv_workspace(|s| spatial::conv_workspace_len(s, threads, batch)),
         )
     };
     MemoryPlan::new(

@@ -272,3 +272,12 @@ fn reshape_gradients() {
         images(),
     );
 }
+
+#[test]
+fn maxpool2d_2x2_on_an_odd_width_gradients() {
+    // 6x5 input: the last column is in no window and must get no gradient.
+    check_gradients(
+        &image_job(r#"{ type = "maxpool2d", kernel_size = 2 }"#),
+        images(),
+    );
+}

@@ -6,7 +6,6 @@
 mod common;
 
 use serde_json::Value;
-use trainer::tensor::cpu::CpuBackend;
 use trainer::tensor::spatial::*;
 
 fn floats(v: &Value) -> Vec<f32> {
@@ -72,7 +71,7 @@ fn conv2d_matches_pytorch_forward_and_backward() {
         let (x, w, dy) = (floats(&c["x"]), floats(&c["weight"]), floats(&c["dy"]));
         let b = c["bias"].is_array().then(|| floats(&c["bias"]));
         for threads in [1, 3] {
-            let mut ws = vec![0.0; conv_workspace_len(&s, threads)];
+            let mut ws = vec![0.0; conv_workspace_len(&s, threads, n)];
             let mut y = vec![f32::NAN; floats(&c["y"]).len()];
             conv2d_forward(&s, &x, &w, b.as_deref(), &mut y, n, &mut ws);
             assert_close(
@@ -83,18 +82,7 @@ fn conv2d_matches_pytorch_forward_and_backward() {
             let (mut dw, mut db, mut dx) =
                 (vec![0.0; w.len()], vec![0.0; s.o], vec![f32::NAN; x.len()]);
             let db_arg = b.is_some().then_some(&mut db[..]);
-            conv2d_backward(
-                &CpuBackend::new(2),
-                &s,
-                &x,
-                &w,
-                &dy,
-                &mut dw,
-                db_arg,
-                Some(&mut dx),
-                n,
-                &mut ws,
-            );
+            conv2d_backward(&s, &x, &w, &dy, &mut dw, db_arg, Some(&mut dx), n, &mut ws);
             assert_close(&dx, &floats(&c["dx"]), &format!("{what} dx"));
             assert_close(&dw, &floats(&c["dweight"]), &format!("{what} dW"));
             if b.is_some() {

@@ -115,8 +115,8 @@ impl Backend for CpuBackend {
     type Buf = Vec<f32>;
     type Stats = LossStats;
 
-    fn conv_workspace_len(&self, s: &Conv2d, _max_batch: usize) -> usize {
-        spatial::conv_workspace_len(s, self.threads)
+    fn conv_workspace_len(&self, s: &Conv2d, max_batch: usize) -> usize {
+        spatial::conv_workspace_len(s, self.threads, max_batch)
     }
 
     fn conv2d_forward(
@@ -153,7 +153,6 @@ impl Backend for CpuBackend {
         let (dw, rest) = grads[w..].split_at_mut(s.weight_len());
         let db = b.map(|b| &mut rest[b - w - s.weight_len()..][..s.o]);
         spatial::conv2d_backward(
-            self,
             s,
             x,
             weight,
@@ -392,6 +391,14 @@ impl Backend for CpuBackend {
     }
 
     fn activation_forward(&self, f: Activation, x: &Vec<f32>, y: &mut Vec<f32>, len: usize) {
+        // ReLU gets a loop of its own: a per-element match on `f` keeps LLVM from vectorising.
+        if f == Activation::Relu {
+            return map2(&mut y[..len], &x[..len], |y, x, _| {
+                for (y, &x) in y.iter_mut().zip(x) {
+                    *y = x.max(0.0);
+                }
+            });
+        }
         map2(&mut y[..len], &x[..len], |y, x, _| {
             for (y, &x) in y.iter_mut().zip(x) {
                 *y = activation(f, x);
@@ -409,6 +416,15 @@ impl Backend for CpuBackend {
         len: usize,
     ) {
         let (x, y, dy) = (&x[..len], &y[..len], &dy[..len]);
+        if f == Activation::Relu {
+            // The same arithmetic as activation_derivative (dy·1 or dy·0), without the match.
+            return map2(&mut dx[..len], dy, |dx, dy, start| {
+                let x = &x[start..start + dx.len()];
+                for ((d, &g), &x) in dx.iter_mut().zip(dy).zip(x) {
+                    *d = g * if x > 0.0 { 1.0 } else { 0.0 };
+                }
+            });
+        }
         map2(&mut dx[..len], dy, |dx, dy, start| {
             let x = &x[start..start + dx.len()];
             let y = &y[start..start + dx.len()];

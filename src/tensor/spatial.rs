@@ -57,6 +57,28 @@ impl Conv2d {
         self.o * self.group_rows()
     }
 
+    /// The output columns q whose input column q·stride - pad + kj·dil lies inside [0, w),
+    /// and that input column for q = 0 (possibly negative).
+    #[inline]
+    fn valid_columns(&self, kj: usize, ow: usize) -> (std::ops::Range<usize>, isize) {
+        let (stride, offset) = (
+            self.stride.1 as isize,
+            (kj * self.dil.1) as isize - self.pad.1 as isize,
+        );
+        // q·stride + offset >= 0  and  q·stride + offset < w
+        let lo = if offset >= 0 {
+            0
+        } else {
+            ((-offset + stride - 1) / stride) as usize
+        };
+        let hi = if (self.w as isize) <= offset {
+            0
+        } else {
+            ((self.w as isize - offset + stride - 1) / stride) as usize
+        };
+        (lo.min(ow)..hi.min(ow).max(lo.min(ow)), offset)
+    }
+
     /// col[(ci, ki, kj), (p, q)] = x[ci, p·s - pad + ki·d, q·s - pad + kj·d] (0 outside).
     fn im2col(&self, x: &[f32], col: &mut [f32]) {
         let (oh, ow) = self.oh_ow();
@@ -66,23 +88,29 @@ impl Conv2d {
             for ki in 0..self.kh {
                 for kj in 0..self.kw {
                     let out = &mut col[row * oh * ow..(row + 1) * oh * ow];
+                    let (valid, offset) = self.valid_columns(kj, ow);
                     for p in 0..oh {
                         let i =
                             (p * self.stride.0 + ki * self.dil.0) as isize - self.pad.0 as isize;
                         let dst = &mut out[p * ow..(p + 1) * ow];
-                        if i < 0 || i >= self.h as isize {
+                        if i < 0 || i >= self.h as isize || valid.is_empty() {
                             dst.fill(0.0);
                             continue;
                         }
                         let src = &plane[i as usize * self.w..(i as usize + 1) * self.w];
-                        for (q, d) in dst.iter_mut().enumerate() {
-                            let j = (q * self.stride.1 + kj * self.dil.1) as isize
-                                - self.pad.1 as isize;
-                            *d = if j < 0 || j >= self.w as isize {
-                                0.0
-                            } else {
-                                src[j as usize]
-                            };
+                        dst[..valid.start].fill(0.0);
+                        dst[valid.end..].fill(0.0);
+                        let first =
+                            (valid.start as isize * self.stride.1 as isize + offset) as usize;
+                        if self.stride.1 == 1 {
+                            dst[valid.clone()].copy_from_slice(&src[first..first + valid.len()]);
+                        } else {
+                            for (d, j) in dst[valid.clone()]
+                                .iter_mut()
+                                .zip((first..).step_by(self.stride.1))
+                            {
+                                *d = src[j];
+                            }
                         }
                     }
                     row += 1;
@@ -100,6 +128,12 @@ impl Conv2d {
             for ki in 0..self.kh {
                 for kj in 0..self.kw {
                     let src = &col[row * oh * ow..(row + 1) * oh * ow];
+                    let (valid, offset) = self.valid_columns(kj, ow);
+                    row += 1;
+                    if valid.is_empty() {
+                        continue;
+                    }
+                    let first = (valid.start as isize * self.stride.1 as isize + offset) as usize;
                     for p in 0..oh {
                         let i =
                             (p * self.stride.0 + ki * self.dil.0) as isize - self.pad.0 as isize;
@@ -107,15 +141,17 @@ impl Conv2d {
                             continue;
                         }
                         let dst = &mut plane[i as usize * self.w..(i as usize + 1) * self.w];
-                        for q in 0..ow {
-                            let j = (q * self.stride.1 + kj * self.dil.1) as isize
-                                - self.pad.1 as isize;
-                            if j >= 0 && j < self.w as isize {
-                                dst[j as usize] += src[p * ow + q];
+                        let values = &src[p * ow + valid.start..p * ow + valid.end];
+                        if self.stride.1 == 1 {
+                            for (d, v) in dst[first..first + values.len()].iter_mut().zip(values) {
+                                *d += v;
+                            }
+                        } else {
+                            for (j, v) in (first..).step_by(self.stride.1).zip(values) {
+                                dst[j] += v;
                             }
                         }
                     }
-                    row += 1;
                 }
             }
         }
@@ -123,9 +159,15 @@ impl Conv2d {
 }
 
 /// Scratch the convolution of `threads` threads needs.
-pub fn conv_workspace_len(s: &Conv2d, threads: usize) -> usize {
-    s.col_len() * threads.max(1)
+pub fn conv_workspace_len(s: &Conv2d, threads: usize, max_batch: usize) -> usize {
+    let chunks = max_batch.div_ceil(DW_CHUNK);
+    s.col_len() * threads.max(chunks).max(1) + chunks * s.weight_len()
 }
+
+/// Samples whose weight gradients one task sums: the batch is cut into chunks of this size
+/// (not into one run per thread), so the order of the sum, and the result, does not depend on
+/// the number of threads (a resumed run may use another `train.threads`).
+const DW_CHUNK: usize = 16;
 
 /// Splits `n` samples into one contiguous run per workspace slot.
 fn samples_per_thread(n: usize, workspace: &[f32], col_len: usize) -> usize {
@@ -185,7 +227,6 @@ pub fn conv2d_forward(
 /// dW += Σₙ dyₙ·colₙᵀ, db += Σ dy, dx = col2im(Wᵀ·dyₙ) when asked.
 #[allow(clippy::too_many_arguments)]
 pub fn conv2d_backward(
-    cpu: &CpuBackend,
     s: &Conv2d,
     x: &[f32],
     w: &[f32],
@@ -206,35 +247,49 @@ pub fn conv2d_backward(
             }
         }
     }
-    // dW: samples in order (a fixed summation order), each GEMM threaded when large enough.
-    let col = &mut workspace[..col_len];
-    for sample in 0..n {
-        s.im2col(&x[sample * in_len..(sample + 1) * in_len], col);
-        let dy_n = &dy[sample * out_len..(sample + 1) * out_len];
-        for g in 0..s.groups {
-            let dy_g = &dy_n[g * og * oh * ow..(g + 1) * og * oh * ow];
-            let col_g = &col[g * rows * oh * ow..(g + 1) * rows * oh * ow];
-            let dw_g = &mut dw[g * og * rows..(g + 1) * og * rows];
-            // dW_g[og, rows] += dy_g[og, ohw] · col_gᵀ[ohw, rows]
-            cpu.matmul(
-                dw_g,
-                true,
-                dy_g,
-                (oh * ow, 1),
-                col_g,
-                (1, oh * ow),
-                og,
-                rows,
-                oh * ow,
-            );
+    // dW: each chunk of samples into its own partial sum, in parallel; then the partials in
+    // chunk order. The workspace holds the partials first, then im2col scratch.
+    let chunks = n.div_ceil(DW_CHUNK);
+    let (partials, cols) = workspace.split_at_mut(chunks * dw.len());
+    let serial = CpuBackend::new(1);
+    partials
+        .par_chunks_mut(dw.len())
+        .zip(cols.par_chunks_mut(col_len))
+        .enumerate()
+        .for_each(|(k, (part, col))| {
+            part.fill(0.0);
+            for sample in k * DW_CHUNK..((k + 1) * DW_CHUNK).min(n) {
+                s.im2col(&x[sample * in_len..(sample + 1) * in_len], col);
+                let dy_n = &dy[sample * out_len..(sample + 1) * out_len];
+                for g in 0..s.groups {
+                    let dy_g = &dy_n[g * og * oh * ow..(g + 1) * og * oh * ow];
+                    let col_g = &col[g * rows * oh * ow..(g + 1) * rows * oh * ow];
+                    let part_g = &mut part[g * og * rows..(g + 1) * og * rows];
+                    // dW_g[og, rows] += dy_g[og, ohw] · col_gᵀ[ohw, rows]
+                    serial.matmul(
+                        part_g,
+                        true,
+                        dy_g,
+                        (oh * ow, 1),
+                        col_g,
+                        (1, oh * ow),
+                        og,
+                        rows,
+                        oh * ow,
+                    );
+                }
+            }
+        });
+    for part in partials.chunks(dw.len()) {
+        for (d, p) in dw.iter_mut().zip(part) {
+            *d += p;
         }
     }
     let Some(dx) = dx else { return };
-    let per = samples_per_thread(n, workspace, col_len);
-    let serial = CpuBackend::new(1);
+    let per = samples_per_thread(n, cols, col_len);
     dx[..n * in_len]
         .par_chunks_mut(per * in_len)
-        .zip(workspace.par_chunks_mut(col_len))
+        .zip(cols.par_chunks_mut(col_len))
         .enumerate()
         .for_each(|(t, (dxs, col))| {
             for (j, dx_n) in dxs.chunks_mut(in_len).enumerate() {
@@ -316,9 +371,84 @@ impl Pool2d {
     }
 }
 
+impl Pool2d {
+    /// Windows that tile the input without overlap or padding (the common 2x2, stride 2):
+    /// their rows can be read straight, with no clamping.
+    fn tiles(&self) -> bool {
+        self.stride == self.k && self.pad == (0, 0)
+    }
+}
+
+/// The first position (row-major) of each tiling window holding `target`'s value, for the
+/// non-overlapping case; calls `f(output index, input index)`.
+#[inline]
+fn first_max_in_tiles(s: &Pool2d, x_c: &[f32], y_c: &[f32], mut f: impl FnMut(usize, usize)) {
+    let (oh, ow) = s.out_hw().expect("validated geometry");
+    let (kh, kw) = s.k;
+    for p in 0..oh {
+        for q in 0..ow {
+            let target = y_c[p * ow + q];
+            'window: for a in 0..kh {
+                let base = (p * kh + a) * s.w + q * kw;
+                for (b, &v) in x_c[base..base + kw].iter().enumerate() {
+                    if v == target || (target.is_nan() && v.is_nan()) {
+                        f(p * ow + q, base + b);
+                        break 'window;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The running maximum after seeing `v`: NaN wins, as in PyTorch. A select, not a branch.
+#[inline(always)]
+fn max_step(m: f32, v: f32) -> f32 {
+    if v > m || v.is_nan() {
+        v
+    } else {
+        m
+    }
+}
+
 /// Max over each window (padding counts as -inf; NaN wins, as in PyTorch).
 pub fn maxpool2d_forward(s: &Pool2d, x: &[f32], y: &mut [f32], n: usize) {
     let (_, ow) = s.out_hw().expect("validated geometry");
+    if s.tiles() && s.k == (2, 2) {
+        // The common case, branch-free: the window's four values in row-major order.
+        return s.planes(n, x, y, |_, x_c, y_c| {
+            for (p, out) in y_c.chunks_exact_mut(ow).enumerate() {
+                let r0 = &x_c[2 * p * s.w..][..2 * ow];
+                let r1 = &x_c[(2 * p + 1) * s.w..][..2 * ow];
+                for ((o, a), b) in out
+                    .iter_mut()
+                    .zip(r0.chunks_exact(2))
+                    .zip(r1.chunks_exact(2))
+                {
+                    let m = max_step(max_step(f32::NEG_INFINITY, a[0]), a[1]);
+                    *o = max_step(max_step(m, b[0]), b[1]);
+                }
+            }
+        });
+    }
+    if s.tiles() {
+        let (kh, kw) = s.k;
+        return s.planes(n, x, y, |_, x_c, y_c| {
+            for (p, out) in y_c.chunks_exact_mut(ow).enumerate() {
+                out.fill(f32::NEG_INFINITY);
+                for a in 0..kh {
+                    let row = &x_c[(p * kh + a) * s.w..][..ow * kw];
+                    for (o, window) in out.iter_mut().zip(row.chunks_exact(kw)) {
+                        for &v in window {
+                            if v > *o || v.is_nan() {
+                                *o = v;
+                            }
+                        }
+                    }
+                }
+            }
+        });
+    }
     s.planes(n, x, y, |_, x_c, y_c| {
         for (idx, out) in y_c.iter_mut().enumerate() {
             let (rows, cols) = s.window(idx / ow, idx % ow);
@@ -350,6 +480,27 @@ pub fn maxpool2d_backward(s: &Pool2d, x: &[f32], y: &[f32], dy: &[f32], dx: &mut
                 &y[c * oh * ow..(c + 1) * oh * ow],
                 &dy[c * oh * ow..(c + 1) * oh * ow],
             );
+            if s.tiles() && s.k == (2, 2) {
+                // Branch-free: the gradient goes to the first of the four equal to the max.
+                let same = |v: f32, t: f32| v == t || (v.is_nan() && t.is_nan());
+                for p in 0..oh {
+                    for q in 0..ow {
+                        let (t, g) = (y_c[p * ow + q], dy_c[p * ow + q]);
+                        let (i0, i1) = (2 * p * s.w + 2 * q, (2 * p + 1) * s.w + 2 * q);
+                        let (a, b, c) = (same(x_c[i0], t), same(x_c[i0 + 1], t), same(x_c[i1], t));
+                        let d = same(x_c[i1 + 1], t);
+                        dx_c[i0] = if a { g } else { 0.0 };
+                        dx_c[i0 + 1] = if !a && b { g } else { 0.0 };
+                        dx_c[i1] = if !a && !b && c { g } else { 0.0 };
+                        dx_c[i1 + 1] = if !a && !b && !c && d { g } else { 0.0 };
+                    }
+                }
+                return;
+            }
+            if s.tiles() {
+                // Windows do not overlap: every input position gets at most one gradient.
+                return first_max_in_tiles(s, x_c, y_c, |out, input| dx_c[input] = dy_c[out]);
+            }
             for idx in 0..oh * ow {
                 let (rows, cols) = s.window(idx / ow, idx % ow);
                 let target = y_c[idx];
