@@ -6,24 +6,13 @@
 
 mod common;
 
+use common::{stderr, trainer};
+
 use common::{root, trainer_bin};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
-
-fn trainer(args: &[&str]) -> Output {
-    Command::new(trainer_bin())
-        .args(args)
-        .current_dir(root())
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("trainer runs")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
 
 fn run_dir(o: &Output) -> PathBuf {
     assert!(o.status.success(), "{}", stderr(o));

@@ -4,22 +4,11 @@
 
 mod common;
 
-use common::{root, trainer_bin};
+use common::{stderr, trainer_with_env as trainer};
+
+use common::root;
 use std::path::Path;
-use std::process::{Command, Output};
-
-fn trainer(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(trainer_bin());
-    cmd.args(args).current_dir(root()).env_remove("RUST_LOG");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.output().expect("trainer runs")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use std::process::Output;
 
 fn finished_runs(runs: &Path) -> usize {
     let Ok(names) = std::fs::read_dir(runs) else {

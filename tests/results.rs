@@ -4,23 +4,12 @@
 
 mod common;
 
+use common::{stderr, trainer_with_env as trainer};
+
 use common::{root, trainer_bin};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-fn trainer(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(trainer_bin());
-    cmd.args(args).current_dir(root()).env_remove("RUST_LOG");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.output().expect("trainer runs")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
 
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()

@@ -4,7 +4,9 @@
 
 mod common;
 
-use common::{root, trainer_bin};
+use common::{stderr, trainer};
+
+use common::root;
 use safetensors::SafeTensors;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -13,19 +15,6 @@ use trainer::graph::{DataShape, Graph, Network, Op};
 use trainer::spec::JobSpec;
 use trainer::tensor::cpu::CpuBackend;
 use trainer::tensor::{Activation, PoolKind};
-
-fn trainer(args: &[&str]) -> Output {
-    Command::new(trainer_bin())
-        .args(args)
-        .current_dir(root())
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("trainer runs")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
 
 /// Digits, a model with parameterless layers between the linear ones (they still count in
 /// the names), one linear without bias.

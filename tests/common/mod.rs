@@ -55,3 +55,23 @@ pub fn random_vec(len: usize, seed: u64) -> Vec<f32> {
     let mut rng = Rng::new(seed);
     (0..len).map(|_| rng.normal() as f32).collect()
 }
+
+/// Runs the trainer binary from the project root with extra environment variables (RUST_LOG
+/// cleared, so stderr holds only what the run itself prints).
+pub fn trainer_with_env(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let mut cmd = std::process::Command::new(trainer_bin());
+    cmd.args(args).current_dir(root()).env_remove("RUST_LOG");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("trainer runs")
+}
+
+/// Runs the trainer binary from the project root.
+pub fn trainer(args: &[&str]) -> std::process::Output {
+    trainer_with_env(args, &[])
+}
+
+pub fn stderr(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
