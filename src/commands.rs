@@ -7,7 +7,9 @@ use crate::graph::{DataShape, Graph, MemoryPlan};
 use crate::optim;
 use crate::run::{MetricsWriter, RunDir};
 use crate::signals::Stop;
-use crate::spec::{self, parse_device, DeviceChoice, JobSpec, ResumeMode};
+use crate::spec::{
+    self, parse_device, DeviceChoice, JobSpec, PrecisionFallback, PrecisionMode, ResumeMode,
+};
 use crate::tensor::cpu::CpuBackend;
 use crate::tensor::cuda::{self, CudaBackend};
 use crate::tensor::{spatial, Backend};
@@ -141,7 +143,42 @@ pub fn run(args: &RunArgs) -> Result<PathBuf> {
         Device::Cuda(ordinal) => {
             // The GPU does the work; the loop stays on this thread, bound to the CUDA context.
             let backend = CudaBackend::new(ordinal, spec.device.allow_tf32)?;
+            let spec = precision_on_gpu(&spec, &backend)?;
             run_on(args, &spec, data, graph, &backend, start)
+        }
+    }
+}
+
+/// Mixed precision on a GPU needs tensor cores for the format: fp16 from compute capability
+/// 7.0 (Volta), bf16 from 8.0 (Ampere). Older GPUs get a clear error, or train in fp32 with a
+/// warning when the job allows it (`precision.fallback = "fp32"`; config.toml then says fp32).
+fn precision_on_gpu(spec: &JobSpec, backend: &CudaBackend) -> Result<JobSpec> {
+    let (major, minor) = backend.compute_capability();
+    let needed = match spec.precision.mode {
+        PrecisionMode::Fp32 => return Ok(spec.clone()),
+        PrecisionMode::Fp16 => (7, 0),
+        PrecisionMode::Bf16 => (8, 0),
+    };
+    if (major, minor) >= needed {
+        return Ok(spec.clone());
+    }
+    let mode = serde_json::to_string(&spec.precision.mode).unwrap_or_default();
+    let why = format!(
+        "precision.mode = {mode} needs a GPU of compute capability {}.{} or newer; {} is {major}.{minor}",
+        needed.0,
+        needed.1,
+        backend.describe()
+    );
+    match spec.precision.fallback {
+        PrecisionFallback::Error => Err(Error::Job(format!(
+            "{why}. Use precision.mode = \"fp32\", or allow precision.fallback = \"fp32\""
+        ))),
+        PrecisionFallback::Fp32 => {
+            tracing::warn!("{why}: training in fp32 (precision.fallback = \"fp32\")");
+            let mut spec = spec.clone();
+            spec.precision.mode = PrecisionMode::Fp32;
+            spec.precision.loss_scale = None;
+            Ok(spec)
         }
     }
 }
