@@ -473,13 +473,17 @@ fn memory_plan(spec: &JobSpec, graph: &Graph, data: &Data, on_gpu: bool) -> Memo
             4 * graph.conv_workspace(|s| spatial::conv_workspace_len(s, threads, batch)),
         )
     };
-    MemoryPlan::new(
+    let mut plan = MemoryPlan::new(
         graph,
         spec.data.batch_size,
         optim::state_buffers(spec),
         data_bytes,
         workspace,
-    )
+    );
+    if spec.precision.mode != PrecisionMode::Fp32 {
+        plan.half_params = plan.params;
+    }
+    plan
 }
 
 fn data_set_bytes(data: &Data) -> usize {
@@ -549,6 +553,7 @@ pub fn check(job: &Path, sets: &[String]) -> Result<String> {
     let mut rows = vec![
         ("parameters", m.params),
         ("gradients", m.grads),
+        ("half-precision weights", m.half_params),
         ("optimizer state", m.optimizer_state),
         ("activations", m.activations),
         ("activation gradients", m.activation_grads),
@@ -559,6 +564,7 @@ pub fn check(job: &Path, sets: &[String]) -> Result<String> {
     if on_gpu {
         rows.push(("data set on the device", m.data));
     }
+    rows.retain(|&(what, b)| b > 0 || what != "half-precision weights");
     for (what, b) in rows {
         out += &format!("  {what:<24} {:>12}\n", bytes(b));
     }
