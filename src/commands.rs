@@ -1,6 +1,7 @@
 //! The CLI's commands as library functions: `run`, `check`, `devices`, `schema`.
 
-use crate::checkpoint::{self, weights, ResumePoint};
+use crate::checkpoint::weights::{self, Weights};
+use crate::checkpoint::{self, ResumePoint};
 use crate::data::{self, Data};
 use crate::error::{Error, Result};
 use crate::graph::{DataShape, Graph, MemoryPlan};
@@ -36,7 +37,7 @@ pub struct RunArgs {
 /// How a run begins: fresh (from the seeded initialisation or model.init_from), or from a
 /// checkpoint, in that checkpoint's run directory.
 enum Start {
-    Fresh { initial_params: Option<Vec<f32>> },
+    Fresh { initial: Option<Weights> },
     Resume(Box<ResumePoint>),
 }
 
@@ -240,11 +241,11 @@ fn plan_start(args: &RunArgs, spec: &JobSpec, graph: &Graph, train_len: usize) -
         _ => None,
     };
     let Some(target) = target else {
-        let initial_params = match &spec.model.init_from {
+        let initial = match &spec.model.init_from {
             Some(path) => Some(weights::read(path, graph)?),
             None => None,
         };
-        return Ok(Start::Fresh { initial_params });
+        return Ok(Start::Fresh { initial });
     };
     let loading = Instant::now();
     let mut point = checkpoint::locate(&target, args.resume_fallback)?;
@@ -277,6 +278,14 @@ fn plan_start(args: &RunArgs, spec: &JobSpec, graph: &Graph, train_len: usize) -
             "cannot resume from {name}: it holds {} parameters, the job's model has {}",
             c.params.len(),
             graph.param_count
+        )));
+    }
+    if c.running_stats.len() != graph.running_stats_len() {
+        return Err(Error::Job(format!(
+            "cannot resume from {name}: it holds {} batch-norm running statistics, the job's \
+             model has {}",
+            c.running_stats.len(),
+            graph.running_stats_len()
         )));
     }
     let kept: Vec<&str> = c.optimizer.iter().map(|(n, _)| n.as_str()).collect();
@@ -332,10 +341,10 @@ fn run_in<B: Backend>(
     );
     let metrics_path = run.path.join("metrics.csv");
     let (mut metrics, session) = match start {
-        Start::Fresh { initial_params } => (
+        Start::Fresh { initial } => (
             MetricsWriter::create(&metrics_path)?,
             Session {
-                initial_params,
+                initial,
                 ..Session::default()
             },
         ),
@@ -361,7 +370,8 @@ fn run_in<B: Backend>(
     if let Ok(outcome) = &result {
         if outcome.interrupted.is_none() {
             let path = run.path.join(weights::MODEL_FILE);
-            if let Err(e) = weights::write(&path, &weights_graph, &outcome.final_params) {
+            let (w, tracked) = (&outcome.final_weights, outcome.batches_tracked);
+            if let Err(e) = weights::write(&path, &weights_graph, w, tracked) {
                 result = Err(e);
             }
         }

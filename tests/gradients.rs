@@ -281,3 +281,96 @@ fn maxpool2d_2x2_on_an_odd_width_gradients() {
         images(),
     );
 }
+
+#[test]
+fn batchnorm2d_gradients() {
+    check_gradients(&image_job(r#"{ type = "batchnorm2d" }"#), images());
+}
+
+#[test]
+fn batchnorm1d_gradients() {
+    check_gradients(&between_linears(r#"{ type = "batchnorm1d" }"#), classes(3));
+}
+
+#[test]
+fn softmax_and_log_softmax_gradients() {
+    // mse on softmax outputs (probabilities as a regression target).
+    let data = DataShape {
+        sample_shape: vec![4],
+        classes: None,
+        target_dim: 3,
+    };
+    for kind in ["softmax", "log_softmax"] {
+        let job = format!(
+            r#"
+            [data]
+            source = "synthetic"
+            task = "regression"
+            [model]
+            layers = [{{ type = "linear", out = 6 }}, {{ type = "tanh" }}, {{ type = "linear", out = 3 }},
+                      {{ type = "{kind}" }}]
+            [loss]
+            type = "mse"
+            [optimizer]
+            type = "sgd"
+            lr = 0.1
+            "#
+        );
+        check_gradients(&job, data.clone());
+    }
+}
+
+/// A residual block whose branch point feeds three layers (the add, the branch, a concat),
+/// one input read twice by the same add, and a concat with the data itself: gradients of
+/// every value read by several layers are summed.
+const RESIDUAL_GRAPH: &str = r#"
+[data]
+source = "synthetic"
+[model]
+layers = [
+  { type = "linear", out = 6, name = "stem" },
+  { type = "tanh", name = "a" },
+  { type = "linear", out = 6 },
+  { type = "gelu", name = "branch" },
+  { type = "add", inputs = ["branch", "a", "a"], name = "sum" },
+  { type = "concat", inputs = ["sum", "a", "input"] },
+  { type = "linear", out = 3 },
+]
+[optimizer]
+type = "sgd"
+lr = 0.1
+"#;
+
+#[test]
+fn residual_and_concat_graph_gradients() {
+    check_gradients(RESIDUAL_GRAPH, classes(3));
+}
+
+/// Smooth activations: after batch norm many values sit near 0, where ReLU's kink makes
+/// finite differences meaningless.
+#[test]
+fn image_residual_block_with_batch_norm_gradients() {
+    check_gradients(
+        r#"
+        [data]
+        source = "synthetic"
+        [model]
+        layers = [
+          { type = "conv2d", out = 4, kernel_size = 3, padding = 1, name = "stem" },
+          { type = "batchnorm2d" },
+          { type = "tanh", name = "x" },
+          { type = "conv2d", out = 4, kernel_size = 3, padding = 1, bias = false },
+          { type = "batchnorm2d", name = "bn" },
+          { type = "add", inputs = ["bn", "x"] },
+          { type = "gelu" },
+          { type = "global_avg_pool" },
+          { type = "flatten" },
+          { type = "linear", out = 3 },
+        ]
+        [optimizer]
+        type = "sgd"
+        lr = 0.1
+        "#,
+        images(),
+    );
+}

@@ -101,8 +101,12 @@ fn written_weights_read_back_bit_identical() {
     let params = common::random_vec(graph.param_count, 21);
     let tmp = tempfile::tempdir().unwrap();
     let path = tmp.path().join("w.safetensors");
-    weights::write(&path, &graph, &params).unwrap();
-    let back = weights::read(&path, &graph).unwrap();
+    let w = weights::Weights {
+        params: params.clone(),
+        running_stats: Vec::new(),
+    };
+    weights::write(&path, &graph, &w, 0).unwrap();
+    let back = weights::read(&path, &graph).unwrap().params;
     assert!(back
         .iter()
         .zip(&params)
@@ -201,13 +205,28 @@ fn torch_python() -> Option<String> {
     })
 }
 
-/// The layers as the torch script builds them.
+/// The layers as the torch script builds them: {prefix, inputs, layer}.
 fn layers_json(graph: &Graph) -> String {
     let items: Vec<String> = graph
         .layers
         .iter()
-        .map(|l| match &l.op {
-            Op::View => format!("[\"view\", {:?}]", l.out_shape),
+        .enumerate()
+        .map(|(i, l)| {
+            format!(
+                "{{\"prefix\": \"{}\", \"inputs\": {:?}, \"layer\": {}}}",
+                l.prefix(i),
+                l.inputs,
+                layer_json(&l.op, &l.out_shape)
+            )
+        })
+        .collect();
+    format!("[{}]", items.join(", "))
+}
+
+fn layer_json(op: &Op, out_shape: &[usize]) -> String {
+    {
+        match op {
+            Op::View => format!("[\"view\", {out_shape:?}]"),
             Op::Conv2d { geom: g, bias, .. } => format!(
                 "[\"conv2d\", {}, {}, [{}, {}], [{}, {}], [{}, {}], [{}, {}], {}, {}]",
                 g.c,
@@ -247,9 +266,22 @@ fn layers_json(graph: &Graph) -> String {
             Op::Activation(Activation::GeluTanh) => "[\"gelu\", \"tanh\"]".into(),
             Op::Activation(Activation::Tanh) => "[\"tanh\"]".into(),
             Op::Activation(Activation::Sigmoid) => "[\"sigmoid\"]".into(),
-        })
-        .collect();
-    format!("[{}]", items.join(", "))
+            Op::BatchNorm {
+                channels,
+                eps,
+                momentum,
+                ..
+            } => format!(
+                "[\"batchnorm{}d\", {channels}, {eps}, {momentum}]",
+                if out_shape.len() == 3 { 2 } else { 1 }
+            ),
+            Op::Add => "[\"add\"]".into(),
+            Op::Concat { .. } => "[\"concat\"]".into(),
+            Op::Softmax { log, .. } => {
+                format!("[\"{}\"]", if *log { "log_softmax" } else { "softmax" })
+            }
+        }
+    }
 }
 
 /// A CNN over the digits' [1, 8, 8]: grouped, dilated and strided convolutions, both
@@ -282,11 +314,12 @@ fn compare_with_torch(layers: &str) {
 
     // trainer's own outputs for random inputs, from the same file.
     let (_, graph) = digits_graph(layers);
-    let params = weights::read(&model, &graph).unwrap();
+    let w = weights::read(&model, &graph).unwrap();
     let n = 16;
     let backend = CpuBackend::new(1);
     let json = layers_json(&graph);
-    let mut net = Network::new(&backend, graph, &params, n, 0).unwrap();
+    let mut net = Network::new(&backend, graph, &w.params, n, 0).unwrap();
+    net.set_running_stats(&backend, &w.running_stats).unwrap();
     let input = common::random_vec(n * 64, 5);
     net.input_mut().copy_from_slice(&input);
     net.forward(&backend, n, false, 0);

@@ -32,6 +32,7 @@ pub const TENSOR_BYTES_KEY: &str = "tensor_bytes";
 pub enum Values<'a> {
     F32(&'a [f32]),
     F64(&'a [f64]),
+    I64(&'a [i64]),
 }
 
 impl Values<'_> {
@@ -39,12 +40,14 @@ impl Values<'_> {
         match self {
             Values::F32(v) => bytemuck::cast_slice(v),
             Values::F64(v) => bytemuck::cast_slice(v),
+            Values::I64(v) => bytemuck::cast_slice(v),
         }
     }
     fn dtype(&self) -> Dtype {
         match self {
             Values::F32(_) => Dtype::F32,
             Values::F64(_) => Dtype::F64,
+            Values::I64(_) => Dtype::I64,
         }
     }
 }

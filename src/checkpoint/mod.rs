@@ -96,6 +96,8 @@ pub struct Checkpoint {
     /// The resolved job it was trained with, as JSON.
     pub spec: serde_json::Value,
     pub params: Vec<f32>,
+    /// Batch norm's running statistics (`Network::running_stats`; empty without batch norm).
+    pub running_stats: Vec<f32>,
     /// The optimizer's state buffers by PyTorch name ("exp_avg", ...).
     pub optimizer: Vec<(String, Vec<f32>)>,
     pub window: LossStats,
@@ -106,6 +108,7 @@ pub struct Saving<'a> {
     pub state: &'a TrainState,
     pub spec: &'a JobSpec,
     pub params: &'a [f32],
+    pub running_stats: &'a [f32],
     pub optimizer: &'a [(&'static str, Vec<f32>)],
     pub window: LossStats,
 }
@@ -148,6 +151,13 @@ pub fn save(dir: &Path, c: Saving) -> Result<(PathBuf, u64)> {
             values: Values::F64(&stats),
         },
     ];
+    if !c.running_stats.is_empty() {
+        tensors.push(TensorOut {
+            name: "running_stats".into(),
+            shape: vec![c.running_stats.len()],
+            values: Values::F32(c.running_stats),
+        });
+    }
     for (name, values) in c.optimizer {
         tensors.push(TensorOut {
             name: format!("optimizer.{name}"),
@@ -199,6 +209,11 @@ pub fn load(path: &Path) -> Result<Checkpoint, String> {
     Ok(Checkpoint {
         path: path.to_path_buf(),
         params: f.f32s("params")?,
+        running_stats: if f.names().iter().any(|n| n == "running_stats") {
+            f.f32s("running_stats")?
+        } else {
+            Vec::new()
+        },
         state,
         spec,
         optimizer,

@@ -5,28 +5,51 @@
 //! `3.weight` [10, 128] and `3.bias` [10], exactly as
 //! `nn.Sequential(nn.Flatten(), nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))` names
 //! them; `load_state_dict` (or safetensors.torch.load_model) reads the file as it is.
-//! `model.init_from` reads such a file back, checking every name and shape.
+//! `model.init_from` reads such a file back, checking every name and shape. A layer with a
+//! `name` uses it instead of its index (`block1.weight`). Batch norm also has PyTorch's
+//! buffers: `running_mean`, `running_var` and `num_batches_tracked` (int64, a scalar).
 
 use super::file::{self, TensorOut, Values};
 use crate::error::{Error, Result};
-use crate::graph::Graph;
+use crate::graph::{Graph, StateDictEntry};
 use std::collections::BTreeMap;
 use std::path::Path;
 
 /// The file a finished run writes its final weights to, in the run directory.
 pub const MODEL_FILE: &str = "model.safetensors";
 
-/// Writes the parameters under their PyTorch names; returns the file's size.
-pub fn write(path: &Path, graph: &Graph, params: &[f32]) -> Result<u64> {
-    let tensors: Vec<TensorOut> = graph
-        .state_dict_entries()
+/// A model's state: the parameters and batch norm's running statistics.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Weights {
+    pub params: Vec<f32>,
+    /// `Network::running_stats` (empty without batch norm).
+    pub running_stats: Vec<f32>,
+}
+
+/// Writes the parameters and buffers under their PyTorch names; `batches_tracked` is batch
+/// norm's `num_batches_tracked` (training forward passes). Returns the file's size.
+pub fn write(path: &Path, graph: &Graph, weights: &Weights, batches_tracked: u64) -> Result<u64> {
+    let tracked = [batches_tracked as i64];
+    let entries = graph.state_dict_entries();
+    let stats = graph.running_stat_entries();
+    let mut tensors: Vec<TensorOut> = entries
         .into_iter()
         .map(|e| TensorOut {
-            values: Values::F32(&params[e.offset..e.offset + e.len()]),
+            values: Values::F32(&weights.params[e.offset..e.offset + e.len()]),
             name: e.name,
             shape: e.shape,
         })
         .collect();
+    tensors.extend(stats.into_iter().map(|e| TensorOut {
+        values: Values::F32(&weights.running_stats[e.offset..e.offset + e.len()]),
+        name: e.name,
+        shape: e.shape,
+    }));
+    tensors.extend(graph.batchnorm_prefixes().into_iter().map(|p| TensorOut {
+        name: format!("{p}.num_batches_tracked"),
+        shape: vec![],
+        values: Values::I64(&tracked),
+    }));
     // "format": "pt" is what Hugging Face's loaders look for in a PyTorch state_dict file.
     let metadata = BTreeMap::from([
         ("format".to_string(), "pt".to_string()),
@@ -35,28 +58,42 @@ pub fn write(path: &Path, graph: &Graph, params: &[f32]) -> Result<u64> {
     file::write(path, &tensors, metadata).map_err(Error::Runtime)
 }
 
-/// Reads a state_dict file into a flat parameter buffer for `graph`. Every parameter of the
-/// model must be there with its shape, and nothing else: errors name the file, the tensor,
-/// and what was expected (a bad file is a bad job, exit 2).
-pub fn read(path: &Path, graph: &Graph) -> Result<Vec<f32>> {
+/// Reads a state_dict file into a flat parameter buffer and running statistics for `graph`.
+/// Every tensor of the model must be there with its shape, and nothing else: errors name the
+/// file, the tensor, and what was expected (a bad file is a bad job, exit 2).
+pub fn read(path: &Path, graph: &Graph) -> Result<Weights> {
     let shown = path.display();
     let bad = |why: String| Error::Job(format!("model.init_from = \"{shown}\": {why}"));
     let f = file::read(path).map_err(bad)?;
-    let entries = graph.state_dict_entries();
-    let expected: Vec<String> = entries
+    let params = graph.state_dict_entries();
+    let stats = graph.running_stat_entries();
+    let tracked: Vec<String> = graph
+        .batchnorm_prefixes()
         .iter()
+        .map(|p| format!("{p}.num_batches_tracked"))
+        .collect();
+    let expected: Vec<String> = params
+        .iter()
+        .chain(&stats)
         .map(|e| format!("{} {:?}", e.name, e.shape))
+        .chain(tracked.iter().map(|n| format!("{n} []")))
+        .collect();
+    let wanted: Vec<&str> = params
+        .iter()
+        .chain(&stats)
+        .map(|e| e.name.as_str())
+        .chain(tracked.iter().map(String::as_str))
         .collect();
     let names = f.names();
-    let missing: Vec<&str> = entries
+    let missing: Vec<&str> = wanted
         .iter()
-        .map(|e| e.name.as_str())
+        .copied()
         .filter(|n| !names.iter().any(|m| m == n))
         .collect();
     let unexpected: Vec<&str> = names
         .iter()
         .map(String::as_str)
-        .filter(|n| !entries.iter().any(|e| e.name == *n))
+        .filter(|n| !wanted.contains(n))
         .collect();
     if !missing.is_empty() || !unexpected.is_empty() {
         let mut why = String::new();
@@ -67,24 +104,30 @@ pub fn read(path: &Path, graph: &Graph) -> Result<Vec<f32>> {
             why += &format!("unexpected tensors {}; ", unexpected.join(", "));
         }
         return Err(bad(format!(
-            "{why}the model needs exactly: {} (PyTorch nn.Sequential names: the layer's \
-             index in model.layers)",
+            "{why}the model needs exactly: {} (PyTorch state_dict names: the layer's name, else \
+             its index in model.layers)",
             expected.join(", ")
         )));
     }
-    let mut params = vec![0.0f32; graph.param_count];
-    for e in &entries {
-        let shape = f.shape(&e.name).unwrap_or_default();
-        if shape != e.shape.as_slice() {
-            return Err(bad(format!(
-                "tensor `{}` has shape {shape:?}, the model needs {:?} (model.layers[{}])",
-                e.name,
-                e.shape,
-                e.name.split('.').next().unwrap_or("?")
-            )));
+    let fill = |entries: &[StateDictEntry], out: &mut [f32]| -> Result<()> {
+        for e in entries {
+            let shape = f.shape(&e.name).unwrap_or_default();
+            if shape != e.shape.as_slice() {
+                return Err(bad(format!(
+                    "tensor `{}` has shape {shape:?}, the model needs {:?}",
+                    e.name, e.shape
+                )));
+            }
+            let values = f.f32s(&e.name).map_err(bad)?;
+            out[e.offset..e.offset + e.len()].copy_from_slice(&values);
         }
-        let values = f.f32s(&e.name).map_err(bad)?;
-        params[e.offset..e.offset + e.len()].copy_from_slice(&values);
-    }
-    Ok(params)
+        Ok(())
+    };
+    let mut weights = Weights {
+        params: vec![0.0; graph.param_count],
+        running_stats: vec![0.0; graph.running_stats_len()],
+    };
+    fill(&params, &mut weights.params)?;
+    fill(&stats, &mut weights.running_stats)?;
+    Ok(weights)
 }

@@ -7,7 +7,12 @@
 //! the forward pass overwrites them, and the backward pass, segment by segment from the
 //! last, first recomputes the segment's inner activations from its kept input and then
 //! back-propagates through it. Memory: the boundaries plus one segment's worth of scratch
-//! (the largest), for activations and their gradients alike.
+//! (the largest), for activations and their gradients alike. In a graph with skip
+//! connections, a value read by a layer of another segment is kept too.
+//!
+//! Gradients: a value read by several layers (a residual branch point) gets the sum of their
+//! gradients. Backward runs the layers in reverse, so the first of them to run writes the
+//! gradient buffer and the others add to it (`accumulate`).
 
 use super::{numel, Layer, Op};
 use std::ops::Range;
@@ -23,6 +28,11 @@ pub struct BufferPlan {
     pub segments: Vec<Range<usize>>,
     /// Per layer: its output lives in scratch, so backward recomputes it first.
     pub recompute: Vec<bool>,
+    /// Per layer, per input: backward adds this input's gradient to what an earlier-run
+    /// backward step wrote there, rather than writing it.
+    pub accumulate: Vec<Vec<bool>>,
+    /// Per layer, per input: the input is (a view of) the data, which needs no gradient.
+    pub is_data: Vec<Vec<bool>>,
 }
 
 impl BufferPlan {
@@ -33,10 +43,13 @@ impl BufferPlan {
         // 1. Values: node → value, where a flatten's output is its input's value.
         let mut value_of_node = vec![0usize];
         let mut value_size = vec![numel(input_shape)];
+        // The layer that computes each value (usize::MAX for the data).
+        let mut producer = vec![usize::MAX];
         for (i, layer) in layers.iter().enumerate() {
             if layer.op == Op::View {
-                value_of_node.push(value_of_node[i]);
+                value_of_node.push(value_of_node[layer.inputs[0]]);
             } else {
+                producer.push(i);
                 value_of_node.push(value_size.len());
                 value_size.push(numel(&layer.out_shape));
             }
@@ -56,6 +69,15 @@ impl BufferPlan {
         let mut kept = vec![segments.is_none(); value_size.len()];
         for &b in &bounds {
             kept[value_of_node[b]] = true;
+        }
+        let segment_of = |layer: usize| ranges.iter().position(|r| r.contains(&layer));
+        for (i, layer) in layers.iter().enumerate().filter(|(_, l)| l.op != Op::View) {
+            for &n in &layer.inputs {
+                let v = value_of_node[n];
+                if producer[v] != usize::MAX && segment_of(producer[v]) != segment_of(i) {
+                    kept[v] = true;
+                }
+            }
         }
 
         // 4. Buffers: one per kept value, then scratch buffers; a segment's j-th inner value
@@ -92,11 +114,32 @@ impl BufferPlan {
             .enumerate()
             .map(|(i, l)| l.op != Op::View && !kept[value_of_node[i + 1]])
             .collect();
+        // The loss writes the output's gradient first; then layers from the last.
+        let mut written = vec![false; value_size.len()];
+        written[value_of_node[count]] = true;
+        let mut accumulate: Vec<Vec<bool>> =
+            layers.iter().map(|l| vec![false; l.inputs.len()]).collect();
+        for (i, layer) in layers.iter().enumerate().rev() {
+            if layer.op == Op::View {
+                continue; // shares its input's buffer, gradient included
+            }
+            for (k, &n) in layer.inputs.iter().enumerate() {
+                let v = value_of_node[n];
+                accumulate[i][k] = written[v];
+                written[v] = true;
+            }
+        }
+        let is_data = layers
+            .iter()
+            .map(|l| l.inputs.iter().map(|&n| value_of_node[n] == 0).collect())
+            .collect();
         BufferPlan {
             slot: value_of_node.iter().map(|&v| buffer_of_value[v]).collect(),
             sizes,
             segments: ranges,
             recompute,
+            accumulate,
+            is_data,
         }
     }
 

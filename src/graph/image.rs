@@ -3,7 +3,7 @@
 
 use super::{numel, shape_str, Op};
 use crate::error::{Error, Result};
-use crate::spec::{Conv2dSpec, LayerNormSpec, PoolSpec, ReshapeSpec};
+use crate::spec::{BatchNormSpec, Conv2dSpec, LayerNormSpec, PoolSpec, ReshapeSpec};
 use crate::tensor::{Conv2d, Pool2d, PoolKind};
 
 /// The [channels, height, width] of an image layer's input.
@@ -178,4 +178,59 @@ pub(super) fn reshape(i: usize, l: &ReshapeSpec, in_shape: &[usize]) -> Result<(
         .map(|&d| if d == -1 { total / known } else { d as usize })
         .collect();
     Ok((Op::View, shape))
+}
+
+/// batchnorm1d over [features] (or [channels, length]) samples, batchnorm2d over [channels,
+/// height, width]; γ then β in the flat buffer.
+pub(super) fn batchnorm(
+    i: usize,
+    image: bool,
+    l: &BatchNormSpec,
+    in_shape: &[usize],
+    offset: &mut usize,
+) -> Result<(Op, Vec<usize>)> {
+    let (channels, spatial) = match (image, in_shape) {
+        (true, _) => {
+            let (c, h, w) = chw(i, "batchnorm2d", in_shape)?;
+            (c, h * w)
+        }
+        (false, [f]) => (*f, 1),
+        (false, [c, l]) => (*c, *l),
+        (false, _) => {
+            return Err(Error::Job(format!(
+                "model.layers[{i}] (batchnorm1d): its input has shape {} but batchnorm1d needs \
+                 [features] or [channels, length] per sample (batchnorm2d is for images)",
+                shape_str(in_shape)
+            )))
+        }
+    };
+    let gamma = *offset;
+    *offset += 2 * channels;
+    let op = Op::BatchNorm {
+        channels,
+        spatial,
+        gamma,
+        eps: l.eps as f32,
+        momentum: l.momentum as f32,
+    };
+    Ok((op, in_shape.to_vec()))
+}
+
+/// Joins the inputs along the first per-sample dimension; the others must agree.
+pub(super) fn concat(i: usize, in_shapes: &[&[usize]]) -> Result<(Op, Vec<usize>)> {
+    let first = in_shapes[0];
+    for s in &in_shapes[1..] {
+        if s.len() != first.len() || s[1..] != first[1..] {
+            return Err(Error::Job(format!(
+                "model.layers[{i}] (concat): its inputs {} and {} differ in more than their first \
+                 dimension, the one concat joins",
+                shape_str(first),
+                shape_str(s)
+            )));
+        }
+    }
+    let mut out = first.to_vec();
+    out[0] = in_shapes.iter().map(|s| s[0]).sum();
+    let widths = in_shapes.iter().map(|s| numel(s)).collect();
+    Ok((Op::Concat { widths }, out))
 }

@@ -5,6 +5,7 @@
 mod buffers;
 mod image;
 mod network;
+pub mod wiring;
 
 pub use buffers::BufferPlan;
 pub use network::Network;
@@ -47,16 +48,47 @@ pub enum Op {
         gamma: usize,
         eps: f32,
     },
+    /// Per channel of [channels, spatial] samples; γ at `gamma`, β right after it. The
+    /// running statistics are layer state (`Network::aux`), saved in checkpoints.
+    BatchNorm {
+        channels: usize,
+        spatial: usize,
+        gamma: usize,
+        eps: f32,
+        momentum: f32,
+    },
+    /// The sum of the inputs.
+    Add,
+    /// The inputs side by side in each sample: input k's `widths[k]` values per sample.
+    Concat {
+        widths: Vec<usize>,
+    },
+    /// (log_)softmax over rows of `width` values.
+    Softmax {
+        width: usize,
+        log: bool,
+    },
 }
 
 #[derive(Debug, Clone)]
 pub struct Layer {
     /// "linear", "relu"...: the spec's type name.
     pub kind: &'static str,
+    /// The spec's `name`, if any.
+    pub name: Option<String>,
+    /// The nodes it reads (see `wiring`): node 0 is the data, node i+1 layer i's output.
+    pub inputs: Vec<usize>,
     pub op: Op,
     pub in_shape: Vec<usize>,
     pub out_shape: Vec<usize>,
     pub param_count: usize,
+}
+
+impl Layer {
+    /// Its tensors' prefix in a state_dict: the layer's name, else its index.
+    pub fn prefix(&self, index: usize) -> String {
+        self.name.clone().unwrap_or_else(|| index.to_string())
+    }
 }
 
 /// What the loss needs to know, checked against the model's output at build time.
@@ -113,12 +145,15 @@ impl Graph {
             Some(shape) => shape.clone(),
             None => data.sample_shape.clone(),
         };
-        let mut shape = input_shape.clone();
+        let wiring = wiring::resolve(&spec.model.layers)?;
+        let mut node_shapes = vec![input_shape.clone()];
         let mut layers = Vec::new();
         let mut offset = 0;
-        for (i, layer) in spec.model.layers.iter().enumerate() {
-            let in_shape = shape.clone();
-            let (kind, op, out_shape) = match layer {
+        for ((i, entry), inputs) in spec.model.layers.iter().enumerate().zip(wiring) {
+            let in_shapes: Vec<&[usize]> = inputs.iter().map(|&n| &node_shapes[n][..]).collect();
+            let in_shape = in_shapes[0].to_vec();
+            let kind = entry.layer.kind();
+            let (op, out_shape) = match &entry.layer {
                 LayerSpec::Linear(l) => {
                     if in_shape.len() != 1 {
                         return Err(Error::Job(format!(
@@ -143,7 +178,6 @@ impl Graph {
                         offset - l.out
                     });
                     (
-                        "linear",
                         Op::Linear {
                             inp,
                             out: l.out,
@@ -153,47 +187,42 @@ impl Graph {
                         vec![l.out],
                     )
                 }
-                LayerSpec::Relu(_) => ("relu", Op::Activation(Activation::Relu), in_shape.clone()),
+                LayerSpec::Relu(_) => (Op::Activation(Activation::Relu), in_shape.clone()),
                 LayerSpec::Gelu(g) => {
                     let f = match g.approximate {
                         GeluApproximation::None => Activation::Gelu,
                         GeluApproximation::Tanh => Activation::GeluTanh,
                     };
-                    ("gelu", Op::Activation(f), in_shape.clone())
+                    (Op::Activation(f), in_shape.clone())
                 }
-                LayerSpec::Tanh(_) => ("tanh", Op::Activation(Activation::Tanh), in_shape.clone()),
-                LayerSpec::Sigmoid(_) => (
-                    "sigmoid",
-                    Op::Activation(Activation::Sigmoid),
-                    in_shape.clone(),
-                ),
-                LayerSpec::Dropout(d) => {
-                    ("dropout", Op::Dropout { p: d.p as f32 }, in_shape.clone())
+                LayerSpec::Tanh(_) => (Op::Activation(Activation::Tanh), in_shape.clone()),
+                LayerSpec::Sigmoid(_) => (Op::Activation(Activation::Sigmoid), in_shape.clone()),
+                LayerSpec::Dropout(d) => (Op::Dropout { p: d.p as f32 }, in_shape.clone()),
+                LayerSpec::Flatten(_) => (Op::View, vec![numel(&in_shape)]),
+                LayerSpec::Reshape(r) => image::reshape(i, r, &in_shape)?,
+                LayerSpec::Conv2d(c) => image::conv2d(i, c, &in_shape, &mut offset)?,
+                LayerSpec::Maxpool2d(p) => image::pool(i, PoolKind::Max, p, &in_shape)?,
+                LayerSpec::Avgpool2d(p) => image::pool(i, PoolKind::Avg, p, &in_shape)?,
+                LayerSpec::GlobalAvgPool(_) => image::global_avg_pool(i, &in_shape)?,
+                LayerSpec::Layernorm(l) => image::layernorm(l, &in_shape, &mut offset),
+                LayerSpec::Batchnorm1d(b) => image::batchnorm(i, false, b, &in_shape, &mut offset)?,
+                LayerSpec::Batchnorm2d(b) => image::batchnorm(i, true, b, &in_shape, &mut offset)?,
+                LayerSpec::Add(_) => {
+                    if let Some(other) = in_shapes.iter().find(|s| **s != in_shape) {
+                        return Err(Error::Job(format!(
+                            "model.layers[{i}] (add): its inputs must have the same shape, but \
+                             they are {} and {}",
+                            shape_str(&in_shape),
+                            shape_str(other)
+                        )));
+                    }
+                    (Op::Add, in_shape.clone())
                 }
-                LayerSpec::Flatten(_) => ("flatten", Op::View, vec![numel(&in_shape)]),
-                LayerSpec::Reshape(r) => {
-                    let (op, out) = image::reshape(i, r, &in_shape)?;
-                    ("reshape", op, out)
-                }
-                LayerSpec::Conv2d(c) => {
-                    let (op, out) = image::conv2d(i, c, &in_shape, &mut offset)?;
-                    ("conv2d", op, out)
-                }
-                LayerSpec::Maxpool2d(p) => {
-                    let (op, out) = image::pool(i, PoolKind::Max, p, &in_shape)?;
-                    ("maxpool2d", op, out)
-                }
-                LayerSpec::Avgpool2d(p) => {
-                    let (op, out) = image::pool(i, PoolKind::Avg, p, &in_shape)?;
-                    ("avgpool2d", op, out)
-                }
-                LayerSpec::GlobalAvgPool(_) => {
-                    let (op, out) = image::global_avg_pool(i, &in_shape)?;
-                    ("global_avg_pool", op, out)
-                }
-                LayerSpec::Layernorm(l) => {
-                    let (op, out) = image::layernorm(l, &in_shape, &mut offset);
-                    ("layernorm", op, out)
+                LayerSpec::Concat(_) => image::concat(i, &in_shapes)?,
+                LayerSpec::Softmax(_) | LayerSpec::LogSoftmax(_) => {
+                    let width = *in_shape.last().unwrap_or(&1);
+                    let log = matches!(entry.layer, LayerSpec::LogSoftmax(_));
+                    (Op::Softmax { width, log }, in_shape.clone())
                 }
             };
             let param_count = match &op {
@@ -204,11 +233,14 @@ impl Graph {
                     geom.weight_len() + if bias.is_some() { geom.o } else { 0 }
                 }
                 Op::LayerNorm { width, .. } => 2 * width,
+                Op::BatchNorm { channels, .. } => 2 * channels,
                 _ => 0,
             };
-            shape = out_shape.clone();
+            node_shapes.push(out_shape.clone());
             layers.push(Layer {
                 kind,
+                name: entry.name.clone(),
+                inputs,
                 op,
                 in_shape,
                 out_shape,
@@ -220,7 +252,8 @@ impl Graph {
                 "model.layers: the model has no parameters to train; add a linear layer".into(),
             ));
         }
-        let objective = objective(spec, data, &shape, layers.len())?;
+        let output_shape = node_shapes.last().expect("the input node");
+        let objective = objective(spec, data, output_shape, layers.len())?;
         let checkpoint_segments = match &spec.checkpoint.activations {
             None | Some(ActivationCheckpointing::Mode(ActivationMode::None)) => None,
             Some(ActivationCheckpointing::Mode(ActivationMode::All)) => {
@@ -242,8 +275,6 @@ impl Graph {
         BufferPlan::new(&self.input_shape, &self.layers, self.checkpoint_segments)
     }
 
-    /// PyTorch nn.Sequential state_dict names of each linear layer's parameters: the
-    /// layer's index in model.layers, then `.weight` ([out, in]) or `.bias` ([out]).
     /// The largest conv2d scratch, given a backend's rule for one layer (values, not bytes).
     pub fn conv_workspace(&self, per_layer: impl Fn(&Conv2d) -> usize) -> usize {
         let conv = |l: &Layer| match &l.op {
@@ -253,11 +284,14 @@ impl Graph {
         self.layers.iter().filter_map(conv).max().unwrap_or(0)
     }
 
+    /// PyTorch state_dict names of every parameter tensor: the layer's prefix (its `name`,
+    /// else its index in model.layers, as nn.Sequential numbers them), then `.weight`
+    /// ([out, in] for linear) or `.bias`.
     pub fn state_dict_entries(&self) -> Vec<StateDictEntry> {
         self.parameter_tensors()
             .into_iter()
             .map(|t| StateDictEntry {
-                name: format!("{}.{}", t.layer, t.name),
+                name: format!("{}.{}", self.layers[t.layer].prefix(t.layer), t.name),
                 shape: t.shape,
                 offset: t.offset,
             })
@@ -309,14 +343,57 @@ impl Graph {
                         push("bias", vec![g.o], b, Init::Uniform(bound));
                     }
                 }
-                Op::LayerNorm { width, gamma, .. } => {
+                Op::LayerNorm { width, gamma, .. }
+                | Op::BatchNorm {
+                    channels: width,
+                    gamma,
+                    ..
+                } => {
                     push("weight", vec![width], gamma, Init::Constant(1.0));
                     push("bias", vec![width], gamma + width, Init::Constant(0.0));
                 }
-                Op::Activation(_) | Op::Dropout { .. } | Op::View | Op::Pool { .. } => {}
+                Op::Activation(_)
+                | Op::Dropout { .. }
+                | Op::View
+                | Op::Pool { .. }
+                | Op::Add
+                | Op::Concat { .. }
+                | Op::Softmax { .. } => {}
             }
         }
         tensors
+    }
+
+    /// Batch-norm running statistics under their PyTorch names (`<prefix>.running_mean`,
+    /// `<prefix>.running_var`), with offsets into `Network::running_stats`.
+    pub fn running_stat_entries(&self) -> Vec<StateDictEntry> {
+        let mut entries = Vec::new();
+        let mut offset = 0;
+        for (i, l) in self.layers.iter().enumerate() {
+            if let Op::BatchNorm { channels: c, .. } = l.op {
+                for name in ["running_mean", "running_var"] {
+                    entries.push(StateDictEntry {
+                        name: format!("{}.{name}", l.prefix(i)),
+                        shape: vec![c],
+                        offset,
+                    });
+                    offset += c;
+                }
+            }
+        }
+        entries
+    }
+
+    /// Values of `Network::running_stats`.
+    pub fn running_stats_len(&self) -> usize {
+        self.running_stat_entries().iter().map(|e| e.len()).sum()
+    }
+
+    /// The prefixes of batch-norm layers (for their `num_batches_tracked`).
+    pub fn batchnorm_prefixes(&self) -> Vec<String> {
+        let bn =
+            |(i, l): (usize, &Layer)| matches!(l.op, Op::BatchNorm { .. }).then(|| l.prefix(i));
+        self.layers.iter().enumerate().filter_map(bn).collect()
     }
 
     pub fn output_shape(&self) -> &[usize] {

@@ -30,6 +30,9 @@ pub struct Network<B: Backend> {
     targets: B::Buf,
     /// Scratch shared by every conv2d layer (im2col), sized for the largest.
     workspace: B::Buf,
+    /// Where a layer's input gradient goes before it is added to the gradient other layers
+    /// wrote for the same value (empty when no value is read twice).
+    dscratch: B::Buf,
     /// Per layer: what its backward pass needs from the forward pass besides activations
     /// (layer norm: each row's mean and invstd); empty for the others.
     aux: Vec<B::Buf>,
@@ -41,6 +44,16 @@ pub struct Network<B: Backend> {
     half_params: Option<B::Buf>,
 }
 
+/// Which forward pass a layer runs in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    Train,
+    /// Training, again: activation checkpointing recomputing a segment in backward.
+    Recompute,
+    /// Evaluation: dropout off, batch norm on its running statistics.
+    Eval,
+}
+
 /// Ops whose output is already a half value when their input is one (so rounding it again
 /// would change nothing): views, ReLU, max pooling.
 fn forward_keeps_half(op: &Op) -> bool {
@@ -48,6 +61,7 @@ fn forward_keeps_half(op: &Op) -> bool {
         op,
         Op::View
             | Op::Activation(Activation::Relu)
+            | Op::Concat { .. }
             | Op::Pool {
                 kind: crate::tensor::PoolKind::Max,
                 ..
@@ -59,6 +73,8 @@ fn forward_keeps_half(op: &Op) -> bool {
 pub fn aux_len(op: &Op, out_shape: &[usize], max_batch: usize) -> usize {
     match op {
         Op::LayerNorm { width, .. } => 2 * max_batch * numel(out_shape) / width.max(&1),
+        // [running mean | running var | batch mean | batch invstd]
+        Op::BatchNorm { channels, .. } => 4 * channels,
         _ => 0,
     }
 }
@@ -103,11 +119,24 @@ impl<B: Backend> Network<B> {
             })
             .max()
             .unwrap_or(0);
-        let aux = graph
+        let mut aux = graph
             .layers
             .iter()
             .map(|l| backend.alloc(aux_len(&l.op, &l.out_shape, max_batch)))
             .collect::<Result<Vec<_>>>()?;
+        // Batch norm's running statistics start as PyTorch's: mean 0, variance 1.
+        for (l, state) in graph.layers.iter().zip(&mut aux) {
+            if let Op::BatchNorm { channels: c, .. } = l.op {
+                let mut start = vec![0.0; 4 * c];
+                start[c..2 * c].fill(1.0);
+                backend.upload(&start, state);
+            }
+        }
+        let scratch_len = if plan.accumulate.iter().flatten().any(|&a| a) {
+            sizes.iter().copied().max().unwrap_or(0)
+        } else {
+            0
+        };
         let mut param_buf = backend.alloc(graph.param_count)?;
         backend.upload(params, &mut param_buf);
         Ok(Network {
@@ -118,6 +147,7 @@ impl<B: Backend> Network<B> {
             plan,
             targets: backend.alloc(max_batch * graph.objective.target_dim)?,
             workspace: backend.alloc(workspace_len)?,
+            dscratch: backend.alloc(scratch_len)?,
             aux,
             max_batch,
             dropout_seed: derive(seed, 77),
@@ -156,6 +186,41 @@ impl<B: Backend> Network<B> {
         }
     }
 
+    /// Every batch-norm layer's running mean and variance, layer by layer (the layout of
+    /// `Graph::running_stat_entries`): state that is not a parameter but is saved with them.
+    pub fn running_stats(&self, backend: &B) -> Vec<f32> {
+        let mut out = Vec::new();
+        for (l, state) in self.graph.layers.iter().zip(&self.aux) {
+            if let Op::BatchNorm { channels: c, .. } = l.op {
+                let mut all = vec![0.0; 4 * c];
+                backend.download(state, &mut all);
+                out.extend_from_slice(&all[..2 * c]);
+            }
+        }
+        out
+    }
+
+    /// Restores `running_stats` (from a checkpoint or a weights file).
+    pub fn set_running_stats(&mut self, backend: &B, values: &[f32]) -> Result<()> {
+        let expected = self.graph.running_stats_len();
+        if values.len() != expected {
+            return Err(crate::error::Error::Job(format!(
+                "{} batch-norm running statistics given, the model has {expected}",
+                values.len()
+            )));
+        }
+        let mut at = 0;
+        for (l, state) in self.graph.layers.iter().zip(&mut self.aux) {
+            if let Op::BatchNorm { channels: c, .. } = l.op {
+                let mut all = vec![0.0; 4 * c];
+                all[..2 * c].copy_from_slice(&values[at..at + 2 * c]);
+                backend.upload(&all, state);
+                at += 2 * c;
+            }
+        }
+        Ok(())
+    }
+
     pub fn max_batch(&self) -> usize {
         self.max_batch
     }
@@ -175,29 +240,27 @@ impl<B: Backend> Network<B> {
         &self.acts[self.plan.slot[self.graph.layers.len()]]
     }
 
-    fn dropout_key(&self, layer: usize, step_key: u64) -> u64 {
-        derive(derive(self.dropout_seed, layer as u64), step_key)
-    }
-
     /// Runs the layers on the first `n` samples of the input. `step_key` identifies the
     /// micro-step, so dropout draws a fresh mask each step and the same one in backward.
     pub fn forward(&mut self, backend: &B, n: usize, train: bool, step_key: u64) {
         let input_len = n * numel(&self.graph.input_shape);
         Self::round(backend, self.half, &mut self.acts[0], input_len);
         for i in 0..self.graph.layers.len() {
-            self.forward_layer(backend, i, n, train, step_key);
+            let pass = if train { Pass::Train } else { Pass::Eval };
+            self.forward_layer(backend, i, n, pass, step_key);
         }
     }
 
-    fn forward_layer(&mut self, backend: &B, i: usize, n: usize, train: bool, step_key: u64) {
+    fn forward_layer(&mut self, backend: &B, i: usize, n: usize, pass: Pass, step_key: u64) {
+        let train = pass != Pass::Eval;
         let layer = &self.graph.layers[i];
-        let (src, dst) = (self.plan.slot[i], self.plan.slot[i + 1]);
+        let (src, dst) = (self.plan.slot[layer.inputs[0]], self.plan.slot[i + 1]);
         let len = n * numel(&layer.out_shape);
         // Linear and conv layers compute with the half copy of their weights, if any.
         let weights = self.half_params.as_ref().unwrap_or(&self.params);
-        match layer.op {
+        match &layer.op {
             Op::View => {}
-            Op::Linear {
+            &Op::Linear {
                 inp,
                 out,
                 weight,
@@ -206,12 +269,12 @@ impl<B: Backend> Network<B> {
                 let (x, y) = read_write(&mut self.acts, src, dst);
                 backend.linear_forward(x, weights, weight, bias, y, n, inp, out);
             }
-            Op::Activation(f) => {
+            &Op::Activation(f) => {
                 let (x, y) = read_write(&mut self.acts, src, dst);
                 backend.activation_forward(f, x, y, len);
             }
-            Op::Dropout { p } => {
-                let key = self.dropout_key(i, step_key);
+            &Op::Dropout { p } => {
+                let key = derive(derive(self.dropout_seed, i as u64), step_key);
                 let (x, y) = read_write(&mut self.acts, src, dst);
                 if train && p > 0.0 {
                     backend.dropout_forward(p, key, x, y, len);
@@ -219,25 +282,67 @@ impl<B: Backend> Network<B> {
                     backend.copy(x, y, len);
                 }
             }
-            Op::Conv2d { geom, weight, bias } => {
+            &Op::Conv2d { geom, weight, bias } => {
                 let (x, y) = read_write(&mut self.acts, src, dst);
-                backend.conv2d_forward(&geom, x, weights, weight, bias, y, n, &mut self.workspace);
+                let ws = &mut self.workspace;
+                backend.conv2d_forward(&geom, x, weights, weight, bias, y, n, ws);
             }
-            Op::Pool { kind, geom } => {
+            &Op::Pool { kind, geom } => {
                 let (x, y) = read_write(&mut self.acts, src, dst);
                 backend.pool2d_forward(kind, &geom, x, y, n);
             }
-            Op::LayerNorm { width, gamma, eps } => {
+            &Op::LayerNorm { width, gamma, eps } => {
                 let (x, y) = read_write(&mut self.acts, src, dst);
-                backend.layernorm_forward(
+                let shape = (len / width, width);
+                backend.layernorm_forward(x, y, shape, &self.params, gamma, &mut self.aux[i], eps);
+            }
+            &Op::BatchNorm {
+                channels,
+                spatial,
+                gamma,
+                eps,
+                momentum,
+            } => {
+                let (x, y) = read_write(&mut self.acts, src, dst);
+                // A recomputation must not move the running statistics a second time.
+                let momentum = if pass == Pass::Recompute {
+                    0.0
+                } else {
+                    momentum
+                };
+                let (shape, state) = ((n, channels, spatial), &mut self.aux[i]);
+                backend.batchnorm_forward(
                     x,
                     y,
-                    (len / width, width),
+                    shape,
                     &self.params,
                     gamma,
-                    &mut self.aux[i],
+                    state,
+                    train,
+                    momentum,
                     eps,
                 );
+            }
+            Op::Add => {
+                let (x, y) = read_write(&mut self.acts, src, dst);
+                backend.copy(x, y, len);
+                for &node in &layer.inputs[1..] {
+                    let (x, y) = read_write(&mut self.acts, self.plan.slot[node], dst);
+                    backend.add_assign(x, y, len);
+                }
+            }
+            Op::Concat { widths } => {
+                let total: usize = widths.iter().sum();
+                let mut offset = 0;
+                for (&node, &width) in layer.inputs.iter().zip(widths) {
+                    let (x, y) = read_write(&mut self.acts, self.plan.slot[node], dst);
+                    backend.copy_rows(x, (width, 0), y, (total, offset), width, n, false);
+                    offset += width;
+                }
+            }
+            &Op::Softmax { width, log } => {
+                let (x, y) = read_write(&mut self.acts, src, dst);
+                backend.softmax_forward(x, y, len / width, width, log);
             }
         }
         if !forward_keeps_half(&layer.op) {
@@ -277,7 +382,7 @@ impl<B: Backend> Network<B> {
             let layers = self.plan.segments[s].clone();
             for i in layers.clone() {
                 if self.plan.recompute[i] {
-                    self.forward_layer(backend, i, n, true, step_key);
+                    self.forward_layer(backend, i, n, Pass::Recompute, step_key);
                 }
             }
             for i in layers.rev() {
@@ -288,42 +393,64 @@ impl<B: Backend> Network<B> {
 
     fn backward_layer(&mut self, backend: &B, i: usize, n: usize, step_key: u64) {
         let layer = &self.graph.layers[i];
-        let (src, dst) = (self.plan.slot[i], self.plan.slot[i + 1]);
-        // Slot 0 is the data: nothing upstream needs its gradient.
-        let need_dx = src != 0;
+        let dst = self.plan.slot[i + 1];
         let len = n * numel(&layer.out_shape);
+        match &layer.op {
+            // Shares its input's buffers: the gradient is already in place.
+            Op::View => return,
+            // dy goes to every input (a slice of it for concat), added where an input is
+            // read by other layers too.
+            Op::Add | Op::Concat { .. } => {
+                let total = numel(&layer.out_shape);
+                let mut offset = 0;
+                for (k, &node) in layer.inputs.iter().enumerate() {
+                    // add: all of dy to each input; concat: input k's columns of it.
+                    let (width, next) = match &layer.op {
+                        Op::Concat { widths } => (widths[k], offset + widths[k]),
+                        _ => (total, 0),
+                    };
+                    let (add, slot) = (self.plan.accumulate[i][k], self.plan.slot[node]);
+                    if !self.plan.is_data[i][k] {
+                        let (dy, dx) = read_write(&mut self.dacts, dst, slot);
+                        backend.copy_rows(dy, (total, offset), dx, (width, 0), width, n, add);
+                        if add {
+                            Self::round(backend, self.half, dx, n * width);
+                        }
+                    }
+                    offset = next;
+                }
+                return;
+            }
+            _ => {}
+        }
+        let src = self.plan.slot[layer.inputs[0]];
+        let need_dx = !self.plan.is_data[i][0];
+        let accumulate = self.plan.accumulate[i][0];
+        let in_len = n * numel(&layer.in_shape);
         let weights = self.half_params.as_ref().unwrap_or(&self.params);
+        // Where dx goes: its buffer, or scratch to be added to it.
+        let (dy, dx) = if accumulate {
+            (&self.dacts[dst], &mut self.dscratch)
+        } else {
+            read_write(&mut self.dacts, dst, src)
+        };
+        let x = &self.acts[src];
         match layer.op {
-            Op::View => {}
             Op::Linear {
                 inp,
                 out,
                 weight,
                 bias,
             } => {
-                let (dy, dx) = read_write(&mut self.dacts, dst, src);
                 let dx = need_dx.then_some(dx);
-                let x = &self.acts[src];
-                backend.linear_backward(
-                    x,
-                    dy,
-                    weights,
-                    &mut self.grads,
-                    weight,
-                    bias,
-                    dx,
-                    n,
-                    inp,
-                    out,
-                );
+                let grads = &mut self.grads;
+                backend.linear_backward(x, dy, weights, grads, weight, bias, dx, n, inp, out);
             }
             Op::Activation(f) if need_dx => {
-                let (dy, dx) = read_write(&mut self.dacts, dst, src);
-                backend.activation_backward(f, &self.acts[src], &self.acts[dst], dy, dx, len);
+                backend.activation_backward(f, x, &self.acts[dst], dy, dx, len);
             }
             Op::Dropout { p } if need_dx => {
-                let key = self.dropout_key(i, step_key);
-                let (dy, dx) = read_write(&mut self.dacts, dst, src);
+                let key = derive(derive(self.dropout_seed, i as u64), step_key);
                 if p > 0.0 {
                     backend.dropout_backward(p, key, dy, dx, len);
                 } else {
@@ -331,49 +458,45 @@ impl<B: Backend> Network<B> {
                 }
             }
             Op::Conv2d { geom, weight, bias } => {
-                let (dy, dx) = read_write(&mut self.dacts, dst, src);
                 let dx = need_dx.then_some(dx);
-                let x = &self.acts[src];
-                let ws = &mut self.workspace;
-                backend.conv2d_backward(
-                    &geom,
-                    x,
-                    dy,
-                    weights,
-                    &mut self.grads,
-                    weight,
-                    bias,
-                    dx,
-                    n,
-                    ws,
-                );
+                let (grads, ws) = (&mut self.grads, &mut self.workspace);
+                backend.conv2d_backward(&geom, x, dy, weights, grads, weight, bias, dx, n, ws);
             }
             Op::Pool { kind, geom } if need_dx => {
-                let (dy, dx) = read_write(&mut self.dacts, dst, src);
-                backend.pool2d_backward(kind, &geom, &self.acts[src], &self.acts[dst], dy, dx, n);
+                backend.pool2d_backward(kind, &geom, x, &self.acts[dst], dy, dx, n);
             }
             Op::LayerNorm { width, gamma, .. } => {
-                let (dy, dx) = read_write(&mut self.dacts, dst, src);
                 let dx = need_dx.then_some(dx);
                 let shape = (len / width, width);
-                let x = &self.acts[src];
-                backend.layernorm_backward(
-                    x,
-                    dy,
-                    dx,
-                    shape,
-                    &self.params,
-                    &mut self.grads,
-                    gamma,
-                    &self.aux[i],
-                );
+                let (grads, saved) = (&mut self.grads, &self.aux[i]);
+                backend.layernorm_backward(x, dy, dx, shape, &self.params, grads, gamma, saved);
             }
-            Op::Activation(_) | Op::Dropout { .. } | Op::Pool { .. } => {}
+            Op::BatchNorm {
+                channels,
+                spatial,
+                gamma,
+                ..
+            } => {
+                let dx = need_dx.then_some(dx);
+                let shape = (n, channels, spatial);
+                let (grads, state) = (&mut self.grads, &self.aux[i]);
+                backend.batchnorm_backward(x, dy, dx, shape, &self.params, grads, gamma, state);
+            }
+            Op::Softmax { width, log } if need_dx => {
+                backend.softmax_backward(&self.acts[dst], dy, dx, len / width, width, log);
+            }
+            _ => {}
+        }
+        if !need_dx {
+            return;
         }
         // ReLU's dx is dy or 0; max pooling may add several dy into one dx.
-        let exact = matches!(layer.op, Op::View | Op::Activation(Activation::Relu));
-        if need_dx && !exact {
-            let in_len = n * numel(&layer.in_shape);
+        let exact = matches!(layer.op, Op::Activation(Activation::Relu));
+        if accumulate {
+            Self::round(backend, self.half, &mut self.dscratch, in_len);
+            backend.add_assign(&self.dscratch, &mut self.dacts[src], in_len);
+            Self::round(backend, self.half, &mut self.dacts[src], in_len);
+        } else if !exact {
             Self::round(backend, self.half, &mut self.dacts[src], in_len);
         }
     }

@@ -185,7 +185,9 @@ pub struct DataSpec {
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSpec {
-    pub layers: Vec<LayerSpec>,
+    /// The layers, in order. Each takes the previous layer's output unless it names its
+    /// `inputs`; a plain list is a sequential model.
+    pub layers: Vec<ModelLayer>,
     /// Shape of one input sample; defaults to the data's shape.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input_shape: Option<Vec<usize>>,
@@ -196,7 +198,32 @@ pub struct ModelSpec {
     pub init_from: Option<PathBuf>,
 }
 
-/// One layer. `type` picks the kind; the other keys are that kind's settings.
+/// One layer of the model: its kind and settings, and optionally a name and its inputs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ModelLayer {
+    /// A name for `inputs` of later layers to refer to; also the prefix of the layer's
+    /// tensors in model.safetensors (instead of its index).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The names of the layers whose outputs this layer takes ("input" is the data); by
+    /// default the previous layer's output. add and concat take two or more.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inputs: Option<Vec<String>>,
+    #[serde(flatten)]
+    pub layer: LayerSpec,
+}
+
+impl From<LayerSpec> for ModelLayer {
+    fn from(layer: LayerSpec) -> Self {
+        ModelLayer {
+            name: None,
+            inputs: None,
+            layer,
+        }
+    }
+}
+
+/// A layer's kind. `type` picks it; the other keys are that kind's settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum LayerSpec {
@@ -222,6 +249,60 @@ pub enum LayerSpec {
     GlobalAvgPool(NoSettings),
     /// Normalises over the last dimension, with learned scale and shift (PyTorch's LayerNorm).
     Layernorm(LayerNormSpec),
+    /// Batch normalisation of [features] samples (PyTorch's BatchNorm1d): batch statistics in
+    /// training, running statistics in evaluation.
+    Batchnorm1d(BatchNormSpec),
+    /// Batch normalisation over each channel of [channels, height, width] samples
+    /// (PyTorch's BatchNorm2d).
+    Batchnorm2d(BatchNormSpec),
+    /// The elementwise sum of its inputs, which must have the same shape (residual
+    /// connections).
+    Add(NoSettings),
+    /// Its inputs joined along the first per-sample dimension (channels for images, features
+    /// for vectors); the other dimensions must agree.
+    Concat(NoSettings),
+    /// Softmax over the last dimension.
+    Softmax(NoSettings),
+    /// log(softmax) over the last dimension, computed stably.
+    LogSoftmax(NoSettings),
+}
+
+impl LayerSpec {
+    /// The `type` name.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            LayerSpec::Linear(_) => "linear",
+            LayerSpec::Relu(_) => "relu",
+            LayerSpec::Gelu(_) => "gelu",
+            LayerSpec::Tanh(_) => "tanh",
+            LayerSpec::Sigmoid(_) => "sigmoid",
+            LayerSpec::Dropout(_) => "dropout",
+            LayerSpec::Flatten(_) => "flatten",
+            LayerSpec::Reshape(_) => "reshape",
+            LayerSpec::Conv2d(_) => "conv2d",
+            LayerSpec::Maxpool2d(_) => "maxpool2d",
+            LayerSpec::Avgpool2d(_) => "avgpool2d",
+            LayerSpec::GlobalAvgPool(_) => "global_avg_pool",
+            LayerSpec::Layernorm(_) => "layernorm",
+            LayerSpec::Batchnorm1d(_) => "batchnorm1d",
+            LayerSpec::Batchnorm2d(_) => "batchnorm2d",
+            LayerSpec::Add(_) => "add",
+            LayerSpec::Concat(_) => "concat",
+            LayerSpec::Softmax(_) => "softmax",
+            LayerSpec::LogSoftmax(_) => "log_softmax",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchNormSpec {
+    /// Added to the variance for numerical stability.
+    #[serde(default = "default_norm_eps")]
+    pub eps: f64,
+    /// Weight of the newest batch in the running statistics.
+    #[serde(default = "default_bn_momentum")]
+    pub momentum: f64,
 }
 
 /// A size given as one number (both dimensions) or as [height, width].
@@ -763,6 +844,9 @@ fn size_zero() -> Size2 {
 }
 fn default_norm_eps() -> f64 {
     1e-5
+}
+fn default_bn_momentum() -> f64 {
+    0.1
 }
 fn yes() -> bool {
     true

@@ -169,7 +169,7 @@ fn validate_model(m: &ModelSpec, p: &mut Problems) {
     );
     for (i, layer) in m.layers.iter().enumerate() {
         let key = format!("model.layers[{i}]");
-        match layer {
+        match &layer.layer {
             LayerSpec::Linear(l) => {
                 p.check(l.out >= 1, &format!("{key}.out"), "must be at least 1");
                 p.check(
@@ -229,6 +229,18 @@ fn validate_model(m: &ModelSpec, p: &mut Problems) {
                     l.eps > 0.0,
                     &format!("{key}.eps"),
                     format!("{} given; must be positive", l.eps),
+                );
+            }
+            LayerSpec::Batchnorm1d(b) | LayerSpec::Batchnorm2d(b) => {
+                p.check(
+                    b.eps > 0.0,
+                    &format!("{key}.eps"),
+                    format!("{} given; must be positive", b.eps),
+                );
+                p.check(
+                    (0.0..=1.0).contains(&b.momentum),
+                    &format!("{key}.momentum"),
+                    format!("{} given; must be in [0, 1]", b.momentum),
                 );
             }
             _ => {}

@@ -535,6 +535,95 @@ impl Backend for CpuBackend {
             .for_each(|c| c.iter_mut().for_each(|v| *v *= factor));
     }
 
+    fn add_assign(&self, src: &Vec<f32>, dst: &mut Vec<f32>, len: usize) {
+        dst[..len]
+            .par_chunks_mut(CHUNK)
+            .zip(src[..len].par_chunks(CHUNK))
+            .for_each(|(d, s)| d.iter_mut().zip(s).for_each(|(d, s)| *d += s));
+    }
+
+    fn copy_rows(
+        &self,
+        src: &Vec<f32>,
+        (src_stride, src_offset): (usize, usize),
+        dst: &mut Vec<f32>,
+        (dst_stride, dst_offset): (usize, usize),
+        width: usize,
+        rows: usize,
+        add: bool,
+    ) {
+        for r in 0..rows {
+            let s = &src[r * src_stride + src_offset..][..width];
+            let d = &mut dst[r * dst_stride + dst_offset..][..width];
+            if add {
+                d.iter_mut().zip(s).for_each(|(d, s)| *d += s);
+            } else {
+                d.copy_from_slice(s);
+            }
+        }
+    }
+
+    fn softmax_forward(
+        &self,
+        x: &Vec<f32>,
+        y: &mut Vec<f32>,
+        rows: usize,
+        width: usize,
+        log: bool,
+    ) {
+        y[..rows * width]
+            .par_chunks_mut(width)
+            .zip(x[..rows * width].par_chunks(width))
+            .for_each(|(y, x)| {
+                let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let total: f64 = x.iter().map(|&v| (v - m).exp() as f64).sum();
+                if log {
+                    let log_total = total.ln() as f32;
+                    y.iter_mut()
+                        .zip(x)
+                        .for_each(|(y, &v)| *y = v - m - log_total);
+                } else {
+                    let inv = (1.0 / total) as f32;
+                    y.iter_mut()
+                        .zip(x)
+                        .for_each(|(y, &v)| *y = (v - m).exp() * inv);
+                }
+            });
+    }
+
+    fn softmax_backward(
+        &self,
+        y: &Vec<f32>,
+        dy: &Vec<f32>,
+        dx: &mut Vec<f32>,
+        rows: usize,
+        width: usize,
+        log: bool,
+    ) {
+        let len = rows * width;
+        dx[..len]
+            .par_chunks_mut(width)
+            .zip(y[..len].par_chunks(width).zip(dy[..len].par_chunks(width)))
+            .for_each(|(dx, (y, dy))| {
+                if log {
+                    let t = dy.iter().map(|&g| g as f64).sum::<f64>() as f32;
+                    for ((dx, &y), &g) in dx.iter_mut().zip(y).zip(dy) {
+                        *dx = g - y.exp() * t;
+                    }
+                } else {
+                    let t = dy
+                        .iter()
+                        .zip(y)
+                        .map(|(&g, &y)| g as f64 * y as f64)
+                        .sum::<f64>();
+                    let t = t as f32;
+                    for ((dx, &y), &g) in dx.iter_mut().zip(y).zip(dy) {
+                        *dx = y * (g - t);
+                    }
+                }
+            });
+    }
+
     fn round_to_half(&self, kind: HalfKind, buf: &mut Vec<f32>, len: usize) {
         buf[..len]
             .par_chunks_mut(CHUNK)

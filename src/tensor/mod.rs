@@ -171,6 +171,42 @@ pub trait Backend {
     /// Sets the statistics (a checkpoint saves and restores a partly accumulated log row).
     fn set_stats(&self, stats: &mut Self::Stats, value: LossStats);
 
+    /// dst[..len] += src[..len] (residual sums, gradients of a value read by several layers).
+    fn add_assign(&self, src: &Self::Buf, dst: &mut Self::Buf, len: usize);
+    /// For each of `rows` rows, `width` values from src[r·stride + offset..] to
+    /// dst[r·stride + offset..] (layouts as (stride, offset)); with `add`, added to dst.
+    #[allow(clippy::too_many_arguments)]
+    fn copy_rows(
+        &self,
+        src: &Self::Buf,
+        src_layout: (usize, usize),
+        dst: &mut Self::Buf,
+        dst_layout: (usize, usize),
+        width: usize,
+        rows: usize,
+        add: bool,
+    );
+    /// softmax (or log_softmax with `log`) of each row of `width` values.
+    fn softmax_forward(
+        &self,
+        x: &Self::Buf,
+        y: &mut Self::Buf,
+        rows: usize,
+        width: usize,
+        log: bool,
+    );
+    /// dx from the forward output y: softmax y·(dy − Σ dy·y), log_softmax dy − exp(y)·Σ dy.
+    #[allow(clippy::too_many_arguments)]
+    fn softmax_backward(
+        &self,
+        y: &Self::Buf,
+        dy: &Self::Buf,
+        dx: &mut Self::Buf,
+        rows: usize,
+        width: usize,
+        log: bool,
+    );
+
     /// Σ buf[i]², for the global gradient norm.
     fn sum_squares(&self, buf: &Self::Buf) -> f64;
     fn scale(&self, buf: &mut Self::Buf, factor: f32);

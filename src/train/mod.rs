@@ -13,6 +13,7 @@ mod stopping;
 
 pub use stopping::EndReason;
 
+use crate::checkpoint::weights::Weights;
 use crate::checkpoint::{self, Checkpoint, Saving, TrainState};
 use crate::data::{batches_per_epoch, epoch_order, Data, Dataset};
 use crate::error::{Error, Result};
@@ -37,7 +38,10 @@ pub struct Outcome {
     pub last_train: Option<MetricsRow>,
     /// The last evaluation row of each split.
     pub last_eval: Vec<MetricsRow>,
-    pub final_params: Vec<f32>,
+    /// The final parameters and batch-norm running statistics.
+    pub final_weights: Weights,
+    /// Training forward passes (micro-batches) so far: batch norm's num_batches_tracked.
+    pub batches_tracked: u64,
     /// Seconds from process start to the first training step (start-up: data, kernels...).
     pub startup_s: f64,
     /// The newest checkpoint this run wrote.
@@ -58,7 +62,7 @@ impl Outcome {
 #[derive(Default)]
 pub struct Session<'a> {
     /// Parameters to start from (model.init_from) instead of the seeded initialisation.
-    pub initial_params: Option<Vec<f32>>,
+    pub initial: Option<Weights>,
     /// A checkpoint to continue from; it must belong to this job (see
     /// `checkpoint::incompatible_changes`).
     pub resume: Option<Checkpoint>,
@@ -102,7 +106,7 @@ pub fn train_session<B: Backend>(
     session: Session,
 ) -> Result<Outcome> {
     let Session {
-        initial_params,
+        initial,
         resume,
         checkpoint_dir,
         stop,
@@ -112,12 +116,16 @@ pub fn train_session<B: Backend>(
     let target_dim = data.target_dim;
     let has_accuracy = graph.objective.has_accuracy;
     let param_count = graph.param_count;
-    let (params, resume) = match resume {
-        Some(mut c) => (std::mem::take(&mut c.params), Some(c)),
-        None => (
-            initial_params.unwrap_or_else(|| graph.init_params(spec.job.seed)),
-            None,
+    let (params, running_stats, resume) = match resume {
+        Some(mut c) => (
+            std::mem::take(&mut c.params),
+            Some(std::mem::take(&mut c.running_stats)),
+            Some(c),
         ),
+        None => match initial {
+            Some(w) => (w.params, Some(w.running_stats), None),
+            None => (graph.init_params(spec.job.seed), None, None),
+        },
     };
     if params.len() != param_count {
         return Err(Error::Job(format!(
@@ -128,6 +136,9 @@ pub fn train_session<B: Backend>(
     let mut net = Network::new(backend, graph, &params, batch_size, spec.job.seed)?
         .with_precision(backend, half_kind(spec.precision.mode))?;
     drop(params);
+    if let Some(stats) = running_stats {
+        net.set_running_stats(backend, &stats)?;
+    }
     let mut optimizer = Optimizer::new(backend, spec, param_count)?;
 
     let train_len = data.train.len;
@@ -362,19 +373,24 @@ pub fn train_session<B: Backend>(
         let path = saver.save(backend, &net, &optimizer, &mut train_stats, &st, metrics)?;
         outcome.last_checkpoint = Some(path);
     }
-    let mut final_params = vec![0.0; param_count];
-    backend.download(&net.params, &mut final_params);
-    let mut outcome = finish(outcome, &st, Some(final_params));
+    let mut params = vec![0.0; param_count];
+    backend.download(&net.params, &mut params);
+    let weights = Weights {
+        params,
+        running_stats: net.running_stats(backend),
+    };
+    let mut outcome = finish(outcome, &st, Some(weights));
     outcome.epochs = last_epoch;
     Ok(outcome)
 }
 
-fn finish(mut outcome: Outcome, st: &TrainState, final_params: Option<Vec<f32>>) -> Outcome {
+fn finish(mut outcome: Outcome, st: &TrainState, final_weights: Option<Weights>) -> Outcome {
     outcome.steps = st.step;
     outcome.epochs = st.epoch;
     outcome.train_samples = st.train_samples;
     outcome.train_seconds = st.train_seconds;
-    outcome.final_params = final_params.unwrap_or_default();
+    outcome.final_weights = final_weights.unwrap_or_default();
+    outcome.batches_tracked = st.micro_step;
     outcome
 }
 
@@ -422,6 +438,7 @@ impl Saver<'_> {
                 state: &state,
                 spec: self.spec,
                 params: &params,
+                running_stats: &net.running_stats(backend),
                 optimizer: &optimizer_state,
                 window,
             },

@@ -7,8 +7,9 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 use std::path::PathBuf;
 
 /// Every kernel file, in the order they are concatenated after common.cuh.
-pub const SOURCES: [(&str, &str); 5] = [
+pub const SOURCES: [(&str, &str); 6] = [
     ("cast.cu", include_str!("../../../kernels/cast.cu")),
+    ("graph.cu", include_str!("../../../kernels/graph.cu")),
     (
         "elementwise.cu",
         include_str!("../../../kernels/elementwise.cu"),

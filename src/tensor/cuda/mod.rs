@@ -75,6 +75,10 @@ struct Functions {
     fill: CudaFunction,
     scale: CudaFunction,
     round_to_half: CudaFunction,
+    add_assign: CudaFunction,
+    copy_rows: CudaFunction,
+    softmax_forward: CudaFunction,
+    softmax_backward: CudaFunction,
     gather_rows: CudaFunction,
     broadcast_rows: CudaFunction,
     bias_grad: CudaFunction,
@@ -291,6 +295,10 @@ impl CudaBackend {
             fill: load("fill_f32")?,
             scale: load("scale_f32")?,
             round_to_half: load("round_to_half")?,
+            add_assign: load("add_assign")?,
+            copy_rows: load("copy_rows")?,
+            softmax_forward: load("softmax_forward")?,
+            softmax_backward: load("softmax_backward")?,
             gather_rows: load("gather_rows")?,
             broadcast_rows: load("broadcast_rows")?,
             bias_grad: load("bias_grad")?,
@@ -1163,6 +1171,78 @@ impl Backend for CudaBackend {
         l.arg(&mut *buf).arg(&n).arg(&factor);
         // SAFETY: scales n elements in place.
         self.launch("scale", unsafe { l.launch(grid(n as usize)) }.map(|_| ()));
+    }
+
+    fn add_assign(&self, src: &CudaSlice<f32>, dst: &mut CudaSlice<f32>, len: usize) {
+        let n = len as u64;
+        let mut l = self.stream.launch_builder(&self.f.add_assign);
+        l.arg(src).arg(&mut *dst).arg(&n);
+        // SAFETY: n <= both lengths.
+        self.launch("add", unsafe { l.launch(grid(len)) }.map(|_| ()));
+    }
+
+    fn copy_rows(
+        &self,
+        src: &CudaSlice<f32>,
+        (src_stride, src_offset): (usize, usize),
+        dst: &mut CudaSlice<f32>,
+        (dst_stride, dst_offset): (usize, usize),
+        width: usize,
+        rows: usize,
+        add: bool,
+    ) {
+        let [ss, so, ds, dof, w, r] =
+            [src_stride, src_offset, dst_stride, dst_offset, width, rows].map(|v| v as u64);
+        let add = i32::from(add);
+        let mut l = self.stream.launch_builder(&self.f.copy_rows);
+        l.arg(src)
+            .arg(&ss)
+            .arg(&so)
+            .arg(&mut *dst)
+            .arg(&ds)
+            .arg(&dof)
+            .arg(&w)
+            .arg(&r)
+            .arg(&add);
+        // SAFETY: the rows lie inside both buffers (the graph's shapes).
+        self.launch(
+            "copy rows",
+            unsafe { l.launch(grid(rows * width)) }.map(|_| ()),
+        );
+    }
+
+    fn softmax_forward(
+        &self,
+        x: &CudaSlice<f32>,
+        y: &mut CudaSlice<f32>,
+        rows: usize,
+        width: usize,
+        log: bool,
+    ) {
+        let (r, w, log) = (rows as u64, width as u64, i32::from(log));
+        let mut l = self.stream.launch_builder(&self.f.softmax_forward);
+        l.arg(x).arg(&mut *y).arg(&r).arg(&w).arg(&log);
+        // SAFETY: one block per row of width values.
+        self.launch("softmax", unsafe { l.launch(per_item(rows)) }.map(|_| ()));
+    }
+
+    fn softmax_backward(
+        &self,
+        y: &CudaSlice<f32>,
+        dy: &CudaSlice<f32>,
+        dx: &mut CudaSlice<f32>,
+        rows: usize,
+        width: usize,
+        log: bool,
+    ) {
+        let (r, w, log) = (rows as u64, width as u64, i32::from(log));
+        let mut l = self.stream.launch_builder(&self.f.softmax_backward);
+        l.arg(y).arg(dy).arg(&mut *dx).arg(&r).arg(&w).arg(&log);
+        // SAFETY: one block per row of width values.
+        self.launch(
+            "softmax backward",
+            unsafe { l.launch(per_item(rows)) }.map(|_| ()),
+        );
     }
 
     fn round_to_half(&self, kind: HalfKind, buf: &mut CudaSlice<f32>, len: usize) {

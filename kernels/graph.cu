@@ -1,0 +1,73 @@
+// Ops of non-sequential graphs and output layers: sums (residual connections and gradient
+// accumulation), row copies (concat), and softmax / log_softmax over rows.
+
+// dst[i] += src[i].
+extern "C" __global__ void add_assign(const float* src, float* dst, u64 n) {
+    GRID_STRIDE(i, n) dst[i] += src[i];
+}
+
+// Row r of `width` values: dst[r * dst_stride + dst_offset + j] (+)= src[r * src_stride + src_offset + j].
+extern "C" __global__ void copy_rows(const float* src, u64 src_stride, u64 src_offset, float* dst, u64 dst_stride,
+                                     u64 dst_offset, u64 width, u64 rows, int add) {
+    GRID_STRIDE(i, rows * width) {
+        u64 r = i / width, j = i % width;
+        float v = src[r * src_stride + src_offset + j];
+        float* d = dst + r * dst_stride + dst_offset + j;
+        *d = add ? *d + v : v;
+    }
+}
+
+// Maximum of `v` over the block; valid in every thread.
+__device__ __forceinline__ float block_max(float v) {
+    __shared__ float partial[32];
+    __shared__ float result;
+    for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, offset));
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = (threadIdx.x < (blockDim.x >> 5)) ? partial[lane] : __int_as_float(0xff800000);
+        for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, offset));
+        if (lane == 0) result = v;
+    }
+    __syncthreads();
+    return result;
+}
+
+// One block per row: y = softmax(x) or log_softmax(x), sums in double (as the CPU backend).
+extern "C" __global__ void softmax_forward(const float* x, float* y, u64 rows, u64 width, int log_out) {
+    u64 r = blockIdx.x;
+    if (r >= rows) return;
+    const float* xr = x + r * width;
+    float m = __int_as_float(0xff800000);
+    for (u64 j = threadIdx.x; j < width; j += blockDim.x) m = fmaxf(m, xr[j]);
+    m = block_max(m);
+    double s = 0.0;
+    for (u64 j = threadIdx.x; j < width; j += blockDim.x) s += (double)expf(xr[j] - m);
+    s = block_sum(s);
+    __shared__ double total;
+    if (threadIdx.x == 0) total = s;
+    __syncthreads();
+    float log_total = (float)log(total), inv = (float)(1.0 / total);
+    for (u64 j = threadIdx.x; j < width; j += blockDim.x)
+        y[r * width + j] = log_out ? xr[j] - m - log_total : expf(xr[j] - m) * inv;
+}
+
+// softmax: dx = y (dy - sum(dy y)); log_softmax: dx = dy - exp(y) sum(dy).
+extern "C" __global__ void softmax_backward(const float* y, const float* dy, float* dx, u64 rows, u64 width,
+                                            int log_out) {
+    u64 r = blockIdx.x;
+    if (r >= rows) return;
+    const float* yr = y + r * width;
+    const float* dyr = dy + r * width;
+    double s = 0.0;
+    for (u64 j = threadIdx.x; j < width; j += blockDim.x) s += log_out ? (double)dyr[j] : (double)dyr[j] * yr[j];
+    s = block_sum(s);
+    __shared__ double total;
+    if (threadIdx.x == 0) total = s;
+    __syncthreads();
+    float t = (float)total;
+    for (u64 j = threadIdx.x; j < width; j += blockDim.x)
+        dx[r * width + j] = log_out ? dyr[j] - expf(yr[j]) * t : yr[j] * (dyr[j] - t);
+}

@@ -1,0 +1,172 @@
+//! Which node each layer reads: a layer's `inputs` name earlier layers (or "input", the
+//! data); without `inputs` it reads the previous layer's output, so a plain list is a chain.
+//! Node 0 is the data, node i+1 the output of layer i. Errors name the layers involved.
+
+use crate::error::{Error, Result};
+use crate::spec::{LayerSpec, ModelLayer};
+use std::collections::HashMap;
+
+/// The name `inputs` use for the data.
+pub const INPUT: &str = "input";
+
+fn label(i: usize, l: &ModelLayer) -> String {
+    match &l.name {
+        Some(name) => format!("model.layers[{i}] ({} \"{name}\")", l.layer.kind()),
+        None => format!("model.layers[{i}] ({})", l.layer.kind()),
+    }
+}
+
+/// The input nodes of every layer.
+pub fn resolve(layers: &[ModelLayer]) -> Result<Vec<Vec<usize>>> {
+    let mut problems = Vec::new();
+    let mut layer_of: HashMap<&str, usize> = HashMap::new();
+    for (i, l) in layers.iter().enumerate() {
+        if let Some(name) = l.name.as_deref() {
+            if name == INPUT || name.is_empty() {
+                problems.push(format!(
+                    "{}: the name \"{name}\" is reserved; choose another",
+                    label(i, l)
+                ));
+            } else if let Some(&first) = layer_of.get(name) {
+                problems.push(format!(
+                    "{}: the name \"{name}\" is already model.layers[{first}]'s",
+                    label(i, l)
+                ));
+            } else {
+                layer_of.insert(name, i);
+            }
+        }
+    }
+    let mut wiring = Vec::with_capacity(layers.len());
+    for (i, l) in layers.iter().enumerate() {
+        let inputs: Vec<usize> = match &l.inputs {
+            None => vec![i],
+            Some(names) => names
+                .iter()
+                .filter_map(|name| {
+                    if name == INPUT {
+                        return Some(0);
+                    }
+                    match layer_of.get(name.as_str()) {
+                        Some(&j) if j < i => Some(j + 1),
+                        Some(&j) => {
+                            problems.push(format!(
+                                "{}: input \"{name}\" is model.layers[{j}], which does not come \
+                                 before it; a layer can only take earlier layers' outputs (the \
+                                 graph must have no cycles)",
+                                label(i, l)
+                            ));
+                            None
+                        }
+                        None => {
+                            let earlier = layers[..i].iter().enumerate().filter_map(|(j, l)| {
+                                l.name.as_deref().filter(|n| layer_of.get(n) == Some(&j))
+                            });
+                            let known: Vec<&str> = std::iter::once(INPUT).chain(earlier).collect();
+                            problems.push(format!(
+                                "{}: input \"{name}\" is not the name of an earlier layer; \
+                                 known: {}",
+                                label(i, l),
+                                known.join(", ")
+                            ));
+                            None
+                        }
+                    }
+                })
+                .collect(),
+        };
+        let many = matches!(l.layer, LayerSpec::Add(_) | LayerSpec::Concat(_));
+        let given = l.inputs.as_ref().map_or(1, Vec::len);
+        if many && given < 2 {
+            problems.push(format!(
+                "{}: takes two or more inputs, {given} given; name them with inputs = [\"a\", \"b\"]",
+                label(i, l)
+            ));
+        } else if !many && given != 1 {
+            problems.push(format!(
+                "{}: takes one input, {given} given (add or concat combine several)",
+                label(i, l)
+            ));
+        }
+        wiring.push(inputs);
+    }
+    // Every layer's output but the last (the model's output) must feed some layer.
+    let mut used = vec![false; layers.len() + 1];
+    for inputs in &wiring {
+        for &n in inputs {
+            used[n] = true;
+        }
+    }
+    for (i, l) in layers
+        .iter()
+        .enumerate()
+        .take(layers.len().saturating_sub(1))
+    {
+        if !used[i + 1] {
+            problems.push(format!(
+                "{}: its output is not used by any layer (only the last layer's output is the \
+                 model's); name it in a later layer's inputs, or remove it",
+                label(i, l)
+            ));
+        }
+    }
+    if problems.is_empty() {
+        Ok(wiring)
+    } else {
+        Err(Error::Job(problems.join("\n")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layers(toml_text: &str) -> Vec<ModelLayer> {
+        #[derive(serde::Deserialize)]
+        struct M {
+            layers: Vec<ModelLayer>,
+        }
+        toml::from_str::<M>(toml_text).unwrap().layers
+    }
+
+    #[test]
+    fn a_plain_list_is_a_chain_and_names_wire_a_residual_block() {
+        let l = layers(
+            r#"layers = [{ type = "linear", out = 4, name = "a" }, { type = "relu" },
+               { type = "linear", out = 4, name = "b" }, { type = "add", inputs = ["b", "a"] },
+               { type = "concat", inputs = ["input", "input"] }]"#,
+        );
+        let e = resolve(&l).unwrap_err().to_string();
+        assert!(
+            e.contains("model.layers[3] (add): its output is not used"),
+            "{e}"
+        );
+        let l = layers(
+            r#"layers = [{ type = "linear", out = 4, name = "a" }, { type = "relu" },
+               { type = "linear", out = 4, name = "b" }, { type = "add", inputs = ["b", "a"] }]"#,
+        );
+        assert_eq!(
+            resolve(&l).unwrap(),
+            vec![vec![0], vec![1], vec![2], vec![3, 1]]
+        );
+    }
+
+    #[test]
+    fn unknown_later_duplicate_and_unused_names_are_errors_naming_the_layers() {
+        let l = layers(
+            r#"layers = [{ type = "linear", out = 4, name = "a" }, { type = "relu", name = "a" },
+               { type = "add", inputs = ["a", "b"] }, { type = "relu", inputs = ["c"] },
+               { type = "linear", out = 2, name = "c" }, { type = "relu", inputs = ["a", "c"] }]"#,
+        );
+        let e = resolve(&l).unwrap_err().to_string();
+        for needle in [
+            "model.layers[1] (relu \"a\"): the name \"a\" is already model.layers[0]'s",
+            "model.layers[2] (add): input \"b\" is not the name of an earlier layer; known: input, a",
+            "model.layers[3] (relu): input \"c\" is model.layers[4], which does not come before it",
+            "model.layers[5] (relu): takes one input, 2 given",
+            "model.layers[2] (add): its output is not used by any layer",
+        ] {
+            assert!(e.contains(needle), "{needle}\nnot in\n{e}");
+        }
+    }
+}
