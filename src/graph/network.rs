@@ -27,6 +27,8 @@ pub struct Network<B: Backend> {
     aux: Vec<B::Buf>,
     max_batch: usize,
     dropout_seed: u64,
+    /// Where this batch's first sample stands in the micro-batch (see `set_sample_offset`).
+    sample_offset: usize,
 }
 
 /// f32 values of per-layer saved state at `max_batch` (see `Network::aux`).
@@ -95,6 +97,7 @@ impl<B: Backend> Network<B> {
             aux,
             max_batch,
             dropout_seed: derive(seed, 77),
+            sample_offset: 0,
             graph,
         })
     }
@@ -118,8 +121,20 @@ impl<B: Backend> Network<B> {
         &self.acts[self.plan.slot[self.graph.layers.len()]]
     }
 
+    /// Says that the batch in the input buffer starts at sample `first` of the micro-batch
+    /// (a data-parallel replica's share), so dropout draws the masks the whole micro-batch
+    /// would draw for these samples. 0, the default, is a whole micro-batch.
+    pub fn set_sample_offset(&mut self, first: usize) {
+        self.sample_offset = first;
+    }
+
     fn dropout_key(&self, layer: usize, step_key: u64) -> u64 {
         derive(derive(self.dropout_seed, layer as u64), step_key)
+    }
+
+    /// The mask stream position of layer `i`'s first output element.
+    fn dropout_first(&self, i: usize) -> u64 {
+        (self.sample_offset * numel(&self.graph.layers[i].out_shape)) as u64
     }
 
     /// Runs the layers on the first `n` samples of the input. `step_key` identifies the
@@ -150,10 +165,10 @@ impl<B: Backend> Network<B> {
                 backend.activation_forward(f, x, y, len);
             }
             Op::Dropout { p } => {
-                let key = self.dropout_key(i, step_key);
+                let (key, first) = (self.dropout_key(i, step_key), self.dropout_first(i));
                 let (x, y) = read_write(&mut self.acts, src, dst);
                 if train && p > 0.0 {
-                    backend.dropout_forward(p, key, x, y, len);
+                    backend.dropout_forward(p, key, first, x, y, len);
                 } else {
                     backend.copy(x, y, len);
                 }
@@ -262,10 +277,10 @@ impl<B: Backend> Network<B> {
                 backend.activation_backward(f, &self.acts[src], &self.acts[dst], dy, dx, len);
             }
             Op::Dropout { p } if need_dx => {
-                let key = self.dropout_key(i, step_key);
+                let (key, first) = (self.dropout_key(i, step_key), self.dropout_first(i));
                 let (dy, dx) = read_write(&mut self.dacts, dst, src);
                 if p > 0.0 {
-                    backend.dropout_backward(p, key, dy, dx, len);
+                    backend.dropout_backward(p, key, first, dy, dx, len);
                 } else {
                     backend.copy(dy, dx, len);
                 }
