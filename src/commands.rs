@@ -91,7 +91,10 @@ fn pick_device(job: &Path, spec: &JobSpec) -> Result<Device> {
     let device = match parse_device(&spec.device.kind) {
         Some(DeviceChoice::Cpu) => Device::Cpu,
         // Validation allows only CPU devices in the list so far.
-        Some(DeviceChoice::Auto) if cpu_replicas => Device::Cpu,
+        Some(DeviceChoice::Auto) if cpu_replicas => {
+            tracing::info!("device auto: cpu (parallel.devices lists CPU replicas)");
+            Device::Cpu
+        }
         Some(DeviceChoice::Cuda(n)) => Device::Cuda(n),
         Some(DeviceChoice::Auto) => match cuda::probe() {
             Ok((devices, _)) if !devices.is_empty() && cuda::kernels::nvrtc_available() => {
