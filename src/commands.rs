@@ -8,7 +8,10 @@ use crate::optim;
 use crate::parallel::{BatchLayout, CpuAllReduce};
 use crate::run::{MetricsWriter, RunDir};
 use crate::signals::Stop;
-use crate::spec::{self, parse_device, DeviceChoice, JobSpec, ParallelDevices, ResumeMode};
+use crate::spec::{
+    self, parse_device, DeviceChoice, JobSpec, ParallelDevices, PrecisionFallback, PrecisionMode,
+    ResumeMode,
+};
 use crate::tensor::cpu::CpuBackend;
 use crate::tensor::cuda::{self, CudaBackend};
 use crate::tensor::{spatial, Backend};
@@ -160,6 +163,7 @@ pub fn run(args: &RunArgs) -> Result<PathBuf> {
         Device::Cuda(ordinal) => {
             // The GPU does the work; the loop stays on this thread, bound to the CUDA context.
             let backend = CudaBackend::new(ordinal, spec.device.allow_tf32)?;
+            let spec = precision_on_gpu(&spec, &backend)?;
             run_on(args, &spec, data, graph, &backend, start, None)
         }
     }
@@ -186,6 +190,40 @@ fn cpu_replicas(
         threads,
         param_count,
     )?)))
+}
+
+/// Mixed precision on a GPU needs tensor cores for the format: fp16 from compute capability
+/// 7.0 (Volta), bf16 from 8.0 (Ampere). Older GPUs get a clear error, or train in fp32 with a
+/// warning when the job allows it (`precision.fallback = "fp32"`; config.toml then says fp32).
+fn precision_on_gpu(spec: &JobSpec, backend: &CudaBackend) -> Result<JobSpec> {
+    let (major, minor) = backend.compute_capability();
+    let needed = match spec.precision.mode {
+        PrecisionMode::Fp32 => return Ok(spec.clone()),
+        PrecisionMode::Fp16 => (7, 0),
+        PrecisionMode::Bf16 => (8, 0),
+    };
+    if (major, minor) >= needed {
+        return Ok(spec.clone());
+    }
+    let mode = serde_json::to_string(&spec.precision.mode).unwrap_or_default();
+    let why = format!(
+        "precision.mode = {mode} needs a GPU of compute capability {}.{} or newer; {} is {major}.{minor}",
+        needed.0,
+        needed.1,
+        backend.describe()
+    );
+    match spec.precision.fallback {
+        PrecisionFallback::Error => Err(Error::Job(format!(
+            "{why}. Use precision.mode = \"fp32\", or allow precision.fallback = \"fp32\""
+        ))),
+        PrecisionFallback::Fp32 => {
+            tracing::warn!("{why}: training in fp32 (precision.fallback = \"fp32\")");
+            let mut spec = spec.clone();
+            spec.precision.mode = PrecisionMode::Fp32;
+            spec.precision.loss_scale = None;
+            Ok(spec)
+        }
+    }
 }
 
 /// Opens the run directory (new, or the resumed run's) and trains in it (with the other
@@ -495,13 +533,17 @@ fn memory_plan(spec: &JobSpec, graph: &Graph, data: &Data, on_gpu: bool) -> Memo
             4 * graph.conv_workspace(|s| spatial::conv_workspace_len(s, threads, batch)),
         )
     };
-    MemoryPlan::new(
+    let mut plan = MemoryPlan::new(
         graph,
         batch,
         optim::state_buffers(spec),
         data_bytes,
         workspace,
-    )
+    );
+    if spec.precision.mode != PrecisionMode::Fp32 {
+        plan.half_params = plan.params;
+    }
+    plan
 }
 
 /// A run's planned memory over all its data-parallel replicas: each holds its own buffers
@@ -581,6 +623,7 @@ pub fn check(job: &Path, sets: &[String]) -> Result<String> {
     let mut rows = vec![
         ("parameters", m.params),
         ("gradients", m.grads),
+        ("half-precision weights", m.half_params),
         ("optimizer state", m.optimizer_state),
         ("activations", m.activations),
         ("activation gradients", m.activation_grads),
@@ -591,6 +634,7 @@ pub fn check(job: &Path, sets: &[String]) -> Result<String> {
     if on_gpu {
         rows.push(("data set on the device", m.data));
     }
+    rows.retain(|&(what, b)| b > 0 || what != "half-precision weights");
     for (what, b) in rows {
         out += &format!("  {what:<24} {:>12}\n", bytes(b));
     }

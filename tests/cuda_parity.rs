@@ -10,7 +10,7 @@ use common::random_vec;
 use cudarc::driver::CudaSlice;
 use trainer::tensor::cpu::CpuBackend;
 use trainer::tensor::cuda::{probe, CudaBackend};
-use trainer::tensor::{Activation, AdamStep, Backend, LossFn, SgdStep};
+use trainer::tensor::{Activation, AdamStep, Backend, HalfKind, LossFn, SgdStep};
 
 fn gpu() -> Option<CudaBackend> {
     let required = std::env::var("TRAINER_REQUIRE_CUDA").is_ok_and(|v| v == "1");
@@ -306,6 +306,20 @@ fn reductions_fills_gathers_and_copies_match_the_cpu() {
     let mut copy = poisoned(&g, 500);
     g.copy(&up(&g, &src), &mut copy, 500);
     assert_eq!(down(&g, &copy, 500), src[..500].to_vec(), "copy");
+
+    // Mixed precision's rounding, bit for bit, over magnitudes that overflow fp16 too.
+    let wide: Vec<f32> = v.iter().map(|x| x * 3e4).collect();
+    for kind in [HalfKind::F16, HalfKind::Bf16] {
+        let mut on_gpu = up(&g, &wide);
+        g.round_to_half(kind, &mut on_gpu, wide.len() - 3);
+        let mut on_cpu = wide.clone();
+        CPU.round_to_half(kind, &mut on_cpu, wide.len() - 3);
+        let (a, b) = (down(&g, &on_gpu, wide.len()), on_cpu);
+        assert!(
+            a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "round_to_half {kind:?}"
+        );
+    }
 }
 
 #[test]
@@ -423,6 +437,27 @@ fn mlp_job_on_cuda_follows_the_cpu_loss_curve() {
         assert_eq!(cpu.iter().map(|r| r.0).collect::<Vec<_>>(), cuda.iter().map(|r| r.0).collect::<Vec<_>>());
         for ((step, a), (_, b)) in cpu.iter().zip(&cuda) {
             assert!((a - b).abs() <= 1e-4 * a.abs(), "step {step}: cpu loss {a} vs cuda {b} ({extra:?})");
+        }
+    }
+}
+
+#[test]
+fn mixed_precision_jobs_on_cuda_follow_the_cpu_loss_curve() {
+    if gpu().is_none() {
+        return;
+    }
+    for mode in ["fp16", "bf16"] {
+        let set = format!("precision.mode=\"{mode}\"");
+        let cpu = loss_curve("cpu", &["--set", &set]);
+        let cuda = loss_curve("cuda", &["--set", &set]);
+        assert_eq!(cpu.len(), 100);
+        // GEMMs sum in another order, so a value can round to the other neighbouring half:
+        // the curves agree to the half format's precision, not to fp32's.
+        for ((step, a), (_, b)) in cpu.iter().zip(&cuda) {
+            assert!(
+                (a - b).abs() <= 2e-2 * a.abs(),
+                "{mode} step {step}: cpu loss {a} vs cuda {b}"
+            );
         }
     }
 }

@@ -43,6 +43,11 @@ fn train(spec: &JobSpec, replicas: Option<usize>) -> Outcome {
 }
 
 fn job(samples: usize, batch: usize, accum: usize, optimizer: &str) -> JobSpec {
+    job_with(samples, batch, accum, optimizer, "")
+}
+
+/// `job` with `extra` TOML at the end.
+fn job_with(samples: usize, batch: usize, accum: usize, optimizer: &str, extra: &str) -> JobSpec {
     common::spec(&format!(
         r#"
         [job]
@@ -62,6 +67,7 @@ fn job(samples: usize, batch: usize, accum: usize, optimizer: &str) -> JobSpec {
         epochs = 2
         grad_accum_steps = {accum}
         log_every = 3
+        {extra}
         "#
     ))
 }
@@ -105,6 +111,33 @@ fn replicas_train_the_same_model_as_one_device_on_the_full_batch() {
                 "{what}"
             );
         }
+    }
+}
+
+/// fp16 with a loss scale of 2^40: the first steps overflow. The inf/NaN check follows the
+/// all-reduce, so every replica skips exactly the steps one device skips (replicas that
+/// skipped on their own would drift apart, which `verify` turns into an error).
+#[test]
+fn with_fp16_every_replica_skips_the_steps_one_device_skips() {
+    let precision =
+        "[precision]\nmode = \"fp16\"\ninit_scale = 1099511627776.0\ngrowth_interval = 4";
+    let spec = job_with(250, 32, 2, ADAMW, precision);
+    let one = train(&spec, None);
+    let skipped = one.last_train.as_ref().unwrap().skipped_steps.unwrap();
+    assert!(skipped >= 2, "{skipped} steps skipped");
+    for replicas in [2, 4] {
+        let many = train(&spec, Some(replicas));
+        let (a, b) = (many.last_train.unwrap(), one.last_train.clone().unwrap());
+        assert_eq!(
+            (a.skipped_steps, a.loss_scale),
+            (b.skipped_steps, b.loss_scale),
+            "{replicas} replicas"
+        );
+        let diff = max_relative_difference(&many.final_params, &one.final_params);
+        assert!(
+            diff < 1e-3,
+            "{replicas} replicas: max relative difference {diff}"
+        );
     }
 }
 

@@ -85,6 +85,7 @@ fn training_steps_allocate_nothing_but_gemm_scratch_and_retain_nothing() {
             lr: 1e-3,
             clip: Some(1.0),
             want_grad_norm: true,
+            loss_scale: None,
         };
         let mut step = |count: bool| {
             COUNTING.store(count, Ordering::SeqCst);

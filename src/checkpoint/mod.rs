@@ -68,6 +68,13 @@ pub struct TrainState {
     /// The evaluation of exactly these parameters, when one was made right before the
     /// checkpoint, e.g. {"val_loss": 0.31, "val_accuracy": 0.9}; keep_best compares these.
     pub evaluation: BTreeMap<String, f64>,
+    /// Mixed precision: the loss scaler's state (absent without loss scaling).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_scaler: Option<crate::optim::LossScaler>,
+    /// Optimizer steps skipped for inf/NaN gradients: the learning-rate schedule counts only
+    /// the steps taken.
+    #[serde(default)]
+    pub skipped_steps: u64,
 }
 
 impl TrainState {

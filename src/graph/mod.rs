@@ -471,6 +471,8 @@ pub struct MemoryPlan {
     pub activations_without_checkpointing: usize,
     /// Layers whose forward pass backward recomputes (0 without checkpointing).
     pub recomputed_layers: usize,
+    /// Mixed precision: the half-rounded copy of the parameters (0 in fp32).
+    pub half_params: usize,
 }
 
 impl MemoryPlan {
@@ -505,11 +507,13 @@ impl MemoryPlan {
                 .sum(),
             activations_without_checkpointing: batch_size * plain.activation_values() * f,
             recomputed_layers: plan.recomputed_layers(),
+            half_params: 0,
         }
     }
 
     pub fn total(&self) -> usize {
         self.params
+            + self.half_params
             + self.grads
             + self.optimizer_state
             + self.activations

@@ -3,11 +3,19 @@
 //! With activation checkpointing (see `BufferPlan`), backward recomputes each segment's inner
 //! activations before back-propagating through it; dropout redraws the same masks, since a
 //! mask is a pure function of the seed, the layer and the micro-step.
+//!
+//! Mixed precision (`with_precision`): every activation and activation gradient holds
+//! half-precision values (rounded to f16/bf16 after the op that writes it, which computes in
+//! f32 from half inputs); linear and conv layers multiply by a half copy of their weights and
+//! biases, refreshed from the fp32 master parameters after each optimizer step; normalisation
+//! layers use the fp32 parameters and compute their statistics in f32; parameter gradients are
+//! accumulated in f32. The buffers stay f32 arrays holding half values, so the CPU and CUDA
+//! backends share one code path and give the same numbers.
 
 use super::{numel, BufferPlan, Graph, Op};
 use crate::error::Result;
 use crate::tensor::rng::derive;
-use crate::tensor::Backend;
+use crate::tensor::{Activation, Backend, HalfKind};
 
 pub struct Network<B: Backend> {
     pub graph: Graph,
@@ -29,6 +37,24 @@ pub struct Network<B: Backend> {
     dropout_seed: u64,
     /// Where this batch's first sample stands in the micro-batch (see `set_sample_offset`).
     sample_offset: usize,
+    /// Mixed precision: the half format of activations and of `half_params`.
+    half: Option<HalfKind>,
+    /// The parameters rounded to `half`, which linear and conv layers compute with.
+    half_params: Option<B::Buf>,
+}
+
+/// Ops whose output is already a half value when their input is one (so rounding it again
+/// would change nothing): views, ReLU, max pooling.
+fn forward_keeps_half(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::View
+            | Op::Activation(Activation::Relu)
+            | Op::Pool {
+                kind: crate::tensor::PoolKind::Max,
+                ..
+            }
+    )
 }
 
 /// f32 values of per-layer saved state at `max_batch` (see `Network::aux`).
@@ -99,7 +125,38 @@ impl<B: Backend> Network<B> {
             dropout_seed: derive(seed, 77),
             sample_offset: 0,
             graph,
+            half: None,
+            half_params: None,
         })
+    }
+
+    /// Switches the network to mixed precision in `half` (see the module's comment); `None`
+    /// keeps fp32.
+    pub fn with_precision(mut self, backend: &B, half: Option<HalfKind>) -> Result<Self> {
+        self.half = half;
+        self.half_params = match half {
+            Some(_) => Some(backend.alloc(self.graph.param_count)?),
+            None => None,
+        };
+        self.refresh_half_params(backend);
+        Ok(self)
+    }
+
+    /// Re-rounds the half copy of the parameters from the master parameters: after every
+    /// change of `params` (an optimizer step, a restore).
+    pub fn refresh_half_params(&mut self, backend: &B) {
+        if let (Some(kind), Some(half)) = (self.half, self.half_params.as_mut()) {
+            let n = self.graph.param_count;
+            backend.copy(&self.params, half, n);
+            backend.round_to_half(kind, half, n);
+        }
+    }
+
+    /// Rounds the first `len` values of a buffer to the half format, in mixed precision.
+    fn round(backend: &B, half: Option<HalfKind>, buf: &mut B::Buf, len: usize) {
+        if let Some(kind) = half {
+            backend.round_to_half(kind, buf, len);
+        }
     }
 
     pub fn max_batch(&self) -> usize {
@@ -140,6 +197,8 @@ impl<B: Backend> Network<B> {
     /// Runs the layers on the first `n` samples of the input. `step_key` identifies the
     /// micro-step, so dropout draws a fresh mask each step and the same one in backward.
     pub fn forward(&mut self, backend: &B, n: usize, train: bool, step_key: u64) {
+        let input_len = n * numel(&self.graph.input_shape);
+        Self::round(backend, self.half, &mut self.acts[0], input_len);
         for i in 0..self.graph.layers.len() {
             self.forward_layer(backend, i, n, train, step_key);
         }
@@ -149,6 +208,8 @@ impl<B: Backend> Network<B> {
         let layer = &self.graph.layers[i];
         let (src, dst) = (self.plan.slot[i], self.plan.slot[i + 1]);
         let len = n * numel(&layer.out_shape);
+        // Linear and conv layers compute with the half copy of their weights, if any.
+        let weights = self.half_params.as_ref().unwrap_or(&self.params);
         match layer.op {
             Op::View => {}
             Op::Linear {
@@ -158,7 +219,7 @@ impl<B: Backend> Network<B> {
                 bias,
             } => {
                 let (x, y) = read_write(&mut self.acts, src, dst);
-                backend.linear_forward(x, &self.params, weight, bias, y, n, inp, out);
+                backend.linear_forward(x, weights, weight, bias, y, n, inp, out);
             }
             Op::Activation(f) => {
                 let (x, y) = read_write(&mut self.acts, src, dst);
@@ -175,16 +236,7 @@ impl<B: Backend> Network<B> {
             }
             Op::Conv2d { geom, weight, bias } => {
                 let (x, y) = read_write(&mut self.acts, src, dst);
-                backend.conv2d_forward(
-                    &geom,
-                    x,
-                    &self.params,
-                    weight,
-                    bias,
-                    y,
-                    n,
-                    &mut self.workspace,
-                );
+                backend.conv2d_forward(&geom, x, weights, weight, bias, y, n, &mut self.workspace);
             }
             Op::Pool { kind, geom } => {
                 let (x, y) = read_write(&mut self.acts, src, dst);
@@ -202,6 +254,9 @@ impl<B: Backend> Network<B> {
                     eps,
                 );
             }
+        }
+        if !forward_keeps_half(&layer.op) {
+            Self::round(backend, self.half, &mut self.acts[dst], len);
         }
     }
 
@@ -223,6 +278,10 @@ impl<B: Backend> Network<B> {
             dout,
             stats,
         );
+        // The loss runs in f32 on the (half) output; its gradient flows back in half.
+        if grad_scale.is_some() {
+            Self::round(backend, self.half, &mut self.dacts[out_slot], n * dim);
+        }
     }
 
     /// Back-propagates the loss gradient, adding the parameter gradients into `grads`.
@@ -248,6 +307,7 @@ impl<B: Backend> Network<B> {
         // Slot 0 is the data: nothing upstream needs its gradient.
         let need_dx = src != 0;
         let len = n * numel(&layer.out_shape);
+        let weights = self.half_params.as_ref().unwrap_or(&self.params);
         match layer.op {
             Op::View => {}
             Op::Linear {
@@ -262,7 +322,7 @@ impl<B: Backend> Network<B> {
                 backend.linear_backward(
                     x,
                     dy,
-                    &self.params,
+                    weights,
                     &mut self.grads,
                     weight,
                     bias,
@@ -294,7 +354,7 @@ impl<B: Backend> Network<B> {
                     &geom,
                     x,
                     dy,
-                    &self.params,
+                    weights,
                     &mut self.grads,
                     weight,
                     bias,
@@ -324,6 +384,12 @@ impl<B: Backend> Network<B> {
                 );
             }
             Op::Activation(_) | Op::Dropout { .. } | Op::Pool { .. } => {}
+        }
+        // ReLU's dx is dy or 0; max pooling may add several dy into one dx.
+        let exact = matches!(layer.op, Op::View | Op::Activation(Activation::Relu));
+        if need_dx && !exact {
+            let in_len = n * numel(&layer.in_shape);
+            Self::round(backend, self.half, &mut self.dacts[src], in_len);
         }
     }
 }

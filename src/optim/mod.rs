@@ -24,6 +24,33 @@ pub fn clip_grad_norm<B: Backend>(backend: &B, grads: &mut B::Buf, max_norm: Opt
     norm
 }
 
+/// GradScaler.unscale_ followed by clip_grad_norm_, in one pass over gradients that were
+/// computed from a loss multiplied by `loss_scale`: returns the norm of the unscaled
+/// gradients and leaves them unscaled (and clipped when over `max_norm`). When a gradient is
+/// inf or NaN the norm is too, and the gradients are left as they are: the step is skipped.
+pub fn unscale_and_clip<B: Backend>(
+    backend: &B,
+    grads: &mut B::Buf,
+    loss_scale: f64,
+    max_norm: Option<f64>,
+) -> f64 {
+    // Σ g² in f64 cannot overflow for finite f32 values: it is finite exactly when every
+    // gradient is.
+    let norm = backend.sum_squares(grads).sqrt() / loss_scale;
+    if !norm.is_finite() {
+        return norm;
+    }
+    let mut factor = 1.0 / loss_scale;
+    if let Some(max_norm) = max_norm {
+        let coef = max_norm / (norm + 1e-6);
+        if coef < 1.0 {
+            factor *= coef;
+        }
+    }
+    backend.scale(grads, factor as f32);
+    norm
+}
+
 pub struct Optimizer<B: Backend> {
     kind: OptimizerKind,
     spec: crate::spec::OptimizerSpec,

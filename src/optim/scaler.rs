@@ -3,7 +3,9 @@
 //! and the scale multiplied by `backoff_factor`; after `growth_interval` consecutive clean
 //! steps the scale is multiplied by `growth_factor`.
 
-#[derive(Debug, Clone, PartialEq)]
+use crate::spec::{PrecisionSpec, Scaling};
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LossScaler {
     pub scale: f64,
     pub growth_factor: f64,
@@ -11,8 +13,6 @@ pub struct LossScaler {
     pub growth_interval: u64,
     /// Clean steps since the last growth or backoff (GradScaler's `_growth_tracker`).
     pub clean_steps: u64,
-    /// Optimizer steps skipped so far because of non-finite gradients.
-    pub skipped_steps: u64,
 }
 
 impl Default for LossScaler {
@@ -23,6 +23,21 @@ impl Default for LossScaler {
 }
 
 impl LossScaler {
+    /// The scaler a job's `[precision]` asks for; None without loss scaling. A fixed scale
+    /// never changes, but a step with inf/NaN gradients is still skipped.
+    pub fn from_spec(p: &PrecisionSpec) -> Option<LossScaler> {
+        match p.scaling() {
+            Scaling::None => None,
+            Scaling::Dynamic => Some(LossScaler::new(
+                p.init_scale,
+                p.growth_factor,
+                p.backoff_factor,
+                p.growth_interval,
+            )),
+            Scaling::Fixed(scale) => Some(LossScaler::new(scale, 1.0, 1.0, u64::MAX)),
+        }
+    }
+
     pub fn new(
         init_scale: f64,
         growth_factor: f64,
@@ -35,7 +50,6 @@ impl LossScaler {
             backoff_factor,
             growth_interval,
             clean_steps: 0,
-            skipped_steps: 0,
         }
     }
 
@@ -45,7 +59,6 @@ impl LossScaler {
         if found_inf {
             self.scale *= self.backoff_factor;
             self.clean_steps = 0;
-            self.skipped_steps += 1;
             return false;
         }
         self.clean_steps += 1;
@@ -67,7 +80,7 @@ mod tests {
         assert!(s.update(false));
         assert!(!s.update(true));
         assert_eq!(s.scale, 32768.0);
-        assert_eq!((s.clean_steps, s.skipped_steps), (0, 1));
+        assert_eq!(s.clean_steps, 0);
     }
 
     #[test]

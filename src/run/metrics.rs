@@ -7,7 +7,7 @@ use std::path::Path;
 
 /// The columns, in order. Documented in README ("Reading metrics.csv"); new columns are only
 /// ever appended.
-pub const METRICS_COLUMNS: [&str; 11] = [
+pub const METRICS_COLUMNS: [&str; 13] = [
     "step",
     "epoch",
     "split",
@@ -19,6 +19,8 @@ pub const METRICS_COLUMNS: [&str; 11] = [
     "elapsed_s",
     "gpu_mem_allocated",
     "gpu_mem_peak",
+    "loss_scale",
+    "skipped_steps",
 ];
 
 /// One row; `None` leaves the cell empty (e.g. accuracy for a regression).
@@ -35,6 +37,10 @@ pub struct MetricsRow {
     pub elapsed_s: f64,
     /// Device memory (allocated, peak) in bytes, on a GPU.
     pub gpu_mem: Option<(usize, usize)>,
+    /// Mixed precision's loss scale after this step (empty without loss scaling).
+    pub loss_scale: Option<f64>,
+    /// Optimizer steps skipped so far for inf/NaN gradients (train rows).
+    pub skipped_steps: Option<u64>,
 }
 
 pub struct MetricsWriter {
@@ -113,6 +119,8 @@ impl MetricsWriter {
             format!("{:.3}", row.elapsed_s),
             opt(row.gpu_mem.map(|(a, _)| a as f64)),
             opt(row.gpu_mem.map(|(_, p)| p as f64)),
+            opt(row.loss_scale),
+            row.skipped_steps.map_or(String::new(), |s| s.to_string()),
         ])?;
         self.rows += 1;
         Ok(())

@@ -518,11 +518,105 @@ pub enum PrecisionMode {
     Bf16,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+/// Mixed precision with autocast's and GradScaler's semantics (see README, "Mixed precision").
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PrecisionSpec {
+    /// "fp32", or "fp16" / "bf16": matmul and conv inputs and stored activations in half
+    /// precision, with fp32 master weights, optimizer state and reductions.
     #[serde(default)]
     pub mode: PrecisionMode,
+    /// Loss scaling: "dynamic" (GradScaler), "none", or a fixed number. Default: "dynamic"
+    /// for fp16, "none" for bf16 and fp32.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_scale: Option<LossScale>,
+    /// The first scale of dynamic loss scaling (GradScaler: 2^16).
+    #[serde(default = "default_init_scale")]
+    pub init_scale: f64,
+    /// Multiplies the scale after `growth_interval` consecutive steps with finite gradients.
+    #[serde(default = "default_growth_factor")]
+    pub growth_factor: f64,
+    /// Multiplies the scale after a step with an inf or NaN gradient (that step is skipped).
+    #[serde(default = "default_backoff_factor")]
+    pub backoff_factor: f64,
+    #[serde(default = "default_growth_interval")]
+    pub growth_interval: u64,
+    /// When the device cannot compute in `mode`: "error" (default) or "fp32" (train in fp32
+    /// and say so in the log).
+    #[serde(default)]
+    pub fallback: PrecisionFallback,
+}
+
+impl Default for PrecisionSpec {
+    fn default() -> Self {
+        PrecisionSpec {
+            mode: PrecisionMode::Fp32,
+            loss_scale: None,
+            init_scale: default_init_scale(),
+            growth_factor: default_growth_factor(),
+            backoff_factor: default_backoff_factor(),
+            growth_interval: default_growth_interval(),
+            fallback: PrecisionFallback::Error,
+        }
+    }
+}
+
+impl PrecisionSpec {
+    /// The loss scaling in effect: the given one, else the mode's default.
+    pub fn scaling(&self) -> Scaling {
+        match self.loss_scale {
+            Some(LossScale::Named(LossScaleKind::Dynamic)) => Scaling::Dynamic,
+            Some(LossScale::Named(LossScaleKind::None)) => Scaling::None,
+            Some(LossScale::Fixed(s)) => Scaling::Fixed(s),
+            None if self.mode == PrecisionMode::Fp16 => Scaling::Dynamic,
+            None => Scaling::None,
+        }
+    }
+}
+
+fn default_init_scale() -> f64 {
+    65536.0
+}
+fn default_growth_factor() -> f64 {
+    2.0
+}
+fn default_backoff_factor() -> f64 {
+    0.5
+}
+fn default_growth_interval() -> u64 {
+    2000
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum LossScale {
+    /// "dynamic" or "none".
+    Named(LossScaleKind),
+    /// A fixed scale.
+    Fixed(f64),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum LossScaleKind {
+    Dynamic,
+    None,
+}
+
+/// The loss scaling a job trains with, resolved from `precision.loss_scale` and the mode.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Scaling {
+    None,
+    Dynamic,
+    Fixed(f64),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PrecisionFallback {
+    #[default]
+    Error,
+    Fp32,
 }
 
 /// Training-state checkpoints (runs/<name>/<id>/checkpoints/step-NNNNNNNN.safetensors),

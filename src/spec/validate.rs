@@ -39,6 +39,7 @@ pub fn validate(spec: &JobSpec, file: &str) -> Result<()> {
     validate_optimizer(&spec.optimizer, &mut p);
     validate_train(&spec.train, &mut p);
     validate_checkpoint(spec, &mut p);
+    validate_precision(&spec.precision, &mut p);
     validate_parallel(spec, &mut p);
     for (key, message) in super::controls::problems(spec) {
         p.add(&key, message);
@@ -499,6 +500,43 @@ fn validate_checkpoint(spec: &JobSpec, p: &mut Problems) {
     }
 }
 
+fn validate_precision(s: &PrecisionSpec, p: &mut Problems) {
+    if let Some(LossScale::Fixed(v)) = s.loss_scale {
+        p.check(
+            v.is_finite() && v > 0.0,
+            "precision.loss_scale",
+            format!("{v} given; must be \"dynamic\", \"none\" or a positive number"),
+        );
+    }
+    p.check(
+        s.init_scale.is_finite() && s.init_scale > 0.0,
+        "precision.init_scale",
+        format!("{} given; must be a positive number", s.init_scale),
+    );
+    p.check(
+        s.growth_factor.is_finite() && s.growth_factor >= 1.0,
+        "precision.growth_factor",
+        format!("{} given; must be at least 1", s.growth_factor),
+    );
+    p.check(
+        s.backoff_factor > 0.0 && s.backoff_factor < 1.0,
+        "precision.backoff_factor",
+        format!("{} given; must be in (0, 1)", s.backoff_factor),
+    );
+    p.check(
+        s.growth_interval >= 1,
+        "precision.growth_interval",
+        format!("{} given; must be at least 1", s.growth_interval),
+    );
+    if s.mode == PrecisionMode::Fp32 && s.scaling() != Scaling::None {
+        p.add(
+            "precision.loss_scale",
+            "loss scaling only applies to precision.mode = \"fp16\" or \"bf16\"; fp32 \
+             gradients do not underflow",
+        );
+    }
+}
+
 /// Keys for capabilities that later issues implement: accepted by the schema so editors know
 /// them, refused here so that nothing is ever silently ignored.
 fn validate_later_features(spec: &JobSpec, p: &mut Problems) {
@@ -509,10 +547,6 @@ fn validate_later_features(spec: &JobSpec, p: &mut Problems) {
             "device.type",
             format!("\"{device}\" given; allowed: \"auto\", \"cpu\", \"cuda\" or \"cuda:N\""),
         ),
-    }
-    if spec.precision.mode != PrecisionMode::Fp32 {
-        let mode = serde_json::to_string(&spec.precision.mode).unwrap_or_default();
-        p.not_yet("precision.mode", mode, "mixed precision");
     }
 }
 

@@ -3,7 +3,9 @@
 //! kernels, threaded with rayon); large elementwise passes are split across the same threads.
 
 use super::spatial::{self, Conv2d, Pool2d};
-use super::{rng, Activation, AdamStep, Backend, LossFn, LossStats, PoolKind, SgdStep};
+use super::{
+    cast, rng, Activation, AdamStep, Backend, HalfKind, LossFn, LossStats, PoolKind, SgdStep,
+};
 use crate::error::Result;
 use gemm::Parallelism;
 use rayon::prelude::*;
@@ -547,6 +549,12 @@ impl Backend for CpuBackend {
     fn scale(&self, buf: &mut Vec<f32>, factor: f32) {
         buf.par_chunks_mut(CHUNK)
             .for_each(|c| c.iter_mut().for_each(|v| *v *= factor));
+    }
+
+    fn round_to_half(&self, kind: HalfKind, buf: &mut Vec<f32>, len: usize) {
+        buf[..len]
+            .par_chunks_mut(CHUNK)
+            .for_each(|c| cast::round_to_half(kind, c));
     }
 
     fn sgd_step(

@@ -12,6 +12,7 @@ pub mod rng;
 pub mod spatial;
 
 use crate::error::Result;
+pub use cast::HalfKind;
 pub use spatial::{Conv2d, Pool2d};
 
 /// Which pooling.
@@ -191,6 +192,9 @@ pub trait Backend {
     /// Σ buf[i]², for the global gradient norm.
     fn sum_squares(&self, buf: &Self::Buf) -> f64;
     fn scale(&self, buf: &mut Self::Buf, factor: f32);
+    /// Rounds the first `len` values to the nearest `kind` value (ties to even), keeping them
+    /// as f32: mixed precision's half-precision tensors, in f32 buffers (see graph::Network).
+    fn round_to_half(&self, kind: HalfKind, buf: &mut Self::Buf, len: usize);
     fn sgd_step(
         &self,
         params: &mut Self::Buf,

@@ -23,12 +23,12 @@ use crate::checkpoint::{self, Checkpoint, Saving, TrainState};
 use crate::data::{batches_per_epoch, epoch_order, Data, Dataset};
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Network};
-use crate::optim::{clip_grad_norm, Optimizer, Schedule};
+use crate::optim::{clip_grad_norm, unscale_and_clip, LossScaler, Optimizer, Schedule};
 use crate::parallel::share;
 use crate::run::{MetricsRow, MetricsWriter};
 use crate::signals::Stop;
-use crate::spec::JobSpec;
-use crate::tensor::{Backend, LossStats};
+use crate::spec::{JobSpec, PrecisionMode};
+use crate::tensor::{Backend, HalfKind, LossStats};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -151,7 +151,8 @@ pub fn train_session<B: Backend>(
     let replica_batch = parallel
         .as_ref()
         .map_or(batch_size, |p| batch_size.div_ceil(p.replicas()));
-    let mut net = Network::new(backend, graph, &params, replica_batch, spec.job.seed)?;
+    let mut net = Network::new(backend, graph, &params, replica_batch, spec.job.seed)?
+        .with_precision(backend, half_kind(spec.precision.mode))?;
     drop(params);
     let mut optimizer = Optimizer::new(backend, spec, param_count)?;
 
@@ -183,6 +184,13 @@ pub fn train_session<B: Backend>(
         st = c.state;
         st.finished = false;
         st.evaluation.clear();
+    }
+    // A resumed run keeps its scaler's state (a forced resume may have changed the scaling).
+    match LossScaler::from_spec(&spec.precision) {
+        None => st.loss_scaler = None,
+        Some(fresh) => {
+            st.loss_scaler.get_or_insert(fresh);
+        }
     }
     if let Some(p) = parallel.as_mut() {
         p.broadcast(spec, &net, &optimizer)?;
@@ -222,7 +230,8 @@ pub fn train_session<B: Backend>(
             // Past the deadline, this step is the last one (and is logged).
             let out_of_time = deadline.is_some_and(|d| Instant::now() >= d);
             let logging = step % log_every == 0 || step as usize == total || out_of_time;
-            let lr = schedule.lr(st.step as usize);
+            // Skipped steps (mixed precision) do not advance the schedule, as with GradScaler.
+            let lr = schedule.lr((st.step - st.skipped_steps) as usize);
             let batch = Batch {
                 x: &train_x,
                 y: &train_y,
@@ -233,8 +242,9 @@ pub fn train_session<B: Backend>(
                 lr,
                 clip,
                 want_grad_norm: logging,
+                loss_scale: st.loss_scaler.as_ref().map(|s| s.scale),
             };
-            let grad_norm = match parallel.as_mut() {
+            let result = match parallel.as_mut() {
                 None => optimizer_step(
                     backend,
                     &mut net,
@@ -257,6 +267,13 @@ pub fn train_session<B: Backend>(
                 ),
             };
             backend.status()?;
+            if let Some(scaler) = st.loss_scaler.as_mut() {
+                scaler.update(result.skipped);
+            }
+            if result.skipped {
+                st.skipped_steps += 1;
+                tracing::debug!("step {step} skipped: inf/NaN gradients");
+            }
             st.window_samples += group.iter().map(|rows| rows.len() as u64).sum::<u64>();
             st.step = step;
             st.steps_in_epoch += 1;
@@ -271,10 +288,12 @@ pub fn train_session<B: Backend>(
                     loss: stats.loss_sum / stats.samples,
                     accuracy: has_accuracy.then(|| stats.correct / stats.samples),
                     lr: Some(lr),
-                    grad_norm,
+                    grad_norm: result.grad_norm,
                     samples_per_sec: Some(st.window_samples as f64 / st.window_seconds.max(1e-9)),
                     elapsed_s: elapsed(),
                     gpu_mem: backend.memory(),
+                    loss_scale: st.loss_scaler.as_ref().map(|s| s.scale),
+                    skipped_steps: Some(st.skipped_steps),
                 };
                 check_finite(&row)?;
                 tracing::info!("{}", progress_line(&row, total));
@@ -478,11 +497,24 @@ pub struct StepSettings {
     pub clip: Option<f64>,
     /// Compute the gradient norm even without clipping (for a log row).
     pub want_grad_norm: bool,
+    /// Mixed precision's loss scale: each micro-batch's loss is multiplied by it before
+    /// backward, the gradients divided by it before clipping, and a step with an inf or NaN
+    /// gradient is skipped. None: no scaling, no check (as in fp32 PyTorch).
+    pub loss_scale: Option<f64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepResult {
+    /// The pre-clip global norm of the (unscaled) gradients, when it was computed.
+    pub grad_norm: Option<f64>,
+    /// The gradients were not all finite: parameters and optimizer state are untouched.
+    pub skipped: bool,
 }
 
 /// One optimizer step: forward, loss and backward over each micro-batch (rows of `batch`),
-/// gradients averaged over them, then clipping and the update. Returns the pre-clip global
-/// gradient norm when it was computed. Allocates nothing.
+/// gradients averaged over them, then unscaling, clipping and the update. With gradient
+/// accumulation the loss scale applies to every micro-batch and the inf/NaN check is made
+/// once, on the summed gradients. Allocates nothing.
 #[allow(clippy::too_many_arguments)]
 pub fn optimizer_step<B: Backend>(
     backend: &B,
@@ -493,12 +525,22 @@ pub fn optimizer_step<B: Backend>(
     micro_step: &mut u64,
     stats: &mut B::Stats,
     settings: StepSettings,
-) -> Option<f64> {
+) -> StepResult {
     let whole = Rank {
         rank: 0,
         replicas: 1,
     };
-    accumulate_gradients(backend, net, batch, micro_batches, micro_step, stats, whole);
+    let loss_scale = settings.loss_scale;
+    accumulate_gradients(
+        backend,
+        net,
+        batch,
+        micro_batches,
+        micro_step,
+        stats,
+        whole,
+        loss_scale,
+    );
     apply_gradients(backend, net, optimizer, settings)
 }
 
@@ -510,10 +552,12 @@ pub(crate) struct Rank {
 }
 
 /// Forward, loss and backward over this replica's share of each micro-batch (all of it for
-/// a single replica), into zeroed gradients. The loss gradient of a share is weighted by
-/// replicas x share / micro-batch, so that the mean over the replicas is the gradient of
-/// each micro-batch's mean loss, also when the shares differ (a smaller last batch); an
-/// equal share's weight is exactly 1.
+/// a single replica), into zeroed gradients, each micro-batch's loss multiplied by
+/// `loss_scale` (mixed precision). The loss gradient of a share is weighted by replicas x
+/// share / micro-batch, so that the mean over the replicas is the gradient of each
+/// micro-batch's mean loss, also when the shares differ (a smaller last batch); an equal
+/// share's weight is exactly 1.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn accumulate_gradients<B: Backend>(
     backend: &B,
     net: &mut Network<B>,
@@ -522,9 +566,10 @@ pub(crate) fn accumulate_gradients<B: Backend>(
     micro_step: &mut u64,
     stats: &mut B::Stats,
     replica: Rank,
+    loss_scale: Option<f64>,
 ) {
     backend.fill(&mut net.grads, 0.0);
-    let scale = 1.0 / micro_batches.len() as f32;
+    let scale = (loss_scale.unwrap_or(1.0) / micro_batches.len() as f64) as f32;
     for all_rows in micro_batches {
         let mine = share(all_rows.len(), replica.rank, replica.replicas);
         let (n, weight) = (
@@ -544,18 +589,36 @@ pub(crate) fn accumulate_gradients<B: Backend>(
     }
 }
 
-/// Clipping and the update, from the (averaged) gradients. Returns the pre-clip global
-/// gradient norm when it was computed.
+/// Unscaling, clipping and the update, from the (averaged) gradients. With a loss scale, a
+/// step whose gradients are not all finite is skipped; after a data-parallel all-reduce the
+/// gradients are the same on every replica, so one replica's inf or NaN makes every replica
+/// skip.
 pub(crate) fn apply_gradients<B: Backend>(
     backend: &B,
     net: &mut Network<B>,
     optimizer: &mut Optimizer<B>,
     settings: StepSettings,
-) -> Option<f64> {
-    let grad_norm = (settings.clip.is_some() || settings.want_grad_norm)
-        .then(|| clip_grad_norm(backend, &mut net.grads, settings.clip));
-    optimizer.step(backend, &mut net.params, &net.grads, settings.lr);
-    grad_norm
+) -> StepResult {
+    let grad_norm = match settings.loss_scale {
+        Some(s) => Some(unscale_and_clip(backend, &mut net.grads, s, settings.clip)),
+        None => (settings.clip.is_some() || settings.want_grad_norm)
+            .then(|| clip_grad_norm(backend, &mut net.grads, settings.clip)),
+    };
+    let skipped = settings.loss_scale.is_some() && !grad_norm.is_some_and(f64::is_finite);
+    if !skipped {
+        optimizer.step(backend, &mut net.params, &net.grads, settings.lr);
+        net.refresh_half_params(backend);
+    }
+    StepResult { grad_norm, skipped }
+}
+
+/// The half format of a precision mode (None for fp32).
+pub fn half_kind(mode: PrecisionMode) -> Option<HalfKind> {
+    match mode {
+        PrecisionMode::Fp32 => None,
+        PrecisionMode::Fp16 => Some(HalfKind::F16),
+        PrecisionMode::Bf16 => Some(HalfKind::Bf16),
+    }
 }
 
 /// An evaluation split, held on the device.

@@ -15,7 +15,9 @@
 //! are done, so control (logging, signals, early stopping, evaluation) needs no
 //! coordination: only the loop's thread ever decides anything.
 
-use super::{accumulate_gradients, apply_gradients, Batch, Rank, StepSettings};
+use super::{
+    accumulate_gradients, apply_gradients, half_kind, Batch, Rank, StepResult, StepSettings,
+};
 use crate::error::{Error, Result};
 use crate::graph::Network;
 use crate::optim::Optimizer;
@@ -40,8 +42,9 @@ pub trait DataParallel<B: Backend> {
         optimizer: &Optimizer<B>,
     ) -> Result<()>;
 
-    /// One optimizer step on every replica, as `optimizer_step` is on one device. Rank 0's
-    /// `stats` then hold the statistics of the whole micro-batches, all replicas summed.
+    /// One optimizer step on every replica, as `optimizer_step` is on one device (with mixed
+    /// precision, all replicas skip a step together). Rank 0's `stats` then hold the
+    /// statistics of the whole micro-batches, all replicas summed.
     #[allow(clippy::too_many_arguments)]
     fn step(
         &mut self,
@@ -53,7 +56,7 @@ pub trait DataParallel<B: Backend> {
         micro_step: &mut u64,
         stats: &mut B::Stats,
         settings: StepSettings,
-    ) -> Option<f64>;
+    ) -> StepResult;
 
     /// An error unless every replica holds `params` (rank 0's), bit for bit.
     fn verify(&self, backend: &B, params: &B::Buf) -> Result<()>;
@@ -157,7 +160,8 @@ impl DataParallel<CpuBackend> for CpuReplicas {
                     &net.params,
                     net.max_batch(),
                     spec.job.seed,
-                )?;
+                )?
+                .with_precision(&backend, half_kind(spec.precision.mode))?;
                 let mut replica_optimizer = Optimizer::new(&backend, spec, n)?;
                 replica_optimizer
                     .restore(&backend, &state, optimizer.steps(), n)
@@ -183,7 +187,7 @@ impl DataParallel<CpuBackend> for CpuReplicas {
         micro_step: &mut u64,
         stats: &mut LossStats,
         settings: StepSettings,
-    ) -> Option<f64> {
+    ) -> StepResult {
         let replicas = self.replicas();
         let all_reduce = &self.all_reduce;
         let first_micro_step = *micro_step;
@@ -203,13 +207,24 @@ impl DataParallel<CpuBackend> for CpuReplicas {
                 &mut micro_step,
                 &mut r.stats,
                 place,
+                settings.loss_scale,
             );
             all_reduce.mean(rank, &mut r.net.grads);
             apply_gradients(&r.backend, &mut r.net, &mut r.optimizer, quiet);
         };
-        let grad_norm = fork_join(&self.pools, &mut self.others, &other, 1, || {
+        let result = fork_join(&self.pools, &mut self.others, &other, 1, || {
             let place = Rank { rank: 0, replicas };
-            accumulate_gradients(backend, net, batch, micro_batches, micro_step, stats, place);
+            let scale = settings.loss_scale;
+            accumulate_gradients(
+                backend,
+                net,
+                batch,
+                micro_batches,
+                micro_step,
+                stats,
+                place,
+                scale,
+            );
             all_reduce.mean(0, &mut net.grads);
             apply_gradients(backend, net, optimizer, settings)
         });
@@ -219,7 +234,7 @@ impl DataParallel<CpuBackend> for CpuReplicas {
             stats.correct += s.correct;
             stats.samples += s.samples;
         }
-        grad_norm
+        result
     }
 
     fn verify(&self, _: &CpuBackend, params: &Vec<f32>) -> Result<()> {

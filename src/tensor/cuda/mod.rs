@@ -6,7 +6,9 @@
 
 pub mod kernels;
 
-use super::{Activation, AdamStep, Backend, Conv2d, LossFn, LossStats, Pool2d, PoolKind, SgdStep};
+use super::{
+    Activation, AdamStep, Backend, Conv2d, HalfKind, LossFn, LossStats, Pool2d, PoolKind, SgdStep,
+};
 use crate::error::{Error, Result};
 use cudarc::cublas::sys::{cublasMath_t, cublasOperation_t};
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
@@ -72,6 +74,7 @@ pub fn probe() -> std::result::Result<(Vec<DeviceInfo>, String), String> {
 struct Functions {
     fill: CudaFunction,
     scale: CudaFunction,
+    round_to_half: CudaFunction,
     gather_rows: CudaFunction,
     broadcast_rows: CudaFunction,
     bias_grad: CudaFunction,
@@ -222,6 +225,7 @@ pub struct CudaBackend {
     peak: Cell<usize>,
     error: RefCell<Option<String>>,
     description: String,
+    compute_capability: (i32, i32),
 }
 
 fn cuda_err(what: &str, e: impl std::fmt::Debug) -> Error {
@@ -238,6 +242,11 @@ fn grid(n: usize) -> LaunchConfig {
 }
 
 impl CudaBackend {
+    /// The device's (major, minor) compute capability.
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.compute_capability
+    }
+
     /// Opens `cuda:ordinal`: context, stream, cuBLAS (fp32 unless `allow_tf32`), kernels.
     pub fn new(ordinal: usize, allow_tf32: bool) -> Result<Self> {
         let (devices, versions) = probe()
@@ -281,6 +290,7 @@ impl CudaBackend {
         let f = Functions {
             fill: load("fill_f32")?,
             scale: load("scale_f32")?,
+            round_to_half: load("round_to_half")?,
             gather_rows: load("gather_rows")?,
             broadcast_rows: load("broadcast_rows")?,
             bias_grad: load("bias_grad")?,
@@ -364,6 +374,7 @@ impl CudaBackend {
             _workspace: workspace,
             allocated: Cell::new(CUBLAS_WORKSPACE),
             peak: Cell::new(CUBLAS_WORKSPACE),
+            compute_capability: (major, minor),
             error: RefCell::new(None),
             description,
         })
@@ -1154,6 +1165,18 @@ impl Backend for CudaBackend {
         l.arg(&mut *buf).arg(&n).arg(&factor);
         // SAFETY: scales n elements in place.
         self.launch("scale", unsafe { l.launch(grid(n as usize)) }.map(|_| ()));
+    }
+
+    fn round_to_half(&self, kind: HalfKind, buf: &mut CudaSlice<f32>, len: usize) {
+        let n = len as u64;
+        let kind = match kind {
+            HalfKind::F16 => 0i32,
+            HalfKind::Bf16 => 1,
+        };
+        let mut l = self.stream.launch_builder(&self.f.round_to_half);
+        l.arg(&mut *buf).arg(&n).arg(&kind);
+        // SAFETY: rounds the first len <= buf.len() elements in place.
+        self.launch("round_to_half", unsafe { l.launch(grid(len)) }.map(|_| ()));
     }
 
     fn sgd_step(

@@ -1,0 +1,475 @@
+//! Mixed precision (`precision.mode = "fp16" | "bf16"`): half-precision activations with fp32
+//! master weights, GradScaler's dynamic loss scaling (skipped steps, backoff, growth, the
+//! schedule waiting), exact resume, accuracy against fp32, and the bad inputs.
+
+mod common;
+
+use common::{network, spec, stderr, trainer};
+use std::path::{Path, PathBuf};
+use trainer::graph::DataShape;
+use trainer::optim::Optimizer;
+use trainer::tensor::cast::{round_to_half, HalfKind};
+use trainer::tensor::cpu::CpuBackend;
+use trainer::tensor::Backend;
+use trainer::train::{half_kind, optimizer_step, Batch, StepSettings};
+
+const SMALL_NET: &str = r#"
+[data]
+source = "synthetic"
+batch_size = 16
+[model]
+layers = [{ type = "linear", out = 24 }, { type = "gelu" }, { type = "dropout", p = 0.1 },
+          { type = "linear", out = 5 }]
+[optimizer]
+type = "adam"
+lr = 1e-2
+[precision]
+mode = "fp16"
+"#;
+
+fn shape() -> DataShape {
+    DataShape {
+        sample_shape: vec![6],
+        classes: Some(5),
+        target_dim: 1,
+    }
+}
+
+fn run_dir(o: &std::process::Output) -> PathBuf {
+    assert!(o.status.success(), "{}", stderr(o));
+    PathBuf::from(String::from_utf8(o.stdout.clone()).unwrap().trim())
+}
+
+/// metrics.csv as rows of named cells.
+fn metrics(dir: &Path) -> Vec<std::collections::HashMap<String, String>> {
+    let mut reader = csv::Reader::from_path(dir.join("metrics.csv")).unwrap();
+    let header: Vec<String> = reader
+        .headers()
+        .unwrap()
+        .iter()
+        .map(str::to_string)
+        .collect();
+    reader
+        .records()
+        .map(|r| {
+            header
+                .iter()
+                .cloned()
+                .zip(r.unwrap().iter().map(str::to_string))
+                .collect()
+        })
+        .collect()
+}
+
+fn number(row: &std::collections::HashMap<String, String>, column: &str) -> f64 {
+    row[column]
+        .parse()
+        .unwrap_or_else(|_| panic!("{column} = {:?}", row[column]))
+}
+
+#[test]
+fn a_step_with_an_inf_gradient_is_skipped_leaving_parameters_and_optimizer_state_untouched() {
+    let b = CpuBackend::new(1);
+    let spec = spec(SMALL_NET);
+    let n = 16;
+    let net = network(&spec, &shape(), n, 3);
+    let mut net = net
+        .with_precision(&b, half_kind(spec.precision.mode))
+        .unwrap();
+    let mut optimizer = Optimizer::new(&b, &spec, net.graph.param_count).unwrap();
+    let x = common::random_vec(n * 6, 4);
+    let y: Vec<f32> = (0..n).map(|i| (i % 5) as f32).collect();
+    let batch = Batch::<CpuBackend> {
+        x: &x,
+        y: &y,
+        row_len: 6,
+        target_dim: 1,
+    };
+    let rows: Vec<u32> = (0..n as u32).collect();
+    let mut stats = b.new_stats().unwrap();
+    let mut micro_step = 0;
+    let mut step = |net: &mut _, optimizer: &mut _, loss_scale: f64| {
+        let settings = StepSettings {
+            lr: 1e-2,
+            clip: Some(1.0),
+            want_grad_norm: false,
+            loss_scale: Some(loss_scale),
+        };
+        let micro: [&[u32]; 2] = [&rows[..8], &rows[8..]];
+        optimizer_step(
+            &b,
+            net,
+            optimizer,
+            &batch,
+            &micro,
+            &mut micro_step,
+            &mut stats,
+            settings,
+        )
+    };
+    // A clean step first, so the optimizer has state to protect.
+    assert!(!step(&mut net, &mut optimizer, 1024.0).skipped);
+    let params = net.params.clone();
+    let state: Vec<Vec<f32>> = optimizer
+        .state()
+        .iter()
+        .map(|(_, b)| (*b).clone())
+        .collect();
+    // 2^40 times the loss overflows fp16 (max 65504) in the output gradient: inf gradients.
+    let result = step(&mut net, &mut optimizer, 2f64.powi(40));
+    assert!(result.skipped, "{result:?}");
+    assert!(!result.grad_norm.unwrap().is_finite());
+    assert_eq!(net.params, params, "a skipped step changed the parameters");
+    let after: Vec<Vec<f32>> = optimizer
+        .state()
+        .iter()
+        .map(|(_, b)| (*b).clone())
+        .collect();
+    assert_eq!(after, state, "a skipped step changed the optimizer state");
+    assert_eq!(
+        optimizer.steps(),
+        1,
+        "a skipped step counted as an optimizer step"
+    );
+    // A sane scale steps again, and reports the norm of the unscaled gradients.
+    let result = step(&mut net, &mut optimizer, 1024.0);
+    assert!(!result.skipped && result.grad_norm.unwrap().is_finite());
+    assert_ne!(net.params, params);
+    assert_eq!(optimizer.steps(), 2);
+}
+
+#[test]
+fn activations_and_their_gradients_hold_half_values_and_the_gradients_stay_close_to_fp32() {
+    let b = CpuBackend::new(1);
+    let n = 16;
+    let mut grads = Vec::new();
+    for mode in ["fp32", "bf16", "fp16"] {
+        let spec = spec(&SMALL_NET.replace("mode = \"fp16\"", &format!("mode = \"{mode}\"")));
+        let half = half_kind(spec.precision.mode);
+        let mut net = network(&spec, &shape(), n, 3)
+            .with_precision(&b, half)
+            .unwrap();
+        let mut stats = b.new_stats().unwrap();
+        b.fill(&mut net.grads, 0.0);
+        net.forward(&b, n, true, 1);
+        if let Some(kind) = half {
+            let output = net.output()[..n * 5].to_vec();
+            let mut rounded = output.clone();
+            round_to_half(kind, &mut rounded);
+            assert_eq!(
+                output, rounded,
+                "{mode}: the output is not made of half values"
+            );
+        }
+        net.loss(&b, n, Some(1.0), &mut stats);
+        net.backward(&b, n, 1);
+        grads.push(net.grads.clone());
+    }
+    let difference = |a: &[f32], b: &[f32]| {
+        let norm = a.iter().map(|v| v * v).sum::<f32>().sqrt();
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y) * (x - y))
+            .sum::<f32>()
+            .sqrt()
+            / norm
+    };
+    let (bf16, fp16) = (
+        difference(&grads[0], &grads[1]),
+        difference(&grads[0], &grads[2]),
+    );
+    // Rounding happened (the gradients differ), at each format's precision: bf16 keeps 8
+    // significant bits, fp16 11.
+    assert!(
+        bf16 > 1e-5 && bf16 < 2e-2,
+        "bf16 relative difference {bf16}"
+    );
+    assert!(
+        fp16 > 1e-7 && fp16 < 3e-3,
+        "fp16 relative difference {fp16}"
+    );
+    assert!(fp16 < bf16);
+}
+
+#[test]
+fn half_rounding_is_round_to_nearest_even_with_overflow_to_infinity() {
+    let mut v = vec![
+        1.0 + 2f32.powi(-11),
+        1.0 + 3.0 * 2f32.powi(-11),
+        65520.0,
+        -1e6,
+        0.1,
+    ];
+    round_to_half(HalfKind::F16, &mut v);
+    assert_eq!(v[0], 1.0, "a tie rounds to the even neighbour");
+    assert_eq!(v[1], 1.0 + 2.0 * 2f32.powi(-10));
+    assert_eq!((v[2], v[3]), (f32::INFINITY, f32::NEG_INFINITY));
+    assert_eq!(v[4], half::f16::from_f32(0.1).to_f32());
+    let mut w = vec![1.0 + 2f32.powi(-8), 3e38];
+    round_to_half(HalfKind::Bf16, &mut w);
+    assert_eq!(w[0], 1.0);
+    assert!(w[1].is_finite(), "bf16 has f32's range");
+}
+
+/// Many steps with overflowing gradients at first: the scale starts at 2^40.
+const SCALING_JOB: &str = r#"
+[job]
+name = "scaling"
+seed = 2
+[data]
+source = "synthetic"
+samples = 2000
+num_features = 16
+classes = 4
+batch_size = 32
+val_fraction = 0.1
+[model]
+layers = [{ type = "linear", out = 64 }, { type = "relu" }, { type = "dropout", p = 0.1 },
+          { type = "linear", out = 4 }]
+[optimizer]
+type = "adamw"
+lr = 2e-3
+schedule = { type = "cosine", warmup_steps = 40 }
+[train]
+epochs = 3
+log_every = 1
+grad_accum_steps = 2
+clip_grad_norm = 1.0
+[precision]
+mode = "fp16"
+init_scale = 1099511627776.0
+growth_interval = 12
+[checkpoint]
+every_steps = 20
+"#;
+
+fn write_job(dir: &Path, text: &str) -> PathBuf {
+    let path = dir.join("job.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn run_job(job: &Path, runs: &Path, extra: &[&str]) -> std::process::Output {
+    let mut args = vec![
+        "run",
+        job.to_str().unwrap(),
+        "--runs-dir",
+        runs.to_str().unwrap(),
+        "--quiet",
+    ];
+    args.extend_from_slice(extra);
+    trainer(&args)
+}
+
+#[test]
+fn overflows_halve_the_scale_and_skip_the_step_growth_doubles_it_and_the_schedule_waits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), SCALING_JOB);
+    let dir = run_dir(&run_job(&job, &tmp.path().join("runs"), &[]));
+    let rows: Vec<_> = metrics(&dir)
+        .into_iter()
+        .filter(|r| r["split"] == "train")
+        .collect();
+    let skipped: Vec<u64> = rows
+        .iter()
+        .map(|r| r["skipped_steps"].parse().unwrap())
+        .collect();
+    let scale: Vec<f64> = rows.iter().map(|r| number(r, "loss_scale")).collect();
+    let lr: Vec<f64> = rows.iter().map(|r| number(r, "lr")).collect();
+    // The first steps overflow: each is skipped and halves the scale.
+    assert!(skipped[0] == 1 && skipped[1] == 2, "{skipped:?}");
+    // Every row against GradScaler's rule, replayed on the steps that were skipped.
+    let (mut expected, mut clean, mut growths) = (2f64.powi(40), 0, 0);
+    let mut applied = 0;
+    let was_skipped: Vec<bool> = (0..rows.len())
+        .map(|i| skipped[i] > if i == 0 { 0 } else { skipped[i - 1] })
+        .collect();
+    for i in 0..rows.len() {
+        if was_skipped[i] {
+            expected *= 0.5;
+            clean = 0;
+        } else {
+            clean += 1;
+            applied += 1;
+            if clean == 12 {
+                expected *= 2.0;
+                clean = 0;
+                growths += 1;
+            }
+        }
+        assert_eq!(scale[i], expected, "loss scale at step {}", i + 1);
+        // The schedule counts only the steps taken: warm-up (40 steps) rises with them.
+        if i > 0 && applied < 40 {
+            if !was_skipped[i - 1] {
+                assert!(
+                    lr[i] > lr[i - 1],
+                    "step {}: {} after {}",
+                    i + 1,
+                    lr[i],
+                    lr[i - 1]
+                );
+            } else {
+                assert_eq!(lr[i], lr[i - 1], "a skipped step advanced the schedule");
+            }
+        }
+    }
+    assert!(growths >= 1, "the scale never grew: {skipped:?}");
+    // Training still works.
+    let last = rows.last().unwrap();
+    assert!(number(last, "loss") < number(&rows[0], "loss"));
+}
+
+#[test]
+fn resuming_a_mixed_precision_run_gives_the_uninterrupted_run_exactly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), SCALING_JOB);
+    let runs = tmp.path().join("runs");
+    let full = run_dir(&run_job(&job, &runs, &[]));
+    // A copy of the run as a crash after step 40's checkpoint would have left it.
+    let crashed = tmp.path().join("crashed");
+    std::fs::create_dir_all(crashed.join("checkpoints")).unwrap();
+    for name in ["metrics.csv", "config.toml", "train.log"] {
+        std::fs::copy(full.join(name), crashed.join(name)).unwrap();
+    }
+    let kept = "step-00000040.safetensors";
+    for step in ["step-00000020.safetensors", kept] {
+        std::fs::copy(
+            full.join("checkpoints").join(step),
+            crashed.join("checkpoints").join(step),
+        )
+        .unwrap();
+    }
+    run_dir(&run_job(
+        &job,
+        &runs,
+        &["--resume", crashed.to_str().unwrap()],
+    ));
+    let without_timing = |dir: &Path| -> Vec<Vec<String>> {
+        metrics(dir)
+            .into_iter()
+            .map(|r| {
+                let mut cells: Vec<(String, String)> = r
+                    .into_iter()
+                    .filter(|(k, _)| k != "samples_per_sec" && k != "elapsed_s")
+                    .collect();
+                cells.sort();
+                cells.into_iter().map(|(k, v)| format!("{k}={v}")).collect()
+            })
+            .collect()
+    };
+    assert_eq!(without_timing(&crashed), without_timing(&full));
+    assert_eq!(
+        std::fs::read(crashed.join("model.safetensors")).unwrap(),
+        std::fs::read(full.join("model.safetensors")).unwrap()
+    );
+}
+
+/// Final validation accuracy of `job` with `--set` overrides.
+fn val_accuracy(job: &str, sets: &[&str]) -> f64 {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut args = vec![
+        "run",
+        job,
+        "--runs-dir",
+        tmp.path().to_str().unwrap(),
+        "--quiet",
+        "--set",
+        "device.type=cpu",
+    ];
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    let dir = run_dir(&trainer(&args));
+    let rows = metrics(&dir);
+    let split = if rows.iter().any(|r| r["split"] == "test") {
+        "test"
+    } else {
+        "val"
+    };
+    number(
+        rows.iter().rev().find(|r| r["split"] == split).unwrap(),
+        "accuracy",
+    )
+}
+
+/// The final accuracy of fp16 and bf16 training is within half a percentage point of
+/// fp32's, each averaged over three seeds (one seed's accuracy alone varies by more: the
+/// Fashion-MNIST MLP's fp32 runs give 89.44% and 88.52% for seeds 0 and 1).
+fn assert_half_precision_matches_fp32(job: &str) {
+    let mean = |mode: &str| {
+        let runs: Vec<f64> = (0..3)
+            .map(|seed| {
+                let seed = format!("job.seed={seed}");
+                let mode = format!("precision.mode={mode}");
+                val_accuracy(job, &[&seed, &mode])
+            })
+            .collect();
+        println!("{job}: {mode} {runs:?}");
+        runs.iter().sum::<f64>() / 3.0
+    };
+    let fp32 = mean("fp32");
+    for mode in ["fp16", "bf16"] {
+        let half = mean(mode);
+        assert!(
+            (half - fp32).abs() <= 0.005,
+            "{job}: {mode} reached {half:.4} on average, fp32 {fp32:.4}"
+        );
+    }
+}
+
+#[test]
+fn fp16_and_bf16_train_the_digits_mlp_to_the_fp32_accuracy() {
+    assert_half_precision_matches_fp32("jobs/mlp.toml");
+}
+
+#[test]
+fn fp16_and_bf16_train_the_fashion_mnist_mlp_to_the_fp32_accuracy() {
+    let data = Path::new("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
+    if !data.exists() {
+        println!(
+            "skipped: Fashion-MNIST is not installed ({}; apt-get install dataset-fashion-mnist)",
+            data.display()
+        );
+        return;
+    }
+    assert_half_precision_matches_fp32("jobs/fashion_mnist_mlp.toml");
+}
+
+#[test]
+fn bad_precision_settings_are_named() {
+    let out = trainer(&[
+        "check",
+        "jobs/mlp.toml",
+        "--set",
+        "precision.loss_scale=\"dynamic\"",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(
+        err.contains("precision.loss_scale") && err.contains("fp16"),
+        "{err}"
+    );
+    let out = trainer(&[
+        "check",
+        "jobs/mlp.toml",
+        "--set",
+        "precision.mode=\"fp16\"",
+        "--set",
+        "precision.backoff_factor=2",
+        "--set",
+        "precision.loss_scale=-4",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(
+        err.contains("precision.backoff_factor") && err.contains("2 given"),
+        "{err}"
+    );
+    assert!(
+        err.contains("precision.loss_scale") && err.contains("-4 given"),
+        "{err}"
+    );
+    let out = trainer(&["check", "jobs/mlp.toml", "--set", "precision.mode=\"fp8\""]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("fp8"), "{}", stderr(&out));
+}
