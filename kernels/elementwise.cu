@@ -69,8 +69,9 @@ extern "C" __global__ void activation_backward(int f, const float* x, const floa
     GRID_STRIDE(i, n) dx[i] = dy[i] * act_derivative(f, x[i], y[i]);
 }
 
-// Also the backward pass: the same key redraws the same mask.
-extern "C" __global__ void dropout(float p, u64 key, const float* x, float* y, u64 n) {
+// Also the backward pass: the same key redraws the same mask. `first` is the stream position
+// of x[0] (a replica's share of a larger batch).
+extern "C" __global__ void dropout(float p, u64 key, u64 first, const float* x, float* y, u64 n) {
     float keep_scale = 1.0f / (1.0f - p);
-    GRID_STRIDE(i, n) y[i] = rng_uniform(key, i) >= p ? x[i] * keep_scale : 0.0f;
+    GRID_STRIDE(i, n) y[i] = rng_uniform(key, first + i) >= p ? x[i] * keep_scale : 0.0f;
 }

@@ -6,15 +6,17 @@ use crate::data::{self, Data};
 use crate::error::{Error, Result};
 use crate::graph::{DataShape, Graph, MemoryPlan};
 use crate::optim;
+use crate::parallel::{BatchLayout, CpuAllReduce};
 use crate::run::{MetricsWriter, RunDir};
 use crate::signals::Stop;
 use crate::spec::{
-    self, parse_device, DeviceChoice, JobSpec, PrecisionFallback, PrecisionMode, ResumeMode,
+    self, parse_device, DeviceChoice, JobSpec, ParallelDevices, PrecisionFallback, PrecisionMode,
+    ResumeMode,
 };
 use crate::tensor::cpu::CpuBackend;
 use crate::tensor::cuda::{self, CudaBackend};
 use crate::tensor::{spatial, Backend};
-use crate::train::{self, Session};
+use crate::train::{self, CpuReplicas, DataParallel, Session};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -46,7 +48,6 @@ struct Prepared {
     spec: JobSpec,
     data: Data,
     graph: Graph,
-    threads: usize,
 }
 
 /// The CPU threads a job uses: train.threads, else every core.
@@ -56,12 +57,20 @@ fn cpu_threads(spec: &JobSpec) -> usize {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
+/// The threads of one replica: with CPU data parallelism, an equal part of the job's
+/// threads (at least one); without, all of them.
+fn replica_threads(spec: &JobSpec) -> usize {
+    match spec.parallel.replicas() {
+        Some(replicas) => (cpu_threads(spec) / replicas.max(1)).max(1),
+        None => cpu_threads(spec),
+    }
+}
+
 fn prepare(job: &Path, sets: &[String], name: Option<&str>) -> Result<Prepared> {
     let mut spec = spec::load_job(job, sets)?;
     if let Some(name) = name {
         spec.job.name = Some(name.to_string());
     }
-    let threads = cpu_threads(&spec);
     let data = data::load(&spec.data, spec.job.seed)?;
     let shape = DataShape {
         sample_shape: data.sample_shape.clone(),
@@ -69,12 +78,7 @@ fn prepare(job: &Path, sets: &[String], name: Option<&str>) -> Result<Prepared> 
         target_dim: data.target_dim,
     };
     let graph = Graph::build(&spec, &shape)?;
-    Ok(Prepared {
-        spec,
-        data,
-        graph,
-        threads,
-    })
+    Ok(Prepared { spec, data, graph })
 }
 
 /// The device a job runs on, after `auto` is resolved.
@@ -85,10 +89,16 @@ enum Device {
 }
 
 /// Resolves `device.type`. `auto` takes cuda:0 when a usable GPU (driver, device, NVRTC) is
-/// present, else the CPU, and logs why.
-fn pick_device(spec: &JobSpec) -> Result<Device> {
+/// present, else the CPU, and logs why; parallel.devices = ["cpu", ...] makes it the CPU.
+fn pick_device(job: &Path, spec: &JobSpec) -> Result<Device> {
+    let cpu_replicas = matches!(spec.parallel.devices, Some(ParallelDevices::List(_)));
     let device = match parse_device(&spec.device.kind) {
         Some(DeviceChoice::Cpu) => Device::Cpu,
+        // Validation allows only CPU devices in the list so far.
+        Some(DeviceChoice::Auto) if cpu_replicas => {
+            tracing::info!("device auto: cpu (parallel.devices lists CPU replicas)");
+            Device::Cpu
+        }
         Some(DeviceChoice::Cuda(n)) => Device::Cuda(n),
         Some(DeviceChoice::Auto) => match cuda::probe() {
             Ok((devices, _)) if !devices.is_empty() && cuda::kernels::nvrtc_available() => {
@@ -118,36 +128,69 @@ fn pick_device(spec: &JobSpec) -> Result<Device> {
     if device == Device::Cpu && spec.device.allow_tf32 {
         tracing::warn!("device.allow_tf32 has no effect on the CPU, which computes in full fp32");
     }
+    if let (Device::Cuda(n), Some(replicas)) = (device, spec.parallel.replicas) {
+        return Err(Error::Job(format!(
+            "{}: key `parallel.replicas`: {replicas} given, on cuda:{n} (device.type = \"{}\"), is \
+             not supported yet (data parallelism on CUDA needs NCCL); set device.type = \"cpu\" \
+             for CPU replicas",
+            job.display(),
+            spec.device.kind
+        )));
+    }
     Ok(device)
 }
 
 /// Trains a job, or continues one from a checkpoint; returns the run directory.
 pub fn run(args: &RunArgs) -> Result<PathBuf> {
-    let Prepared {
-        spec,
-        data,
-        graph,
-        threads,
-    } = prepare(&args.job, &args.sets, args.name.as_deref())?;
+    let Prepared { spec, data, graph } = prepare(&args.job, &args.sets, args.name.as_deref())?;
     let start = plan_start(args, &spec, &graph, data.train.len)?;
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .map_err(|e| Error::Runtime(format!("cannot start {threads} CPU threads: {e}")))?;
-    match pick_device(&spec)? {
+    match pick_device(&args.job, &spec)? {
         Device::Cpu => {
+            // With data parallelism every replica gets a pool of its own part of the threads
+            // (train::replicas); rank 0's is this one.
+            let threads = replica_threads(&spec);
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .map_err(|e| Error::Runtime(format!("cannot start {threads} CPU threads: {e}")))?;
             // The loop runs on the pool's threads, so the engine's parallel work is forked from
             // a worker rather than injected from outside (on two cores that halves wake-ups).
             let backend = CpuBackend::new(threads);
-            pool.install(|| run_on(args, &spec, data, graph, &backend, start))
+            pool.install(|| {
+                let parallel = cpu_replicas(&spec, threads, graph.param_count)?;
+                run_on(args, &spec, data, graph, &backend, start, parallel)
+            })
         }
         Device::Cuda(ordinal) => {
             // The GPU does the work; the loop stays on this thread, bound to the CUDA context.
             let backend = CudaBackend::new(ordinal, spec.device.allow_tf32)?;
             let spec = precision_on_gpu(&spec, &backend)?;
-            run_on(args, &spec, data, graph, &backend, start)
+            run_on(args, &spec, data, graph, &backend, start, None)
         }
     }
+}
+
+/// The other replicas of CPU data parallelism, each with `threads` threads; None without
+/// data parallelism.
+fn cpu_replicas(
+    spec: &JobSpec,
+    threads: usize,
+    param_count: usize,
+) -> Result<Option<Box<dyn DataParallel<CpuBackend>>>> {
+    let Some(replicas) = spec.parallel.replicas() else {
+        return Ok(None);
+    };
+    if replicas > cpu_threads(spec) {
+        tracing::warn!(
+            "{replicas} replicas on {} threads: each replica gets one thread and they share cores",
+            cpu_threads(spec)
+        );
+    }
+    Ok(Some(Box::new(CpuReplicas::new(
+        replicas,
+        threads,
+        param_count,
+    )?)))
 }
 
 /// Mixed precision on a GPU needs tensor cores for the format: fp16 from compute capability
@@ -184,7 +227,8 @@ fn precision_on_gpu(spec: &JobSpec, backend: &CudaBackend) -> Result<JobSpec> {
     }
 }
 
-/// Opens the run directory (new, or the resumed run's) and trains in it.
+/// Opens the run directory (new, or the resumed run's) and trains in it (with the other
+/// data-parallel replicas when `parallel` is given).
 fn run_on<B: Backend>(
     args: &RunArgs,
     spec: &JobSpec,
@@ -192,6 +236,7 @@ fn run_on<B: Backend>(
     graph: Graph,
     backend: &B,
     start: Start,
+    parallel: Option<Box<dyn DataParallel<B>>>,
 ) -> Result<PathBuf> {
     let run = match &start {
         Start::Fresh { .. } => match &args.dir {
@@ -215,18 +260,21 @@ fn run_on<B: Backend>(
         }
         Start::Fresh { .. } => String::new(),
     };
+    let device = parallel
+        .as_ref()
+        .map_or_else(|| backend.describe(), |p| p.describe());
     let header = format!(
-        "# trainer run {} {}\n# resolved spec: defaults filled in, overrides applied\n# device: {}{resumed}",
+        "# trainer run {} {}\n# resolved spec: defaults filled in, overrides applied\n# device: {device}\n# batch: {}{resumed}",
         args.job.display(),
         args.sets.iter().map(|s| format!("--set {s}")).collect::<Vec<_>>().join(" "),
-        backend.describe(),
+        BatchLayout::of(spec),
     );
     run.write_config(spec, &header)?;
-    crate::provenance::write(&run, spec, &backend.describe())?;
+    crate::provenance::write(&run, spec, &device)?;
     let log = run.path.join("train.log");
     crate::logging::attach_run_log(&log)
         .map_err(|e| Error::Runtime(format!("cannot create {}: {e}", log.display())))?;
-    let result = run_in(&run, args, spec, data, graph, backend, start);
+    let result = run_in(&run, args, spec, data, graph, backend, start, parallel);
     crate::logging::detach_run_log();
     result.map(|()| run.path)
 }
@@ -263,8 +311,8 @@ fn plan_start(args: &RunArgs, spec: &JobSpec, graph: &Graph, train_len: usize) -
             return Err(Error::Job(format!(
                 "cannot resume from {name}: the job differs from the checkpoint's in keys that \
                  change training:\n  {}\n(only train.epochs, train.max_steps, train.log_every, \
-                 train.eval_every_epochs, train.threads, device.*, checkpoint.* and job.name may \
-                 change; pass --force to resume anyway)",
+                 train.eval_every_epochs, train.threads, device.*, parallel.*, checkpoint.* and \
+                 job.name may change; pass --force to resume anyway)",
                 changes.join("\n  ")
             )));
         }
@@ -319,6 +367,7 @@ fn plan_start(args: &RunArgs, spec: &JobSpec, graph: &Graph, train_len: usize) -
     Ok(Start::Resume(Box::new(point)))
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run_in<B: Backend>(
     run: &RunDir,
     args: &RunArgs,
@@ -327,17 +376,27 @@ fn run_in<B: Backend>(
     graph: Graph,
     backend: &B,
     start: Start,
+    parallel: Option<Box<dyn DataParallel<B>>>,
 ) -> Result<()> {
     let started = Instant::now();
     let memory = memory_plan(spec, &graph, &data, backend.memory().is_some());
+    let layout = BatchLayout::of(spec);
+    let device = parallel
+        .as_ref()
+        .map_or_else(|| backend.describe(), |p| p.describe());
     tracing::info!(
-        "run {} ({}): {} parameters, {} training samples, device {}, planned memory {}",
+        "run {} ({}): {} parameters, {} training samples, device {device}, batch {layout}, \
+         planned memory {}{}",
         run.path.display(),
         spec.name(),
         graph.param_count,
         data.train.len,
-        backend.describe(),
-        bytes(memory.total())
+        bytes(memory.total()),
+        if parallel.is_some() {
+            " per replica"
+        } else {
+            ""
+        }
     );
     let metrics_path = run.path.join("metrics.csv");
     let (mut metrics, session) = match start {
@@ -362,6 +421,7 @@ fn run_in<B: Backend>(
     let session = Session {
         checkpoint_dir: Some(run.path.join(checkpoint::DIR)),
         stop: Some(&stop),
+        parallel,
         ..session
     };
     let weights_graph = graph.clone();
@@ -417,14 +477,14 @@ fn run_in<B: Backend>(
                 "end_reason": outcome.end_reason.as_str(),
                 "run_id": run.id,
                 "job": spec.name(),
-                "device": backend.describe(),
+                "device": device,
                 "steps": outcome.steps,
                 "epochs": outcome.epochs,
                 "wall_s": wall,
                 "train_s": outcome.train_seconds,
                 "samples_per_sec": outcome.samples_per_sec(),
                 "startup_s": outcome.startup_s,
-                "memory_planned_bytes": memory.total(),
+                "memory_planned_bytes": all_replicas_memory(spec, &weights_graph, &memory),
                 "device_memory_peak_bytes": backend.memory().map(|(_, peak)| peak),
                 "resumed_from": resumed_from,
                 "final": finals,
@@ -470,10 +530,10 @@ fn run_in<B: Backend>(
     }
 }
 
-/// What the run will hold: the graph's buffers, and on a GPU also the data set and the cuBLAS
-/// workspace.
+/// What the run (one replica of it, with data parallelism) will hold: the graph's buffers,
+/// and on a GPU also the data set and the cuBLAS workspace.
 fn memory_plan(spec: &JobSpec, graph: &Graph, data: &Data, on_gpu: bool) -> MemoryPlan {
-    let (batch, threads) = (spec.data.batch_size, cpu_threads(spec));
+    let (batch, threads) = (BatchLayout::of(spec).per_replica(), replica_threads(spec));
     let (data_bytes, workspace) = if on_gpu {
         let conv = graph.conv_workspace(|s| cuda::conv_workspace_len(s, batch));
         (data_set_bytes(data), cuda::CUBLAS_WORKSPACE + 4 * conv)
@@ -485,7 +545,7 @@ fn memory_plan(spec: &JobSpec, graph: &Graph, data: &Data, on_gpu: bool) -> Memo
     };
     let mut plan = MemoryPlan::new(
         graph,
-        spec.data.batch_size,
+        batch,
         optim::state_buffers(spec),
         data_bytes,
         workspace,
@@ -496,6 +556,13 @@ fn memory_plan(spec: &JobSpec, graph: &Graph, data: &Data, on_gpu: bool) -> Memo
     plan
 }
 
+/// A run's planned memory over all its data-parallel replicas: each holds its own buffers
+/// (the data set is shared), and the all-reduce its exchange buffers.
+fn all_replicas_memory(spec: &JobSpec, graph: &Graph, one: &MemoryPlan) -> usize {
+    let replicas = spec.parallel.replicas().unwrap_or(1);
+    one.total() * replicas + 4 * CpuAllReduce::exchange_len(replicas, graph.param_count)
+}
+
 fn data_set_bytes(data: &Data) -> usize {
     let sets = std::iter::once(&data.train).chain(data.eval.iter().map(|(_, d)| d));
     sets.map(|d| (d.features.len() + d.targets.len()) * 4).sum()
@@ -503,12 +570,7 @@ fn data_set_bytes(data: &Data) -> usize {
 
 /// Validates a job and describes its graph, shapes, parameters and memory.
 pub fn check(job: &Path, sets: &[String]) -> Result<String> {
-    let Prepared {
-        spec,
-        data,
-        graph,
-        threads,
-    } = prepare(job, sets, None)?;
+    let Prepared { spec, data, graph } = prepare(job, sets, None)?;
     let mut out = String::new();
     let eval: Vec<String> = data
         .eval
@@ -516,7 +578,7 @@ pub fn check(job: &Path, sets: &[String]) -> Result<String> {
         .map(|(n, d)| format!("{n} {}", d.len))
         .collect();
     out += &format!(
-        "job {} ({}): ok\ndata: {:?}, train {}{}{}, batch {}\n\n",
+        "job {} ({}): ok\ndata: {:?}, train {}{}{}\nbatch: {}\n\n",
         spec.name(),
         job.display(),
         spec.data.source,
@@ -528,7 +590,7 @@ pub fn check(job: &Path, sets: &[String]) -> Result<String> {
         },
         data.classes
             .map_or(String::new(), |c| format!(", {c} classes")),
-        spec.data.batch_size
+        BatchLayout::of(&spec)
     );
     out += &format!(
         "{:<8} {:<10} {:<16} {:>12}\n",
@@ -552,14 +614,22 @@ pub fn check(job: &Path, sets: &[String]) -> Result<String> {
     }
     out += &format!("total parameters: {}\n\n", group_digits(graph.param_count));
     // Predict for the device the job names; `auto` is resolved as `run` would resolve it.
-    let on_gpu = pick_device(&spec)? != Device::Cpu;
+    let on_gpu = pick_device(job, &spec)? != Device::Cpu;
     let m = memory_plan(&spec, &graph, &data, on_gpu);
     let device = if on_gpu {
         spec.device.kind.replace("auto", "cuda:0")
     } else {
-        format!("cpu ({threads} threads)")
+        format!("cpu ({} threads)", replica_threads(&spec))
     };
-    out += &format!("memory on {device}, batch {}:\n", spec.data.batch_size);
+    let layout = BatchLayout::of(&spec);
+    let replicas = match spec.parallel.replicas() {
+        Some(n) => format!(", per replica ({n} replicas)"),
+        None => String::new(),
+    };
+    out += &format!(
+        "memory on {device}, batch {}{replicas}:\n",
+        layout.per_replica()
+    );
     let mut rows = vec![
         ("parameters", m.params),
         ("gradients", m.grads),
@@ -579,6 +649,13 @@ pub fn check(job: &Path, sets: &[String]) -> Result<String> {
         out += &format!("  {what:<24} {:>12}\n", bytes(b));
     }
     out += &format!("  {:<24} {:>12}\n", "total", bytes(m.total()));
+    if let Some(replicas) = spec.parallel.replicas() {
+        out += &format!(
+            "  {:<24} {:>12}\n",
+            format!("{replicas} replicas + all-reduce"),
+            bytes(all_replicas_memory(&spec, &graph, &m))
+        );
+    }
     if !on_gpu {
         out += &format!(
             "  {:<24} {:>12}\n",
@@ -608,7 +685,7 @@ pub fn check(job: &Path, sets: &[String]) -> Result<String> {
                     &graph.layers,
                 )),
             );
-            let with = spec.data.batch_size * plan.activation_values() * 4;
+            let with = layout.per_replica() * plan.activation_values() * 4;
             out += &format!(
                 "activation checkpointing: off; with checkpoint.activations = \"all\" ({} \
                  segments) activations would take {} (and as much for their gradients)\n",

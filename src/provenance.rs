@@ -2,6 +2,7 @@
 //! number or a figure back to the binary, the machine, the command and the exact spec.
 
 use crate::error::Result;
+use crate::parallel::BatchLayout;
 use crate::run::RunDir;
 use crate::runtime_err;
 use crate::spec::JobSpec;
@@ -58,14 +59,22 @@ pub fn cpu_model() -> String {
 }
 
 /// Writes provenance.json. The host and process id also let `trainer ls` tell a run that
-/// is still going from one that was killed.
+/// is still going from one that was killed. `batch` records how the batch was divided (the
+/// global batch is not a metrics.csv column: its columns are fixed for readers and resumes).
 pub fn write(run: &RunDir, spec: &JobSpec, device: &str) -> Result<()> {
+    let layout = BatchLayout::of(spec);
     let value = serde_json::json!({
         "trainer_version": env!("CARGO_PKG_VERSION"),
         "git_commit": env!("TRAINER_GIT_COMMIT"),
         "command_line": command_line(),
         "working_dir": std::env::current_dir().map(|d| d.display().to_string()).unwrap_or_default(),
         "device": device,
+        "batch": {
+            "per_replica": layout.per_replica(),
+            "replicas": layout.replicas,
+            "grad_accum_steps": layout.accumulation,
+            "global": layout.global(),
+        },
         "cpu": cpu_model(),
         "host": hostname(),
         "pid": std::process::id(),

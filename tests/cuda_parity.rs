@@ -157,11 +157,16 @@ fn dropout_draws_the_same_mask_as_the_cpu() {
     let Some(g) = gpu() else { return };
     let len = 50_001;
     let x = random_vec(len, 7);
-    for (p, key) in [(0.1f32, 1u64), (0.5, 0xdead_beef_1234), (0.9, u64::MAX)] {
+    // A nonzero `first` is a data-parallel replica's share of a micro-batch.
+    for (p, key, first) in [
+        (0.1f32, 1u64, 0u64),
+        (0.5, 0xdead_beef_1234, 12_345),
+        (0.9, u64::MAX, 7),
+    ] {
         let mut y_cpu = vec![0.0; len];
-        CPU.dropout_forward(p, key, &x, &mut y_cpu, len);
+        CPU.dropout_forward(p, key, first, &x, &mut y_cpu, len);
         let mut yg = poisoned(&g, len);
-        g.dropout_forward(p, key, &up(&g, &x), &mut yg, len);
+        g.dropout_forward(p, key, first, &up(&g, &x), &mut yg, len);
         let y_gpu = down(&g, &yg, len);
         assert_eq!(
             y_gpu.iter().map(|v| *v == 0.0).collect::<Vec<_>>(),
@@ -169,9 +174,9 @@ fn dropout_draws_the_same_mask_as_the_cpu() {
         );
         assert_close(&y_gpu, &y_cpu, &format!("dropout p={p}"));
         let mut dx_cpu = vec![0.0; len];
-        CPU.dropout_backward(p, key, &x, &mut dx_cpu, len);
+        CPU.dropout_backward(p, key, first, &x, &mut dx_cpu, len);
         let mut dxg = poisoned(&g, len);
-        g.dropout_backward(p, key, &up(&g, &x), &mut dxg, len);
+        g.dropout_backward(p, key, first, &up(&g, &x), &mut dxg, len);
         assert_close(
             &down(&g, &dxg, len),
             &dx_cpu,

@@ -128,10 +128,11 @@ pub fn find_auto_resume(runs_dir: &Path, name: &str) -> Option<PathBuf> {
 }
 
 /// Keys that may change between a checkpoint and the job resuming from it: how long to
-/// train, how often to log, evaluate and checkpoint, where and with how many threads. Any
-/// other change (model, data, loss, optimizer, seed, accumulation, clipping, precision)
-/// would make the result something no single run produces.
-const SAFE_TO_CHANGE: [&str; 9] = [
+/// train, how often to log, evaluate and checkpoint, where and with how many threads or
+/// data-parallel replicas (replicas split the same micro-batches, so their number changes
+/// rounding only). Any other change (model, data, loss, optimizer, seed, accumulation,
+/// clipping, precision) would make the result something no single run produces.
+const SAFE_TO_CHANGE: [&str; 10] = [
     "job.name",
     "train.epochs",
     "train.max_steps",
@@ -140,6 +141,7 @@ const SAFE_TO_CHANGE: [&str; 9] = [
     "train.threads",
     "device",
     "checkpoint",
+    "parallel",
     // Only the start of a fresh run reads it; a resumed run starts from the checkpoint.
     "model.init_from",
 ];

@@ -38,6 +38,8 @@ pub struct Network<B: Backend> {
     aux: Vec<B::Buf>,
     max_batch: usize,
     dropout_seed: u64,
+    /// Where this batch's first sample stands in the micro-batch (see `set_sample_offset`).
+    sample_offset: usize,
     /// Mixed precision: the half format of activations and of `half_params`.
     half: Option<HalfKind>,
     /// The parameters rounded to `half`, which linear and conv layers compute with.
@@ -151,6 +153,7 @@ impl<B: Backend> Network<B> {
             aux,
             max_batch,
             dropout_seed: derive(seed, 77),
+            sample_offset: 0,
             graph,
             half: None,
             half_params: None,
@@ -240,6 +243,22 @@ impl<B: Backend> Network<B> {
         &self.acts[self.plan.slot[self.graph.layers.len()]]
     }
 
+    /// Says that the batch in the input buffer starts at sample `first` of the micro-batch
+    /// (a data-parallel replica's share), so dropout draws the masks the whole micro-batch
+    /// would draw for these samples. 0, the default, is a whole micro-batch.
+    pub fn set_sample_offset(&mut self, first: usize) {
+        self.sample_offset = first;
+    }
+
+    fn dropout_key(&self, layer: usize, step_key: u64) -> u64 {
+        derive(derive(self.dropout_seed, layer as u64), step_key)
+    }
+
+    /// The mask stream position of layer `i`'s first output element.
+    fn dropout_first(&self, i: usize) -> u64 {
+        (self.sample_offset * numel(&self.graph.layers[i].out_shape)) as u64
+    }
+
     /// Runs the layers on the first `n` samples of the input. `step_key` identifies the
     /// micro-step, so dropout draws a fresh mask each step and the same one in backward.
     pub fn forward(&mut self, backend: &B, n: usize, train: bool, step_key: u64) {
@@ -274,10 +293,10 @@ impl<B: Backend> Network<B> {
                 backend.activation_forward(f, x, y, len);
             }
             &Op::Dropout { p } => {
-                let key = derive(derive(self.dropout_seed, i as u64), step_key);
+                let (key, first) = (self.dropout_key(i, step_key), self.dropout_first(i));
                 let (x, y) = read_write(&mut self.acts, src, dst);
                 if train && p > 0.0 {
-                    backend.dropout_forward(p, key, x, y, len);
+                    backend.dropout_forward(p, key, first, x, y, len);
                 } else {
                     backend.copy(x, y, len);
                 }
@@ -428,6 +447,7 @@ impl<B: Backend> Network<B> {
         let accumulate = self.plan.accumulate[i][0];
         let in_len = n * numel(&layer.in_shape);
         let weights = self.half_params.as_ref().unwrap_or(&self.params);
+        let (key, first) = (self.dropout_key(i, step_key), self.dropout_first(i));
         // Where dx goes: its buffer, or scratch to be added to it.
         let (dy, dx) = if accumulate {
             (&self.dacts[dst], &mut self.dscratch)
@@ -450,9 +470,8 @@ impl<B: Backend> Network<B> {
                 backend.activation_backward(f, x, &self.acts[dst], dy, dx, len);
             }
             Op::Dropout { p } if need_dx => {
-                let key = derive(derive(self.dropout_seed, i as u64), step_key);
                 if p > 0.0 {
-                    backend.dropout_backward(p, key, dy, dx, len);
+                    backend.dropout_backward(p, key, first, dy, dx, len);
                 } else {
                     backend.copy(dy, dx, len);
                 }

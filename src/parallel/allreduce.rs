@@ -15,15 +15,34 @@ pub struct CpuAllReduce {
 }
 
 impl CpuAllReduce {
-    /// For `replicas` replicas averaging buffers of `len` values.
+    /// For `replicas` replicas averaging buffers of `len` values. Holds `exchange_len`
+    /// values: (replicas + 1) x len, none for one replica.
     pub fn new(replicas: usize, len: usize) -> Self {
-        let chunks = (0..replicas).map(|r| Self::chunk(len, replicas, r).len());
+        let held = Self::exchange_len(replicas, len) / (replicas + 1);
+        let chunks = (0..replicas).map(|r| Self::chunk(held, replicas, r).len());
         CpuAllReduce {
             replicas,
             len,
-            slots: (0..replicas).map(|_| RwLock::new(vec![0.0; len])).collect(),
+            slots: (0..replicas)
+                .map(|_| RwLock::new(vec![0.0; held]))
+                .collect(),
             result: chunks.map(|n| RwLock::new(vec![0.0; n])).collect(),
             barrier: Barrier::new(replicas),
+        }
+    }
+
+    /// Values per buffer.
+    pub fn buffer_len(&self) -> usize {
+        self.len
+    }
+
+    /// f32 values the exchange holds for `replicas` replicas of `len`-value buffers: a slot
+    /// per replica and the result; nothing for one replica (see `mean`).
+    pub fn exchange_len(replicas: usize, len: usize) -> usize {
+        if replicas > 1 {
+            (replicas + 1) * len
+        } else {
+            0
         }
     }
 
@@ -36,6 +55,10 @@ impl CpuAllReduce {
     /// own rank, the same number of times.
     pub fn mean(&self, rank: usize, grads: &mut [f32]) {
         assert_eq!(grads.len(), self.len, "all-reduce buffer length");
+        if self.replicas == 1 {
+            // The mean of one buffer is itself (and x * 1.0 == x): nothing to exchange.
+            return;
+        }
         self.slots[rank]
             .write()
             .expect("no replica panicked")

@@ -1,9 +1,12 @@
-//! Data parallelism's plumbing: averaging gradients across replicas (in-process for CPU
-//! replicas) and the TCP rendezvous that multi-process runs start with (RANK, WORLD_SIZE,
-//! MASTER_ADDR, MASTER_PORT as torchrun and SLURM set them).
+//! Data parallelism's plumbing: how batches are divided among replicas (`layout`), averaging
+//! gradients across replicas (in-process for CPU replicas) and the TCP rendezvous that
+//! multi-process runs start with (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT as torchrun and
+//! SLURM set them). The training loop's side of it is `train::replicas`.
 
 mod allreduce;
+mod layout;
 mod rendezvous;
 
 pub use allreduce::CpuAllReduce;
+pub use layout::{share, BatchLayout};
 pub use rendezvous::{exchange, Rendezvous};

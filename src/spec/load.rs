@@ -57,6 +57,10 @@ pub fn load_job(path: &Path, sets: &[String]) -> Result<JobSpec> {
     let base = path.parent().unwrap_or(Path::new("."));
     resolve_paths(&mut spec, base);
     super::validate(&spec, &file)?;
+    // The resolved spec names the batch size even when it is the default.
+    if spec.data.global_batch_size.is_none() {
+        spec.data.batch_size = Some(spec.batch_size());
+    }
     Ok(spec)
 }
 

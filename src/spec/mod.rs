@@ -110,9 +110,15 @@ pub enum Column {
 #[serde(deny_unknown_fields)]
 pub struct DataSpec {
     pub source: DataSource,
-    /// Samples per micro-batch.
-    #[serde(default = "default_batch_size")]
-    pub batch_size: usize,
+    /// Samples per micro-batch (default 64), shared equally by the data-parallel replicas.
+    /// Give this or global_batch_size, not both.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_size: Option<usize>,
+    /// Samples per optimizer step over all replicas and accumulated micro-batches, instead
+    /// of batch_size: each replica's share of a micro-batch is then global_batch_size /
+    /// (replicas x train.grad_accum_steps), which must divide.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global_batch_size: Option<usize>,
     /// Fraction of the training samples held out (seeded) for validation; 0 for none.
     #[serde(default)]
     pub val_fraction: f64,
@@ -813,12 +819,32 @@ pub struct SegmentsSpec {
     pub segments: usize,
 }
 
+/// Data parallelism: replicas of the model, each computing the gradients of an equal share
+/// of every micro-batch, averaged before every optimizer step. The result is the one device's
+/// (up to rounding), whatever the number of replicas.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ParallelSpec {
-    /// Devices for data parallelism: a list such as ["cuda:0", "cuda:1"], or "all".
+    /// One replica per listed device: ["cpu", "cpu"] runs two replicas in threads of this
+    /// process. CUDA devices (["cuda:0", "cuda:1"], "all") are not supported yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub devices: Option<ParallelDevices>,
+    /// This many replicas on the job's device (device.type), instead of listing devices;
+    /// CPU only so far. 1 runs the data-parallel path with one replica.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<usize>,
+}
+
+impl ParallelSpec {
+    /// The number of replicas asked for; None without data parallelism. ("all" counts the
+    /// GPUs, which validation refuses for now.)
+    pub fn replicas(&self) -> Option<usize> {
+        match (&self.devices, self.replicas) {
+            (Some(ParallelDevices::List(devices)), _) => Some(devices.len()),
+            (_, Some(n)) => Some(n),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -854,9 +880,8 @@ fn yes() -> bool {
 fn one() -> usize {
     1
 }
-fn default_batch_size() -> usize {
-    64
-}
+/// data.batch_size when neither it nor data.global_batch_size is given.
+pub const DEFAULT_BATCH_SIZE: usize = 64;
 fn default_normalize() -> Normalize {
     Normalize::Standardize
 }
@@ -886,6 +911,16 @@ impl JobSpec {
     /// The run name: `job.name`, set from the file stem at load time when absent.
     pub fn name(&self) -> &str {
         self.job.name.as_deref().unwrap_or("job")
+    }
+
+    /// Samples per micro-batch, all data-parallel replicas together: data.batch_size, or
+    /// data.global_batch_size / train.grad_accum_steps, or the default.
+    pub fn batch_size(&self) -> usize {
+        match (self.data.batch_size, self.data.global_batch_size) {
+            (Some(b), _) => b,
+            (None, Some(g)) => g / self.train.grad_accum_steps.max(1),
+            (None, None) => DEFAULT_BATCH_SIZE,
+        }
     }
 
     /// The effective weight decay (PyTorch's defaults differ between optimizers).

@@ -40,6 +40,7 @@ pub fn validate(spec: &JobSpec, file: &str) -> Result<()> {
     validate_train(&spec.train, &mut p);
     validate_checkpoint(spec, &mut p);
     validate_precision(&spec.precision, &mut p);
+    validate_parallel(spec, &mut p);
     for (key, message) in super::controls::problems(spec) {
         p.add(&key, message);
     }
@@ -52,11 +53,14 @@ pub fn validate(spec: &JobSpec, file: &str) -> Result<()> {
 }
 
 fn validate_data(d: &DataSpec, p: &mut Problems) {
-    p.check(
-        d.batch_size >= 1,
-        "data.batch_size",
-        format!("{} given; must be at least 1", d.batch_size),
-    );
+    for (key, size) in [
+        ("data.batch_size", d.batch_size),
+        ("data.global_batch_size", d.global_batch_size),
+    ] {
+        if let Some(n) = size {
+            p.check(n >= 1, key, format!("{n} given; must be at least 1"));
+        }
+    }
     p.check(
         (0.0..1.0).contains(&d.val_fraction),
         "data.val_fraction",
@@ -556,8 +560,111 @@ fn validate_later_features(spec: &JobSpec, p: &mut Problems) {
             format!("\"{device}\" given; allowed: \"auto\", \"cpu\", \"cuda\" or \"cuda:N\""),
         ),
     }
-    if let Some(d) = &spec.parallel.devices {
-        p.not_yet("parallel.devices", format!("{d:?}"), "data parallelism");
+}
+
+/// Data parallelism: which devices, and batches that divide among the replicas.
+fn validate_parallel(spec: &JobSpec, p: &mut Problems) {
+    let parallel = &spec.parallel;
+    let on_cuda = "data parallelism on CUDA needs NCCL; CPU replicas work";
+    if parallel.devices.is_some() && parallel.replicas.is_some() {
+        p.add(
+            "parallel.replicas",
+            "given together with parallel.devices; give one of them (devices lists one device \
+             per replica, replicas counts replicas on device.type)",
+        );
+    }
+    match &parallel.devices {
+        None => {}
+        Some(ParallelDevices::All(_)) => p.not_yet("parallel.devices", "\"all\"", on_cuda),
+        Some(ParallelDevices::List(devices)) => {
+            let mut kinds = Vec::new();
+            for (i, d) in devices.iter().enumerate() {
+                match parse_device(d) {
+                    Some(kind @ (DeviceChoice::Cpu | DeviceChoice::Cuda(_))) => kinds.push(kind),
+                    _ => p.add(
+                        &format!("parallel.devices[{i}]"),
+                        format!("\"{d}\" given; allowed: \"cpu\" or \"cuda:N\""),
+                    ),
+                }
+            }
+            let cpus = kinds.iter().filter(|k| **k == DeviceChoice::Cpu).count();
+            let given = format!("{devices:?}");
+            if devices.is_empty() {
+                p.add(
+                    "parallel.devices",
+                    "is empty; list one device per replica, e.g. [\"cpu\", \"cpu\"]",
+                );
+            } else if cpus > 0 && cpus < kinds.len() {
+                p.add(
+                    "parallel.devices",
+                    format!("{given} given: mixes cpu and cuda; all replicas must be of one kind"),
+                );
+            } else if cpus < kinds.len() {
+                p.not_yet("parallel.devices", given, on_cuda);
+            } else if matches!(parse_device(&spec.device.kind), Some(DeviceChoice::Cuda(_))) {
+                p.add(
+                    "device.type",
+                    format!(
+                        "\"{}\" given, but parallel.devices lists CPU replicas; set \"cpu\" or \
+                         \"auto\"",
+                        spec.device.kind
+                    ),
+                );
+            }
+        }
+    }
+    if let Some(n) = parallel.replicas {
+        p.check(
+            n >= 1,
+            "parallel.replicas",
+            format!("{n} given; must be at least 1"),
+        );
+        // device.type = "auto" is resolved when the job runs (commands::pick_device).
+        if matches!(parse_device(&spec.device.kind), Some(DeviceChoice::Cuda(_))) {
+            p.not_yet(
+                "parallel.replicas",
+                format!("{n} on device.type = \"{}\"", spec.device.kind),
+                on_cuda,
+            );
+        }
+    }
+    let replicas = parallel.replicas().unwrap_or(1).max(1);
+    let accum = spec.train.grad_accum_steps.max(1);
+    match (spec.data.batch_size, spec.data.global_batch_size) {
+        (Some(b), Some(g)) => p.add(
+            "data.global_batch_size",
+            format!(
+                "{g} given together with data.batch_size = {b}; give one of them (batch_size: \
+                 samples per micro-batch; global_batch_size: samples per optimizer step, \
+                 divided into train.grad_accum_steps micro-batches)"
+            ),
+        ),
+        (None, Some(g)) => p.check(
+            g % (replicas * accum) == 0,
+            "data.global_batch_size",
+            format!(
+                "{g} given; must be a multiple of {replicas} replica(s) x {accum} accumulation \
+                 step(s) = {} (train.grad_accum_steps), so that every replica gets an equal \
+                 share of every micro-batch",
+                replicas * accum
+            ),
+        ),
+        (batch, None) => {
+            let b = spec.batch_size();
+            p.check(
+                b % replicas == 0,
+                "data.batch_size",
+                format!(
+                    "{b} {} with {replicas} data-parallel replicas; must be a multiple of \
+                     {replicas}, so that every replica gets an equal share of every micro-batch",
+                    if batch.is_some() {
+                        "given"
+                    } else {
+                        "(the default)"
+                    }
+                ),
+            );
+        }
     }
 }
 

@@ -146,10 +146,28 @@ pub trait Backend {
         len: usize,
     );
 
-    /// Keeps x[i] / (1 - p) where `rng::uniform(key, i) >= p`, else 0. The mask is never
-    /// stored: the backward pass (and a recomputation) draws it again from the same key.
-    fn dropout_forward(&self, p: f32, key: u64, x: &Self::Buf, y: &mut Self::Buf, len: usize);
-    fn dropout_backward(&self, p: f32, key: u64, dy: &Self::Buf, dx: &mut Self::Buf, len: usize);
+    /// Keeps x[i] / (1 - p) where `rng::uniform(key, first + i) >= p`, else 0. The mask is
+    /// never stored: the backward pass (and a recomputation) draws it again from the same key.
+    /// `first` places these elements in a larger batch's stream: a data-parallel replica's
+    /// share of a micro-batch draws the mask the whole micro-batch would for those samples.
+    fn dropout_forward(
+        &self,
+        p: f32,
+        key: u64,
+        first: u64,
+        x: &Self::Buf,
+        y: &mut Self::Buf,
+        len: usize,
+    );
+    fn dropout_backward(
+        &self,
+        p: f32,
+        key: u64,
+        first: u64,
+        dy: &Self::Buf,
+        dx: &mut Self::Buf,
+        len: usize,
+    );
 
     /// The loss of `out` [n, dim] against `targets`, added to `stats`; when `dout` is given,
     /// also its gradient d(mean loss)/d(out) times `grad_scale`.

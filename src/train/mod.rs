@@ -8,9 +8,15 @@
 //!
 //! A run ends after its epochs, or earlier at `max_steps`, `max_time` or early stopping
 //! (`stopping`); `Outcome::end_reason` says which.
+//!
+//! Data parallelism (`replicas`): this loop drives rank 0's replica and leaves each
+//! optimizer step to `DataParallel::step`, which runs every replica on its share of the
+//! micro-batches; logging, evaluation and checkpoints stay rank 0's alone.
 
+mod replicas;
 mod stopping;
 
+pub use replicas::{CpuReplicas, DataParallel};
 pub use stopping::EndReason;
 
 use crate::checkpoint::weights::Weights;
@@ -19,6 +25,7 @@ use crate::data::{batches_per_epoch, epoch_order, Data, Dataset};
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Network};
 use crate::optim::{clip_grad_norm, unscale_and_clip, LossScaler, Optimizer, Schedule};
+use crate::parallel::share;
 use crate::run::{MetricsRow, MetricsWriter};
 use crate::signals::Stop;
 use crate::spec::{JobSpec, PrecisionMode};
@@ -58,9 +65,8 @@ impl Outcome {
 }
 
 /// What a run starts from and what it may do besides training. `Session::default()` starts
-/// from the seeded initialisation and writes no checkpoint: that is `train`.
-#[derive(Default)]
-pub struct Session<'a> {
+/// from the seeded initialisation on one device and writes no checkpoint: that is `train`.
+pub struct Session<'a, B: Backend> {
     /// Parameters to start from (model.init_from) instead of the seeded initialisation.
     pub initial: Option<Weights>,
     /// A checkpoint to continue from; it must belong to this job (see
@@ -70,6 +76,21 @@ pub struct Session<'a> {
     pub checkpoint_dir: Option<PathBuf>,
     /// Checked after every optimizer step: stop there, with a checkpoint.
     pub stop: Option<&'a Stop>,
+    /// Data parallelism: the replicas besides this thread's (rank 0). None trains on one
+    /// device, without any all-reduce.
+    pub parallel: Option<Box<dyn DataParallel<B>>>,
+}
+
+impl<B: Backend> Default for Session<'_, B> {
+    fn default() -> Self {
+        Session {
+            initial: None,
+            resume: None,
+            checkpoint_dir: None,
+            stop: None,
+            parallel: None,
+        }
+    }
 }
 
 /// Optimizer steps the whole run will take.
@@ -79,7 +100,7 @@ pub fn total_steps(spec: &JobSpec, train_len: usize) -> usize {
 }
 
 fn steps_per_epoch(spec: &JobSpec, train_len: usize) -> usize {
-    let batches = batches_per_epoch(train_len, spec.data.batch_size, spec.data.drop_last);
+    let batches = batches_per_epoch(train_len, spec.batch_size(), spec.data.drop_last);
     batches.div_ceil(spec.train.grad_accum_steps)
 }
 
@@ -103,15 +124,16 @@ pub fn train_session<B: Backend>(
     graph: Graph,
     data: Data,
     metrics: &mut MetricsWriter,
-    session: Session,
+    session: Session<B>,
 ) -> Result<Outcome> {
     let Session {
         initial,
         resume,
         checkpoint_dir,
         stop,
+        mut parallel,
     } = session;
-    let batch_size = spec.data.batch_size;
+    let batch_size = spec.batch_size();
     let row_len = data.row_len();
     let target_dim = data.target_dim;
     let has_accuracy = graph.objective.has_accuracy;
@@ -133,7 +155,11 @@ pub fn train_session<B: Backend>(
             params.len()
         )));
     }
-    let mut net = Network::new(backend, graph, &params, batch_size, spec.job.seed)?
+    // A replica's buffers hold its share of a micro-batch.
+    let replica_batch = parallel
+        .as_ref()
+        .map_or(batch_size, |p| batch_size.div_ceil(p.replicas()));
+    let mut net = Network::new(backend, graph, &params, replica_batch, spec.job.seed)?
         .with_precision(backend, half_kind(spec.precision.mode))?;
     drop(params);
     if let Some(stats) = running_stats {
@@ -177,6 +203,10 @@ pub fn train_session<B: Backend>(
             st.loss_scaler.get_or_insert(fresh);
         }
     }
+    if let Some(p) = parallel.as_mut() {
+        p.broadcast(spec, &net, &optimizer)?;
+        p.verify(backend, &net.params)?;
+    }
     let start = Instant::now();
     let elapsed_before = st.elapsed_s;
     let elapsed = || elapsed_before + start.elapsed().as_secs_f64();
@@ -219,21 +249,34 @@ pub fn train_session<B: Backend>(
                 row_len,
                 target_dim,
             };
-            let result = optimizer_step(
-                backend,
-                &mut net,
-                &mut optimizer,
-                &batch,
-                group,
-                &mut st.micro_step,
-                &mut train_stats,
-                StepSettings {
-                    lr,
-                    clip,
-                    want_grad_norm: logging,
-                    loss_scale: st.loss_scaler.as_ref().map(|s| s.scale),
-                },
-            );
+            let settings = StepSettings {
+                lr,
+                clip,
+                want_grad_norm: logging,
+                loss_scale: st.loss_scaler.as_ref().map(|s| s.scale),
+            };
+            let result = match parallel.as_mut() {
+                None => optimizer_step(
+                    backend,
+                    &mut net,
+                    &mut optimizer,
+                    &batch,
+                    group,
+                    &mut st.micro_step,
+                    &mut train_stats,
+                    settings,
+                ),
+                Some(p) => p.step(
+                    backend,
+                    &mut net,
+                    &mut optimizer,
+                    &batch,
+                    group,
+                    &mut st.micro_step,
+                    &mut train_stats,
+                    settings,
+                ),
+            };
             backend.status()?;
             if let Some(scaler) = st.loss_scaler.as_mut() {
                 scaler.update(result.skipped);
@@ -373,6 +416,9 @@ pub fn train_session<B: Backend>(
         let path = saver.save(backend, &net, &optimizer, &mut train_stats, &st, metrics)?;
         outcome.last_checkpoint = Some(path);
     }
+    if let Some(p) = &parallel {
+        p.verify(backend, &net.params)?;
+    }
     let mut params = vec![0.0; param_count];
     backend.download(&net.params, &mut params);
     let weights = Weights {
@@ -497,18 +543,79 @@ pub fn optimizer_step<B: Backend>(
     stats: &mut B::Stats,
     settings: StepSettings,
 ) -> StepResult {
+    let whole = Rank {
+        rank: 0,
+        replicas: 1,
+    };
+    let loss_scale = settings.loss_scale;
+    accumulate_gradients(
+        backend,
+        net,
+        batch,
+        micro_batches,
+        micro_step,
+        stats,
+        whole,
+        loss_scale,
+    );
+    apply_gradients(backend, net, optimizer, settings)
+}
+
+/// A replica's place among the data-parallel replicas.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rank {
+    pub rank: usize,
+    pub replicas: usize,
+}
+
+/// Forward, loss and backward over this replica's share of each micro-batch (all of it for
+/// a single replica), into zeroed gradients, each micro-batch's loss multiplied by
+/// `loss_scale` (mixed precision). The loss gradient of a share is weighted by replicas x
+/// share / micro-batch, so that the mean over the replicas is the gradient of each
+/// micro-batch's mean loss, also when the shares differ (a smaller last batch); an equal
+/// share's weight is exactly 1.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn accumulate_gradients<B: Backend>(
+    backend: &B,
+    net: &mut Network<B>,
+    batch: &Batch<B>,
+    micro_batches: &[&[u32]],
+    micro_step: &mut u64,
+    stats: &mut B::Stats,
+    replica: Rank,
+    loss_scale: Option<f64>,
+) {
     backend.fill(&mut net.grads, 0.0);
-    let loss_scale = settings.loss_scale.unwrap_or(1.0);
-    let scale = (loss_scale / micro_batches.len() as f64) as f32;
-    for rows in micro_batches {
-        let n = rows.len();
-        backend.gather_rows(batch.x, rows, batch.row_len, net.input_mut());
-        backend.gather_rows(batch.y, rows, batch.target_dim, net.targets_mut());
-        net.forward(backend, n, true, *micro_step);
-        net.loss(backend, n, Some(scale), stats);
-        net.backward(backend, n, *micro_step);
+    let scale = (loss_scale.unwrap_or(1.0) / micro_batches.len() as f64) as f32;
+    for all_rows in micro_batches {
+        let mine = share(all_rows.len(), replica.rank, replica.replicas);
+        let (n, weight) = (
+            mine.len(),
+            (mine.len() * replica.replicas) as f32 / all_rows.len() as f32,
+        );
+        if n > 0 {
+            net.set_sample_offset(mine.start);
+            let rows = &all_rows[mine];
+            backend.gather_rows(batch.x, rows, batch.row_len, net.input_mut());
+            backend.gather_rows(batch.y, rows, batch.target_dim, net.targets_mut());
+            net.forward(backend, n, true, *micro_step);
+            net.loss(backend, n, Some(scale * weight), stats);
+            net.backward(backend, n, *micro_step);
+        }
         *micro_step += 1;
     }
+}
+
+/// Unscaling, clipping and the update, from the (averaged) gradients. With a loss scale, a
+/// step whose gradients are not all finite is skipped; after a data-parallel all-reduce the
+/// gradients are the same on every replica, so one replica's inf or NaN makes every replica
+/// skip.
+pub(crate) fn apply_gradients<B: Backend>(
+    backend: &B,
+    net: &mut Network<B>,
+    optimizer: &mut Optimizer<B>,
+    settings: StepSettings,
+) -> StepResult {
     let grad_norm = match settings.loss_scale {
         Some(s) => Some(unscale_and_clip(backend, &mut net.grads, s, settings.clip)),
         None => (settings.clip.is_some() || settings.want_grad_norm)

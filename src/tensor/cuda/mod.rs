@@ -1001,13 +1001,14 @@ impl Backend for CudaBackend {
         &self,
         p: f32,
         key: u64,
+        first: u64,
         x: &CudaSlice<f32>,
         y: &mut CudaSlice<f32>,
         len: usize,
     ) {
         let n = len as u64;
         let mut l = self.stream.launch_builder(&self.f.dropout);
-        l.arg(&p).arg(&key).arg(x).arg(&mut *y).arg(&n);
+        l.arg(&p).arg(&key).arg(&first).arg(x).arg(&mut *y).arg(&n);
         // SAFETY: reads and writes len elements.
         self.launch("dropout", unsafe { l.launch(grid(len)) }.map(|_| ()));
     }
@@ -1016,11 +1017,12 @@ impl Backend for CudaBackend {
         &self,
         p: f32,
         key: u64,
+        first: u64,
         dy: &CudaSlice<f32>,
         dx: &mut CudaSlice<f32>,
         len: usize,
     ) {
-        self.dropout_forward(p, key, dy, dx, len);
+        self.dropout_forward(p, key, first, dy, dx, len);
     }
 
     fn loss(

@@ -1,0 +1,309 @@
+//! Data-parallel replicas in the training loop. The loop runs rank 0's replica on its own
+//! thread; a `DataParallel` owns the other replicas and runs every optimizer step on all of
+//! them in lockstep: each computes the gradients of its share of every micro-batch
+//! (`parallel::share`), the gradients are averaged once per step (after the last
+//! micro-batch: accumulation steps exchange nothing), and every replica applies the same
+//! clipping and update to its own copy of the parameters and optimizer state. So the
+//! replicas stay bit-identical, which `verify` checks at the start and the end of a run, and
+//! rank 0's parameters are the model: its checkpoints resume on any number of replicas.
+//!
+//! `CpuReplicas`: replicas are threads of this process, each with its own rayon pool of
+//! train.threads / replicas threads, so the engine's parallel work inside a replica stays
+//! on that replica's cores. A step forks one job into each other replica's pool while rank
+//! 0 computes its own share on the loop's thread; the jobs meet in `CpuAllReduce` (a fixed
+//! summation order: the result does not depend on timing) and the step returns when all
+//! are done, so control (logging, signals, early stopping, evaluation) needs no
+//! coordination: only the loop's thread ever decides anything.
+
+use super::{
+    accumulate_gradients, apply_gradients, half_kind, Batch, Rank, StepResult, StepSettings,
+};
+use crate::error::{Error, Result};
+use crate::graph::Network;
+use crate::optim::Optimizer;
+use crate::parallel::CpuAllReduce;
+use crate::spec::JobSpec;
+use crate::tensor::cpu::CpuBackend;
+use crate::tensor::{Backend, LossStats};
+use rayon::ThreadPool;
+
+/// What the training loop needs from data parallelism. Rank 0's replica is the loop's own
+/// (`net`, `optimizer`, `stats` below); an implementation owns and drives the others.
+pub trait DataParallel<B: Backend> {
+    /// Replicas, rank 0 included.
+    fn replicas(&self) -> usize;
+
+    /// Makes every other replica a copy of rank 0's: parameters and optimizer state (a
+    /// fresh start or a checkpoint's).
+    fn broadcast(
+        &mut self,
+        spec: &JobSpec,
+        net: &Network<B>,
+        optimizer: &Optimizer<B>,
+    ) -> Result<()>;
+
+    /// One optimizer step on every replica, as `optimizer_step` is on one device (with mixed
+    /// precision, all replicas skip a step together). Rank 0's `stats` then hold the
+    /// statistics of the whole micro-batches, all replicas summed.
+    #[allow(clippy::too_many_arguments)]
+    fn step(
+        &mut self,
+        backend: &B,
+        net: &mut Network<B>,
+        optimizer: &mut Optimizer<B>,
+        batch: &Batch<B>,
+        micro_batches: &[&[u32]],
+        micro_step: &mut u64,
+        stats: &mut B::Stats,
+        settings: StepSettings,
+    ) -> StepResult;
+
+    /// An error unless every replica holds `params` (rank 0's), bit for bit.
+    fn verify(&self, backend: &B, params: &B::Buf) -> Result<()>;
+
+    /// The device as logs and provenance.json name it, e.g. "cpu: 2 replicas x 1 thread".
+    fn describe(&self) -> String;
+}
+
+/// A replica other than rank 0, on the CPU.
+struct CpuReplica {
+    backend: CpuBackend,
+    net: Network<CpuBackend>,
+    optimizer: Optimizer<CpuBackend>,
+    stats: LossStats,
+}
+
+/// CPU replicas as threads: ranks 1.. each with a pool of `threads` threads (rank 0 runs
+/// in the caller's pool, which should have as many).
+pub struct CpuReplicas {
+    threads: usize,
+    /// Pools of ranks 1.., in rank order.
+    pools: Vec<ThreadPool>,
+    /// Ranks 1.., built by `broadcast`.
+    others: Vec<CpuReplica>,
+    all_reduce: CpuAllReduce,
+}
+
+impl CpuReplicas {
+    /// `replicas` replicas (rank 0 included) of `threads` threads each, for a model of
+    /// `param_count` parameters.
+    pub fn new(replicas: usize, threads: usize, param_count: usize) -> Result<Self> {
+        let pools = (1..replicas)
+            .map(|rank| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .thread_name(move |i| format!("replica-{rank}-{i}"))
+                    .build()
+                    .map_err(|e| {
+                        Error::Runtime(format!(
+                            "cannot start {threads} CPU threads for replica {rank}: {e}"
+                        ))
+                    })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(CpuReplicas {
+            threads,
+            pools,
+            others: Vec::new(),
+            all_reduce: CpuAllReduce::new(replicas, param_count),
+        })
+    }
+}
+
+/// Runs `work` for each replica in `others` as a job on its own pool while `lead` runs on
+/// this thread; returns `lead`'s result once every job is done.
+fn fork_join<R>(
+    pools: &[ThreadPool],
+    others: &mut [CpuReplica],
+    work: &(dyn Fn(usize, &mut CpuReplica) + Sync),
+    rank: usize,
+    lead: impl FnOnce() -> R,
+) -> R {
+    match (pools.split_first(), others.split_first_mut()) {
+        (Some((pool, pools)), Some((replica, others))) => pool.in_place_scope(|scope| {
+            scope.spawn(move |_| work(rank, replica));
+            fork_join(pools, others, work, rank + 1, lead)
+        }),
+        _ => lead(),
+    }
+}
+
+impl DataParallel<CpuBackend> for CpuReplicas {
+    fn replicas(&self) -> usize {
+        self.pools.len() + 1
+    }
+
+    fn broadcast(
+        &mut self,
+        spec: &JobSpec,
+        net: &Network<CpuBackend>,
+        optimizer: &Optimizer<CpuBackend>,
+    ) -> Result<()> {
+        let n = net.graph.param_count;
+        if self.all_reduce.buffer_len() != n {
+            return Err(Error::Runtime(format!(
+                "data parallelism was set up for {} parameters, the model has {n}",
+                self.all_reduce.buffer_len()
+            )));
+        }
+        let state: Vec<(String, Vec<f32>)> = optimizer
+            .state()
+            .into_iter()
+            .map(|(name, values)| (name.to_string(), values.clone()))
+            .collect();
+        self.others = (1..self.replicas())
+            .map(|_| {
+                let backend = CpuBackend::new(self.threads);
+                let replica_net = Network::new(
+                    &backend,
+                    net.graph.clone(),
+                    &net.params,
+                    net.max_batch(),
+                    spec.job.seed,
+                )?
+                .with_precision(&backend, half_kind(spec.precision.mode))?;
+                let mut replica_optimizer = Optimizer::new(&backend, spec, n)?;
+                replica_optimizer
+                    .restore(&backend, &state, optimizer.steps(), n)
+                    .map_err(Error::Runtime)?;
+                Ok(CpuReplica {
+                    stats: backend.new_stats()?,
+                    backend,
+                    net: replica_net,
+                    optimizer: replica_optimizer,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(())
+    }
+
+    fn step(
+        &mut self,
+        backend: &CpuBackend,
+        net: &mut Network<CpuBackend>,
+        optimizer: &mut Optimizer<CpuBackend>,
+        batch: &Batch<CpuBackend>,
+        micro_batches: &[&[u32]],
+        micro_step: &mut u64,
+        stats: &mut LossStats,
+        settings: StepSettings,
+    ) -> StepResult {
+        let replicas = self.replicas();
+        let all_reduce = &self.all_reduce;
+        let first_micro_step = *micro_step;
+        // Only rank 0's gradient norm is logged; clipping needs it on every replica.
+        let quiet = StepSettings {
+            want_grad_norm: false,
+            ..settings
+        };
+        let other = |rank: usize, r: &mut CpuReplica| {
+            let mut micro_step = first_micro_step;
+            let place = Rank { rank, replicas };
+            accumulate_gradients(
+                &r.backend,
+                &mut r.net,
+                batch,
+                micro_batches,
+                &mut micro_step,
+                &mut r.stats,
+                place,
+                settings.loss_scale,
+            );
+            all_reduce.mean(rank, &mut r.net.grads);
+            apply_gradients(&r.backend, &mut r.net, &mut r.optimizer, quiet);
+        };
+        let result = fork_join(&self.pools, &mut self.others, &other, 1, || {
+            let place = Rank { rank: 0, replicas };
+            let scale = settings.loss_scale;
+            accumulate_gradients(
+                backend,
+                net,
+                batch,
+                micro_batches,
+                micro_step,
+                stats,
+                place,
+                scale,
+            );
+            all_reduce.mean(0, &mut net.grads);
+            apply_gradients(backend, net, optimizer, settings)
+        });
+        for r in &mut self.others {
+            let s = r.backend.take_stats(&mut r.stats);
+            stats.loss_sum += s.loss_sum;
+            stats.correct += s.correct;
+            stats.samples += s.samples;
+        }
+        result
+    }
+
+    fn verify(&self, _: &CpuBackend, params: &Vec<f32>) -> Result<()> {
+        for (i, r) in self.others.iter().enumerate() {
+            let differ = (r.net.params.iter().zip(params))
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            if differ > 0 {
+                return Err(Error::Runtime(format!(
+                    "data parallelism: replica {} holds {differ} of {} parameters different \
+                     from rank 0's; the replicas no longer train one model",
+                    i + 1,
+                    params.len()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        let plural = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
+        format!(
+            "cpu: {} x {} each",
+            plural(self.replicas(), "replica"),
+            plural(self.threads, "thread")
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::{DataShape, Graph};
+
+    #[test]
+    fn broadcast_copies_rank_zero_and_verify_notices_a_replica_that_drifted() {
+        let spec: JobSpec = toml::from_str(
+            "[data]\nsource = \"synthetic\"\n[model]\nlayers = [{ type = \"linear\", out = 3 }]\n\
+             [optimizer]\ntype = \"adam\"\nlr = 0.1\n",
+        )
+        .unwrap();
+        let shape = DataShape {
+            sample_shape: vec![5],
+            classes: Some(3),
+            target_dim: 1,
+        };
+        let graph = Graph::build(&spec, &shape).unwrap();
+        let backend = CpuBackend::new(1);
+        let n = graph.param_count;
+        let net = Network::new(&backend, graph.clone(), &graph.init_params(4), 8, 0).unwrap();
+        let optimizer = Optimizer::new(&backend, &spec, n).unwrap();
+        let mut replicas = CpuReplicas::new(3, 1, n).unwrap();
+        assert_eq!(replicas.describe(), "cpu: 3 replicas x 1 thread each");
+        replicas.broadcast(&spec, &net, &optimizer).unwrap();
+        replicas.verify(&backend, &net.params).unwrap();
+        // One bit of one parameter.
+        let drifted = &mut replicas.others[1].net.params[2];
+        *drifted = f32::from_bits(drifted.to_bits() ^ 1);
+        let e = replicas
+            .verify(&backend, &net.params)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("replica 2 holds 1 of 18 parameters different"),
+            "{e}"
+        );
+        assert!(CpuReplicas::new(2, 1, n + 1)
+            .unwrap()
+            .broadcast(&spec, &net, &optimizer)
+            .is_err());
+    }
+}
