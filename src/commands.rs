@@ -592,24 +592,43 @@ pub fn check(job: &Path, sets: &[String]) -> Result<String> {
             .map_or(String::new(), |c| format!(", {c} classes")),
         BatchLayout::of(&spec)
     );
-    out += &format!(
-        "{:<8} {:<10} {:<16} {:>12}\n",
-        "layer", "type", "output", "params"
-    );
-    out += &format!(
-        "{:<8} {:<10} {:<16} {:>12}\n",
-        "input",
-        "",
-        format!("{:?}", graph.input_shape),
-        ""
-    );
+    // The inputs column appears when some layer reads other than the previous output.
+    let sequential = graph
+        .layers
+        .iter()
+        .enumerate()
+        .all(|(i, l)| l.inputs == [i]);
+    let node_name = |n: usize| match n {
+        0 => "input".to_string(),
+        n => graph.layers[n - 1].prefix(n - 1),
+    };
+    let inputs: Vec<String> = graph
+        .layers
+        .iter()
+        .map(|l| {
+            let names: Vec<String> = l.inputs.iter().map(|&n| node_name(n)).collect();
+            names.join(", ")
+        })
+        .collect();
+    let name_width = (0..=graph.layers.len()).map(|n| node_name(n).len()).max().unwrap_or(0);
+    let inputs_width = inputs.iter().map(String::len).max().unwrap_or(0);
+    let row = |layer: &str, kind: &str, inputs: &str, shape: &str, params: &str| {
+        let inputs = if sequential {
+            String::new()
+        } else {
+            format!("{inputs:<inputs_width$}  ")
+        };
+        format!("{layer:<name_width$}  {kind:<15} {inputs}{shape:<16} {params:>10}\n")
+    };
+    out += &row("layer", "type", "inputs", "output", "params");
+    out += &row("input", "", "", &format!("{:?}", graph.input_shape), "");
     for (i, layer) in graph.layers.iter().enumerate() {
-        out += &format!(
-            "{:<8} {:<10} {:<16} {:>12}\n",
-            i,
+        out += &row(
+            &layer.prefix(i),
             layer.kind,
-            format!("{:?}", layer.out_shape),
-            group_digits(layer.param_count)
+            &inputs[i],
+            &format!("{:?}", layer.out_shape),
+            &group_digits(layer.param_count),
         );
     }
     out += &format!("total parameters: {}\n\n", group_digits(graph.param_count));

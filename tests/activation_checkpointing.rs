@@ -174,3 +174,64 @@ fn eight_layer_mlp_with_four_segments_allocates_over_40_percent_less_activation_
     let (_, plan_all) = measured("\"all\"", batch);
     assert!(plan_all <= plan_with);
 }
+
+/// Skip connections across segment boundaries, a value read by three layers, batch norm
+/// (whose running statistics a recomputation must not move again) and dropout.
+fn residual_job(activations: &str) -> JobSpec {
+    spec(&format!(
+        r#"
+        [data]
+        source = "synthetic"
+        [model]
+        layers = [
+          {{ type = "conv2d", out = 3, kernel_size = 3, padding = 1, name = "stem" }},
+          {{ type = "batchnorm2d" }}, {{ type = "tanh", name = "x" }},
+          {{ type = "conv2d", out = 3, kernel_size = 3, padding = 1 }}, {{ type = "batchnorm2d" }},
+          {{ type = "dropout", p = 0.2 }}, {{ type = "gelu", name = "branch" }},
+          {{ type = "add", inputs = ["branch", "x"], name = "sum" }},
+          {{ type = "concat", inputs = ["sum", "x", "stem"] }}, {{ type = "relu" }},
+          {{ type = "flatten" }}, {{ type = "linear", out = 4 }},
+        ]
+        [optimizer]
+        type = "sgd"
+        lr = 0.1
+        [checkpoint]
+        activations = {activations}
+        "#
+    ))
+}
+
+#[test]
+fn graphs_with_skip_connections_and_batch_norm_are_bit_identical_with_any_segment_count() {
+    let run = |activations: &str| {
+        let b = CpuBackend::new(1);
+        let images = DataShape {
+            sample_shape: vec![2, 3, 4],
+            classes: Some(4),
+            target_dim: 1,
+        };
+        let mut net = network(&residual_job(activations), &images, N, 7);
+        b.fill(&mut net.grads, 0.0);
+        let mut stats = b.new_stats().unwrap();
+        for key in [STEP_KEY, STEP_KEY + 1] {
+            net.forward(&b, N, true, key);
+            net.loss(&b, N, Some(0.5), &mut stats);
+            net.backward(&b, N, key);
+        }
+        net.forward(&b, N, false, 0);
+        let output = net.output()[..N * 4].to_vec();
+        (net.grads.clone(), net.running_stats(&b), output)
+    };
+    let (grads, running, output) = run("\"none\"");
+    assert!(grads.iter().any(|&g| g.abs() > 1e-4));
+    for mode in (1..=12)
+        .map(|s| format!("{{ segments = {s} }}"))
+        .chain(["\"all\"".to_string()])
+    {
+        let (g, r, o) = run(&mode);
+        let same = g.iter().zip(&grads).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "activations = {mode}: gradients differ");
+        assert_eq!(r, running, "activations = {mode}: running statistics moved again");
+        assert_eq!(o, output, "activations = {mode}: eval output");
+    }
+}

@@ -521,3 +521,43 @@ fn checkpoint_keys_are_validated() {
         expect_exit_2(&out, &needles);
     }
 }
+
+#[test]
+fn batch_norm_running_statistics_are_checkpointed_so_a_resume_is_exact() {
+    let job = write_job(
+        r#"
+[job]
+name = "bn"
+[data]
+source = "digits"
+val_fraction = 0.2
+[model]
+layers = [{ type = "conv2d", out = 4, kernel_size = 3, padding = 1 }, { type = "batchnorm2d" },
+          { type = "relu" }, { type = "flatten" }, { type = "batchnorm1d" }, { type = "linear", out = 10 }]
+[optimizer]
+type = "adam"
+lr = 1e-3
+[train]
+epochs = 3
+log_every = 5
+[checkpoint]
+every_steps = 30
+"#,
+    );
+    let full = run_dir(&job.run(&[]));
+    let tmp = tempfile::tempdir().unwrap();
+    let crashed = tmp.path().join("run");
+    std::fs::create_dir_all(crashed.join("checkpoints")).unwrap();
+    for name in ["metrics.csv", "config.toml", "train.log"] {
+        std::fs::copy(full.join(name), crashed.join(name)).unwrap();
+    }
+    let kept = "step-00000030.safetensors";
+    std::fs::copy(
+        full.join("checkpoints").join(kept),
+        crashed.join("checkpoints").join(kept),
+    )
+    .unwrap();
+    run_dir(&job.run(&["--resume", crashed.to_str().unwrap()]));
+    assert_eq!(metrics(&crashed), metrics(&full));
+    assert_eq!(weights(&crashed), weights(&full), "model.safetensors differs");
+}

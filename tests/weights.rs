@@ -96,6 +96,37 @@ fn digits_graph(layers: &str) -> (JobSpec, Graph) {
 }
 
 #[test]
+fn batch_norm_buffers_and_named_layers_use_pytorch_names() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = run_dir(&run(tmp.path(), "job.toml", &job_text(RESIDUAL_LAYERS, "")));
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let file = SafeTensors::deserialize(&bytes).unwrap();
+    let names: Vec<String> = file.names().into_iter().map(String::from).collect();
+    for name in [
+        "0.weight",
+        "1.running_mean",
+        "1.running_var",
+        "conv.weight",
+        "conv.bias",
+        "bn.weight",
+        "bn.running_var",
+        "fc.weight",
+        "10.num_batches_tracked",
+    ] {
+        assert!(names.iter().any(|n| n == name), "{name} not in {names:?}");
+    }
+    let tracked = file.tensor("bn.num_batches_tracked").unwrap();
+    assert_eq!(tracked.dtype(), safetensors::Dtype::I64);
+    assert!(tracked.shape().is_empty());
+    // Two epochs of 1,438 samples in batches of 64: 46 training forward passes.
+    let count = i64::from_le_bytes(tracked.data().try_into().unwrap());
+    assert_eq!(count, 46);
+    // The running variance has moved from its initial 1.
+    let var: Vec<f32> = bytemuck::pod_collect_to_vec(file.tensor("bn.running_var").unwrap().data());
+    assert!(var.iter().all(|&v| v > 0.0) && var.iter().any(|&v| (v - 1.0).abs() > 1e-3));
+}
+
+#[test]
 fn written_weights_read_back_bit_identical() {
     let (_, graph) = digits_graph(LAYERS);
     let params = common::random_vec(graph.param_count, 21);
@@ -296,9 +327,23 @@ const CNN_LAYERS: &str = r#"[
   { type = "global_avg_pool" }, { type = "flatten" }, { type = "linear", out = 10 },
 ]"#;
 
+/// A residual network with batch norm (its running statistics and num_batches_tracked in the
+/// file, evaluation on them), a concat, a named-layer state_dict and a log_softmax output.
+const RESIDUAL_LAYERS: &str = r#"[
+  { type = "conv2d", out = 4, kernel_size = 3, padding = 1, bias = false },
+  { type = "batchnorm2d" }, { type = "relu", name = "stem" },
+  { type = "conv2d", out = 4, kernel_size = 3, padding = 1, name = "conv" },
+  { type = "batchnorm2d", name = "bn", momentum = 0.3 },
+  { type = "add", inputs = ["bn", "stem"] }, { type = "relu", name = "block" },
+  { type = "concat", inputs = ["block", "stem", "input"] },
+  { type = "global_avg_pool" }, { type = "flatten" },
+  { type = "batchnorm1d", eps = 1e-3 }, { type = "linear", out = 10, name = "fc" },
+  { type = "log_softmax" },
+]"#;
+
 #[test]
 fn pytorch_loads_model_safetensors_and_computes_the_same_outputs() {
-    for layers in [LAYERS, CNN_LAYERS] {
+    for layers in [LAYERS, CNN_LAYERS, RESIDUAL_LAYERS] {
         compare_with_torch(layers);
     }
 }

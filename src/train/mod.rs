@@ -206,6 +206,12 @@ pub fn train_session<B: Backend>(
     if let Some(p) = parallel.as_mut() {
         p.broadcast(spec, &net, &optimizer)?;
         p.verify(backend, &net.params)?;
+        if net.graph.running_stats_len() > 0 {
+            tracing::info!(
+                "batch norm: each replica normalises with its own share's statistics and keeps \
+                 its own running statistics (no sync); rank 0's are evaluated and saved"
+            );
+        }
     }
     let start = Instant::now();
     let elapsed_before = st.elapsed_s;
