@@ -745,3 +745,78 @@ fn image_layers_match_the_cpu() {
         "layer norm dgamma/dbeta",
     );
 }
+
+#[test]
+fn graph_ops_and_softmax_match_the_cpu() {
+    let Some(g) = gpu() else { return };
+    // add_assign over a length that is not a multiple of the block size.
+    let (a, b) = (random_vec(10_007, 30), random_vec(10_007, 31));
+    let mut on_gpu = up(&g, &b);
+    g.add_assign(&up(&g, &a), &mut on_gpu, 10_000);
+    let mut on_cpu = b.clone();
+    CPU.add_assign(&a, &mut on_cpu, 10_000);
+    assert_eq!(down(&g, &on_gpu, b.len()), on_cpu, "add_assign");
+
+    // copy_rows as concat forward (into columns 5..12 of rows of 20) and backward (added).
+    let (rows, width) = (37, 7);
+    let src = random_vec(rows * width, 32);
+    let dst = random_vec(rows * 20, 33);
+    for add in [false, true] {
+        let mut on_gpu = up(&g, &dst);
+        g.copy_rows(
+            &up(&g, &src),
+            (width, 0),
+            &mut on_gpu,
+            (20, 5),
+            width,
+            rows,
+            add,
+        );
+        let mut on_cpu = dst.clone();
+        CPU.copy_rows(&src, (width, 0), &mut on_cpu, (20, 5), width, rows, add);
+        assert_eq!(down(&g, &on_gpu, dst.len()), on_cpu, "copy_rows add={add}");
+    }
+
+    // softmax / log_softmax, forward and backward, on wide and narrow rows.
+    for (rows, width) in [(64, 10), (3, 1000)] {
+        let x: Vec<f32> = random_vec(rows * width, 34)
+            .iter()
+            .map(|v| v * 4.0)
+            .collect();
+        let dy = random_vec(rows * width, 35);
+        for log in [false, true] {
+            let mut y_cpu = vec![f32::NAN; x.len()];
+            CPU.softmax_forward(&x, &mut y_cpu, rows, width, log);
+            let mut y_gpu = poisoned(&g, x.len());
+            g.softmax_forward(&up(&g, &x), &mut y_gpu, rows, width, log);
+            assert_close(&down(&g, &y_gpu, x.len()), &y_cpu, "softmax forward");
+            let mut dx_cpu = vec![f32::NAN; x.len()];
+            CPU.softmax_backward(&y_cpu, &dy, &mut dx_cpu, rows, width, log);
+            let mut dx_gpu = poisoned(&g, x.len());
+            g.softmax_backward(&up(&g, &y_cpu), &up(&g, &dy), &mut dx_gpu, rows, width, log);
+            assert_close(&down(&g, &dx_gpu, x.len()), &dx_cpu, "softmax backward");
+        }
+    }
+}
+
+#[test]
+fn resnet_with_batch_norm_on_cuda_follows_the_cpu_loss_curve() {
+    if gpu().is_none() {
+        return;
+    }
+    let layers = "model.layers=[{type=\"conv2d\",out=8,kernel_size=3,padding=1,bias=false},\
+        {type=\"batchnorm2d\"},{type=\"relu\",name=\"x\"},\
+        {type=\"conv2d\",out=8,kernel_size=3,padding=1,name=\"c\"},{type=\"batchnorm2d\",name=\"bn\"},\
+        {type=\"add\",inputs=[\"bn\",\"x\"]},{type=\"relu\",name=\"y\"},\
+        {type=\"concat\",inputs=[\"y\",\"x\"]},{type=\"global_avg_pool\"},{type=\"flatten\"},\
+        {type=\"linear\",out=10},{type=\"log_softmax\"}]";
+    let cpu = loss_curve("cpu", &["--set", layers]);
+    let cuda = loss_curve("cuda", &["--set", layers]);
+    assert_eq!(cpu.len(), 100);
+    for ((step, a), (_, b)) in cpu.iter().zip(&cuda) {
+        assert!(
+            (a - b).abs() <= 1e-3 * a.abs(),
+            "step {step}: cpu loss {a} vs cuda {b}"
+        );
+    }
+}
