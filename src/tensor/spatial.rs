@@ -481,18 +481,22 @@ pub fn maxpool2d_backward(s: &Pool2d, x: &[f32], y: &[f32], dy: &[f32], dx: &mut
                 &dy[c * oh * ow..(c + 1) * oh * ow],
             );
             if s.tiles() && s.k == (2, 2) {
-                // Branch-free: the gradient goes to the first of the four equal to the max.
-                let same = |v: f32, t: f32| v == t || (v.is_nan() && t.is_nan());
+                // Branch-free, a pair of input rows at a time: the gradient goes to the first
+                // of the four equal to the max (NaN counting as equal to NaN).
+                let same = |v: f32, t: f32| v == t || (v != v && t != t);
                 for p in 0..oh {
-                    for q in 0..ow {
-                        let (t, g) = (y_c[p * ow + q], dy_c[p * ow + q]);
-                        let (i0, i1) = (2 * p * s.w + 2 * q, (2 * p + 1) * s.w + 2 * q);
-                        let (a, b, c) = (same(x_c[i0], t), same(x_c[i0 + 1], t), same(x_c[i1], t));
-                        let d = same(x_c[i1 + 1], t);
-                        dx_c[i0] = if a { g } else { 0.0 };
-                        dx_c[i0 + 1] = if !a && b { g } else { 0.0 };
-                        dx_c[i1] = if !a && !b && c { g } else { 0.0 };
-                        dx_c[i1 + 1] = if !a && !b && !c && d { g } else { 0.0 };
+                    let (y_r, dy_r) = (&y_c[p * ow..][..ow], &dy_c[p * ow..][..ow]);
+                    let (x0, x1) = x_c[2 * p * s.w..][..2 * s.w].split_at(s.w);
+                    let (d0, d1) = dx_c[2 * p * s.w..][..2 * s.w].split_at_mut(s.w);
+                    let outs = d0.chunks_exact_mut(2).zip(d1.chunks_exact_mut(2));
+                    let ins = x0.chunks_exact(2).zip(x1.chunks_exact(2));
+                    for (((o0, o1), (a, b)), (&t, &g)) in outs.zip(ins).zip(y_r.iter().zip(dy_r)) {
+                        let (e0, e1, e2, e3) =
+                            (same(a[0], t), same(a[1], t), same(b[0], t), same(b[1], t));
+                        o0[0] = if e0 { g } else { 0.0 };
+                        o0[1] = if !e0 && e1 { g } else { 0.0 };
+                        o1[0] = if !e0 && !e1 && e2 { g } else { 0.0 };
+                        o1[1] = if !e0 && !e1 && !e2 && e3 { g } else { 0.0 };
                     }
                 }
                 return;
