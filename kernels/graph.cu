@@ -71,3 +71,16 @@ extern "C" __global__ void softmax_backward(const float* y, const float* dy, flo
     for (u64 j = threadIdx.x; j < width; j += blockDim.x)
         dx[r * width + j] = log_out ? dyr[j] - expf(yr[j]) * t : yr[j] * (dyr[j] - t);
 }
+
+// y[p * dim + j] = W[ids[p] * dim + j] for count token ids.
+extern "C" __global__ void embedding_forward(const float* ids, const float* w, float* y, u64 count, u64 dim) {
+    GRID_STRIDE(i, count * dim) y[i] = w[(u64)ids[i / dim] * dim + i % dim];
+}
+
+// dW[ids[p], j] += dy[p, j]: one thread per column j walks the positions in order, so the
+// sums are deterministic (no atomics).
+extern "C" __global__ void embedding_backward(const float* ids, const float* dy, float* dw, u64 count, u64 dim) {
+    GRID_STRIDE(j, dim) {
+        for (u64 p = 0; p < count; p++) dw[(u64)ids[p] * dim + j] += dy[p * dim + j];
+    }
+}

@@ -78,7 +78,42 @@ fn prepare(job: &Path, sets: &[String], name: Option<&str>) -> Result<Prepared> 
         target_dim: data.target_dim,
     };
     let graph = Graph::build(&spec, &shape)?;
+    check_token_ids(&graph, &data)?;
     Ok(Prepared { spec, data, graph })
+}
+
+/// An embedding reads token ids from the data: every feature must be a whole number in
+/// [0, num_embeddings), or the job is refused naming the layer, the value and where it is.
+fn check_token_ids(graph: &Graph, data: &Data) -> Result<()> {
+    let Some(vocab) = graph.embeddings().iter().map(|&(_, v)| v).min() else {
+        return Ok(());
+    };
+    let row = data.row_len();
+    let sets =
+        std::iter::once(("train", &data.train)).chain(data.eval.iter().map(|(n, d)| (*n, d)));
+    for (split, set) in sets {
+        if let Some((i, v)) = set
+            .features
+            .iter()
+            .enumerate()
+            .find(|(_, v)| !(v.fract() == 0.0 && (0.0..vocab as f32).contains(*v)))
+        {
+            let (layer, _) = graph.embeddings()[0];
+            return Err(Error::Job(format!(
+                "model.layers[{layer}] (embedding): the {split} data holds {v} (sample {}, \
+                 feature {}), but token ids must be whole numbers in [0, {vocab}) \
+                 (num_embeddings{}); set data.normalize = \"none\" for token data",
+                i / row,
+                i % row,
+                if graph.embeddings().len() > 1 {
+                    ", the smallest of the embeddings'"
+                } else {
+                    ""
+                }
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The device a job runs on, after `auto` is resolved.

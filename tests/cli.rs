@@ -619,3 +619,106 @@ fn conv_groups_must_divide_the_channels() {
     );
     expect_failure(&job, &[], &[], 2, &["groups = 3 must divide"]);
 }
+
+/// Sequences of 6 token ids from a vocabulary of 20; the class is which of the tokens 3, 7
+/// and 11 the sequence holds (exactly one of them, at a random place).
+fn token_csv() -> Vec<u8> {
+    let mut rng = trainer::tensor::rng::Rng::new(5);
+    let mut text = String::from("t0,t1,t2,t3,t4,t5,label\n");
+    for _ in 0..600 {
+        let label = rng.below(3);
+        let mut ids: Vec<usize> = (0..6)
+            .map(|_| loop {
+                let t = rng.below(20);
+                if ![3, 7, 11].contains(&t) {
+                    break t;
+                }
+            })
+            .collect();
+        ids[rng.below(6)] = [3, 7, 11][label];
+        let row: Vec<String> = ids.iter().map(|t| t.to_string()).collect();
+        text += &format!("{},{label}\n", row.join(","));
+    }
+    text.into_bytes()
+}
+
+const TOKEN_JOB: &str = r#"
+[data]
+source = "csv"
+path = "tokens.csv"
+classes = 3
+normalize = "none"
+val_fraction = 0.2
+[model]
+layers = [
+  { type = "embedding", num_embeddings = 20, embedding_dim = 8, name = "tokens" },
+  { type = "flatten" }, { type = "linear", out = 32 }, { type = "relu" }, { type = "linear", out = 3 },
+]
+[optimizer]
+type = "adam"
+lr = 1e-2
+[train]
+epochs = 15
+"#;
+
+#[test]
+fn an_embedding_learns_from_token_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("tokens.csv"), token_csv()).unwrap();
+    let job = dir.path().join("tokens.toml");
+    std::fs::write(&job, TOKEN_JOB).unwrap();
+    let runs = dir.path().join("runs");
+    let out = trainer(
+        &[
+            "run",
+            job.to_str().unwrap(),
+            "--runs-dir",
+            runs.to_str().unwrap(),
+            "-q",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let run = String::from_utf8(out.stdout).unwrap();
+    let summary: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(Path::new(run.trim()).join("summary.json")).unwrap(),
+    )
+    .unwrap();
+    let accuracy = summary["final"]["val_accuracy"].as_f64().unwrap();
+    assert!(accuracy > 0.9, "val accuracy {accuracy} (chance: 1/3)");
+}
+
+#[test]
+fn token_ids_outside_the_vocabulary_or_normalised_are_refused() {
+    let small = TOKEN_JOB.replace("num_embeddings = 20", "num_embeddings = 10");
+    expect_failure(
+        &small,
+        &[("tokens.csv", &token_csv())],
+        &[],
+        2,
+        &[
+            "model.layers[0] (embedding)",
+            "token ids must be whole numbers in [0, 10)",
+            "sample",
+        ],
+    );
+    let normalised = TOKEN_JOB.replace("normalize = \"none\"", "");
+    expect_failure(
+        &normalised,
+        &[("tokens.csv", &token_csv())],
+        &[],
+        2,
+        &["(embedding)", "data.normalize = \"none\""],
+    );
+    let not_data = TOKEN_JOB.replace(
+        "{ type = \"embedding\", num_embeddings = 20, embedding_dim = 8, name = \"tokens\" },",
+        "{ type = \"tanh\" }, { type = \"embedding\", num_embeddings = 20, embedding_dim = 8 },",
+    );
+    expect_failure(
+        &not_data,
+        &[("tokens.csv", &token_csv())],
+        &[],
+        2,
+        &["model.layers[1] (embedding): it reads token ids, which only the data holds"],
+    );
+}

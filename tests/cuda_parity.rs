@@ -777,6 +777,26 @@ fn graph_ops_and_softmax_match_the_cpu() {
         assert_eq!(down(&g, &on_gpu, dst.len()), on_cpu, "copy_rows add={add}");
     }
 
+    // embedding: a table of 50 x 24, 300 ids with repeats, forward and the summed backward.
+    let (vocab, dim, count) = (50, 24, 300);
+    let table = random_vec(7 + vocab * dim, 36);
+    let ids: Vec<f32> = (0..count).map(|i| ((i * 37) % vocab) as f32).collect();
+    let mut y_cpu = vec![f32::NAN; count * dim];
+    CPU.embedding_forward(&ids, &table, 7, &mut y_cpu, count, dim);
+    let mut y_gpu = poisoned(&g, count * dim);
+    g.embedding_forward(&up(&g, &ids), &up(&g, &table), 7, &mut y_gpu, count, dim);
+    assert_eq!(down(&g, &y_gpu, count * dim), y_cpu, "embedding forward");
+    let dy = random_vec(count * dim, 37);
+    let mut dw_cpu = random_vec(table.len(), 38);
+    let mut dw_gpu = up(&g, &dw_cpu);
+    CPU.embedding_backward(&ids, &dy, &mut dw_cpu, 7, count, dim);
+    g.embedding_backward(&up(&g, &ids), &up(&g, &dy), &mut dw_gpu, 7, count, dim);
+    assert_eq!(
+        down(&g, &dw_gpu, table.len()),
+        dw_cpu,
+        "embedding backward (same order)"
+    );
+
     // softmax / log_softmax, forward and backward, on wide and narrow rows.
     for (rows, width) in [(64, 10), (3, 1000)] {
         let x: Vec<f32> = random_vec(rows * width, 34)

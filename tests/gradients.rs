@@ -20,9 +20,17 @@ fn mean_loss(net: &mut Network<CpuBackend>, b: &CpuBackend) -> f64 {
 
 /// Compares d(loss)/d(param) with (L(p+h) - L(p-h)) / 2h for every parameter.
 fn check_gradients(job: &str, data: DataShape) {
+    check_gradients_on(job, data, None);
+}
+
+/// The same, with the given input batch instead of random values (token ids).
+fn check_gradients_on(job: &str, data: DataShape, input: Option<&[f32]>) {
     let b = CpuBackend::new(1);
     let spec = spec(job);
     let mut net = network(&spec, &data, N, 7);
+    if let Some(input) = input {
+        net.input_mut()[..input.len()].copy_from_slice(input);
+    }
     b.fill(&mut net.grads, 0.0);
     let mut stats = b.new_stats().unwrap();
     net.forward(&b, N, true, STEP_KEY);
@@ -373,4 +381,29 @@ fn image_residual_block_with_batch_norm_gradients() {
         "#,
         images(),
     );
+}
+
+#[test]
+fn embedding_gradients_sum_over_repeated_tokens() {
+    let job = r#"
+        [data]
+        source = "synthetic"
+        [model]
+        layers = [{ type = "embedding", num_embeddings = 7, embedding_dim = 3 }, { type = "tanh" },
+                  { type = "flatten" }, { type = "linear", out = 3 }]
+        [optimizer]
+        type = "sgd"
+        lr = 0.1
+        "#;
+    let data = DataShape {
+        sample_shape: vec![4],
+        classes: Some(3),
+        target_dim: 1,
+    };
+    // 5 samples of 4 ids; id 2 appears several times, id 6 never (its gradient stays 0).
+    let ids: Vec<f32> = [0, 2, 2, 5, 1, 2, 3, 4, 2, 0, 5, 5, 3, 1, 2, 4, 0, 0, 1, 2]
+        .iter()
+        .map(|&v| v as f32)
+        .collect();
+    check_gradients_on(job, data, Some(&ids));
 }

@@ -307,6 +307,7 @@ fn layer_json(op: &Op, out_shape: &[usize]) -> String {
                 if out_shape.len() == 3 { 2 } else { 1 }
             ),
             Op::Add => "[\"add\"]".into(),
+            Op::Embedding { vocab, dim, .. } => format!("[\"embedding\", {vocab}, {dim}]"),
             Op::Concat { .. } => "[\"concat\"]".into(),
             Op::Softmax { log, .. } => {
                 format!("[\"{}\"]", if *log { "log_softmax" } else { "softmax" })

@@ -68,6 +68,12 @@ pub enum Op {
         width: usize,
         log: bool,
     },
+    /// Rows of the table at `weight` ([vocab, dim]) for the token ids in the data.
+    Embedding {
+        vocab: usize,
+        dim: usize,
+        weight: usize,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -147,6 +153,8 @@ impl Graph {
         };
         let wiring = wiring::resolve(&spec.model.layers)?;
         let mut node_shapes = vec![input_shape.clone()];
+        // Per node: the data itself, or a view of it.
+        let mut reads_data = vec![true];
         let mut layers = Vec::new();
         let mut offset = 0;
         for ((i, entry), inputs) in spec.model.layers.iter().enumerate().zip(wiring) {
@@ -219,6 +227,22 @@ impl Graph {
                     (Op::Add, in_shape.clone())
                 }
                 LayerSpec::Concat(_) => image::concat(i, &in_shapes)?,
+                LayerSpec::Embedding(e) => {
+                    // Token ids come from the data (through flatten/reshape at most).
+                    if !reads_data[inputs[0]] {
+                        return Err(Error::Job(format!(
+                            "model.layers[{i}] (embedding): it reads token ids, which only the \
+                             data holds; make it read \"input\" (the first layer, or inputs = \
+                             [\"input\"])"
+                        )));
+                    }
+                    let weight = offset;
+                    offset += e.num_embeddings * e.embedding_dim;
+                    let mut out = in_shape.clone();
+                    out.push(e.embedding_dim);
+                    let (vocab, dim) = (e.num_embeddings, e.embedding_dim);
+                    (Op::Embedding { vocab, dim, weight }, out)
+                }
                 LayerSpec::Softmax(_) | LayerSpec::LogSoftmax(_) => {
                     let width = *in_shape.last().unwrap_or(&1);
                     let log = matches!(entry.layer, LayerSpec::LogSoftmax(_));
@@ -234,9 +258,11 @@ impl Graph {
                 }
                 Op::LayerNorm { width, .. } => 2 * width,
                 Op::BatchNorm { channels, .. } => 2 * channels,
+                Op::Embedding { vocab, dim, .. } => vocab * dim,
                 _ => 0,
             };
             node_shapes.push(out_shape.clone());
+            reads_data.push(op == Op::View && reads_data[inputs[0]]);
             layers.push(Layer {
                 kind,
                 name: entry.name.clone(),
@@ -359,6 +385,9 @@ impl Graph {
                 | Op::Add
                 | Op::Concat { .. }
                 | Op::Softmax { .. } => {}
+                Op::Embedding { vocab, dim, weight } => {
+                    push("weight", vec![vocab, dim], weight, Init::Normal(1.0));
+                }
             }
         }
         tensors
@@ -396,6 +425,16 @@ impl Graph {
         self.layers.iter().enumerate().filter_map(bn).collect()
     }
 
+    /// Each embedding layer: its index and vocabulary size (the data's ids are checked
+    /// against it before training).
+    pub fn embeddings(&self) -> Vec<(usize, usize)> {
+        let table = |(i, l): (usize, &Layer)| match l.op {
+            Op::Embedding { vocab, .. } => Some((i, vocab)),
+            _ => None,
+        };
+        self.layers.iter().enumerate().filter_map(table).collect()
+    }
+
     pub fn output_shape(&self) -> &[usize] {
         self.layers
             .last()
@@ -417,6 +456,13 @@ impl Graph {
                         .iter_mut()
                         .for_each(|v| *v = rng.uniform(-bound, bound) as f32);
                 }
+                Init::Normal(std) => {
+                    let rng = rngs[t.layer]
+                        .get_or_insert_with(|| Rng::new(derive(seed, 1000 + t.layer as u64)));
+                    values
+                        .iter_mut()
+                        .for_each(|v| *v = (rng.normal() * std) as f32);
+                }
                 Init::Constant(c) => values.fill(c),
             }
         }
@@ -429,6 +475,8 @@ impl Graph {
 enum Init {
     /// Uniform in ±bound.
     Uniform(f64),
+    /// Normal with mean 0 and this standard deviation.
+    Normal(f64),
     Constant(f32),
 }
 

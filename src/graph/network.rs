@@ -44,6 +44,9 @@ pub struct Network<B: Backend> {
     half: Option<HalfKind>,
     /// The parameters rounded to `half`, which linear and conv layers compute with.
     half_params: Option<B::Buf>,
+    /// Mixed precision rounds the data too, unless it holds token ids (whole numbers: an
+    /// fp16 id above 2048 would move).
+    round_input: bool,
 }
 
 /// Which forward pass a layer runs in.
@@ -102,6 +105,7 @@ impl<B: Backend> Network<B> {
         seed: u64,
     ) -> Result<Self> {
         let plan = graph.buffer_plan();
+        let graph_has_no_embedding = graph.embeddings().is_empty();
         let sizes: Vec<usize> = plan.sizes.iter().map(|&n| max_batch * n).collect();
         let acts = sizes
             .iter()
@@ -157,6 +161,7 @@ impl<B: Backend> Network<B> {
             graph,
             half: None,
             half_params: None,
+            round_input: graph_has_no_embedding,
         })
     }
 
@@ -262,8 +267,10 @@ impl<B: Backend> Network<B> {
     /// Runs the layers on the first `n` samples of the input. `step_key` identifies the
     /// micro-step, so dropout draws a fresh mask each step and the same one in backward.
     pub fn forward(&mut self, backend: &B, n: usize, train: bool, step_key: u64) {
-        let input_len = n * numel(&self.graph.input_shape);
-        Self::round(backend, self.half, &mut self.acts[0], input_len);
+        if self.round_input {
+            let input_len = n * numel(&self.graph.input_shape);
+            Self::round(backend, self.half, &mut self.acts[0], input_len);
+        }
         for i in 0..self.graph.layers.len() {
             let pass = if train { Pass::Train } else { Pass::Eval };
             self.forward_layer(backend, i, n, pass, step_key);
@@ -362,6 +369,10 @@ impl<B: Backend> Network<B> {
             &Op::Softmax { width, log } => {
                 let (x, y) = read_write(&mut self.acts, src, dst);
                 backend.softmax_forward(x, y, len / width, width, log);
+            }
+            &Op::Embedding { dim, weight, .. } => {
+                let (ids, y) = read_write(&mut self.acts, src, dst);
+                backend.embedding_forward(ids, &self.params, weight, y, len / dim, dim);
             }
         }
         if !forward_keeps_half(&layer.op) {
@@ -503,6 +514,9 @@ impl<B: Backend> Network<B> {
             }
             Op::Softmax { width, log } if need_dx => {
                 backend.softmax_backward(&self.acts[dst], dy, dx, len / width, width, log);
+            }
+            Op::Embedding { dim, weight, .. } => {
+                backend.embedding_backward(x, dy, &mut self.grads, weight, len / dim, dim);
             }
             _ => {}
         }

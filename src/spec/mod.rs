@@ -271,6 +271,18 @@ pub enum LayerSpec {
     Softmax(NoSettings),
     /// log(softmax) over the last dimension, computed stably.
     LogSoftmax(NoSettings),
+    /// A learned vector per token id (PyTorch's Embedding): reads whole-number ids in
+    /// [0, num_embeddings) from the data; [length] → [length, embedding_dim].
+    Embedding(EmbeddingSpec),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EmbeddingSpec {
+    /// The number of token ids (the vocabulary size).
+    pub num_embeddings: usize,
+    /// The length of each vector.
+    pub embedding_dim: usize,
 }
 
 impl LayerSpec {
@@ -296,6 +308,7 @@ impl LayerSpec {
             LayerSpec::Concat(_) => "concat",
             LayerSpec::Softmax(_) => "softmax",
             LayerSpec::LogSoftmax(_) => "log_softmax",
+            LayerSpec::Embedding(_) => "embedding",
         }
     }
 }

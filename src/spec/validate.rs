@@ -235,6 +235,14 @@ fn validate_model(m: &ModelSpec, p: &mut Problems) {
                     format!("{} given; must be positive", l.eps),
                 );
             }
+            LayerSpec::Embedding(e) => {
+                for (name, v) in [
+                    ("num_embeddings", e.num_embeddings),
+                    ("embedding_dim", e.embedding_dim),
+                ] {
+                    p.check(v >= 1, &format!("{key}.{name}"), "must be at least 1");
+                }
+            }
             LayerSpec::Batchnorm1d(b) | LayerSpec::Batchnorm2d(b) => {
                 p.check(
                     b.eps > 0.0,

@@ -204,6 +204,28 @@ pub trait Backend {
         rows: usize,
         add: bool,
     );
+    /// y[p, ·] = W[ids[p], ·] for `count` token ids, W = params[w..] as [vocab, dim].
+    #[allow(clippy::too_many_arguments)]
+    fn embedding_forward(
+        &self,
+        ids: &Self::Buf,
+        params: &Self::Buf,
+        w: usize,
+        y: &mut Self::Buf,
+        count: usize,
+        dim: usize,
+    );
+    /// grads[W][ids[p], ·] += dy[p, ·], summed in position order (deterministic).
+    #[allow(clippy::too_many_arguments)]
+    fn embedding_backward(
+        &self,
+        ids: &Self::Buf,
+        dy: &Self::Buf,
+        grads: &mut Self::Buf,
+        w: usize,
+        count: usize,
+        dim: usize,
+    );
     /// softmax (or log_softmax with `log`) of each row of `width` values.
     fn softmax_forward(
         &self,

@@ -483,7 +483,7 @@ pub fn maxpool2d_backward(s: &Pool2d, x: &[f32], y: &[f32], dy: &[f32], dx: &mut
             if s.tiles() && s.k == (2, 2) {
                 // Branch-free, a pair of input rows at a time: the gradient goes to the first
                 // of the four equal to the max (NaN counting as equal to NaN).
-                let same = |v: f32, t: f32| v == t || (v != v && t != t);
+                let same = |v: f32, t: f32| v == t || (v.is_nan() && t.is_nan());
                 for p in 0..oh {
                     let (y_r, dy_r) = (&y_c[p * ow..][..ow], &dy_c[p * ow..][..ow]);
                     let (x0, x1) = x_c[2 * p * s.w..][..2 * s.w].split_at(s.w);

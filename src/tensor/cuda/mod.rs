@@ -78,6 +78,8 @@ struct Functions {
     add_assign: CudaFunction,
     copy_rows: CudaFunction,
     softmax_forward: CudaFunction,
+    embedding_forward: CudaFunction,
+    embedding_backward: CudaFunction,
     softmax_backward: CudaFunction,
     gather_rows: CudaFunction,
     broadcast_rows: CudaFunction,
@@ -298,6 +300,8 @@ impl CudaBackend {
             add_assign: load("add_assign")?,
             copy_rows: load("copy_rows")?,
             softmax_forward: load("softmax_forward")?,
+            embedding_forward: load("embedding_forward")?,
+            embedding_backward: load("embedding_backward")?,
             softmax_backward: load("softmax_backward")?,
             gather_rows: load("gather_rows")?,
             broadcast_rows: load("broadcast_rows")?,
@@ -1210,6 +1214,46 @@ impl Backend for CudaBackend {
         self.launch(
             "copy rows",
             unsafe { l.launch(grid(rows * width)) }.map(|_| ()),
+        );
+    }
+
+    fn embedding_forward(
+        &self,
+        ids: &CudaSlice<f32>,
+        params: &CudaSlice<f32>,
+        w: usize,
+        y: &mut CudaSlice<f32>,
+        count: usize,
+        dim: usize,
+    ) {
+        let (c, d) = (count as u64, dim as u64);
+        let table = params.slice(w..);
+        let mut l = self.stream.launch_builder(&self.f.embedding_forward);
+        l.arg(ids).arg(&table).arg(&mut *y).arg(&c).arg(&d);
+        // SAFETY: ids were checked to lie in [0, vocab) before training.
+        self.launch(
+            "embedding",
+            unsafe { l.launch(grid(count * dim)) }.map(|_| ()),
+        );
+    }
+
+    fn embedding_backward(
+        &self,
+        ids: &CudaSlice<f32>,
+        dy: &CudaSlice<f32>,
+        grads: &mut CudaSlice<f32>,
+        w: usize,
+        count: usize,
+        dim: usize,
+    ) {
+        let (c, d) = (count as u64, dim as u64);
+        let mut table = grads.slice_mut(w..);
+        let mut l = self.stream.launch_builder(&self.f.embedding_backward);
+        l.arg(ids).arg(dy).arg(&mut table).arg(&c).arg(&d);
+        // SAFETY: as in embedding_forward.
+        self.launch(
+            "embedding backward",
+            unsafe { l.launch(grid(dim)) }.map(|_| ()),
         );
     }
 
