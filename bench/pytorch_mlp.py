@@ -60,6 +60,29 @@ def make_cnn():
     )
 
 
+class ResNetSmall(nn.Module):
+    """jobs/resnet_small.toml's model."""
+
+    def __init__(self):
+        super().__init__()
+        bn = nn.BatchNorm2d
+        self.stem = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1, bias=False), bn(16), nn.ReLU())
+        self.block1 = nn.Sequential(
+            nn.Conv2d(16, 16, 3, padding=1, bias=False), bn(16), nn.ReLU(),
+            nn.Conv2d(16, 16, 3, padding=1, bias=False), bn(16))
+        self.block2 = nn.Sequential(
+            nn.Conv2d(16, 32, 3, stride=2, padding=1, bias=False), bn(32), nn.ReLU(),
+            nn.Conv2d(32, 32, 3, padding=1, bias=False), bn(32))
+        self.shortcut = nn.Sequential(nn.Conv2d(16, 32, 1, stride=2, bias=False), bn(32))
+        self.fc = nn.Linear(32, 10)
+
+    def forward(self, x):
+        x = self.stem(x)
+        x = torch.relu(self.block1(x) + x)
+        x = torch.relu(self.block2(x) + self.shortcut(x))
+        return self.fc(x.mean(dim=(2, 3)))
+
+
 def make_mlp(sizes):
     layers = []
     for i in range(len(sizes) - 1):
@@ -81,8 +104,9 @@ def main():
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="cpu or cuda (data is moved to it first)")
-    p.add_argument("--model", choices=["mlp", "cnn"], default="mlp",
-                   help="mlp: --layers; cnn: jobs/fashion_mnist_cnn.toml's conv net (fashion data)")
+    p.add_argument("--model", choices=["mlp", "cnn", "resnet"], default="mlp",
+                   help="mlp: --layers; cnn: jobs/fashion_mnist_cnn.toml's conv net; resnet: "
+                        "jobs/resnet_small.toml's (fashion data)")
     args = p.parse_args()
     dev = torch.device(args.device)
 
@@ -94,7 +118,8 @@ def main():
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     sizes = [int(s) for s in args.layers.split(",")]
-    model = (make_cnn() if args.model == "cnn" else make_mlp(sizes)).to(dev)
+    models = {"cnn": make_cnn, "resnet": ResNetSmall, "mlp": lambda: make_mlp(sizes)}
+    model = models[args.model]().to(dev)
     loss_fn = nn.CrossEntropyLoss()
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
 
@@ -108,7 +133,7 @@ def main():
     train_s, samples = 0.0, 0
     if args.data == "fashion":
         xtr, ytr, xte, yte = (t.to(dev) for t in load_fashion(args.data_dir))
-        if args.model == "cnn":
+        if args.model in ("cnn", "resnet"):
             xtr, xte = xtr.reshape(-1, 1, 28, 28), xte.reshape(-1, 1, 28, 28)
         else:
             assert xtr.shape[1] == sizes[0] and sizes[-1] == 10, "layers must be 784,...,10"

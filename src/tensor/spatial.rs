@@ -564,7 +564,9 @@ pub fn avgpool2d_backward(s: &Pool2d, dy: &[f32], dx: &mut [f32], n: usize) {
 
 /// Batch norm over [n, c, spatial]: statistics per channel over the batch and the spatial
 /// positions. Training uses (and returns through `mean`/`invstd`) the batch statistics and
-/// updates the running ones; evaluation uses the running ones.
+/// updates the running ones; evaluation uses the running ones. Channels are reduced in
+/// parallel, each in a fixed order (sample by sample, f64), then planes are normalised in
+/// parallel.
 #[allow(clippy::too_many_arguments)]
 pub fn batchnorm_forward(
     x: &[f32],
@@ -582,29 +584,52 @@ pub fn batchnorm_forward(
 ) {
     let (running_mean, running_var) = running;
     let m = (n * spatial) as f64;
-    for ch in 0..c {
-        let values =
-            || (0..n).flat_map(move |s| (0..spatial).map(move |p| (s * c + ch) * spatial + p));
-        if train {
-            let mu = values().map(|i| x[i] as f64).sum::<f64>() / m;
-            let var = values().map(|i| (x[i] as f64 - mu).powi(2)).sum::<f64>() / m;
-            mean[ch] = mu as f32;
-            invstd[ch] = (1.0 / (var + eps as f64).sqrt()) as f32;
-            let unbiased = if m > 1.0 { var * m / (m - 1.0) } else { var };
-            running_mean[ch] = (1.0 - momentum) * running_mean[ch] + momentum * mu as f32;
-            running_var[ch] = (1.0 - momentum) * running_var[ch] + momentum * unbiased as f32;
-        } else {
+    let planes = |ch: usize| (0..n).map(move |s| &x[(s * c + ch) * spatial..][..spatial]);
+    if train {
+        let stats = mean.par_iter_mut().zip(invstd.par_iter_mut());
+        let running = running_mean.par_iter_mut().zip(running_var.par_iter_mut());
+        stats.zip(running).enumerate().for_each(
+            |(ch, ((mean, invstd), (running_mean, running_var)))| {
+                let sum: f64 = planes(ch).flatten().map(|&v| v as f64).sum();
+                let mu = sum / m;
+                let var = planes(ch)
+                    .flatten()
+                    .map(|&v| (v as f64 - mu).powi(2))
+                    .sum::<f64>()
+                    / m;
+                *mean = mu as f32;
+                *invstd = (1.0 / (var + eps as f64).sqrt()) as f32;
+                let unbiased = if m > 1.0 { var * m / (m - 1.0) } else { var };
+                *running_mean = (1.0 - momentum) * *running_mean + momentum * mu as f32;
+                *running_var = (1.0 - momentum) * *running_var + momentum * unbiased as f32;
+            },
+        );
+    } else {
+        for ch in 0..c {
             mean[ch] = running_mean[ch];
             invstd[ch] = 1.0 / (running_var[ch] + eps).sqrt();
         }
-        for i in values() {
-            y[i] = (x[i] - mean[ch]) * invstd[ch] * gamma[ch] + beta[ch];
-        }
     }
+    let (mean, invstd) = (&*mean, &*invstd);
+    y[..n * c * spatial]
+        .par_chunks_mut(spatial)
+        .zip(x[..n * c * spatial].par_chunks(spatial))
+        .enumerate()
+        .for_each(|(k, (y, x))| {
+            let ch = k % c;
+            let (mu, is, g, b) = (mean[ch], invstd[ch], gamma[ch], beta[ch]);
+            for (y, &x) in y.iter_mut().zip(x) {
+                *y = (x - mu) * is * g + b;
+            }
+        });
 }
 
+/// Channels whose backward sums one pass keeps (on the stack: the step allocates nothing).
+const BN_CHANNEL_BLOCK: usize = 512;
+
 /// Training-mode backward: dx = γ·invstd·(dy - mean(dy) - x̂·mean(dy·x̂)); dγ += Σ dy·x̂;
-/// dβ += Σ dy.
+/// dβ += Σ dy. The per-channel sums run in parallel over channels (each in a fixed order),
+/// dx in parallel over planes.
 #[allow(clippy::too_many_arguments)]
 pub fn batchnorm_backward(
     x: &[f32],
@@ -619,20 +644,45 @@ pub fn batchnorm_backward(
 ) {
     let m = (n * spatial) as f64;
     let mut dx = dx;
-    for ch in 0..c {
-        let values =
-            || (0..n).flat_map(move |s| (0..spatial).map(move |p| (s * c + ch) * spatial + p));
-        let xhat = |i: usize| ((x[i] - mean[ch]) * invstd[ch]) as f64;
-        let sum_dy: f64 = values().map(|i| dy[i] as f64).sum();
-        let sum_dy_xhat: f64 = values().map(|i| dy[i] as f64 * xhat(i)).sum();
-        dgamma[ch] += sum_dy_xhat as f32;
-        dbeta[ch] += sum_dy as f32;
-        if let Some(dx) = dx.as_deref_mut() {
-            let scale = gamma[ch] as f64 * invstd[ch] as f64;
-            for i in values() {
-                dx[i] = (scale * (dy[i] as f64 - sum_dy / m - xhat(i) * sum_dy_xhat / m)) as f32;
-            }
-        }
+    let xhat = |ch: usize, v: f32| ((v - mean[ch]) * invstd[ch]) as f64;
+    for first in (0..c).step_by(BN_CHANNEL_BLOCK) {
+        let block = first..(first + BN_CHANNEL_BLOCK).min(c);
+        let mut sums = [(0.0f64, 0.0f64); BN_CHANNEL_BLOCK];
+        sums[..block.len()]
+            .par_iter_mut()
+            .zip(dgamma[block.clone()].par_iter_mut())
+            .zip(dbeta[block.clone()].par_iter_mut())
+            .enumerate()
+            .for_each(|(j, ((sum, dgamma), dbeta))| {
+                let ch = first + j;
+                let (mut sum_dy, mut sum_dy_xhat) = (0.0f64, 0.0f64);
+                for s in 0..n {
+                    let at = (s * c + ch) * spatial;
+                    for (&g, &v) in dy[at..at + spatial].iter().zip(&x[at..at + spatial]) {
+                        sum_dy += g as f64;
+                        sum_dy_xhat += g as f64 * xhat(ch, v);
+                    }
+                }
+                *dgamma += sum_dy_xhat as f32;
+                *dbeta += sum_dy as f32;
+                *sum = (sum_dy, sum_dy_xhat);
+            });
+        let Some(dx) = dx.as_deref_mut() else {
+            continue;
+        };
+        dx[..n * c * spatial]
+            .par_chunks_mut(spatial)
+            .enumerate()
+            .filter(|(k, _)| block.contains(&(k % c)))
+            .for_each(|(k, dx)| {
+                let ch = k % c;
+                let (sum_dy, sum_dy_xhat) = sums[ch - first];
+                let scale = gamma[ch] as f64 * invstd[ch] as f64;
+                let at = k * spatial;
+                for ((d, &g), &v) in dx.iter_mut().zip(&dy[at..]).zip(&x[at..]) {
+                    *d = (scale * (g as f64 - sum_dy / m - xhat(ch, v) * sum_dy_xhat / m)) as f32;
+                }
+            });
     }
 }
 
