@@ -610,7 +610,10 @@ pub fn check(job: &Path, sets: &[String]) -> Result<String> {
             names.join(", ")
         })
         .collect();
-    let name_width = (0..=graph.layers.len()).map(|n| node_name(n).len()).max().unwrap_or(0);
+    let name_width = (0..=graph.layers.len())
+        .map(|n| node_name(n).len())
+        .max()
+        .unwrap_or(0);
     let inputs_width = inputs.iter().map(String::len).max().unwrap_or(0);
     let row = |layer: &str, kind: &str, inputs: &str, shape: &str, params: &str| {
         let inputs = if sequential {

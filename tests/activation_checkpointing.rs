@@ -229,9 +229,15 @@ fn graphs_with_skip_connections_and_batch_norm_are_bit_identical_with_any_segmen
         .chain(["\"all\"".to_string()])
     {
         let (g, r, o) = run(&mode);
-        let same = g.iter().zip(&grads).all(|(a, b)| a.to_bits() == b.to_bits());
+        let same = g
+            .iter()
+            .zip(&grads)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
         assert!(same, "activations = {mode}: gradients differ");
-        assert_eq!(r, running, "activations = {mode}: running statistics moved again");
+        assert_eq!(
+            r, running,
+            "activations = {mode}: running statistics moved again"
+        );
         assert_eq!(o, output, "activations = {mode}: eval output");
     }
 }

@@ -559,5 +559,9 @@ every_steps = 30
     .unwrap();
     run_dir(&job.run(&["--resume", crashed.to_str().unwrap()]));
     assert_eq!(metrics(&crashed), metrics(&full));
-    assert_eq!(weights(&crashed), weights(&full), "model.safetensors differs");
+    assert_eq!(
+        weights(&crashed),
+        weights(&full),
+        "model.safetensors differs"
+    );
 }
