@@ -507,6 +507,7 @@ fn completions_are_generated_for_the_common_shells() {
         "--sweep-id",
         "--retry-failed",
         "--runs-dir",
+        "--devices",
     ] {
         assert!(sweep_help.contains(flag), "sweep --help lacks {flag}");
     }
