@@ -15,6 +15,7 @@ Examples:
   TRAINER_OPTIMIZER__LR=3e-4 trainer run jobs/mlp.toml
   trainer check jobs/mlp.toml --explain
   trainer sweep jobs/mlp.toml --grid optimizer.lr=1e-4,3e-4,1e-3 --grid data.batch_size=64,128
+  trainer sweep jobs/mlp.toml --grid optimizer.lr=1e-4,3e-4,1e-3 --devices cuda:0,cuda:1
   trainer ls
   trainer compare runs/mlp/sweep-1a2b3c4d --format markdown
   trainer plot runs/mlp/sweep-1a2b3c4d --metric loss,val_accuracy --x epoch -o curves.png
@@ -67,6 +68,10 @@ enum Command {
         /// (model, data, loss, optimizer...), which is refused otherwise.
         #[arg(long)]
         force: bool,
+        /// Create the run directory at exactly this path (it must not exist yet) instead of
+        /// <runs-dir>/<name>/<run-id>/; `sweep --devices` starts its points this way.
+        #[arg(long, value_name = "DIR", conflicts_with = "resume")]
+        run_dir: Option<PathBuf>,
     },
     /// Validate a job and print its layers, output shapes, parameter counts and memory.
     Check {
@@ -78,9 +83,10 @@ enum Command {
         #[arg(long)]
         explain: bool,
     },
-    /// Train one run per point of a grid of overrides, one after another, in
-    /// <runs-dir>/<name>/<sweep-id>/ with sweep.csv indexing the points. Running the same
-    /// sweep again skips the points that finished and starts the others again.
+    /// Train one run per point of a grid of overrides, one after another (or side by side
+    /// with --devices), in <runs-dir>/<name>/<sweep-id>/ with sweep.csv indexing the points.
+    /// Running the same sweep again skips the points that finished and resumes (from their
+    /// checkpoint) or restarts the others.
     Sweep {
         job: PathBuf,
         /// Sweep a key over values (TOML, as for --set); every combination of the --grid keys
@@ -105,6 +111,12 @@ enum Command {
         /// Run points that failed before again (default: a failed point is final).
         #[arg(long)]
         retry_failed: bool,
+        /// Run points side by side, one per listed device at a time, each in its own process
+        /// with device.type set to its device: cpu,cpu (CPU points split the cores:
+        /// train.threads = cores / CPU slots, or the job's own if fewer) or cuda:0,cuda:1.
+        /// Names as for device.type: auto, cpu, cuda, cuda:N.
+        #[arg(long, value_name = "DEVICE,...")]
+        devices: Option<String>,
         /// Only print warnings and errors.
         #[arg(long, short)]
         quiet: bool,
@@ -162,6 +174,7 @@ fn main() -> ExitCode {
             resume,
             resume_fallback,
             force,
+            run_dir,
             ..
         } => commands::run(&commands::RunArgs {
             job,
@@ -171,7 +184,7 @@ fn main() -> ExitCode {
             resume,
             resume_fallback,
             force,
-            dir: None,
+            dir: run_dir,
         })
         .map(|dir| println!("{}", dir.display())),
         Command::Check {
@@ -195,7 +208,8 @@ fn main() -> ExitCode {
             runs_dir,
             sweep_id,
             retry_failed,
-            ..
+            devices,
+            quiet,
         } => sweep::sweep(&SweepArgs {
             job,
             sets,
@@ -205,6 +219,8 @@ fn main() -> ExitCode {
             runs_dir,
             sweep_id,
             retry_failed,
+            devices,
+            quiet,
         })
         .map(|dir| println!("{}", dir.display())),
         Command::Ls { runs_dir, format } => {

@@ -1,16 +1,21 @@
-//! `trainer sweep`: one run per point of a grid of overrides, run one after another, grouped
-//! in `<runs-dir>/<name>/<sweep-id>/` with sweep.csv indexing the points.
+//! `trainer sweep`: one run per point of a grid of overrides, grouped in
+//! `<runs-dir>/<name>/<sweep-id>/` with sweep.csv indexing the points. The points run one
+//! after another in this process, or side by side with `--devices` (`devices`: one child
+//! process per point, one point per listed device at a time).
 //!
 //! A point's directory name is fixed by its place in the grid (`002-lr=1e-3-batch_size=64`),
 //! so the state of a sweep is its directory: re-running the same sweep (same resolved job, same
-//! grid: the same sweep id) skips the points that finished and starts the others again.
-//! sweep.csv is rebuilt from the point directories and rewritten atomically after each point.
+//! grid: the same sweep id) skips the points that finished and resumes or restarts the others.
+//! Where the points run (`--devices`) is not part of the sweep id. sweep.csv is rebuilt from
+//! the point directories and rewritten atomically whenever a point starts or ends.
+
+mod devices;
 
 use crate::commands::{self, RunArgs};
 use crate::error::{Error, Result};
 use crate::results::table::{Cell, Format, Table};
 use crate::results::{RunRecord, Status};
-use crate::spec::{load_job, parse_set_arg};
+use crate::spec::{load_job, parse_set_arg, JobSpec};
 use crate::{job_err, provenance, runtime_err};
 use std::path::{Path, PathBuf};
 
@@ -28,6 +33,12 @@ pub struct SweepArgs {
     /// Run points that failed before again (a failure is otherwise final: same job, same
     /// seed, same result).
     pub retry_failed: bool,
+    /// `--devices`, as given: a comma-separated list of devices (`cpu,cpu`,
+    /// `cuda:0,cuda:1`); points run side by side, one per listed device, each in a child
+    /// process of this program. None: one after another, in this process.
+    pub devices: Option<String>,
+    /// Points in child processes (`--devices`) print only warnings and errors too.
+    pub quiet: bool,
 }
 
 /// One swept key with its values as given (TOML text, as for `--set`).
@@ -40,8 +51,41 @@ struct Axis {
 /// One point: (key, value) overrides, in axis order.
 type Point = Vec<(String, String)>;
 
+/// A sweep being run: what training and indexing any of its points needs.
+struct Sweep<'a> {
+    args: &'a SweepArgs,
+    dir: PathBuf,
+    /// The swept keys, in axis order: sweep.csv's columns after `point`.
+    keys: Vec<String>,
+    points: Vec<Point>,
+    point_dirs: Vec<PathBuf>,
+}
+
+impl Sweep<'_> {
+    fn label(&self, index: usize) -> String {
+        format!(
+            "sweep point {}/{} ({})",
+            index + 1,
+            self.points.len(),
+            describe(&self.points[index])
+        )
+    }
+
+    /// The point's `--set` overrides: the shared ones, then the point's own.
+    fn sets(&self, index: usize) -> Vec<String> {
+        point_sets(&self.args.sets, &self.points[index])
+    }
+}
+
+/// A point to train, with the run directory to resume when it stopped at a checkpoint.
+struct Pending {
+    index: usize,
+    resume: Option<PathBuf>,
+}
+
 /// Runs (or completes) a sweep; returns its directory.
 pub fn sweep(args: &SweepArgs) -> Result<PathBuf> {
+    let slots = args.devices.as_deref().map(devices::parse).transpose()?;
     let grid = args
         .grid
         .iter()
@@ -53,19 +97,31 @@ pub fn sweep(args: &SweepArgs) -> Result<PathBuf> {
         .map(|a| parse_axis("--zip", a))
         .collect::<Result<Vec<_>>>()?;
     check_axes(&grid, &zip, &args.sets)?;
+    if slots.is_some() {
+        devices::check_keys(grid.iter().chain(&zip).map(|a| a.key.as_str()), &args.sets)?;
+    }
     let points = expand(&grid, &zip);
 
-    // Every point must be a valid job before the first one trains.
+    // Every point must be a valid job, on every device it may run on, before the first one
+    // trains.
     let base = load_job(&args.job, &args.sets)?;
+    let mut specs: Vec<JobSpec> = Vec::with_capacity(points.len());
     for (i, point) in points.iter().enumerate() {
-        load_job(&args.job, &point_sets(&args.sets, point)).map_err(|e| {
+        let sets = point_sets(&args.sets, point);
+        let invalid = |e: Error, on: &str| {
             job_err!(
-                "sweep point {} of {} ({}): {e}",
+                "sweep point {} of {} ({}){on}: {e}",
                 i + 1,
                 points.len(),
                 describe(point)
             )
-        })?;
+        };
+        specs.push(load_job(&args.job, &sets).map_err(|e| invalid(e, ""))?);
+        for device in slots.iter().flat_map(|s| devices::distinct(s)) {
+            let mut on_device = sets.clone();
+            on_device.push(devices::device_set(device));
+            load_job(&args.job, &on_device).map_err(|e| invalid(e, &format!(" on {device}")))?;
+        }
     }
 
     let definition = definition(&base, &grid, &zip)?;
@@ -82,20 +138,65 @@ pub fn sweep(args: &SweepArgs) -> Result<PathBuf> {
         .map_err(|e| runtime_err!("cannot create sweep directory {}: {e}", dir.display()))?;
     record_definition(&dir, &definition, args)?;
 
-    let keys: Vec<String> = grid.iter().chain(&zip).map(|a| a.key.clone()).collect();
     let point_dirs: Vec<PathBuf> = points
         .iter()
         .enumerate()
         .map(|(i, p)| dir.join(point_dir_name(i, p)))
         .collect();
-    let mut failed = 0;
-    for (i, (point, point_dir)) in points.iter().zip(&point_dirs).enumerate() {
-        let label = format!(
-            "sweep point {}/{} ({})",
-            i + 1,
-            points.len(),
-            describe(point)
-        );
+    let sweep = Sweep {
+        args,
+        dir,
+        keys: grid.iter().chain(&zip).map(|a| a.key.clone()).collect(),
+        points,
+        point_dirs,
+    };
+    let plan = plan(&sweep)?;
+    sweep.write_index(&[])?;
+    let trained = match &slots {
+        None => run_here(&sweep, &plan.todo),
+        Some(slots) => devices::run_side_by_side(&sweep, plan.todo, slots, &specs),
+    };
+    sweep.write_index(&[])?;
+    let failed = plan.failed_before + trained?;
+    let index = sweep.dir.join("sweep.csv");
+    if plan.running_elsewhere > 0 {
+        return Err(runtime_err!(
+            "{} of {} sweep points are being trained by another process and were left alone; \
+             run the sweep again once they have finished; see {}",
+            plan.running_elsewhere,
+            sweep.points.len(),
+            index.display()
+        ));
+    }
+    if failed > 0 {
+        return Err(runtime_err!(
+            "{failed} of {} sweep points failed; see {}",
+            sweep.points.len(),
+            index.display()
+        ));
+    }
+    Ok(sweep.dir)
+}
+
+/// What a (re-)run of a sweep has to do, from the point directories.
+struct Plan {
+    todo: Vec<Pending>,
+    /// Points that failed in an earlier run (final without --retry-failed).
+    failed_before: usize,
+    /// Points another live process is training.
+    running_elsewhere: usize,
+}
+
+/// Skips the points that completed (or failed, without --retry-failed) or that another
+/// process is training; the others are to train, resumed or from scratch.
+fn plan(sweep: &Sweep) -> Result<Plan> {
+    let mut plan = Plan {
+        todo: Vec::new(),
+        failed_before: 0,
+        running_elsewhere: 0,
+    };
+    for (index, point_dir) in sweep.point_dirs.iter().enumerate() {
+        let label = sweep.label(index);
         let mut resume = None;
         if point_dir.exists() {
             match RunRecord::load(point_dir).map(|r| r.status) {
@@ -103,51 +204,101 @@ pub fn sweep(args: &SweepArgs) -> Result<PathBuf> {
                     tracing::info!("{label}: completed before, skipped");
                     continue;
                 }
-                Ok(Status::Failed) if !args.retry_failed => {
+                Ok(Status::Failed) if !sweep.args.retry_failed => {
                     tracing::info!(
                         "{label}: failed before, skipped (--retry-failed runs it again)"
                     );
-                    failed += 1;
+                    plan.failed_before += 1;
+                    continue;
+                }
+                Ok(Status::Running) if running_elsewhere(point_dir) => {
+                    tracing::warn!(
+                        "{label}: another process is training it ({}), left alone",
+                        point_dir.display()
+                    );
+                    plan.running_elsewhere += 1;
                     continue;
                 }
                 _ => resume = restart_or_resume(point_dir)?,
             }
         }
+        plan.todo.push(Pending { index, resume });
+    }
+    Ok(plan)
+}
+
+/// Trains the points one after another in this process; returns how many failed. A bad job
+/// or a stop signal ends the sweep there.
+fn run_here(sweep: &Sweep, todo: &[Pending]) -> Result<usize> {
+    let mut failed = 0;
+    for pending in todo {
+        let (index, args) = (pending.index, sweep.args);
+        let label = sweep.label(index);
+        let point_dir = &sweep.point_dirs[index];
         tracing::info!("{label}: {}", point_dir.display());
-        write_index(&dir, &keys, &points, &point_dirs, Some(i))?;
+        sweep.write_index(&[index])?;
         let result = commands::run(&RunArgs {
             job: args.job.clone(),
-            sets: point_sets(&args.sets, point),
+            sets: sweep.sets(index),
             name: args.name.clone(),
             runs_dir: args.runs_dir.clone(),
             dir: Some(point_dir.clone()),
-            resume_fallback: resume.is_some(),
-            resume,
+            resume_fallback: pending.resume.is_some(),
+            resume: pending.resume.clone(),
             force: false,
         });
+        sweep.write_index(&[])?;
         match result {
             Ok(_) => {}
             // A bad job is a bad sweep: stop at once rather than fail every point alike.
-            Err(e @ Error::Job(_)) => {
-                write_index(&dir, &keys, &points, &point_dirs, None)?;
-                return Err(job_err!("{label}: {e}"));
+            Err(e @ Error::Job(_)) => return Err(job_err!("{label}: {e}")),
+            Err(Error::Interrupted { signal, message }) => {
+                return Err(interrupted(signal, &format!("{label}: {message}")))
             }
             Err(e) => {
                 tracing::warn!("{label} failed: {e}");
                 failed += 1;
             }
         }
-        write_index(&dir, &keys, &points, &point_dirs, None)?;
     }
-    write_index(&dir, &keys, &points, &point_dirs, None)?;
-    if failed > 0 {
-        return Err(runtime_err!(
-            "{failed} of {} sweep points failed; see {}",
-            points.len(),
-            dir.join("sweep.csv").display()
-        ));
+    Ok(failed)
+}
+
+/// A sweep stopped by SIGINT or SIGTERM (exit 128 + signal); `what` says where it stood.
+fn interrupted(signal: i32, what: &str) -> Error {
+    Error::Interrupted {
+        signal,
+        message: format!(
+            "sweep stopped by a signal: {what}\nrun the same sweep command again to finish it \
+             (finished points are skipped, the others resume from their checkpoint or start \
+             again)"
+        ),
     }
-    Ok(dir)
+}
+
+/// Whether a point without a summary is being trained right now by another process of this
+/// program on this host: the same sweep started twice, or the points of a `--devices` sweep
+/// whose own process was killed (they finish their points). The pid in its provenance.json
+/// must be alive (`Status::Running`), not this process, and run this same program, so that
+/// a pid reused by an unrelated process does not keep a dead point from running again.
+fn running_elsewhere(point_dir: &Path) -> bool {
+    let pid = std::fs::read_to_string(point_dir.join("provenance.json"))
+        .ok()
+        .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
+        .and_then(|p| p["pid"].as_u64());
+    let Some(pid) = pid.filter(|&p| p != u64::from(std::process::id())) else {
+        return false;
+    };
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let program = |path: &Path| path.file_name().map(|n| n.to_os_string());
+    let theirs = cmdline
+        .split(|&b| b == 0)
+        .next()
+        .and_then(|arg0| program(Path::new(&*String::from_utf8_lossy(arg0))));
+    let ours = std::env::current_exe().ok().and_then(|p| program(&p));
+    theirs.is_some() && theirs == ours
 }
 
 /// `KEY=V1,V2,...` into an axis; each value is checked as `--set KEY=V` would read it.
@@ -348,10 +499,9 @@ fn point_dir_name(index: usize, point: &Point) -> String {
     safe
 }
 
-/// An unfinished (or failed, with --retry-failed) point starts again from scratch.
-/// When runs can resume from a training checkpoint, this is where a point continues instead.
-/// An unfinished point continues from its newest intact checkpoint when it wrote one (the
-/// job has `[checkpoint]` settings); otherwise it starts again from scratch.
+/// An unfinished (or failed, with --retry-failed) point continues from its newest intact
+/// checkpoint when it wrote one (the job has `[checkpoint]` settings); otherwise it starts
+/// again from scratch.
 fn restart_or_resume(point_dir: &Path) -> Result<Option<PathBuf>> {
     if crate::checkpoint::locate(point_dir, true).is_ok() {
         tracing::info!(
@@ -366,74 +516,72 @@ fn restart_or_resume(point_dir: &Path) -> Result<Option<PathBuf>> {
     Ok(None)
 }
 
-/// Rebuilds sweep.csv from the point directories; `running` is the point starting now.
-fn write_index(
-    dir: &Path,
-    keys: &[String],
-    points: &[Point],
-    point_dirs: &[PathBuf],
-    running: Option<usize>,
-) -> Result<()> {
-    let records: Vec<Option<RunRecord>> =
-        point_dirs.iter().map(|d| RunRecord::load(d).ok()).collect();
-    let metrics: Vec<Vec<(String, f64)>> = records
-        .iter()
-        .map(|r| r.as_ref().map(|r| r.final_and_best()).unwrap_or_default())
-        .collect();
-    let mut metric_columns: Vec<String> = Vec::new();
-    for (name, _) in metrics.iter().flatten() {
-        if !metric_columns.contains(name) {
-            metric_columns.push(name.clone());
+impl Sweep<'_> {
+    /// Rebuilds sweep.csv from the point directories; `running` are the points being trained.
+    fn write_index(&self, running: &[usize]) -> Result<()> {
+        let (dir, keys, points, point_dirs) =
+            (&self.dir, &self.keys, &self.points, &self.point_dirs);
+        let records: Vec<Option<RunRecord>> =
+            point_dirs.iter().map(|d| RunRecord::load(d).ok()).collect();
+        let metrics: Vec<Vec<(String, f64)>> = records
+            .iter()
+            .map(|r| r.as_ref().map(|r| r.final_and_best()).unwrap_or_default())
+            .collect();
+        let mut metric_columns: Vec<String> = Vec::new();
+        for (name, _) in metrics.iter().flatten() {
+            if !metric_columns.contains(name) {
+                metric_columns.push(name.clone());
+            }
         }
-    }
-    let mut columns = vec!["point".to_string()];
-    columns.extend(keys.iter().cloned());
-    columns.extend(["status", "end_reason", "run_dir", "wall_s"].map(String::from));
-    columns.extend(metric_columns.iter().cloned());
+        let mut columns = vec!["point".to_string()];
+        columns.extend(keys.iter().cloned());
+        columns.extend(["status", "end_reason", "run_dir", "wall_s"].map(String::from));
+        columns.extend(metric_columns.iter().cloned());
 
-    let text = |s: &str| Cell::Text(s.to_string());
-    let rows = (0..points.len())
-        .map(|i| {
-            let record = records[i].as_ref();
-            let status = match (running == Some(i), record) {
-                (true, _) => "running",
-                (false, Some(r)) => r.status.as_str(),
-                (false, None) => "pending",
-            };
-            let mut row = vec![Cell::Int(i as i64)];
-            row.extend(points[i].iter().map(|(_, v)| text(v)));
-            row.push(text(status));
-            row.push(
-                record
-                    .and_then(|r| r.end_reason())
-                    .map_or(Cell::Empty, text),
-            );
-            row.push(text(
-                &point_dirs[i]
-                    .file_name()
-                    .map_or(String::new(), |n| n.to_string_lossy().into_owned()),
-            ));
-            row.push(
-                record
-                    .and_then(|r| r.summary.as_ref())
-                    .and_then(|s| s["wall_s"].as_f64())
-                    .map_or(Cell::Empty, Cell::Float),
-            );
-            row.extend(metric_columns.iter().map(|c| {
-                metrics[i]
-                    .iter()
-                    .find(|(n, _)| n == c)
-                    .map_or(Cell::Empty, |(_, v)| Cell::Float(*v))
-            }));
-            row
-        })
-        .collect();
-    let csv = Table { columns, rows }.render(Format::Csv);
-    let tmp = dir.join(".sweep.csv.tmp");
-    let target = dir.join("sweep.csv");
-    std::fs::write(&tmp, csv)
-        .and_then(|()| std::fs::rename(&tmp, &target))
-        .map_err(|e| runtime_err!("cannot write {}: {e}", target.display()))
+        let text = |s: &str| Cell::Text(s.to_string());
+        let rows = (0..points.len())
+            .map(|i| {
+                let record = records[i].as_ref();
+                let status = match (running.contains(&i), record) {
+                    (true, _) => "running",
+                    (false, Some(r)) => r.status.as_str(),
+                    (false, None) => "pending",
+                };
+                let mut row = vec![Cell::Int(i as i64)];
+                row.extend(points[i].iter().map(|(_, v)| text(v)));
+                row.push(text(status));
+                row.push(
+                    record
+                        .and_then(|r| r.end_reason())
+                        .map_or(Cell::Empty, text),
+                );
+                row.push(text(
+                    &point_dirs[i]
+                        .file_name()
+                        .map_or(String::new(), |n| n.to_string_lossy().into_owned()),
+                ));
+                row.push(
+                    record
+                        .and_then(|r| r.summary.as_ref())
+                        .and_then(|s| s["wall_s"].as_f64())
+                        .map_or(Cell::Empty, Cell::Float),
+                );
+                row.extend(metric_columns.iter().map(|c| {
+                    metrics[i]
+                        .iter()
+                        .find(|(n, _)| n == c)
+                        .map_or(Cell::Empty, |(_, v)| Cell::Float(*v))
+                }));
+                row
+            })
+            .collect();
+        let csv = Table { columns, rows }.render(Format::Csv);
+        let tmp = dir.join(".sweep.csv.tmp");
+        let target = dir.join("sweep.csv");
+        std::fs::write(&tmp, csv)
+            .and_then(|()| std::fs::rename(&tmp, &target))
+            .map_err(|e| runtime_err!("cannot write {}: {e}", target.display()))
+    }
 }
 
 #[cfg(test)]

@@ -94,6 +94,7 @@ fn a_step_with_an_inf_gradient_is_skipped_leaving_parameters_and_optimizer_state
             clip: Some(1.0),
             want_grad_norm: false,
             loss_scale: Some(loss_scale),
+            skip_nonfinite: false,
         };
         let micro: [&[u32]; 2] = [&rows[..8], &rows[8..]];
         optimizer_step(

@@ -9,6 +9,14 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use trainer::parallel::{exchange, Rendezvous};
 
+/// The tests take turns: a port `free_port` found free could otherwise be taken by another
+/// test's rank before ours binds it, and our peer would greet the wrong process.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -99,6 +107,7 @@ fn rendezvous_rank() {
 
 #[test]
 fn two_processes_meet_on_loopback() {
+    let _turn = one_at_a_time();
     let port = free_port();
     let child = spawn_rank(1, 2, port, 0, "");
     let r0 = at(0, 2, port, Duration::from_secs(20));
@@ -109,6 +118,7 @@ fn two_processes_meet_on_loopback() {
 
 #[test]
 fn a_rank_killed_before_joining_is_named_by_rank_zero_within_its_timeout() {
+    let _turn = one_at_a_time();
     let port = free_port();
     let started = Instant::now();
     let waiting =
@@ -124,6 +134,7 @@ fn a_rank_killed_before_joining_is_named_by_rank_zero_within_its_timeout() {
 
 #[test]
 fn a_killed_rank_zero_fails_the_ranks_that_had_not_joined_within_their_timeout() {
+    let _turn = one_at_a_time();
     let port = free_port();
     let mut master = spawn_rank(0, 3, port, 0, "id-from-rank-0");
     // Rank 1 is served: rank 0 is up, and now waits for rank 2.
@@ -146,6 +157,7 @@ fn a_killed_rank_zero_fails_the_ranks_that_had_not_joined_within_their_timeout()
 
 #[test]
 fn a_peer_that_vanishes_mid_greeting_stops_rank_zero_with_an_error() {
+    let _turn = one_at_a_time();
     let port = free_port();
     let master = spawn_rank(0, 2, port, 0, "id");
     let started = Instant::now();

@@ -86,6 +86,7 @@ fn training_steps_allocate_nothing_but_gemm_scratch_and_retain_nothing() {
             clip: Some(1.0),
             want_grad_norm: true,
             loss_scale: None,
+            skip_nonfinite: false,
         };
         let mut step = |count: bool| {
             COUNTING.store(count, Ordering::SeqCst);

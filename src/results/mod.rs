@@ -16,6 +16,9 @@ use table::{Cell, Table};
 pub enum Status {
     Completed,
     Failed,
+    /// Stopped by SIGINT or SIGTERM (after a checkpoint, when the job writes them): a sweep
+    /// resumes it.
+    Interrupted,
     /// No summary yet, and the process that started it is alive on this host.
     Running,
     /// No summary, and its process is gone (killed, or the machine stopped).
@@ -29,6 +32,7 @@ impl Status {
         match self {
             Status::Completed => "completed",
             Status::Failed => "failed",
+            Status::Interrupted => "interrupted",
             Status::Running => "running",
             Status::Killed => "killed",
             Status::Unfinished => "unfinished",
@@ -70,6 +74,7 @@ impl RunRecord {
             .and_then(|s| serde_json::from_str(&s).ok());
         let status = match summary.as_ref().and_then(|s| s["status"].as_str()) {
             Some("completed") => Status::Completed,
+            Some("interrupted") => Status::Interrupted,
             Some(_) => Status::Failed,
             None => liveness(dir),
         };

@@ -1,6 +1,7 @@
-//! Training controls that end a run early: `train.early_stopping` and `train.max_time`. The
-//! types, and the checks that tie them to what the job will actually produce, so that a
-//! metric the run never writes is refused before anything trains.
+//! Training controls that end a run early: `train.early_stopping`, `train.max_time`, and
+//! what a non-finite loss does (`train.on_nonfinite`). The types, and the checks that tie
+//! them to what the job will actually produce, so that a metric the run never writes is
+//! refused before anything trains.
 
 use super::{DataSource, JobSpec, LossKind};
 use schemars::JsonSchema;
@@ -33,6 +34,32 @@ pub enum StopMode {
     Min,
     /// Higher is better.
     Max,
+}
+
+/// What a step with an inf or NaN loss or gradient does (`train.on_nonfinite`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OnNonFinite {
+    /// Stop the run as diverged (exit 1, `end_reason = "diverged"`); the checkpoints written
+    /// before stay, the newest is the last good state.
+    #[default]
+    Error,
+    /// Do not apply the step: parameters and optimizer state stay as they were, the step is
+    /// counted in `skipped_steps`, and its loss is left out of the train row. The run fails
+    /// as diverged after `MAX_SKIPPED_IN_A_ROW` (100) skipped steps in a row.
+    Skip,
+}
+
+/// With on_nonfinite = "skip", this many skipped steps in a row end the run as diverged:
+/// by then the parameters are beyond repair, and going on would only waste the budget.
+pub const MAX_SKIPPED_IN_A_ROW: u64 = 100;
+
+impl OnNonFinite {
+    /// Left out of config.toml (and of the spec hash and checkpoints' job) at its default,
+    /// so jobs and checkpoints from before the key existed resolve to the same spec.
+    pub fn is_default(&self) -> bool {
+        *self == OnNonFinite::default()
+    }
 }
 
 fn default_patience() -> usize {

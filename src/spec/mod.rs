@@ -6,7 +6,9 @@ mod explain;
 mod load;
 mod validate;
 
-pub use controls::{parse_duration, EarlyStoppingSpec, StopMode};
+pub use controls::{
+    parse_duration, EarlyStoppingSpec, OnNonFinite, StopMode, MAX_SKIPPED_IN_A_ROW,
+};
 pub use explain::explain;
 pub use load::{load_job, parse_set_arg, JobSource};
 pub use validate::{parse_device, validate, DeviceChoice};
@@ -565,6 +567,13 @@ pub struct TrainSpec {
     /// evaluation still runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_time: Option<String>,
+    /// What a step with a non-finite (inf or NaN) loss or gradient does: "error" stops the run
+    /// as diverged (its last checkpoint stays); "skip" leaves the parameters and optimizer
+    /// state untouched, counts the step in skipped_steps and goes on, failing only after
+    /// 100 skipped steps in a row.
+    #[serde(default, skip_serializing_if = "OnNonFinite::is_default")]
+    #[schemars(extend("default" = "error"))]
+    pub on_nonfinite: OnNonFinite,
 }
 
 impl Default for TrainSpec {
@@ -579,6 +588,7 @@ impl Default for TrainSpec {
             threads: None,
             early_stopping: None,
             max_time: None,
+            on_nonfinite: OnNonFinite::Error,
         }
     }
 }

@@ -9,6 +9,14 @@
 //! A run ends after its epochs, or earlier at `max_steps`, `max_time` or early stopping
 //! (`stopping`); `Outcome::end_reason` says which.
 //!
+//! A non-finite loss ends the run as diverged at the next log row (`train.on_nonfinite =
+//! "error"`, the default). With "skip", every step checks its gradient norm (Σg², summed in
+//! f64, is finite exactly when every gradient is, and an inf/NaN loss always makes its
+//! gradient inf/NaN): a step that fails the check is not applied, and the open log row's
+//! loss statistics are put back to what they were before it, so a row's loss is the mean
+//! over the steps applied in its window. `MAX_SKIPPED_IN_A_ROW` skipped steps in a row end
+//! the run as diverged.
+//!
 //! Data parallelism (`replicas`): this loop drives rank 0's replica and leaves each
 //! optimizer step to `DataParallel::step`, which runs every replica on its share of the
 //! micro-batches; logging, evaluation and checkpoints stay rank 0's alone.
@@ -28,7 +36,7 @@ use crate::optim::{clip_grad_norm, unscale_and_clip, LossScaler, Optimizer, Sche
 use crate::parallel::share;
 use crate::run::{MetricsRow, MetricsWriter};
 use crate::signals::Stop;
-use crate::spec::{JobSpec, PrecisionMode};
+use crate::spec::{JobSpec, OnNonFinite, PrecisionMode, MAX_SKIPPED_IN_A_ROW};
 use crate::tensor::{Backend, HalfKind, LossStats};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -226,6 +234,9 @@ pub fn train_session<B: Backend>(
         * spec.train.epochs;
     let deadline = stopping::deadline(spec, start);
     let mut early_stopping = stopping::EarlyStopping::new(spec);
+    let skip_nonfinite = spec.train.on_nonfinite == OnNonFinite::Skip;
+    // Not in checkpoints: a resumed run starts counting again.
+    let mut skipped_in_a_row = 0u64;
 
     'epochs: for epoch in st.epoch..=spec.train.epochs {
         st.epoch = epoch;
@@ -260,7 +271,10 @@ pub fn train_session<B: Backend>(
                 clip,
                 want_grad_norm: logging,
                 loss_scale: st.loss_scaler.as_ref().map(|s| s.scale),
+                skip_nonfinite,
             };
+            // The open row's loss statistics before this step, to put back if it is skipped.
+            let window_before = skip_nonfinite.then(|| peek_stats(backend, &mut train_stats));
             let result = match parallel.as_mut() {
                 None => optimizer_step(
                     backend,
@@ -289,15 +303,33 @@ pub fn train_session<B: Backend>(
             }
             if result.skipped {
                 st.skipped_steps += 1;
-                tracing::debug!("step {step} skipped: inf/NaN gradients");
+                if let Some(before) = window_before {
+                    backend.set_stats(&mut train_stats, before);
+                    skipped_in_a_row += 1;
+                    check_skipped_in_a_row(skipped_in_a_row, step, epoch)?;
+                }
+                // With a loss scaler, skipping is how the scale finds its level: routine.
+                if st.loss_scaler.is_some() {
+                    tracing::debug!("step {step} skipped: inf/NaN gradients");
+                } else {
+                    tracing::warn!(
+                        "step {step} skipped: the loss or gradients are inf/NaN \
+                         (train.on_nonfinite = \"skip\"; {skipped_in_a_row} in a row, {} in all)",
+                        st.skipped_steps
+                    );
+                }
+            } else {
+                skipped_in_a_row = 0;
             }
             st.window_samples += group.iter().map(|rows| rows.len() as u64).sum::<u64>();
             st.step = step;
             st.steps_in_epoch += 1;
             st.window_seconds += step_start.elapsed().as_secs_f64();
 
-            if logging {
-                let stats = backend.take_stats(&mut train_stats);
+            let stats = logging.then(|| backend.take_stats(&mut train_stats));
+            // With on_nonfinite = "skip" a window whose every step was skipped has no loss
+            // to report: it stays open, and the next row covers it.
+            if let Some(stats) = stats.filter(|s| s.samples > 0.0) {
                 let row = MetricsRow {
                     step,
                     epoch,
@@ -385,6 +417,15 @@ pub fn train_session<B: Backend>(
         && total < epoch_steps
     {
         outcome.end_reason = EndReason::MaxSteps;
+    }
+    // The last skipped steps may be in no row (a window with no applied step writes none).
+    if skip_nonfinite && st.skipped_steps > 0 {
+        tracing::info!(
+            "{} of {} steps were skipped for an inf/NaN loss or gradients \
+             (train.on_nonfinite = \"skip\")",
+            st.skipped_steps,
+            st.step
+        );
     }
     // The epoch the loop ended in (it stands at the next one's start after a full epoch).
     let last_epoch = if st.steps_in_epoch == 0 {
@@ -476,9 +517,7 @@ impl Saver<'_> {
                 (name, values)
             })
             .collect();
-        // Reading the open row's sums resets them on the device: put them straight back.
-        let window: LossStats = backend.take_stats(stats);
-        backend.set_stats(stats, window);
+        let window = peek_stats(backend, stats);
         let state = TrainState {
             optimizer_steps: optimizer.steps(),
             metrics_rows: metrics.rows(),
@@ -524,6 +563,9 @@ pub struct StepSettings {
     /// backward, the gradients divided by it before clipping, and a step with an inf or NaN
     /// gradient is skipped. None: no scaling, no check (as in fp32 PyTorch).
     pub loss_scale: Option<f64>,
+    /// Skip the step (parameters and optimizer state untouched) when a gradient is inf or
+    /// NaN, also without a loss scale: train.on_nonfinite = "skip".
+    pub skip_nonfinite: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -612,22 +654,24 @@ pub(crate) fn accumulate_gradients<B: Backend>(
     }
 }
 
-/// Unscaling, clipping and the update, from the (averaged) gradients. With a loss scale, a
-/// step whose gradients are not all finite is skipped; after a data-parallel all-reduce the
-/// gradients are the same on every replica, so one replica's inf or NaN makes every replica
-/// skip.
+/// Unscaling, clipping and the update, from the (averaged) gradients. With a loss scale or
+/// `skip_nonfinite`, a step whose gradients are not all finite is skipped; after a
+/// data-parallel all-reduce the gradients are the same on every replica, so one replica's
+/// inf or NaN makes every replica skip.
 pub(crate) fn apply_gradients<B: Backend>(
     backend: &B,
     net: &mut Network<B>,
     optimizer: &mut Optimizer<B>,
     settings: StepSettings,
 ) -> StepResult {
+    let check = settings.loss_scale.is_some() || settings.skip_nonfinite;
     let grad_norm = match settings.loss_scale {
         Some(s) => Some(unscale_and_clip(backend, &mut net.grads, s, settings.clip)),
-        None => (settings.clip.is_some() || settings.want_grad_norm)
+        // (With an inf norm, clipping scales the gradients by 0; the step is skipped anyway.)
+        None => (settings.clip.is_some() || settings.want_grad_norm || check)
             .then(|| clip_grad_norm(backend, &mut net.grads, settings.clip)),
     };
-    let skipped = settings.loss_scale.is_some() && !grad_norm.is_some_and(f64::is_finite);
+    let skipped = check && !grad_norm.is_some_and(f64::is_finite);
     if !skipped {
         optimizer.step(backend, &mut net.params, &net.grads, settings.lr);
         net.refresh_half_params(backend);
@@ -717,13 +761,35 @@ fn evaluate<B: Backend>(
     Ok(evaluation)
 }
 
+/// Reads the open log row's loss statistics without resetting them (reading resets them on
+/// the device, so they are put straight back).
+fn peek_stats<B: Backend>(backend: &B, stats: &mut B::Stats) -> LossStats {
+    let window = backend.take_stats(stats);
+    backend.set_stats(stats, window);
+    window
+}
+
+/// With on_nonfinite = "skip": too many skipped steps in a row is divergence after all.
+fn check_skipped_in_a_row(in_a_row: u64, step: u64, epoch: usize) -> Result<()> {
+    if in_a_row < MAX_SKIPPED_IN_A_ROW {
+        return Ok(());
+    }
+    Err(Error::Diverged(format!(
+        "training diverged: {in_a_row} steps in a row (steps {}..={step}, epoch {epoch}) had an \
+         inf/NaN loss or gradients and were skipped; train.on_nonfinite = \"skip\" gives up \
+         after {MAX_SKIPPED_IN_A_ROW} in a row; try a lower optimizer.lr or \
+         train.clip_grad_norm",
+        step + 1 - in_a_row
+    )))
+}
+
 fn check_finite(row: &MetricsRow) -> Result<()> {
     if row.loss.is_finite() {
         return Ok(());
     }
     Err(Error::Diverged(format!(
         "training diverged: the loss is {} at step {} (epoch {}); try a lower optimizer.lr or \
-         train.clip_grad_norm",
+         train.clip_grad_norm, or train.on_nonfinite = \"skip\" to skip such steps",
         row.loss, row.step, row.epoch
     )))
 }

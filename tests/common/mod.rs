@@ -1,7 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::Output;
 use trainer::graph::{DataShape, Graph, Network};
 use trainer::spec::JobSpec;
 use trainer::tensor::cpu::CpuBackend;
@@ -74,4 +75,109 @@ pub fn trainer(args: &[&str]) -> std::process::Output {
 
 pub fn stderr(o: &std::process::Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn ok(o: Output) -> Output {
+    assert!(
+        o.status.success(),
+        "exit {:?}: {}",
+        o.status.code(),
+        stderr(&o)
+    );
+    o
+}
+
+/// A small, fast job on the bundled digits with a validation split (results, sweeps).
+pub const TINY_JOB: &str = r#"
+[job]
+name = "tiny"
+seed = 1
+[data]
+source = "digits"
+batch_size = 64
+val_fraction = 0.2
+[model]
+layers = [{ type = "flatten" }, { type = "linear", out = 10 }]
+[optimizer]
+type = "sgd"
+lr = 0.1
+[train]
+epochs = 1
+log_every = 5
+threads = 1
+"#;
+
+pub fn write_job(dir: &Path, text: &str) -> PathBuf {
+    let path = dir.join("job.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+pub fn read_csv(path: &Path) -> (Vec<String>, Vec<Vec<String>>) {
+    let mut r = csv::Reader::from_path(path).unwrap();
+    let header = r.headers().unwrap().iter().map(String::from).collect();
+    let rows = r
+        .records()
+        .map(|rec| rec.unwrap().iter().map(String::from).collect())
+        .collect();
+    (header, rows)
+}
+
+pub fn column<'a>(header: &[String], row: &'a [String], name: &str) -> &'a str {
+    let i = header
+        .iter()
+        .position(|h| h == name)
+        .unwrap_or_else(|| panic!("no column {name} in {header:?}"));
+    &row[i]
+}
+
+pub fn summary(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap()
+}
+
+/// Runs `args` (with the tiny job as `JOB` and a temporary runs directory as `RUNS`) and
+/// checks the exit code and that the message names the problem.
+pub fn expect_error(job_text: &str, args: &[&str], code: i32, needles: &[&str]) {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), job_text);
+    let runs = tmp.path().join("runs");
+    let args: Vec<&str> = args
+        .iter()
+        .map(|a| match *a {
+            "JOB" => job.to_str().unwrap(),
+            "RUNS" => runs.to_str().unwrap(),
+            a => a,
+        })
+        .collect();
+    let out = trainer_with_env(&args, &[]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    for n in needles {
+        assert!(err.contains(n), "{args:?}: message lacks {n:?}:\n{err}");
+    }
+    assert!(
+        !runs.exists() || code != 2 || !has_summary(&runs),
+        "a bad sweep trained nothing"
+    );
+}
+
+pub fn has_summary(dir: &Path) -> bool {
+    walk(dir).iter().any(|p| p.ends_with("summary.json"))
+}
+
+pub fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.path().is_dir() {
+            out.extend(walk(&e.path()));
+        } else {
+            out.push(e.path());
+        }
+    }
+    out
 }

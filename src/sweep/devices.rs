@@ -1,0 +1,403 @@
+//! `trainer sweep --devices cpu,cpu` (or `cuda:0,cuda:1`): points side by side, one per
+//! listed device (a slot) at a time; a slot that becomes free takes the next point.
+//!
+//! Each point is a child process of this program (`trainer run JOB --set ...
+//! --run-dir POINT`, or `--resume POINT` to continue one), so points share nothing: each has
+//! its own signal handlers, thread pool, CUDA context and train.log, and a point that crashes
+//! or is killed takes no other point with it. This process only schedules, relays the
+//! points' stderr with a `[NNN device]` prefix, and rewrites sweep.csv whenever a point starts
+//! or ends.
+//!
+//! Signals: the points stay in this process's process group, so Ctrl-C (SIGINT to the
+//! terminal's foreground group) reaches each point once, directly: each stops after its step
+//! with a checkpoint, as a lone run does, and this process, which gets the same signal, starts
+//! no more points and exits 130 once they have ended. A second Ctrl-C ends everything at
+//! once. A signal sent to this process alone only stops it from starting more points; the
+//! running ones finish. Killing this process (SIGKILL) leaves the running points to finish:
+//! a re-run of the sweep leaves points that are still training alone.
+
+use super::{interrupted, Pending, Sweep};
+use crate::error::{Error, Result};
+use crate::signals::{Stop, SIGINT, SIGTERM};
+use crate::spec::{parse_device, JobSpec};
+use crate::{job_err, runtime_err};
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// A place for one point at a time.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Slot {
+    /// What the point's device.type is set to.
+    pub device: String,
+    /// The CPU threads a point in this slot may use: the cores divided among the slots that
+    /// train on the CPU. None on a GPU (its loop needs one thread).
+    pub threads: Option<usize>,
+}
+
+/// Parses `--devices`: comma-separated device names, with device.type's rules (auto, cpu,
+/// cuda, cuda:N).
+pub(super) fn parse(value: &str) -> Result<Vec<Slot>> {
+    let allowed = "allowed: auto, cpu, cuda, cuda:N, comma-separated, one per point that runs \
+                   at a time, e.g. --devices cuda:0,cuda:1 or --devices cpu,cpu";
+    let mut names = Vec::new();
+    for name in value.split(',').map(str::trim) {
+        if name.is_empty() {
+            return Err(job_err!(
+                "--devices {value:?}: an empty device name; {allowed}"
+            ));
+        }
+        if parse_device(name).is_none() {
+            return Err(job_err!(
+                "--devices {value:?}: \"{name}\" is not a device; {allowed}"
+            ));
+        }
+        names.push(name.to_string());
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    Ok(slots(names, cores))
+}
+
+/// The slots for `names` on a machine with `cores` CPU threads. `auto` counts as a CPU slot
+/// for the split: on a GPU its points leave train.threads unused.
+fn slots(names: Vec<String>, cores: usize) -> Vec<Slot> {
+    let on_cpu = |name: &str| name == "cpu" || name == "auto";
+    let cpu_slots = names.iter().filter(|n| on_cpu(n)).count();
+    let share = (cores / cpu_slots.max(1)).max(1);
+    names
+        .into_iter()
+        .map(|device| Slot {
+            threads: on_cpu(&device).then_some(share),
+            device,
+        })
+        .collect()
+}
+
+/// The different devices among the slots, in order (each point is validated on each).
+pub(super) fn distinct(slots: &[Slot]) -> Vec<&str> {
+    let mut out: Vec<&str> = Vec::new();
+    for s in slots {
+        if !out.contains(&s.device.as_str()) {
+            out.push(&s.device);
+        }
+    }
+    out
+}
+
+/// The override that puts a point on `device`.
+pub(super) fn device_set(device: &str) -> String {
+    format!("device.type=\"{device}\"")
+}
+
+/// `--devices` decides device.type: the key may not also be swept or set.
+pub(super) fn check_keys<'a>(
+    swept: impl Iterator<Item = &'a str>,
+    sets: &'a [String],
+) -> Result<()> {
+    let set_keys = sets
+        .iter()
+        .filter_map(|s| s.split_once('=').map(|(k, _)| k.trim()));
+    match swept.chain(set_keys).find(|k| *k == "device.type") {
+        Some(_) => Err(job_err!(
+            "--devices sets device.type for every point; leave device.type out of --grid, \
+             --zip and --set (or leave out --devices)"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// A point training in a child process.
+struct Running {
+    index: usize,
+    slot: usize,
+    child: Child,
+    /// Relays the child's stderr; returns its last `error: ` line.
+    relay: JoinHandle<Option<String>>,
+    started: Instant,
+}
+
+/// How a point's process ended.
+enum Ended {
+    Completed,
+    /// Failed while training (its summary.json says why), crashed, or was killed.
+    Failed(String),
+    /// Its job or checkpoint was refused (exit 2): every point would be, so the sweep stops.
+    BadJob(String),
+    /// Stopped by SIGINT or SIGTERM (the signal, and which point): the sweep stops too.
+    Interrupted(i32, String),
+}
+
+/// Trains `todo` with one point per slot at a time; returns how many failed. A bad job, a
+/// stop signal or a point that cannot be started stops the launching of points; the running
+/// ones are waited for, then the sweep ends with that error.
+pub(super) fn run_side_by_side(
+    sweep: &Sweep,
+    todo: Vec<Pending>,
+    slots: &[Slot],
+    specs: &[JobSpec],
+) -> Result<usize> {
+    if todo.is_empty() {
+        return Ok(0);
+    }
+    if let Some(share) = slots.iter().find_map(|s| s.threads) {
+        tracing::info!(
+            "points on the CPU use train.threads = {share} (or fewer if their job says so), \
+             their share of the cores"
+        );
+    }
+    let program = std::env::current_exe()
+        .map_err(|e| runtime_err!("cannot find this program to run the sweep points: {e}"))?;
+    let stop = Stop::install()
+        .map_err(|e| runtime_err!("cannot install the SIGINT/SIGTERM handlers: {e}"))?;
+    let mut queue: VecDeque<Pending> = todo.into();
+    let mut running: Vec<Option<Running>> = slots.iter().map(|_| None).collect();
+    let mut failed = 0;
+    // Why no more points start.
+    let mut halt: Option<Error> = None;
+    loop {
+        if halt.is_none() {
+            if let Some(signal) = stop.requested() {
+                tracing::warn!("signal received: starting no more points");
+                halt = Some(interrupted(
+                    signal,
+                    "it started no more points and waited for the running ones",
+                ));
+            }
+        }
+        let mut changed = false;
+        for place in running.iter_mut() {
+            let Some(point) = place else { continue };
+            let status = match point.child.try_wait() {
+                Ok(Some(status)) => status,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!("cannot wait for point process {}: {e}", point.child.id());
+                    continue;
+                }
+            };
+            let Some(point) = place.take() else { continue };
+            changed = true;
+            match finish(sweep, point, status, slots) {
+                Ended::Completed => {}
+                Ended::Failed(why) => {
+                    tracing::warn!("{why}");
+                    failed += 1;
+                }
+                Ended::BadJob(why) => {
+                    halt.get_or_insert(job_err!("{why}"));
+                }
+                Ended::Interrupted(signal, which) => {
+                    halt.get_or_insert_with(|| {
+                        interrupted(signal, &format!("{which} was stopped"))
+                    });
+                }
+            }
+        }
+        if halt.is_none() {
+            for (slot, place) in running.iter_mut().enumerate() {
+                if place.is_some() {
+                    continue;
+                }
+                let Some(pending) = queue.pop_front() else {
+                    break;
+                };
+                let index = pending.index;
+                match launch(sweep, &program, pending, slot, &slots[slot], &specs[index]) {
+                    Ok(point) => *place = Some(point),
+                    Err(e) => {
+                        halt = Some(e);
+                        break;
+                    }
+                }
+                changed = true;
+            }
+        }
+        if changed {
+            let now: Vec<usize> = running.iter().flatten().map(|r| r.index).collect();
+            sweep.write_index(&now)?;
+        }
+        if running.iter().all(Option::is_none) && (queue.is_empty() || halt.is_some()) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    match halt {
+        Some(e) => Err(e),
+        None => Ok(failed),
+    }
+}
+
+/// Starts a point's process in `slot`.
+fn launch(
+    sweep: &Sweep,
+    program: &std::path::Path,
+    pending: Pending,
+    slot: usize,
+    on: &Slot,
+    spec: &JobSpec,
+) -> Result<Running> {
+    let index = pending.index;
+    let args = sweep.args;
+    let point_dir = &sweep.point_dirs[index];
+    let mut sets = sweep.sets(index);
+    sets.push(device_set(&on.device));
+    // The job's own thread count stands when it fits the slot's share of the cores.
+    if let Some(share) = on.threads {
+        if spec.train.threads.is_none_or(|own| own > share) {
+            sets.push(format!("train.threads={share}"));
+        }
+    }
+    let mut cmd = Command::new(program);
+    cmd.arg("run")
+        .arg(&args.job)
+        .arg("--runs-dir")
+        .arg(&args.runs_dir);
+    if let Some(name) = &args.name {
+        cmd.arg("--name").arg(name);
+    }
+    for set in &sets {
+        cmd.arg("--set").arg(set);
+    }
+    match &pending.resume {
+        Some(run) => cmd.arg("--resume").arg(run).arg("--resume-fallback"),
+        None => cmd.arg("--run-dir").arg(point_dir),
+    };
+    if args.quiet {
+        cmd.arg("--quiet");
+    }
+    // stdout carries only the run directory, which sweep.csv names.
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().map_err(|e| {
+        runtime_err!(
+            "{}: cannot start {}: {e}",
+            sweep.label(index),
+            program.display()
+        )
+    })?;
+    tracing::info!(
+        "{} on {}: {} (pid {})",
+        sweep.label(index),
+        on.device,
+        point_dir.display(),
+        child.id()
+    );
+    let prefix = format!("[{index:03} {}] ", on.device);
+    let stderr = child.stderr.take();
+    let relay = std::thread::spawn(move || stderr.and_then(|s| relay(s, &prefix)));
+    Ok(Running {
+        index,
+        slot,
+        child,
+        relay,
+        started: Instant::now(),
+    })
+}
+
+/// Copies a point's stderr to ours line by line, each line prefixed (a line is written
+/// whole, so the points' lines do not mix); returns the last `error: ` line.
+fn relay(stderr: impl std::io::Read, prefix: &str) -> Option<String> {
+    let mut reader = BufReader::new(stderr);
+    let (mut line, mut last_error) = (Vec::new(), None);
+    while reader.read_until(b'\n', &mut line).is_ok_and(|n| n > 0) {
+        let text = String::from_utf8_lossy(&line);
+        let text = text.trim_end_matches(['\n', '\r']);
+        if let Some(message) = text.strip_prefix("error: ") {
+            last_error = Some(message.to_string());
+        }
+        let _ = writeln!(std::io::stderr().lock(), "{prefix}{text}");
+        line.clear();
+    }
+    last_error
+}
+
+/// What a point's exit status means for the sweep.
+fn finish(sweep: &Sweep, point: Running, status: ExitStatus, slots: &[Slot]) -> Ended {
+    let label = sweep.label(point.index);
+    let device = &slots[point.slot].device;
+    // The relay ends when the pipe closes, which the exit has done.
+    let error = point.relay.join().ok().flatten();
+    let log = sweep.point_dirs[point.index].join("train.log");
+    let signalled = |signal: i32| signal == SIGINT || signal == SIGTERM;
+    match (status.code(), status.signal()) {
+        (Some(0), _) => {
+            tracing::info!(
+                "{label}: completed on {device} in {:.1} s",
+                point.started.elapsed().as_secs_f64()
+            );
+            Ended::Completed
+        }
+        (Some(2), _) => Ended::BadJob(format!(
+            "{label}: {}",
+            error.unwrap_or_else(|| "its job was refused (exit 2)".into())
+        )),
+        (Some(code), _) if code > 128 && signalled(code - 128) => {
+            Ended::Interrupted(code - 128, label)
+        }
+        (None, Some(signal)) if signalled(signal) => Ended::Interrupted(signal, label),
+        (Some(code), _) => Ended::Failed(format!(
+            "{label} failed on {device} (exit {code}): {}; see {}",
+            error.unwrap_or_else(|| "no error message".into()),
+            log.display()
+        )),
+        (None, signal) => Ended::Failed(format!(
+            "{label} on {device} was killed (signal {}); see {}",
+            signal.map_or("unknown".into(), |s| s.to_string()),
+            log.display()
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_slots_share_the_cores_and_gpus_take_none() {
+        let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let threads = |s: &[Slot]| s.iter().map(|s| s.threads).collect::<Vec<_>>();
+        assert_eq!(
+            threads(&slots(names(&["cpu", "cpu"]), 16)),
+            [Some(8), Some(8)]
+        );
+        assert_eq!(
+            threads(&slots(names(&["cpu", "cpu", "cpu"]), 2)),
+            [Some(1); 3]
+        );
+        assert_eq!(
+            threads(&slots(names(&["cuda:0", "cuda:1", "cpu"]), 16)),
+            [None, None, Some(16)]
+        );
+        assert_eq!(
+            threads(&slots(names(&["auto", "cpu"]), 8)),
+            [Some(4), Some(4)]
+        );
+    }
+
+    #[test]
+    fn devices_are_checked_like_device_type() {
+        assert_eq!(parse("cpu, cuda:1").unwrap()[1].device, "cuda:1");
+        for bad in ["gpu", "cpu,,cpu", "", "cuda:x", "cpu,CUDA"] {
+            let e = parse(bad).unwrap_err().to_string();
+            assert!(
+                e.starts_with("--devices") && e.contains("allowed: auto, cpu"),
+                "{e}"
+            );
+        }
+        let slots = parse("cpu,cuda:0,cpu").unwrap();
+        assert_eq!(distinct(&slots), ["cpu", "cuda:0"]);
+    }
+
+    #[test]
+    fn relayed_lines_are_prefixed_and_the_last_error_is_kept() {
+        let text = "INFO a\nerror: first\nerror: second\nno newline";
+        assert_eq!(
+            relay(text.as_bytes(), "[000 cpu] "),
+            Some("second".to_string())
+        );
+    }
+}

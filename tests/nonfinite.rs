@@ -1,0 +1,237 @@
+//! `train.on_nonfinite`, end to end through the binary: with "skip", steps with an inf/NaN
+//! loss are not applied (the run equals one without the bad batch, bit for bit), are counted
+//! in skipped_steps and stay out of the rows' loss; too many in a row, or "error", end the
+//! run as diverged.
+
+mod common;
+
+use common::{
+    column, expect_error, ok, read_csv, stderr, stdout, summary, trainer_with_env as trainer,
+    write_job,
+};
+use std::path::{Path, PathBuf};
+
+/// A regression on `rows` CSV rows in file order, four per batch: with the bad row in the
+/// last batch, leaving that batch out leaves every other batch as it was.
+fn regression_job(dir: &Path, rows: usize, bad_row: Option<usize>, on_nonfinite: &str) -> PathBuf {
+    let mut csv = String::from("a,b,c,y\n");
+    for i in 0..rows {
+        let x: Vec<f64> = (0..3)
+            .map(|j| ((i * 7 + j * 3) % 11) as f64 / 5.0 - 1.0)
+            .collect();
+        let y = 0.5 * x[0] - x[1] + 0.25 * x[2] + 0.1;
+        let y = if bad_row == Some(i) {
+            "inf".to_string()
+        } else {
+            y.to_string()
+        };
+        csv += &format!("{},{},{},{y}\n", x[0], x[1], x[2]);
+    }
+    let name = format!("data-{rows}.csv");
+    std::fs::write(dir.join(&name), csv).unwrap();
+    write_job(
+        dir,
+        &format!(
+            r#"
+[job]
+name = "nonfinite"
+seed = 3
+[data]
+source = "csv"
+path = "{name}"
+task = "regression"
+batch_size = 4
+shuffle = false
+normalize = "none"
+[model]
+layers = [{{ type = "linear", out = 1 }}]
+[loss]
+type = "mse"
+[optimizer]
+type = "adam"
+lr = 0.05
+[train]
+epochs = 3
+log_every = 1
+eval_every_epochs = 0
+threads = 1
+on_nonfinite = "{on_nonfinite}"
+[checkpoint]
+every_steps = 2
+"#
+        ),
+    )
+}
+
+fn run(job: &Path, runs: &Path) -> std::process::Output {
+    trainer(
+        &[
+            "run",
+            job.to_str().unwrap(),
+            "--runs-dir",
+            runs.to_str().unwrap(),
+        ],
+        &[],
+    )
+}
+
+/// The train rows of metrics.csv as (step, loss, skipped_steps).
+fn train_rows(dir: &Path) -> Vec<(u64, String, String)> {
+    let (header, rows) = read_csv(&dir.join("metrics.csv"));
+    rows.iter()
+        .filter(|r| column(&header, r, "split") == "train")
+        .map(|r| {
+            (
+                column(&header, r, "step").parse().unwrap(),
+                column(&header, r, "loss").to_string(),
+                column(&header, r, "skipped_steps").to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn skipped_steps_leave_the_model_as_if_the_bad_batch_were_not_there() {
+    let tmp = tempfile::tempdir().unwrap();
+    let runs = tmp.path().join("runs");
+    // 32 rows, the bad one in the last batch: 8 steps an epoch, the 8th skipped.
+    let job = regression_job(tmp.path(), 32, Some(30), "skip");
+    let out = ok(run(&job, &runs));
+    let skipping = PathBuf::from(stdout(&out).trim());
+    let log = stderr(&out);
+    for step in [8, 16, 24] {
+        assert!(
+            log.contains(&format!(
+                "step {step} skipped: the loss or gradients are inf/NaN"
+            )),
+            "{log}"
+        );
+    }
+    let s = summary(&skipping);
+    assert_eq!(s["status"], "completed");
+    assert_eq!(s["steps"], 24);
+
+    // The same data without the last batch: 7 steps an epoch, nothing to skip.
+    let job = regression_job(tmp.path(), 28, None, "skip");
+    let clean = PathBuf::from(stdout(&ok(run(&job, &runs))).trim());
+    assert_eq!(summary(&clean)["steps"], 21);
+
+    // Parameters and Adam's state were untouched by the skipped steps: the same model, bit
+    // for bit, and the same losses row by row.
+    assert_eq!(
+        std::fs::read(skipping.join("model.safetensors")).unwrap(),
+        std::fs::read(clean.join("model.safetensors")).unwrap()
+    );
+    let rows = train_rows(&skipping);
+    let clean_rows = train_rows(&clean);
+    let losses = |rows: &[(u64, String, String)]| -> Vec<String> {
+        rows.iter().map(|r| r.1.clone()).collect()
+    };
+    assert_eq!(losses(&rows), losses(&clean_rows));
+    assert!(rows.iter().all(|r| r.1.parse::<f64>().unwrap().is_finite()));
+    // A skipped step's window holds no applied step: no row (log_every = 1); skipped_steps
+    // counts them in the rows after.
+    let steps: Vec<u64> = rows.iter().map(|r| r.0).collect();
+    assert!(!steps.contains(&8) && !steps.contains(&16) && !steps.contains(&24));
+    assert_eq!(rows.iter().find(|r| r.0 == 9).unwrap().2, "1");
+    let last = rows.last().unwrap();
+    assert_eq!((last.0, last.2.as_str()), (23, "2"));
+}
+
+#[test]
+fn with_error_a_nonfinite_loss_fails_the_run_and_keeps_its_last_good_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let runs = tmp.path().join("runs");
+    let job = regression_job(tmp.path(), 32, Some(30), "error");
+    let out = run(&job, &runs);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("training diverged: the loss is inf at step 8 (epoch 1)"),
+        "{err}"
+    );
+    assert!(err.contains("train.on_nonfinite = \"skip\""), "{err}");
+    let dir = std::fs::read_dir(runs.join("nonfinite"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let s = summary(&dir);
+    assert_eq!(s["status"], "failed");
+    assert_eq!(s["end_reason"], "diverged");
+    let mut checkpoints: Vec<String> = std::fs::read_dir(dir.join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    checkpoints.sort();
+    assert_eq!(checkpoints.last().unwrap(), "step-00000006.safetensors");
+}
+
+#[test]
+fn too_many_skipped_steps_in_a_row_end_the_run_as_diverged() {
+    let tmp = tempfile::tempdir().unwrap();
+    let runs = tmp.path().join("runs");
+    // Gradient descent on a quadratic with a far too large step grows until it overflows;
+    // from then on every step is skipped.
+    let job = write_job(
+        tmp.path(),
+        r#"
+[job]
+name = "exploding"
+[data]
+source = "synthetic"
+task = "regression"
+samples = 256
+num_features = 8
+[model]
+layers = [{ type = "linear", out = 1 }]
+[loss]
+type = "mse"
+[optimizer]
+type = "sgd"
+lr = 100.0
+[train]
+epochs = 100
+log_every = 1
+threads = 1
+on_nonfinite = "skip"
+"#,
+    );
+    let out = run(&job, &runs);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("training diverged: 100 steps in a row"),
+        "{err}"
+    );
+    assert!(err.contains("99 in a row"), "each skip is logged: {err}");
+    let dir = std::fs::read_dir(runs.join("exploding"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    assert_eq!(summary(&dir)["end_reason"], "diverged");
+    // Every row written has a finite loss: skipped steps never reach one.
+    assert!(train_rows(&dir)
+        .iter()
+        .all(|r| r.1.parse::<f64>().unwrap().is_finite()));
+}
+
+#[test]
+fn a_bad_on_nonfinite_names_the_key_and_the_choices() {
+    expect_error(
+        common::TINY_JOB,
+        &[
+            "run",
+            "JOB",
+            "--runs-dir",
+            "RUNS",
+            "--set",
+            "train.on_nonfinite=\"ignore\"",
+        ],
+        2,
+        &["train.on_nonfinite", "ignore", "error", "skip"],
+    );
+}
