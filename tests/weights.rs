@@ -26,10 +26,17 @@ const LAYERS: &str = r#"[
   { type = "linear", out = 10 },
 ]"#;
 
+/// The digits with `layers`; a model with an embedding reads the raw pixel values (whole
+/// numbers 0-16) as token ids.
 fn job_text(layers: &str, extra: &str) -> String {
+    let normalize = if layers.contains("embedding") {
+        "normalize = \"none\"\n"
+    } else {
+        ""
+    };
     format!(
         "[job]\nname = \"w\"\nseed = 4\n[data]\nsource = \"digits\"\nval_fraction = 0.2\n\
-         [model]\nlayers = {layers}\n{extra}\n[optimizer]\ntype = \"adam\"\nlr = 3e-3\n\
+         {normalize}[model]\nlayers = {layers}\n{extra}\n[optimizer]\ntype = \"adam\"\nlr = 3e-3\n\
          [train]\nepochs = 2\nlog_every = 1\n"
     )
 }
@@ -342,9 +349,15 @@ const RESIDUAL_LAYERS: &str = r#"[
   { type = "log_softmax" },
 ]"#;
 
+/// Pixel values (0-16) as token ids: an embedding table of 17 x 3 per pixel.
+const EMBEDDING_LAYERS: &str = r#"[
+  { type = "flatten" }, { type = "embedding", num_embeddings = 17, embedding_dim = 3 },
+  { type = "flatten" }, { type = "linear", out = 10 },
+]"#;
+
 #[test]
 fn pytorch_loads_model_safetensors_and_computes_the_same_outputs() {
-    for layers in [LAYERS, CNN_LAYERS, RESIDUAL_LAYERS] {
+    for layers in [LAYERS, CNN_LAYERS, RESIDUAL_LAYERS, EMBEDDING_LAYERS] {
         compare_with_torch(layers);
     }
 }
@@ -366,7 +379,11 @@ fn compare_with_torch(layers: &str) {
     let json = layers_json(&graph);
     let mut net = Network::new(&backend, graph, &w.params, n, 0).unwrap();
     net.set_running_stats(&backend, &w.running_stats).unwrap();
-    let input = common::random_vec(n * 64, 5);
+    let input: Vec<f32> = if layers.contains("embedding") {
+        (0..n * 64).map(|i| ((i * 7 + i / 5) % 17) as f32).collect()
+    } else {
+        common::random_vec(n * 64, 5)
+    };
     net.input_mut().copy_from_slice(&input);
     net.forward(&backend, n, false, 0);
     let expected = net.output()[..n * 10].to_vec();
