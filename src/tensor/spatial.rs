@@ -584,19 +584,14 @@ pub fn batchnorm_forward(
 ) {
     let (running_mean, running_var) = running;
     let m = (n * spatial) as f64;
-    let planes = |ch: usize| (0..n).map(move |s| &x[(s * c + ch) * spatial..][..spatial]);
+    let planes = |ch: usize| channel_planes(x, n, c, spatial, ch);
     if train {
         let stats = mean.par_iter_mut().zip(invstd.par_iter_mut());
         let running = running_mean.par_iter_mut().zip(running_var.par_iter_mut());
         stats.zip(running).enumerate().for_each(
             |(ch, ((mean, invstd), (running_mean, running_var)))| {
-                let sum: f64 = planes(ch).flatten().map(|&v| v as f64).sum();
-                let mu = sum / m;
-                let var = planes(ch)
-                    .flatten()
-                    .map(|&v| (v as f64 - mu).powi(2))
-                    .sum::<f64>()
-                    / m;
+                let mu = lane_sum(planes(ch), |v| v as f64) / m;
+                let var = lane_sum(planes(ch), |v| (v as f64 - mu).powi(2)) / m;
                 *mean = mu as f32;
                 *invstd = (1.0 / (var + eps as f64).sqrt()) as f32;
                 let unbiased = if m > 1.0 { var * m / (m - 1.0) } else { var };
@@ -622,6 +617,37 @@ pub fn batchnorm_forward(
                 *y = (x - mu) * is * g + b;
             }
         });
+}
+
+/// Channel `ch`'s plane of each of the `n` samples of [n, c, spatial] values.
+fn channel_planes(
+    values: &[f32],
+    n: usize,
+    c: usize,
+    spatial: usize,
+    ch: usize,
+) -> impl Iterator<Item = &[f32]> {
+    (0..n).map(move |s| &values[(s * c + ch) * spatial..][..spatial])
+}
+
+/// Σ f(v) over the values of `planes`, in f64 with 8 running sums (one per lane of a vector
+/// register, so the loop vectorises) combined in a fixed order: deterministic, and
+/// independent of the thread count.
+fn lane_sum<'a>(planes: impl Iterator<Item = &'a [f32]>, f: impl Fn(f32) -> f64) -> f64 {
+    let mut lanes = [0.0f64; 8];
+    let mut rest = 0.0f64;
+    for plane in planes {
+        let chunks = plane.chunks_exact(8);
+        for &v in chunks.remainder() {
+            rest += f(v);
+        }
+        for chunk in chunks {
+            for (lane, &v) in lanes.iter_mut().zip(chunk) {
+                *lane += f(v);
+            }
+        }
+    }
+    lanes.iter().sum::<f64>() + rest
 }
 
 /// Channels whose backward sums one pass keeps (on the stack: the step allocates nothing).
@@ -655,14 +681,24 @@ pub fn batchnorm_backward(
             .enumerate()
             .for_each(|(j, ((sum, dgamma), dbeta))| {
                 let ch = first + j;
-                let (mut sum_dy, mut sum_dy_xhat) = (0.0f64, 0.0f64);
-                for s in 0..n {
-                    let at = (s * c + ch) * spatial;
-                    for (&g, &v) in dy[at..at + spatial].iter().zip(&x[at..at + spatial]) {
-                        sum_dy += g as f64;
-                        sum_dy_xhat += g as f64 * xhat(ch, v);
+                let plane = |b| channel_planes(b, n, c, spatial, ch);
+                let sum_dy = lane_sum(plane(dy), |g| g as f64);
+                // Σ dy·x̂ = invstd · (Σ dy·x − mean · Σ dy) would be faster but loses digits;
+                // pair dy and x plane by plane instead.
+                let mut lanes = [0.0f64; 8];
+                let mut rest = 0.0f64;
+                for (g, v) in plane(dy).zip(plane(x)) {
+                    let (gc, vc) = (g.chunks_exact(8), v.chunks_exact(8));
+                    for (&g, &v) in gc.remainder().iter().zip(vc.remainder()) {
+                        rest += g as f64 * xhat(ch, v);
+                    }
+                    for (g, v) in gc.zip(vc) {
+                        for ((lane, &g), &v) in lanes.iter_mut().zip(g).zip(v) {
+                            *lane += g as f64 * xhat(ch, v);
+                        }
                     }
                 }
+                let sum_dy_xhat = lanes.iter().sum::<f64>() + rest;
                 *dgamma += sum_dy_xhat as f32;
                 *dbeta += sum_dy as f32;
                 *sum = (sum_dy, sum_dy_xhat);
@@ -677,10 +713,11 @@ pub fn batchnorm_backward(
             .for_each(|(k, dx)| {
                 let ch = k % c;
                 let (sum_dy, sum_dy_xhat) = sums[ch - first];
+                let (mean_dy, mean_dy_xhat) = (sum_dy / m, sum_dy_xhat / m);
                 let scale = gamma[ch] as f64 * invstd[ch] as f64;
                 let at = k * spatial;
                 for ((d, &g), &v) in dx.iter_mut().zip(&dy[at..]).zip(&x[at..]) {
-                    *d = (scale * (g as f64 - sum_dy / m - xhat(ch, v) * sum_dy_xhat / m)) as f32;
+                    *d = (scale * (g as f64 - mean_dy - xhat(ch, v) * mean_dy_xhat)) as f32;
                 }
             });
     }
