@@ -85,7 +85,8 @@ fn prepare(job: &Path, sets: &[String], name: Option<&str>) -> Result<Prepared> 
 /// An embedding reads token ids from the data: every feature must be a whole number in
 /// [0, num_embeddings), or the job is refused naming the layer, the value and where it is.
 fn check_token_ids(graph: &Graph, data: &Data) -> Result<()> {
-    let Some(vocab) = graph.embeddings().iter().map(|&(_, v)| v).min() else {
+    let embeddings = graph.embeddings();
+    let Some(&(layer, vocab)) = embeddings.iter().min_by_key(|&&(_, v)| v) else {
         return Ok(());
     };
     let row = data.row_len();
@@ -98,14 +99,13 @@ fn check_token_ids(graph: &Graph, data: &Data) -> Result<()> {
             .enumerate()
             .find(|(_, v)| !(v.fract() == 0.0 && (0.0..vocab as f32).contains(*v)))
         {
-            let (layer, _) = graph.embeddings()[0];
             return Err(Error::Job(format!(
                 "model.layers[{layer}] (embedding): the {split} data holds {v} (sample {}, \
                  feature {}), but token ids must be whole numbers in [0, {vocab}) \
                  (num_embeddings{}); set data.normalize = \"none\" for token data",
                 i / row,
                 i % row,
-                if graph.embeddings().len() > 1 {
+                if embeddings.len() > 1 {
                     ", the smallest of the embeddings'"
                 } else {
                     ""

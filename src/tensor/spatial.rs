@@ -590,8 +590,8 @@ pub fn batchnorm_forward(
         let running = running_mean.par_iter_mut().zip(running_var.par_iter_mut());
         stats.zip(running).enumerate().for_each(
             |(ch, ((mean, invstd), (running_mean, running_var)))| {
-                let mu = lane_sum(planes(ch), |v| v as f64) / m;
-                let var = lane_sum(planes(ch), |v| (v as f64 - mu).powi(2)) / m;
+                let mu = lane_sum(planes(ch).zip(planes(ch)), |v, _| v as f64) / m;
+                let var = lane_sum(planes(ch).zip(planes(ch)), |v, _| (v as f64 - mu).powi(2)) / m;
                 *mean = mu as f32;
                 *invstd = (1.0 / (var + eps as f64).sqrt()) as f32;
                 let unbiased = if m > 1.0 { var * m / (m - 1.0) } else { var };
@@ -630,20 +630,24 @@ fn channel_planes(
     (0..n).map(move |s| &values[(s * c + ch) * spatial..][..spatial])
 }
 
-/// Σ f(v) over the values of `planes`, in f64 with 8 running sums (one per lane of a vector
-/// register, so the loop vectorises) combined in a fixed order: deterministic, and
-/// independent of the thread count.
-fn lane_sum<'a>(planes: impl Iterator<Item = &'a [f32]>, f: impl Fn(f32) -> f64) -> f64 {
+/// Σ f(a, b) over the paired values of the planes `pairs` yields (a plane of one tensor and
+/// the same plane of another), in f64 with 8 running sums (one per lane of a vector register,
+/// so the loop vectorises) combined in a fixed order: deterministic, and independent of the
+/// thread count.
+fn lane_sum<'a>(
+    pairs: impl Iterator<Item = (&'a [f32], &'a [f32])>,
+    f: impl Fn(f32, f32) -> f64,
+) -> f64 {
     let mut lanes = [0.0f64; 8];
     let mut rest = 0.0f64;
-    for plane in planes {
-        let chunks = plane.chunks_exact(8);
-        for &v in chunks.remainder() {
-            rest += f(v);
+    for (a, b) in pairs {
+        let (a, b) = (a.chunks_exact(8), b.chunks_exact(8));
+        for (&u, &v) in a.remainder().iter().zip(b.remainder()) {
+            rest += f(u, v);
         }
-        for chunk in chunks {
-            for (lane, &v) in lanes.iter_mut().zip(chunk) {
-                *lane += f(v);
+        for (a, b) in a.zip(b) {
+            for ((lane, &u), &v) in lanes.iter_mut().zip(a).zip(b) {
+                *lane += f(u, v);
             }
         }
     }
@@ -682,23 +686,8 @@ pub fn batchnorm_backward(
             .for_each(|(j, ((sum, dgamma), dbeta))| {
                 let ch = first + j;
                 let plane = |b| channel_planes(b, n, c, spatial, ch);
-                let sum_dy = lane_sum(plane(dy), |g| g as f64);
-                // Σ dy·x̂ = invstd · (Σ dy·x − mean · Σ dy) would be faster but loses digits;
-                // pair dy and x plane by plane instead.
-                let mut lanes = [0.0f64; 8];
-                let mut rest = 0.0f64;
-                for (g, v) in plane(dy).zip(plane(x)) {
-                    let (gc, vc) = (g.chunks_exact(8), v.chunks_exact(8));
-                    for (&g, &v) in gc.remainder().iter().zip(vc.remainder()) {
-                        rest += g as f64 * xhat(ch, v);
-                    }
-                    for (g, v) in gc.zip(vc) {
-                        for ((lane, &g), &v) in lanes.iter_mut().zip(g).zip(v) {
-                            *lane += g as f64 * xhat(ch, v);
-                        }
-                    }
-                }
-                let sum_dy_xhat = lanes.iter().sum::<f64>() + rest;
+                let sum_dy = lane_sum(plane(dy).zip(plane(x)), |g, _| g as f64);
+                let sum_dy_xhat = lane_sum(plane(dy).zip(plane(x)), |g, v| g as f64 * xhat(ch, v));
                 *dgamma += sum_dy_xhat as f32;
                 *dbeta += sum_dy as f32;
                 *sum = (sum_dy, sum_dy_xhat);
