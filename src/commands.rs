@@ -6,7 +6,7 @@ use crate::data::{self, Data};
 use crate::error::{Error, Result};
 use crate::graph::{DataShape, Graph, MemoryPlan};
 use crate::optim;
-use crate::parallel::{BatchLayout, CpuAllReduce};
+use crate::parallel::{BatchLayout, CpuAllReduce, Rendezvous};
 use crate::run::{MetricsWriter, RunDir};
 use crate::signals::Stop;
 use crate::spec::{
@@ -16,7 +16,7 @@ use crate::spec::{
 use crate::tensor::cpu::CpuBackend;
 use crate::tensor::cuda::{self, CudaBackend};
 use crate::tensor::{spatial, Backend};
-use crate::train::{self, CpuReplicas, DataParallel, Session};
+use crate::train::{self, CpuReplicas, DataParallel, ProcessReplicas, Session};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -50,17 +50,22 @@ struct Prepared {
     graph: Graph,
 }
 
-/// The CPU threads a job uses: train.threads, else every core.
+/// The CPU threads a job (this process of it) uses: train.threads, else every core, or in a
+/// multi-process run an equal part of them for each process on this machine.
 fn cpu_threads(spec: &JobSpec) -> usize {
-    spec.train
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let processes = spec
+        .parallel
+        .world
+        .as_ref()
+        .map_or(1, |w| w.local_world_size);
+    spec.train.threads.unwrap_or((cores / processes).max(1))
 }
 
-/// The threads of one replica: with CPU data parallelism, an equal part of the job's
-/// threads (at least one); without, all of them.
+/// The threads of one replica: with CPU data parallelism in threads, an equal part of the
+/// job's threads (at least one); without, all of them.
 fn replica_threads(spec: &JobSpec) -> usize {
-    match spec.parallel.replicas() {
+    match spec.parallel.local_replicas() {
         Some(replicas) => (cpu_threads(spec) / replicas.max(1)).max(1),
         None => cpu_threads(spec),
     }
@@ -71,6 +76,11 @@ fn prepare(job: &Path, sets: &[String], name: Option<&str>) -> Result<Prepared> 
     if let Some(name) = name {
         spec.job.name = Some(name.to_string());
     }
+    spec.parallel.world = world_from_env(&spec)?;
+    if spec.parallel.world.is_some() {
+        // Batches must now divide among the processes.
+        spec::validate(&spec, &job.display().to_string())?;
+    }
     let data = data::load(&spec.data, spec.job.seed)?;
     let shape = DataShape {
         sample_shape: data.sample_shape.clone(),
@@ -80,6 +90,25 @@ fn prepare(job: &Path, sets: &[String], name: Option<&str>) -> Result<Prepared> 
     let graph = Graph::build(&spec, &shape)?;
     check_token_ids(&graph, &data)?;
     Ok(Prepared { spec, data, graph })
+}
+
+/// This process's place in a multi-process run, from RANK and WORLD_SIZE (or SLURM's
+/// SLURM_PROCID and SLURM_NTASKS); None when they are unset or the world is one process.
+fn world_from_env(spec: &JobSpec) -> Result<Option<Rendezvous>> {
+    let Some(world) = Rendezvous::from_env(|k| std::env::var(k).ok()) else {
+        return Ok(None);
+    };
+    let mut world = world?;
+    if world.world_size == 1 {
+        return Ok(None);
+    }
+    let timeout = spec
+        .parallel
+        .timeout
+        .as_deref()
+        .unwrap_or(spec::DEFAULT_PARALLEL_TIMEOUT);
+    world.timeout = spec::parse_duration(timeout).map_err(Error::Job)?;
+    Ok(Some(world))
 }
 
 /// An embedding reads token ids from the data: every feature must be a whole number in
@@ -134,11 +163,20 @@ fn pick_device(job: &Path, spec: &JobSpec) -> Result<Device> {
             tracing::info!("device auto: cpu (parallel.devices lists CPU replicas)");
             Device::Cpu
         }
+        // In a multi-process run, "cuda" is the process's own GPU (LOCAL_RANK), as with torchrun.
+        Some(DeviceChoice::Cuda(_))
+            if spec.device.kind == "cuda" && spec.parallel.world.is_some() =>
+        {
+            Device::Cuda(spec.parallel.world.as_ref().map_or(0, |w| w.local_rank))
+        }
         Some(DeviceChoice::Cuda(n)) => Device::Cuda(n),
         Some(DeviceChoice::Auto) => match cuda::probe() {
             Ok((devices, _)) if !devices.is_empty() && cuda::kernels::nvrtc_available() => {
-                tracing::info!("device auto: cuda:0 ({})", devices[0].name);
-                Device::Cuda(0)
+                // A process of a multi-process run takes its own GPU (LOCAL_RANK).
+                let n = spec.parallel.world.as_ref().map_or(0, |w| w.local_rank);
+                let name = devices.get(n).map_or("not present", |d| d.name.as_str());
+                tracing::info!("device auto: cuda:{n} ({name})");
+                Device::Cuda(n)
             }
             Ok((devices, _)) if devices.is_empty() => {
                 tracing::info!("device auto: cpu (the CUDA driver sees no GPU)");
@@ -175,10 +213,16 @@ fn pick_device(job: &Path, spec: &JobSpec) -> Result<Device> {
     Ok(device)
 }
 
-/// Trains a job, or continues one from a checkpoint; returns the run directory.
-pub fn run(args: &RunArgs) -> Result<PathBuf> {
+/// Trains a job, or continues one from a checkpoint; returns the run directory (None on the
+/// ranks but 0 of a multi-process run: rank 0 writes the run directory).
+pub fn run(args: &RunArgs) -> Result<Option<PathBuf>> {
     let Prepared { spec, data, graph } = prepare(&args.job, &args.sets, args.name.as_deref())?;
-    let start = plan_start(args, &spec, &graph, data.train.len)?;
+    let rank = spec.parallel.world.as_ref().map_or(0, |w| w.rank);
+    // Only rank 0 reads checkpoints and init_from files: it sends the others its state.
+    let start = match rank {
+        0 => Some(plan_start(args, &spec, &graph, data.train.len)?),
+        _ => None,
+    };
     match pick_device(&args.job, &spec)? {
         Device::Cpu => {
             // With data parallelism every replica gets a pool of its own part of the threads
@@ -192,17 +236,49 @@ pub fn run(args: &RunArgs) -> Result<PathBuf> {
             // a worker rather than injected from outside (on two cores that halves wake-ups).
             let backend = CpuBackend::new(threads);
             pool.install(|| {
-                let parallel = cpu_replicas(&spec, threads, graph.param_count)?;
-                run_on(args, &spec, data, graph, &backend, start, parallel)
+                let Some(start) = start else {
+                    return serve_rank(&backend, &spec, data, graph).map(|()| None);
+                };
+                let parallel = match &spec.parallel.world {
+                    Some(_) => Some(process_replicas(&spec, &data, &graph, threads)?),
+                    None => cpu_replicas(&spec, threads, graph.param_count)?,
+                };
+                run_on(args, &spec, data, graph, &backend, start, parallel).map(Some)
             })
         }
         Device::Cuda(ordinal) => {
             // The GPU does the work; the loop stays on this thread, bound to the CUDA context.
             let backend = CudaBackend::new(ordinal, spec.device.allow_tf32)?;
             let spec = precision_on_gpu(&spec, &backend)?;
-            run_on(args, &spec, data, graph, &backend, start, None)
+            let Some(start) = start else {
+                return serve_rank(&backend, &spec, data, graph).map(|()| None);
+            };
+            let parallel = match &spec.parallel.world {
+                Some(_) => Some(process_replicas(&spec, &data, &graph, 1)?),
+                None => None,
+            };
+            run_on(args, &spec, data, graph, &backend, start, parallel).map(Some)
         }
     }
+}
+
+/// Rank 0 of a multi-process run: the other ranks, once they have all joined.
+fn process_replicas<B: Backend + 'static>(
+    spec: &JobSpec,
+    data: &Data,
+    graph: &Graph,
+    threads: usize,
+) -> Result<Box<dyn DataParallel<B>>> {
+    let replicas = ProcessReplicas::<B>::connect(spec, data, graph.param_count, threads)?;
+    Ok(Box::new(replicas))
+}
+
+/// A rank other than 0 of a multi-process run: trains its share of every step until rank 0
+/// says the run is over. A signal here stops the whole run (with rank 0's checkpoint).
+fn serve_rank<B: Backend>(backend: &B, spec: &JobSpec, data: Data, graph: Graph) -> Result<()> {
+    let stop = Stop::install()
+        .map_err(|e| Error::Runtime(format!("cannot install the SIGINT/SIGTERM handlers: {e}")))?;
+    train::serve(backend, spec, graph, data, &stop)
 }
 
 /// The other replicas of CPU data parallelism, each with `threads` threads; None without
@@ -594,7 +670,7 @@ fn memory_plan(spec: &JobSpec, graph: &Graph, data: &Data, on_gpu: bool) -> Memo
 /// A run's planned memory over all its data-parallel replicas: each holds its own buffers
 /// (the data set is shared), and the all-reduce its exchange buffers.
 fn all_replicas_memory(spec: &JobSpec, graph: &Graph, one: &MemoryPlan) -> usize {
-    let replicas = spec.parallel.replicas().unwrap_or(1);
+    let replicas = spec.parallel.local_replicas().unwrap_or(1);
     one.total() * replicas + 4 * CpuAllReduce::exchange_len(replicas, graph.param_count)
 }
 
@@ -706,7 +782,7 @@ pub fn check(job: &Path, sets: &[String]) -> Result<String> {
         out += &format!("  {what:<24} {:>12}\n", bytes(b));
     }
     out += &format!("  {:<24} {:>12}\n", "total", bytes(m.total()));
-    if let Some(replicas) = spec.parallel.replicas() {
+    if let Some(replicas) = spec.parallel.local_replicas() {
         out += &format!(
             "  {:<24} {:>12}\n",
             format!("{replicas} replicas + all-reduce"),

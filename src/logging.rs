@@ -38,8 +38,10 @@ pub fn init(quiet: bool) {
     } else {
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"))
     };
+    // Colours only on a terminal: logs redirected to a file (srun, nohup, CI) stay plain.
     let stderr = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .without_time()
         .with_filter(stderr_filter);

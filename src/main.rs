@@ -186,7 +186,12 @@ fn main() -> ExitCode {
             force,
             dir: run_dir,
         })
-        .map(|dir| println!("{}", dir.display())),
+        // Ranks but 0 of a multi-process run have no run directory to print.
+        .map(|dir| {
+            if let Some(dir) = dir {
+                println!("{}", dir.display())
+            }
+        }),
         Command::Check {
             job,
             sets,

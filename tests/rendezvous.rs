@@ -30,6 +30,7 @@ fn at(rank: usize, world_size: usize, port: u16, timeout: Duration) -> Rendezvou
         rank,
         world_size,
         local_rank: 0,
+        local_world_size: 1,
         master_addr: "127.0.0.1".into(),
         master_port: port,
         timeout,

@@ -5,8 +5,10 @@
 
 mod allreduce;
 mod layout;
+mod link;
 mod rendezvous;
 
 pub use allreduce::CpuAllReduce;
 pub use layout::{share, BatchLayout};
-pub use rendezvous::{exchange, Rendezvous};
+pub use link::{Link, Tag};
+pub use rendezvous::{connect, exchange, Rendezvous};

@@ -1,8 +1,10 @@
 //! How the processes of a multi-process run find each other: rank 0 listens on
-//! MASTER_ADDR:MASTER_PORT and hands every other rank a payload (the NCCL unique id); the
-//! others connect and receive it. Every wait is bounded: a rank that never comes, or dies,
-//! makes the others fail with an error naming it instead of hanging.
+//! MASTER_ADDR:MASTER_PORT and greets every other rank with a payload (the job to compare, or
+//! an NCCL unique id); the others connect and receive it. The connections stay open as the
+//! run's links (`connect`). Every wait is bounded: a rank that never comes, or dies, makes
+//! the others fail with an error naming it instead of hanging.
 
+use super::link::Link;
 use crate::error::{Error, Result};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
@@ -14,6 +16,9 @@ pub struct Rendezvous {
     pub rank: usize,
     pub world_size: usize,
     pub local_rank: usize,
+    /// Processes on this machine (LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE; 1 when unset):
+    /// they share its cores.
+    pub local_world_size: usize,
     pub master_addr: String,
     pub master_port: u16,
     pub timeout: Duration,
@@ -42,6 +47,14 @@ impl Rendezvous {
             let local_rank = get("LOCAL_RANK")
                 .or_else(|| get("SLURM_LOCALID"))
                 .map_or(Ok(0), |v| parse("LOCAL_RANK", &v))?;
+            // SLURM writes e.g. "2(x3)" for 2 tasks on each of 3 nodes.
+            let local_world_size = get("LOCAL_WORLD_SIZE")
+                .or_else(|| get("SLURM_NTASKS_PER_NODE"))
+                .map_or(Ok(1), |v| {
+                    let count: String = v.chars().take_while(char::is_ascii_digit).collect();
+                    parse("LOCAL_WORLD_SIZE", &count)
+                })?
+                .max(1);
             let master_addr = get("MASTER_ADDR")
                 .ok_or_else(|| Error::Job("MASTER_ADDR is not set (rank 0's host)".into()))?;
             let port =
@@ -54,6 +67,7 @@ impl Rendezvous {
                 rank,
                 world_size,
                 local_rank,
+                local_world_size,
                 master_addr,
                 master_port,
                 timeout: Duration::from_secs(300),
@@ -64,6 +78,12 @@ impl Rendezvous {
 
 /// Rank 0 sends `payload` to every other rank; each rank returns it.
 pub fn exchange(r: &Rendezvous, payload: Vec<u8>) -> Result<Vec<u8>> {
+    connect(r, payload).map(|(_, payload)| payload)
+}
+
+/// Connects the ranks: rank 0 greets each other rank with `payload` as it arrives and gets
+/// links to ranks 1.. (in rank order); another rank gets one link, to rank 0, and the payload.
+pub fn connect(r: &Rendezvous, payload: Vec<u8>) -> Result<(Vec<Link>, Vec<u8>)> {
     let deadline = Instant::now() + r.timeout;
     let where_ = format!("{}:{}", r.master_addr, r.master_port);
     if r.rank == 0 {
@@ -74,6 +94,7 @@ pub fn exchange(r: &Rendezvous, payload: Vec<u8>) -> Result<Vec<u8>> {
             .map_err(|e| Error::Runtime(format!("{where_}: {e}")))?;
         let mut seen = vec![false; r.world_size];
         seen[0] = true;
+        let mut links: Vec<Option<Link>> = (0..r.world_size).map(|_| None).collect();
         while seen.iter().any(|s| !s) {
             if Instant::now() > deadline {
                 let missing: Vec<String> = (0..r.world_size)
@@ -107,6 +128,7 @@ pub fn exchange(r: &Rendezvous, payload: Vec<u8>) -> Result<Vec<u8>> {
                     stream.write_all(&msg).map_err(|e| {
                         Error::Runtime(format!("rendezvous: rank {rank} left: {e}"))
                     })?;
+                    links[rank] = Some(Link::new(stream, 0, rank, r.timeout)?);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     std::thread::sleep(Duration::from_millis(20))
@@ -114,7 +136,7 @@ pub fn exchange(r: &Rendezvous, payload: Vec<u8>) -> Result<Vec<u8>> {
                 Err(e) => return Err(Error::Runtime(format!("rendezvous on {where_}: {e}"))),
             }
         }
-        return Ok(payload);
+        return Ok((links.into_iter().flatten().collect(), payload));
     }
     let addr = where_
         .to_socket_addrs()
@@ -147,7 +169,7 @@ pub fn exchange(r: &Rendezvous, payload: Vec<u8>) -> Result<Vec<u8>> {
     stream.read_exact(&mut len).map_err(lost)?;
     let mut payload = vec![0u8; u64::from_be_bytes(len) as usize];
     stream.read_exact(&mut payload).map_err(lost)?;
-    Ok(payload)
+    Ok((vec![Link::new(stream, r.rank, 0, r.timeout)?], payload))
 }
 
 #[cfg(test)]
@@ -167,6 +189,7 @@ mod tests {
             rank,
             world_size,
             local_rank: rank,
+            local_world_size: 1,
             master_addr: "127.0.0.1".into(),
             master_port: port,
             timeout: Duration::from_millis(timeout_ms),

@@ -856,12 +856,35 @@ pub struct ParallelSpec {
     /// CPU only so far. 1 runs the data-parallel path with one replica.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<usize>,
+    /// Multi-process runs (RANK and WORLD_SIZE set): how long a rank waits for another (to
+    /// connect, or for its part of a step) before failing with an error naming it, e.g.
+    /// "90s", "10m" (the default). Evaluation and checkpoint writing on rank 0 must fit in it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<String>,
+    /// This process's place in a multi-process run, from the environment (RANK, WORLD_SIZE,
+    /// MASTER_ADDR, MASTER_PORT as torchrun and SLURM set them); not a job key.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub world: Option<crate::parallel::Rendezvous>,
 }
 
+/// parallel.timeout when not given.
+pub const DEFAULT_PARALLEL_TIMEOUT: &str = "10m";
+
 impl ParallelSpec {
-    /// The number of replicas asked for; None without data parallelism. ("all" counts the
-    /// GPUs, which validation refuses for now.)
+    /// The number of replicas in the whole run (one per process in a multi-process run);
+    /// None without data parallelism. ("all" counts the GPUs, which validation refuses for
+    /// now.)
     pub fn replicas(&self) -> Option<usize> {
+        match &self.world {
+            Some(world) => Some(world.world_size),
+            None => self.local_replicas(),
+        }
+    }
+
+    /// The replicas this process runs in threads, as parallel.devices or parallel.replicas
+    /// ask; None without them.
+    pub fn local_replicas(&self) -> Option<usize> {
         match (&self.devices, self.replicas) {
             (Some(ParallelDevices::List(devices)), _) => Some(devices.len()),
             (_, Some(n)) => Some(n),

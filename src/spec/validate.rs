@@ -636,6 +636,26 @@ fn validate_parallel(spec: &JobSpec, p: &mut Problems) {
             );
         }
     }
+    if let Some(timeout) = &parallel.timeout {
+        if let Err(why) = super::controls::parse_duration(timeout) {
+            p.add("parallel.timeout", why);
+        }
+    }
+    if let (Some(world), Some(local)) = (&parallel.world, parallel.local_replicas()) {
+        p.add(
+            if parallel.devices.is_some() {
+                "parallel.devices"
+            } else {
+                "parallel.replicas"
+            },
+            format!(
+                "{local} replica(s) given in a multi-process run (RANK={}, WORLD_SIZE={} in the \
+                 environment), where every process is one replica; remove the key, or unset \
+                 RANK and WORLD_SIZE to run the replicas as threads of one process",
+                world.rank, world.world_size
+            ),
+        );
+    }
     let replicas = parallel.replicas().unwrap_or(1).max(1);
     let accum = spec.train.grad_accum_steps.max(1);
     match (spec.data.batch_size, spec.data.global_batch_size) {

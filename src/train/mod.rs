@@ -21,9 +21,11 @@
 //! optimizer step to `DataParallel::step`, which runs every replica on its share of the
 //! micro-batches; logging, evaluation and checkpoints stay rank 0's alone.
 
+mod processes;
 mod replicas;
 mod stopping;
 
+pub use processes::{serve, ProcessReplicas};
 pub use replicas::{CpuReplicas, DataParallel};
 pub use stopping::EndReason;
 
@@ -212,7 +214,7 @@ pub fn train_session<B: Backend>(
         }
     }
     if let Some(p) = parallel.as_mut() {
-        p.broadcast(spec, &net, &optimizer)?;
+        p.broadcast(spec, &net, &optimizer, backend)?;
         p.verify(backend, &net.params)?;
         if net.graph.running_stats_len() > 0 {
             tracing::info!(
@@ -295,7 +297,7 @@ pub fn train_session<B: Backend>(
                     &mut st.micro_step,
                     &mut train_stats,
                     settings,
-                ),
+                )?,
             };
             backend.status()?;
             if let Some(scaler) = st.loss_scaler.as_mut() {
@@ -353,7 +355,9 @@ pub fn train_session<B: Backend>(
                 st.window_seconds = 0.0;
                 outcome.last_train = Some(row);
             }
-            let signal = stop.and_then(Stop::requested);
+            let signal = stop
+                .and_then(Stop::requested)
+                .or_else(|| parallel.as_ref().and_then(|p| p.stop_requested()));
             // At the last step the final checkpoint follows (after the final evaluation).
             let due =
                 policy.every_steps.is_some_and(|n| step % n as u64 == 0) && (step as usize) < total;
@@ -367,6 +371,9 @@ pub fn train_session<B: Backend>(
             }
             if signal.is_some() {
                 outcome.interrupted = signal;
+                if let Some(p) = parallel.as_mut() {
+                    p.finish(signal);
+                }
                 return Ok(finish(outcome, &st, None));
             }
             if out_of_time {
@@ -463,8 +470,9 @@ pub fn train_session<B: Backend>(
         let path = saver.save(backend, &net, &optimizer, &mut train_stats, &st, metrics)?;
         outcome.last_checkpoint = Some(path);
     }
-    if let Some(p) = &parallel {
+    if let Some(p) = parallel.as_mut() {
         p.verify(backend, &net.params)?;
+        p.finish(None);
     }
     let mut params = vec![0.0; param_count];
     backend.download(&net.params, &mut params);
@@ -600,7 +608,7 @@ pub fn optimizer_step<B: Backend>(
         backend,
         net,
         batch,
-        micro_batches,
+        micro_batches.iter().copied(),
         micro_step,
         stats,
         whole,
@@ -623,11 +631,11 @@ pub(crate) struct Rank {
 /// micro-batch's mean loss, also when the shares differ (a smaller last batch); an equal
 /// share's weight is exactly 1.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn accumulate_gradients<B: Backend>(
+pub(crate) fn accumulate_gradients<'r, B: Backend>(
     backend: &B,
     net: &mut Network<B>,
     batch: &Batch<B>,
-    micro_batches: &[&[u32]],
+    micro_batches: impl ExactSizeIterator<Item = &'r [u32]>,
     micro_step: &mut u64,
     stats: &mut B::Stats,
     replica: Rank,

@@ -40,6 +40,7 @@ pub trait DataParallel<B: Backend> {
         spec: &JobSpec,
         net: &Network<B>,
         optimizer: &Optimizer<B>,
+        backend: &B,
     ) -> Result<()>;
 
     /// One optimizer step on every replica, as `optimizer_step` is on one device (with mixed
@@ -56,13 +57,23 @@ pub trait DataParallel<B: Backend> {
         micro_step: &mut u64,
         stats: &mut B::Stats,
         settings: StepSettings,
-    ) -> StepResult;
+    ) -> Result<StepResult>;
 
     /// An error unless every replica holds `params` (rank 0's), bit for bit.
-    fn verify(&self, backend: &B, params: &B::Buf) -> Result<()>;
+    fn verify(&mut self, backend: &B, params: &B::Buf) -> Result<()>;
 
     /// The device as logs and provenance.json name it, e.g. "cpu: 2 replicas x 1 thread".
     fn describe(&self) -> String;
+
+    /// A stop signal another replica received (a process of a multi-process run): the loop
+    /// stops as for its own.
+    fn stop_requested(&self) -> Option<i32> {
+        None
+    }
+
+    /// The loop is over without an error (`interrupted`: by this signal); the replicas may
+    /// go. Dropped without it, they learn that the run failed.
+    fn finish(&mut self, _interrupted: Option<i32>) {}
 }
 
 /// A replica other than rank 0, on the CPU.
@@ -138,6 +149,7 @@ impl DataParallel<CpuBackend> for CpuReplicas {
         spec: &JobSpec,
         net: &Network<CpuBackend>,
         optimizer: &Optimizer<CpuBackend>,
+        _: &CpuBackend,
     ) -> Result<()> {
         let n = net.graph.param_count;
         if self.all_reduce.buffer_len() != n {
@@ -187,7 +199,7 @@ impl DataParallel<CpuBackend> for CpuReplicas {
         micro_step: &mut u64,
         stats: &mut LossStats,
         settings: StepSettings,
-    ) -> StepResult {
+    ) -> Result<StepResult> {
         let replicas = self.replicas();
         let all_reduce = &self.all_reduce;
         let first_micro_step = *micro_step;
@@ -203,7 +215,7 @@ impl DataParallel<CpuBackend> for CpuReplicas {
                 &r.backend,
                 &mut r.net,
                 batch,
-                micro_batches,
+                micro_batches.iter().copied(),
                 &mut micro_step,
                 &mut r.stats,
                 place,
@@ -219,7 +231,7 @@ impl DataParallel<CpuBackend> for CpuReplicas {
                 backend,
                 net,
                 batch,
-                micro_batches,
+                micro_batches.iter().copied(),
                 micro_step,
                 stats,
                 place,
@@ -234,10 +246,10 @@ impl DataParallel<CpuBackend> for CpuReplicas {
             stats.correct += s.correct;
             stats.samples += s.samples;
         }
-        result
+        Ok(result)
     }
 
-    fn verify(&self, _: &CpuBackend, params: &Vec<f32>) -> Result<()> {
+    fn verify(&mut self, _: &CpuBackend, params: &Vec<f32>) -> Result<()> {
         for (i, r) in self.others.iter().enumerate() {
             let differ = (r.net.params.iter().zip(params))
                 .filter(|(a, b)| a.to_bits() != b.to_bits())
@@ -288,7 +300,9 @@ mod tests {
         let optimizer = Optimizer::new(&backend, &spec, n).unwrap();
         let mut replicas = CpuReplicas::new(3, 1, n).unwrap();
         assert_eq!(replicas.describe(), "cpu: 3 replicas x 1 thread each");
-        replicas.broadcast(&spec, &net, &optimizer).unwrap();
+        replicas
+            .broadcast(&spec, &net, &optimizer, &backend)
+            .unwrap();
         replicas.verify(&backend, &net.params).unwrap();
         // One bit of one parameter.
         let drifted = &mut replicas.others[1].net.params[2];
@@ -303,7 +317,7 @@ mod tests {
         );
         assert!(CpuReplicas::new(2, 1, n + 1)
             .unwrap()
-            .broadcast(&spec, &net, &optimizer)
+            .broadcast(&spec, &net, &optimizer, &backend)
             .is_err());
     }
 }

@@ -1,0 +1,615 @@
+//! Data parallelism across processes and machines: the ranks of a run started by torchrun,
+//! srun or a shell loop (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; `parallel::Rendezvous`).
+//!
+//! Rank 0 is the run. It alone runs the training loop, logs, evaluates and writes the run
+//! directory and checkpoints, and drives the other ranks step by step over its links
+//! (`ProcessReplicas`, a `DataParallel` like the threads of `CpuReplicas`). Every other rank
+//! `serve`s: it trains its share of each micro-batch and applies the same update as rank 0,
+//! so the loop's decisions (signals, `max_time`, early stopping, when to checkpoint) are
+//! made in one place and the ranks need no agreement protocol beyond the step itself.
+//!
+//! A step: rank 0 sends the step (micro-step counter, learning rate, clipping, loss scale,
+//! the micro-batches' sample indices; each rank holds the whole data set), every rank
+//! computes the gradients of its share, the others send theirs with their loss statistics,
+//! rank 0 averages them in rank order (the sums `CpuAllReduce` makes, so a multi-process run
+//! equals the same number of threaded replicas bit for bit) and sends the mean back, and
+//! every rank runs clipping and the optimizer on it. A gradient exchange through rank 0
+//! moves 2 x (ranks - 1) x parameters through its link: right for the CPU models this
+//! serves; NCCL's ring all-reduce is the GPU path still to come.
+//!
+//! Failure: every wait is bounded by parallel.timeout, a closed connection is noticed at
+//! once, and errors name the rank. A rank that fails tells rank 0 why; rank 0 ending for any
+//! reason tells the others how (completed, interrupted by a signal, failed), and they exit
+//! with the matching code. A signal on any rank stops the whole run after the current step
+//! with a checkpoint, as on one process.
+
+use super::{
+    accumulate_gradients, apply_gradients, half_kind, Batch, DataParallel, Rank, StepResult,
+    StepSettings,
+};
+use crate::checkpoint;
+use crate::data::Data;
+use crate::error::{Error, Result};
+use crate::graph::{Graph, Network};
+use crate::optim::Optimizer;
+use crate::parallel::{connect, Link, Rendezvous, Tag};
+use crate::signals::Stop;
+use crate::spec::JobSpec;
+use crate::tensor::{Backend, LossStats};
+use serde::{Deserialize, Serialize};
+use std::marker::PhantomData;
+
+/// What rank 0 greets the other ranks with, for them to compare with their own job.
+#[derive(Serialize, Deserialize)]
+struct Greeting {
+    version: String,
+    world_size: usize,
+    /// The resolved job, as checkpoints keep it (`checkpoint::spec_json`).
+    job: serde_json::Value,
+    data_hash: String,
+    param_count: usize,
+}
+
+/// How the run ended, as rank 0 tells the others.
+#[derive(Serialize, Deserialize)]
+struct Ending {
+    /// Stopped by this signal, after a checkpoint.
+    interrupted: Option<i32>,
+    failed: bool,
+}
+
+/// Rank 0's view of the other ranks.
+pub struct ProcessReplicas<B: Backend> {
+    world: Rendezvous,
+    threads: usize,
+    /// Links to ranks 1.., in rank order.
+    links: Vec<Link>,
+    /// Rank 0's gradients, then the sum over the ranks, then their mean (host memory).
+    mean: Vec<f32>,
+    /// Another rank's gradients as they arrive.
+    incoming: Vec<f32>,
+    /// The step message, encoded (its buffer is reused).
+    message: Vec<u8>,
+    stop: Option<i32>,
+    finished: bool,
+    _backend: PhantomData<fn(&B)>,
+}
+
+/// Identifies the training data: every rank must hold the same samples.
+fn data_hash(data: &Data) -> String {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(bytemuck::cast_slice(&data.train.features));
+    h.update(bytemuck::cast_slice(&data.train.targets));
+    format!("{:016x}", h.digest())
+}
+
+impl<B: Backend> ProcessReplicas<B> {
+    /// Rank 0's side of the rendezvous: waits for every rank, greets it with the job and
+    /// waits until each has found the job and data the same as its own (a rank that does
+    /// not is an `Error::Job` naming the differences).
+    pub fn connect(
+        spec: &JobSpec,
+        data: &Data,
+        param_count: usize,
+        threads: usize,
+    ) -> Result<Self> {
+        let world = spec.parallel.world.clone().expect("a multi-process run");
+        let greeting = Greeting {
+            version: env!("CARGO_PKG_VERSION").into(),
+            world_size: world.world_size,
+            job: checkpoint::spec_json(spec).0,
+            data_hash: data_hash(data),
+            param_count,
+        };
+        tracing::info!(
+            "rank 0 of {}: waiting for the other ranks on {}:{}",
+            world.world_size,
+            world.master_addr,
+            world.master_port
+        );
+        let payload = serde_json::to_vec(&greeting).expect("a greeting serialises");
+        let (mut links, _) = connect(&world, payload)?;
+        for link in &mut links {
+            link.expect(Tag::Ready)?;
+        }
+        tracing::info!("all {} ranks joined", world.world_size);
+        Ok(ProcessReplicas {
+            world,
+            threads,
+            links,
+            mean: vec![0.0; param_count],
+            incoming: vec![0.0; param_count],
+            message: Vec::new(),
+            stop: None,
+            finished: false,
+            _backend: PhantomData,
+        })
+    }
+
+    /// Tells every other rank how the run ended (best effort: some may be gone).
+    fn tell_the_others(&mut self, ending: &Ending) {
+        let text = serde_json::to_vec(ending).expect("an ending serialises");
+        for link in &mut self.links {
+            let _ = link.send(Tag::Done, &[&text]);
+        }
+    }
+}
+
+impl<B: Backend> Drop for ProcessReplicas<B> {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.tell_the_others(&Ending {
+                interrupted: None,
+                failed: true,
+            });
+        }
+    }
+}
+
+/// The step message: micro-step, lr, clip, loss scale (NaN for none), skip_nonfinite, the
+/// micro-batch size, then every micro-batch's sample indices (all but the last micro-batch
+/// of a step are full).
+fn encode_step(out: &mut Vec<u8>, micro_step: u64, s: &StepSettings, micro_batches: &[&[u32]]) {
+    out.clear();
+    out.extend_from_slice(&micro_step.to_le_bytes());
+    out.extend_from_slice(&s.lr.to_le_bytes());
+    out.extend_from_slice(&s.clip.unwrap_or(f64::NAN).to_le_bytes());
+    out.extend_from_slice(&s.loss_scale.unwrap_or(f64::NAN).to_le_bytes());
+    out.push(u8::from(s.skip_nonfinite));
+    let chunk = micro_batches.first().map_or(0, |m| m.len());
+    out.extend_from_slice(&(chunk as u32).to_le_bytes());
+    for rows in micro_batches {
+        for row in *rows {
+            out.extend_from_slice(&row.to_le_bytes());
+        }
+    }
+}
+
+/// A decoded step message; `rows` is reused from step to step.
+struct StepOrder {
+    micro_step: u64,
+    settings: StepSettings,
+    chunk: usize,
+}
+
+const STEP_HEADER: usize = 8 * 4 + 1 + 4;
+
+fn decode_step(bytes: &[u8], rows: &mut Vec<u32>) -> Option<StepOrder> {
+    if bytes.len() < STEP_HEADER || (bytes.len() - STEP_HEADER) % 4 != 0 {
+        return None;
+    }
+    let f64_at = |i: usize| f64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
+    let optional = |v: f64| (!v.is_nan()).then_some(v);
+    let settings = StepSettings {
+        lr: f64_at(8),
+        clip: optional(f64_at(16)),
+        want_grad_norm: false,
+        loss_scale: optional(f64_at(24)),
+        skip_nonfinite: bytes[32] != 0,
+    };
+    let chunk = u32::from_le_bytes(bytes[33..37].try_into().expect("4 bytes")) as usize;
+    rows.clear();
+    rows.extend(
+        bytes[STEP_HEADER..]
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes"))),
+    );
+    (chunk > 0 || rows.is_empty()).then_some(StepOrder {
+        micro_step: u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")),
+        settings,
+        chunk: chunk.max(1),
+    })
+}
+
+/// The Grads message's fixed part: a stop signal (0 for none) and the loss statistics.
+const GRADS_HEADER: usize = 4 + 3 * 8;
+
+fn params_hash<B: Backend>(backend: &B, params: &B::Buf, host: &mut [f32]) -> u64 {
+    backend.download(params, host);
+    xxhash_rust::xxh3::xxh3_64(bytemuck::cast_slice(host))
+}
+
+impl<B: Backend> DataParallel<B> for ProcessReplicas<B> {
+    fn replicas(&self) -> usize {
+        self.world.world_size
+    }
+
+    fn broadcast(
+        &mut self,
+        _spec: &JobSpec,
+        net: &Network<B>,
+        optimizer: &Optimizer<B>,
+        backend: &B,
+    ) -> Result<()> {
+        let n = net.graph.param_count;
+        let mut state: Vec<(&str, Vec<f32>)> = Vec::new();
+        for (name, buf) in optimizer.state() {
+            let mut values = vec![0.0; n];
+            backend.download(buf, &mut values);
+            state.push((name, values));
+        }
+        backend.download(&net.params, &mut self.mean);
+        let mut head = Vec::new();
+        head.extend_from_slice(&(n as u64).to_le_bytes());
+        head.extend_from_slice(&optimizer.steps().to_le_bytes());
+        head.extend_from_slice(&(state.len() as u32).to_le_bytes());
+        for (name, _) in &state {
+            head.extend_from_slice(&(name.len() as u32).to_le_bytes());
+            head.extend_from_slice(name.as_bytes());
+        }
+        let mut parts: Vec<&[u8]> = vec![&head, bytemuck::cast_slice(&self.mean)];
+        parts.extend(
+            state
+                .iter()
+                .map(|(_, v)| bytemuck::cast_slice::<f32, u8>(v)),
+        );
+        for link in &mut self.links {
+            link.send(Tag::State, &parts)?;
+        }
+        Ok(())
+    }
+
+    fn step(
+        &mut self,
+        backend: &B,
+        net: &mut Network<B>,
+        optimizer: &mut Optimizer<B>,
+        batch: &Batch<B>,
+        micro_batches: &[&[u32]],
+        micro_step: &mut u64,
+        stats: &mut B::Stats,
+        settings: StepSettings,
+    ) -> Result<StepResult> {
+        encode_step(&mut self.message, *micro_step, &settings, micro_batches);
+        for link in &mut self.links {
+            link.send(Tag::Step, &[&self.message])?;
+        }
+        let place = Rank {
+            rank: 0,
+            replicas: self.world.world_size,
+        };
+        let rows = micro_batches.iter().copied();
+        let scale = settings.loss_scale;
+        accumulate_gradients(backend, net, batch, rows, micro_step, stats, place, scale);
+        backend.download(&net.grads, &mut self.mean);
+        // The whole micro-batches' statistics, added in rank order as CpuReplicas does.
+        let mut window = backend.take_stats(stats);
+        for link in &mut self.links {
+            let len = link.expect(Tag::Grads)?;
+            let mut head = [0u8; GRADS_HEADER];
+            link.read(&mut head)?;
+            let signal = i32::from_le_bytes(head[..4].try_into().expect("4 bytes"));
+            if signal != 0 && self.stop.is_none() {
+                tracing::warn!("rank {} received signal {signal}: stopping", link.peer());
+                self.stop = Some(signal);
+            }
+            let f64_at = |i: usize| f64::from_le_bytes(head[i..i + 8].try_into().expect("8"));
+            window.loss_sum += f64_at(4);
+            window.correct += f64_at(12);
+            window.samples += f64_at(20);
+            link.read_f32s(&mut self.incoming, len.saturating_sub(GRADS_HEADER))?;
+            for (sum, g) in self.mean.iter_mut().zip(&self.incoming) {
+                *sum += g;
+            }
+        }
+        backend.set_stats(stats, window);
+        let inv = 1.0 / self.world.world_size as f32;
+        self.mean.iter_mut().for_each(|v| *v *= inv);
+        for link in &mut self.links {
+            link.send(Tag::Mean, &[bytemuck::cast_slice(&self.mean)])?;
+        }
+        backend.upload(&self.mean, &mut net.grads);
+        Ok(apply_gradients(backend, net, optimizer, settings))
+    }
+
+    fn verify(&mut self, backend: &B, params: &B::Buf) -> Result<()> {
+        let ours = params_hash(backend, params, &mut self.mean);
+        for link in &mut self.links {
+            link.send(Tag::Verify, &[])?;
+        }
+        for link in &mut self.links {
+            link.expect(Tag::Hash)?;
+            let mut theirs = [0u8; 8];
+            link.read(&mut theirs)?;
+            if u64::from_le_bytes(theirs) != ours {
+                return Err(Error::Runtime(format!(
+                    "data parallelism: rank {} holds parameters different from rank 0's; the \
+                     ranks no longer train one model",
+                    link.peer()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{} processes (rank 0 of {}) x {} thread{} each",
+            self.world.world_size,
+            self.world.world_size,
+            self.threads,
+            if self.threads == 1 { "" } else { "s" }
+        )
+    }
+
+    fn stop_requested(&self) -> Option<i32> {
+        self.stop
+    }
+
+    fn finish(&mut self, interrupted: Option<i32>) {
+        self.finished = true;
+        self.tell_the_others(&Ending {
+            interrupted,
+            failed: false,
+        });
+    }
+}
+
+/// A rank other than 0: joins the run, checks that its job and data are rank 0's, then
+/// trains its share of every step rank 0 sends until rank 0 says the run is over. Returns
+/// Ok when the run completed; an interrupted or failed run is the matching error.
+pub fn serve<B: Backend>(
+    backend: &B,
+    spec: &JobSpec,
+    graph: Graph,
+    data: Data,
+    stop: &Stop,
+) -> Result<()> {
+    let world = spec.parallel.world.clone().expect("a multi-process run");
+    tracing::info!(
+        "rank {} of {}: joining rank 0 at {}:{}",
+        world.rank,
+        world.world_size,
+        world.master_addr,
+        world.master_port
+    );
+    let (mut links, greeting) = connect(&world, Vec::new())?;
+    let link = &mut links[0];
+    let result = (|| {
+        check_greeting(spec, &data, &graph, &world, &greeting)?;
+        link.send(Tag::Ready, &[])?;
+        follow(backend, spec, graph, data, &world, link, stop)
+    })();
+    if let Err(e) = &result {
+        // Rank 0 hears why (unless it is the one that went away).
+        link.send_failure(e);
+    }
+    result
+}
+
+fn check_greeting(
+    spec: &JobSpec,
+    data: &Data,
+    graph: &Graph,
+    world: &Rendezvous,
+    greeting: &[u8],
+) -> Result<()> {
+    let g: Greeting = serde_json::from_slice(greeting).map_err(|e| {
+        Error::Runtime(format!(
+            "rank {}: rank 0's greeting is not understood ({e}); do all ranks run the same \
+             trainer version?",
+            world.rank
+        ))
+    })?;
+    let ours = env!("CARGO_PKG_VERSION");
+    if g.version != ours {
+        return Err(Error::Job(format!(
+            "rank {} runs trainer {ours}, rank 0 runs {}: every rank must run the same version",
+            world.rank, g.version
+        )));
+    }
+    if g.world_size != world.world_size {
+        return Err(Error::Job(format!(
+            "rank {}: WORLD_SIZE is {} here and {} on rank 0",
+            world.rank, world.world_size, g.world_size
+        )));
+    }
+    let changes = checkpoint::incompatible_changes(&g.job, &checkpoint::spec_json(spec).0);
+    if !changes.is_empty() {
+        return Err(Error::Job(format!(
+            "rank {}'s job differs from rank 0's in keys that change training (rank 0's value \
+             first):\n  {}\nevery rank must run the same job with the same --set overrides",
+            world.rank,
+            changes
+                .join("\n  ")
+                .replace(" in the checkpoint, ", " on rank 0, ")
+                .replace(" now", " here")
+        )));
+    }
+    if g.param_count != graph.param_count || g.data_hash != data_hash(data) {
+        return Err(Error::Job(format!(
+            "rank {}'s training data differ from rank 0's ({} samples here): every rank must \
+             read the same data",
+            world.rank, data.train.len
+        )));
+    }
+    Ok(())
+}
+
+/// Builds this rank's replica from rank 0's state and follows rank 0's orders.
+fn follow<B: Backend>(
+    backend: &B,
+    spec: &JobSpec,
+    graph: Graph,
+    data: Data,
+    world: &Rendezvous,
+    link: &mut Link,
+    stop: &Stop,
+) -> Result<()> {
+    let n = graph.param_count;
+    let bad = |what: &str| {
+        Error::Runtime(format!(
+            "rank {}: rank 0 sent a malformed {what} message",
+            world.rank
+        ))
+    };
+    // The starting state: parameters and optimizer state.
+    let len = link.expect(Tag::State)?;
+    let bytes = link.read_vec(len)?;
+    let u64_at = |i: usize| {
+        bytes
+            .get(i..i + 8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+    };
+    let u32_at = |i: usize| {
+        bytes
+            .get(i..i + 4)
+            .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+    };
+    if u64_at(0) != Some(n as u64) {
+        return Err(bad("state"));
+    }
+    let optimizer_steps = u64_at(8).ok_or_else(|| bad("state"))?;
+    let count = u32_at(16).ok_or_else(|| bad("state"))? as usize;
+    let mut at = 20;
+    let mut names = Vec::new();
+    for _ in 0..count {
+        let name_len = u32_at(at).ok_or_else(|| bad("state"))? as usize;
+        let name = bytes
+            .get(at + 4..at + 4 + name_len)
+            .ok_or_else(|| bad("state"))?;
+        names.push(String::from_utf8_lossy(name).into_owned());
+        at += 4 + name_len;
+    }
+    let floats = |k: usize| -> Result<Vec<f32>> {
+        let start = at + 4 * n * k;
+        let b = bytes
+            .get(start..start + 4 * n)
+            .ok_or_else(|| bad("state"))?;
+        Ok(b.chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect())
+    };
+    let params = floats(0)?;
+    let state = (names.into_iter().enumerate())
+        .map(|(k, name)| Ok((name, floats(k + 1)?)))
+        .collect::<Result<Vec<_>>>()?;
+    drop(bytes);
+
+    let replica_batch = spec.batch_size().div_ceil(world.world_size);
+    let mut net = Network::new(backend, graph, &params, replica_batch, spec.job.seed)?
+        .with_precision(backend, half_kind(spec.precision.mode))?;
+    let mut optimizer = Optimizer::new(backend, spec, n)?;
+    optimizer
+        .restore(backend, &state, optimizer_steps, n)
+        .map_err(Error::Runtime)?;
+    drop((params, state));
+    let train_x = backend.upload_vec(data.train.features)?;
+    let train_y = backend.upload_vec(data.train.targets)?;
+    let batch = Batch {
+        x: &train_x,
+        y: &train_y,
+        row_len: data.sample_shape.iter().product(),
+        target_dim: data.target_dim,
+    };
+    let mut stats = backend.new_stats()?;
+    let place = Rank {
+        rank: world.rank,
+        replicas: world.world_size,
+    };
+    // Buffers reused by every step.
+    let mut message = Vec::new();
+    let mut rows = Vec::new();
+    let mut host = vec![0.0f32; n];
+    let mut head = [0u8; GRADS_HEADER];
+    loop {
+        let (tag, len) = link.receive()?;
+        match tag {
+            Tag::Step => {
+                message.resize(len, 0);
+                link.read(&mut message)?;
+                let order = decode_step(&message, &mut rows).ok_or_else(|| bad("step"))?;
+                let mut micro_step = order.micro_step;
+                let micro_batches = rows.chunks(order.chunk);
+                let scale = order.settings.loss_scale;
+                accumulate_gradients(
+                    backend,
+                    &mut net,
+                    &batch,
+                    micro_batches,
+                    &mut micro_step,
+                    &mut stats,
+                    place,
+                    scale,
+                );
+                backend.status()?;
+                let s: LossStats = backend.take_stats(&mut stats);
+                let signal = stop.requested().unwrap_or(0);
+                head[..4].copy_from_slice(&signal.to_le_bytes());
+                head[4..12].copy_from_slice(&s.loss_sum.to_le_bytes());
+                head[12..20].copy_from_slice(&s.correct.to_le_bytes());
+                head[20..28].copy_from_slice(&s.samples.to_le_bytes());
+                backend.download(&net.grads, &mut host);
+                link.send(Tag::Grads, &[&head, bytemuck::cast_slice(&host)])?;
+                let len = link.expect(Tag::Mean)?;
+                link.read_f32s(&mut host, len)?;
+                backend.upload(&host, &mut net.grads);
+                apply_gradients(backend, &mut net, &mut optimizer, order.settings);
+                backend.status()?;
+            }
+            Tag::Verify => {
+                let hash = params_hash(backend, &net.params, &mut host);
+                link.send(Tag::Hash, &[&hash.to_le_bytes()])?;
+            }
+            Tag::Done => {
+                let ending: Ending =
+                    serde_json::from_slice(&link.read_vec(len)?).map_err(|_| bad("done"))?;
+                return match ending {
+                    Ending { failed: true, .. } => Err(Error::Runtime(format!(
+                        "rank {}: rank 0 failed, so this rank stops too (rank 0's log says why)",
+                        world.rank
+                    ))),
+                    Ending {
+                        interrupted: Some(signal),
+                        ..
+                    } => Err(Error::Interrupted {
+                        signal,
+                        message: format!(
+                            "rank {}: the run stopped on signal {signal}; rank 0 wrote a \
+                             checkpoint to resume from",
+                            world.rank
+                        ),
+                    }),
+                    Ending { .. } => {
+                        tracing::info!("rank {}: the run completed", world.rank);
+                        Ok(())
+                    }
+                };
+            }
+            other => {
+                return Err(Error::Runtime(format!(
+                    "rank {}: rank 0 sent {other:?}, which this rank does not expect",
+                    world.rank
+                )))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_step_message_round_trips() {
+        let settings = StepSettings {
+            lr: 3e-4,
+            clip: None,
+            want_grad_norm: true,
+            loss_scale: Some(65536.0),
+            skip_nonfinite: true,
+        };
+        let (a, b, c) = ([4u32, 9, 2], [7u32, 1, 0], [5u32]);
+        let mut bytes = Vec::new();
+        encode_step(&mut bytes, 42, &settings, &[&a, &b, &c]);
+        let mut rows = Vec::new();
+        let order = decode_step(&bytes, &mut rows).unwrap();
+        assert_eq!(order.micro_step, 42);
+        assert_eq!((order.settings.lr, order.settings.clip), (3e-4, None));
+        assert_eq!(order.settings.loss_scale, Some(65536.0));
+        assert!(order.settings.skip_nonfinite && !order.settings.want_grad_norm);
+        let batches: Vec<&[u32]> = rows.chunks(order.chunk).collect();
+        assert_eq!(batches, vec![&a[..], &b[..], &c[..]]);
+        assert!(decode_step(&bytes[..bytes.len() - 1], &mut rows).is_none());
+    }
+}

@@ -1,0 +1,502 @@
+//! Multi-process data parallelism: `trainer run` started once per rank with RANK,
+//! WORLD_SIZE, MASTER_ADDR and MASTER_PORT (as torchrun, srun or a shell loop do), on
+//! loopback. The ranks train exactly what the same number of threaded replicas train; only
+//! rank 0 writes a run directory; a rank that is killed, hangs, or runs another job makes
+//! the others fail with an error naming it, in bounded time; a signal on any rank stops the
+//! whole run with a checkpoint that resumes exactly.
+
+mod common;
+
+use common::{read_csv, summary, trainer_bin, trainer_with_env, write_job};
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The tests take turns: a port found free could otherwise be taken by another test's rank
+/// before ours binds it.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Small, but with everything a step carries: shuffling, dropout, gradient accumulation,
+/// clipping, AdamW with a schedule, a validation split, and checkpoints.
+const JOB: &str = r#"
+[job]
+name = "mp"
+seed = 5
+[data]
+source = "synthetic"
+samples = 720
+num_features = 12
+classes = 3
+batch_size = 24
+[model]
+layers = [{ type = "linear", out = 32 }, { type = "relu" }, { type = "dropout", p = 0.25 },
+          { type = "linear", out = 3 }]
+[optimizer]
+type = "adamw"
+lr = 0.003
+schedule = { type = "cosine", warmup_steps = 5 }
+[train]
+epochs = 3
+grad_accum_steps = 2
+clip_grad_norm = 1.0
+log_every = 4
+threads = 1
+[checkpoint]
+every_steps = 10
+"#;
+
+/// Long enough (thousands of steps) for a kill or a signal to land mid-run.
+const LONG_JOB: &str = r#"
+[job]
+name = "long"
+seed = 7
+[data]
+source = "synthetic"
+samples = 20000
+num_features = 64
+classes = 10
+batch_size = 24
+[model]
+layers = [{ type = "linear", out = 256 }, { type = "relu" }, { type = "linear", out = 10 }]
+[optimizer]
+type = "adam"
+lr = 1e-3
+[train]
+epochs = 5
+log_every = 5
+threads = 1
+[checkpoint]
+every_steps = 25
+"#;
+
+/// `trainer run JOB ARGS` as `rank` of `world` ranks meeting on `port`.
+fn spawn_rank(rank: usize, world: usize, port: u16, args: &[&str]) -> Child {
+    Command::new(trainer_bin())
+        .arg("run")
+        .args(args)
+        .current_dir(common::root())
+        .env_remove("RUST_LOG")
+        .env("RANK", rank.to_string())
+        .env("WORLD_SIZE", world.to_string())
+        .env("LOCAL_RANK", rank.to_string())
+        .env("LOCAL_WORLD_SIZE", world.to_string())
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+struct Ended {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    /// When it ended, from when `finish` was called.
+    after: Duration,
+}
+
+/// Waits for `child` at most `limit` (then kills it and fails).
+fn finish(mut child: Child, limit: Duration) -> Ended {
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > limit {
+            child.kill().ok();
+            child.wait().ok();
+            let mut err = String::new();
+            child.stderr.take().unwrap().read_to_string(&mut err).ok();
+            panic!("a rank did not finish within {limit:?}:\n{err}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let (mut stdout, mut stderr) = (String::new(), String::new());
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .ok();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .ok();
+    Ended {
+        code: status.code(),
+        stdout,
+        stderr,
+        after: started.elapsed(),
+    }
+}
+
+/// Runs `world` ranks of `trainer run ARGS` to the end; returns them in rank order.
+fn run_ranks(world: usize, args: &[&str]) -> Vec<Ended> {
+    let port = free_port();
+    let children: Vec<Child> = (0..world)
+        .map(|r| spawn_rank(r, world, port, args))
+        .collect();
+    children
+        .into_iter()
+        .map(|c| finish(c, Duration::from_secs(120)))
+        .collect()
+}
+
+fn run_dir_of(ended: &Ended) -> PathBuf {
+    assert_eq!(ended.code, Some(0), "{}", ended.stderr);
+    PathBuf::from(ended.stdout.trim())
+}
+
+/// One process, no multi-process variables: the reference.
+fn run_alone(args: &[&str]) -> PathBuf {
+    let mut all = vec!["run"];
+    all.extend_from_slice(args);
+    let o = trainer_with_env(&all, &[]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    PathBuf::from(String::from_utf8(o.stdout).unwrap().trim())
+}
+
+/// Every metrics.csv column but the timing ones (samples_per_sec, elapsed_s).
+fn numbers(dir: &Path) -> Vec<Vec<String>> {
+    let (header, rows) = read_csv(&dir.join("metrics.csv"));
+    let keep: Vec<usize> = (0..header.len())
+        .filter(|&i| !["samples_per_sec", "elapsed_s"].contains(&header[i].as_str()))
+        .collect();
+    rows.iter()
+        .map(|r| keep.iter().map(|&i| r[i].clone()).collect())
+        .collect()
+}
+
+fn model(dir: &Path) -> Vec<u8> {
+    std::fs::read(dir.join("model.safetensors")).unwrap()
+}
+
+/// Waits until rank 0's run directory under `runs` has a checkpoint.
+fn wait_for_checkpoint(runs: &Path) {
+    let started = Instant::now();
+    while !common::walk(runs)
+        .iter()
+        .any(|p| p.extension().is_some_and(|e| e == "safetensors"))
+    {
+        assert!(started.elapsed() < Duration::from_secs(60), "no checkpoint");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn only_run_dir(runs: &Path) -> PathBuf {
+    let dirs: Vec<PathBuf> = common::walk(runs)
+        .into_iter()
+        .filter(|p| p.ends_with("metrics.csv"))
+        .map(|p| p.parent().unwrap().to_path_buf())
+        .collect();
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    dirs[0].clone()
+}
+
+#[test]
+fn ranks_train_exactly_what_as_many_threaded_replicas_train() {
+    let _turn = one_at_a_time();
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), JOB);
+    let job = job.to_str().unwrap();
+    for world in [2, 3] {
+        let runs = tmp.path().join(format!("ranks-{world}"));
+        let ranks = run_ranks(world, &[job, "--runs-dir", runs.to_str().unwrap()]);
+        let dir = run_dir_of(&ranks[0]);
+        for (rank, ended) in ranks.iter().enumerate().skip(1) {
+            assert_eq!(ended.code, Some(0), "rank {rank}: {}", ended.stderr);
+            assert_eq!(ended.stdout, "", "only rank 0 names a run directory");
+            assert!(
+                ended.stderr.contains("the run completed"),
+                "{}",
+                ended.stderr
+            );
+        }
+        // Rank 0 alone writes: one run directory, its checkpoints, its model.
+        assert_eq!(only_run_dir(&runs), dir);
+        assert!(dir.join("checkpoints").exists());
+
+        let threads = tmp.path().join(format!("threads-{world}"));
+        let replicas = format!("parallel.replicas={world}");
+        let reference = run_alone(&[
+            job,
+            "--runs-dir",
+            threads.to_str().unwrap(),
+            "--set",
+            &replicas,
+        ]);
+        assert_eq!(numbers(&dir), numbers(&reference), "{world} ranks");
+        assert_eq!(model(&dir), model(&reference), "{world} ranks");
+        let config = std::fs::read_to_string(dir.join("config.toml")).unwrap();
+        assert!(
+            config.contains(&format!(
+                "# device: {world} processes (rank 0 of {world}) x 1 thread each"
+            )) && config.contains(&format!("x {world} replicas x 2 accumulation steps")),
+            "{config}"
+        );
+    }
+}
+
+#[test]
+fn a_signal_on_any_rank_stops_the_run_with_a_checkpoint_that_resumes_exactly() {
+    let _turn = one_at_a_time();
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), &LONG_JOB.replace("epochs = 5", "epochs = 1"));
+    let job = job.to_str().unwrap();
+    let runs = tmp.path().join("runs");
+    let runs_arg = runs.to_str().unwrap();
+    let port = free_port();
+    let rank0 = spawn_rank(0, 2, port, &[job, "--runs-dir", runs_arg]);
+    let rank1 = spawn_rank(1, 2, port, &[job, "--runs-dir", runs_arg]);
+    wait_for_checkpoint(&runs);
+    // SIGTERM to rank 1 only: the whole run stops after the step, with rank 0's checkpoint.
+    unsafe { libc::kill(rank1.id() as i32, libc::SIGTERM) };
+    let (zero, one) = (
+        finish(rank0, Duration::from_secs(60)),
+        finish(rank1, Duration::from_secs(60)),
+    );
+    assert_eq!(zero.code, Some(143), "{}", zero.stderr);
+    assert_eq!(one.code, Some(143), "{}", one.stderr);
+    assert!(
+        zero.stderr.contains("rank 1 received signal 15"),
+        "{}",
+        zero.stderr
+    );
+    let dir = only_run_dir(&runs);
+    assert_eq!(summary(&dir)["status"], "interrupted");
+
+    // Both ranks again, rank 0 resuming its run: the same as never stopping.
+    let dir_arg = dir.to_str().unwrap();
+    let resumed = run_ranks(2, &[job, "--runs-dir", runs_arg, "--resume", dir_arg]);
+    assert_eq!(run_dir_of(&resumed[0]), dir);
+    assert_eq!(resumed[1].code, Some(0), "{}", resumed[1].stderr);
+    let reference = run_alone(&[
+        job,
+        "--runs-dir",
+        tmp.path().join("reference").to_str().unwrap(),
+        "--set",
+        "parallel.replicas=2",
+    ]);
+    assert_eq!(numbers(&dir), numbers(&reference));
+    assert_eq!(model(&dir), model(&reference));
+}
+
+#[test]
+fn a_killed_rank_fails_rank_zero_at_once_naming_it_and_the_checkpoints_stay() {
+    let _turn = one_at_a_time();
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), LONG_JOB);
+    let job = job.to_str().unwrap();
+    let runs = tmp.path().join("runs");
+    let args = [job, "--runs-dir", runs.to_str().unwrap()];
+    let port = free_port();
+    let rank0 = spawn_rank(0, 2, port, &args);
+    let mut rank1 = spawn_rank(1, 2, port, &args);
+    wait_for_checkpoint(&runs);
+    rank1.kill().unwrap();
+    rank1.wait().unwrap();
+    let zero = finish(rank0, Duration::from_secs(30));
+    assert_eq!(zero.code, Some(1), "{}", zero.stderr);
+    assert!(
+        zero.stderr
+            .contains("rank 0: lost rank 1: its connection closed"),
+        "{}",
+        zero.stderr
+    );
+    assert!(zero.after < Duration::from_secs(10), "{:?}", zero.after);
+    let dir = only_run_dir(&runs);
+    assert_eq!(summary(&dir)["status"], "failed");
+    assert!(std::fs::read_dir(dir.join("checkpoints")).unwrap().count() > 0);
+}
+
+#[test]
+fn a_killed_rank_zero_stops_the_other_ranks_at_once() {
+    let _turn = one_at_a_time();
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), LONG_JOB);
+    let job = job.to_str().unwrap();
+    let runs = tmp.path().join("runs");
+    let args = [job, "--runs-dir", runs.to_str().unwrap()];
+    let port = free_port();
+    let mut rank0 = spawn_rank(0, 3, port, &args);
+    let others: Vec<Child> = (1..3).map(|r| spawn_rank(r, 3, port, &args)).collect();
+    wait_for_checkpoint(&runs);
+    rank0.kill().unwrap();
+    rank0.wait().unwrap();
+    for (rank, child) in (1..).zip(others) {
+        let ended = finish(child, Duration::from_secs(30));
+        assert_eq!(ended.code, Some(1), "{}", ended.stderr);
+        assert!(
+            ended
+                .stderr
+                .contains(&format!("rank {rank}: lost rank 0: its connection closed")),
+            "{}",
+            ended.stderr
+        );
+        assert!(ended.after < Duration::from_secs(10));
+    }
+}
+
+#[test]
+fn a_hung_rank_fails_rank_zero_after_parallel_timeout() {
+    let _turn = one_at_a_time();
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), LONG_JOB);
+    let job = job.to_str().unwrap();
+    let runs = tmp.path().join("runs");
+    let args = [
+        job,
+        "--runs-dir",
+        runs.to_str().unwrap(),
+        "--set",
+        "parallel.timeout=\"2s\"",
+    ];
+    let port = free_port();
+    let rank0 = spawn_rank(0, 2, port, &args);
+    let mut rank1 = spawn_rank(1, 2, port, &args);
+    wait_for_checkpoint(&runs);
+    // Stopped, not dead: its connection stays open and silent.
+    unsafe { libc::kill(rank1.id() as i32, libc::SIGSTOP) };
+    let zero = finish(rank0, Duration::from_secs(30));
+    rank1.kill().unwrap();
+    rank1.wait().unwrap();
+    assert_eq!(zero.code, Some(1), "{}", zero.stderr);
+    assert!(
+        zero.stderr
+            .contains("rank 0: rank 1 did not answer within 2s (parallel.timeout)"),
+        "{}",
+        zero.stderr
+    );
+    assert!(zero.after < Duration::from_secs(10), "{:?}", zero.after);
+}
+
+#[test]
+fn ranks_with_different_jobs_are_refused_before_anything_is_written() {
+    let _turn = one_at_a_time();
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), JOB);
+    let job = job.to_str().unwrap();
+    let runs = tmp.path().join("runs");
+    let runs_arg = runs.to_str().unwrap();
+    let port = free_port();
+    let rank0 = spawn_rank(0, 2, port, &[job, "--runs-dir", runs_arg]);
+    let rank1 = spawn_rank(
+        1,
+        2,
+        port,
+        &[job, "--runs-dir", runs_arg, "--set", "optimizer.lr=0.5"],
+    );
+    let (zero, one) = (
+        finish(rank0, Duration::from_secs(30)),
+        finish(rank1, Duration::from_secs(30)),
+    );
+    assert_eq!(one.code, Some(2), "{}", one.stderr);
+    assert_eq!(zero.code, Some(2), "{}", zero.stderr);
+    for ended in [&zero, &one] {
+        assert!(
+            ended.stderr.contains("rank 1's job differs from rank 0's")
+                && ended
+                    .stderr
+                    .contains("optimizer.lr: 0.003 on rank 0, 0.5 here"),
+            "{}",
+            ended.stderr
+        );
+    }
+    assert!(!runs.exists(), "nothing is written for a refused run");
+}
+
+#[test]
+fn bad_multi_process_settings_exit_2_naming_the_key() {
+    let _turn = one_at_a_time();
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), JOB);
+    let job = job.to_str().unwrap();
+    let env = |rank: &'static str| {
+        [
+            ("RANK", rank),
+            ("WORLD_SIZE", "5"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "1"),
+        ]
+    };
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &[],
+            "key `data.batch_size`: 24 given with 5 data-parallel replicas",
+        ),
+        (
+            &[
+                "--set",
+                "data.batch_size=50",
+                "--set",
+                "parallel.replicas=2",
+            ],
+            "key `parallel.replicas`: 2 replica(s) given in a multi-process run (RANK=0, \
+             WORLD_SIZE=5",
+        ),
+        (
+            &[
+                "--set",
+                "data.batch_size=25",
+                "--set",
+                "parallel.timeout=\"soon\"",
+            ],
+            "key `parallel.timeout`: \"soon\" given",
+        ),
+    ];
+    for (extra, needle) in cases {
+        let mut args = vec!["run", job];
+        args.extend_from_slice(extra);
+        let o = trainer_with_env(&args, &env("0"));
+        assert_eq!(o.status.code(), Some(2), "{}", common::stderr(&o));
+        assert!(
+            common::stderr(&o).contains(needle),
+            "{}",
+            common::stderr(&o)
+        );
+    }
+    let o = trainer_with_env(&["run", job], &[("RANK", "5"), ("WORLD_SIZE", "5")]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(common::stderr(&o).contains("RANK=5 must be below WORLD_SIZE=5"));
+    // A rank 0 whose ranks never come.
+    let port = free_port().to_string();
+    let o = trainer_with_env(
+        &[
+            "run",
+            job,
+            "--set",
+            "data.batch_size=25",
+            "--set",
+            "parallel.timeout=\"1s\"",
+        ],
+        &[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "5"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", &port),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", common::stderr(&o));
+    assert!(
+        common::stderr(&o).contains("rank(s) 1, 2, 3, 4 did not connect within 1s"),
+        "{}",
+        common::stderr(&o)
+    );
+}
