@@ -243,6 +243,11 @@ fn ranks_train_exactly_what_as_many_threaded_replicas_train() {
             &replicas,
         ]);
         assert_eq!(numbers(&dir), numbers(&reference), "{world} ranks");
+        let (header, rows) = read_csv(&dir.join("metrics.csv"));
+        for row in rows.iter().filter(|r| r[2] == "train") {
+            // batch_size 24 (all ranks together) x 2 accumulation steps.
+            assert_eq!(common::column(&header, row, "global_batch"), "48");
+        }
         assert_eq!(model(&dir), model(&reference), "{world} ranks");
         let config = std::fs::read_to_string(dir.join("config.toml")).unwrap();
         assert!(

@@ -7,7 +7,7 @@ use std::path::Path;
 
 /// The columns, in order. Documented in README ("Reading metrics.csv"); new columns are only
 /// ever appended.
-pub const METRICS_COLUMNS: [&str; 13] = [
+pub const METRICS_COLUMNS: [&str; 14] = [
     "step",
     "epoch",
     "split",
@@ -21,6 +21,7 @@ pub const METRICS_COLUMNS: [&str; 13] = [
     "gpu_mem_peak",
     "loss_scale",
     "skipped_steps",
+    "global_batch",
 ];
 
 /// One row; `None` leaves the cell empty (e.g. accuracy for a regression).
@@ -41,6 +42,8 @@ pub struct MetricsRow {
     pub loss_scale: Option<f64>,
     /// Optimizer steps skipped so far for inf/NaN gradients (train rows).
     pub skipped_steps: Option<u64>,
+    /// Samples per full optimizer step, all replicas and micro-batches (train rows).
+    pub global_batch: Option<usize>,
 }
 
 pub struct MetricsWriter {
@@ -121,6 +124,7 @@ impl MetricsWriter {
             opt(row.gpu_mem.map(|(_, p)| p as f64)),
             opt(row.loss_scale),
             row.skipped_steps.map_or(String::new(), |s| s.to_string()),
+            row.global_batch.map_or(String::new(), |b| b.to_string()),
         ])?;
         self.rows += 1;
         Ok(())

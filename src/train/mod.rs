@@ -345,6 +345,7 @@ pub fn train_session<B: Backend>(
                     gpu_mem: backend.memory(),
                     loss_scale: st.loss_scaler.as_ref().map(|s| s.scale),
                     skipped_steps: Some(st.skipped_steps),
+                    global_batch: Some(batch_size * accum),
                 };
                 check_finite(&row)?;
                 tracing::info!("{}", progress_line(&row, total));
