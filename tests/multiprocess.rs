@@ -505,3 +505,49 @@ fn bad_multi_process_settings_exit_2_naming_the_key() {
         common::stderr(&o)
     );
 }
+
+/// Whether a GPU is usable; without one the GPU test skips with the reason, or fails when
+/// TRAINER_REQUIRE_CUDA=1.
+fn gpu_present() -> bool {
+    let required = std::env::var("TRAINER_REQUIRE_CUDA").is_ok_and(|v| v == "1");
+    let reason = match trainer::tensor::cuda::probe() {
+        Ok((devices, _)) if !devices.is_empty() => return true,
+        Ok(_) => "no GPU".to_string(),
+        Err(why) => why,
+    };
+    assert!(
+        !required,
+        "TRAINER_REQUIRE_CUDA=1 but CUDA is unusable: {reason}"
+    );
+    eprintln!("skipped: {reason}");
+    false
+}
+
+#[test]
+fn two_ranks_sharing_one_gpu_follow_the_cpu_ranks() {
+    let _turn = one_at_a_time();
+    if !gpu_present() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), JOB);
+    let job = job.to_str().unwrap();
+    let losses = |device: &str| -> Vec<f64> {
+        let runs = tmp.path().join(device.replace(':', "-"));
+        let set = format!("device.type=\"{device}\"");
+        let ranks = run_ranks(
+            2,
+            &[job, "--runs-dir", runs.to_str().unwrap(), "--set", &set],
+        );
+        assert_eq!(ranks[1].code, Some(0), "{}", ranks[1].stderr);
+        let (header, rows) = read_csv(&run_dir_of(&ranks[0]).join("metrics.csv"));
+        rows.iter()
+            .map(|r| common::column(&header, r, "loss").parse().unwrap())
+            .collect()
+    };
+    let (gpu, cpu) = (losses("cuda:0"), losses("cpu"));
+    assert_eq!(gpu.len(), cpu.len());
+    for (g, c) in gpu.iter().zip(&cpu) {
+        assert!((g - c).abs() <= 1e-4 * c.abs(), "cuda {g} vs cpu {c}");
+    }
+}
