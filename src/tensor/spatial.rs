@@ -88,6 +88,11 @@ impl Conv2d {
             for ki in 0..self.kh {
                 for kj in 0..self.kw {
                     let out = &mut col[row * oh * ow..(row + 1) * oh * ow];
+                    if self.is_plane_shift() {
+                        self.shifted_plane(plane, out, ki, kj);
+                        row += 1;
+                        continue;
+                    }
                     let (valid, offset) = self.valid_columns(kj, ow);
                     for p in 0..oh {
                         let i =
@@ -119,14 +124,88 @@ impl Conv2d {
         }
     }
 
-    /// The adjoint of im2col: adds every column entry back into its input position.
-    fn col2im(&self, col: &[f32], dx: &mut [f32]) {
+    /// Stride 1 and an output as wide as the input (padding (k - 1)·d / 2, the usual 3x3
+    /// "same" convolution): then an im2col row is the whole input plane shifted by
+    /// (ki·d - pad) rows and (kj·d - pad) columns, so it is one contiguous copy plus zeros
+    /// for the rows and columns that fall outside, instead of a short copy per output row.
+    fn is_plane_shift(&self) -> bool {
+        self.stride == (1, 1) && self.oh_ow().1 == self.w
+    }
+
+    /// The im2col row (ki, kj) of one input plane, for `is_plane_shift` geometries.
+    fn shifted_plane(&self, plane: &[f32], out: &mut [f32], ki: usize, kj: usize) {
+        let (oh, w) = (self.oh_ow().0 as isize, self.w as isize);
+        let di = (ki * self.dil.0) as isize - self.pad.0 as isize;
+        let dj = (kj * self.dil.1) as isize - self.pad.1 as isize;
+        // Output rows p whose input row p + di exists.
+        let (p_lo, p_hi) = ((-di).clamp(0, oh), (self.h as isize - di).clamp(0, oh));
+        let (lo, hi) = ((p_lo * w) as usize, (p_hi.max(p_lo) * w) as usize);
+        out[..lo].fill(0.0);
+        out[hi..].fill(0.0);
+        if lo == hi {
+            return;
+        }
+        // out[t] = plane[t + shift] for every t of the valid rows whose source exists; the
+        // few it cannot cover are in invalid columns, zeroed next.
+        let shift = di * w + dj;
+        let first = (lo as isize).max(-shift) as usize;
+        let last = (hi as isize).min(plane.len() as isize - shift) as usize;
+        let from = (first as isize + shift) as usize;
+        out[first..last].copy_from_slice(&plane[from..from + (last - first)]);
+        out[lo..first].fill(0.0);
+        out[last..hi].fill(0.0);
+        // Columns q whose input column q + dj lies outside the plane: |dj| of them.
+        let (q_lo, q_hi) = ((-dj).clamp(0, w) as usize, (w - dj).clamp(0, w) as usize);
+        for out_row in out[lo..hi].chunks_exact_mut(w as usize) {
+            out_row[..q_lo].fill(0.0);
+            out_row[q_hi..].fill(0.0);
+        }
+    }
+
+    /// The adjoint of `shifted_plane`: adds the im2col row (ki, kj) back into the input plane
+    /// in one pass over its valid rows, after zeroing its entries of invalid columns (which
+    /// that pass adds into neighbouring positions). Same order of additions as row by row.
+    fn add_shifted_plane(&self, src: &mut [f32], plane: &mut [f32], ki: usize, kj: usize) {
+        let (oh, w) = (self.oh_ow().0 as isize, self.w as isize);
+        let di = (ki * self.dil.0) as isize - self.pad.0 as isize;
+        let dj = (kj * self.dil.1) as isize - self.pad.1 as isize;
+        let (p_lo, p_hi) = ((-di).clamp(0, oh), (self.h as isize - di).clamp(0, oh));
+        let (lo, hi) = ((p_lo * w) as usize, (p_hi.max(p_lo) * w) as usize);
+        if lo == hi {
+            return;
+        }
+        let (q_lo, q_hi) = ((-dj).clamp(0, w) as usize, (w - dj).clamp(0, w) as usize);
+        for src_row in src[lo..hi].chunks_exact_mut(w as usize) {
+            src_row[..q_lo].fill(0.0);
+            src_row[q_hi..].fill(0.0);
+        }
+        let shift = di * w + dj;
+        let first = (lo as isize).max(-shift) as usize;
+        let last = (hi as isize).min(plane.len() as isize - shift) as usize;
+        let to = (first as isize + shift) as usize;
+        for (d, v) in plane[to..to + (last - first)]
+            .iter_mut()
+            .zip(&src[first..last])
+        {
+            *d += v;
+        }
+    }
+
+    /// The adjoint of im2col: adds every column entry back into its input position. `col` is
+    /// scratch: entries that map outside the input may be overwritten.
+    fn col2im(&self, col: &mut [f32], dx: &mut [f32]) {
         let (oh, ow) = self.oh_ow();
         let mut row = 0;
         for ci in 0..self.c {
             let plane = &mut dx[ci * self.h * self.w..(ci + 1) * self.h * self.w];
             for ki in 0..self.kh {
                 for kj in 0..self.kw {
+                    if self.is_plane_shift() {
+                        let src = &mut col[row * oh * ow..(row + 1) * oh * ow];
+                        self.add_shifted_plane(src, plane, ki, kj);
+                        row += 1;
+                        continue;
+                    }
                     let src = &col[row * oh * ow..(row + 1) * oh * ow];
                     let (valid, offset) = self.valid_columns(kj, ow);
                     row += 1;
@@ -590,8 +669,13 @@ pub fn batchnorm_forward(
         let running = running_mean.par_iter_mut().zip(running_var.par_iter_mut());
         stats.zip(running).enumerate().for_each(
             |(ch, ((mean, invstd), (running_mean, running_var)))| {
-                let mu = lane_sum(planes(ch).zip(planes(ch)), |v, _| v as f64) / m;
-                let var = lane_sum(planes(ch).zip(planes(ch)), |v, _| (v as f64 - mu).powi(2)) / m;
+                // One pass: Σx and Σx² in f64 (exact enough for E[x²] - E[x]² unless the
+                // mean is 10⁸ standard deviations from zero).
+                let (sum, sum_sq) = lane_sums(planes(ch).zip(planes(ch)), |v, _| {
+                    (v as f64, v as f64 * v as f64)
+                });
+                let mu = sum / m;
+                let var = (sum_sq / m - mu * mu).max(0.0);
                 *mean = mu as f32;
                 *invstd = (1.0 / (var + eps as f64).sqrt()) as f32;
                 let unbiased = if m > 1.0 { var * m / (m - 1.0) } else { var };
@@ -630,28 +714,35 @@ fn channel_planes(
     (0..n).map(move |s| &values[(s * c + ch) * spatial..][..spatial])
 }
 
-/// Σ f(a, b) over the paired values of the planes `pairs` yields (a plane of one tensor and
-/// the same plane of another), in f64 with 8 running sums (one per lane of a vector register,
-/// so the loop vectorises) combined in a fixed order: deterministic, and independent of the
-/// thread count.
-fn lane_sum<'a>(
+/// Two sums Σ f(a, b) over the paired values of the planes `pairs` yields (a plane of one
+/// tensor and the same plane of another), in one pass, in f64 with 8 running sums each (one
+/// per lane of a vector register, so the loop vectorises) combined in a fixed order:
+/// deterministic, and independent of the thread count.
+fn lane_sums<'a>(
     pairs: impl Iterator<Item = (&'a [f32], &'a [f32])>,
-    f: impl Fn(f32, f32) -> f64,
-) -> f64 {
-    let mut lanes = [0.0f64; 8];
-    let mut rest = 0.0f64;
+    f: impl Fn(f32, f32) -> (f64, f64),
+) -> (f64, f64) {
+    let (mut first, mut second) = ([0.0f64; 8], [0.0f64; 8]);
+    let (mut rest_first, mut rest_second) = (0.0f64, 0.0f64);
     for (a, b) in pairs {
         let (a, b) = (a.chunks_exact(8), b.chunks_exact(8));
         for (&u, &v) in a.remainder().iter().zip(b.remainder()) {
-            rest += f(u, v);
+            let (x, y) = f(u, v);
+            rest_first += x;
+            rest_second += y;
         }
         for (a, b) in a.zip(b) {
-            for ((lane, &u), &v) in lanes.iter_mut().zip(a).zip(b) {
-                *lane += f(u, v);
+            for i in 0..8 {
+                let (x, y) = f(a[i], b[i]);
+                first[i] += x;
+                second[i] += y;
             }
         }
     }
-    lanes.iter().sum::<f64>() + rest
+    (
+        first.iter().sum::<f64>() + rest_first,
+        second.iter().sum::<f64>() + rest_second,
+    )
 }
 
 /// Channels whose backward sums one pass keeps (on the stack: the step allocates nothing).
@@ -674,7 +765,6 @@ pub fn batchnorm_backward(
 ) {
     let m = (n * spatial) as f64;
     let mut dx = dx;
-    let xhat = |ch: usize, v: f32| ((v - mean[ch]) * invstd[ch]) as f64;
     for first in (0..c).step_by(BN_CHANNEL_BLOCK) {
         let block = first..(first + BN_CHANNEL_BLOCK).min(c);
         let mut sums = [(0.0f64, 0.0f64); BN_CHANNEL_BLOCK];
@@ -686,8 +776,11 @@ pub fn batchnorm_backward(
             .for_each(|(j, ((sum, dgamma), dbeta))| {
                 let ch = first + j;
                 let plane = |b| channel_planes(b, n, c, spatial, ch);
-                let sum_dy = lane_sum(plane(dy).zip(plane(x)), |g, _| g as f64);
-                let sum_dy_xhat = lane_sum(plane(dy).zip(plane(x)), |g, v| g as f64 * xhat(ch, v));
+                // Σ dy·x̂ = invstd·(Σ dy·x - mean·Σ dy), both sums in one f64 pass.
+                let (sum_dy, sum_dy_x) = lane_sums(plane(dy).zip(plane(x)), |g, v| {
+                    (g as f64, g as f64 * v as f64)
+                });
+                let sum_dy_xhat = invstd[ch] as f64 * (sum_dy_x - mean[ch] as f64 * sum_dy);
                 *dgamma += sum_dy_xhat as f32;
                 *dbeta += sum_dy as f32;
                 *sum = (sum_dy, sum_dy_xhat);
@@ -703,10 +796,16 @@ pub fn batchnorm_backward(
                 let ch = k % c;
                 let (sum_dy, sum_dy_xhat) = sums[ch - first];
                 let (mean_dy, mean_dy_xhat) = (sum_dy / m, sum_dy_xhat / m);
+                // dx = scale·(dy - mean(dy) - x̂·mean(dy·x̂)), as f32 a·dy + b·(x - mean) + c
+                // with the per-channel factors from f64.
                 let scale = gamma[ch] as f64 * invstd[ch] as f64;
+                let a = scale as f32;
+                let b = (-scale * invstd[ch] as f64 * mean_dy_xhat) as f32;
+                let c = (-scale * mean_dy) as f32;
+                let mu = mean[ch];
                 let at = k * spatial;
                 for ((d, &g), &v) in dx.iter_mut().zip(&dy[at..]).zip(&x[at..]) {
-                    *d = (scale * (g as f64 - mean_dy - xhat(ch, v) * mean_dy_xhat)) as f32;
+                    *d = a * g + b * (v - mu) + c;
                 }
             });
     }
@@ -769,6 +868,110 @@ pub fn layernorm_backward(
                 let w = width as f64;
                 dx[r * width + j] =
                     (invstd[r] as f64 * (g - sum_g / w - xhat(j) * sum_g_xhat / w)) as f32;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// im2col by its definition, one entry at a time.
+    fn im2col_by_definition(s: &Conv2d, x: &[f32]) -> Vec<f32> {
+        let (oh, ow) = s.oh_ow();
+        let mut col = Vec::new();
+        for ci in 0..s.c {
+            for ki in 0..s.kh {
+                for kj in 0..s.kw {
+                    for p in 0..oh {
+                        for q in 0..ow {
+                            let i = (p * s.stride.0 + ki * s.dil.0) as isize - s.pad.0 as isize;
+                            let j = (q * s.stride.1 + kj * s.dil.1) as isize - s.pad.1 as isize;
+                            let inside =
+                                (0..s.h as isize).contains(&i) && (0..s.w as isize).contains(&j);
+                            col.push(if inside {
+                                x[(ci * s.h + i as usize) * s.w + j as usize]
+                            } else {
+                                0.0
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        col
+    }
+
+    /// col2im by its definition, in im2col's order.
+    fn col2im_by_definition(s: &Conv2d, col: &[f32]) -> Vec<f32> {
+        let (oh, ow) = s.oh_ow();
+        let mut dx = vec![0.0; s.c * s.h * s.w];
+        let mut entries = col.iter();
+        for ci in 0..s.c {
+            for ki in 0..s.kh {
+                for kj in 0..s.kw {
+                    for p in 0..oh {
+                        for q in 0..ow {
+                            let v = entries.next().unwrap();
+                            let i = (p * s.stride.0 + ki * s.dil.0) as isize - s.pad.0 as isize;
+                            let j = (q * s.stride.1 + kj * s.dil.1) as isize - s.pad.1 as isize;
+                            if (0..s.h as isize).contains(&i) && (0..s.w as isize).contains(&j) {
+                                dx[(ci * s.h + i as usize) * s.w + j as usize] += v;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        dx
+    }
+
+    #[test]
+    fn im2col_and_col2im_match_their_definitions_for_shifted_planes_and_strided_rows() {
+        let geometries = [
+            // (h, w, k, stride, pad, dilation): plane shifts first, then the row-by-row path.
+            (6, 5, 3, 1, 1, 1),
+            (5, 7, 5, 1, 2, 1),
+            (7, 6, 3, 1, 2, 2),
+            (4, 4, 1, 1, 0, 1),
+            (2, 3, 3, 1, 1, 1),
+            (7, 7, 3, 2, 1, 1),
+            (6, 5, 3, 1, 0, 1),
+            (5, 8, 3, 1, 0, 2),
+        ];
+        for (h, w, k, stride, pad, dil) in geometries {
+            let s = Conv2d {
+                c: 2,
+                h,
+                w,
+                o: 1,
+                kh: k,
+                kw: k,
+                stride: (stride, stride),
+                pad: (pad, pad),
+                dil: (dil, dil),
+                groups: 1,
+            };
+            let x: Vec<f32> = (0..2 * h * w)
+                .map(|i| (i as f32 * 0.37).sin() + 1.5)
+                .collect();
+            // Also with no padding on the rows: fewer output rows, the same width.
+            let unpadded_rows = Conv2d { pad: (0, pad), ..s };
+            for s in [s, unpadded_rows]
+                .into_iter()
+                .filter(|s| s.out_hw().is_some())
+            {
+                let mut col = vec![f32::NAN; s.col_len()];
+                s.im2col(&x, &mut col);
+                assert_eq!(col, im2col_by_definition(&s, &x), "{s:?}");
+                // The adjoint: every column entry added back into its input position.
+                let mut dcol: Vec<f32> =
+                    (0..s.col_len()).map(|i| (i as f32 * 0.11).cos()).collect();
+                let expected = col2im_by_definition(&s, &dcol);
+                let mut dx = vec![0.0; x.len()];
+                s.col2im(&mut dcol, &mut dx);
+                assert_eq!(dx, expected, "{s:?}");
             }
         }
     }
