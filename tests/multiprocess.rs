@@ -7,28 +7,13 @@
 
 mod common;
 
-use common::{read_csv, summary, trainer_bin, trainer_with_env, write_job};
+use common::{
+    free_port, one_at_a_time, read_csv, summary, trainer_bin, trainer_with_env, write_job,
+};
 use std::io::Read;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// The tests take turns: a port found free could otherwise be taken by another test's rank
-/// before ours binds it.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// Small, but with everything a step carries: shuffling, dropout, gradient accumulation,
 /// clipping, AdamW with a schedule, a validation split, and checkpoints.
@@ -259,24 +244,51 @@ fn ranks_train_exactly_what_as_many_threaded_replicas_train() {
     }
 }
 
+/// `world` ranks of `job_text` (plus `extra` arguments) in a temporary directory, once rank 0
+/// has written its first checkpoint: the run is under way.
+struct MidRun {
+    /// Holds the directory: bind it for as long as the ranks run.
+    tmp: tempfile::TempDir,
+    job: PathBuf,
+    runs: PathBuf,
+    /// In rank order.
+    ranks: Vec<Child>,
+}
+
+fn start_mid_run(job_text: &str, world: usize, extra: &[&str]) -> MidRun {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), job_text);
+    let runs = tmp.path().join("runs");
+    let mut args = vec![job.to_str().unwrap(), "--runs-dir", runs.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let port = free_port();
+    let ranks = (0..world)
+        .map(|r| spawn_rank(r, world, port, &args))
+        .collect();
+    wait_for_checkpoint(&runs);
+    MidRun {
+        tmp,
+        job,
+        runs,
+        ranks,
+    }
+}
+
 #[test]
 fn a_signal_on_any_rank_stops_the_run_with_a_checkpoint_that_resumes_exactly() {
     let _turn = one_at_a_time();
-    let tmp = tempfile::tempdir().unwrap();
-    let job = write_job(tmp.path(), &LONG_JOB.replace("epochs = 5", "epochs = 1"));
-    let job = job.to_str().unwrap();
-    let runs = tmp.path().join("runs");
-    let runs_arg = runs.to_str().unwrap();
-    let port = free_port();
-    let rank0 = spawn_rank(0, 2, port, &[job, "--runs-dir", runs_arg]);
-    let rank1 = spawn_rank(1, 2, port, &[job, "--runs-dir", runs_arg]);
-    wait_for_checkpoint(&runs);
+    let MidRun {
+        tmp,
+        job,
+        runs,
+        ranks,
+    } = start_mid_run(&LONG_JOB.replace("epochs = 5", "epochs = 1"), 2, &[]);
     // SIGTERM to rank 1 only: the whole run stops after the step, with rank 0's checkpoint.
-    unsafe { libc::kill(rank1.id() as i32, libc::SIGTERM) };
-    let (zero, one) = (
-        finish(rank0, Duration::from_secs(60)),
-        finish(rank1, Duration::from_secs(60)),
-    );
+    unsafe { libc::kill(ranks[1].id() as i32, libc::SIGTERM) };
+    let ended: Vec<Ended> = (ranks.into_iter())
+        .map(|c| finish(c, Duration::from_secs(60)))
+        .collect();
+    let (zero, one) = (&ended[0], &ended[1]);
     assert_eq!(zero.code, Some(143), "{}", zero.stderr);
     assert_eq!(one.code, Some(143), "{}", one.stderr);
     assert!(
@@ -288,8 +300,12 @@ fn a_signal_on_any_rank_stops_the_run_with_a_checkpoint_that_resumes_exactly() {
     assert_eq!(summary(&dir)["status"], "interrupted");
 
     // Both ranks again, rank 0 resuming its run: the same as never stopping.
-    let dir_arg = dir.to_str().unwrap();
-    let resumed = run_ranks(2, &[job, "--runs-dir", runs_arg, "--resume", dir_arg]);
+    let (job, runs, dir_arg) = (
+        job.to_str().unwrap(),
+        runs.to_str().unwrap(),
+        dir.to_str().unwrap(),
+    );
+    let resumed = run_ranks(2, &[job, "--runs-dir", runs, "--resume", dir_arg]);
     assert_eq!(run_dir_of(&resumed[0]), dir);
     assert_eq!(resumed[1].code, Some(0), "{}", resumed[1].stderr);
     let reference = run_alone(&[
@@ -306,15 +322,13 @@ fn a_signal_on_any_rank_stops_the_run_with_a_checkpoint_that_resumes_exactly() {
 #[test]
 fn a_killed_rank_fails_rank_zero_at_once_naming_it_and_the_checkpoints_stay() {
     let _turn = one_at_a_time();
-    let tmp = tempfile::tempdir().unwrap();
-    let job = write_job(tmp.path(), LONG_JOB);
-    let job = job.to_str().unwrap();
-    let runs = tmp.path().join("runs");
-    let args = [job, "--runs-dir", runs.to_str().unwrap()];
-    let port = free_port();
-    let rank0 = spawn_rank(0, 2, port, &args);
-    let mut rank1 = spawn_rank(1, 2, port, &args);
-    wait_for_checkpoint(&runs);
+    let MidRun {
+        runs,
+        ranks,
+        tmp: _tmp,
+        ..
+    } = start_mid_run(LONG_JOB, 2, &[]);
+    let [rank0, mut rank1] = ranks.try_into().unwrap();
     rank1.kill().unwrap();
     rank1.wait().unwrap();
     let zero = finish(rank0, Duration::from_secs(30));
@@ -334,17 +348,14 @@ fn a_killed_rank_fails_rank_zero_at_once_naming_it_and_the_checkpoints_stay() {
 #[test]
 fn a_killed_rank_zero_stops_the_other_ranks_at_once() {
     let _turn = one_at_a_time();
-    let tmp = tempfile::tempdir().unwrap();
-    let job = write_job(tmp.path(), LONG_JOB);
-    let job = job.to_str().unwrap();
-    let runs = tmp.path().join("runs");
-    let args = [job, "--runs-dir", runs.to_str().unwrap()];
-    let port = free_port();
-    let mut rank0 = spawn_rank(0, 3, port, &args);
-    let others: Vec<Child> = (1..3).map(|r| spawn_rank(r, 3, port, &args)).collect();
-    wait_for_checkpoint(&runs);
-    rank0.kill().unwrap();
-    rank0.wait().unwrap();
+    let MidRun {
+        mut ranks,
+        tmp: _tmp,
+        ..
+    } = start_mid_run(LONG_JOB, 3, &[]);
+    let others = ranks.split_off(1);
+    ranks[0].kill().unwrap();
+    ranks[0].wait().unwrap();
     for (rank, child) in (1..).zip(others) {
         let ended = finish(child, Duration::from_secs(30));
         assert_eq!(ended.code, Some(1), "{}", ended.stderr);
@@ -362,21 +373,11 @@ fn a_killed_rank_zero_stops_the_other_ranks_at_once() {
 #[test]
 fn a_hung_rank_fails_rank_zero_after_parallel_timeout() {
     let _turn = one_at_a_time();
-    let tmp = tempfile::tempdir().unwrap();
-    let job = write_job(tmp.path(), LONG_JOB);
-    let job = job.to_str().unwrap();
-    let runs = tmp.path().join("runs");
-    let args = [
-        job,
-        "--runs-dir",
-        runs.to_str().unwrap(),
-        "--set",
-        "parallel.timeout=\"2s\"",
-    ];
-    let port = free_port();
-    let rank0 = spawn_rank(0, 2, port, &args);
-    let mut rank1 = spawn_rank(1, 2, port, &args);
-    wait_for_checkpoint(&runs);
+    let timeout = ["--set", "parallel.timeout=\"2s\""];
+    let MidRun {
+        ranks, tmp: _tmp, ..
+    } = start_mid_run(LONG_JOB, 2, &timeout);
+    let [rank0, mut rank1] = ranks.try_into().unwrap();
     // Stopped, not dead: its connection stays open and silent.
     unsafe { libc::kill(rank1.id() as i32, libc::SIGSTOP) };
     let zero = finish(rank0, Duration::from_secs(30));

@@ -3,27 +3,14 @@
 //! configured by the variables torchrun sets). A rank that is killed, or a peer that
 //! vanishes mid-greeting, makes the others fail with an error naming it, in bounded time.
 
+mod common;
+
+use common::{free_port, one_at_a_time};
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use trainer::parallel::{exchange, Rendezvous};
-
-/// The tests take turns: a port `free_port` found free could otherwise be taken by another
-/// test's rank before ours binds it, and our peer would greet the wrong process.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn at(rank: usize, world_size: usize, port: u16, timeout: Duration) -> Rendezvous {
     Rendezvous {

@@ -132,60 +132,57 @@ impl Conv2d {
         self.stride == (1, 1) && self.oh_ow().1 == self.w
     }
 
-    /// The im2col row (ki, kj) of one input plane, for `is_plane_shift` geometries.
-    fn shifted_plane(&self, plane: &[f32], out: &mut [f32], ki: usize, kj: usize) {
+    /// How im2col row (ki, kj) maps onto its input plane, for `is_plane_shift` geometries.
+    fn plane_shift(&self, ki: usize, kj: usize) -> PlaneShift {
         let (oh, w) = (self.oh_ow().0 as isize, self.w as isize);
         let di = (ki * self.dil.0) as isize - self.pad.0 as isize;
         let dj = (kj * self.dil.1) as isize - self.pad.1 as isize;
         // Output rows p whose input row p + di exists.
         let (p_lo, p_hi) = ((-di).clamp(0, oh), (self.h as isize - di).clamp(0, oh));
         let (lo, hi) = ((p_lo * w) as usize, (p_hi.max(p_lo) * w) as usize);
-        out[..lo].fill(0.0);
-        out[hi..].fill(0.0);
-        if lo == hi {
-            return;
-        }
-        // out[t] = plane[t + shift] for every t of the valid rows whose source exists; the
-        // few it cannot cover are in invalid columns, zeroed next.
+        // Within them, out[t] = plane[t + shift] wherever that source exists; the t it
+        // cannot cover lie in invalid columns.
         let shift = di * w + dj;
-        let first = (lo as isize).max(-shift) as usize;
-        let last = (hi as isize).min(plane.len() as isize - shift) as usize;
-        let from = (first as isize + shift) as usize;
-        out[first..last].copy_from_slice(&plane[from..from + (last - first)]);
-        out[lo..first].fill(0.0);
-        out[last..hi].fill(0.0);
-        // Columns q whose input column q + dj lies outside the plane: |dj| of them.
-        let (q_lo, q_hi) = ((-dj).clamp(0, w) as usize, (w - dj).clamp(0, w) as usize);
-        for out_row in out[lo..hi].chunks_exact_mut(w as usize) {
-            out_row[..q_lo].fill(0.0);
-            out_row[q_hi..].fill(0.0);
+        let plane_len = (self.h * self.w) as isize;
+        let first = ((lo as isize).max(-shift) as usize).min(hi);
+        let last = ((hi as isize).min(plane_len - shift).max(first as isize)) as usize;
+        PlaneShift {
+            rows: lo..hi,
+            covered: first..last,
+            // (Nothing covered: no source, e.g. a one-row plane's out-of-range kernel row.)
+            source: if first < last {
+                (first as isize + shift) as usize
+            } else {
+                0
+            },
+            // Output columns q whose input column q + dj exists.
+            columns: (-dj).clamp(0, w) as usize..(w - dj).clamp(0, w) as usize,
+            width: self.w,
         }
+    }
+
+    /// The im2col row (ki, kj) of one input plane, for `is_plane_shift` geometries.
+    fn shifted_plane(&self, plane: &[f32], out: &mut [f32], ki: usize, kj: usize) {
+        let s = self.plane_shift(ki, kj);
+        out[..s.rows.start].fill(0.0);
+        out[s.rows.end..].fill(0.0);
+        let n = s.covered.len();
+        out[s.covered.clone()].copy_from_slice(&plane[s.source..s.source + n]);
+        out[s.rows.start..s.covered.start].fill(0.0);
+        out[s.covered.end..s.rows.end].fill(0.0);
+        s.zero_invalid_columns(&mut out[s.rows.clone()]);
     }
 
     /// The adjoint of `shifted_plane`: adds the im2col row (ki, kj) back into the input plane
     /// in one pass over its valid rows, after zeroing its entries of invalid columns (which
     /// that pass adds into neighbouring positions). Same order of additions as row by row.
     fn add_shifted_plane(&self, src: &mut [f32], plane: &mut [f32], ki: usize, kj: usize) {
-        let (oh, w) = (self.oh_ow().0 as isize, self.w as isize);
-        let di = (ki * self.dil.0) as isize - self.pad.0 as isize;
-        let dj = (kj * self.dil.1) as isize - self.pad.1 as isize;
-        let (p_lo, p_hi) = ((-di).clamp(0, oh), (self.h as isize - di).clamp(0, oh));
-        let (lo, hi) = ((p_lo * w) as usize, (p_hi.max(p_lo) * w) as usize);
-        if lo == hi {
-            return;
-        }
-        let (q_lo, q_hi) = ((-dj).clamp(0, w) as usize, (w - dj).clamp(0, w) as usize);
-        for src_row in src[lo..hi].chunks_exact_mut(w as usize) {
-            src_row[..q_lo].fill(0.0);
-            src_row[q_hi..].fill(0.0);
-        }
-        let shift = di * w + dj;
-        let first = (lo as isize).max(-shift) as usize;
-        let last = (hi as isize).min(plane.len() as isize - shift) as usize;
-        let to = (first as isize + shift) as usize;
-        for (d, v) in plane[to..to + (last - first)]
+        let s = self.plane_shift(ki, kj);
+        s.zero_invalid_columns(&mut src[s.rows.clone()]);
+        let n = s.covered.len();
+        for (d, v) in plane[s.source..s.source + n]
             .iter_mut()
-            .zip(&src[first..last])
+            .zip(&src[s.covered])
         {
             *d += v;
         }
@@ -233,6 +230,27 @@ impl Conv2d {
                     }
                 }
             }
+        }
+    }
+}
+
+/// im2col row (ki, kj) of a plane-shift geometry (`Conv2d::is_plane_shift`) against its input
+/// plane: entries `covered` are plane[source..], the other entries of `rows` and everything
+/// outside `rows` are zeros, as are the entries of invalid `columns` (in every row).
+struct PlaneShift {
+    rows: std::ops::Range<usize>,
+    covered: std::ops::Range<usize>,
+    source: usize,
+    columns: std::ops::Range<usize>,
+    width: usize,
+}
+
+impl PlaneShift {
+    /// Zeroes the entries of output columns whose input column lies outside the plane.
+    fn zero_invalid_columns(&self, rows: &mut [f32]) {
+        for row in rows.chunks_exact_mut(self.width) {
+            row[..self.columns.start].fill(0.0);
+            row[self.columns.end..].fill(0.0);
         }
     }
 }
@@ -936,6 +954,8 @@ mod tests {
             (7, 6, 3, 1, 2, 2),
             (4, 4, 1, 1, 0, 1),
             (2, 3, 3, 1, 1, 1),
+            (1, 4, 3, 1, 1, 1),
+            (3, 1, 3, 1, 1, 1),
             (7, 7, 3, 2, 1, 1),
             (6, 5, 3, 1, 0, 1),
             (5, 8, 3, 1, 0, 2),
