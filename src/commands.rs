@@ -688,8 +688,14 @@ pub fn check(job: &Path, sets: &[String]) -> Result<String> {
         .iter()
         .map(|(n, d)| format!("{n} {}", d.len))
         .collect();
+    let processes = spec.parallel.world.as_ref().map_or(String::new(), |w| {
+        format!(
+            " (processes: this is rank {} of {}, meeting at {}:{})",
+            w.rank, w.world_size, w.master_addr, w.master_port
+        )
+    });
     out += &format!(
-        "job {} ({}): ok\ndata: {:?}, train {}{}{}\nbatch: {}\n\n",
+        "job {} ({}): ok\ndata: {:?}, train {}{}{}\nbatch: {}{processes}\n\n",
         spec.name(),
         job.display(),
         spec.data.source,

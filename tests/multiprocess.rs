@@ -552,3 +552,25 @@ fn two_ranks_sharing_one_gpu_follow_the_cpu_ranks() {
         assert!((g - c).abs() <= 1e-4 * c.abs(), "cuda {g} vs cpu {c}");
     }
 }
+
+#[test]
+fn check_shows_the_batch_layout_over_the_processes() {
+    let o = trainer_with_env(
+        &["check", "jobs/mlp.toml"],
+        &[
+            ("RANK", "1"),
+            ("WORLD_SIZE", "4"),
+            ("MASTER_ADDR", "node0"),
+            ("MASTER_PORT", "29500"),
+        ],
+    );
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    assert!(
+        common::stdout(&o).contains(
+            "batch: 16 per replica x 4 replicas x 1 accumulation step = 64 global (processes: \
+             this is rank 1 of 4, meeting at node0:29500)"
+        ),
+        "{}",
+        common::stdout(&o)
+    );
+}
