@@ -2,7 +2,8 @@
 //! when the network is built. The one exception is not ours: the `gemm` crate takes, per matrix
 //! product, a packing scratch buffer and a small `did_pack_lhs` flag vector (gemm-common's
 //! gemm.rs; mallocs from the free list, no system call: checked with `strace -c`). Counted with
-//! a global allocator around the real `optimizer_step`.
+//! a global allocator around the real `optimizer_step`, and around the steps of a two-rank
+//! multi-process run (both ranks as threads of this process, meeting over loopback TCP).
 
 mod common;
 
@@ -12,7 +13,7 @@ use trainer::graph::{DataShape, Graph, Network};
 use trainer::optim::Optimizer;
 use trainer::tensor::cpu::CpuBackend;
 use trainer::tensor::Backend;
-use trainer::train::{optimizer_step, Batch, StepSettings};
+use trainer::train::{optimizer_step, Batch, DataParallel, ProcessReplicas, StepSettings};
 
 struct Counting;
 static COUNTING: AtomicBool = AtomicBool::new(false);
@@ -38,6 +39,8 @@ static GLOBAL: Counting = Counting;
 
 #[test]
 fn training_steps_allocate_nothing_but_gemm_scratch_and_retain_nothing() {
+    // The counters are global: the tests of this file take turns.
+    let _turn = common::one_at_a_time();
     let spec = common::spec(
         r#"
         [data]
@@ -109,6 +112,7 @@ fn training_steps_allocate_nothing_but_gemm_scratch_and_retain_nothing() {
         let products_per_epoch = groups.len() * (3 + 3 + 2);
         step(false); // warm-up: thread-local state of gemm and the pool
         let live_before = LIVE_BYTES.load(Ordering::SeqCst);
+        ALLOCATIONS.store(0, Ordering::SeqCst);
         step(true);
         step(true);
         let allocations = ALLOCATIONS.load(Ordering::SeqCst);
@@ -124,4 +128,140 @@ fn training_steps_allocate_nothing_but_gemm_scratch_and_retain_nothing() {
         );
         assert!(backend.take_stats(&mut stats).samples > 0.0);
     });
+}
+
+#[test]
+fn multi_process_steps_allocate_nothing_but_gemm_scratch_on_either_rank() {
+    use trainer::data::{Data, Dataset};
+    use trainer::parallel::Rendezvous;
+
+    let _turn = common::one_at_a_time();
+    let (batch, features, samples) = (32, 40, 256);
+    let mut spec = common::spec(
+        r#"
+        [data]
+        source = "synthetic"
+        batch_size = 32
+        [model]
+        layers = [{ type = "linear", out = 64 }, { type = "relu" }, { type = "linear", out = 10 }]
+        [optimizer]
+        type = "adam"
+        lr = 1e-3
+        "#,
+    );
+    let port = common::free_port();
+    let world = |rank: usize| Rendezvous {
+        rank,
+        world_size: 2,
+        local_rank: rank,
+        local_world_size: 2,
+        master_addr: "127.0.0.1".into(),
+        master_port: port,
+        timeout: std::time::Duration::from_secs(30),
+    };
+    let data = move || Data {
+        sample_shape: vec![features],
+        classes: Some(10),
+        target_dim: 1,
+        train: Dataset {
+            features: common::random_vec(samples * features, 2),
+            targets: (0..samples).map(|i| (i % 10) as f32).collect(),
+            len: samples,
+        },
+        eval: Vec::new(),
+    };
+    let shape = DataShape {
+        sample_shape: vec![features],
+        classes: Some(10),
+        target_dim: 1,
+    };
+    let graph = Graph::build(&spec, &shape).unwrap();
+    let one_thread = move || {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap()
+    };
+
+    let mut spec1 = spec.clone();
+    spec1.parallel.world = Some(world(1));
+    let graph1 = graph.clone();
+    let rank1 = std::thread::spawn(move || {
+        one_thread().install(|| {
+            let stop = trainer::signals::Stop::install().unwrap();
+            trainer::train::serve(&CpuBackend::new(1), &spec1, graph1, data(), &stop)
+        })
+    });
+
+    spec.parallel.world = Some(world(0));
+    let backend = CpuBackend::new(1);
+    one_thread().install(|| {
+        let data = data();
+        let mut replicas =
+            ProcessReplicas::<CpuBackend>::connect(&spec, &data, graph.param_count, 1).unwrap();
+        let params = graph.init_params(1);
+        let mut net = Network::new(&backend, graph.clone(), &params, batch / 2, 1).unwrap();
+        let mut optimizer = Optimizer::new(&backend, &spec, params.len()).unwrap();
+        replicas
+            .broadcast(&spec, &net, &optimizer, &backend)
+            .unwrap();
+        let order: Vec<u32> = (0..samples as u32).rev().collect();
+        let groups: Vec<&[u32]> = order.chunks(batch).collect();
+        let (x, y) = (data.train.features.clone(), data.train.targets.clone());
+        let input = Batch::<CpuBackend> {
+            x: &x,
+            y: &y,
+            row_len: features,
+            target_dim: 1,
+        };
+        let settings = StepSettings {
+            lr: 1e-3,
+            clip: Some(1.0),
+            want_grad_norm: true,
+            loss_scale: None,
+            skip_nonfinite: false,
+        };
+        let mut stats = backend.new_stats().unwrap();
+        let mut micro_step = 0;
+        let mut epoch = |replicas: &mut ProcessReplicas<CpuBackend>| {
+            for pair in groups.chunks(2) {
+                let args = (&input, pair, &mut micro_step, &mut stats, settings);
+                replicas
+                    .step(
+                        &backend,
+                        &mut net,
+                        &mut optimizer,
+                        args.0,
+                        args.1,
+                        args.2,
+                        args.3,
+                        args.4,
+                    )
+                    .unwrap();
+            }
+        };
+        epoch(&mut replicas); // warm-up: message buffers grow to their size, gemm's state
+        let live_before = LIVE_BYTES.load(Ordering::SeqCst);
+        ALLOCATIONS.store(0, Ordering::SeqCst);
+        COUNTING.store(true, Ordering::SeqCst);
+        epoch(&mut replicas);
+        epoch(&mut replicas);
+        // Rank 1 answers only once its last update is applied: its steps are inside the count.
+        replicas.verify(&backend, &net.params).unwrap();
+        COUNTING.store(false, Ordering::SeqCst);
+        let allocations = ALLOCATIONS.load(Ordering::SeqCst);
+        // Each rank: per micro-batch, 2 linear layers forward and dW, and one dx.
+        let products_per_epoch = groups.len() * (2 + 2 + 1);
+        assert!(
+            allocations <= 2 * 2 * 2 * products_per_epoch,
+            "{allocations} allocations in 2 epochs of 2 ranks x {products_per_epoch} products"
+        );
+        assert_eq!(
+            LIVE_BYTES.load(Ordering::SeqCst),
+            live_before,
+            "steps retained memory"
+        );
+        replicas.finish(None);
+    });
+    rank1.join().unwrap().unwrap();
 }
