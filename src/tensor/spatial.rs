@@ -82,17 +82,22 @@ impl Conv2d {
     /// col[(ci, ki, kj), (p, q)] = x[ci, p·s - pad + ki·d, q·s - pad + kj·d] (0 outside).
     fn im2col(&self, x: &[f32], col: &mut [f32]) {
         let (oh, ow) = self.oh_ow();
+        if self.is_plane_shift() {
+            let plane_len = self.h * self.w;
+            for (ki, kj, shift) in self.plane_shifts() {
+                for (ci, plane) in x.chunks_exact(plane_len).take(self.c).enumerate() {
+                    let row = (ci * self.kh + ki) * self.kw + kj;
+                    shift.copy(plane, &mut col[row * oh * ow..(row + 1) * oh * ow]);
+                }
+            }
+            return;
+        }
         let mut row = 0;
         for ci in 0..self.c {
             let plane = &x[ci * self.h * self.w..(ci + 1) * self.h * self.w];
             for ki in 0..self.kh {
                 for kj in 0..self.kw {
                     let out = &mut col[row * oh * ow..(row + 1) * oh * ow];
-                    if self.is_plane_shift() {
-                        self.shifted_plane(plane, out, ki, kj);
-                        row += 1;
-                        continue;
-                    }
                     let (valid, offset) = self.valid_columns(kj, ow);
                     for p in 0..oh {
                         let i =
@@ -161,48 +166,32 @@ impl Conv2d {
         }
     }
 
-    /// The im2col row (ki, kj) of one input plane, for `is_plane_shift` geometries.
-    fn shifted_plane(&self, plane: &[f32], out: &mut [f32], ki: usize, kj: usize) {
-        let s = self.plane_shift(ki, kj);
-        out[..s.rows.start].fill(0.0);
-        out[s.rows.end..].fill(0.0);
-        let n = s.covered.len();
-        out[s.covered.clone()].copy_from_slice(&plane[s.source..s.source + n]);
-        out[s.rows.start..s.covered.start].fill(0.0);
-        out[s.covered.end..s.rows.end].fill(0.0);
-        s.zero_invalid_columns(&mut out[s.rows.clone()]);
-    }
-
-    /// The adjoint of `shifted_plane`: adds the im2col row (ki, kj) back into the input plane
-    /// in one pass over its valid rows, after zeroing its entries of invalid columns (which
-    /// that pass adds into neighbouring positions). Same order of additions as row by row.
-    fn add_shifted_plane(&self, src: &mut [f32], plane: &mut [f32], ki: usize, kj: usize) {
-        let s = self.plane_shift(ki, kj);
-        s.zero_invalid_columns(&mut src[s.rows.clone()]);
-        let n = s.covered.len();
-        for (d, v) in plane[s.source..s.source + n]
-            .iter_mut()
-            .zip(&src[s.covered])
-        {
-            *d += v;
-        }
+    /// `plane_shift` for every (ki, kj), in im2col's order.
+    fn plane_shifts(&self) -> impl Iterator<Item = (usize, usize, PlaneShift)> + '_ {
+        (0..self.kh)
+            .flat_map(move |ki| (0..self.kw).map(move |kj| (ki, kj, self.plane_shift(ki, kj))))
     }
 
     /// The adjoint of im2col: adds every column entry back into its input position. `col` is
     /// scratch: entries that map outside the input may be overwritten.
     fn col2im(&self, col: &mut [f32], dx: &mut [f32]) {
         let (oh, ow) = self.oh_ow();
+        if self.is_plane_shift() {
+            // Each input plane receives its rows in im2col's (ki, kj) order, as below.
+            let plane_len = self.h * self.w;
+            for (ki, kj, shift) in self.plane_shifts() {
+                for (ci, plane) in dx.chunks_exact_mut(plane_len).take(self.c).enumerate() {
+                    let row = (ci * self.kh + ki) * self.kw + kj;
+                    shift.add(&mut col[row * oh * ow..(row + 1) * oh * ow], plane);
+                }
+            }
+            return;
+        }
         let mut row = 0;
         for ci in 0..self.c {
             let plane = &mut dx[ci * self.h * self.w..(ci + 1) * self.h * self.w];
             for ki in 0..self.kh {
                 for kj in 0..self.kw {
-                    if self.is_plane_shift() {
-                        let src = &mut col[row * oh * ow..(row + 1) * oh * ow];
-                        self.add_shifted_plane(src, plane, ki, kj);
-                        row += 1;
-                        continue;
-                    }
                     let src = &col[row * oh * ow..(row + 1) * oh * ow];
                     let (valid, offset) = self.valid_columns(kj, ow);
                     row += 1;
@@ -246,6 +235,31 @@ struct PlaneShift {
 }
 
 impl PlaneShift {
+    /// The im2col row of one input plane.
+    fn copy(&self, plane: &[f32], out: &mut [f32]) {
+        out[..self.rows.start].fill(0.0);
+        out[self.rows.end..].fill(0.0);
+        let n = self.covered.len();
+        out[self.covered.clone()].copy_from_slice(&plane[self.source..self.source + n]);
+        out[self.rows.start..self.covered.start].fill(0.0);
+        out[self.covered.end..self.rows.end].fill(0.0);
+        self.zero_invalid_columns(&mut out[self.rows.clone()]);
+    }
+
+    /// The adjoint of `copy`: adds the im2col row back into the input plane in one pass over
+    /// its valid rows, after zeroing its entries of invalid columns (which that pass adds
+    /// into neighbouring positions). The same additions, in the same order, as row by row.
+    fn add(&self, src: &mut [f32], plane: &mut [f32]) {
+        self.zero_invalid_columns(&mut src[self.rows.clone()]);
+        let n = self.covered.len();
+        for (d, v) in plane[self.source..self.source + n]
+            .iter_mut()
+            .zip(&src[self.covered.clone()])
+        {
+            *d += v;
+        }
+    }
+
     /// Zeroes the entries of output columns whose input column lies outside the plane.
     fn zero_invalid_columns(&self, rows: &mut [f32]) {
         for row in rows.chunks_exact_mut(self.width) {
