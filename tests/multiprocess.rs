@@ -478,6 +478,16 @@ fn bad_multi_process_settings_exit_2_naming_the_key() {
             common::stderr(&o)
         );
     }
+    let o = trainer_with_env(&["sweep", job, "--grid", "optimizer.lr=0.1,0.2"], &env("1"));
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        common::stderr(&o).contains(
+            "trainer sweep runs as one process, but RANK=1 and \
+             WORLD_SIZE=5 are set"
+        ),
+        "{}",
+        common::stderr(&o)
+    );
     let o = trainer_with_env(&["run", job], &[("RANK", "5"), ("WORLD_SIZE", "5")]);
     assert_eq!(o.status.code(), Some(2));
     assert!(common::stderr(&o).contains("RANK=5 must be below WORLD_SIZE=5"));
