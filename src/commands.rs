@@ -240,7 +240,11 @@ pub fn run(args: &RunArgs) -> Result<Option<PathBuf>> {
                     return serve_rank(&backend, &spec, data, graph).map(|()| None);
                 };
                 let parallel = match &spec.parallel.world {
-                    Some(_) => Some(process_replicas(&spec, &data, &graph, threads)?),
+                    Some(_) => {
+                        let each =
+                            format!("{threads} thread{}", if threads == 1 { "" } else { "s" });
+                        Some(process_replicas(&spec, &data, &graph, each)?)
+                    }
                     None => cpu_replicas(&spec, threads, graph.param_count)?,
                 };
                 run_on(args, &spec, data, graph, &backend, start, parallel).map(Some)
@@ -254,7 +258,12 @@ pub fn run(args: &RunArgs) -> Result<Option<PathBuf>> {
                 return serve_rank(&backend, &spec, data, graph).map(|()| None);
             };
             let parallel = match &spec.parallel.world {
-                Some(_) => Some(process_replicas(&spec, &data, &graph, 1)?),
+                Some(_) => Some(process_replicas(
+                    &spec,
+                    &data,
+                    &graph,
+                    "cuda:LOCAL_RANK".into(),
+                )?),
                 None => None,
             };
             run_on(args, &spec, data, graph, &backend, start, parallel).map(Some)
@@ -267,9 +276,9 @@ fn process_replicas<B: Backend + 'static>(
     spec: &JobSpec,
     data: &Data,
     graph: &Graph,
-    threads: usize,
+    each: String,
 ) -> Result<Box<dyn DataParallel<B>>> {
-    let replicas = ProcessReplicas::<B>::connect(spec, data, graph.param_count, threads)?;
+    let replicas = ProcessReplicas::<B>::connect(spec, data, graph.param_count, each)?;
     Ok(Box::new(replicas))
 }
 

@@ -61,7 +61,8 @@ struct Ending {
 /// Rank 0's view of the other ranks.
 pub struct ProcessReplicas<B: Backend> {
     world: Rendezvous,
-    threads: usize,
+    /// What each process runs on, e.g. "1 thread" or "cuda:LOCAL_RANK".
+    device: String,
     /// Links to ranks 1.., in rank order.
     links: Vec<Link>,
     /// Rank 0's gradients, then the sum over the ranks, then their mean (host memory).
@@ -91,7 +92,7 @@ impl<B: Backend> ProcessReplicas<B> {
         spec: &JobSpec,
         data: &Data,
         param_count: usize,
-        threads: usize,
+        device: String,
     ) -> Result<Self> {
         let world = spec.parallel.world.clone().expect("a multi-process run");
         let greeting = Greeting {
@@ -115,7 +116,7 @@ impl<B: Backend> ProcessReplicas<B> {
         tracing::info!("all {} ranks joined", world.world_size);
         Ok(ProcessReplicas {
             world,
-            threads,
+            device,
             links,
             mean: vec![0.0; param_count],
             incoming: vec![0.0; param_count],
@@ -323,13 +324,8 @@ impl<B: Backend> DataParallel<B> for ProcessReplicas<B> {
     }
 
     fn describe(&self) -> String {
-        format!(
-            "{} processes (rank 0 of {}) x {} thread{} each",
-            self.world.world_size,
-            self.world.world_size,
-            self.threads,
-            if self.threads == 1 { "" } else { "s" }
-        )
+        let n = self.world.world_size;
+        format!("{n} processes (rank 0 of {n}) x {} each", self.device)
     }
 
     fn stop_requested(&self) -> Option<i32> {
