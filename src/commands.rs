@@ -258,12 +258,10 @@ pub fn run(args: &RunArgs) -> Result<Option<PathBuf>> {
                 return serve_rank(&backend, &spec, data, graph).map(|()| None);
             };
             let parallel = match &spec.parallel.world {
-                Some(_) => Some(process_replicas(
-                    &spec,
-                    &data,
-                    &graph,
-                    "cuda:LOCAL_RANK".into(),
-                )?),
+                Some(_) => {
+                    let each = format!("1 GPU (rank 0 on cuda:{ordinal})");
+                    Some(process_replicas(&spec, &data, &graph, each)?)
+                }
                 None => None,
             };
             run_on(args, &spec, data, graph, &backend, start, parallel).map(Some)
