@@ -237,7 +237,7 @@ pub fn run(args: &RunArgs) -> Result<Option<PathBuf>> {
             let backend = CpuBackend::new(threads);
             pool.install(|| {
                 let Some(start) = start else {
-                    return serve_rank(&backend, &spec, data, graph).map(|()| None);
+                    return train::serve(&backend, &spec, graph, data).map(|()| None);
                 };
                 let parallel = match &spec.parallel.world {
                     Some(_) => {
@@ -255,7 +255,7 @@ pub fn run(args: &RunArgs) -> Result<Option<PathBuf>> {
             let backend = CudaBackend::new(ordinal, spec.device.allow_tf32)?;
             let spec = precision_on_gpu(&spec, &backend)?;
             let Some(start) = start else {
-                return serve_rank(&backend, &spec, data, graph).map(|()| None);
+                return train::serve(&backend, &spec, graph, data).map(|()| None);
             };
             let parallel = match &spec.parallel.world {
                 Some(_) => {
@@ -278,14 +278,6 @@ fn process_replicas<B: Backend + 'static>(
 ) -> Result<Box<dyn DataParallel<B>>> {
     let replicas = ProcessReplicas::<B>::connect(spec, data, graph.param_count, each)?;
     Ok(Box::new(replicas))
-}
-
-/// A rank other than 0 of a multi-process run: trains its share of every step until rank 0
-/// says the run is over. A signal here stops the whole run (with rank 0's checkpoint).
-fn serve_rank<B: Backend>(backend: &B, spec: &JobSpec, data: Data, graph: Graph) -> Result<()> {
-    let stop = Stop::install()
-        .map_err(|e| Error::Runtime(format!("cannot install the SIGINT/SIGTERM handlers: {e}")))?;
-    train::serve(backend, spec, graph, data, &stop)
 }
 
 /// The other replicas of CPU data parallelism, each with `threads` threads; None without

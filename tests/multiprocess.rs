@@ -584,3 +584,17 @@ fn check_shows_the_batch_layout_over_the_processes() {
         common::stdout(&o)
     );
 }
+
+#[test]
+fn a_rank_still_waiting_for_rank_zero_ends_at_once_on_sigterm() {
+    let _turn = one_at_a_time();
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), JOB);
+    // No rank 0: rank 1 waits at the rendezvous (for parallel.timeout, 10 minutes).
+    let waiting = spawn_rank(1, 2, free_port(), &[job.to_str().unwrap()]);
+    std::thread::sleep(Duration::from_millis(300));
+    unsafe { libc::kill(waiting.id() as i32, libc::SIGTERM) };
+    // A launcher (torchrun, srun) stopping a run that never started does not wait for it.
+    let ended = finish(waiting, Duration::from_secs(5));
+    assert_ne!(ended.code, Some(0));
+}

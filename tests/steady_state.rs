@@ -187,10 +187,7 @@ fn multi_process_steps_allocate_nothing_but_gemm_scratch_on_either_rank() {
     spec1.parallel.world = Some(world(1));
     let graph1 = graph.clone();
     let rank1 = std::thread::spawn(move || {
-        one_thread().install(|| {
-            let stop = trainer::signals::Stop::install().unwrap();
-            trainer::train::serve(&CpuBackend::new(1), &spec1, graph1, data(), &stop)
-        })
+        one_thread().install(|| trainer::train::serve(&CpuBackend::new(1), &spec1, graph1, data()))
     });
 
     spec.parallel.world = Some(world(0));

@@ -59,10 +59,19 @@ impl Rendezvous {
                 .ok_or_else(|| Error::Job("MASTER_ADDR is not set (rank 0's host)".into()))?;
             let port =
                 get("MASTER_PORT").ok_or_else(|| Error::Job("MASTER_PORT is not set".into()))?;
-            let master_port = port
+            let mut master_port: u16 = port
                 .trim()
                 .parse()
                 .map_err(|_| Error::Job(format!("MASTER_PORT={port:?} is not a port")))?;
+            // torchrun's agent keeps its own store listening on MASTER_PORT: meet on the next.
+            if get("TORCHELASTIC_USE_AGENT_STORE").is_some_and(|v| v == "True") {
+                master_port = master_port.checked_add(1).ok_or_else(|| {
+                    Error::Job(format!(
+                        "MASTER_PORT={port}: under torchrun the ranks meet on MASTER_PORT + 1, \
+                         which does not exist"
+                    ))
+                })?;
+            }
             Ok(Rendezvous {
                 rank,
                 world_size,
@@ -249,6 +258,15 @@ mod tests {
             ("MASTER_PORT", "1"),
         ]);
         assert_eq!(Rendezvous::from_env(slurm).unwrap().unwrap().local_rank, 1);
+        let torchrun = env(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "localhost"),
+            ("MASTER_PORT", "29500"),
+            ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+        ]);
+        let r = Rendezvous::from_env(torchrun).unwrap().unwrap();
+        assert_eq!(r.master_port, 29501, "torchrun's own store holds 29500");
         let bad = env(&[
             ("RANK", "2"),
             ("WORLD_SIZE", "2"),

@@ -344,13 +344,7 @@ impl<B: Backend> DataParallel<B> for ProcessReplicas<B> {
 /// A rank other than 0: joins the run, checks that its job and data are rank 0's, then
 /// trains its share of every step rank 0 sends until rank 0 says the run is over. Returns
 /// Ok when the run completed; an interrupted or failed run is the matching error.
-pub fn serve<B: Backend>(
-    backend: &B,
-    spec: &JobSpec,
-    graph: Graph,
-    data: Data,
-    stop: &Stop,
-) -> Result<()> {
+pub fn serve<B: Backend>(backend: &B, spec: &JobSpec, graph: Graph, data: Data) -> Result<()> {
     let world = spec.parallel.world.clone().expect("a multi-process run");
     tracing::info!(
         "rank {} of {}: joining rank 0 at {}:{}",
@@ -360,6 +354,12 @@ pub fn serve<B: Backend>(
         world.master_port
     );
     let (mut links, greeting) = connect(&world, Vec::new())?;
+    // Only now: a signal before the rendezvous ends this process at once (as a launcher
+    // stopping a run that never started expects); from here on it stops the run after the
+    // current step, with rank 0's checkpoint.
+    let stop = Stop::install()
+        .map_err(|e| Error::Runtime(format!("cannot install the SIGINT/SIGTERM handlers: {e}")))?;
+    let stop = &stop;
     let link = &mut links[0];
     let result = (|| {
         check_greeting(spec, &data, &graph, &world, &greeting)?;
