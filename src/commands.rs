@@ -99,9 +99,6 @@ fn world_from_env(spec: &JobSpec) -> Result<Option<Rendezvous>> {
         return Ok(None);
     };
     let mut world = world?;
-    if world.world_size == 1 {
-        return Ok(None);
-    }
     let timeout = spec
         .parallel
         .timeout

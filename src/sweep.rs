@@ -83,13 +83,12 @@ struct Pending {
     resume: Option<PathBuf>,
 }
 
-/// Runs (or completes) a sweep; returns its directory.
 /// A sweep is one process that writes its own directory (and starts its points' processes):
 /// started once per rank by torchrun or srun, every rank would write the same sweep. Each
 /// point of a multi-process sweep is a `trainer run` launched per rank.
 fn refuse_multi_process_environment() -> Result<()> {
     match crate::parallel::Rendezvous::from_env(|k| std::env::var(k).ok()) {
-        Some(Ok(world)) if world.world_size > 1 => Err(job_err!(
+        Some(Ok(world)) => Err(job_err!(
             "trainer sweep runs as one process, but RANK={} and WORLD_SIZE={} are set (a \
              torchrun/srun launch with several ranks); launch `trainer run` per rank for each \
              point instead, or unset RANK and WORLD_SIZE",
@@ -100,6 +99,7 @@ fn refuse_multi_process_environment() -> Result<()> {
     }
 }
 
+/// Runs (or completes) a sweep; returns its directory.
 pub fn sweep(args: &SweepArgs) -> Result<PathBuf> {
     refuse_multi_process_environment()?;
     let slots = args.devices.as_deref().map(devices::parse).transpose()?;

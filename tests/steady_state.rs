@@ -37,6 +37,15 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
+/// Adam with clipping, the gradient norm computed at every step.
+const SETTINGS: StepSettings = StepSettings {
+    lr: 1e-3,
+    clip: Some(1.0),
+    want_grad_norm: true,
+    loss_scale: None,
+    skip_nonfinite: false,
+};
+
 #[test]
 fn training_steps_allocate_nothing_but_gemm_scratch_and_retain_nothing() {
     // The counters are global: the tests of this file take turns.
@@ -84,13 +93,7 @@ fn training_steps_allocate_nothing_but_gemm_scratch_and_retain_nothing() {
             row_len: features,
             target_dim: 1,
         };
-        let settings = StepSettings {
-            lr: 1e-3,
-            clip: Some(1.0),
-            want_grad_norm: true,
-            loss_scale: None,
-            skip_nonfinite: false,
-        };
+        let settings = SETTINGS;
         let mut step = |count: bool| {
             COUNTING.store(count, Ordering::SeqCst);
             for pair in groups.chunks(2) {
@@ -216,13 +219,7 @@ fn multi_process_steps_allocate_nothing_but_gemm_scratch_on_either_rank() {
             row_len: features,
             target_dim: 1,
         };
-        let settings = StepSettings {
-            lr: 1e-3,
-            clip: Some(1.0),
-            want_grad_norm: true,
-            loss_scale: None,
-            skip_nonfinite: false,
-        };
+        let settings = SETTINGS;
         let mut stats = backend.new_stats().unwrap();
         let mut micro_step = 0;
         let mut epoch = |replicas: &mut ProcessReplicas<CpuBackend>| {

@@ -27,7 +27,9 @@ pub struct Rendezvous {
 const MAGIC: &[u8; 8] = b"trainer1";
 
 impl Rendezvous {
-    /// From torchrun's / SLURM's variables; None when RANK and WORLD_SIZE are not set.
+    /// From torchrun's / SLURM's variables; None when RANK and WORLD_SIZE are not set, or
+    /// describe one process (an ordinary run: srun with one task sets them too, and needs no
+    /// MASTER_ADDR).
     pub fn from_env(get: impl Fn(&str) -> Option<String>) -> Option<Result<Rendezvous>> {
         let rank = get("RANK").or_else(|| get("SLURM_PROCID"))?;
         let world = get("WORLD_SIZE").or_else(|| get("SLURM_NTASKS"))?;
@@ -36,6 +38,9 @@ impl Rendezvous {
                 .parse()
                 .map_err(|_| Error::Job(format!("environment {name}={v:?} is not a number")))
         };
+        if (parse("RANK", &rank).ok(), parse("WORLD_SIZE", &world).ok()) == (Some(0), Some(1)) {
+            return None;
+        }
         Some((|| {
             let rank = parse("RANK", &rank)?;
             let world_size = parse("WORLD_SIZE", &world)?;
@@ -241,6 +246,9 @@ mod tests {
             }
         };
         assert!(Rendezvous::from_env(env(&[])).is_none());
+        // One SLURM task: an ordinary run, without MASTER_ADDR.
+        let one_task = env(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "1")]);
+        assert!(Rendezvous::from_env(one_task).is_none());
         let r = Rendezvous::from_env(env(&[
             ("RANK", "1"),
             ("WORLD_SIZE", "2"),

@@ -81,6 +81,15 @@ pub struct LossStats {
     pub samples: f64,
 }
 
+/// Another replica's sums added to these (data parallelism).
+impl std::ops::AddAssign for LossStats {
+    fn add_assign(&mut self, other: LossStats) {
+        self.loss_sum += other.loss_sum;
+        self.correct += other.correct;
+        self.samples += other.samples;
+    }
+}
+
 /// The ops a device implements. Buffers are flat f32 arrays; every op gets its sizes
 /// explicitly, and uses only the prefix it needs (a smaller last batch reuses the buffers).
 pub trait Backend {

@@ -205,6 +205,26 @@ fn decode_step(bytes: &[u8], rows: &mut Vec<u32>) -> Option<StepOrder> {
 /// The Grads message's fixed part: a stop signal (0 for none) and the loss statistics.
 const GRADS_HEADER: usize = 4 + 3 * 8;
 
+fn encode_grads_header(signal: Option<i32>, s: LossStats) -> [u8; GRADS_HEADER] {
+    let mut head = [0u8; GRADS_HEADER];
+    head[..4].copy_from_slice(&signal.unwrap_or(0).to_le_bytes());
+    for (i, v) in [s.loss_sum, s.correct, s.samples].into_iter().enumerate() {
+        head[4 + 8 * i..12 + 8 * i].copy_from_slice(&v.to_le_bytes());
+    }
+    head
+}
+
+fn decode_grads_header(head: &[u8; GRADS_HEADER]) -> (Option<i32>, LossStats) {
+    let signal = i32::from_le_bytes(head[..4].try_into().expect("4 bytes"));
+    let f64_at = |i: usize| f64::from_le_bytes(head[4 + 8 * i..12 + 8 * i].try_into().expect("8"));
+    let stats = LossStats {
+        loss_sum: f64_at(0),
+        correct: f64_at(1),
+        samples: f64_at(2),
+    };
+    ((signal != 0).then_some(signal), stats)
+}
+
 fn params_hash<B: Backend>(backend: &B, params: &B::Buf, host: &mut [f32]) -> u64 {
     backend.download(params, host);
     xxhash_rust::xxh3::xxh3_64(bytemuck::cast_slice(host))
@@ -279,15 +299,12 @@ impl<B: Backend> DataParallel<B> for ProcessReplicas<B> {
             let len = link.expect(Tag::Grads)?;
             let mut head = [0u8; GRADS_HEADER];
             link.read(&mut head)?;
-            let signal = i32::from_le_bytes(head[..4].try_into().expect("4 bytes"));
-            if signal != 0 && self.stop.is_none() {
+            let (signal, theirs) = decode_grads_header(&head);
+            if let (Some(signal), None) = (signal, self.stop) {
                 tracing::warn!("rank {} received signal {signal}: stopping", link.peer());
                 self.stop = Some(signal);
             }
-            let f64_at = |i: usize| f64::from_le_bytes(head[i..i + 8].try_into().expect("8"));
-            window.loss_sum += f64_at(4);
-            window.correct += f64_at(12);
-            window.samples += f64_at(20);
+            window += theirs;
             link.read_f32s(&mut self.incoming, len.saturating_sub(GRADS_HEADER))?;
             for (sum, g) in self.mean.iter_mut().zip(&self.incoming) {
                 *sum += g;
@@ -507,7 +524,6 @@ fn follow<B: Backend>(
     let mut message = Vec::new();
     let mut rows = Vec::new();
     let mut host = vec![0.0f32; n];
-    let mut head = [0u8; GRADS_HEADER];
     loop {
         let (tag, len) = link.receive()?;
         match tag {
@@ -529,12 +545,7 @@ fn follow<B: Backend>(
                     scale,
                 );
                 backend.status()?;
-                let s: LossStats = backend.take_stats(&mut stats);
-                let signal = stop.requested().unwrap_or(0);
-                head[..4].copy_from_slice(&signal.to_le_bytes());
-                head[4..12].copy_from_slice(&s.loss_sum.to_le_bytes());
-                head[12..20].copy_from_slice(&s.correct.to_le_bytes());
-                head[20..28].copy_from_slice(&s.samples.to_le_bytes());
+                let head = encode_grads_header(stop.requested(), backend.take_stats(&mut stats));
                 backend.download(&net.grads, &mut host);
                 link.send(Tag::Grads, &[&head, bytemuck::cast_slice(&host)])?;
                 let len = link.expect(Tag::Mean)?;
@@ -607,5 +618,20 @@ mod tests {
         let batches: Vec<&[u32]> = rows.chunks(order.chunk).collect();
         assert_eq!(batches, vec![&a[..], &b[..], &c[..]]);
         assert!(decode_step(&bytes[..bytes.len() - 1], &mut rows).is_none());
+    }
+
+    #[test]
+    fn a_gradient_header_round_trips() {
+        let stats = LossStats {
+            loss_sum: 12.5,
+            correct: 7.0,
+            samples: 16.0,
+        };
+        for signal in [None, Some(15)] {
+            assert_eq!(
+                decode_grads_header(&encode_grads_header(signal, stats)),
+                (signal, stats)
+            );
+        }
     }
 }

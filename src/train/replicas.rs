@@ -241,10 +241,7 @@ impl DataParallel<CpuBackend> for CpuReplicas {
             apply_gradients(backend, net, optimizer, settings)
         });
         for r in &mut self.others {
-            let s = r.backend.take_stats(&mut r.stats);
-            stats.loss_sum += s.loss_sum;
-            stats.correct += s.correct;
-            stats.samples += s.samples;
+            *stats += r.backend.take_stats(&mut r.stats);
         }
         Ok(result)
     }
