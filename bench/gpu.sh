@@ -13,7 +13,7 @@ out="${OUT:-/tmp}/gpu-bench.txt"
 bin=.gpu/trainer
 runs=$(mktemp -d)
 log() { echo "$*" | tee -a "$out"; }
-summary() { python3 -c 'import json,sys; s=json.load(open(sys.argv[1]+"/summary.json")); f=s.get("final",{}); print(json.dumps({k: s.get(k) for k in ["samples_per_sec","wall_s","startup_s","memory_planned_bytes","device_memory_peak_bytes"]} | {"test_accuracy": f.get("test_accuracy")}))' "$1"; }
+summary() { python3 -c 'import json,sys; s=json.load(open(sys.argv[1]+"/summary.json")); f=s.get("final",{}); print(json.dumps({k: s.get(k) for k in ["samples_per_sec","wall_s","startup_s","memory_planned_bytes","device_memory_peak_bytes","cuda_graph_recordings"]} | {"test_accuracy": f.get("test_accuracy")}))' "$1"; }
 trainer() { local dir; dir=$($bin run "$@" --runs-dir "$runs" --quiet) && summary "$dir"; }
 
 log "== devices"; $bin devices | tee -a "$out"
@@ -23,8 +23,15 @@ log "cold: $(trainer jobs/mlp.toml --set device.type=\"cuda\" --set train.epochs
 log "warm: $(trainer jobs/mlp.toml --set device.type=\"cuda\" --set train.epochs=1)"
 
 for rep in 1 2; do
+  # Launch-bound: a small MLP at batch 64, where CUDA graphs matter most.
+  small=(--set device.type=\"cuda\" --set 'model.layers=[{type="linear",out=256},{type="relu"},{type="linear",out=128},{type="relu"},{type="linear",out=10}]' --set data.batch_size=64 --set data.samples=128000)
+  log "== MLP 784-256-128-10 batch 64 Adam fp32, 2000 steps (repeat $rep)"
+  log "trainer: $(trainer bench/mlp1024.toml "${small[@]}")"
+  log "trainer, no CUDA graphs: $(trainer bench/mlp1024.toml "${small[@]}" --set device.cuda_graphs=false)"
+  log "pytorch: $(python3 bench/pytorch_mlp.py --device cuda --data synthetic --layers 784,256,128,10 --batch 64 --steps 2000 | tail -1)"
   log "== MLP 784-1024-1024-10 batch 256 Adam fp32, 200 steps (repeat $rep)"
   log "trainer: $(trainer bench/mlp1024.toml --set device.type=\"cuda\")"
+  log "trainer, no CUDA graphs: $(trainer bench/mlp1024.toml --set device.type=\"cuda\" --set device.cuda_graphs=false)"
   log "pytorch: $(python3 bench/pytorch_mlp.py --device cuda --data synthetic --layers 784,1024,1024,10 --batch 256 --steps 200 | tail -1)"
   log "== MLP 784-4096x3-10 batch 4096 Adam fp32, 50 steps (repeat $rep)"
   log "trainer: $(trainer bench/mlp4096.toml --set device.type=\"cuda\")"

@@ -385,6 +385,12 @@ fn optimizer_updates_match_the_cpu() {
 
 /// Train rows (step, loss) of a job run through the CLI on a device, one row per step.
 fn loss_curve(device: &str, extra: &[&str]) -> Vec<(u64, f64)> {
+    train_rows(&run_mlp_job(device, extra).path().join("run"))
+}
+
+/// A run directory (under the returned temporary directory, as "run") of jobs/mlp.toml
+/// for 100 steps on a device, logging every step.
+fn run_mlp_job(device: &str, extra: &[&str]) -> tempfile::TempDir {
     let runs = tempfile::tempdir().unwrap();
     let mut args = vec![
         "run",
@@ -414,8 +420,12 @@ fn loss_curve(device: &str, extra: &[&str]) -> Vec<(u64, f64)> {
         String::from_utf8_lossy(&out.stderr)
     );
     let dir = String::from_utf8(out.stdout).unwrap();
-    let metrics =
-        std::fs::read_to_string(std::path::Path::new(dir.trim()).join("metrics.csv")).unwrap();
+    std::fs::rename(dir.trim(), runs.path().join("run")).unwrap();
+    runs
+}
+
+fn train_rows(run: &std::path::Path) -> Vec<(u64, f64)> {
+    let metrics = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
     metrics
         .lines()
         .skip(1)
@@ -439,6 +449,62 @@ fn mlp_job_on_cuda_follows_the_cpu_loss_curve() {
             assert!((a - b).abs() <= 1e-4 * a.abs(), "step {step}: cpu loss {a} vs cuda {b} ({extra:?})");
         }
     }
+}
+
+/// CUDA graphs replay the same kernels on the same buffers: the same bits as running op by
+/// op, for plain fp32, gradient accumulation, fp16 with dynamic loss scaling (a recording per
+/// scale) and batch norm (running statistics updated by every replay).
+#[test]
+fn cuda_graphs_give_the_same_bits_as_op_by_op_and_are_used() {
+    if gpu().is_none() {
+        return;
+    }
+    let batch_norm = "model.layers=[{type=\"flatten\"},{type=\"linear\",out=64},\
+        {type=\"batchnorm1d\"},{type=\"relu\"},{type=\"linear\",out=10}]";
+    let cases: [&[&str]; 4] = [
+        &[],
+        &["--set", "train.grad_accum_steps=2"],
+        &[
+            "--set",
+            "precision.mode=\"fp16\"",
+            "--set",
+            "precision.growth_interval=20",
+        ],
+        &["--set", batch_norm],
+    ];
+    for extra in cases {
+        let graphs = run_mlp_job("cuda", extra);
+        let mut op_by_op_args = extra.to_vec();
+        op_by_op_args.extend(["--set", "device.cuda_graphs=false"]);
+        let op_by_op = run_mlp_job("cuda", &op_by_op_args);
+        let (a, b) = (graphs.path().join("run"), op_by_op.path().join("run"));
+        assert_eq!(train_rows(&a), train_rows(&b), "{extra:?}");
+        assert_eq!(
+            std::fs::read(a.join("model.safetensors")).unwrap(),
+            std::fs::read(b.join("model.safetensors")).unwrap(),
+            "{extra:?}"
+        );
+        let recordings = |run: &std::path::Path| {
+            let s: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap())
+                    .unwrap();
+            s["cuda_graph_recordings"].as_u64().unwrap()
+        };
+        assert!(
+            recordings(&a) >= 1,
+            "{extra:?}: the step was never recorded"
+        );
+        assert_eq!(recordings(&b), 0, "{extra:?}");
+    }
+    // Dropout draws a new mask every step: no recording, and the log says why.
+    let dropout = "model.layers=[{type=\"flatten\"},{type=\"linear\",out=64},\
+        {type=\"dropout\",p=0.2},{type=\"linear\",out=10}]";
+    let run = run_mlp_job("cuda", &["--set", dropout]);
+    let log = std::fs::read_to_string(run.path().join("run/train.log")).unwrap();
+    assert!(
+        log.contains("CUDA graphs off: model.layers[2] (dropout)"),
+        "{log}"
+    );
 }
 
 #[test]

@@ -47,6 +47,31 @@ pub struct Network<B: Backend> {
     /// Mixed precision rounds the data too, unless it holds token ids (whole numbers: an
     /// fp16 id above 2048 would move).
     round_input: bool,
+    /// The recorded training micro-step (CUDA graphs), when enabled.
+    graphs: StepGraphs<B>,
+}
+
+/// What a recorded training micro-step computes besides the buffers' contents: a recording
+/// replays the same kernels with the same arguments, so it stands for a micro-step only when
+/// all of these are equal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Recorded {
+    samples: usize,
+    grad_scale_bits: u32,
+    /// Where the loss statistics are (the recording holds their device address).
+    stats_at: usize,
+}
+
+/// Recording the training micro-step (forward, loss, backward) once and replaying it: one
+/// launch instead of one per op, which is what small models spend their time on.
+struct StepGraphs<B: Backend> {
+    enabled: bool,
+    /// The last micro-step that ran unrecorded. Recording waits for a second one like it, so
+    /// that whatever the first allocated lazily (scratch, cuBLAS's state) exists already.
+    warm: Option<Recorded>,
+    recording: Option<(Recorded, B::Graph)>,
+    /// How many times a recording was made (a change of loss scale records again).
+    recordings: u64,
 }
 
 /// Which forward pass a layer runs in.
@@ -162,6 +187,12 @@ impl<B: Backend> Network<B> {
             half: None,
             half_params: None,
             round_input: graph_has_no_embedding,
+            graphs: StepGraphs {
+                enabled: false,
+                warm: None,
+                recording: None,
+                recordings: 0,
+            },
         })
     }
 
@@ -185,6 +216,89 @@ impl<B: Backend> Network<B> {
             backend.copy(&self.params, half, n);
             backend.round_to_half(kind, half, n);
         }
+    }
+
+    /// Records the training micro-step once and replays it (CUDA graphs; the CPU backend
+    /// cannot record and runs every step), unless something in the step changes from step
+    /// to step: then the reason is returned and every step runs op by op.
+    pub fn enable_step_graphs(&mut self) -> std::result::Result<(), String> {
+        // Dropout draws a new mask every micro-step from a key passed by value.
+        if let Some(i) = self
+            .graph
+            .layers
+            .iter()
+            .position(|l| matches!(l.op, Op::Dropout { .. }))
+        {
+            return Err(format!(
+                "model.layers[{i}] (dropout) draws a new mask every step"
+            ));
+        }
+        self.graphs.enabled = true;
+        Ok(())
+    }
+
+    /// How many times the training micro-step was recorded (0 without graphs).
+    pub fn step_recordings(&self) -> u64 {
+        self.graphs.recordings
+    }
+
+    /// One training micro-step on the first `n` samples of the input and targets: forward,
+    /// loss (statistics into `stats`, its gradient times `grad_scale`) and backward, adding
+    /// into `grads`. With step graphs, a micro-step like the previous ones replays their
+    /// recording (same results: the same kernels on the same buffers).
+    pub fn train_step(
+        &mut self,
+        backend: &B,
+        n: usize,
+        grad_scale: f32,
+        stats: &mut B::Stats,
+        step_key: u64,
+    ) {
+        let this = Recorded {
+            samples: n,
+            grad_scale_bits: grad_scale.to_bits(),
+            stats_at: stats as *const B::Stats as usize,
+        };
+        // A smaller last batch (or a replica's smaller share) runs op by op: recording it
+        // would replace the full batch's recording for one step. (The sample offset matters
+        // only to dropout, which step graphs exclude.)
+        if !self.graphs.enabled || n != self.max_batch {
+            return self.run_train_step(backend, n, grad_scale, stats, step_key);
+        }
+        if let Some((recorded, graph)) = &self.graphs.recording {
+            if *recorded == this {
+                return backend.replay(graph);
+            }
+        }
+        if self.graphs.warm == Some(this) && backend.begin_capture() {
+            self.run_train_step(backend, n, grad_scale, stats, step_key);
+            match backend.end_capture() {
+                Some(graph) => {
+                    backend.replay(&graph);
+                    self.graphs.recording = Some((this, graph));
+                    self.graphs.recordings += 1;
+                    return;
+                }
+                // Recording failed (the device said why): the ops did not run; from now on
+                // every step runs op by op.
+                None => self.graphs.enabled = false,
+            }
+        }
+        self.graphs.warm = Some(this);
+        self.run_train_step(backend, n, grad_scale, stats, step_key);
+    }
+
+    fn run_train_step(
+        &mut self,
+        backend: &B,
+        n: usize,
+        grad_scale: f32,
+        stats: &mut B::Stats,
+        step_key: u64,
+    ) {
+        self.forward(backend, n, true, step_key);
+        self.loss(backend, n, Some(grad_scale), stats);
+        self.backward(backend, n, step_key);
     }
 
     /// Rounds the first `len` values of a buffer to the half format, in mixed precision.

@@ -602,6 +602,10 @@ pub struct DeviceSpec {
     /// Allow TensorFloat-32 matmuls on CUDA (PyTorch's default is off).
     #[serde(default)]
     pub allow_tf32: bool,
+    /// CUDA: record the training step (forward, loss, backward) once as a CUDA graph and
+    /// replay it, where nothing in the step changes from step to step (no dropout).
+    #[serde(default = "yes")]
+    pub cuda_graphs: bool,
 }
 
 impl Default for DeviceSpec {
@@ -609,6 +613,7 @@ impl Default for DeviceSpec {
         DeviceSpec {
             kind: default_device(),
             allow_tf32: false,
+            cuda_graphs: true,
         }
     }
 }

@@ -116,6 +116,8 @@ fn map2(out: &mut [f32], a: &[f32], f: impl Fn(&mut [f32], &[f32], usize) + Sync
 impl Backend for CpuBackend {
     type Buf = Vec<f32>;
     type Stats = LossStats;
+    /// The CPU runs every op as it comes: nothing to record.
+    type Graph = ();
 
     fn conv_workspace_len(&self, s: &Conv2d, max_batch: usize) -> usize {
         spatial::conv_workspace_len(s, self.threads, max_batch)

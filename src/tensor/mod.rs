@@ -97,6 +97,10 @@ pub trait Backend {
     type Buf;
     /// Where a loss accumulates its statistics (kept on the device until read).
     type Stats;
+    /// A recorded sequence of ops that `replay` runs again (CUDA graphs).
+    type Graph;
+    /// Whether `begin_capture` can record at all (logs say "CUDA graphs" only where it can).
+    const RECORDS: bool = false;
 
     /// A short description for logs, e.g. "cpu (2 threads)".
     fn describe(&self) -> String;
@@ -380,6 +384,21 @@ pub trait Backend {
         gamma: usize,
         saved: &Self::Buf,
     );
+
+    /// Starts recording the ops that follow instead of running them; false when this device
+    /// cannot record (then nothing changed). Recording assumes the ops allocate nothing and
+    /// read nothing from the host: the caller runs them once unrecorded first.
+    fn begin_capture(&self) -> bool {
+        false
+    }
+    /// Ends the recording begun by `begin_capture`: the graph, or None when recording failed
+    /// (then the recorded ops did not run, and the caller runs them unrecorded).
+    fn end_capture(&self) -> Option<Self::Graph> {
+        None
+    }
+    /// Runs a recorded graph again: the same ops on the same buffers, with the values the
+    /// buffers hold now.
+    fn replay(&self, _graph: &Self::Graph) {}
 
     /// The first failure of any op so far (devices report errors late); checked every step.
     fn status(&self) -> Result<()> {

@@ -61,6 +61,9 @@ pub struct Outcome {
     pub batches_tracked: u64,
     /// Seconds from process start to the first training step (start-up: data, kernels...).
     pub startup_s: f64,
+    /// On devices that record (CUDA graphs): how many times the training step was recorded
+    /// (0: never, every step ran op by op).
+    pub step_recordings: Option<u64>,
     /// The newest checkpoint this run wrote.
     pub last_checkpoint: Option<PathBuf>,
     /// Set when a signal stopped the run early: the signal's number.
@@ -169,8 +172,7 @@ pub fn train_session<B: Backend>(
     let replica_batch = parallel
         .as_ref()
         .map_or(batch_size, |p| batch_size.div_ceil(p.replicas()));
-    let mut net = Network::new(backend, graph, &params, replica_batch, spec.job.seed)?
-        .with_precision(backend, half_kind(spec.precision.mode))?;
+    let mut net = training_network(backend, graph, &params, replica_batch, spec)?;
     drop(params);
     if let Some(stats) = running_stats {
         net.set_running_stats(backend, &stats)?;
@@ -483,7 +485,31 @@ pub fn train_session<B: Backend>(
     };
     let mut outcome = finish(outcome, &st, Some(weights));
     outcome.epochs = last_epoch;
+    outcome.step_recordings = B::RECORDS.then(|| net.step_recordings());
+    if let Some(n) = outcome.step_recordings.filter(|&n| n > 0) {
+        tracing::info!("CUDA graphs: the training step was recorded {n} time(s) and replayed");
+    }
     Ok(outcome)
+}
+
+/// The network a replica trains: buffers for `batch` samples, the job's precision, and its
+/// training step recorded and replayed (CUDA graphs) unless `device.cuda_graphs = false` or
+/// something in the step changes every step.
+pub(crate) fn training_network<B: Backend>(
+    backend: &B,
+    graph: Graph,
+    params: &[f32],
+    batch: usize,
+    spec: &JobSpec,
+) -> Result<Network<B>> {
+    let mut net = Network::new(backend, graph, params, batch, spec.job.seed)?
+        .with_precision(backend, half_kind(spec.precision.mode))?;
+    if B::RECORDS && spec.device.cuda_graphs {
+        if let Err(why) = net.enable_step_graphs() {
+            tracing::info!("CUDA graphs off: {why}; every step launches op by op");
+        }
+    }
+    Ok(net)
 }
 
 fn finish(mut outcome: Outcome, st: &TrainState, final_weights: Option<Weights>) -> Outcome {
@@ -655,9 +681,7 @@ pub(crate) fn accumulate_gradients<'r, B: Backend>(
             let rows = &all_rows[mine];
             backend.gather_rows(batch.x, rows, batch.row_len, net.input_mut());
             backend.gather_rows(batch.y, rows, batch.target_dim, net.targets_mut());
-            net.forward(backend, n, true, *micro_step);
-            net.loss(backend, n, Some(scale * weight), stats);
-            net.backward(backend, n, *micro_step);
+            net.train_step(backend, n, scale * weight, stats, *micro_step);
         }
         *micro_step += 1;
     }

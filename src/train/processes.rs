@@ -24,8 +24,7 @@
 //! with a checkpoint, as on one process.
 
 use super::{
-    accumulate_gradients, apply_gradients, half_kind, Batch, DataParallel, Rank, StepResult,
-    StepSettings,
+    accumulate_gradients, apply_gradients, Batch, DataParallel, Rank, StepResult, StepSettings,
 };
 use crate::checkpoint;
 use crate::data::Data;
@@ -500,8 +499,7 @@ fn follow<B: Backend>(
     drop(bytes);
 
     let replica_batch = spec.batch_size().div_ceil(world.world_size);
-    let mut net = Network::new(backend, graph, &params, replica_batch, spec.job.seed)?
-        .with_precision(backend, half_kind(spec.precision.mode))?;
+    let mut net = super::training_network(backend, graph, &params, replica_batch, spec)?;
     let mut optimizer = Optimizer::new(backend, spec, n)?;
     optimizer
         .restore(backend, &state, optimizer_steps, n)

@@ -15,9 +15,7 @@
 //! are done, so control (logging, signals, early stopping, evaluation) needs no
 //! coordination: only the loop's thread ever decides anything.
 
-use super::{
-    accumulate_gradients, apply_gradients, half_kind, Batch, Rank, StepResult, StepSettings,
-};
+use super::{accumulate_gradients, apply_gradients, Batch, Rank, StepResult, StepSettings};
 use crate::error::{Error, Result};
 use crate::graph::Network;
 use crate::optim::Optimizer;
@@ -166,14 +164,13 @@ impl DataParallel<CpuBackend> for CpuReplicas {
         self.others = (1..self.replicas())
             .map(|_| {
                 let backend = CpuBackend::new(self.threads);
-                let replica_net = Network::new(
+                let replica_net = super::training_network(
                     &backend,
                     net.graph.clone(),
                     &net.params,
                     net.max_batch(),
-                    spec.job.seed,
-                )?
-                .with_precision(&backend, half_kind(spec.precision.mode))?;
+                    spec,
+                )?;
                 let mut replica_optimizer = Optimizer::new(&backend, spec, n)?;
                 replica_optimizer
                     .restore(&backend, &state, optimizer.steps(), n)

@@ -12,8 +12,10 @@ use super::{
 use crate::error::{Error, Result};
 use cudarc::cublas::sys::{cublasMath_t, cublasOperation_t};
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, DeviceRepr, LaunchConfig,
+    PushKernelArg,
 };
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
@@ -222,6 +224,9 @@ pub struct CudaBackend {
     rows: RefCell<CudaSlice<u32>>,
     /// Per-sample loss and hit of the last loss call, [2, batch], grown to the largest batch.
     row_stats: RefCell<CudaSlice<f64>>,
+    /// Scratch buffers replaced by larger ones, kept alive because a recorded graph may still
+    /// read them (a graph holds device addresses).
+    retired: RefCell<Vec<CudaSlice<f64>>>,
     /// Per-block partial sums of the gradient norm, then the norm itself.
     partials: RefCell<CudaSlice<f64>>,
     norm: RefCell<CudaSlice<f64>>,
@@ -272,7 +277,11 @@ impl CudaBackend {
         // One stream orders everything: cudarc's per-buffer event tracking is not needed.
         // SAFETY: no other stream is ever created on this context.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.default_stream();
+        // A stream of our own, not the legacy default stream, which cannot be recorded into
+        // a CUDA graph.
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| cuda_err("creating a stream", e))?;
         let (major, minor) = info.compute_capability;
         let started = std::time::Instant::now();
         let (ptx, cached) = kernels::load_or_compile(major, minor)?;
@@ -381,6 +390,7 @@ impl CudaBackend {
             f,
             rows: RefCell::new(rows),
             row_stats: RefCell::new(row_stats),
+            retired: RefCell::new(Vec::new()),
             partials: RefCell::new(partials),
             norm: RefCell::new(norm),
             _workspace: workspace,
@@ -460,6 +470,46 @@ impl CudaBackend {
 impl Backend for CudaBackend {
     type Buf = CudaSlice<f32>;
     type Stats = CudaSlice<f64>;
+    type Graph = CudaGraph;
+    const RECORDS: bool = true;
+
+    fn begin_capture(&self) -> bool {
+        if self.error.borrow().is_some() {
+            return false;
+        }
+        match self
+            .stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!("cannot record a CUDA graph ({e:?}); running without graphs");
+                false
+            }
+        }
+    }
+
+    fn end_capture(&self) -> Option<CudaGraph> {
+        let graph = self.stream.end_capture(CUgraphInstantiate_flags(0));
+        // An op that failed while recording failed only the recording (nothing ran): the
+        // caller runs the ops again unrecorded, and a real failure is reported then.
+        let failed_op = self.error.borrow_mut().take();
+        let why = match (graph, failed_op) {
+            (Ok(Some(graph)), None) => match graph.upload() {
+                Ok(()) => return Some(graph),
+                Err(e) => format!("uploading it failed: {e:?}"),
+            },
+            (_, Some(op)) => op,
+            (Ok(None), None) => "nothing was recorded".into(),
+            (Err(e), None) => format!("{e:?}"),
+        };
+        tracing::warn!("cannot record a CUDA graph ({why}); running without graphs");
+        None
+    }
+
+    fn replay(&self, graph: &CudaGraph) {
+        self.record("replaying the CUDA graph", graph.launch());
+    }
 
     fn conv_workspace_len(&self, s: &Conv2d, max_batch: usize) -> usize {
         conv_workspace_len(s, max_batch)
@@ -1051,8 +1101,9 @@ impl Backend for CudaBackend {
         if row_stats.len() < 2 * n {
             match self.stream.alloc_zeros::<f64>(2 * n) {
                 Ok(grown) => {
-                    self.count((grown.len() - row_stats.len()) * 8);
-                    *row_stats = grown;
+                    self.count(grown.len() * 8);
+                    let old = std::mem::replace(&mut *row_stats, grown);
+                    self.retired.borrow_mut().push(old);
                 }
                 Err(e) => return self.launch("allocating loss statistics", Err(e)),
             }
