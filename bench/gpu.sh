@@ -3,7 +3,10 @@
 #
 #   mkdir -p .gpu && cp bench/gpu.sh .gpu/extra.sh && ../shared/tools/gpu-bundle
 #   mkdir -p .gpu/data && cp /usr/share/datasets/fashion-mnist/*.gz .gpu/data/   # 30 MB
-#   then on the device: command "bash .gpu/run.sh", carry [".gpu"]
+#   then on the device, carry [".gpu"], command (NCCL is found as libnccl.so, which PyTorch's
+#   wheels do not provide: they ship libnccl.so.2):
+#     n=$(mktemp -d); ln -s "$(find / -name 'libnccl.so.2*' 2>/dev/null | head -n 1)" $n/libnccl.so;
+#     LD_LIBRARY_PATH=$n:$LD_LIBRARY_PATH bash .gpu/run.sh
 #
 # run.sh runs every test binary with TRAINER_REQUIRE_CUDA=1, then this script, which measures,
 # side by side in the same call: trainer (cuda) against PyTorch eager on the GPU, start-up cold
@@ -32,6 +35,7 @@ for rep in 1 2; do
   log "== MLP 784-1024-1024-10 batch 256 Adam fp32, 200 steps (repeat $rep)"
   log "trainer: $(trainer bench/mlp1024.toml --set device.type=\"cuda\")"
   log "trainer, no CUDA graphs: $(trainer bench/mlp1024.toml --set device.type=\"cuda\" --set device.cuda_graphs=false)"
+  log "trainer, 1 replica through NCCL: $(trainer bench/mlp1024.toml --set device.type=\"cuda\" --set parallel.replicas=1)"
   log "pytorch: $(python3 bench/pytorch_mlp.py --device cuda --data synthetic --layers 784,1024,1024,10 --batch 256 --steps 200 | tail -1)"
   log "== MLP 784-4096x3-10 batch 4096 Adam fp32, 50 steps (repeat $rep)"
   log "trainer: $(trainer bench/mlp4096.toml --set device.type=\"cuda\")"

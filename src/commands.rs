@@ -10,13 +10,15 @@ use crate::parallel::{BatchLayout, CpuAllReduce, Rendezvous};
 use crate::run::{MetricsWriter, RunDir};
 use crate::signals::Stop;
 use crate::spec::{
-    self, parse_device, DeviceChoice, JobSpec, ParallelDevices, PrecisionFallback, PrecisionMode,
-    ResumeMode,
+    self, parse_device, CollectiveBackend, DeviceChoice, JobSpec, ParallelDevices,
+    PrecisionFallback, PrecisionMode, ResumeMode,
 };
 use crate::tensor::cpu::CpuBackend;
 use crate::tensor::cuda::{self, CudaBackend};
 use crate::tensor::{spatial, Backend};
-use crate::train::{self, CpuReplicas, DataParallel, ProcessReplicas, Session};
+use crate::train::{
+    self, CpuReplicas, DataParallel, OneDeviceCollective, ProcessReplicas, Session,
+};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -195,14 +197,22 @@ fn pick_device(job: &Path, spec: &JobSpec) -> Result<Device> {
             )))
         }
     };
+    if device == Device::Cpu && spec.parallel.backend == CollectiveBackend::Nccl {
+        return Err(Error::Job(format!(
+            "{}: key `parallel.backend`: \"nccl\" given, but this run is on the CPU; NCCL \
+             averages gradients on CUDA devices: use \"tcp\" or \"auto\"",
+            job.display()
+        )));
+    }
     if device == Device::Cpu && spec.device.allow_tf32 {
         tracing::warn!("device.allow_tf32 has no effect on the CPU, which computes in full fp32");
     }
-    if let (Device::Cuda(n), Some(replicas)) = (device, spec.parallel.replicas) {
+    if let (Device::Cuda(n), Some(replicas @ 2..)) = (device, spec.parallel.replicas) {
         return Err(Error::Job(format!(
-            "{}: key `parallel.replicas`: {replicas} given, on cuda:{n} (device.type = \"{}\"), is \
-             not supported yet (data parallelism on CUDA needs NCCL); set device.type = \"cpu\" \
-             for CPU replicas",
+            "{}: key `parallel.replicas`: {replicas} given, on cuda:{n} (device.type = \"{}\"): \
+             one process drives one GPU; start one process per GPU (torchrun, srun or a shell \
+             loop: see README, \"Several processes and machines\"), or set device.type = \
+             \"cpu\" for CPU replicas. (1 runs one replica through NCCL.)",
             job.display(),
             spec.device.kind
         )));
@@ -240,7 +250,7 @@ pub fn run(args: &RunArgs) -> Result<Option<PathBuf>> {
                     Some(_) => {
                         let each =
                             format!("{threads} thread{}", if threads == 1 { "" } else { "s" });
-                        Some(process_replicas(&spec, &data, &graph, each)?)
+                        Some(process_replicas(&backend, &spec, &data, &graph, each)?)
                     }
                     None => cpu_replicas(&spec, threads, graph.param_count)?,
                 };
@@ -251,13 +261,18 @@ pub fn run(args: &RunArgs) -> Result<Option<PathBuf>> {
             // The GPU does the work; the loop stays on this thread, bound to the CUDA context.
             let backend = CudaBackend::new(ordinal, spec.device.allow_tf32)?;
             let spec = precision_on_gpu(&spec, &backend)?;
+            backend.set_half_matmuls(train::half_kind(spec.precision.mode));
             let Some(start) = start else {
                 return train::serve(&backend, &spec, graph, data).map(|()| None);
             };
-            let parallel = match &spec.parallel.world {
+            let parallel: Option<Box<dyn DataParallel<CudaBackend>>> = match &spec.parallel.world {
                 Some(_) => {
                     let each = format!("1 GPU (rank 0 on cuda:{ordinal})");
-                    Some(process_replicas(&spec, &data, &graph, each)?)
+                    Some(process_replicas(&backend, &spec, &data, &graph, each)?)
+                }
+                // parallel.replicas = 1 (more are refused above).
+                None if spec.parallel.replicas().is_some() => {
+                    Some(Box::new(OneDeviceCollective::new(&backend)?))
                 }
                 None => None,
             };
@@ -268,12 +283,13 @@ pub fn run(args: &RunArgs) -> Result<Option<PathBuf>> {
 
 /// Rank 0 of a multi-process run: the other ranks, once they have all joined.
 fn process_replicas<B: Backend + 'static>(
+    backend: &B,
     spec: &JobSpec,
     data: &Data,
     graph: &Graph,
     each: String,
 ) -> Result<Box<dyn DataParallel<B>>> {
-    let replicas = ProcessReplicas::<B>::connect(spec, data, graph.param_count, each)?;
+    let replicas = ProcessReplicas::connect(backend, spec, data, graph.param_count, each)?;
     Ok(Box::new(replicas))
 }
 
@@ -644,7 +660,15 @@ fn memory_plan(spec: &JobSpec, graph: &Graph, data: &Data, on_gpu: bool) -> Memo
     let (batch, threads) = (BatchLayout::of(spec).per_replica(), replica_threads(spec));
     let (data_bytes, workspace) = if on_gpu {
         let conv = graph.conv_workspace(|s| cuda::conv_workspace_len(s, batch));
-        (data_set_bytes(data), cuda::CUBLAS_WORKSPACE + 4 * conv)
+        // Mixed precision: both inputs of a matrix product converted to half (2 bytes each).
+        let half_inputs = match spec.precision.mode {
+            PrecisionMode::Fp32 => 0,
+            _ => 2 * 2 * graph.largest_matmul_input(batch, |s| cuda::conv_workspace_len(s, batch)),
+        };
+        (
+            data_set_bytes(data),
+            cuda::CUBLAS_WORKSPACE + 4 * conv + half_inputs,
+        )
     } else {
         (
             0,

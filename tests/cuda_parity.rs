@@ -68,17 +68,31 @@ fn assert_close(gpu: &[f32], cpu: &[f32], what: &str) {
     );
 }
 
+/// fp32 GEMMs, and in mixed precision the tensor-core GEMMs (inputs converted to f16/bf16,
+/// f32 accumulation): on half-valued inputs the products are exact, so only the order of
+/// the sums differs from the CPU's fp32.
 #[test]
 fn linear_forward_and_backward_match_the_cpu() {
     let Some(g) = gpu() else { return };
-    for (n, inp, out) in [(37, 53, 29), (256, 784, 256), (1, 7, 3)] {
+    let halves = [None, Some(HalfKind::F16), Some(HalfKind::Bf16)];
+    for (half, (n, inp, out)) in halves
+        .into_iter()
+        .flat_map(|h| [(37, 53, 29), (256, 784, 256), (1, 7, 3)].map(|s| (h, s)))
+    {
+        g.set_half_matmuls(half);
         for bias in [true, false] {
-            let params = random_vec(out * inp + out, 1);
+            let mut params = random_vec(out * inp + out, 1);
             let b = bias.then_some(out * inp);
-            let x = random_vec(n * inp, 2);
-            let dy = random_vec(n * out, 3);
+            let mut x = random_vec(n * inp, 2);
+            let mut dy = random_vec(n * out, 3);
+            if let Some(kind) = half {
+                for v in [&mut params, &mut x, &mut dy] {
+                    let len = v.len();
+                    CPU.round_to_half(kind, v, len);
+                }
+            }
             let grads0 = random_vec(params.len(), 4);
-            let what = format!("linear n={n} in={inp} out={out} bias={bias}");
+            let what = format!("linear {half:?} n={n} in={inp} out={out} bias={bias}");
 
             let mut y_cpu = vec![f32::NAN; n * out];
             CPU.linear_forward(&x, &params, 0, b, &mut y_cpu, n, inp, out);
@@ -124,6 +138,7 @@ fn linear_forward_and_backward_match_the_cpu() {
             assert_close(&down(&g, &dx_gpu, n * inp), &dx_cpu, &format!("{what} dx"));
         }
     }
+    g.set_half_matmuls(None);
 }
 
 #[test]

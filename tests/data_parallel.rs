@@ -355,7 +355,7 @@ fn bad_data_parallel_jobs_are_refused_before_anything_runs() {
             &[
                 "key `parallel.devices`",
                 "[\"cuda:0\", \"cuda:1\"] is not supported yet",
-                "NCCL",
+                "start one process per GPU",
             ],
         ),
         (

@@ -442,7 +442,7 @@ fn bad_multi_process_settings_exit_2_naming_the_key() {
             ("MASTER_PORT", "1"),
         ]
     };
-    let cases: [(&[&str], &str); 3] = [
+    let cases: [(&[&str], &str); 4] = [
         (
             &[],
             "key `data.batch_size`: 24 given with 5 data-parallel replicas",
@@ -465,6 +465,15 @@ fn bad_multi_process_settings_exit_2_naming_the_key() {
                 "parallel.timeout=\"soon\"",
             ],
             "key `parallel.timeout`: \"soon\" given",
+        ),
+        (
+            &[
+                "--set",
+                "data.batch_size=25",
+                "--set",
+                "parallel.backend=\"nccl\"",
+            ],
+            "key `parallel.backend`: \"nccl\" given, but this run is on the CPU",
         ),
     ];
     for (extra, needle) in cases {
@@ -561,6 +570,90 @@ fn two_ranks_sharing_one_gpu_follow_the_cpu_ranks() {
     for (g, c) in gpu.iter().zip(&cpu) {
         assert!((g - c).abs() <= 1e-4 * c.abs(), "cuda {g} vs cpu {c}");
     }
+}
+
+/// NCCL refuses two ranks on one GPU (NCCL of some versions may allow it): either way the
+/// ranks end in bounded time, with an error that says what to do, or with the CPU's numbers.
+#[test]
+fn two_ranks_forced_onto_nccl_on_one_gpu_end_clearly() {
+    let _turn = one_at_a_time();
+    if !gpu_present() || !nccl_present() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), JOB);
+    let runs = tmp.path().join("runs");
+    let args = [
+        job.to_str().unwrap(),
+        "--runs-dir",
+        runs.to_str().unwrap(),
+        "--set",
+        "device.type=\"cuda:0\"",
+        "--set",
+        "parallel.backend=\"nccl\"",
+        "--set",
+        "parallel.timeout=\"60s\"",
+    ];
+    let ranks = run_ranks(2, &args);
+    if ranks[0].code == Some(0) {
+        eprintln!("NCCL allowed two ranks on one GPU");
+        assert_eq!(ranks[1].code, Some(0), "{}", ranks[1].stderr);
+        return;
+    }
+    eprintln!("NCCL refused two ranks on one GPU:\n{}", ranks[0].stderr);
+    for ended in &ranks {
+        assert_eq!(ended.code, Some(1), "{}", ended.stderr);
+    }
+    assert!(
+        ranks
+            .iter()
+            .any(|e| e.stderr.contains("ranks sharing one GPU cannot use NCCL")),
+        "{}\n{}",
+        ranks[0].stderr,
+        ranks[1].stderr
+    );
+}
+
+/// `parallel.replicas = 1` on CUDA runs the data-parallel path with a 1-rank NCCL
+/// communicator: the mean over one rank changes nothing, so the numbers are the plain run's.
+#[test]
+fn one_replica_through_nccl_trains_what_the_plain_run_trains() {
+    let _turn = one_at_a_time();
+    if !gpu_present() || !nccl_present() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let runs = tmp.path().to_str().unwrap();
+    let cuda = "device.type=\"cuda\"";
+    let plain = run_alone(&["jobs/mlp.toml", "--runs-dir", runs, "--set", cuda]);
+    let nccl = run_alone(&[
+        "jobs/mlp.toml",
+        "--runs-dir",
+        runs,
+        "--set",
+        cuda,
+        "--set",
+        "parallel.replicas=1",
+    ]);
+    assert_eq!(numbers(&plain), numbers(&nccl));
+    assert_eq!(model(&plain), model(&nccl));
+    let config = std::fs::read_to_string(nccl.join("config.toml")).unwrap();
+    assert!(
+        config.contains("1 replica, gradients through NCCL"),
+        "{config}"
+    );
+}
+
+/// Whether libnccl loads (the GPU machine needs libnccl.so on LD_LIBRARY_PATH: see
+/// bench/gpu.sh); on a GPU machine under TRAINER_REQUIRE_CUDA=1 its absence fails.
+fn nccl_present() -> bool {
+    let Some(why) = trainer::tensor::cuda::nccl_missing() else {
+        return true;
+    };
+    let required = std::env::var("TRAINER_REQUIRE_CUDA").is_ok_and(|v| v == "1");
+    assert!(!required, "TRAINER_REQUIRE_CUDA=1 but {why}");
+    eprintln!("skipped: {why}");
+    false
 }
 
 #[test]

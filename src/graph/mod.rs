@@ -310,6 +310,28 @@ impl Graph {
         self.layers.iter().filter_map(conv).max().unwrap_or(0)
     }
 
+    /// The most values any matrix product of a batch of `batch` reads as one input: linear
+    /// layers' x, dy and W; conv layers' unfolded input (`conv_cols`, a backend's rule), dy
+    /// and W. A GPU in mixed precision converts each product's two inputs to half scratch of
+    /// this size.
+    pub fn largest_matmul_input(
+        &self,
+        batch: usize,
+        conv_cols: impl Fn(&Conv2d) -> usize,
+    ) -> usize {
+        let largest = |l: &Layer| match &l.op {
+            &Op::Linear { inp, out, .. } => (batch * inp).max(batch * out).max(inp * out),
+            Op::Conv2d { geom, .. } => {
+                let weights = geom.o * geom.c / geom.groups * geom.kh * geom.kw;
+                conv_cols(geom)
+                    .max(batch * numel(&l.out_shape))
+                    .max(weights)
+            }
+            _ => 0,
+        };
+        self.layers.iter().map(largest).max().unwrap_or(0)
+    }
+
     /// PyTorch state_dict names of every parameter tensor: the layer's prefix (its `name`,
     /// else its index in model.layers, as nn.Sequential numbers them), then `.weight`
     /// ([out, in] for linear) or `.bias`.

@@ -866,6 +866,12 @@ pub struct ParallelSpec {
     /// "90s", "10m" (the default). Evaluation and checkpoint writing on rank 0 must fit in it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<String>,
+    /// Multi-process runs: how the ranks average gradients. "nccl": NCCL's all-reduce on the
+    /// GPUs (each rank needs its own GPU, and libnccl); "tcp": through host memory and rank
+    /// 0's connections (any device); "auto" (the default): NCCL on CUDA when libnccl loads
+    /// and every rank on this machine has its own GPU, else tcp.
+    #[serde(default)]
+    pub backend: CollectiveBackend,
     /// This process's place in a multi-process run, from the environment (RANK, WORLD_SIZE,
     /// MASTER_ADDR, MASTER_PORT as torchrun and SLURM set them); not a job key.
     #[serde(skip)]
@@ -896,6 +902,15 @@ impl ParallelSpec {
             _ => None,
         }
     }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CollectiveBackend {
+    #[default]
+    Auto,
+    Nccl,
+    Tcp,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -573,7 +573,8 @@ fn validate_later_features(spec: &JobSpec, p: &mut Problems) {
 /// Data parallelism: which devices, and batches that divide among the replicas.
 fn validate_parallel(spec: &JobSpec, p: &mut Problems) {
     let parallel = &spec.parallel;
-    let on_cuda = "data parallelism on CUDA needs NCCL; CPU replicas work";
+    let on_cuda = "one process drives one GPU: start one process per GPU (torchrun, srun or a \
+                   shell loop; README, \"Several processes and machines\"); CPU replicas work";
     if parallel.devices.is_some() && parallel.replicas.is_some() {
         p.add(
             "parallel.replicas",
@@ -627,8 +628,9 @@ fn validate_parallel(spec: &JobSpec, p: &mut Problems) {
             "parallel.replicas",
             format!("{n} given; must be at least 1"),
         );
-        // device.type = "auto" is resolved when the job runs (commands::pick_device).
-        if matches!(parse_device(&spec.device.kind), Some(DeviceChoice::Cuda(_))) {
+        // device.type = "auto" is resolved when the job runs (commands::pick_device). One
+        // replica on CUDA runs through a 1-rank NCCL communicator.
+        if n > 1 && matches!(parse_device(&spec.device.kind), Some(DeviceChoice::Cuda(_))) {
             p.not_yet(
                 "parallel.replicas",
                 format!("{n} on device.type = \"{}\"", spec.device.kind),

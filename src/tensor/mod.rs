@@ -400,6 +400,23 @@ pub trait Backend {
     /// buffers hold now.
     fn replay(&self, _graph: &Self::Graph) {}
 
+    /// Data parallelism across processes, rank 0: a new id for a device-side collective
+    /// (NCCL) that the ranks join with `join_collective`. None where this device has none
+    /// (the CPU): gradients then travel through host memory and rank 0's links.
+    fn collective_id(&self) -> Result<Option<Vec<u8>>> {
+        Ok(None)
+    }
+    /// Joins rank 0's collective as `rank` of `world`; returns once every rank has joined.
+    fn join_collective(&self, _id: &[u8], _rank: usize, _world: usize) -> Result<()> {
+        Err(crate::error::Error::Runtime(format!(
+            "{} has no device-side collective",
+            self.describe()
+        )))
+    }
+    /// Replaces `buf` with the mean of every rank's `buf`, on the device (after
+    /// `join_collective`; queued like any op).
+    fn all_reduce_mean(&self, _buf: &mut Self::Buf) {}
+
     /// The first failure of any op so far (devices report errors late); checked every step.
     fn status(&self) -> Result<()> {
         Ok(())

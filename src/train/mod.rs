@@ -26,7 +26,7 @@ mod replicas;
 mod stopping;
 
 pub use processes::{serve, ProcessReplicas};
-pub use replicas::{CpuReplicas, DataParallel};
+pub use replicas::{CpuReplicas, DataParallel, OneDeviceCollective};
 pub use stopping::EndReason;
 
 use crate::checkpoint::weights::Weights;

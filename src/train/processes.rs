@@ -14,8 +14,10 @@
 //! rank 0 averages them in rank order (the sums `CpuAllReduce` makes, so a multi-process run
 //! equals the same number of threaded replicas bit for bit) and sends the mean back, and
 //! every rank runs clipping and the optimizer on it. A gradient exchange through rank 0
-//! moves 2 x (ranks - 1) x parameters through its link: right for the CPU models this
-//! serves; NCCL's ring all-reduce is the GPU path still to come.
+//! moves 2 x (ranks - 1) x parameters through its link: right for the CPU models. On GPUs
+//! (parallel.backend, "auto" where each rank has its own GPU) NCCL's all-reduce averages
+//! the gradients on the devices instead: rank 0's greeting carries the NCCL id, and a
+//! rank's Grads message then carries only its statistics and stop signal.
 //!
 //! Failure: every wait is bounded by parallel.timeout, a closed connection is noticed at
 //! once, and errors name the rank. A rank that fails tells rank 0 why; rank 0 ending for any
@@ -33,7 +35,7 @@ use crate::graph::{Graph, Network};
 use crate::optim::Optimizer;
 use crate::parallel::{connect, Link, Rendezvous, Tag};
 use crate::signals::Stop;
-use crate::spec::JobSpec;
+use crate::spec::{CollectiveBackend, JobSpec};
 use crate::tensor::{Backend, LossStats};
 use serde::{Deserialize, Serialize};
 use std::marker::PhantomData;
@@ -47,6 +49,9 @@ struct Greeting {
     job: serde_json::Value,
     data_hash: String,
     param_count: usize,
+    /// The NCCL id every rank joins when gradients are averaged on the GPUs; None when they
+    /// travel through rank 0's links.
+    collective: Option<Vec<u8>>,
 }
 
 /// How the run ended, as rank 0 tells the others.
@@ -64,6 +69,8 @@ pub struct ProcessReplicas<B: Backend> {
     device: String,
     /// Links to ranks 1.., in rank order.
     links: Vec<Link>,
+    /// Gradients are averaged on the devices (NCCL), not through the links.
+    on_devices: bool,
     /// Rank 0's gradients, then the sum over the ranks, then their mean (host memory).
     mean: Vec<f32>,
     /// Another rank's gradients as they arrive.
@@ -88,18 +95,22 @@ impl<B: Backend> ProcessReplicas<B> {
     /// waits until each has found the job and data the same as its own (a rank that does
     /// not is an `Error::Job` naming the differences).
     pub fn connect(
+        backend: &B,
         spec: &JobSpec,
         data: &Data,
         param_count: usize,
         device: String,
     ) -> Result<Self> {
         let world = spec.parallel.world.clone().expect("a multi-process run");
+        let collective = collective_id(backend, spec, &world)?;
+        let on_devices = collective.is_some();
         let greeting = Greeting {
             version: env!("CARGO_PKG_VERSION").into(),
             world_size: world.world_size,
             job: checkpoint::spec_json(spec).0,
             data_hash: data_hash(data),
             param_count,
+            collective,
         };
         tracing::info!(
             "rank 0 of {}: waiting for the other ranks on {}:{}",
@@ -112,13 +123,28 @@ impl<B: Backend> ProcessReplicas<B> {
         for link in &mut links {
             link.expect(Tag::Ready)?;
         }
-        tracing::info!("all {} ranks joined", world.world_size);
+        if let Some(id) = &greeting.collective {
+            join_collective(backend, id, &world)?;
+        }
+        tracing::info!(
+            "all {} ranks joined; gradients averaged {}",
+            world.world_size,
+            if on_devices {
+                "by NCCL on the GPUs"
+            } else {
+                "through rank 0 (tcp)"
+            }
+        );
+        // Through the links, rank 0 sums in host memory; NCCL needs no room for another
+        // rank's gradients here.
+        let incoming = if on_devices { 0 } else { param_count };
         Ok(ProcessReplicas {
             world,
             device,
             links,
+            on_devices,
             mean: vec![0.0; param_count],
-            incoming: vec![0.0; param_count],
+            incoming: vec![0.0; incoming],
             message: Vec::new(),
             stop: None,
             finished: false,
@@ -144,6 +170,78 @@ impl<B: Backend> Drop for ProcessReplicas<B> {
             });
         }
     }
+}
+
+/// Rank 0: the NCCL id the ranks will join, when parallel.backend (and for "auto", this
+/// machine) says gradients are averaged on the GPUs; None for the tcp path.
+fn collective_id<B: Backend>(
+    backend: &B,
+    spec: &JobSpec,
+    world: &Rendezvous,
+) -> Result<Option<Vec<u8>>> {
+    match spec.parallel.backend {
+        CollectiveBackend::Tcp => Ok(None),
+        CollectiveBackend::Nccl => match backend.collective_id()? {
+            Some(id) => Ok(Some(id)),
+            None => Err(Error::Job(format!(
+                "parallel.backend = \"nccl\" needs CUDA devices, and this run is on {}; \
+                 use \"tcp\" or \"auto\"",
+                backend.describe()
+            ))),
+        },
+        CollectiveBackend::Auto => {
+            // "cuda:N" puts every local rank on one GPU, which NCCL refuses.
+            let shared_gpu = spec.device.kind.starts_with("cuda:") && world.local_world_size > 1;
+            if shared_gpu {
+                tracing::info!(
+                    "parallel.backend auto: tcp (device.type = \"{}\" puts the {} ranks of \
+                     this machine on one GPU, which NCCL does not allow)",
+                    spec.device.kind,
+                    world.local_world_size
+                );
+                return Ok(None);
+            }
+            match backend.collective_id() {
+                Ok(id) => Ok(id),
+                Err(e) => {
+                    tracing::warn!("parallel.backend auto: tcp, not NCCL: {e}");
+                    Ok(None)
+                }
+            }
+        }
+    }
+}
+
+/// Joins the NCCL communicator. NCCL's initialisation waits for every rank with no timeout
+/// of its own, so a watchdog ends this process if it takes longer than parallel.timeout.
+fn join_collective<B: Backend>(backend: &B, id: &[u8], world: &Rendezvous) -> Result<()> {
+    let what = format!(
+        "rank {}: joining the NCCL communicator of {} ranks",
+        world.rank, world.world_size
+    );
+    with_watchdog(world.timeout, &what, || {
+        backend.join_collective(id, world.rank, world.world_size)
+    })
+}
+
+/// Runs `f`, which may block where no timeout reaches (inside NCCL); if it has not returned
+/// after `timeout`, the process logs `what` and exits with status 1 rather than hang.
+fn with_watchdog<T>(timeout: std::time::Duration, what: &str, f: impl FnOnce() -> T) -> T {
+    let (done, wait) = std::sync::mpsc::channel::<()>();
+    let what = what.to_string();
+    std::thread::spawn(move || {
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = wait.recv_timeout(timeout) {
+            tracing::error!(
+                "{what} did not finish within parallel.timeout ({}s): a rank is gone or stuck; \
+                 exiting",
+                timeout.as_secs_f64()
+            );
+            std::process::exit(1);
+        }
+    });
+    let out = f();
+    drop(done);
+    out
 }
 
 /// The step message: micro-step, lr, clip, loss scale (NaN for none), skip_nonfinite, the
@@ -291,7 +389,13 @@ impl<B: Backend> DataParallel<B> for ProcessReplicas<B> {
         let rows = micro_batches.iter().copied();
         let scale = settings.loss_scale;
         accumulate_gradients(backend, net, batch, rows, micro_step, stats, place, scale);
-        backend.download(&net.grads, &mut self.mean);
+        if self.on_devices {
+            // Queued behind the backward pass; the other ranks' messages carry only their
+            // statistics.
+            backend.all_reduce_mean(&mut net.grads);
+        } else {
+            backend.download(&net.grads, &mut self.mean);
+        }
         // The whole micro-batches' statistics, added in rank order as CpuReplicas does.
         let mut window = backend.take_stats(stats);
         for link in &mut self.links {
@@ -304,18 +408,23 @@ impl<B: Backend> DataParallel<B> for ProcessReplicas<B> {
                 self.stop = Some(signal);
             }
             window += theirs;
+            if self.on_devices {
+                continue;
+            }
             link.read_f32s(&mut self.incoming, len.saturating_sub(GRADS_HEADER))?;
             for (sum, g) in self.mean.iter_mut().zip(&self.incoming) {
                 *sum += g;
             }
         }
         backend.set_stats(stats, window);
-        let inv = 1.0 / self.world.world_size as f32;
-        self.mean.iter_mut().for_each(|v| *v *= inv);
-        for link in &mut self.links {
-            link.send(Tag::Mean, &[bytemuck::cast_slice(&self.mean)])?;
+        if !self.on_devices {
+            let inv = 1.0 / self.world.world_size as f32;
+            self.mean.iter_mut().for_each(|v| *v *= inv);
+            for link in &mut self.links {
+                link.send(Tag::Mean, &[bytemuck::cast_slice(&self.mean)])?;
+            }
+            backend.upload(&self.mean, &mut net.grads);
         }
-        backend.upload(&self.mean, &mut net.grads);
         Ok(apply_gradients(backend, net, optimizer, settings))
     }
 
@@ -378,9 +487,13 @@ pub fn serve<B: Backend>(backend: &B, spec: &JobSpec, graph: Graph, data: Data) 
     let stop = &stop;
     let link = &mut links[0];
     let result = (|| {
-        check_greeting(spec, &data, &graph, &world, &greeting)?;
+        let collective = check_greeting(spec, &data, &graph, &world, &greeting)?;
         link.send(Tag::Ready, &[])?;
-        follow(backend, spec, graph, data, &world, link, stop)
+        if let Some(id) = &collective {
+            join_collective(backend, id, &world)?;
+        }
+        let on_devices = collective.is_some();
+        follow(backend, spec, graph, data, &world, link, stop, on_devices)
     })();
     if let Err(e) = &result {
         // Rank 0 hears why (unless it is the one that went away).
@@ -389,13 +502,15 @@ pub fn serve<B: Backend>(backend: &B, spec: &JobSpec, graph: Graph, data: Data) 
     result
 }
 
+/// Checks rank 0's greeting against this rank's job and data; returns the NCCL id to join,
+/// if rank 0 chose NCCL.
 fn check_greeting(
     spec: &JobSpec,
     data: &Data,
     graph: &Graph,
     world: &Rendezvous,
     greeting: &[u8],
-) -> Result<()> {
+) -> Result<Option<Vec<u8>>> {
     let g: Greeting = serde_json::from_slice(greeting).map_err(|e| {
         Error::Runtime(format!(
             "rank {}: rank 0's greeting is not understood ({e}); do all ranks run the same \
@@ -435,10 +550,12 @@ fn check_greeting(
             world.rank, data.train.len
         )));
     }
-    Ok(())
+    Ok(g.collective)
 }
 
-/// Builds this rank's replica from rank 0's state and follows rank 0's orders.
+/// Builds this rank's replica from rank 0's state and follows rank 0's orders; gradients
+/// are averaged by NCCL when `on_devices`, else through rank 0.
+#[allow(clippy::too_many_arguments)]
 fn follow<B: Backend>(
     backend: &B,
     spec: &JobSpec,
@@ -447,6 +564,7 @@ fn follow<B: Backend>(
     world: &Rendezvous,
     link: &mut Link,
     stop: &Stop,
+    on_devices: bool,
 ) -> Result<()> {
     let n = graph.param_count;
     let bad = |what: &str| {
@@ -542,13 +660,22 @@ fn follow<B: Backend>(
                     place,
                     scale,
                 );
-                backend.status()?;
-                let head = encode_grads_header(stop.requested(), backend.take_stats(&mut stats));
-                backend.download(&net.grads, &mut host);
-                link.send(Tag::Grads, &[&head, bytemuck::cast_slice(&host)])?;
-                let len = link.expect(Tag::Mean)?;
-                link.read_f32s(&mut host, len)?;
-                backend.upload(&host, &mut net.grads);
+                if on_devices {
+                    backend.all_reduce_mean(&mut net.grads);
+                    let head =
+                        encode_grads_header(stop.requested(), backend.take_stats(&mut stats));
+                    backend.status()?;
+                    link.send(Tag::Grads, &[&head])?;
+                } else {
+                    backend.status()?;
+                    let head =
+                        encode_grads_header(stop.requested(), backend.take_stats(&mut stats));
+                    backend.download(&net.grads, &mut host);
+                    link.send(Tag::Grads, &[&head, bytemuck::cast_slice(&host)])?;
+                    let len = link.expect(Tag::Mean)?;
+                    link.read_f32s(&mut host, len)?;
+                    backend.upload(&host, &mut net.grads);
+                }
                 apply_gradients(backend, &mut net, &mut optimizer, order.settings);
                 backend.status()?;
             }

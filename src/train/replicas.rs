@@ -270,6 +270,73 @@ impl DataParallel<CpuBackend> for CpuReplicas {
     }
 }
 
+/// One replica whose gradients still go through the device's collective (NCCL with a
+/// 1-rank communicator): `parallel.replicas = 1` on CUDA. The average over one rank changes
+/// nothing, so this measures the all-reduce path's own cost and runs NCCL through the whole
+/// training path on a machine with one GPU.
+pub struct OneDeviceCollective<B: Backend> {
+    device: String,
+    _backend: std::marker::PhantomData<fn(&B)>,
+}
+
+impl<B: Backend> OneDeviceCollective<B> {
+    /// Joins a communicator of one rank; an error where the device has none (or NCCL is
+    /// missing).
+    pub fn new(backend: &B) -> Result<Self> {
+        let id = backend.collective_id()?.ok_or_else(|| {
+            Error::Job(format!(
+                "{} has no device-side collective for parallel.replicas = 1",
+                backend.describe()
+            ))
+        })?;
+        backend.join_collective(&id, 0, 1)?;
+        Ok(OneDeviceCollective {
+            device: backend.describe(),
+            _backend: std::marker::PhantomData,
+        })
+    }
+}
+
+impl<B: Backend> DataParallel<B> for OneDeviceCollective<B> {
+    fn replicas(&self) -> usize {
+        1
+    }
+
+    fn broadcast(&mut self, _: &JobSpec, _: &Network<B>, _: &Optimizer<B>, _: &B) -> Result<()> {
+        Ok(())
+    }
+
+    fn step(
+        &mut self,
+        backend: &B,
+        net: &mut Network<B>,
+        optimizer: &mut Optimizer<B>,
+        batch: &Batch<B>,
+        micro_batches: &[&[u32]],
+        micro_step: &mut u64,
+        stats: &mut B::Stats,
+        settings: StepSettings,
+    ) -> Result<StepResult> {
+        let whole = Rank {
+            rank: 0,
+            replicas: 1,
+        };
+        let rows = micro_batches.iter().copied();
+        let scale = settings.loss_scale;
+        accumulate_gradients(backend, net, batch, rows, micro_step, stats, whole, scale);
+        backend.all_reduce_mean(&mut net.grads);
+        Ok(apply_gradients(backend, net, optimizer, settings))
+    }
+
+    fn verify(&mut self, _: &B, _: &B::Buf) -> Result<()> {
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        format!("{}: 1 replica, gradients through NCCL", self.device)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -75,6 +75,8 @@ pub fn probe() -> std::result::Result<(Vec<DeviceInfo>, String), String> {
 
 struct Functions {
     fill: CudaFunction,
+    cast_f32_to_f16: CudaFunction,
+    cast_f32_to_bf16: CudaFunction,
     scale: CudaFunction,
     round_to_half: CudaFunction,
     add_assign: CudaFunction,
@@ -230,6 +232,14 @@ pub struct CudaBackend {
     /// Per-block partial sums of the gradient norm, then the norm itself.
     partials: RefCell<CudaSlice<f64>>,
     norm: RefCell<CudaSlice<f64>>,
+    /// Mixed precision: matrix products take their inputs as this half format (tensor
+    /// cores), accumulating and writing f32 (`set_half_matmuls`).
+    half_matmuls: Cell<Option<HalfKind>>,
+    /// The two inputs of a half matrix product, converted; grown to the largest.
+    half_inputs: RefCell<[CudaSlice<u16>; 2]>,
+    retired_halves: RefCell<Vec<CudaSlice<u16>>>,
+    /// The NCCL communicator of a multi-process run, once joined (`join_collective`).
+    collective: RefCell<Option<cudarc::nccl::Comm>>,
     /// The cuBLAS workspace, kept alive for the handle's lifetime.
     _workspace: CudaSlice<u8>,
     allocated: Cell<usize>,
@@ -237,6 +247,41 @@ pub struct CudaBackend {
     error: RefCell<Option<String>>,
     description: String,
     compute_capability: (i32, i32),
+}
+
+/// Why NCCL cannot be used here (None when libnccl loads), with what to do about it. cudarc
+/// looks for `libnccl.so` (and a few versioned names) but not NCCL's own soname
+/// `libnccl.so.2`, which is what packages and PyTorch's wheels ship.
+pub fn nccl_missing() -> Option<String> {
+    // SAFETY: only asks the dynamic loader whether the library exists.
+    if unsafe { cudarc::nccl::sys::is_culib_present() } {
+        return None;
+    }
+    let mut dirs: Vec<std::path::PathBuf> = std::env::var_os("LD_LIBRARY_PATH")
+        .map(|v| std::env::split_paths(&v).collect())
+        .unwrap_or_default();
+    dirs.extend(
+        [
+            "/usr/lib/x86_64-linux-gnu",
+            "/usr/local/lib",
+            "/usr/lib64",
+            "/usr/local/cuda/lib64",
+        ]
+        .map(std::path::PathBuf::from),
+    );
+    let found = dirs
+        .iter()
+        .map(|d| d.join("libnccl.so.2"))
+        .find(|p| p.exists());
+    Some(match found {
+        Some(lib) => format!(
+            "NCCL is needed but libnccl.so cannot be loaded; {} exists: link it under the name              the loader looks for, e.g. `mkdir -p ~/.local/lib/nccl && ln -s {}              ~/.local/lib/nccl/libnccl.so` and add that directory to LD_LIBRARY_PATH",
+            lib.display(),
+            lib.display()
+        ),
+        None => "NCCL is needed but libnccl.so cannot be loaded: install NCCL (e.g. the                  libnccl2 package, or PyTorch's nvidia-nccl wheel) and make libnccl.so                  findable through LD_LIBRARY_PATH, or set parallel.backend = \"tcp\""
+            .into(),
+    })
 }
 
 fn cuda_err(what: &str, e: impl std::fmt::Debug) -> Error {
@@ -304,6 +349,8 @@ impl CudaBackend {
         };
         let f = Functions {
             fill: load("fill_f32")?,
+            cast_f32_to_f16: load("cast_f32_to_f16")?,
+            cast_f32_to_bf16: load("cast_f32_to_bf16")?,
             scale: load("scale_f32")?,
             round_to_half: load("round_to_half")?,
             add_assign: load("add_assign")?,
@@ -372,6 +419,14 @@ impl CudaBackend {
         let row_stats = stream
             .alloc_zeros::<f64>(2)
             .map_err(|e| cuda_err("allocating", e))?;
+        let (half_a, half_b) = (
+            stream
+                .alloc_zeros::<u16>(1)
+                .map_err(|e| cuda_err("allocating", e))?,
+            stream
+                .alloc_zeros::<u16>(1)
+                .map_err(|e| cuda_err("allocating", e))?,
+        );
         let partials = stream
             .alloc_zeros::<f64>(NORM_BLOCKS as usize)
             .map_err(|e| cuda_err("allocating", e))?;
@@ -391,6 +446,10 @@ impl CudaBackend {
             rows: RefCell::new(rows),
             row_stats: RefCell::new(row_stats),
             retired: RefCell::new(Vec::new()),
+            half_matmuls: Cell::new(None),
+            half_inputs: RefCell::new([half_a, half_b]),
+            retired_halves: RefCell::new(Vec::new()),
+            collective: RefCell::new(None),
             partials: RefCell::new(partials),
             norm: RefCell::new(norm),
             _workspace: workspace,
@@ -400,6 +459,15 @@ impl CudaBackend {
             error: RefCell::new(None),
             description,
         })
+    }
+
+    /// Mixed precision (`Some`): every matrix product from now on converts its two inputs to
+    /// `kind` and multiplies them on tensor cores with f32 accumulation and an f32 result
+    /// (cublasGemmEx, CUBLAS_COMPUTE_32F), as autocast does. In mixed precision the inputs
+    /// (activations, their gradients, the half copy of the weights) hold `kind` values
+    /// already, so the conversion is exact and only the order of the sums changes.
+    pub fn set_half_matmuls(&self, kind: Option<HalfKind>) {
+        self.half_matmuls.set(kind);
     }
 
     /// Remembers the first failure; later calls keep going (the stream is likely broken) and
@@ -457,8 +525,87 @@ impl CudaBackend {
             beta: if accumulate { 1.0 } else { 0.0 },
             ldc: n as i32,
         };
+        if let Some(kind) = self.half_matmuls.get() {
+            return self.gemm_half(what, kind, &cfg, b, a, c);
+        }
         // SAFETY: the views hold at least the m·k, k·n and m·n elements the config reads/writes.
         let r = unsafe { self.blas.gemm(cfg, b, a, c) };
+        self.record(what, r);
+    }
+
+    /// `cfg`'s column-major product C = op(A)·op(B) with A and B converted to `kind`, f32
+    /// accumulation and an f32 C (so gradients still accumulate into f32 with beta = 1).
+    fn gemm_half(
+        &self,
+        what: &str,
+        kind: HalfKind,
+        cfg: &GemmConfig<f32>,
+        a: &cudarc::driver::CudaView<f32>,
+        b: &cudarc::driver::CudaView<f32>,
+        c: &mut cudarc::driver::CudaViewMut<f32>,
+    ) {
+        use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType};
+        use cudarc::driver::{DevicePtr, DevicePtrMut};
+        let mut halves = self.half_inputs.borrow_mut();
+        let [ha, hb] = &mut *halves;
+        for (src, dst) in [(a, &mut *ha), (b, &mut *hb)] {
+            if dst.len() < src.len() {
+                match self.stream.alloc_zeros::<u16>(src.len()) {
+                    Ok(grown) => {
+                        self.count(grown.len() * 2);
+                        // A recorded graph may still read the old one.
+                        let old = std::mem::replace(dst, grown);
+                        self.retired_halves.borrow_mut().push(old);
+                    }
+                    Err(e) => return self.launch("allocating half matmul inputs", Err(e)),
+                }
+            }
+            let n = src.len() as u64;
+            let cast = match kind {
+                HalfKind::F16 => &self.f.cast_f32_to_f16,
+                HalfKind::Bf16 => &self.f.cast_f32_to_bf16,
+            };
+            let mut l = self.stream.launch_builder(cast);
+            l.arg(src).arg(&mut *dst).arg(&n);
+            // SAFETY: reads n floats of src, writes n halves of dst (at least n long).
+            self.launch(
+                "half cast",
+                unsafe { l.launch(grid(n as usize)) }.map(|_| ()),
+            );
+        }
+        let dtype = match kind {
+            HalfKind::F16 => cudaDataType::CUDA_R_16F,
+            HalfKind::Bf16 => cudaDataType::CUDA_R_16BF,
+        };
+        let (pa, _ra) = ha.device_ptr(&self.stream);
+        let (pb, _rb) = hb.device_ptr(&self.stream);
+        let (pc, _rc) = c.device_ptr_mut(&self.stream);
+        // SAFETY: the converted inputs hold the elements the config reads (as the f32 views
+        // did), C the ones it writes; alpha and beta are read from the host during the call.
+        let r = unsafe {
+            cudarc::cublas::sys::cublasGemmEx(
+                *self.blas.handle(),
+                cfg.transa,
+                cfg.transb,
+                cfg.m,
+                cfg.n,
+                cfg.k,
+                (&cfg.alpha as *const f32).cast(),
+                pa as *const std::ffi::c_void,
+                dtype,
+                cfg.lda,
+                pb as *const std::ffi::c_void,
+                dtype,
+                cfg.ldb,
+                (&cfg.beta as *const f32).cast(),
+                pc as *mut std::ffi::c_void,
+                cudaDataType::CUDA_R_32F,
+                cfg.ldc,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .result();
         self.record(what, r);
     }
 
@@ -509,6 +656,60 @@ impl Backend for CudaBackend {
 
     fn replay(&self, graph: &CudaGraph) {
         self.record("replaying the CUDA graph", graph.launch());
+    }
+
+    fn collective_id(&self) -> Result<Option<Vec<u8>>> {
+        if let Some(why) = nccl_missing() {
+            return Err(Error::Job(why));
+        }
+        let id = cudarc::nccl::Id::new()
+            .map_err(|e| Error::Runtime(format!("NCCL: creating a unique id failed: {:?}", e.0)))?;
+        Ok(Some(id.internal().iter().map(|&c| c as u8).collect()))
+    }
+
+    fn join_collective(&self, id: &[u8], rank: usize, world: usize) -> Result<()> {
+        if let Some(why) = nccl_missing() {
+            return Err(Error::Job(format!("rank {rank}: {why}")));
+        }
+        let mut internal = [0 as std::ffi::c_char; 128];
+        if id.len() != internal.len() {
+            return Err(Error::Runtime(format!(
+                "rank {rank}: rank 0 sent an NCCL id of {} bytes, not 128",
+                id.len()
+            )));
+        }
+        for (c, &b) in internal.iter_mut().zip(id) {
+            *c = b as std::ffi::c_char;
+        }
+        // NCCL takes the device from the calling thread's context.
+        self.stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| cuda_err("binding the context", e))?;
+        let comm = cudarc::nccl::Comm::from_rank(
+            self.stream.clone(),
+            rank,
+            world,
+            cudarc::nccl::Id::uninit(internal),
+        )
+        .map_err(|e| {
+            Error::Runtime(format!(
+                "NCCL: joining the communicator as rank {rank} of {world} failed ({:?});                  ranks sharing one GPU cannot use NCCL: give each rank its own GPU                  (device.type = \"cuda\" takes LOCAL_RANK's) or set parallel.backend = \"tcp\"",
+                e.0
+            ))
+        })?;
+        *self.collective.borrow_mut() = Some(comm);
+        Ok(())
+    }
+
+    fn all_reduce_mean(&self, buf: &mut CudaSlice<f32>) {
+        let comm = self.collective.borrow();
+        let Some(comm) = comm.as_ref() else {
+            self.record::<()>("NCCL all-reduce", Err("no communicator was joined"));
+            return;
+        };
+        let r = comm.all_reduce_in_place(buf, &cudarc::nccl::ReduceOp::Avg);
+        self.record("NCCL all-reduce", r.map_err(|e| e.0));
     }
 
     fn conv_workspace_len(&self, s: &Conv2d, max_batch: usize) -> usize {
