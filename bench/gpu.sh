@@ -40,6 +40,9 @@ for rep in 1 2; do
   log "== MLP 784-4096x3-10 batch 4096 Adam fp32, 50 steps (repeat $rep)"
   log "trainer: $(trainer bench/mlp4096.toml --set device.type=\"cuda\")"
   log "pytorch: $(python3 bench/pytorch_mlp.py --device cuda --data synthetic --layers 784,4096,4096,4096,10 --batch 4096 --steps 50 | tail -1)"
+  log "== the same in bf16 mixed precision (issue 5: against fp32 above and autocast)"
+  log "trainer: $(trainer bench/mlp4096.toml --set device.type=\"cuda\" --set precision.mode=\"bf16\")"
+  log "pytorch: $(python3 bench/pytorch_mlp.py --device cuda --data synthetic --layers 784,4096,4096,4096,10 --batch 4096 --steps 50 --amp bf16 | tail -1)"
 done
 if [ -f .gpu/data/train-images-idx3-ubyte.gz ]; then
   d=.gpu/data
@@ -47,6 +50,9 @@ if [ -f .gpu/data/train-images-idx3-ubyte.gz ]; then
   log "== jobs/fashion_mnist_mlp.toml end to end"
   log "trainer: $(trainer jobs/fashion_mnist_mlp.toml "${sets[@]}")"
   log "pytorch: $(python3 bench/pytorch_mlp.py --device cuda --data fashion --data-dir $d --layers 784,256,128,10 --batch 128 --epochs 10 | tail -1)"
+  log "== jobs/fashion_mnist_cnn.toml end to end (issue 6)"
+  log "trainer: $(trainer jobs/fashion_mnist_cnn.toml "${sets[@]}")"
+  log "pytorch: $(python3 bench/pytorch_mlp.py --device cuda --model cnn --data fashion --data-dir $d --batch 128 --epochs 5 | tail -1)"
 else
   log "== Fashion-MNIST not carried (.gpu/data): skipped"
 fi

@@ -107,6 +107,9 @@ def main():
     p.add_argument("--model", choices=["mlp", "cnn", "resnet"], default="mlp",
                    help="mlp: --layers; cnn: jobs/fashion_mnist_cnn.toml's conv net; resnet: "
                         "jobs/resnet_small.toml's (fashion data)")
+    p.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none",
+                   help="torch.autocast in this half type (fp16 with GradScaler), as "
+                        "precision.mode does")
     args = p.parse_args()
     dev = torch.device(args.device)
 
@@ -123,11 +126,16 @@ def main():
     loss_fn = nn.CrossEntropyLoss()
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
 
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.amp)
+    scaler = torch.amp.GradScaler(dev.type, enabled=args.amp == "fp16")
+
     def step(xb, yb):
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(xb), yb)
-        loss.backward()
-        opt.step()
+        with torch.autocast(dev.type, dtype=half or torch.float32, enabled=half is not None):
+            loss = loss_fn(model(xb), yb)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
 
     acc = None
     train_s, samples = 0.0, 0
@@ -170,6 +178,8 @@ def main():
         "layers": sizes, "batch": args.batch, "samples_per_sec": samples / train_s,
         "train_s": train_s, "test_accuracy": acc,
         "wall_s": time.perf_counter() - wall0, "threads": torch.get_num_threads(), "device": str(dev),
+        "amp": args.amp,
+        "device_memory_peak_bytes": torch.cuda.max_memory_allocated() if dev.type == "cuda" else None,
     }))
 
 
