@@ -270,18 +270,24 @@ impl<B: Backend> Network<B> {
                 return backend.replay(graph);
             }
         }
-        if self.graphs.warm == Some(this) && backend.begin_capture() {
-            self.run_train_step(backend, n, grad_scale, stats, step_key);
-            match backend.end_capture() {
-                Some(graph) => {
-                    backend.replay(&graph);
-                    self.graphs.recording = Some((this, graph));
-                    self.graphs.recordings += 1;
-                    return;
+        if self.graphs.warm == Some(this) {
+            // The recording for another key (a previous loss scale) is replaced.
+            if let Some((_, old)) = self.graphs.recording.take() {
+                backend.release(old);
+            }
+            if backend.begin_capture() {
+                self.run_train_step(backend, n, grad_scale, stats, step_key);
+                match backend.end_capture() {
+                    Some(graph) => {
+                        backend.replay(&graph);
+                        self.graphs.recording = Some((this, graph));
+                        self.graphs.recordings += 1;
+                        return;
+                    }
+                    // Recording failed (the device said why): the ops did not run; from now
+                    // on every step runs op by op.
+                    None => self.graphs.enabled = false,
                 }
-                // Recording failed (the device said why): the ops did not run; from now on
-                // every step runs op by op.
-                None => self.graphs.enabled = false,
             }
         }
         self.graphs.warm = Some(this);

@@ -399,6 +399,10 @@ pub trait Backend {
     /// Runs a recorded graph again: the same ops on the same buffers, with the values the
     /// buffers hold now.
     fn replay(&self, _graph: &Self::Graph) {}
+    /// Frees a graph that is no longer needed, after any replay of it still queued.
+    fn release(&self, graph: Self::Graph) {
+        drop(graph);
+    }
 
     /// Data parallelism across processes, rank 0: a new id for a device-side collective
     /// (NCCL) that the ranks join with `join_collective`. None where this device has none

@@ -658,6 +658,12 @@ impl Backend for CudaBackend {
         self.record("replaying the CUDA graph", graph.launch());
     }
 
+    fn release(&self, graph: CudaGraph) {
+        // A queued replay must finish before its graph is destroyed.
+        self.record("waiting for the GPU", self.stream.synchronize());
+        drop(graph);
+    }
+
     fn collective_id(&self) -> Result<Option<Vec<u8>>> {
         if let Some(why) = nccl_missing() {
             return Err(Error::Job(why));
