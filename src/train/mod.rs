@@ -626,10 +626,6 @@ pub fn optimizer_step<B: Backend>(
     stats: &mut B::Stats,
     settings: StepSettings,
 ) -> StepResult {
-    let whole = Rank {
-        rank: 0,
-        replicas: 1,
-    };
     let loss_scale = settings.loss_scale;
     accumulate_gradients(
         backend,
@@ -638,7 +634,7 @@ pub fn optimizer_step<B: Backend>(
         micro_batches.iter().copied(),
         micro_step,
         stats,
-        whole,
+        Rank::WHOLE,
         loss_scale,
     );
     apply_gradients(backend, net, optimizer, settings)
@@ -649,6 +645,14 @@ pub fn optimizer_step<B: Backend>(
 pub(crate) struct Rank {
     pub rank: usize,
     pub replicas: usize,
+}
+
+impl Rank {
+    /// One replica computing whole micro-batches.
+    pub const WHOLE: Rank = Rank {
+        rank: 0,
+        replicas: 1,
+    };
 }
 
 /// Forward, loss and backward over this replica's share of each micro-batch (all of it for

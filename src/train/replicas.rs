@@ -317,13 +317,18 @@ impl<B: Backend> DataParallel<B> for OneDeviceCollective<B> {
         stats: &mut B::Stats,
         settings: StepSettings,
     ) -> Result<StepResult> {
-        let whole = Rank {
-            rank: 0,
-            replicas: 1,
-        };
         let rows = micro_batches.iter().copied();
         let scale = settings.loss_scale;
-        accumulate_gradients(backend, net, batch, rows, micro_step, stats, whole, scale);
+        accumulate_gradients(
+            backend,
+            net,
+            batch,
+            rows,
+            micro_step,
+            stats,
+            Rank::WHOLE,
+            scale,
+        );
         backend.all_reduce_mean(&mut net.grads);
         Ok(apply_gradients(backend, net, optimizer, settings))
     }
