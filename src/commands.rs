@@ -36,6 +36,8 @@ pub struct RunArgs {
     /// Create the run directory exactly here (a sweep point) instead of a new one under
     /// `<runs_dir>/<name>/`.
     pub dir: Option<PathBuf>,
+    /// Only warnings and errors are logged (passed on to the processes a launch starts).
+    pub quiet: bool,
 }
 
 /// How a run begins: fresh (from the seeded initialisation or model.init_from), or from a
@@ -52,8 +54,9 @@ struct Prepared {
     graph: Graph,
 }
 
-/// The CPU threads a job (this process of it) uses: train.threads, else every core, or in a
-/// multi-process run an equal part of them for each process on this machine.
+/// The CPU threads this process uses: the job's threads on this machine (train.threads,
+/// else every core), or in a multi-process run an equal part of them for each process on
+/// this machine (at least one).
 fn cpu_threads(spec: &JobSpec) -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let processes = spec
@@ -61,13 +64,13 @@ fn cpu_threads(spec: &JobSpec) -> usize {
         .world
         .as_ref()
         .map_or(1, |w| w.local_world_size);
-    spec.train.threads.unwrap_or((cores / processes).max(1))
+    (spec.train.threads.unwrap_or(cores) / processes).max(1)
 }
 
 /// The threads of one replica: with CPU data parallelism in threads, an equal part of the
 /// job's threads (at least one); without, all of them.
 fn replica_threads(spec: &JobSpec) -> usize {
-    match spec.parallel.local_replicas() {
+    match spec.parallel.thread_replicas(&spec.device.kind) {
         Some(replicas) => (cpu_threads(spec) / replicas.max(1)).max(1),
         None => cpu_threads(spec),
     }
@@ -79,8 +82,12 @@ fn prepare(job: &Path, sets: &[String], name: Option<&str>) -> Result<Prepared> 
         spec.job.name = Some(name.to_string());
     }
     spec.parallel.world = world_from_env(&spec)?;
-    if spec.parallel.world.is_some() {
-        // Batches must now divide among the processes.
+    let all_gpus = matches!(spec.parallel.devices, Some(ParallelDevices::All(_)));
+    if all_gpus {
+        spec.parallel.devices = Some(ParallelDevices::List(every_gpu(job)?));
+    }
+    if spec.parallel.world.is_some() || all_gpus {
+        // Batches must now divide among the processes or the GPUs found.
         spec::validate(&spec, &job.display().to_string())?;
     }
     let data = data::load(&spec.data, spec.job.seed)?;
@@ -108,6 +115,26 @@ fn world_from_env(spec: &JobSpec) -> Result<Option<Rendezvous>> {
         .unwrap_or(spec::DEFAULT_PARALLEL_TIMEOUT);
     world.timeout = spec::parse_duration(timeout).map_err(Error::Job)?;
     Ok(Some(world))
+}
+
+/// parallel.devices = "all": every GPU the driver shows (CUDA_VISIBLE_DEVICES applies).
+fn every_gpu(job: &Path) -> Result<Vec<String>> {
+    let no_gpu = |why: &str| {
+        Error::Job(format!(
+            "{}: key `parallel.devices`: \"all\" given, but {why}; list the devices, or train \
+             on the CPU",
+            job.display()
+        ))
+    };
+    match cuda::probe() {
+        Ok((devices, _)) if devices.is_empty() => Err(no_gpu("the CUDA driver sees no GPU")),
+        Ok((devices, _)) => {
+            let names: Vec<String> = (0..devices.len()).map(|i| format!("cuda:{i}")).collect();
+            tracing::info!("parallel.devices = \"all\": {}", names.join(", "));
+            Ok(names)
+        }
+        Err(why) => Err(no_gpu(&why)),
+    }
 }
 
 /// An embedding reads token ids from the data: every feature must be a whole number in
@@ -151,21 +178,21 @@ enum Device {
     Cuda(usize),
 }
 
-/// Resolves `device.type`. `auto` takes cuda:0 when a usable GPU (driver, device, NVRTC) is
-/// present, else the CPU, and logs why; parallel.devices = ["cpu", ...] makes it the CPU.
+/// Resolves this process's device: its entry of parallel.devices (by LOCAL_RANK), else
+/// `device.type`. `auto` takes cuda:0 when a usable GPU (driver, device, NVRTC) is present,
+/// else the CPU, and logs why.
 fn pick_device(job: &Path, spec: &JobSpec) -> Result<Device> {
-    let cpu_replicas = matches!(spec.parallel.devices, Some(ParallelDevices::List(_)));
-    let device = match parse_device(&spec.device.kind) {
-        Some(DeviceChoice::Cpu) => Device::Cpu,
-        // Validation allows only CPU devices in the list so far.
-        Some(DeviceChoice::Auto) if cpu_replicas => {
-            tracing::info!("device auto: cpu (parallel.devices lists CPU replicas)");
-            Device::Cpu
+    let kind = match spec.parallel.listed_device() {
+        Some(listed) => {
+            tracing::debug!("device: {listed} (parallel.devices)");
+            listed
         }
+        None => spec.device.kind.as_str(),
+    };
+    let device = match parse_device(kind) {
+        Some(DeviceChoice::Cpu) => Device::Cpu,
         // In a multi-process run, "cuda" is the process's own GPU (LOCAL_RANK), as with torchrun.
-        Some(DeviceChoice::Cuda(_))
-            if spec.device.kind == "cuda" && spec.parallel.world.is_some() =>
-        {
+        Some(DeviceChoice::Cuda(_)) if kind == "cuda" && spec.parallel.world.is_some() => {
             Device::Cuda(spec.parallel.world.as_ref().map_or(0, |w| w.local_rank))
         }
         Some(DeviceChoice::Cuda(n)) => Device::Cuda(n),
@@ -207,12 +234,13 @@ fn pick_device(job: &Path, spec: &JobSpec) -> Result<Device> {
     if device == Device::Cpu && spec.device.allow_tf32 {
         tracing::warn!("device.allow_tf32 has no effect on the CPU, which computes in full fp32");
     }
-    if let (Device::Cuda(n), Some(replicas @ 2..)) = (device, spec.parallel.replicas) {
+    let threaded = spec.parallel.thread_replicas(&spec.device.kind);
+    if let (Device::Cuda(n), Some(replicas @ 2..)) = (device, threaded) {
         return Err(Error::Job(format!(
             "{}: key `parallel.replicas`: {replicas} given, on cuda:{n} (device.type = \"{}\"): \
-             one process drives one GPU; start one process per GPU (torchrun, srun or a shell \
-             loop: see README, \"Several processes and machines\"), or set device.type = \
-             \"cpu\" for CPU replicas. (1 runs one replica through NCCL.)",
+             one process drives one GPU; set parallel.launch = \"processes\" (a process per \
+             replica), list the GPUs in parallel.devices, or set device.type = \"cpu\" for CPU \
+             replicas. (1 runs one replica through NCCL.)",
             job.display(),
             spec.device.kind
         )));
@@ -224,6 +252,11 @@ fn pick_device(job: &Path, spec: &JobSpec) -> Result<Device> {
 /// ranks but 0 of a multi-process run: rank 0 writes the run directory).
 pub fn run(args: &RunArgs) -> Result<Option<PathBuf>> {
     let Prepared { spec, data, graph } = prepare(&args.job, &args.sets, args.name.as_deref())?;
+    if spec.parallel.launches_processes(&spec.device.kind) {
+        // This process only starts and watches the replicas' processes.
+        drop((data, graph));
+        return crate::launch::run(args, &spec);
+    }
     let rank = spec.parallel.world.as_ref().map_or(0, |w| w.rank);
     // Only rank 0 reads checkpoints and init_from files: it sends the others its state.
     let start = match rank {
@@ -691,7 +724,10 @@ fn memory_plan(spec: &JobSpec, graph: &Graph, data: &Data, on_gpu: bool) -> Memo
 /// A run's planned memory over all its data-parallel replicas: each holds its own buffers
 /// (the data set is shared), and the all-reduce its exchange buffers.
 fn all_replicas_memory(spec: &JobSpec, graph: &Graph, one: &MemoryPlan) -> usize {
-    let replicas = spec.parallel.local_replicas().unwrap_or(1);
+    let replicas = spec
+        .parallel
+        .thread_replicas(&spec.device.kind)
+        .unwrap_or(1);
     one.total() * replicas + 4 * CpuAllReduce::exchange_len(replicas, graph.param_count)
 }
 
@@ -809,7 +845,10 @@ pub fn check(job: &Path, sets: &[String]) -> Result<String> {
         out += &format!("  {what:<24} {:>12}\n", bytes(b));
     }
     out += &format!("  {:<24} {:>12}\n", "total", bytes(m.total()));
-    if let Some(replicas) = spec.parallel.local_replicas() {
+    if spec.parallel.launches_processes(&spec.device.kind) {
+        let n = spec.parallel.replicas().unwrap_or(1);
+        out += &format!("  (each of the {n} processes, one per replica)\n");
+    } else if let Some(replicas) = spec.parallel.thread_replicas(&spec.device.kind) {
         out += &format!(
             "  {:<24} {:>12}\n",
             format!("{replicas} replicas + all-reduce"),

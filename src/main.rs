@@ -175,7 +175,7 @@ fn main() -> ExitCode {
             resume_fallback,
             force,
             run_dir,
-            ..
+            quiet,
         } => commands::run(&commands::RunArgs {
             job,
             sets,
@@ -185,6 +185,7 @@ fn main() -> ExitCode {
             resume_fallback,
             force,
             dir: run_dir,
+            quiet,
         })
         // Ranks but 0 of a multi-process run have no run directory to print.
         .map(|dir| {

@@ -263,6 +263,7 @@ fn run_here(sweep: &Sweep, todo: &[Pending]) -> Result<usize> {
             resume_fallback: pending.resume.is_some(),
             resume: pending.resume.clone(),
             force: false,
+            quiet: args.quiet,
         });
         sweep.write_index(&[])?;
         match result {

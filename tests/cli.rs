@@ -505,18 +505,6 @@ fn set_without_a_value_is_a_usage_error() {
 }
 
 #[test]
-fn features_of_later_issues_are_refused_not_ignored() {
-    let job = format!("{GOOD_JOB}\n[parallel]\ndevices = \"all\"\n");
-    expect_failure(
-        &job,
-        &[],
-        &[],
-        2,
-        &["parallel.devices", "not supported yet"],
-    );
-}
-
-#[test]
 fn cuda_without_a_gpu_is_a_clear_error_not_a_panic() {
     if matches!(trainer::tensor::cuda::probe(), Ok((devices, _)) if !devices.is_empty()) {
         eprintln!("skipped: this machine has a GPU");

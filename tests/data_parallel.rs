@@ -331,7 +331,7 @@ fn check_prints_how_the_global_batch_is_made() {
 fn bad_data_parallel_jobs_are_refused_before_anything_runs() {
     let tmp = tempfile::tempdir().unwrap();
     let runs = tmp.path().join("runs");
-    let cases: [(&str, &[&str], &[&str]); 8] = [
+    let cases: [(&str, &[&str], &[&str]); 7] = [
         (
             "[parallel]\nreplicas = 3",
             &[],
@@ -350,18 +350,13 @@ fn bad_data_parallel_jobs_are_refused_before_anything_runs() {
             ],
         ),
         (
-            "[parallel]\ndevices = [\"cuda:0\", \"cuda:1\"]",
+            "[parallel]\ndevices = [\"cuda:0\", \"cuda:1\"]\nlaunch = \"threads\"",
             &[],
             &[
-                "key `parallel.devices`",
-                "[\"cuda:0\", \"cuda:1\"] is not supported yet",
-                "start one process per GPU",
+                "key `parallel.launch`",
+                "\"threads\" given, but the replicas are on GPUs",
+                "use \"processes\" or \"auto\"",
             ],
-        ),
-        (
-            "[parallel]\ndevices = \"all\"",
-            &[],
-            &["key `parallel.devices`", "\"all\" is not supported yet"],
         ),
         (
             "[parallel]\ndevices = [\"cpu\", \"cuda:0\"]",
@@ -369,9 +364,9 @@ fn bad_data_parallel_jobs_are_refused_before_anything_runs() {
             &["key `parallel.devices`", "mixes cpu and cuda"],
         ),
         (
-            "[parallel]\nreplicas = 2\n[device]\ntype = \"cuda:0\"",
+            "[parallel]\nreplicas = 2\nlaunch = \"threads\"\n[device]\ntype = \"cuda:0\"",
             &[],
-            &["key `parallel.replicas`", "2 on device.type = \"cuda:0\""],
+            &["key `parallel.launch`", "one process drives one GPU"],
         ),
         (
             "[parallel]\nreplicas = 2\ndevices = [\"cpu\", \"cpu\"]",

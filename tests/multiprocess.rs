@@ -21,6 +21,8 @@ const JOB: &str = r#"
 [job]
 name = "mp"
 seed = 5
+[device]
+type = "cpu"
 [data]
 source = "synthetic"
 samples = 720
@@ -49,6 +51,8 @@ const LONG_JOB: &str = r#"
 [job]
 name = "long"
 seed = 7
+[device]
+type = "cpu"
 [data]
 source = "synthetic"
 samples = 20000
@@ -566,7 +570,34 @@ fn two_ranks_sharing_one_gpu_follow_the_cpu_ranks() {
             .collect()
     };
     let (gpu, cpu) = (losses("cuda:0"), losses("cpu"));
+    // The same two ranks started by `trainer run` itself: cuda:0 listed twice.
+    let runs = tmp.path().join("launched");
+    let launched = finish(
+        launch(&[
+            job,
+            "--runs-dir",
+            runs.to_str().unwrap(),
+            "--set",
+            "device.type=\"cuda\"",
+            "--set",
+            "parallel.devices=[\"cuda:0\", \"cuda:0\"]",
+        ]),
+        Duration::from_secs(120),
+    );
+    assert!(
+        launched
+            .stderr
+            .contains("parallel.devices lists cuda:0 twice"),
+        "{}",
+        launched.stderr
+    );
+    let (header, rows) = read_csv(&run_dir_of(&launched).join("metrics.csv"));
+    let launched: Vec<f64> = rows
+        .iter()
+        .map(|r| common::column(&header, r, "loss").parse().unwrap())
+        .collect();
     assert_eq!(gpu.len(), cpu.len());
+    assert_eq!(launched, gpu, "launched ranks = ranks started by hand");
     for (g, c) in gpu.iter().zip(&cpu) {
         assert!((g - c).abs() <= 1e-4 * c.abs(), "cuda {g} vs cpu {c}");
     }
@@ -637,6 +668,19 @@ fn one_replica_through_nccl_trains_what_the_plain_run_trains() {
     ]);
     assert_eq!(numbers(&plain), numbers(&nccl));
     assert_eq!(model(&plain), model(&nccl));
+    // devices = "all" on a one-GPU machine: that one replica, in this process.
+    let all = run_alone(&[
+        "jobs/mlp.toml",
+        "--runs-dir",
+        runs,
+        "--set",
+        cuda,
+        "--set",
+        "parallel.devices=\"all\"",
+    ]);
+    if trainer::tensor::cuda::probe().is_ok_and(|(d, _)| d.len() == 1) {
+        assert_eq!(numbers(&plain), numbers(&all));
+    }
     let config = std::fs::read_to_string(nccl.join("config.toml")).unwrap();
     assert!(
         config.contains("1 replica, gradients through NCCL"),
@@ -690,4 +734,179 @@ fn a_rank_still_waiting_for_rank_zero_ends_at_once_on_sigterm() {
     // A launcher (torchrun, srun) stopping a run that never started does not wait for it.
     let ended = finish(waiting, Duration::from_secs(5));
     assert_ne!(ended.code, Some(0));
+}
+
+/// `trainer run` of a job whose replicas are processes: it starts one rank per replica
+/// itself (parallel.devices of GPUs, or parallel.launch = "processes" as here on the CPU).
+fn launch(args: &[&str]) -> Child {
+    Command::new(trainer_bin())
+        .arg("run")
+        .args(args)
+        .current_dir(common::root())
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn a_run_that_launches_a_process_per_replica_trains_what_threaded_replicas_train() {
+    let _turn = one_at_a_time();
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), JOB);
+    let job = job.to_str().unwrap();
+    let runs = tmp.path().join("launched");
+    let ended = finish(
+        launch(&[
+            job,
+            "--runs-dir",
+            runs.to_str().unwrap(),
+            "--set",
+            "parallel.devices=[\"cpu\", \"cpu\"]",
+            "--set",
+            "parallel.launch=\"processes\"",
+        ]),
+        Duration::from_secs(120),
+    );
+    let dir = run_dir_of(&ended);
+    assert_eq!(only_run_dir(&runs), dir, "one run directory, rank 0's");
+    for line in [
+        "starting 2 processes, one per replica (cpu, cpu)",
+        "[rank 1 cpu]  INFO rank 1: the run completed",
+        "[rank 0 cpu]  INFO done:",
+    ] {
+        assert!(ended.stderr.contains(line), "{line}\n{}", ended.stderr);
+    }
+    let threads = tmp.path().join("threads");
+    let reference = run_alone(&[
+        job,
+        "--runs-dir",
+        threads.to_str().unwrap(),
+        "--set",
+        "parallel.devices=[\"cpu\", \"cpu\"]",
+    ]);
+    assert_eq!(numbers(&dir), numbers(&reference));
+    assert_eq!(model(&dir), model(&reference));
+    let config = std::fs::read_to_string(dir.join("config.toml")).unwrap();
+    assert!(
+        config.contains("# device: 2 processes (rank 0 of 2)"),
+        "{config}"
+    );
+}
+
+#[test]
+fn a_signal_to_a_launching_run_stops_every_rank_with_a_checkpoint_to_resume() {
+    let _turn = one_at_a_time();
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), &LONG_JOB.replace("epochs = 5", "epochs = 1"));
+    let runs = tmp.path().join("runs");
+    let (job, runs_arg) = (job.to_str().unwrap(), runs.to_str().unwrap());
+    let processes = [
+        "--set",
+        "parallel.replicas=2",
+        "--set",
+        "parallel.launch=\"processes\"",
+    ];
+    let mut args = vec![job, "--runs-dir", runs_arg];
+    args.extend_from_slice(&processes);
+    let launcher = launch(&args);
+    wait_for_checkpoint(&runs);
+    // As Ctrl-C in a terminal: the launcher gets it, and passes it to rank 0 once.
+    unsafe { libc::kill(launcher.id() as i32, libc::SIGINT) };
+    let ended = finish(launcher, Duration::from_secs(60));
+    assert_eq!(ended.code, Some(130), "{}", ended.stderr);
+    for line in [
+        "passing SIGINT on to rank 0",
+        "[rank 0 cpu] stopped by SIGINT after step",
+        "[rank 1 cpu] rank 1: the run stopped on signal 2",
+    ] {
+        assert!(ended.stderr.contains(line), "{line}\n{}", ended.stderr);
+    }
+    let dir = only_run_dir(&runs);
+    assert_eq!(summary(&dir)["status"], "interrupted");
+
+    let mut again = vec![
+        job,
+        "--runs-dir",
+        runs_arg,
+        "--resume",
+        dir.to_str().unwrap(),
+    ];
+    again.extend_from_slice(&processes);
+    let resumed = finish(launch(&again), Duration::from_secs(120));
+    assert_eq!(run_dir_of(&resumed), dir);
+    let reference = run_alone(&[
+        job,
+        "--runs-dir",
+        tmp.path().join("reference").to_str().unwrap(),
+        "--set",
+        "parallel.replicas=2",
+    ]);
+    assert_eq!(numbers(&dir), numbers(&reference));
+    assert_eq!(model(&dir), model(&reference));
+}
+
+#[test]
+fn replica_processes_are_refused_clearly_where_they_cannot_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(
+        tmp.path(),
+        &JOB.replace("type = \"cpu\"", "type = \"auto\""),
+    );
+    let job = job.to_str().unwrap();
+    let gpus = "parallel.devices=[\"cuda:0\", \"cuda:1\"]";
+    type Env<'a> = &'a [(&'a str, &'a str)];
+    let cases: [(&[&str], Env, &str); 4] = [
+        (
+            &["--set", gpus, "--set", "parallel.launch=\"threads\""],
+            &[],
+            "key `parallel.launch`: \"threads\" given, but the replicas are on GPUs",
+        ),
+        (
+            &["--set", gpus, "--set", "device.type=\"cpu\""],
+            &[],
+            "key `device.type`: \"cpu\" given, but parallel.devices lists GPUs",
+        ),
+        (
+            &["--set", gpus, "--set", "device.type=\"cuda:1\""],
+            &[],
+            "key `device.type`: \"cuda:1\" given, but parallel.devices lists the GPUs",
+        ),
+        // Under another launcher the list is this machine's devices, one per LOCAL_RANK.
+        (
+            &["--set", gpus],
+            &[
+                ("RANK", "0"),
+                ("WORLD_SIZE", "3"),
+                ("LOCAL_WORLD_SIZE", "3"),
+                ("MASTER_ADDR", "127.0.0.1"),
+                ("MASTER_PORT", "1"),
+            ],
+            "key `parallel.devices`: 2 device(s) given in a multi-process run (RANK=0, \
+             WORLD_SIZE=3, LOCAL_WORLD_SIZE=3 in the environment)",
+        ),
+    ];
+    for (extra, env, needle) in cases {
+        let mut args = vec!["run", job];
+        args.extend_from_slice(extra);
+        let o = trainer_with_env(&args, env);
+        assert_eq!(o.status.code(), Some(2), "{}", common::stderr(&o));
+        assert!(
+            common::stderr(&o).contains(needle),
+            "{}",
+            common::stderr(&o)
+        );
+    }
+    if trainer::tensor::cuda::probe().is_ok_and(|(d, _)| d.is_empty())
+        || trainer::tensor::cuda::probe().is_err()
+    {
+        let o = trainer_with_env(&["run", job, "--set", "parallel.devices=\"all\""], &[]);
+        assert_eq!(o.status.code(), Some(2), "{}", common::stderr(&o));
+        assert!(
+            common::stderr(&o).contains("key `parallel.devices`: \"all\" given, but"),
+            "{}",
+            common::stderr(&o)
+        );
+    }
 }

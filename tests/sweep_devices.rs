@@ -256,12 +256,15 @@ fn bad_device_lists_are_usage_errors() {
     );
     // Each point is checked on each listed device before anything trains.
     expect_error(
-        &TINY_JOB.replace("[train]", "[parallel]\nreplicas = 2\n[train]"),
+        &TINY_JOB.replace(
+            "[train]",
+            "[parallel]\nreplicas = 2\nlaunch = \"threads\"\n[train]",
+        ),
         &sweep("cpu,cuda:1"),
         2,
         &[
             "sweep point 1 of 2 (optimizer.lr=0.1) on cuda:1",
-            "parallel.replicas",
+            "parallel.launch",
         ],
     );
 }

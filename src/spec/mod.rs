@@ -854,13 +854,22 @@ pub struct SegmentsSpec {
 #[serde(deny_unknown_fields)]
 pub struct ParallelSpec {
     /// One replica per listed device: ["cpu", "cpu"] runs two replicas in threads of this
-    /// process. CUDA devices (["cuda:0", "cuda:1"], "all") are not supported yet.
+    /// process; ["cuda:0", "cuda:1"] or "all" (every visible GPU) runs one `trainer run`
+    /// process per GPU, started by this one. In a multi-process run started by another
+    /// launcher (RANK and WORLD_SIZE set), the devices of this machine's processes, one per
+    /// LOCAL_RANK.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub devices: Option<ParallelDevices>,
-    /// This many replicas on the job's device (device.type), instead of listing devices;
-    /// CPU only so far. 1 runs the data-parallel path with one replica.
+    /// This many replicas on the job's device (device.type), instead of listing devices. 1
+    /// runs the data-parallel path with one replica. On CUDA, more than one needs
+    /// launch = "processes" ("cuda" then means each process's own GPU, LOCAL_RANK).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<usize>,
+    /// How the replicas run: "threads" of this process (CPU only), "processes" (one `trainer
+    /// run` per replica, started by this one, meeting over loopback TCP like torchrun's
+    /// ranks), or "auto" (the default): processes for GPUs, threads for CPU replicas.
+    #[serde(default)]
+    pub launch: Launch,
     /// Multi-process runs (RANK and WORLD_SIZE set): how long a rank waits for another (to
     /// connect, or for its part of a step) before failing with an error naming it, e.g.
     /// "90s", "10m" (the default). Evaluation and checkpoint writing on rank 0 must fit in it.
@@ -884,24 +893,75 @@ pub const DEFAULT_PARALLEL_TIMEOUT: &str = "10m";
 
 impl ParallelSpec {
     /// The number of replicas in the whole run (one per process in a multi-process run);
-    /// None without data parallelism. ("all" counts the GPUs, which validation refuses for
-    /// now.)
+    /// None without data parallelism, or while devices = "all" is not resolved yet.
     pub fn replicas(&self) -> Option<usize> {
         match &self.world {
             Some(world) => Some(world.world_size),
-            None => self.local_replicas(),
+            None => self.requested(),
         }
     }
 
-    /// The replicas this process runs in threads, as parallel.devices or parallel.replicas
-    /// ask; None without them.
-    pub fn local_replicas(&self) -> Option<usize> {
+    /// The replicas the keys ask for: one per listed device, or parallel.replicas.
+    fn requested(&self) -> Option<usize> {
         match (&self.devices, self.replicas) {
             (Some(ParallelDevices::List(devices)), _) => Some(devices.len()),
             (_, Some(n)) => Some(n),
             _ => None,
         }
     }
+
+    /// Whether the devices are GPUs ("all", or a list naming cuda devices), or, without a
+    /// list, whether `device_type` is.
+    pub fn on_gpus(&self, device_type: &str) -> bool {
+        match &self.devices {
+            Some(ParallelDevices::All(_)) => true,
+            Some(ParallelDevices::List(devices)) => devices
+                .iter()
+                .any(|d| matches!(parse_device(d), Some(DeviceChoice::Cuda(_)))),
+            None => matches!(parse_device(device_type), Some(DeviceChoice::Cuda(_))),
+        }
+    }
+
+    /// Whether this process starts the replicas as processes of their own (it is not one
+    /// of them, and there is more than one).
+    pub fn launches_processes(&self, device_type: &str) -> bool {
+        let processes = match self.launch {
+            Launch::Processes => true,
+            Launch::Threads => false,
+            Launch::Auto => self.on_gpus(device_type),
+        };
+        processes && self.world.is_none() && self.requested().is_some_and(|n| n > 1)
+    }
+
+    /// The replicas this process runs in threads, as parallel.devices or parallel.replicas
+    /// ask; None without them, in a multi-process run, or when they are processes.
+    pub fn thread_replicas(&self, device_type: &str) -> Option<usize> {
+        if self.world.is_some() || self.launches_processes(device_type) {
+            return None;
+        }
+        self.requested()
+    }
+
+    /// The device this process trains on when the devices are listed: in a multi-process
+    /// run its LOCAL_RANK's, else the first (the others are other processes' or threads'
+    /// with the same kind).
+    pub fn listed_device(&self) -> Option<&str> {
+        let Some(ParallelDevices::List(devices)) = &self.devices else {
+            return None;
+        };
+        let local = self.world.as_ref().map_or(0, |w| w.local_rank);
+        devices.get(local).map(String::as_str)
+    }
+}
+
+/// How data-parallel replicas run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Launch {
+    #[default]
+    Auto,
+    Threads,
+    Processes,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]

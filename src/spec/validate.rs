@@ -1,6 +1,6 @@
 //! Semantic checks that types cannot express: ranges, keys that only apply to some choices,
-//! and features that are accepted by the schema but not implemented yet. Every problem is
-//! collected, so a user fixes a job in one round.
+//! and combinations that cannot run. Every problem is collected, so a user fixes a job in
+//! one round.
 
 use super::*;
 use crate::error::{Error, Result};
@@ -20,12 +20,6 @@ impl Problems<'_> {
             self.add(key, message);
         }
     }
-    fn not_yet(&mut self, key: &str, given: impl std::fmt::Display, issue: &str) {
-        self.add(
-            key,
-            format!("{given} is not supported yet ({issue}); remove it or set the default"),
-        );
-    }
 }
 
 pub fn validate(spec: &JobSpec, file: &str) -> Result<()> {
@@ -44,7 +38,7 @@ pub fn validate(spec: &JobSpec, file: &str) -> Result<()> {
     for (key, message) in super::controls::problems(spec) {
         p.add(&key, message);
     }
-    validate_later_features(spec, &mut p);
+    validate_device(spec, &mut p);
     if p.lines.is_empty() {
         Ok(())
     } else {
@@ -557,9 +551,8 @@ fn validate_precision(s: &PrecisionSpec, p: &mut Problems) {
     }
 }
 
-/// Keys for capabilities that later issues implement: accepted by the schema so editors know
-/// them, refused here so that nothing is ever silently ignored.
-fn validate_later_features(spec: &JobSpec, p: &mut Problems) {
+/// device.type names a device.
+fn validate_device(spec: &JobSpec, p: &mut Problems) {
     let device = spec.device.kind.as_str();
     match parse_device(device) {
         Some(_) => {}
@@ -573,8 +566,8 @@ fn validate_later_features(spec: &JobSpec, p: &mut Problems) {
 /// Data parallelism: which devices, and batches that divide among the replicas.
 fn validate_parallel(spec: &JobSpec, p: &mut Problems) {
     let parallel = &spec.parallel;
-    let on_cuda = "one process drives one GPU: start one process per GPU (torchrun, srun or a \
-                   shell loop; README, \"Several processes and machines\"); CPU replicas work";
+    let device_type = spec.device.kind.as_str();
+    let on_cuda = matches!(parse_device(device_type), Some(DeviceChoice::Cuda(_)));
     if parallel.devices.is_some() && parallel.replicas.is_some() {
         p.add(
             "parallel.replicas",
@@ -582,45 +575,59 @@ fn validate_parallel(spec: &JobSpec, p: &mut Problems) {
              per replica, replicas counts replicas on device.type)",
         );
     }
-    match &parallel.devices {
-        None => {}
-        Some(ParallelDevices::All(_)) => p.not_yet("parallel.devices", "\"all\"", on_cuda),
-        Some(ParallelDevices::List(devices)) => {
-            let mut kinds = Vec::new();
-            for (i, d) in devices.iter().enumerate() {
-                match parse_device(d) {
-                    Some(kind @ (DeviceChoice::Cpu | DeviceChoice::Cuda(_))) => kinds.push(kind),
-                    _ => p.add(
-                        &format!("parallel.devices[{i}]"),
-                        format!("\"{d}\" given; allowed: \"cpu\" or \"cuda:N\""),
-                    ),
-                }
-            }
-            let cpus = kinds.iter().filter(|k| **k == DeviceChoice::Cpu).count();
-            let given = format!("{devices:?}");
-            if devices.is_empty() {
-                p.add(
-                    "parallel.devices",
-                    "is empty; list one device per replica, e.g. [\"cpu\", \"cpu\"]",
-                );
-            } else if cpus > 0 && cpus < kinds.len() {
-                p.add(
-                    "parallel.devices",
-                    format!("{given} given: mixes cpu and cuda; all replicas must be of one kind"),
-                );
-            } else if cpus < kinds.len() {
-                p.not_yet("parallel.devices", given, on_cuda);
-            } else if matches!(parse_device(&spec.device.kind), Some(DeviceChoice::Cuda(_))) {
-                p.add(
-                    "device.type",
-                    format!(
-                        "\"{}\" given, but parallel.devices lists CPU replicas; set \"cpu\" or \
-                         \"auto\"",
-                        spec.device.kind
-                    ),
-                );
+    let threads_on_gpus = "\"threads\" given, but the replicas are on GPUs, and one process \
+                           drives one GPU (as DDP recommends); use \"processes\" or \"auto\"";
+    if let Some(ParallelDevices::List(devices)) = &parallel.devices {
+        let mut kinds = Vec::new();
+        for (i, d) in devices.iter().enumerate() {
+            match parse_device(d) {
+                Some(kind @ (DeviceChoice::Cpu | DeviceChoice::Cuda(_))) => kinds.push(kind),
+                _ => p.add(
+                    &format!("parallel.devices[{i}]"),
+                    format!("\"{d}\" given; allowed: \"cpu\" or \"cuda:N\""),
+                ),
             }
         }
+        let cpus = kinds.iter().filter(|k| **k == DeviceChoice::Cpu).count();
+        let given = format!("{devices:?}");
+        if devices.is_empty() {
+            p.add(
+                "parallel.devices",
+                "is empty; list one device per replica, e.g. [\"cpu\", \"cpu\"] or \
+                 [\"cuda:0\", \"cuda:1\"]",
+            );
+        } else if cpus > 0 && cpus < kinds.len() {
+            p.add(
+                "parallel.devices",
+                format!("{given} given: mixes cpu and cuda; all replicas must be of one kind"),
+            );
+        } else if cpus == 0 && parse_device(device_type) == Some(DeviceChoice::Cpu) {
+            p.add(
+                "device.type",
+                "\"cpu\" given, but parallel.devices lists GPUs; set \"auto\" or \"cuda\"",
+            );
+        } else if cpus == 0 && on_cuda && device_type != "cuda" {
+            p.add(
+                "device.type",
+                format!(
+                    "\"{device_type}\" given, but parallel.devices lists the GPUs; set \"auto\" \
+                     or \"cuda\""
+                ),
+            );
+        } else if cpus > 0 && on_cuda {
+            p.add(
+                "device.type",
+                format!(
+                    "\"{device_type}\" given, but parallel.devices lists CPU replicas; set \
+                     \"cpu\" or \"auto\""
+                ),
+            );
+        }
+    }
+    let several = matches!(parallel.devices, Some(ParallelDevices::All(_)))
+        || parallel.requested().is_some_and(|n| n > 1);
+    if parallel.launch == Launch::Threads && parallel.on_gpus(device_type) && several {
+        p.add("parallel.launch", threads_on_gpus);
     }
     if let Some(n) = parallel.replicas {
         p.check(
@@ -628,35 +635,42 @@ fn validate_parallel(spec: &JobSpec, p: &mut Problems) {
             "parallel.replicas",
             format!("{n} given; must be at least 1"),
         );
-        // device.type = "auto" is resolved when the job runs (commands::pick_device). One
-        // replica on CUDA runs through a 1-rank NCCL communicator.
-        if n > 1 && matches!(parse_device(&spec.device.kind), Some(DeviceChoice::Cuda(_))) {
-            p.not_yet(
-                "parallel.replicas",
-                format!("{n} on device.type = \"{}\"", spec.device.kind),
-                on_cuda,
-            );
-        }
     }
     if let Some(timeout) = &parallel.timeout {
         if let Err(why) = super::controls::parse_duration(timeout) {
             p.add("parallel.timeout", why);
         }
     }
-    if let (Some(world), Some(local)) = (&parallel.world, parallel.local_replicas()) {
-        p.add(
-            if parallel.devices.is_some() {
-                "parallel.devices"
-            } else {
-                "parallel.replicas"
-            },
-            format!(
-                "{local} replica(s) given in a multi-process run (RANK={}, WORLD_SIZE={} in the \
-                 environment), where every process is one replica; remove the key, or unset \
-                 RANK and WORLD_SIZE to run the replicas as threads of one process",
-                world.rank, world.world_size
-            ),
+    if let Some(world) = &parallel.world {
+        let env = format!(
+            "RANK={}, WORLD_SIZE={}, LOCAL_WORLD_SIZE={} in the environment",
+            world.rank, world.world_size, world.local_world_size
         );
+        match (&parallel.devices, parallel.replicas) {
+            (Some(ParallelDevices::List(devices)), _)
+                if devices.len() != world.local_world_size =>
+            {
+                p.add(
+                    "parallel.devices",
+                    format!(
+                        "{} device(s) given in a multi-process run ({env}), where it lists the \
+                         devices of this machine's processes, one per LOCAL_RANK; list {}, or \
+                         remove the key",
+                        devices.len(),
+                        world.local_world_size
+                    ),
+                )
+            }
+            (_, Some(n)) if n != world.world_size => p.add(
+                "parallel.replicas",
+                format!(
+                    "{n} replica(s) given in a multi-process run ({env}), where every process \
+                     is one replica; remove the key, or unset RANK and WORLD_SIZE to run the \
+                     replicas as threads of one process"
+                ),
+            ),
+            _ => {}
+        }
     }
     let replicas = parallel.replicas().unwrap_or(1).max(1);
     let accum = spec.train.grad_accum_steps.max(1);

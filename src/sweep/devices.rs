@@ -18,11 +18,11 @@
 
 use super::{interrupted, Pending, Sweep};
 use crate::error::{Error, Result};
+use crate::launch;
 use crate::signals::{Stop, SIGINT, SIGTERM};
 use crate::spec::{parse_device, JobSpec};
 use crate::{job_err, runtime_err};
 use std::collections::VecDeque;
-use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread::JoinHandle;
@@ -288,7 +288,7 @@ fn launch(
     );
     let prefix = format!("[{index:03} {}] ", on.device);
     let stderr = child.stderr.take();
-    let relay = std::thread::spawn(move || stderr.and_then(|s| relay(s, &prefix)));
+    let relay = std::thread::spawn(move || stderr.and_then(|s| launch::relay(s, &prefix)));
     Ok(Running {
         index,
         slot,
@@ -296,23 +296,6 @@ fn launch(
         relay,
         started: Instant::now(),
     })
-}
-
-/// Copies a point's stderr to ours line by line, each line prefixed (a line is written
-/// whole, so the points' lines do not mix); returns the last `error: ` line.
-fn relay(stderr: impl std::io::Read, prefix: &str) -> Option<String> {
-    let mut reader = BufReader::new(stderr);
-    let (mut line, mut last_error) = (Vec::new(), None);
-    while reader.read_until(b'\n', &mut line).is_ok_and(|n| n > 0) {
-        let text = String::from_utf8_lossy(&line);
-        let text = text.trim_end_matches(['\n', '\r']);
-        if let Some(message) = text.strip_prefix("error: ") {
-            last_error = Some(message.to_string());
-        }
-        let _ = writeln!(std::io::stderr().lock(), "{prefix}{text}");
-        line.clear();
-    }
-    last_error
 }
 
 /// What a point's exit status means for the sweep.
@@ -390,14 +373,5 @@ mod tests {
         }
         let slots = parse("cpu,cuda:0,cpu").unwrap();
         assert_eq!(distinct(&slots), ["cpu", "cuda:0"]);
-    }
-
-    #[test]
-    fn relayed_lines_are_prefixed_and_the_last_error_is_kept() {
-        let text = "INFO a\nerror: first\nerror: second\nno newline";
-        assert_eq!(
-            relay(text.as_bytes(), "[000 cpu] "),
-            Some("second".to_string())
-        );
     }
 }

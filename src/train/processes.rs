@@ -35,7 +35,7 @@ use crate::graph::{Graph, Network};
 use crate::optim::Optimizer;
 use crate::parallel::{connect, Link, Rendezvous, Tag};
 use crate::signals::Stop;
-use crate::spec::{CollectiveBackend, JobSpec};
+use crate::spec::{CollectiveBackend, JobSpec, ParallelDevices};
 use crate::tensor::{Backend, LossStats};
 use serde::{Deserialize, Serialize};
 use std::marker::PhantomData;
@@ -190,14 +190,10 @@ fn collective_id<B: Backend>(
             ))),
         },
         CollectiveBackend::Auto => {
-            // "cuda:N" puts every local rank on one GPU, which NCCL refuses.
-            let shared_gpu = spec.device.kind.starts_with("cuda:") && world.local_world_size > 1;
-            if shared_gpu {
+            if let Some(why) = ranks_share_a_gpu(spec, world) {
                 tracing::info!(
-                    "parallel.backend auto: tcp (device.type = \"{}\" puts the {} ranks of \
-                     this machine on one GPU, which NCCL does not allow)",
-                    spec.device.kind,
-                    world.local_world_size
+                    "parallel.backend auto: tcp ({why}, and NCCL does not allow two ranks on one \
+                     GPU)"
                 );
                 return Ok(None);
             }
@@ -210,6 +206,24 @@ fn collective_id<B: Backend>(
             }
         }
     }
+}
+
+/// Why ranks of this machine share a GPU, if they do: device.type = "cuda:N" for all of
+/// them, or a GPU listed twice in parallel.devices.
+fn ranks_share_a_gpu(spec: &JobSpec, world: &Rendezvous) -> Option<String> {
+    if let Some(ParallelDevices::List(devices)) = &spec.parallel.devices {
+        let twice = devices
+            .iter()
+            .enumerate()
+            .find(|(i, d)| devices[..*i].contains(d))?;
+        return Some(format!("parallel.devices lists {} twice", twice.1));
+    }
+    (spec.device.kind.starts_with("cuda:") && world.local_world_size > 1).then(|| {
+        format!(
+            "device.type = \"{}\" puts the {} ranks of this machine on one GPU",
+            spec.device.kind, world.local_world_size
+        )
+    })
 }
 
 /// Joins the NCCL communicator. NCCL's initialisation waits for every rank with no timeout

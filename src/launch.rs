@@ -1,0 +1,348 @@
+//! `trainer run` of a job whose replicas are processes: parallel.devices lists GPUs (one
+//! process drives one GPU, as DDP recommends), or parallel.launch = "processes". This
+//! process trains nothing: it starts one `trainer run` per replica with RANK, WORLD_SIZE,
+//! LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set as torchrun sets them (so
+//! the ranks are exactly a multi-process run, `train::processes`), relays their stderr
+//! prefixed with the rank and its device, prints rank 0's run directory, and ends as the
+//! ranks end.
+//!
+//! Signals: the ranks run in a process group of their own, so a terminal's Ctrl-C reaches
+//! this process only, and it passes every SIGINT and SIGTERM on to rank 0, which stops the
+//! whole run after its step with a checkpoint (a second one stops it at once), as a lone run
+//! does. On Linux a rank also gets SIGTERM if this process dies, so no rank outlives it.
+//! Ending: rank 0 ends the others itself (it tells them, or its connections close), and a
+//! rank that fails closes its connection to rank 0, which then fails naming it. Ranks that
+//! wait where no connection tells them (for a rank that never started, say) would wait for
+//! parallel.timeout, so once rank 0 has ended or a rank has failed, the ranks still running
+//! a grace period later get SIGTERM, and SIGKILL two grace periods after that.
+
+use crate::commands::RunArgs;
+use crate::error::{Error, Result};
+use crate::runtime_err;
+use crate::signals::{SIGINT, SIGTERM};
+use crate::spec::JobSpec;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long ranks may outlive rank 0 before they are told to stop.
+const GRACE: Duration = Duration::from_secs(5);
+
+/// A rank's process.
+struct Rank {
+    device: String,
+    child: Child,
+    /// Relays its stderr; returns its last `error: ` line.
+    relay: Option<JoinHandle<Option<String>>>,
+    /// How and when it ended.
+    ended: Option<(ExitStatus, Instant)>,
+}
+
+/// Starts the job's replicas as processes and waits for them; returns rank 0's run
+/// directory.
+pub fn run(args: &RunArgs, spec: &JobSpec) -> Result<Option<PathBuf>> {
+    let world = spec.parallel.replicas().unwrap_or(1);
+    let devices: Vec<String> = (0..world)
+        .map(|rank| match &spec.parallel.devices {
+            Some(crate::spec::ParallelDevices::List(list)) => list[rank].clone(),
+            _ => spec.device.kind.clone(),
+        })
+        .collect();
+    let program = std::env::current_exe()
+        .map_err(|e| runtime_err!("cannot find this program to start the replicas: {e}"))?;
+    let port = free_port()?;
+    tracing::info!(
+        "starting {world} processes, one per replica ({}), meeting on 127.0.0.1:{port}",
+        devices.join(", ")
+    );
+    let forward = Forward::install()?;
+    let mut ranks = Vec::with_capacity(world);
+    let mut run_dir = None;
+    for (rank, device) in devices.iter().enumerate() {
+        let mut cmd = rank_command(&program, args, rank, world, port);
+        let mut child = match cmd.spawn() {
+            Ok(child) => child,
+            Err(e) => {
+                stop_all(&mut ranks);
+                return Err(runtime_err!(
+                    "cannot start rank {rank} ({}): {e}",
+                    program.display()
+                ));
+            }
+        };
+        if rank == 0 {
+            let mut stdout = child.stdout.take();
+            run_dir = Some(std::thread::spawn(move || {
+                let mut text = String::new();
+                if let Some(out) = stdout.as_mut() {
+                    let _ = out.read_to_string(&mut text);
+                }
+                text
+            }));
+        }
+        let prefix = format!("[rank {rank} {device}] ");
+        let stderr = child.stderr.take();
+        let relay = std::thread::spawn(move || stderr.and_then(|s| relay(s, &prefix)));
+        ranks.push(Rank {
+            device: device.clone(),
+            child,
+            relay: Some(relay),
+            ended: None,
+        });
+    }
+    watch(&mut ranks, &forward);
+    let run_dir = run_dir
+        .and_then(|t| t.join().ok())
+        .map(|text| PathBuf::from(text.trim()))
+        .filter(|p| !p.as_os_str().is_empty());
+    match outcome(&mut ranks) {
+        None => Ok(run_dir),
+        Some(e) => Err(e),
+    }
+}
+
+/// `trainer run` with this run's arguments, as `rank` of `world`.
+fn rank_command(
+    program: &std::path::Path,
+    args: &RunArgs,
+    rank: usize,
+    world: usize,
+    port: u16,
+) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.arg("run")
+        .arg(&args.job)
+        .arg("--runs-dir")
+        .arg(&args.runs_dir);
+    for set in &args.sets {
+        cmd.arg("--set").arg(set);
+    }
+    if let Some(name) = &args.name {
+        cmd.arg("--name").arg(name);
+    }
+    if let Some(resume) = &args.resume {
+        cmd.arg("--resume").arg(resume);
+    }
+    if let Some(dir) = &args.dir {
+        cmd.arg("--run-dir").arg(dir);
+    }
+    for (flag, on) in [
+        ("--resume-fallback", args.resume_fallback),
+        ("--force", args.force),
+        ("--quiet", args.quiet),
+    ] {
+        if on {
+            cmd.arg(flag);
+        }
+    }
+    cmd.env("RANK", rank.to_string())
+        .env("WORLD_SIZE", world.to_string())
+        .env("LOCAL_RANK", rank.to_string())
+        .env("LOCAL_WORLD_SIZE", world.to_string())
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string())
+        // Not under torchrun's agent, whatever our own environment says.
+        .env_remove("TORCHELASTIC_USE_AGENT_STORE")
+        .stdin(Stdio::null())
+        .stdout(if rank == 0 {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stderr(Stdio::piped())
+        // A group of its own: Ctrl-C reaches this process, which passes it to rank 0 once.
+        .process_group(0);
+    #[cfg(target_os = "linux")]
+    // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        });
+    }
+    cmd
+}
+
+/// Polls the ranks until every one has ended: passes signals on to rank 0, and stops the
+/// ranks still running a grace period after the run began to end.
+fn watch(ranks: &mut [Rank], forward: &Forward) {
+    let mut terminated = false;
+    loop {
+        for signal in forward.received() {
+            match &ranks[0].ended {
+                None => {
+                    tracing::warn!("passing {} on to rank 0", signal_name(signal));
+                    send(&ranks[0].child, signal);
+                }
+                // Rank 0 is gone: the others have nothing to wait for.
+                Some(_) => stop_all(ranks),
+            }
+        }
+        for rank in ranks.iter_mut().filter(|r| r.ended.is_none()) {
+            match rank.child.try_wait() {
+                Ok(Some(status)) => rank.ended = Some((status, Instant::now())),
+                Ok(None) => {}
+                Err(e) => tracing::warn!("cannot wait for rank process {}: {e}", rank.child.id()),
+            }
+        }
+        if ranks.iter().all(|r| r.ended.is_some()) {
+            return;
+        }
+        // The run is ending since rank 0 ended or a rank failed.
+        let ending = ranks
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| r.ended.filter(|(s, _)| i == 0 || !s.success()))
+            .map(|(_, at)| at)
+            .min();
+        if let Some(since) = ending {
+            if !terminated && since.elapsed() > GRACE {
+                tracing::warn!("the run is ending; stopping the ranks still running");
+                stop_all(ranks);
+                terminated = true;
+            }
+            if since.elapsed() > 3 * GRACE {
+                for rank in ranks.iter_mut().filter(|r| r.ended.is_none()) {
+                    let _ = rank.child.kill();
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// SIGTERM to every rank still running.
+fn stop_all(ranks: &mut [Rank]) {
+    for rank in ranks.iter().filter(|r| r.ended.is_none()) {
+        send(&rank.child, SIGTERM);
+    }
+}
+
+fn send(child: &Child, signal: i32) {
+    // SAFETY: kill has no memory effects; the pid is our child's, not yet reaped.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, signal);
+    }
+}
+
+fn signal_name(signal: i32) -> &'static str {
+    match signal {
+        SIGINT => "SIGINT",
+        _ => "SIGTERM",
+    }
+}
+
+/// What the run's end means: None when every rank completed; else the error of the rank
+/// that failed first (a rank failing after another is usually the consequence), with that
+/// rank's exit code class.
+fn outcome(ranks: &mut [Rank]) -> Option<Error> {
+    let mut failures: Vec<(Instant, usize, ExitStatus, Option<String>)> = Vec::new();
+    for (index, rank) in ranks.iter_mut().enumerate() {
+        let error = rank.relay.take().and_then(|r| r.join().ok()).flatten();
+        if let Some((status, at)) = rank.ended {
+            if !status.success() {
+                failures.push((at, index, status, error));
+            }
+        }
+    }
+    failures.sort_by_key(|f| (f.0, f.1));
+    let (_, index, status, error) = failures.into_iter().next()?;
+    let device = &ranks[index].device;
+    let what = error.unwrap_or_else(|| "no error message".into());
+    Some(match (status.code(), status.signal()) {
+        (Some(2), _) => Error::Job(format!("rank {index} ({device}): {what}")),
+        (Some(code), _) if code == 128 + SIGINT || code == 128 + SIGTERM => Error::Interrupted {
+            signal: code - 128,
+            message: format!("the ranks were stopped by {}", signal_name(code - 128)),
+        },
+        (Some(code), _) => runtime_err!("rank {index} ({device}) failed (exit {code}): {what}"),
+        (None, signal) => runtime_err!(
+            "rank {index} ({device}) was killed (signal {}): {what}",
+            signal.map_or("unknown".into(), |s| s.to_string())
+        ),
+    })
+}
+
+/// SIGINT and SIGTERM received by this process, to be passed on (no exit on a second one:
+/// rank 0 decides that).
+struct Forward {
+    flags: [(i32, Arc<AtomicBool>); 2],
+    ids: Vec<signal_hook::SigId>,
+}
+
+impl Forward {
+    fn install() -> Result<Forward> {
+        let flags = [SIGINT, SIGTERM].map(|s| (s, Arc::new(AtomicBool::new(false))));
+        let mut ids = Vec::new();
+        for (signal, flag) in &flags {
+            ids.push(
+                signal_hook::flag::register(*signal, Arc::clone(flag))
+                    .map_err(|e| runtime_err!("cannot install the signal handlers: {e}"))?,
+            );
+        }
+        Ok(Forward { flags, ids })
+    }
+
+    /// The signals received since the last call.
+    fn received(&self) -> Vec<i32> {
+        self.flags
+            .iter()
+            .filter(|(_, flag)| flag.swap(false, Ordering::SeqCst))
+            .map(|(signal, _)| *signal)
+            .collect()
+    }
+}
+
+impl Drop for Forward {
+    fn drop(&mut self) {
+        for id in self.ids.drain(..) {
+            signal_hook::low_level::unregister(id);
+        }
+    }
+}
+
+/// A port on loopback that nothing listens on (rank 0 binds it a moment later).
+fn free_port() -> Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| runtime_err!("cannot find a free port on 127.0.0.1: {e}"))?;
+    listener
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(|e| runtime_err!("cannot find a free port on 127.0.0.1: {e}"))
+}
+
+/// Copies a child's stderr to ours line by line, each line prefixed (a line is written
+/// whole, so the children's lines do not mix); returns the last `error: ` line.
+pub(crate) fn relay(stderr: impl std::io::Read, prefix: &str) -> Option<String> {
+    let mut reader = BufReader::new(stderr);
+    let (mut line, mut last_error) = (Vec::new(), None);
+    while reader.read_until(b'\n', &mut line).is_ok_and(|n| n > 0) {
+        let text = String::from_utf8_lossy(&line);
+        let text = text.trim_end_matches(['\n', '\r']);
+        if let Some(message) = text.strip_prefix("error: ") {
+            last_error = Some(message.to_string());
+        }
+        let _ = writeln!(std::io::stderr().lock(), "{prefix}{text}");
+        line.clear();
+    }
+    last_error
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relayed_lines_are_prefixed_and_the_last_error_is_kept() {
+        let text = "INFO a\nerror: first\nerror: second\nno newline";
+        assert_eq!(
+            relay(text.as_bytes(), "[000 cpu] "),
+            Some("second".to_string())
+        );
+    }
+}
