@@ -10,7 +10,7 @@ use crate::parallel::{BatchLayout, CpuAllReduce, Rendezvous};
 use crate::run::{MetricsWriter, RunDir};
 use crate::signals::Stop;
 use crate::spec::{
-    self, parse_device, CollectiveBackend, DeviceChoice, JobSpec, ParallelDevices,
+    self, parse_device, CollectiveBackend, DataPlacement, DeviceChoice, JobSpec, ParallelDevices,
     PrecisionFallback, PrecisionMode, ResumeMode,
 };
 use crate::tensor::cpu::CpuBackend;
@@ -688,7 +688,8 @@ fn run_in<B: Backend>(
 }
 
 /// What the run (one replica of it, with data parallelism) will hold: the graph's buffers,
-/// and on a GPU also the data set and the cuBLAS workspace.
+/// and on a GPU also the data set (unless device.data = "streamed"; "auto" streams it only
+/// when it does not fit) and the cuBLAS workspace.
 fn memory_plan(spec: &JobSpec, graph: &Graph, data: &Data, on_gpu: bool) -> MemoryPlan {
     let (batch, threads) = (BatchLayout::of(spec).per_replica(), replica_threads(spec));
     let (data_bytes, workspace) = if on_gpu {
@@ -698,8 +699,9 @@ fn memory_plan(spec: &JobSpec, graph: &Graph, data: &Data, on_gpu: bool) -> Memo
             PrecisionMode::Fp32 => 0,
             _ => 2 * 2 * graph.largest_matmul_input(batch, |s| cuda::conv_workspace_len(s, batch)),
         };
+        let resident = spec.device.data != DataPlacement::Streamed;
         (
-            data_set_bytes(data),
+            if resident { data.bytes() } else { 0 },
             cuda::CUBLAS_WORKSPACE + 4 * conv + half_inputs,
         )
     } else {
@@ -729,11 +731,6 @@ fn all_replicas_memory(spec: &JobSpec, graph: &Graph, one: &MemoryPlan) -> usize
         .thread_replicas(&spec.device.kind)
         .unwrap_or(1);
     one.total() * replicas + 4 * CpuAllReduce::exchange_len(replicas, graph.param_count)
-}
-
-fn data_set_bytes(data: &Data) -> usize {
-    let sets = std::iter::once(&data.train).chain(data.eval.iter().map(|(_, d)| d));
-    sets.map(|d| (d.features.len() + d.targets.len()) * 4).sum()
 }
 
 /// Validates a job and describes its graph, shapes, parameters and memory.
@@ -837,7 +834,7 @@ pub fn check(job: &Path, sets: &[String]) -> Result<String> {
         ("layer state", m.layer_state),
         ("scratch (conv, cuBLAS)", m.workspace),
     ];
-    if on_gpu {
+    if on_gpu && spec.device.data != DataPlacement::Streamed {
         rows.push(("data set on the device", m.data));
     }
     rows.retain(|&(what, b)| b > 0 || what != "half-precision weights");
@@ -855,11 +852,12 @@ pub fn check(job: &Path, sets: &[String]) -> Result<String> {
             bytes(all_replicas_memory(&spec, &graph, &m))
         );
     }
-    if !on_gpu {
+    if !on_gpu || spec.device.data == DataPlacement::Streamed {
+        let streamed = if on_gpu { ", streamed" } else { "" };
         out += &format!(
             "  {:<24} {:>12}\n",
-            "data set (host memory)",
-            bytes(data_set_bytes(&data))
+            format!("data set (host memory{streamed})"),
+            bytes(data.bytes())
         );
     }
     match graph.checkpoint_segments {

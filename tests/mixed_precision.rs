@@ -11,7 +11,7 @@ use trainer::optim::Optimizer;
 use trainer::tensor::cast::{round_to_half, HalfKind};
 use trainer::tensor::cpu::CpuBackend;
 use trainer::tensor::Backend;
-use trainer::train::{half_kind, optimizer_step, Batch, StepSettings};
+use trainer::train::{half_kind, optimizer_step, Batch, Samples, StepSettings};
 
 const SMALL_NET: &str = r#"
 [data]
@@ -79,9 +79,9 @@ fn a_step_with_an_inf_gradient_is_skipped_leaving_parameters_and_optimizer_state
     let mut optimizer = Optimizer::new(&b, &spec, net.graph.param_count).unwrap();
     let x = common::random_vec(n * 6, 4);
     let y: Vec<f32> = (0..n).map(|i| (i % 5) as f32).collect();
+    let samples = Samples::Resident { x, y };
     let batch = Batch::<CpuBackend> {
-        x: &x,
-        y: &y,
+        samples: &samples,
         row_len: 6,
         target_dim: 1,
     };

@@ -910,3 +910,43 @@ fn replica_processes_are_refused_clearly_where_they_cannot_run() {
         );
     }
 }
+
+/// device.data = "streamed" (each batch gathered from host memory into the network's input,
+/// the path a GPU takes when the data set does not fit) trains what the resident data set
+/// trains: on rank 0 and the other ranks, and in evaluation.
+#[test]
+fn a_streamed_data_set_trains_what_a_resident_one_trains() {
+    let _turn = one_at_a_time();
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(
+        tmp.path(),
+        &JOB.replace("batch_size = 24", "batch_size = 24\nval_fraction = 0.2"),
+    );
+    let job = job.to_str().unwrap();
+    let mut dirs = Vec::new();
+    for data in ["resident", "streamed"] {
+        let runs = tmp.path().join(data);
+        let placement = format!("device.data=\"{data}\"");
+        let ended = finish(
+            launch(&[
+                job,
+                "--runs-dir",
+                runs.to_str().unwrap(),
+                "--set",
+                "parallel.replicas=2",
+                "--set",
+                "parallel.launch=\"processes\"",
+                "--set",
+                &placement,
+            ]),
+            Duration::from_secs(120),
+        );
+        dirs.push(run_dir_of(&ended));
+    }
+    let (header, rows) = read_csv(&dirs[1].join("metrics.csv"));
+    assert!(rows
+        .iter()
+        .any(|r| common::column(&header, r, "split") == "val"));
+    assert_eq!(numbers(&dirs[0]), numbers(&dirs[1]));
+    assert_eq!(model(&dirs[0]), model(&dirs[1]));
+}

@@ -13,7 +13,7 @@ use trainer::graph::{DataShape, Graph, Network};
 use trainer::optim::Optimizer;
 use trainer::tensor::cpu::CpuBackend;
 use trainer::tensor::Backend;
-use trainer::train::{optimizer_step, Batch, DataParallel, ProcessReplicas, StepSettings};
+use trainer::train::{optimizer_step, Batch, DataParallel, ProcessReplicas, Samples, StepSettings};
 
 struct Counting;
 static COUNTING: AtomicBool = AtomicBool::new(false);
@@ -87,9 +87,9 @@ fn training_steps_allocate_nothing_but_gemm_scratch_and_retain_nothing() {
         let groups: Vec<&[u32]> = order.chunks(batch).collect();
         let mut stats = backend.new_stats().unwrap();
         let mut micro_step = 0;
+        let samples = Samples::Resident { x, y };
         let input = Batch::<CpuBackend> {
-            x: &x,
-            y: &y,
+            samples: &samples,
             row_len: features,
             target_dim: 1,
         };
@@ -209,9 +209,9 @@ fn multi_process_steps_allocate_nothing_but_gemm_scratch_on_either_rank() {
         let order: Vec<u32> = (0..samples as u32).rev().collect();
         let groups: Vec<&[u32]> = order.chunks(batch).collect();
         let (x, y) = (data.train.features.clone(), data.train.targets.clone());
+        let samples = Samples::Resident { x, y };
         let input = Batch::<CpuBackend> {
-            x: &x,
-            y: &y,
+            samples: &samples,
             row_len: features,
             target_dim: 1,
         };

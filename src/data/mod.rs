@@ -18,6 +18,11 @@ pub struct Dataset {
 }
 
 impl Dataset {
+    /// The f32 bytes of its features and targets.
+    pub fn bytes(&self) -> usize {
+        (self.features.len() + self.targets.len()) * 4
+    }
+
     fn select(&self, rows: &[usize], row_len: usize, target_dim: usize) -> Dataset {
         let mut out = Dataset {
             len: rows.len(),
@@ -58,6 +63,12 @@ pub(crate) struct Raw {
 impl Data {
     pub fn row_len(&self) -> usize {
         self.sample_shape.iter().product()
+    }
+
+    /// The f32 bytes of every split, features and targets.
+    pub fn bytes(&self) -> usize {
+        let sets = std::iter::once(&self.train).chain(self.eval.iter().map(|(_, d)| d));
+        sets.map(Dataset::bytes).sum()
     }
 }
 

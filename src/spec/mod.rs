@@ -606,6 +606,13 @@ pub struct DeviceSpec {
     /// replay it, where nothing in the step changes from step to step (no dropout).
     #[serde(default = "yes")]
     pub cuda_graphs: bool,
+    /// Where the data set lives on a GPU: "resident" (uploaded once; a batch is gathered on
+    /// the device), "streamed" (kept in host memory; each batch is gathered on the host into
+    /// pinned memory and copied asynchronously), or "auto" (the default): resident when it
+    /// fits beside the training's own memory, else streamed. On the CPU the data are in host
+    /// memory either way ("streamed" runs the streaming code).
+    #[serde(default)]
+    pub data: DataPlacement,
 }
 
 impl Default for DeviceSpec {
@@ -614,8 +621,19 @@ impl Default for DeviceSpec {
             kind: default_device(),
             allow_tf32: false,
             cuda_graphs: true,
+            data: DataPlacement::Auto,
         }
     }
+}
+
+/// Where the data set lives (device.data).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DataPlacement {
+    #[default]
+    Auto,
+    Resident,
+    Streamed,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]

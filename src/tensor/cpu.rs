@@ -313,6 +313,11 @@ impl Backend for CpuBackend {
     }
 
     fn gather_rows(&self, src: &Vec<f32>, rows: &[u32], row_len: usize, dst: &mut Vec<f32>) {
+        self.upload_rows(src, rows, row_len, dst);
+    }
+
+    /// Host memory is this device's memory: the rows go straight into `dst`.
+    fn upload_rows(&self, src: &[f32], rows: &[u32], row_len: usize, dst: &mut Vec<f32>) {
         for (out, &r) in dst.chunks_exact_mut(row_len).zip(rows) {
             let start = r as usize * row_len;
             out.copy_from_slice(&src[start..start + row_len]);

@@ -115,6 +115,14 @@ pub trait Backend {
     /// dst[i] = src[idx[i]] for rows of `row_len` values: assembles a batch from a data set
     /// held on the device.
     fn gather_rows(&self, src: &Self::Buf, rows: &[u32], row_len: usize, dst: &mut Self::Buf);
+    /// The same from a data set in host memory (device.data = "streamed"): a GPU gathers the
+    /// rows on the host into pinned memory and copies them asynchronously, queued before the
+    /// work that reads them. `src` may change once this returns.
+    fn upload_rows(&self, src: &[f32], rows: &[u32], row_len: usize, dst: &mut Self::Buf);
+    /// Device memory not in use by anyone (None on the CPU): whether the data set fits.
+    fn free_memory(&self) -> Option<usize> {
+        None
+    }
 
     /// y[n, out] = x[n, inp] · Wᵀ (+ b), with W = params[w..] as [out, inp] row-major and
     /// b = params[b..] of length out.

@@ -23,10 +23,12 @@
 
 mod processes;
 mod replicas;
+mod samples;
 mod stopping;
 
 pub use processes::{serve, ProcessReplicas};
 pub use replicas::{CpuReplicas, DataParallel, OneDeviceCollective};
+pub use samples::Samples;
 pub use stopping::EndReason;
 
 use crate::checkpoint::weights::Weights;
@@ -188,12 +190,12 @@ pub fn train_session<B: Backend>(
     }
     let total = total_steps(spec, train_len);
     let schedule = Schedule::new(spec.optimizer.lr, &spec.optimizer.schedule, total);
-    let train_x = backend.upload_vec(data.train.features)?;
-    let train_y = backend.upload_vec(data.train.targets)?;
+    let resident = samples::resident(backend, spec.device.data, data.bytes());
+    let train_samples = Samples::new(backend, data.train, resident)?;
     let eval_sets = data
         .eval
         .into_iter()
-        .map(|(name, d)| DeviceSet::new(backend, name, d))
+        .map(|(name, d)| EvalSet::new(backend, name, d, resident))
         .collect::<Result<Vec<_>>>()?;
 
     let mut train_stats = backend.new_stats()?;
@@ -265,8 +267,7 @@ pub fn train_session<B: Backend>(
             // Skipped steps (mixed precision) do not advance the schedule, as with GradScaler.
             let lr = schedule.lr((st.step - st.skipped_steps) as usize);
             let batch = Batch {
-                x: &train_x,
-                y: &train_y,
+                samples: &train_samples,
                 row_len,
                 target_dim,
             };
@@ -580,10 +581,9 @@ impl Saver<'_> {
     }
 }
 
-/// Where the training samples live on the device.
+/// Where the training samples are, and their row sizes.
 pub struct Batch<'a, B: Backend> {
-    pub x: &'a B::Buf,
-    pub y: &'a B::Buf,
+    pub samples: &'a Samples<B>,
     pub row_len: usize,
     pub target_dim: usize,
 }
@@ -683,8 +683,7 @@ pub(crate) fn accumulate_gradients<'r, B: Backend>(
         if n > 0 {
             net.set_sample_offset(mine.start);
             let rows = &all_rows[mine];
-            backend.gather_rows(batch.x, rows, batch.row_len, net.input_mut());
-            backend.gather_rows(batch.y, rows, batch.target_dim, net.targets_mut());
+            (batch.samples).load(backend, rows, batch.row_len, batch.target_dim, net);
             net.train_step(backend, n, scale * weight, stats, *micro_step);
         }
         *micro_step += 1;
@@ -725,21 +724,19 @@ pub fn half_kind(mode: PrecisionMode) -> Option<HalfKind> {
     }
 }
 
-/// An evaluation split, held on the device.
-struct DeviceSet<B: Backend> {
+/// An evaluation split.
+struct EvalSet<B: Backend> {
     name: &'static str,
-    x: B::Buf,
-    y: B::Buf,
+    samples: Samples<B>,
     len: usize,
 }
 
-impl<B: Backend> DeviceSet<B> {
-    fn new(backend: &B, name: &'static str, d: Dataset) -> Result<Self> {
-        Ok(DeviceSet {
+impl<B: Backend> EvalSet<B> {
+    fn new(backend: &B, name: &'static str, d: Dataset, resident: bool) -> Result<Self> {
+        Ok(EvalSet {
             name,
             len: d.len,
-            x: backend.upload_vec(d.features)?,
-            y: backend.upload_vec(d.targets)?,
+            samples: Samples::new(backend, d, resident)?,
         })
     }
 }
@@ -748,7 +745,7 @@ impl<B: Backend> DeviceSet<B> {
 fn evaluate<B: Backend>(
     backend: &B,
     net: &mut Network<B>,
-    sets: &[DeviceSet<B>],
+    sets: &[EvalSet<B>],
     stats: &mut B::Stats,
     epoch: usize,
     step: u64,
@@ -766,8 +763,7 @@ fn evaluate<B: Backend>(
             let n = batch.min(set.len - first);
             rows.clear();
             rows.extend(first as u32..(first + n) as u32);
-            backend.gather_rows(&set.x, &rows, row_len, net.input_mut());
-            backend.gather_rows(&set.y, &rows, target_dim, net.targets_mut());
+            set.samples.load(backend, &rows, row_len, target_dim, net);
             net.forward(backend, n, false, 0);
             net.loss(backend, n, None, stats);
         }

@@ -26,7 +26,8 @@
 //! with a checkpoint, as on one process.
 
 use super::{
-    accumulate_gradients, apply_gradients, Batch, DataParallel, Rank, StepResult, StepSettings,
+    accumulate_gradients, apply_gradients, Batch, DataParallel, Rank, Samples, StepResult,
+    StepSettings,
 };
 use crate::checkpoint;
 use crate::data::Data;
@@ -637,13 +638,13 @@ fn follow<B: Backend>(
         .restore(backend, &state, optimizer_steps, n)
         .map_err(Error::Runtime)?;
     drop((params, state));
-    let train_x = backend.upload_vec(data.train.features)?;
-    let train_y = backend.upload_vec(data.train.targets)?;
+    let resident = super::samples::resident(backend, spec.device.data, data.train.bytes());
+    let (row_len, target_dim) = (data.row_len(), data.target_dim);
+    let samples = Samples::new(backend, data.train, resident)?;
     let batch = Batch {
-        x: &train_x,
-        y: &train_y,
-        row_len: data.sample_shape.iter().product(),
-        target_dim: data.target_dim,
+        samples: &samples,
+        row_len,
+        target_dim,
     };
     let mut stats = backend.new_stats()?;
     let place = Rank {

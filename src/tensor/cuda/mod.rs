@@ -15,7 +15,7 @@ use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, DeviceRepr, LaunchConfig,
-    PushKernelArg,
+    PinnedHostSlice, PushKernelArg,
 };
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
@@ -26,6 +26,15 @@ pub const CUBLAS_WORKSPACE: usize = 32 << 20;
 const THREADS: u32 = 256;
 /// Blocks of the first pass of the gradient norm (a fixed count keeps the sum's order fixed).
 const NORM_BLOCKS: u32 = 1024;
+/// Pinned staging buffers of a streamed data set: inputs and targets of two batches.
+const STAGING_SLOTS: usize = 4;
+
+/// The pinned buffers `upload_rows` gathers batches into, and which one is next.
+#[derive(Default)]
+struct Staging {
+    slots: Vec<PinnedHostSlice<f32>>,
+    next: usize,
+}
 
 /// One GPU as seen by `trainer devices`.
 #[derive(Debug, Clone)]
@@ -224,6 +233,10 @@ pub struct CudaBackend {
     f: Functions,
     /// Row indices of the batch being gathered, grown to the largest batch once.
     rows: RefCell<CudaSlice<u32>>,
+    /// A streamed data set's batches are gathered on the host into these pinned buffers, used
+    /// in turn (inputs and targets of two batches), so the host fills one while the copy from
+    /// the previous one may still be queued.
+    staging: RefCell<Staging>,
     /// Per-sample loss and hit of the last loss call, [2, batch], grown to the largest batch.
     row_stats: RefCell<CudaSlice<f64>>,
     /// Scratch buffers replaced by larger ones, kept alive because a recorded graph may still
@@ -275,7 +288,9 @@ pub fn nccl_missing() -> Option<String> {
         .find(|p| p.exists());
     Some(match found {
         Some(lib) => format!(
-            "NCCL is needed but libnccl.so cannot be loaded; {} exists: link it under the name              the loader looks for, e.g. `mkdir -p ~/.local/lib/nccl && ln -s {}              ~/.local/lib/nccl/libnccl.so` and add that directory to LD_LIBRARY_PATH",
+            "NCCL is needed but libnccl.so cannot be loaded; {} exists: link it under the name \
+             the loader looks for, e.g. `mkdir -p ~/.local/lib/nccl && ln -s {} \
+             ~/.local/lib/nccl/libnccl.so` and add that directory to LD_LIBRARY_PATH",
             lib.display(),
             lib.display()
         ),
@@ -444,6 +459,7 @@ impl CudaBackend {
             blas,
             f,
             rows: RefCell::new(rows),
+            staging: RefCell::new(Staging::default()),
             row_stats: RefCell::new(row_stats),
             retired: RefCell::new(Vec::new()),
             half_matmuls: Cell::new(None),
@@ -483,6 +499,24 @@ impl CudaBackend {
                 None
             }
         }
+    }
+
+    /// The next staging buffer, holding `len` values, once no queued copy reads it any more.
+    fn next_staging(&self, len: usize) -> Option<std::cell::RefMut<'_, PinnedHostSlice<f32>>> {
+        let mut staging = self.staging.borrow_mut();
+        let slot = staging.next;
+        staging.next = (slot + 1) % STAGING_SLOTS;
+        if staging.slots.get(slot).is_none_or(|s| s.len() != len) {
+            // SAFETY: the pinned memory is written only through `as_mut_slice`, which waits
+            // for the copies that read it, and read only by those copies.
+            let fresh = unsafe { self.stream.context().alloc_pinned::<f32>(len) };
+            let fresh = self.record("allocating pinned host memory", fresh)?;
+            match staging.slots.get_mut(slot) {
+                Some(old) => *old = fresh,
+                None => staging.slots.push(fresh),
+            }
+        }
+        Some(std::cell::RefMut::map(staging, |s| &mut s.slots[slot]))
     }
 
     fn count(&self, bytes: usize) {
@@ -1142,6 +1176,33 @@ impl Backend for CudaBackend {
             "gather",
             unsafe { b.launch(grid((n_rows * row_len) as usize)) }.map(|_| ()),
         );
+    }
+
+    fn upload_rows(&self, src: &[f32], rows: &[u32], row_len: usize, dst: &mut CudaSlice<f32>) {
+        if rows.is_empty() {
+            return;
+        }
+        // A staging buffer is as long as `dst`: a pinned buffer is copied whole, and the
+        // values past this batch's rows are never read.
+        let Some(mut staged) = self.next_staging(dst.len()) else {
+            return;
+        };
+        let Some(host) = self.record("waiting for a batch copy", staged.as_mut_slice()) else {
+            return;
+        };
+        for (out, &r) in host.chunks_exact_mut(row_len).zip(rows) {
+            let start = r as usize * row_len;
+            out.copy_from_slice(&src[start..start + row_len]);
+        }
+        let r = self.stream.memcpy_htod(&*staged, dst);
+        self.record("copying a batch to the device", r);
+    }
+
+    fn free_memory(&self) -> Option<usize> {
+        let bound = self.stream.context().bind_to_thread();
+        let info = bound.and_then(|()| cudarc::driver::result::mem_get_info());
+        self.record("asking for free memory", info)
+            .map(|(free, _)| free)
     }
 
     fn linear_forward(

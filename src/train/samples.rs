@@ -1,0 +1,91 @@
+//! Where a split's samples live while training (device.data), and how a batch is assembled
+//! from them: gathered on the device from a data set uploaded once, or, when the data set
+//! does not fit beside the training, gathered on the host and copied (pinned memory,
+//! asynchronously, on a GPU).
+
+use crate::data::Dataset;
+use crate::error::Result;
+use crate::graph::Network;
+use crate::spec::DataPlacement;
+use crate::tensor::Backend;
+
+/// A split's samples (features and targets, row by row).
+pub enum Samples<B: Backend> {
+    /// Uploaded once; a batch is a gather on the device.
+    Resident { x: B::Buf, y: B::Buf },
+    /// In host memory; a batch is gathered there and copied.
+    Streamed { x: Vec<f32>, y: Vec<f32> },
+}
+
+impl<B: Backend> Samples<B> {
+    pub fn new(backend: &B, set: Dataset, resident: bool) -> Result<Self> {
+        Ok(if resident {
+            Samples::Resident {
+                x: backend.upload_vec(set.features)?,
+                y: backend.upload_vec(set.targets)?,
+            }
+        } else {
+            Samples::Streamed {
+                x: set.features,
+                y: set.targets,
+            }
+        })
+    }
+
+    /// Puts the samples `rows` into the network's input and target buffers.
+    pub fn load(
+        &self,
+        backend: &B,
+        rows: &[u32],
+        row_len: usize,
+        target_dim: usize,
+        net: &mut Network<B>,
+    ) {
+        match self {
+            Samples::Resident { x, y } => {
+                backend.gather_rows(x, rows, row_len, net.input_mut());
+                backend.gather_rows(y, rows, target_dim, net.targets_mut());
+            }
+            Samples::Streamed { x, y } => {
+                backend.upload_rows(x, rows, row_len, net.input_mut());
+                backend.upload_rows(y, rows, target_dim, net.targets_mut());
+            }
+        }
+    }
+}
+
+/// Whether the data set (`bytes`, every split) is uploaded whole. "auto" uploads it when it
+/// fits in the device memory still free, with a margin for the scratch that grows during
+/// the first steps; call it after the network and the optimizer have their memory.
+pub fn resident<B: Backend>(backend: &B, placement: DataPlacement, bytes: usize) -> bool {
+    let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
+    match placement {
+        DataPlacement::Resident => true,
+        DataPlacement::Streamed => {
+            if backend.free_memory().is_some() {
+                tracing::info!(
+                    "data: streamed from pinned host memory (device.data = \"streamed\")"
+                );
+            }
+            false
+        }
+        DataPlacement::Auto => {
+            let Some(free) = backend.free_memory() else {
+                return true; // the CPU: host memory is the device's
+            };
+            let margin = free / 10 + (256 << 20);
+            let fits = bytes + margin <= free;
+            if !fits {
+                tracing::info!(
+                    "data: streamed from pinned host memory: the data set ({:.0} MiB) does not \
+                     fit in the {:.0} MiB of device memory free beside the training (with a \
+                     {:.0} MiB margin)",
+                    mib(bytes),
+                    mib(free),
+                    mib(margin)
+                );
+            }
+            fits
+        }
+    }
+}
