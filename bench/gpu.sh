@@ -36,6 +36,8 @@ for rep in 1 2; do
   log "trainer: $(trainer bench/mlp1024.toml --set device.type=\"cuda\")"
   log "trainer, no CUDA graphs: $(trainer bench/mlp1024.toml --set device.type=\"cuda\" --set device.cuda_graphs=false)"
   log "trainer, 1 replica through NCCL: $(trainer bench/mlp1024.toml --set device.type=\"cuda\" --set parallel.replicas=1)"
+  log "trainer, data streamed from pinned host memory: $(trainer bench/mlp1024.toml --set device.type=\"cuda\" --set device.data=\"streamed\")"
+  log "trainer, 2 launched processes sharing cuda:0 (tcp): $(trainer bench/mlp1024.toml --set device.type=\"cuda\" --set 'parallel.devices=["cuda:0","cuda:0"]')"
   log "pytorch: $(python3 bench/pytorch_mlp.py --device cuda --data synthetic --layers 784,1024,1024,10 --batch 256 --steps 200 | tail -1)"
   log "== MLP 784-4096x3-10 batch 4096 Adam fp32, 50 steps (repeat $rep)"
   log "trainer: $(trainer bench/mlp4096.toml --set device.type=\"cuda\")"
