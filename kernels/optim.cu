@@ -17,6 +17,16 @@ extern "C" __global__ void sum_partials(const double* partials, u64 count, doubl
     if (threadIdx.x == 0) out[0] = acc;
 }
 
+// clip_grad_norm_ decided on the device (no read-back, so the host does not wait for the
+// step): every thread derives the factor from the sum of squares, in double as the host
+// does (src/tensor/mod.rs, Backend::clip_to_norm), and scales only when it is below 1.
+extern "C" __global__ void clip_by_norm(float* g, u64 n, const double* sum_sq, double max_norm) {
+    double coef = max_norm / (sqrt(sum_sq[0]) + 1e-6);
+    if (!(coef < 1.0)) return;
+    float factor = (float)coef;
+    GRID_STRIDE(i, n) g[i] *= factor;
+}
+
 extern "C" __global__ void sgd_step(float* p, const float* g, float* buf, u64 n, float lr, float momentum,
                                     float dampening, int nesterov, float weight_decay, int first_step) {
     GRID_STRIDE(i, n) {

@@ -302,6 +302,27 @@ fn reductions_fills_gathers_and_copies_match_the_cpu() {
         "sum of squares {gpu_sum} vs {cpu}"
     );
 
+    // Clipping decided on the device: the CPU's bits, over, under and at a NaN norm.
+    let norm = cpu.sqrt();
+    for max_norm in [norm / 3.0, norm * 2.0] {
+        let (mut on_gpu, mut on_cpu) = (up(&g, &v), v.clone());
+        let (mut read_gpu, mut read_cpu) = (0.0, 0.0);
+        g.clip_to_norm(&mut on_gpu, max_norm, Some(&mut read_gpu));
+        CPU.clip_to_norm(&mut on_cpu, max_norm, Some(&mut read_cpu));
+        assert_eq!(read_gpu.to_bits(), read_cpu.to_bits(), "clip: norm");
+        assert_eq!(down(&g, &on_gpu, v.len()), on_cpu, "clip to {max_norm}");
+        g.clip_to_norm(&mut on_gpu, max_norm, None);
+    }
+    let mut with_nan = v.clone();
+    with_nan[17] = f32::NAN;
+    let mut on_gpu = up(&g, &with_nan);
+    g.clip_to_norm(&mut on_gpu, 1e-3, None);
+    let after = down(&g, &on_gpu, v.len());
+    assert!(
+        after[17].is_nan() && after[..17] == with_nan[..17],
+        "NaN norm: untouched"
+    );
+
     let mut a = up(&g, &v);
     g.scale(&mut a, 0.37);
     let mut c = v.clone();

@@ -14,14 +14,14 @@ use crate::tensor::{AdamStep, Backend, SgdStep};
 /// torch.nn.utils.clip_grad_norm_: returns the global L2 norm of `grads` and, when a
 /// `max_norm` is given and exceeded, scales them by max_norm / (norm + 1e-6).
 pub fn clip_grad_norm<B: Backend>(backend: &B, grads: &mut B::Buf, max_norm: Option<f64>) -> f64 {
-    let norm = backend.sum_squares(grads).sqrt();
-    if let Some(max_norm) = max_norm {
-        let coef = max_norm / (norm + 1e-6);
-        if coef < 1.0 {
-            backend.scale(grads, coef as f32);
+    match max_norm {
+        Some(max_norm) => {
+            let mut norm = 0.0;
+            backend.clip_to_norm(grads, max_norm, Some(&mut norm));
+            norm
         }
+        None => backend.sum_squares(grads).sqrt(),
     }
-    norm
 }
 
 /// GradScaler.unscale_ followed by clip_grad_norm_, in one pass over gradients that were

@@ -270,6 +270,20 @@ pub trait Backend {
 
     /// Σ buf[i]², for the global gradient norm.
     fn sum_squares(&self, buf: &Self::Buf) -> f64;
+    /// PyTorch's clip_grad_norm_: scales the gradients by max_norm / (norm + 1e-6) when that
+    /// is below 1 (not when the norm is NaN), and writes the norm to `read` when given. A GPU
+    /// decides on the device, so the host reads nothing back (and does not wait for the
+    /// step) unless asked.
+    fn clip_to_norm(&self, grads: &mut Self::Buf, max_norm: f64, read: Option<&mut f64>) {
+        let norm = self.sum_squares(grads).sqrt();
+        let coef = max_norm / (norm + 1e-6);
+        if coef < 1.0 {
+            self.scale(grads, coef as f32);
+        }
+        if let Some(out) = read {
+            *out = norm;
+        }
+    }
     fn scale(&self, buf: &mut Self::Buf, factor: f32);
     /// Rounds the first `len` values to the nearest `kind` value (ties to even), keeping them
     /// as f32: mixed precision's half-precision tensors, in f32 buffers (see graph::Network).

@@ -701,11 +701,20 @@ pub(crate) fn apply_gradients<B: Backend>(
     settings: StepSettings,
 ) -> StepResult {
     let check = settings.loss_scale.is_some() || settings.skip_nonfinite;
-    let grad_norm = match settings.loss_scale {
-        Some(s) => Some(unscale_and_clip(backend, &mut net.grads, s, settings.clip)),
+    let grad_norm = match (settings.loss_scale, settings.clip) {
+        (Some(s), _) => Some(unscale_and_clip(backend, &mut net.grads, s, settings.clip)),
         // (With an inf norm, clipping scales the gradients by 0; the step is skipped anyway.)
-        None => (settings.clip.is_some() || settings.want_grad_norm || check)
-            .then(|| clip_grad_norm(backend, &mut net.grads, settings.clip)),
+        (None, _) if check => Some(clip_grad_norm(backend, &mut net.grads, settings.clip)),
+        // Nothing here needs the norm but a log row: a GPU clips without waiting for it.
+        (None, Some(max_norm)) => {
+            let mut norm = 0.0;
+            let read = settings.want_grad_norm.then_some(&mut norm);
+            backend.clip_to_norm(&mut net.grads, max_norm, read);
+            settings.want_grad_norm.then_some(norm)
+        }
+        (None, None) => settings
+            .want_grad_norm
+            .then(|| clip_grad_norm(backend, &mut net.grads, None)),
     };
     let skipped = check && !grad_norm.is_some_and(f64::is_finite);
     if !skipped {

@@ -105,6 +105,7 @@ struct Functions {
     reduce_stats: CudaFunction,
     sum_squares_partial: CudaFunction,
     sum_partials: CudaFunction,
+    clip_by_norm: CudaFunction,
     sgd_step: CudaFunction,
     adam_step: CudaFunction,
     im2col: CudaFunction,
@@ -385,6 +386,7 @@ impl CudaBackend {
             reduce_stats: load("reduce_stats")?,
             sum_squares_partial: load("sum_squares_partial")?,
             sum_partials: load("sum_partials")?,
+            clip_by_norm: load("clip_by_norm")?,
             sgd_step: load("sgd_step")?,
             adam_step: load("adam_step")?,
             im2col: load("im2col")?,
@@ -499,6 +501,40 @@ impl CudaBackend {
                 None
             }
         }
+    }
+
+    /// Σ buf[i]² into `self.norm` on the device: per-block partials, then one block adds
+    /// them in order (no atomics: the same bits every run).
+    fn sum_squares_on_device(&self, buf: &CudaSlice<f32>) {
+        let (mut partials, mut norm) = (self.partials.borrow_mut(), self.norm.borrow_mut());
+        let n = buf.len() as u64;
+        let mut l = self.stream.launch_builder(&self.f.sum_squares_partial);
+        l.arg(buf).arg(&n).arg(&mut *partials);
+        let cfg = LaunchConfig {
+            grid_dim: (NORM_BLOCKS, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: reads n elements; block b writes partials[b], b < NORM_BLOCKS = its length.
+        self.launch("gradient norm", unsafe { l.launch(cfg) }.map(|_| ()));
+        let count = NORM_BLOCKS as u64;
+        let mut l = self.stream.launch_builder(&self.f.sum_partials);
+        l.arg(&*partials).arg(&count).arg(&mut *norm);
+        let one_block = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: reads NORM_BLOCKS doubles, writes one.
+        self.launch("gradient norm", unsafe { l.launch(one_block) }.map(|_| ()));
+    }
+
+    /// Reads the sum `sum_squares_on_device` left (waits for the stream to get there).
+    fn read_sum_squares(&self) -> f64 {
+        let mut host = [0.0f64];
+        let read = self.stream.memcpy_dtoh(&*self.norm.borrow(), &mut host[..]);
+        self.record("reading the gradient norm", read);
+        host[0]
     }
 
     /// The next staging buffer, holding `len` values, once no queued copy reads it any more.
@@ -1463,31 +1499,26 @@ impl Backend for CudaBackend {
     }
 
     fn sum_squares(&self, buf: &CudaSlice<f32>) -> f64 {
-        let (mut partials, mut norm) = (self.partials.borrow_mut(), self.norm.borrow_mut());
-        let n = buf.len() as u64;
-        let mut l = self.stream.launch_builder(&self.f.sum_squares_partial);
-        l.arg(buf).arg(&n).arg(&mut *partials);
-        let cfg = LaunchConfig {
-            grid_dim: (NORM_BLOCKS, 1, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: reads n elements; block b writes partials[b], b < NORM_BLOCKS = its length.
-        self.launch("gradient norm", unsafe { l.launch(cfg) }.map(|_| ()));
-        let count = NORM_BLOCKS as u64;
-        let mut l = self.stream.launch_builder(&self.f.sum_partials);
-        l.arg(&*partials).arg(&count).arg(&mut *norm);
-        let one_block = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (1024, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: reads NORM_BLOCKS doubles, writes one.
-        self.launch("gradient norm", unsafe { l.launch(one_block) }.map(|_| ()));
-        let mut host = [0.0f64];
-        let read = self.stream.memcpy_dtoh(&*norm, &mut host[..]);
-        self.record("reading the gradient norm", read);
-        host[0]
+        self.sum_squares_on_device(buf);
+        self.read_sum_squares()
+    }
+
+    fn clip_to_norm(&self, grads: &mut CudaSlice<f32>, max_norm: f64, read: Option<&mut f64>) {
+        self.sum_squares_on_device(grads);
+        {
+            let sum_sq = self.norm.borrow();
+            let n = grads.len() as u64;
+            let mut l = self.stream.launch_builder(&self.f.clip_by_norm);
+            l.arg(&mut *grads).arg(&n).arg(&*sum_sq).arg(&max_norm);
+            // SAFETY: scales n elements of grads in place; reads one double.
+            self.launch(
+                "clipping",
+                unsafe { l.launch(grid(n as usize)) }.map(|_| ()),
+            );
+        }
+        if let Some(out) = read {
+            *out = self.read_sum_squares().sqrt();
+        }
     }
 
     fn scale(&self, buf: &mut CudaSlice<f32>, factor: f32) {
