@@ -27,8 +27,12 @@ extern "C" __global__ void clip_by_norm(float* g, u64 n, const double* sum_sq, d
     GRID_STRIDE(i, n) g[i] *= factor;
 }
 
-extern "C" __global__ void sgd_step(float* p, const float* g, float* buf, u64 n, float lr, float momentum,
-                                    float dampening, int nesterov, float weight_decay, int first_step) {
+// The per-step values (`args`) are read from device memory, so a recorded update follows the
+// learning-rate schedule: args = [lr, first_step] (SgdStep::args in src/tensor/mod.rs).
+extern "C" __global__ void sgd_step(float* p, const float* g, float* buf, u64 n, float momentum,
+                                    float dampening, int nesterov, float weight_decay, const float* args) {
+    float lr = args[0];
+    int first_step = args[1] != 0.0f;
     GRID_STRIDE(i, n) {
         float d = g[i] + weight_decay * p[i];
         if (momentum != 0.0f) {
@@ -39,9 +43,11 @@ extern "C" __global__ void sgd_step(float* p, const float* g, float* buf, u64 n,
     }
 }
 
-// decay = 1 - lr*wd for AdamW (l2 = 0); decay = 1 and l2 = wd for Adam.
+// args = [decay, step_size, sqrt(bias_correction2)] (AdamStep::args): decay = 1 - lr*wd for
+// AdamW (l2 = 0); decay = 1 and l2 = wd for Adam.
 extern "C" __global__ void adam_step(float* p, const float* g, float* m, float* v, u64 n, float beta1, float beta2,
-                                     float eps, float l2, float decay, float step_size, float bias_correction2_sqrt) {
+                                     float eps, float l2, const float* args) {
+    float decay = args[0], step_size = args[1], bias_correction2_sqrt = args[2];
     GRID_STRIDE(i, n) {
         float grad = g[i] + l2 * p[i];
         float param = p[i] * decay;

@@ -641,6 +641,7 @@ fn run_in<B: Backend>(
                 "samples_per_sec": outcome.samples_per_sec(),
                 "startup_s": outcome.startup_s,
                 "cuda_graph_recordings": outcome.step_recordings,
+                "cuda_graph_update_recordings": outcome.update_recordings,
                 "memory_planned_bytes": all_replicas_memory(spec, &weights_graph, &memory),
                 "device_memory_peak_bytes": backend.memory().map(|(_, peak)| peak),
                 "resumed_from": resumed_from,

@@ -52,6 +52,7 @@ fn every_kernel_compiles_for_ampere_and_hopper() {
         "reduce_stats",
         "sum_squares_partial",
         "sum_partials",
+        "clip_by_norm",
         "sgd_step",
         "adam_step",
     ];

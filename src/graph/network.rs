@@ -14,6 +14,7 @@
 
 use super::{numel, BufferPlan, Graph, Op};
 use crate::error::Result;
+use crate::tensor::record::Recorder;
 use crate::tensor::rng::derive;
 use crate::tensor::{Activation, Backend, HalfKind};
 
@@ -47,8 +48,10 @@ pub struct Network<B: Backend> {
     /// Mixed precision rounds the data too, unless it holds token ids (whole numbers: an
     /// fp16 id above 2048 would move).
     round_input: bool,
-    /// The recorded training micro-step (CUDA graphs), when enabled.
-    graphs: StepGraphs<B>,
+    /// Records the training micro-step (forward, loss, backward) once and replays it (CUDA
+    /// graphs), when enabled: one launch instead of one per op, which is what small models
+    /// spend their time on.
+    graphs: Recorder<B, Recorded>,
 }
 
 /// What a recorded training micro-step computes besides the buffers' contents: a recording
@@ -60,18 +63,6 @@ struct Recorded {
     grad_scale_bits: u32,
     /// Where the loss statistics are (the recording holds their device address).
     stats_at: usize,
-}
-
-/// Recording the training micro-step (forward, loss, backward) once and replaying it: one
-/// launch instead of one per op, which is what small models spend their time on.
-struct StepGraphs<B: Backend> {
-    enabled: bool,
-    /// The last micro-step that ran unrecorded. Recording waits for a second one like it, so
-    /// that whatever the first allocated lazily (scratch, cuBLAS's state) exists already.
-    warm: Option<Recorded>,
-    recording: Option<(Recorded, B::Graph)>,
-    /// How many times a recording was made (a change of loss scale records again).
-    recordings: u64,
 }
 
 /// Which forward pass a layer runs in.
@@ -187,12 +178,7 @@ impl<B: Backend> Network<B> {
             half: None,
             half_params: None,
             round_input: graph_has_no_embedding,
-            graphs: StepGraphs {
-                enabled: false,
-                warm: None,
-                recording: None,
-                recordings: 0,
-            },
+            graphs: Recorder::off(),
         })
     }
 
@@ -233,13 +219,13 @@ impl<B: Backend> Network<B> {
                 "model.layers[{i}] (dropout) draws a new mask every step"
             ));
         }
-        self.graphs.enabled = true;
+        self.graphs.enable();
         Ok(())
     }
 
     /// How many times the training micro-step was recorded (0 without graphs).
     pub fn step_recordings(&self) -> u64 {
-        self.graphs.recordings
+        self.graphs.recordings()
     }
 
     /// One training micro-step on the first `n` samples of the input and targets: forward,
@@ -262,36 +248,14 @@ impl<B: Backend> Network<B> {
         // A smaller last batch (or a replica's smaller share) runs op by op: recording it
         // would replace the full batch's recording for one step. (The sample offset matters
         // only to dropout, which step graphs exclude.)
-        if !self.graphs.enabled || n != self.max_batch {
+        if !self.graphs.enabled() || n != self.max_batch {
             return self.run_train_step(backend, n, grad_scale, stats, step_key);
         }
-        if let Some((recorded, graph)) = &self.graphs.recording {
-            if *recorded == this {
-                return backend.replay(graph);
-            }
-        }
-        if self.graphs.warm == Some(this) {
-            // The recording for another key (a previous loss scale) is replaced.
-            if let Some((_, old)) = self.graphs.recording.take() {
-                backend.release(old);
-            }
-            if backend.begin_capture() {
-                self.run_train_step(backend, n, grad_scale, stats, step_key);
-                match backend.end_capture() {
-                    Some(graph) => {
-                        backend.replay(&graph);
-                        self.graphs.recording = Some((this, graph));
-                        self.graphs.recordings += 1;
-                        return;
-                    }
-                    // Recording failed (the device said why): the ops did not run; from now
-                    // on every step runs op by op.
-                    None => self.graphs.enabled = false,
-                }
-            }
-        }
-        self.graphs.warm = Some(this);
-        self.run_train_step(backend, n, grad_scale, stats, step_key);
+        let mut graphs = std::mem::replace(&mut self.graphs, Recorder::off());
+        graphs.run(backend, this, || {
+            self.run_train_step(backend, n, grad_scale, stats, step_key)
+        });
+        self.graphs = graphs;
     }
 
     fn run_train_step(

@@ -9,6 +9,7 @@ pub use schedule::Schedule;
 
 use crate::error::Result;
 use crate::spec::{JobSpec, OptimizerKind};
+use crate::tensor::record::Recorder;
 use crate::tensor::{AdamStep, Backend, SgdStep};
 
 /// torch.nn.utils.clip_grad_norm_: returns the global L2 norm of `grads` and, when a
@@ -63,6 +64,12 @@ pub struct Optimizer<B: Backend> {
     steps: u64,
     /// The names of the state buffers in use (state1, then state2).
     names: &'static [&'static str],
+    /// This step's changing values (learning rate, bias corrections) in device memory,
+    /// where the update reads them (written by `prepare`).
+    args: B::Buf,
+    /// Records the update (with clipping and the half-precision weights) once and replays
+    /// it (CUDA graphs), keyed by the clipping threshold's bits.
+    updates: Recorder<B, Option<u64>>,
 }
 
 /// State buffers of the size of the parameters that a job's optimizer keeps.
@@ -95,6 +102,14 @@ impl<B: Backend> Optimizer<B> {
             state2: backend.alloc(size(1))?,
             steps: 0,
             names: state_names(spec),
+            args: backend.alloc(3)?,
+            updates: {
+                let mut updates = Recorder::off();
+                if spec.device.cuda_graphs {
+                    updates.enable();
+                }
+                updates
+            },
         })
     }
 
@@ -143,32 +158,78 @@ impl<B: Backend> Optimizer<B> {
 
     /// One update of `params` from `grads` at learning rate `lr`.
     pub fn step(&mut self, backend: &B, params: &mut B::Buf, grads: &B::Buf, lr: f64) {
+        self.prepare(backend, lr);
+        self.update(backend, params, grads);
+    }
+
+    /// Counts the next step and writes its values at learning rate `lr` where `update`
+    /// reads them: outside any recording, so a recorded update follows the schedule.
+    pub fn prepare(&mut self, backend: &B, lr: f64) {
         self.steps += 1;
-        let o = &self.spec;
+        let lr = lr as f32;
         match self.kind {
             OptimizerKind::Sgd => {
-                let h = SgdStep {
-                    lr: lr as f32,
-                    momentum: o.momentum as f32,
-                    dampening: o.dampening as f32,
-                    nesterov: o.nesterov,
-                    weight_decay: self.weight_decay,
-                    first_step: self.steps == 1,
-                };
-                backend.sgd_step(params, grads, &mut self.state1, &h);
+                backend.upload(&SgdStep::args(lr, self.steps == 1), &mut self.args)
             }
             OptimizerKind::Adam | OptimizerKind::Adamw => {
-                let h = AdamStep {
-                    lr: lr as f32,
-                    beta1: o.betas[0] as f32,
-                    beta2: o.betas[1] as f32,
-                    eps: o.eps as f32,
-                    weight_decay: self.weight_decay,
-                    decoupled: self.kind == OptimizerKind::Adamw,
-                    step: self.steps,
-                };
-                backend.adam_step(params, grads, &mut self.state1, &mut self.state2, &h);
+                backend.upload(&self.adam().args(lr, self.steps), &mut self.args)
             }
+        }
+    }
+
+    /// The update `prepare` wrote the values of: one fused kernel over the flat buffers.
+    pub fn update(&mut self, backend: &B, params: &mut B::Buf, grads: &B::Buf) {
+        match self.kind {
+            OptimizerKind::Sgd => {
+                let h = self.sgd();
+                backend.sgd_step(params, grads, &mut self.state1, &h, &self.args);
+            }
+            OptimizerKind::Adam | OptimizerKind::Adamw => {
+                let h = self.adam();
+                let (m, v) = (&mut self.state1, &mut self.state2);
+                backend.adam_step(params, grads, m, v, &h, &self.args);
+            }
+        }
+    }
+
+    /// Runs `update` (this optimizer's `update` and what goes with it: clipping, refreshing
+    /// the half-precision weights) after `prepare`, recorded once and replayed where the
+    /// device records (CUDA graphs); `key` names what the recording depends on besides the
+    /// buffers (the clipping threshold). `update` must read nothing back from the device.
+    pub fn run_update(&mut self, backend: &B, key: Option<u64>, mut update: impl FnMut(&mut Self)) {
+        let mut updates = std::mem::replace(&mut self.updates, Recorder::off());
+        updates.run(backend, key, || update(self));
+        self.updates = updates;
+    }
+
+    /// Whether `run_update` records (CUDA graphs on, on a device that records).
+    pub fn records_updates(&self) -> bool {
+        self.updates.enabled()
+    }
+
+    /// How many times the update was recorded.
+    pub fn update_recordings(&self) -> u64 {
+        self.updates.recordings()
+    }
+
+    fn sgd(&self) -> SgdStep {
+        let o = &self.spec;
+        SgdStep {
+            momentum: o.momentum as f32,
+            dampening: o.dampening as f32,
+            nesterov: o.nesterov,
+            weight_decay: self.weight_decay,
+        }
+    }
+
+    fn adam(&self) -> AdamStep {
+        let o = &self.spec;
+        AdamStep {
+            beta1: o.betas[0] as f32,
+            beta2: o.betas[1] as f32,
+            eps: o.eps as f32,
+            weight_decay: self.weight_decay,
+            decoupled: self.kind == OptimizerKind::Adamw,
         }
     }
 }

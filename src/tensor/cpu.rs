@@ -695,8 +695,9 @@ impl Backend for CpuBackend {
         grads: &Vec<f32>,
         momentum: &mut Vec<f32>,
         h: &SgdStep,
+        args: &Vec<f32>,
     ) {
-        let (lr, wd) = (h.lr, h.weight_decay);
+        let (lr, first_step, wd) = (args[0], args[1] != 0.0, h.weight_decay);
         if h.momentum == 0.0 {
             // No momentum buffer is kept (it is empty).
             params
@@ -720,7 +721,7 @@ impl Backend for CpuBackend {
                 vectorized(|| {
                     for ((p, &g), b) in p.iter_mut().zip(g).zip(buf.iter_mut()) {
                         let d = g + wd * *p;
-                        *b = if h.first_step { d } else { mu * *b + keep * d };
+                        *b = if first_step { d } else { mu * *b + keep * d };
                         *p -= lr * if h.nesterov { d + mu * *b } else { *b };
                     }
                 })
@@ -734,18 +735,12 @@ impl Backend for CpuBackend {
         exp_avg: &mut Vec<f32>,
         exp_avg_sq: &mut Vec<f32>,
         h: &AdamStep,
+        args: &Vec<f32>,
     ) {
-        let bias_correction1 = 1.0 - (h.beta1 as f64).powi(h.step as i32);
-        let bias_correction2 = 1.0 - (h.beta2 as f64).powi(h.step as i32);
-        let step_size = (h.lr as f64 / bias_correction1) as f32;
-        let bias_correction2_sqrt = bias_correction2.sqrt() as f32;
         // Branch-free so it vectorises: AdamW decays the parameters (decay < 1, no L2 term),
         // Adam adds the L2 term to the gradient (decay = 1). x·1 and g + 0·x are exact.
-        let (decay, l2) = if h.decoupled {
-            (1.0 - h.lr * h.weight_decay, 0.0)
-        } else {
-            (1.0, h.weight_decay)
-        };
+        let (decay, step_size, bias_correction2_sqrt) = (args[0], args[1], args[2]);
+        let l2 = h.l2();
         let (beta1, beta2, eps) = (h.beta1, h.beta2, h.eps);
         params
             .par_chunks_mut(CHUNK)

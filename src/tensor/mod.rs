@@ -8,6 +8,7 @@
 pub mod cast;
 pub mod cpu;
 pub mod cuda;
+pub mod record;
 pub mod rng;
 pub mod spatial;
 
@@ -47,30 +48,62 @@ pub enum LossFn {
     BceWithLogits,
 }
 
-/// One Adam/AdamW update's hyper-parameters, with PyTorch's semantics.
+/// Adam/AdamW's hyper-parameters, with PyTorch's semantics: what stays the same from step to
+/// step. What changes (the learning rate, the bias corrections) is `AdamStep::args`, which
+/// the update reads from device memory, so that a recorded update (CUDA graphs) follows the
+/// schedule.
 #[derive(Debug, Clone, Copy)]
 pub struct AdamStep {
-    pub lr: f32,
     pub beta1: f32,
     pub beta2: f32,
     pub eps: f32,
     pub weight_decay: f32,
     /// AdamW: weight decay multiplies the parameters instead of joining the gradient.
     pub decoupled: bool,
-    /// 1-based step count, for the bias corrections.
-    pub step: u64,
 }
 
-/// One SGD update's hyper-parameters, with PyTorch's semantics.
+impl AdamStep {
+    /// The values of step `step` (1-based) at learning rate `lr` that the update reads:
+    /// [parameter decay, step size, √(bias correction 2)]. AdamW decays the parameters by
+    /// 1 - lr·wd; Adam adds wd·p to the gradient instead (`l2`) and decays by 1 (x·1 is exact).
+    pub fn args(&self, lr: f32, step: u64) -> [f32; 3] {
+        let bias_correction1 = 1.0 - (self.beta1 as f64).powi(step as i32);
+        let bias_correction2 = 1.0 - (self.beta2 as f64).powi(step as i32);
+        let step_size = (lr as f64 / bias_correction1) as f32;
+        let decay = if self.decoupled {
+            1.0 - lr * self.weight_decay
+        } else {
+            1.0
+        };
+        [decay, step_size, bias_correction2.sqrt() as f32]
+    }
+
+    /// The L2 term's factor (Adam; 0 for AdamW, whose decay is in `args`).
+    pub fn l2(&self) -> f32 {
+        if self.decoupled {
+            0.0
+        } else {
+            self.weight_decay
+        }
+    }
+}
+
+/// SGD's hyper-parameters, with PyTorch's semantics; what changes from step to step is
+/// `SgdStep::args`.
 #[derive(Debug, Clone, Copy)]
 pub struct SgdStep {
-    pub lr: f32,
     pub momentum: f32,
     pub dampening: f32,
     pub nesterov: bool,
     pub weight_decay: f32,
-    /// The momentum buffer is initialised with the first gradient (no dampening then).
-    pub first_step: bool,
+}
+
+impl SgdStep {
+    /// The values the update reads: [learning rate, 1 on the first step (the momentum buffer
+    /// starts as the first gradient, undampened), else 0].
+    pub fn args(lr: f32, first_step: bool) -> [f32; 2] {
+        [lr, if first_step { 1.0 } else { 0.0 }]
+    }
 }
 
 /// Running sums a loss adds to: loss summed over samples, correct predictions, samples.
@@ -284,17 +317,25 @@ pub trait Backend {
             *out = norm;
         }
     }
+    /// The norm the last `clip_to_norm` computed, read back now: for a recorded clip, which
+    /// cannot read it (devices that record; None elsewhere).
+    fn last_clip_norm(&self) -> Option<f64> {
+        None
+    }
     fn scale(&self, buf: &mut Self::Buf, factor: f32);
     /// Rounds the first `len` values to the nearest `kind` value (ties to even), keeping them
     /// as f32: mixed precision's half-precision tensors, in f32 buffers (see graph::Network).
     fn round_to_half(&self, kind: HalfKind, buf: &mut Self::Buf, len: usize);
+    /// One SGD update; `args` holds `SgdStep::args` (uploaded by the caller).
     fn sgd_step(
         &self,
         params: &mut Self::Buf,
         grads: &Self::Buf,
         momentum: &mut Self::Buf,
         h: &SgdStep,
+        args: &Self::Buf,
     );
+    /// One Adam/AdamW update; `args` holds `AdamStep::args` (uploaded by the caller).
     fn adam_step(
         &self,
         params: &mut Self::Buf,
@@ -302,6 +343,7 @@ pub trait Backend {
         exp_avg: &mut Self::Buf,
         exp_avg_sq: &mut Self::Buf,
         h: &AdamStep,
+        args: &Self::Buf,
     );
 
     /// f32 elements of scratch `conv2d_*` needs for batches of up to `max_batch`.

@@ -66,6 +66,9 @@ pub struct Outcome {
     /// On devices that record (CUDA graphs): how many times the training step was recorded
     /// (0: never, every step ran op by op).
     pub step_recordings: Option<u64>,
+    /// The same for the optimizer update (with clipping), recorded where nothing in it is
+    /// read back (not with loss scaling or `on_nonfinite = "skip"`).
+    pub update_recordings: Option<u64>,
     /// The newest checkpoint this run wrote.
     pub last_checkpoint: Option<PathBuf>,
     /// Set when a signal stopped the run early: the signal's number.
@@ -487,8 +490,15 @@ pub fn train_session<B: Backend>(
     let mut outcome = finish(outcome, &st, Some(weights));
     outcome.epochs = last_epoch;
     outcome.step_recordings = B::RECORDS.then(|| net.step_recordings());
+    outcome.update_recordings = B::RECORDS.then(|| optimizer.update_recordings());
     if let Some(n) = outcome.step_recordings.filter(|&n| n > 0) {
-        tracing::info!("CUDA graphs: the training step was recorded {n} time(s) and replayed");
+        let update = match outcome.update_recordings {
+            Some(0) | None => "; the update ran op by op".to_string(),
+            Some(u) => format!(", the optimizer update {u} time(s)"),
+        };
+        tracing::info!(
+            "CUDA graphs: the training micro-step was recorded {n} time(s){update}, and replayed"
+        );
     }
     Ok(outcome)
 }
@@ -701,6 +711,29 @@ pub(crate) fn apply_gradients<B: Backend>(
     settings: StepSettings,
 ) -> StepResult {
     let check = settings.loss_scale.is_some() || settings.skip_nonfinite;
+    if !check && optimizer.records_updates() {
+        // Nothing decided on the host: clipping, the update and the half-precision weights
+        // are recorded once and replayed (CUDA graphs); only this step's values are copied.
+        // A log row reads the norm before (no clipping) or after (the clip's) the replay.
+        let (clip, want) = (settings.clip, settings.want_grad_norm);
+        let mut grad_norm =
+            (want && clip.is_none()).then(|| clip_grad_norm(backend, &mut net.grads, None));
+        optimizer.prepare(backend, settings.lr);
+        optimizer.run_update(backend, clip.map(f64::to_bits), |optimizer| {
+            if let Some(max_norm) = clip {
+                backend.clip_to_norm(&mut net.grads, max_norm, None);
+            }
+            optimizer.update(backend, &mut net.params, &net.grads);
+            net.refresh_half_params(backend);
+        });
+        if want && clip.is_some() {
+            grad_norm = backend.last_clip_norm();
+        }
+        return StepResult {
+            grad_norm,
+            skipped: false,
+        };
+    }
     let grad_norm = match (settings.loss_scale, settings.clip) {
         (Some(s), _) => Some(unscale_and_clip(backend, &mut net.grads, s, settings.clip)),
         // (With an inf norm, clipping scales the gradients by 0; the step is skipped anyway.)

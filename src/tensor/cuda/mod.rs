@@ -1521,6 +1521,10 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn last_clip_norm(&self) -> Option<f64> {
+        Some(self.read_sum_squares().sqrt())
+    }
+
     fn scale(&self, buf: &mut CudaSlice<f32>, factor: f32) {
         let n = buf.len() as u64;
         let mut l = self.stream.launch_builder(&self.f.scale);
@@ -1659,20 +1663,20 @@ impl Backend for CudaBackend {
         grads: &CudaSlice<f32>,
         momentum: &mut CudaSlice<f32>,
         h: &SgdStep,
+        args: &CudaSlice<f32>,
     ) {
         let n = params.len() as u64;
-        let (nesterov, first) = (i32::from(h.nesterov), i32::from(h.first_step));
+        let nesterov = i32::from(h.nesterov);
         let mut l = self.stream.launch_builder(&self.f.sgd_step);
         l.arg(&mut *params)
             .arg(grads)
             .arg(&mut *momentum)
             .arg(&n)
-            .arg(&h.lr)
             .arg(&h.momentum)
             .arg(&h.dampening)
             .arg(&nesterov)
             .arg(&h.weight_decay)
-            .arg(&first);
+            .arg(args);
         // SAFETY: updates n parameters; the momentum buffer (n long when momentum != 0) is only
         // touched when momentum != 0.
         self.launch(
@@ -1688,17 +1692,10 @@ impl Backend for CudaBackend {
         exp_avg: &mut CudaSlice<f32>,
         exp_avg_sq: &mut CudaSlice<f32>,
         h: &AdamStep,
+        args: &CudaSlice<f32>,
     ) {
         let n = params.len() as u64;
-        let bias_correction1 = 1.0 - (h.beta1 as f64).powi(h.step as i32);
-        let bias_correction2 = 1.0 - (h.beta2 as f64).powi(h.step as i32);
-        let step_size = (h.lr as f64 / bias_correction1) as f32;
-        let bc2_sqrt = bias_correction2.sqrt() as f32;
-        let (decay, l2) = if h.decoupled {
-            (1.0 - h.lr * h.weight_decay, 0.0f32)
-        } else {
-            (1.0f32, h.weight_decay)
-        };
+        let l2 = h.l2();
         let mut l = self.stream.launch_builder(&self.f.adam_step);
         l.arg(&mut *params)
             .arg(grads)
@@ -1709,9 +1706,7 @@ impl Backend for CudaBackend {
             .arg(&h.beta2)
             .arg(&h.eps)
             .arg(&l2)
-            .arg(&decay)
-            .arg(&step_size)
-            .arg(&bc2_sqrt);
+            .arg(args);
         // SAFETY: updates n elements of each buffer.
         self.launch(
             "adam step",
