@@ -19,14 +19,12 @@
 use crate::commands::RunArgs;
 use crate::error::{Error, Result};
 use crate::runtime_err;
-use crate::signals::{SIGINT, SIGTERM};
+use crate::signals::{Received, SIGINT, SIGTERM};
 use crate::spec::JobSpec;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -60,7 +58,8 @@ pub fn run(args: &RunArgs, spec: &JobSpec) -> Result<Option<PathBuf>> {
         "starting {world} processes, one per replica ({}), meeting on 127.0.0.1:{port}",
         devices.join(", ")
     );
-    let forward = Forward::install()?;
+    let signals =
+        Received::install().map_err(|e| runtime_err!("cannot install the signal handlers: {e}"))?;
     let mut ranks = Vec::with_capacity(world);
     let mut run_dir = None;
     for (rank, device) in devices.iter().enumerate() {
@@ -95,7 +94,7 @@ pub fn run(args: &RunArgs, spec: &JobSpec) -> Result<Option<PathBuf>> {
             ended: None,
         });
     }
-    watch(&mut ranks, &forward);
+    watch(&mut ranks, &signals);
     let run_dir = run_dir
         .and_then(|t| t.join().ok())
         .map(|text| PathBuf::from(text.trim()))
@@ -170,10 +169,10 @@ fn rank_command(
 
 /// Polls the ranks until every one has ended: passes signals on to rank 0, and stops the
 /// ranks still running a grace period after the run began to end.
-fn watch(ranks: &mut [Rank], forward: &Forward) {
+fn watch(ranks: &mut [Rank], signals: &Received) {
     let mut terminated = false;
     loop {
-        for signal in forward.received() {
+        for signal in signals.take() {
             match &ranks[0].ended {
                 None => {
                     tracing::warn!("passing {} on to rank 0", signal_name(signal));
@@ -266,44 +265,6 @@ fn outcome(ranks: &mut [Rank]) -> Option<Error> {
             signal.map_or("unknown".into(), |s| s.to_string())
         ),
     })
-}
-
-/// SIGINT and SIGTERM received by this process, to be passed on (no exit on a second one:
-/// rank 0 decides that).
-struct Forward {
-    flags: [(i32, Arc<AtomicBool>); 2],
-    ids: Vec<signal_hook::SigId>,
-}
-
-impl Forward {
-    fn install() -> Result<Forward> {
-        let flags = [SIGINT, SIGTERM].map(|s| (s, Arc::new(AtomicBool::new(false))));
-        let mut ids = Vec::new();
-        for (signal, flag) in &flags {
-            ids.push(
-                signal_hook::flag::register(*signal, Arc::clone(flag))
-                    .map_err(|e| runtime_err!("cannot install the signal handlers: {e}"))?,
-            );
-        }
-        Ok(Forward { flags, ids })
-    }
-
-    /// The signals received since the last call.
-    fn received(&self) -> Vec<i32> {
-        self.flags
-            .iter()
-            .filter(|(_, flag)| flag.swap(false, Ordering::SeqCst))
-            .map(|(signal, _)| *signal)
-            .collect()
-    }
-}
-
-impl Drop for Forward {
-    fn drop(&mut self) {
-        for id in self.ids.drain(..) {
-            signal_hook::low_level::unregister(id);
-        }
-    }
 }
 
 /// A port on loopback that nothing listens on (rank 0 binds it a moment later).

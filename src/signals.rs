@@ -2,7 +2,8 @@
 //! current optimizer step and write a checkpoint (exit 130 or 143, as a shell reports a
 //! death by that signal); a second one ends the process at once. Stopping at once corrupts
 //! nothing: checkpoints are replaced by rename only when complete, and metrics.csv rows
-//! after the last checkpoint are dropped when the run is resumed.
+//! after the last checkpoint are dropped when the run is resumed. A launcher, which trains
+//! nothing, only notes them to pass them on (`Received`).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -54,6 +55,41 @@ impl Stop {
 }
 
 impl Drop for Stop {
+    fn drop(&mut self) {
+        for id in self.ids.drain(..) {
+            signal_hook::low_level::unregister(id);
+        }
+    }
+}
+
+/// SIGINT and SIGTERM as they arrive, for a process that passes them on to its children
+/// (a launcher): unlike `Stop`, a second one does not end this process; the child decides.
+pub struct Received {
+    flags: [(i32, Arc<AtomicBool>); 2],
+    ids: Vec<signal_hook::SigId>,
+}
+
+impl Received {
+    pub fn install() -> std::io::Result<Received> {
+        let flags = [SIGINT, SIGTERM].map(|s| (s, Arc::new(AtomicBool::new(false))));
+        let mut ids = Vec::new();
+        for (signal, flag) in &flags {
+            ids.push(signal_hook::flag::register(*signal, Arc::clone(flag))?);
+        }
+        Ok(Received { flags, ids })
+    }
+
+    /// The signals received since the last call.
+    pub fn take(&self) -> Vec<i32> {
+        self.flags
+            .iter()
+            .filter(|(_, flag)| flag.swap(false, Ordering::SeqCst))
+            .map(|(signal, _)| *signal)
+            .collect()
+    }
+}
+
+impl Drop for Received {
     fn drop(&mut self) {
         for id in self.ids.drain(..) {
             signal_hook::low_level::unregister(id);

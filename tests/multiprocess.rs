@@ -173,6 +173,14 @@ fn numbers(dir: &Path) -> Vec<Vec<String>> {
         .collect()
 }
 
+/// metrics.csv's loss column, every row.
+fn losses_of(dir: &Path) -> Vec<f64> {
+    let (header, rows) = read_csv(&dir.join("metrics.csv"));
+    rows.iter()
+        .map(|r| common::column(&header, r, "loss").parse().unwrap())
+        .collect()
+}
+
 fn model(dir: &Path) -> Vec<u8> {
     std::fs::read(dir.join("model.safetensors")).unwrap()
 }
@@ -570,10 +578,7 @@ fn two_ranks_sharing_one_gpu_follow_the_cpu_ranks() {
             &[job, "--runs-dir", runs.to_str().unwrap(), "--set", &set],
         );
         assert_eq!(ranks[1].code, Some(0), "{}", ranks[1].stderr);
-        let (header, rows) = read_csv(&run_dir_of(&ranks[0]).join("metrics.csv"));
-        rows.iter()
-            .map(|r| common::column(&header, r, "loss").parse().unwrap())
-            .collect()
+        losses_of(&run_dir_of(&ranks[0]))
     };
     let (gpu, cpu) = (losses("cuda:0"), losses("cpu"));
     // The same two ranks started by `trainer run` itself: cuda:0 listed twice.
@@ -597,11 +602,7 @@ fn two_ranks_sharing_one_gpu_follow_the_cpu_ranks() {
         "{}",
         launched.stderr
     );
-    let (header, rows) = read_csv(&run_dir_of(&launched).join("metrics.csv"));
-    let launched: Vec<f64> = rows
-        .iter()
-        .map(|r| common::column(&header, r, "loss").parse().unwrap())
-        .collect();
+    let launched = losses_of(&run_dir_of(&launched));
     assert_eq!(gpu.len(), cpu.len());
     assert_eq!(launched, gpu, "launched ranks = ranks started by hand");
     for (g, c) in gpu.iter().zip(&cpu) {

@@ -103,13 +103,7 @@ impl<B: Backend> Optimizer<B> {
             steps: 0,
             names: state_names(spec),
             args: backend.alloc(3)?,
-            updates: {
-                let mut updates = Recorder::off();
-                if spec.device.cuda_graphs {
-                    updates.enable();
-                }
-                updates
-            },
+            updates: Recorder::new(spec.device.cuda_graphs),
         })
     }
 

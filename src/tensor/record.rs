@@ -16,6 +16,15 @@ pub struct Recorder<B: Backend, K> {
 }
 
 impl<B: Backend, K: PartialEq + Copy> Recorder<B, K> {
+    /// A recorder that records when `on` and the device can; else it runs the ops as they come.
+    pub fn new(on: bool) -> Self {
+        let mut recorder = Self::off();
+        if on {
+            recorder.enable();
+        }
+        recorder
+    }
+
     /// A recorder that runs the ops as they come until `enable`d.
     pub fn off() -> Self {
         Recorder {
