@@ -489,8 +489,23 @@ fn set_of_an_unknown_key_is_refused() {
         &[],
         &["--set", "optimizer.lrr=0.1"],
         2,
-        &["--set optimizer.lrr", "did you mean `lr`?"],
+        &[
+            "--set optimizer.lrr: key `optimizer.lrr`: unknown key",
+            "did you mean `lr`?",
+        ],
     );
+}
+
+#[test]
+fn environment_variable_of_an_unknown_key_is_named() {
+    let out = trainer(
+        &["check", "jobs/mlp.toml"],
+        &[("TRAINER_OPTIMIZER__LRR", "0.1")],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    let says = "environment TRAINER_OPTIMIZER__LRR: key `optimizer.lrr`: unknown key";
+    assert!(err.contains(says), "{err}");
 }
 
 #[test]

@@ -189,16 +189,23 @@ fn layered_error(file: &str, sets: &toml::Table, errors: figment::Error) -> Erro
         .into_iter()
         .map(|e| {
             let mut path = e.path.clone();
+            // Figment's path may already end with the key's name (it does for an unknown key
+            // from the environment or --set): name it once.
+            let mut name_key = |name: &str| {
+                if path.last().map(String::as_str) != Some(name) {
+                    path.push(name.to_string());
+                }
+            };
             let message = match &e.kind {
                 figment::error::Kind::UnknownField(name, expected) => {
-                    path.push(name.clone());
+                    name_key(name);
                     let expected: Vec<String> = expected.iter().map(|s| format!("`{s}`")).collect();
                     let msg = format!("unknown key, expected one of {}", expected.join(", "));
                     let hint = did_you_mean(&format!("unknown field `{name}`, {msg}"));
                     format!("{msg}{hint}")
                 }
                 figment::error::Kind::MissingField(name) => {
-                    path.push(name.to_string());
+                    name_key(name);
                     "missing key: it is required".to_string()
                 }
                 kind => kind.to_string(),
