@@ -52,7 +52,7 @@ fn cases(op: &str) -> Vec<Value> {
 #[test]
 fn conv2d_matches_pytorch_forward_and_backward() {
     let cases = cases("conv2d");
-    assert_eq!(cases.len(), 4);
+    assert_eq!(cases.len(), 5);
     for c in cases {
         let (k, n) = (pair(&c["k"]), int(&c["n"]));
         let s = Conv2d {

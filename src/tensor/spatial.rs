@@ -57,6 +57,124 @@ impl Conv2d {
         self.o * self.group_rows()
     }
 
+    /// The convolution whose forward pass is this one's input gradient, where im2col can run
+    /// it: stride 1, one group, and padding that keeps the size ((k - 1)·d = 2·pad both ways).
+    /// Then dx = conv(dy, W with in and out channels swapped and the kernel flipped): one GEMM
+    /// with K = o·kh·kw that writes dx once, instead of a GEMM with K = o writing the
+    /// c·kh·kw-row im2col matrix and col2im adding its rows into dx (twice the time).
+    fn input_gradient_conv(&self) -> Option<Conv2d> {
+        let keeps_size = |k: usize, d: usize, pad: usize| (k - 1) * d == 2 * pad;
+        let usable = self.stride == (1, 1)
+            && self.groups == 1
+            && keeps_size(self.kh, self.dil.0, self.pad.0)
+            && keeps_size(self.kw, self.dil.1, self.pad.1);
+        usable.then_some(Conv2d {
+            c: self.o,
+            o: self.c,
+            ..*self
+        })
+    }
+
+    /// Stride 1, an output as wide as the input, one group: then im2col need unroll only the
+    /// kernel's columns (`im2col_rows`), and each kernel row's im2col rows are a window of
+    /// that matrix, which the GEMM reads in place.
+    fn unrolls_rows(&self) -> bool {
+        self.is_plane_shift() && self.groups == 1
+    }
+
+    /// One row of `im2col_rows`'s matrix: the input plane with pad.0 rows of zeros above and
+    /// below it.
+    fn padded_plane(&self) -> usize {
+        (self.h + 2 * self.pad.0) * self.w
+    }
+
+    /// Scratch one sample's im2col takes.
+    fn scratch_len(&self) -> usize {
+        if self.unrolls_rows() {
+            self.c * self.kw * self.padded_plane()
+        } else {
+            self.col_len()
+        }
+    }
+
+    /// cols[(ci, kj), r, q] = x[ci, r - pad.0, q + kj·d - pad.1] (0 outside the input): the
+    /// input unrolled over the kernel's columns only, with zero rows for the padding. Kernel
+    /// row ki's im2col matrix is then the window of oh·w values starting at row ki·d of every
+    /// row of this one, for `unrolls_rows` geometries: a third of im2col's copying for a 3x3
+    /// kernel (which was a quarter of a ResNet step).
+    fn im2col_rows(&self, x: &[f32], cols: &mut [f32]) {
+        let (w, plane) = (self.w, self.h * self.w);
+        let (top, len) = (self.pad.0 * w, self.padded_plane());
+        for (ci, src) in x.chunks_exact(plane).take(self.c).enumerate() {
+            for kj in 0..self.kw {
+                let out = &mut cols[(ci * self.kw + kj) * len..][..len];
+                out[..top].fill(0.0);
+                out[top + plane..].fill(0.0);
+                let body = &mut out[top..top + plane];
+                let dj = (kj * self.dil.1) as isize - self.pad.1 as isize;
+                let shift = dj.unsigned_abs();
+                if shift >= w {
+                    body.fill(0.0);
+                    continue;
+                }
+                // body[t] = src[t + dj]: one copy of the plane; the values that wrap into the
+                // neighbouring row (and the `shift` values no source covers) lie in the
+                // invalid columns zeroed below.
+                let invalid = if dj >= 0 {
+                    body[..plane - shift].copy_from_slice(&src[shift..]);
+                    w - shift..w
+                } else {
+                    body[shift..].copy_from_slice(&src[..plane - shift]);
+                    0..shift
+                };
+                for row in body.chunks_exact_mut(w) {
+                    zero(&mut row[invalid.clone()]);
+                }
+            }
+        }
+    }
+
+    /// W[o, c, ki, kj] as [ki][o, c, kj]: kernel row ki's GEMM operand for `im2col_rows`.
+    fn weights_by_kernel_row(&self, w: &[f32], by_row: &mut [f32]) {
+        let (c, kh, kw) = (self.c, self.kh, self.kw);
+        for (o, w_o) in w.chunks_exact(c * kh * kw).take(self.o).enumerate() {
+            for (ci, w_oc) in w_o.chunks_exact(kh * kw).enumerate() {
+                for (ki, src) in w_oc.chunks_exact(kw).enumerate() {
+                    by_row[((ki * self.o + o) * c + ci) * kw..][..kw].copy_from_slice(src);
+                }
+            }
+        }
+    }
+
+    /// dW[o, c, ki, kj] += by_row[ki][o, c, kj]: the adjoint layout change.
+    fn add_from_kernel_rows(&self, by_row: &[f32], dw: &mut [f32]) {
+        let (c, kh, kw) = (self.c, self.kh, self.kw);
+        for (o, dw_o) in dw.chunks_exact_mut(c * kh * kw).take(self.o).enumerate() {
+            for (ci, dw_oc) in dw_o.chunks_exact_mut(kh * kw).enumerate() {
+                for (ki, dst) in dw_oc.chunks_exact_mut(kw).enumerate() {
+                    let src = &by_row[((ki * self.o + o) * c + ci) * kw..][..kw];
+                    for (d, v) in dst.iter_mut().zip(src) {
+                        *d += v;
+                    }
+                }
+            }
+        }
+    }
+
+    /// W[o, c, ki, kj] as the weights of `input_gradient_conv`: [c, o, kh-1-ki, kw-1-kj].
+    fn flip_weights(&self, w: &[f32], flipped: &mut [f32]) {
+        let area = self.kh * self.kw;
+        for o in 0..self.o {
+            for c in 0..self.c {
+                let src = &w[(o * self.c + c) * area..][..area];
+                let dst = &mut flipped[(c * self.o + o) * area..][..area];
+                for (d, s) in dst.iter_mut().zip(src.iter().rev()) {
+                    *d = *s;
+                }
+            }
+        }
+    }
+
     /// The output columns q whose input column q·stride - pad + kj·dil lies inside [0, w),
     /// and that input column for q = 0 (possibly negative).
     #[inline]
@@ -102,25 +220,21 @@ impl Conv2d {
                     for p in 0..oh {
                         let i =
                             (p * self.stride.0 + ki * self.dil.0) as isize - self.pad.0 as isize;
+                        // Rows are short (a strided convolution's output): zeros by single
+                        // stores, since a `fill` is a memset call.
                         let dst = &mut out[p * ow..(p + 1) * ow];
                         if i < 0 || i >= self.h as isize || valid.is_empty() {
-                            dst.fill(0.0);
+                            zero(dst);
                             continue;
                         }
                         let src = &plane[i as usize * self.w..(i as usize + 1) * self.w];
-                        dst[..valid.start].fill(0.0);
-                        dst[valid.end..].fill(0.0);
+                        zero(&mut dst[..valid.start]);
+                        zero(&mut dst[valid.end..]);
                         let first =
                             (valid.start as isize * self.stride.1 as isize + offset) as usize;
-                        if self.stride.1 == 1 {
-                            dst[valid.clone()].copy_from_slice(&src[first..first + valid.len()]);
-                        } else {
-                            for (d, j) in dst[valid.clone()]
-                                .iter_mut()
-                                .zip((first..).step_by(self.stride.1))
-                            {
-                                *d = src[j];
-                            }
+                        let (src, stride) = (&src[first..], self.stride.1);
+                        for (k, d) in dst[valid.clone()].iter_mut().enumerate() {
+                            *d = src[k * stride];
                         }
                     }
                     row += 1;
@@ -223,6 +337,13 @@ impl Conv2d {
     }
 }
 
+/// Sets a few values to zero with plain stores (no memset call).
+fn zero(values: &mut [f32]) {
+    for v in values {
+        *v = 0.0;
+    }
+}
+
 /// im2col row (ki, kj) of a plane-shift geometry (`Conv2d::is_plane_shift`) against its input
 /// plane: entries `covered` are plane[source..], the other entries of `rows` and everything
 /// outside `rows` are zeros, as are the entries of invalid `columns` (in every row).
@@ -260,11 +381,13 @@ impl PlaneShift {
         }
     }
 
-    /// Zeroes the entries of output columns whose input column lies outside the plane.
+    /// Zeroes the entries of output columns whose input column lies outside the plane. Those
+    /// are a padding's width at one edge of each row, so single stores: a `fill` per row
+    /// would be two memset calls for a value or two (they took 5% of a ResNet step).
     fn zero_invalid_columns(&self, rows: &mut [f32]) {
         for row in rows.chunks_exact_mut(self.width) {
-            row[..self.columns.start].fill(0.0);
-            row[self.columns.end..].fill(0.0);
+            zero(&mut row[..self.columns.start]);
+            zero(&mut row[self.columns.end..]);
         }
     }
 }
@@ -272,7 +395,11 @@ impl PlaneShift {
 /// Scratch the convolution of `threads` threads needs.
 pub fn conv_workspace_len(s: &Conv2d, threads: usize, max_batch: usize) -> usize {
     let chunks = max_batch.div_ceil(DW_CHUNK);
-    s.col_len() * threads.max(chunks).max(1) + chunks * s.weight_len()
+    let slots = threads.max(chunks).max(1);
+    let transposed = s.input_gradient_conv().map_or(0, |t| t.scratch_len());
+    let scratch = s.col_len().max(s.scratch_len()).max(transposed);
+    // [flipped weights | dW partials per chunk | weights by kernel row | scratch per slot]
+    (chunks + 2) * s.weight_len() + slots * scratch
 }
 
 /// Samples whose weight gradients one task sums: the batch is cut into chunks of this size
@@ -280,10 +407,37 @@ pub fn conv_workspace_len(s: &Conv2d, threads: usize, max_batch: usize) -> usize
 /// the number of threads (a resumed run may use another `train.threads`).
 const DW_CHUNK: usize = 16;
 
-/// Splits `n` samples into one contiguous run per workspace slot.
-fn samples_per_thread(n: usize, workspace: &[f32], col_len: usize) -> usize {
-    let slots = (workspace.len() / col_len.max(1)).max(1);
-    n.div_ceil(slots).max(1)
+/// Runs `f(sample, its output, scratch)` for the first `n` samples of `out` (`out_len` values
+/// each), in parallel: each thread takes a contiguous run of samples and a `scratch_len` slot
+/// of the workspace.
+fn each_sample(
+    out: &mut [f32],
+    out_len: usize,
+    n: usize,
+    workspace: &mut [f32],
+    scratch_len: usize,
+    f: impl Fn(usize, &mut [f32], &mut [f32]) + Sync,
+) {
+    let slots = (workspace.len() / scratch_len.max(1)).max(1);
+    let per = n.div_ceil(slots).max(1);
+    out[..n * out_len]
+        .par_chunks_mut(per * out_len)
+        .zip(workspace.par_chunks_mut(scratch_len.max(1)))
+        .enumerate()
+        .for_each(|(t, (outs, scratch))| {
+            for (j, out_n) in outs.chunks_mut(out_len).enumerate() {
+                f(t * per + j, out_n, scratch);
+            }
+        });
+}
+
+/// Sets every output plane to its channel's bias (the GEMMs then add to it).
+fn fill_bias(y: &mut [f32], b: Option<&[f32]>, plane: usize) {
+    if let Some(b) = b {
+        for (out, &bias) in y.chunks_mut(plane).zip(b) {
+            out.fill(bias);
+        }
+    }
 }
 
 /// y[n, o, oh, ow] = conv(x[n, c, h, w], W[o, c/g, kh, kw]) + b.
@@ -298,41 +452,46 @@ pub fn conv2d_forward(
     workspace: &mut [f32],
 ) {
     let (oh, ow) = s.oh_ow();
-    let (in_len, out_len, col_len) = (s.c * s.h * s.w, s.o * oh * ow, s.col_len());
-    let per = samples_per_thread(n, workspace, col_len);
-    let (og, rows) = (s.o / s.groups, s.group_rows());
+    let (in_len, out_len) = (s.c * s.h * s.w, s.o * oh * ow);
     let serial = CpuBackend::new(1);
-    y[..n * out_len]
-        .par_chunks_mut(per * out_len)
-        .zip(workspace.par_chunks_mut(col_len))
-        .enumerate()
-        .for_each(|(t, (ys, col))| {
-            for (j, y_n) in ys.chunks_mut(out_len).enumerate() {
-                let sample = t * per + j;
-                s.im2col(&x[sample * in_len..(sample + 1) * in_len], col);
-                for g in 0..s.groups {
-                    let y_g = &mut y_n[g * og * oh * ow..(g + 1) * og * oh * ow];
-                    if let Some(b) = b {
-                        for (oc, plane) in y_g.chunks_mut(oh * ow).enumerate() {
-                            plane.fill(b[g * og + oc]);
-                        }
-                    }
-                    let w_g = &w[g * og * rows..(g + 1) * og * rows];
-                    let col_g = &col[g * rows * oh * ow..(g + 1) * rows * oh * ow];
-                    serial.matmul(
-                        y_g,
-                        b.is_some(),
-                        w_g,
-                        (rows, 1),
-                        col_g,
-                        (oh * ow, 1),
-                        og,
-                        oh * ow,
-                        rows,
-                    );
-                }
+    if s.unrolls_rows() {
+        // y += W[ki] · (kernel row ki's window of the unrolled input), for every ki.
+        let (by_row, workspace) = workspace.split_at_mut(s.weight_len());
+        s.weights_by_kernel_row(w, by_row);
+        let (k, len, step) = (s.c * s.kw, s.padded_plane(), s.dil.0 * s.w);
+        each_sample(y, out_len, n, workspace, s.scratch_len(), |i, y_n, cols| {
+            s.im2col_rows(&x[i * in_len..(i + 1) * in_len], cols);
+            fill_bias(y_n, b, oh * ow);
+            for (ki, w_ki) in by_row.chunks_exact(s.o * k).enumerate() {
+                let window = &cols[ki * step..];
+                let add = b.is_some() || ki > 0;
+                serial.matmul(y_n, add, w_ki, (k, 1), window, (len, 1), s.o, oh * ow, k);
             }
         });
+        return;
+    }
+    let (og, rows) = (s.o / s.groups, s.group_rows());
+    each_sample(y, out_len, n, workspace, s.col_len(), |i, y_n, col| {
+        s.im2col(&x[i * in_len..(i + 1) * in_len], col);
+        fill_bias(y_n, b, oh * ow);
+        for g in 0..s.groups {
+            let y_g = &mut y_n[g * og * oh * ow..(g + 1) * og * oh * ow];
+            let w_g = &w[g * og * rows..(g + 1) * og * rows];
+            let col_g = &col[g * rows * oh * ow..(g + 1) * rows * oh * ow];
+            let add = b.is_some();
+            serial.matmul(
+                y_g,
+                add,
+                w_g,
+                (rows, 1),
+                col_g,
+                (oh * ow, 1),
+                og,
+                oh * ow,
+                rows,
+            );
+        }
+    });
 }
 
 /// dW += Σₙ dyₙ·colₙᵀ, db += Σ dy, dx = col2im(Wᵀ·dyₙ) when asked.
@@ -359,74 +518,103 @@ pub fn conv2d_backward(
         }
     }
     // dW: each chunk of samples into its own partial sum, in parallel; then the partials in
-    // chunk order. The workspace holds the partials first, then im2col scratch.
+    // chunk order (see `conv_workspace_len` for the workspace's layout).
     let chunks = n.div_ceil(DW_CHUNK);
-    let (partials, cols) = workspace.split_at_mut(chunks * dw.len());
+    let (flipped, workspace) = workspace.split_at_mut(dw.len());
+    let (partials, workspace) = workspace.split_at_mut(chunks * dw.len());
     let serial = CpuBackend::new(1);
-    partials
-        .par_chunks_mut(dw.len())
-        .zip(cols.par_chunks_mut(col_len))
-        .enumerate()
-        .for_each(|(k, (part, col))| {
-            part.fill(0.0);
-            for sample in k * DW_CHUNK..((k + 1) * DW_CHUNK).min(n) {
-                s.im2col(&x[sample * in_len..(sample + 1) * in_len], col);
-                let dy_n = &dy[sample * out_len..(sample + 1) * out_len];
-                for g in 0..s.groups {
-                    let dy_g = &dy_n[g * og * oh * ow..(g + 1) * og * oh * ow];
-                    let col_g = &col[g * rows * oh * ow..(g + 1) * rows * oh * ow];
-                    let part_g = &mut part[g * og * rows..(g + 1) * og * rows];
-                    // dW_g[og, rows] += dy_g[og, ohw] · col_gᵀ[ohw, rows]
-                    serial.matmul(
-                        part_g,
-                        true,
-                        dy_g,
-                        (oh * ow, 1),
-                        col_g,
-                        (1, oh * ow),
-                        og,
-                        rows,
-                        oh * ow,
-                    );
+    let unrolled = s.unrolls_rows();
+    {
+        let cols = &mut workspace[dw.len()..];
+        let scratch = if unrolled { s.scratch_len() } else { col_len };
+        let (k, len, step) = (s.c * s.kw, s.padded_plane(), s.dil.0 * s.w);
+        partials
+            .par_chunks_mut(dw.len())
+            .zip(cols.par_chunks_mut(scratch))
+            .enumerate()
+            .for_each(|(chunk, (part, col))| {
+                part.fill(0.0);
+                for i in chunk * DW_CHUNK..((chunk + 1) * DW_CHUNK).min(n) {
+                    let (x_n, dy_n) = (&x[i * in_len..][..in_len], &dy[i * out_len..][..out_len]);
+                    if unrolled {
+                        // dW[ki] += dy · (kernel row ki's window)ᵀ, in `weights_by_kernel_row`'s
+                        // layout.
+                        s.im2col_rows(x_n, col);
+                        for (ki, part_ki) in part.chunks_exact_mut(s.o * k).enumerate() {
+                            let window = &col[ki * step..];
+                            let ohw = oh * ow;
+                            serial.matmul(
+                                part_ki,
+                                true,
+                                dy_n,
+                                (ohw, 1),
+                                window,
+                                (1, len),
+                                s.o,
+                                k,
+                                ohw,
+                            );
+                        }
+                        continue;
+                    }
+                    s.im2col(x_n, col);
+                    for g in 0..s.groups {
+                        let dy_g = &dy_n[g * og * oh * ow..(g + 1) * og * oh * ow];
+                        let col_g = &col[g * rows * oh * ow..(g + 1) * rows * oh * ow];
+                        let part_g = &mut part[g * og * rows..(g + 1) * og * rows];
+                        // dW_g[og, rows] += dy_g[og, ohw] · col_gᵀ[ohw, rows]
+                        serial.matmul(
+                            part_g,
+                            true,
+                            dy_g,
+                            (oh * ow, 1),
+                            col_g,
+                            (1, oh * ow),
+                            og,
+                            rows,
+                            oh * ow,
+                        );
+                    }
                 }
-            }
-        });
+            });
+    }
     for part in partials.chunks(dw.len()) {
-        for (d, p) in dw.iter_mut().zip(part) {
-            *d += p;
+        if unrolled {
+            s.add_from_kernel_rows(part, dw);
+        } else {
+            for (d, p) in dw.iter_mut().zip(part) {
+                *d += p;
+            }
         }
     }
     let Some(dx) = dx else { return };
-    let per = samples_per_thread(n, cols, col_len);
-    dx[..n * in_len]
-        .par_chunks_mut(per * in_len)
-        .zip(cols.par_chunks_mut(col_len))
-        .enumerate()
-        .for_each(|(t, (dxs, col))| {
-            for (j, dx_n) in dxs.chunks_mut(in_len).enumerate() {
-                let sample = t * per + j;
-                let dy_n = &dy[sample * out_len..(sample + 1) * out_len];
-                for g in 0..s.groups {
-                    let w_g = &w[g * og * rows..(g + 1) * og * rows];
-                    let dy_g = &dy_n[g * og * oh * ow..(g + 1) * og * oh * ow];
-                    let col_g = &mut col[g * rows * oh * ow..(g + 1) * rows * oh * ow];
-                    // dcol_g[rows, ohw] = W_gᵀ[rows, og] · dy_g[og, ohw]
-                    serial.matmul(
-                        col_g,
-                        false,
-                        w_g,
-                        (1, rows),
-                        dy_g,
-                        (oh * ow, 1),
-                        rows,
-                        oh * ow,
-                        og,
-                    );
-                }
-                dx_n.fill(0.0);
-                s.col2im(col, dx_n);
-            }
-        });
+    if let Some(t) = s.input_gradient_conv() {
+        s.flip_weights(w, flipped);
+        return conv2d_forward(&t, dy, flipped, None, dx, n, workspace);
+    }
+    let cols = &mut workspace[dw.len()..];
+    each_sample(dx, in_len, n, cols, col_len, |i, dx_n, col| {
+        let dy_n = &dy[i * out_len..(i + 1) * out_len];
+        for g in 0..s.groups {
+            let w_g = &w[g * og * rows..(g + 1) * og * rows];
+            let dy_g = &dy_n[g * og * oh * ow..(g + 1) * og * oh * ow];
+            let col_g = &mut col[g * rows * oh * ow..(g + 1) * rows * oh * ow];
+            // dcol_g[rows, ohw] = W_gᵀ[rows, og] · dy_g[og, ohw]
+            serial.matmul(
+                col_g,
+                false,
+                w_g,
+                (1, rows),
+                dy_g,
+                (oh * ow, 1),
+                rows,
+                oh * ow,
+                og,
+            );
+        }
+        dx_n.fill(0.0);
+        s.col2im(col, dx_n);
+    });
 }
 
 /// Pooling geometry over [c, h, w] planes (PyTorch: stride defaults to the kernel size).
@@ -960,7 +1148,7 @@ mod tests {
     }
 
     #[test]
-    fn im2col_and_col2im_match_their_definitions_for_shifted_planes_and_strided_rows() {
+    fn im2col_and_col2im_match_their_definitions_for_shifted_planes_unrolled_and_strided_rows() {
         let geometries = [
             // (h, w, k, stride, pad, dilation): plane shifts first, then the row-by-row path.
             (6, 5, 3, 1, 1, 1),
@@ -998,7 +1186,20 @@ mod tests {
             {
                 let mut col = vec![f32::NAN; s.col_len()];
                 s.im2col(&x, &mut col);
-                assert_eq!(col, im2col_by_definition(&s, &x), "{s:?}");
+                let by_definition = im2col_by_definition(&s, &x);
+                assert_eq!(col, by_definition, "{s:?}");
+                if s.unrolls_rows() {
+                    // Every im2col row (ci, ki, kj) is a window of the row-unrolled matrix.
+                    let mut cols = vec![f32::NAN; s.scratch_len()];
+                    s.im2col_rows(&x, &mut cols);
+                    let (oh, ow) = s.oh_ow();
+                    let rows = by_definition.chunks_exact(oh * ow).enumerate();
+                    for (row, expected) in rows {
+                        let (ci, ki, kj) = (row / (k * k), row / k % k, row % k);
+                        let at = (ci * k + kj) * s.padded_plane() + ki * s.dil.0 * s.w;
+                        assert_eq!(&cols[at..at + oh * ow], expected, "{s:?} row {row}");
+                    }
+                }
                 // The adjoint: every column entry added back into its input position.
                 let mut dcol: Vec<f32> =
                     (0..s.col_len()).map(|i| (i as f32 * 0.11).cos()).collect();
