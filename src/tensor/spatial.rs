@@ -4,7 +4,10 @@
 //! biased variance for normalising and unbiased variance for running statistics.
 //!
 //! Convolution runs samples in parallel, each thread with its own im2col scratch (a slice of
-//! the caller's workspace, `conv_workspace_len` long), so nothing is allocated per step.
+//! the caller's workspace, `conv_workspace_len` long), so nothing is allocated per step. With
+//! one group, im2col unrolls only the kernel's columns and the GEMMs read each kernel row's
+//! rows as a window of that matrix (`Conv2d::im2col_rows`); the input gradient of a
+//! size-keeping convolution is itself a convolution (`Conv2d::input_gradient_conv`).
 
 use super::cpu::CpuBackend;
 use rayon::prelude::*;
@@ -75,62 +78,128 @@ impl Conv2d {
         })
     }
 
-    /// Stride 1, an output as wide as the input, one group: then im2col need unroll only the
-    /// kernel's columns (`im2col_rows`), and each kernel row's im2col rows are a window of
-    /// that matrix, which the GEMM reads in place.
+    /// One group: then im2col need unroll only the kernel's columns (`im2col_rows`), and each
+    /// kernel row's im2col rows are a window of that matrix, which the GEMM reads in place.
     fn unrolls_rows(&self) -> bool {
-        self.is_plane_shift() && self.groups == 1
+        self.groups == 1
     }
 
-    /// One row of `im2col_rows`'s matrix: the input plane with pad.0 rows of zeros above and
-    /// below it.
-    fn padded_plane(&self) -> usize {
-        (self.h + 2 * self.pad.0) * self.w
+    /// Rows of each phase of `im2col_rows`'s matrix: the padded input's rows, dealt into
+    /// `stride.0` phases.
+    fn phase_rows(&self) -> usize {
+        (self.h + 2 * self.pad.0).div_ceil(self.stride.0)
+    }
+
+    /// One row of `im2col_rows`'s matrix: every phase's rows of `ow` values.
+    fn unrolled_row_len(&self) -> usize {
+        self.stride.0 * self.phase_rows() * self.oh_ow().1
+    }
+
+    /// Where kernel row ki's window starts in each row of `im2col_rows`'s matrix: output row
+    /// p reads padded row p·stride + ki·dil, which is row p + ⌊ki·dil / stride⌋ of phase
+    /// ki·dil mod stride, so the oh·ow values from there are the window.
+    fn window_start(&self, ki: usize) -> usize {
+        let (r, stride) = (ki * self.dil.0, self.stride.0);
+        ((r % stride) * self.phase_rows() + r / stride) * self.oh_ow().1
     }
 
     /// Scratch one sample's im2col takes.
     fn scratch_len(&self) -> usize {
         if self.unrolls_rows() {
-            self.c * self.kw * self.padded_plane()
+            self.c * self.kw * self.unrolled_row_len()
         } else {
             self.col_len()
         }
     }
 
-    /// cols[(ci, kj), r, q] = x[ci, r - pad.0, q + kj·d - pad.1] (0 outside the input): the
-    /// input unrolled over the kernel's columns only, with zero rows for the padding. Kernel
-    /// row ki's im2col matrix is then the window of oh·w values starting at row ki·d of every
-    /// row of this one, for `unrolls_rows` geometries: a third of im2col's copying for a 3x3
-    /// kernel (which was a quarter of a ResNet step).
+    /// The rows of phase φ of `im2col_rows`'s matrix that some window reads: from the first
+    /// window start to the last window's end among the kernel rows of that phase (none: a
+    /// strided 1x1 convolution reads one phase of its input's rows).
+    fn phase_rows_read(&self, phase: usize) -> std::ops::Range<usize> {
+        let (oh, stride) = (self.oh_ow().0, self.stride.0);
+        let starts = (0..self.kh)
+            .map(|ki| ki * self.dil.0)
+            .filter(|r| r % stride == phase)
+            .map(|r| r / stride);
+        match (starts.clone().min(), starts.max()) {
+            (Some(first), Some(last)) => first..last + oh,
+            _ => 0..0,
+        }
+    }
+
+    /// cols[(ci, kj), r, q] = x[ci, r - pad.0, q·stride.1 + kj·dil.1 - pad.1] (0 outside the
+    /// input) for every padded row r, stored at row r / stride.0 of phase r mod stride.0:
+    /// the input unrolled over the kernel's columns only. Kernel row ki's im2col matrix is
+    /// then a window of every row of this one (`window_start`): a third of im2col's copying
+    /// for a 3x3 kernel (which was a quarter of a ResNet step).
     fn im2col_rows(&self, x: &[f32], cols: &mut [f32]) {
         let (w, plane) = (self.w, self.h * self.w);
-        let (top, len) = (self.pad.0 * w, self.padded_plane());
+        let (_, ow) = self.oh_ow();
+        let (len, phase_rows) = (self.unrolled_row_len(), self.phase_rows());
+        let whole_planes = self.stride == (1, 1) && ow == w;
         for (ci, src) in x.chunks_exact(plane).take(self.c).enumerate() {
             for kj in 0..self.kw {
                 let out = &mut cols[(ci * self.kw + kj) * len..][..len];
-                out[..top].fill(0.0);
-                out[top + plane..].fill(0.0);
-                let body = &mut out[top..top + plane];
-                let dj = (kj * self.dil.1) as isize - self.pad.1 as isize;
-                let shift = dj.unsigned_abs();
-                if shift >= w {
-                    body.fill(0.0);
+                if whole_planes {
+                    self.shifted_plane(src, kj, out);
                     continue;
                 }
-                // body[t] = src[t + dj]: one copy of the plane; the values that wrap into the
-                // neighbouring row (and the `shift` values no source covers) lie in the
-                // invalid columns zeroed below.
-                let invalid = if dj >= 0 {
-                    body[..plane - shift].copy_from_slice(&src[shift..]);
-                    w - shift..w
-                } else {
-                    body[shift..].copy_from_slice(&src[..plane - shift]);
-                    0..shift
-                };
-                for row in body.chunks_exact_mut(w) {
-                    zero(&mut row[invalid.clone()]);
+                let (valid, offset) = self.valid_columns(kj, ow);
+                let rows = (0..self.stride.0).flat_map(|phase| {
+                    let read = self.phase_rows_read(phase);
+                    read.map(move |a| (phase * phase_rows + a, a * self.stride.0 + phase))
+                });
+                for (at, r) in rows {
+                    let dst = &mut out[at * ow..(at + 1) * ow];
+                    let i = r as isize - self.pad.0 as isize;
+                    if i < 0 || i >= self.h as isize || valid.is_empty() {
+                        zero(dst);
+                        continue;
+                    }
+                    let row = &src[i as usize * w..(i as usize + 1) * w];
+                    zero(&mut dst[..valid.start]);
+                    zero(&mut dst[valid.end..]);
+                    let first = (valid.start as isize * self.stride.1 as isize + offset) as usize;
+                    let (row, step) = (&row[first..], self.stride.1);
+                    if step == 2 {
+                        // Pairs, so that LLVM vectorises the gather (the usual downsampling).
+                        for (d, pair) in dst[valid.clone()].iter_mut().zip(row.chunks(2)) {
+                            *d = pair[0];
+                        }
+                    } else {
+                        for (k, d) in dst[valid.clone()].iter_mut().enumerate() {
+                            *d = row[k * step];
+                        }
+                    }
                 }
             }
+        }
+    }
+
+    /// `im2col_rows` of one plane and kernel column for stride 1 and an output as wide as the
+    /// input: the padded plane shifted by kj·dil - pad.1 columns, one contiguous copy.
+    fn shifted_plane(&self, src: &[f32], kj: usize, out: &mut [f32]) {
+        let (w, plane, top) = (self.w, self.h * self.w, self.pad.0 * self.w);
+        out[..top].fill(0.0);
+        out[top + plane..].fill(0.0);
+        let body = &mut out[top..top + plane];
+        let dj = (kj * self.dil.1) as isize - self.pad.1 as isize;
+        let shift = dj.unsigned_abs();
+        if shift >= w {
+            body.fill(0.0);
+            return;
+        }
+        // body[t] = src[t + dj]: the values that wrap into the neighbouring row (and the
+        // `shift` values no source covers) lie in the invalid columns zeroed below.
+        let invalid = if dj >= 0 {
+            body[..plane - shift].copy_from_slice(&src[shift..]);
+            w - shift..w
+        } else {
+            body[shift..].copy_from_slice(&src[..plane - shift]);
+            0..shift
+        };
+        for row in body.chunks_exact_mut(w) {
+            zero(&mut row[invalid.clone()]);
         }
     }
 
@@ -458,12 +527,12 @@ pub fn conv2d_forward(
         // y += W[ki] · (kernel row ki's window of the unrolled input), for every ki.
         let (by_row, workspace) = workspace.split_at_mut(s.weight_len());
         s.weights_by_kernel_row(w, by_row);
-        let (k, len, step) = (s.c * s.kw, s.padded_plane(), s.dil.0 * s.w);
+        let (k, len) = (s.c * s.kw, s.unrolled_row_len());
         each_sample(y, out_len, n, workspace, s.scratch_len(), |i, y_n, cols| {
             s.im2col_rows(&x[i * in_len..(i + 1) * in_len], cols);
             fill_bias(y_n, b, oh * ow);
             for (ki, w_ki) in by_row.chunks_exact(s.o * k).enumerate() {
-                let window = &cols[ki * step..];
+                let window = &cols[s.window_start(ki)..];
                 let add = b.is_some() || ki > 0;
                 serial.matmul(y_n, add, w_ki, (k, 1), window, (len, 1), s.o, oh * ow, k);
             }
@@ -527,7 +596,7 @@ pub fn conv2d_backward(
     {
         let cols = &mut workspace[dw.len()..];
         let scratch = if unrolled { s.scratch_len() } else { col_len };
-        let (k, len, step) = (s.c * s.kw, s.padded_plane(), s.dil.0 * s.w);
+        let (k, len) = (s.c * s.kw, s.unrolled_row_len());
         partials
             .par_chunks_mut(dw.len())
             .zip(cols.par_chunks_mut(scratch))
@@ -541,7 +610,7 @@ pub fn conv2d_backward(
                         // layout.
                         s.im2col_rows(x_n, col);
                         for (ki, part_ki) in part.chunks_exact_mut(s.o * k).enumerate() {
-                            let window = &col[ki * step..];
+                            let window = &col[s.window_start(ki)..];
                             let ohw = oh * ow;
                             serial.matmul(
                                 part_ki,
@@ -1161,6 +1230,9 @@ mod tests {
             (7, 7, 3, 2, 1, 1),
             (6, 5, 3, 1, 0, 1),
             (5, 8, 3, 1, 0, 2),
+            (9, 8, 1, 2, 0, 1),
+            (8, 9, 3, 3, 2, 2),
+            (10, 10, 5, 2, 2, 1),
         ];
         for (h, w, k, stride, pad, dil) in geometries {
             let s = Conv2d {
@@ -1196,7 +1268,7 @@ mod tests {
                     let rows = by_definition.chunks_exact(oh * ow).enumerate();
                     for (row, expected) in rows {
                         let (ci, ki, kj) = (row / (k * k), row / k % k, row % k);
-                        let at = (ci * k + kj) * s.padded_plane() + ki * s.dil.0 * s.w;
+                        let at = (ci * k + kj) * s.unrolled_row_len() + s.window_start(ki);
                         assert_eq!(&cols[at..at + oh * ow], expected, "{s:?} row {row}");
                     }
                 }
