@@ -88,7 +88,7 @@ fn prepare(job: &Path, sets: &[String], name: Option<&str>) -> Result<Prepared> 
     }
     if spec.parallel.world.is_some() || all_gpus {
         // Batches must now divide among the processes or the GPUs found.
-        spec::validate(&spec, &job.display().to_string())?;
+        spec::validate(&spec, &spec::KeySources::new(job, sets)?)?;
     }
     let data = data::load(&spec.data, spec.job.seed)?;
     let shape = DataShape {

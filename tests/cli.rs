@@ -497,6 +497,33 @@ fn set_of_an_unknown_key_is_refused() {
 }
 
 #[test]
+fn a_bad_value_is_blamed_on_the_layer_that_gave_it() {
+    expect_failure(
+        GOOD_JOB,
+        &[],
+        &["--set", "optimizer.lr=-1"],
+        2,
+        &["--set optimizer.lr: key `optimizer.lr`: -1 given; must be a positive number"],
+    );
+    expect_failure(
+        GOOD_JOB,
+        &[],
+        &["--set", "precision.mode=\"fp8\""],
+        2,
+        &[
+            r#"--set precision.mode: key `precision.mode`: "fp8" given; allowed: "fp32", "fp16", "bf16""#,
+        ],
+    );
+    let out = trainer(
+        &["check", "jobs/mlp.toml"],
+        &[("TRAINER_TRAIN__EPOCHS", "0")],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let says = "environment TRAINER_TRAIN__EPOCHS: key `train.epochs`: 0 given";
+    assert!(stderr(&out).contains(says), "{}", stderr(&out));
+}
+
+#[test]
 fn environment_variable_of_an_unknown_key_is_named() {
     let out = trainer(
         &["check", "jobs/mlp.toml"],

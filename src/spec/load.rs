@@ -56,7 +56,13 @@ pub fn load_job(path: &Path, sets: &[String]) -> Result<JobSpec> {
     }
     let base = path.parent().unwrap_or(Path::new("."));
     resolve_paths(&mut spec, base);
-    super::validate(&spec, &file)?;
+    super::validate(
+        &spec,
+        &KeySources {
+            file,
+            sets: set_table,
+        },
+    )?;
     // The resolved spec names the batch size even when it is the default.
     if spec.data.global_batch_size.is_none() {
         spec.data.batch_size = Some(spec.batch_size());
@@ -184,7 +190,47 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
     (line, col)
 }
 
+/// Where a key's value came from, for error messages: its --set argument, its environment
+/// variable or the job file.
+pub struct KeySources {
+    file: String,
+    sets: toml::Table,
+}
+
+impl KeySources {
+    pub fn new(file: &Path, sets: &[String]) -> Result<Self> {
+        Ok(KeySources {
+            file: file.display().to_string(),
+            sets: parse_sets(sets)?,
+        })
+    }
+
+    /// "--set KEY", "environment TRAINER_…" or the file, for a key such as `optimizer.lr` or
+    /// `model.layers[2].out` (an index names the array, which is what --set replaces).
+    pub fn of(&self, key: &str) -> String {
+        let path: Vec<String> = key
+            .split('.')
+            .map(|part| part.split('[').next().unwrap_or(part).to_string())
+            .collect();
+        self.of_path(&path, key)
+    }
+
+    fn of_path(&self, path: &[String], key: &str) -> String {
+        if set_contains(&self.sets, path) {
+            format!("--set {key}")
+        } else if let Some((var, _)) = std::env::vars().find(|(k, _)| env_matches(k, path)) {
+            format!("environment {var}")
+        } else {
+            self.file.clone()
+        }
+    }
+}
+
 fn layered_error(file: &str, sets: &toml::Table, errors: figment::Error) -> Error {
+    let sources = KeySources {
+        file: file.to_string(),
+        sets: sets.clone(),
+    };
     let lines: Vec<String> = errors
         .into_iter()
         .map(|e| {
@@ -204,6 +250,10 @@ fn layered_error(file: &str, sets: &toml::Table, errors: figment::Error) -> Erro
                     let hint = did_you_mean(&format!("unknown field `{name}`, {msg}"));
                     format!("{msg}{hint}")
                 }
+                figment::error::Kind::UnknownVariant(given, allowed) => {
+                    let allowed: Vec<String> = allowed.iter().map(|s| format!("\"{s}\"")).collect();
+                    format!("\"{given}\" given; allowed: {}", allowed.join(", "))
+                }
                 figment::error::Kind::MissingField(name) => {
                     name_key(name);
                     "missing key: it is required".to_string()
@@ -211,14 +261,7 @@ fn layered_error(file: &str, sets: &toml::Table, errors: figment::Error) -> Erro
                 kind => kind.to_string(),
             };
             let key = path.join(".");
-            let source = if set_contains(sets, &path) {
-                format!("--set {key}")
-            } else if std::env::vars().any(|(k, _)| env_matches(&k, &path)) {
-                format!("environment TRAINER_{}", path.join("__").to_uppercase())
-            } else {
-                file.to_string()
-            };
-            format!("{source}: key `{key}`: {message}")
+            format!("{}: key `{key}`: {message}", sources.of_path(&path, &key))
         })
         .collect();
     Error::Job(lines.join("\n"))

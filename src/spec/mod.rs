@@ -10,7 +10,7 @@ pub use controls::{
     parse_duration, EarlyStoppingSpec, OnNonFinite, StopMode, MAX_SKIPPED_IN_A_ROW,
 };
 pub use explain::explain;
-pub use load::{load_job, parse_set_arg, JobSource};
+pub use load::{load_job, parse_set_arg, JobSource, KeySources};
 pub use validate::{parse_device, validate, DeviceChoice};
 
 use schemars::JsonSchema;

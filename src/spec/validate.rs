@@ -2,18 +2,21 @@
 //! and combinations that cannot run. Every problem is collected, so a user fixes a job in
 //! one round.
 
+use super::load::KeySources;
 use super::*;
 use crate::error::{Error, Result};
 
 struct Problems<'a> {
-    file: &'a str,
+    sources: &'a KeySources,
     lines: Vec<String>,
 }
 
 impl Problems<'_> {
+    /// A problem with `key`, said where its value came from (the file, --set or the
+    /// environment).
     fn add(&mut self, key: &str, message: impl std::fmt::Display) {
-        self.lines
-            .push(format!("{}: key `{key}`: {message}", self.file));
+        let source = self.sources.of(key);
+        self.lines.push(format!("{source}: key `{key}`: {message}"));
     }
     fn check(&mut self, ok: bool, key: &str, message: impl std::fmt::Display) {
         if !ok {
@@ -22,9 +25,9 @@ impl Problems<'_> {
     }
 }
 
-pub fn validate(spec: &JobSpec, file: &str) -> Result<()> {
+pub fn validate(spec: &JobSpec, sources: &KeySources) -> Result<()> {
     let mut p = Problems {
-        file,
+        sources,
         lines: Vec::new(),
     };
     validate_data(&spec.data, &mut p);
