@@ -535,7 +535,7 @@ fn run_in<B: Backend>(
     parallel: Option<Box<dyn DataParallel<B>>>,
 ) -> Result<()> {
     let started = Instant::now();
-    let memory = memory_plan(spec, &graph, &data, backend.memory().is_some());
+    let memory = memory_plan(spec, &graph, &data, backend.free_memory());
     let layout = BatchLayout::of(spec);
     let device = parallel
         .as_ref()
@@ -689,9 +689,16 @@ fn run_in<B: Backend>(
 }
 
 /// What the run (one replica of it, with data parallelism) will hold: the graph's buffers,
-/// and on a GPU also the data set (unless device.data = "streamed"; "auto" streams it only
-/// when it does not fit) and the cuBLAS workspace.
-fn memory_plan(spec: &JobSpec, graph: &Graph, data: &Data, on_gpu: bool) -> MemoryPlan {
+/// and on a GPU (`gpu_memory`: the bytes it has for this run) also the cuBLAS workspace and
+/// the data set, unless it is streamed (device.data = "streamed", or "auto" with a data set
+/// that does not fit beside the rest: `samples::fits_on_device`).
+fn memory_plan(
+    spec: &JobSpec,
+    graph: &Graph,
+    data: &Data,
+    gpu_memory: Option<usize>,
+) -> MemoryPlan {
+    let on_gpu = gpu_memory.is_some();
     let (batch, threads) = (BatchLayout::of(spec).per_replica(), replica_threads(spec));
     let (data_bytes, workspace) = if on_gpu {
         let conv = graph.conv_workspace(|s| cuda::conv_workspace_len(s, batch));
@@ -700,9 +707,8 @@ fn memory_plan(spec: &JobSpec, graph: &Graph, data: &Data, on_gpu: bool) -> Memo
             PrecisionMode::Fp32 => 0,
             _ => 2 * 2 * graph.largest_matmul_input(batch, |s| cuda::conv_workspace_len(s, batch)),
         };
-        let resident = spec.device.data != DataPlacement::Streamed;
         (
-            if resident { data.bytes() } else { 0 },
+            data.bytes(),
             cuda::CUBLAS_WORKSPACE + 4 * conv + half_inputs,
         )
     } else {
@@ -720,6 +726,17 @@ fn memory_plan(spec: &JobSpec, graph: &Graph, data: &Data, on_gpu: bool) -> Memo
     );
     if spec.precision.mode != PrecisionMode::Fp32 {
         plan.half_params = plan.params;
+    }
+    let resident = match (spec.device.data, gpu_memory) {
+        (_, None) | (DataPlacement::Resident, _) => true,
+        (DataPlacement::Streamed, _) => false,
+        (DataPlacement::Auto, Some(memory)) => {
+            let rest = plan.total() - plan.data;
+            crate::train::fits_on_device(plan.data, memory.saturating_sub(rest))
+        }
+    };
+    if !resident {
+        plan.data = 0;
     }
     plan
 }
@@ -808,8 +825,17 @@ pub fn check(job: &Path, sets: &[String]) -> Result<String> {
     }
     out += &format!("total parameters: {}\n\n", group_digits(graph.param_count));
     // Predict for the device the job names; `auto` is resolved as `run` would resolve it.
-    let on_gpu = pick_device(job, &spec)? != Device::Cpu;
-    let m = memory_plan(&spec, &graph, &data, on_gpu);
+    let gpu = match pick_device(job, &spec)? {
+        Device::Cpu => None,
+        Device::Cuda(n) => Some(n),
+    };
+    let on_gpu = gpu.is_some();
+    // The GPU's whole memory: what "auto" would find free when nothing else runs there.
+    let gpu_memory = gpu.map(|n| match cuda::probe() {
+        Ok((devices, _)) => devices.get(n).map_or(usize::MAX, |d| d.memory_bytes),
+        Err(_) => usize::MAX,
+    });
+    let m = memory_plan(&spec, &graph, &data, gpu_memory);
     let device = if on_gpu {
         spec.device.kind.replace("auto", "cuda:0")
     } else {
@@ -835,7 +861,7 @@ pub fn check(job: &Path, sets: &[String]) -> Result<String> {
         ("layer state", m.layer_state),
         ("scratch (conv, cuBLAS)", m.workspace),
     ];
-    if on_gpu && spec.device.data != DataPlacement::Streamed {
+    if m.data > 0 {
         rows.push(("data set on the device", m.data));
     }
     rows.retain(|&(what, b)| b > 0 || what != "half-precision weights");
@@ -843,6 +869,16 @@ pub fn check(job: &Path, sets: &[String]) -> Result<String> {
         out += &format!("  {what:<24} {:>12}\n", bytes(b));
     }
     out += &format!("  {:<24} {:>12}\n", "total", bytes(m.total()));
+    if on_gpu && m.data == 0 {
+        let why = match spec.device.data {
+            DataPlacement::Streamed => "device.data = \"streamed\"",
+            _ => "device.data = \"auto\": it does not fit beside the rest",
+        };
+        out += &format!(
+            "  data set ({}) streamed from pinned host memory ({why})\n",
+            bytes(data.bytes())
+        );
+    }
     if spec.parallel.launches_processes(&spec.device.kind) {
         let n = spec.parallel.replicas().unwrap_or(1);
         out += &format!("  (each of the {n} processes, one per replica)\n");
@@ -943,4 +979,47 @@ fn group_digits(n: usize) -> String {
         out.push(c);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `check` predicts where a GPU run keeps its data set: "auto" streams it exactly when it
+    /// does not fit beside the run's buffers, as the run decides.
+    #[test]
+    fn gpu_memory_plan_keeps_the_data_set_only_where_it_fits() {
+        let job = Path::new("jobs/mlp.toml");
+        let Prepared {
+            mut spec,
+            data,
+            graph,
+        } = prepare(job, &[], None).unwrap();
+        let data_bytes = data.bytes();
+        let plan = |spec: &JobSpec, memory| memory_plan(spec, &graph, &data, memory);
+        assert_eq!(
+            plan(&spec, None).data,
+            0,
+            "the CPU holds the data set already"
+        );
+        let roomy = plan(&spec, Some(1 << 40));
+        assert_eq!(roomy.data, data_bytes);
+        let rest = roomy.total() - roomy.data;
+        // Just enough: the data set, the rest, and auto's margin.
+        let enough = rest + data_bytes + (256 << 20) + (data_bytes + (256 << 20)) / 9 + 1024;
+        assert_eq!(plan(&spec, Some(enough)).data, data_bytes);
+        assert_eq!(
+            plan(&spec, Some(rest + data_bytes)).data,
+            0,
+            "no margin left"
+        );
+        spec.device.data = DataPlacement::Resident;
+        assert_eq!(
+            plan(&spec, Some(rest)).data,
+            data_bytes,
+            "resident is obeyed"
+        );
+        spec.device.data = DataPlacement::Streamed;
+        assert_eq!(plan(&spec, Some(1 << 40)).data, 0, "streamed is obeyed");
+    }
 }

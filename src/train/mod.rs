@@ -24,6 +24,7 @@
 mod processes;
 mod replicas;
 mod samples;
+pub use samples::fits_on_device;
 mod stopping;
 
 pub use processes::{serve, ProcessReplicas};

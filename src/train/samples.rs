@@ -54,6 +54,18 @@ impl<B: Backend> Samples<B> {
     }
 }
 
+/// What "auto" keeps free beside the data set: 10% of the free memory and 256 MiB, for the
+/// scratch that grows during the first steps.
+fn on_device_margin(free: usize) -> usize {
+    free / 10 + (256 << 20)
+}
+
+/// Whether a data set of `bytes` stays on a device with `free` bytes free (device.data =
+/// "auto"); `trainer check` predicts with it too.
+pub fn fits_on_device(bytes: usize, free: usize) -> bool {
+    bytes + on_device_margin(free) <= free
+}
+
 /// Whether the data set (`bytes`, every split) is uploaded whole. "auto" uploads it when it
 /// fits in the device memory still free, with a margin for the scratch that grows during
 /// the first steps; call it after the network and the optimizer have their memory.
@@ -73,8 +85,7 @@ pub fn resident<B: Backend>(backend: &B, placement: DataPlacement, bytes: usize)
             let Some(free) = backend.free_memory() else {
                 return true; // the CPU: host memory is the device's
             };
-            let margin = free / 10 + (256 << 20);
-            let fits = bytes + margin <= free;
+            let (fits, margin) = (fits_on_device(bytes, free), on_device_margin(free));
             if !fits {
                 tracing::info!(
                     "data: streamed from pinned host memory: the data set ({:.0} MiB) does not \
