@@ -563,7 +563,8 @@ pub fn conv2d_forward(
     });
 }
 
-/// dW += Σₙ dyₙ·colₙᵀ, db += Σ dy, dx = col2im(Wᵀ·dyₙ) when asked.
+/// dW += Σₙ dyₙ·colₙᵀ, db += Σ dy, and when asked dx: the convolution of dy with the flipped
+/// kernel where `input_gradient_conv` applies, else col2im(Wᵀ·dyₙ).
 #[allow(clippy::too_many_arguments)]
 pub fn conv2d_backward(
     s: &Conv2d,
