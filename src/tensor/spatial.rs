@@ -465,8 +465,13 @@ impl PlaneShift {
 pub fn conv_workspace_len(s: &Conv2d, threads: usize, max_batch: usize) -> usize {
     let chunks = max_batch.div_ceil(DW_CHUNK);
     let slots = threads.max(chunks).max(1);
-    let transposed = s.input_gradient_conv().map_or(0, |t| t.scratch_len());
-    let scratch = s.col_len().max(s.scratch_len()).max(transposed);
+    // One sample's scratch: the forward pass's (and dW's); dx's, as a convolution of dy or
+    // through col2im, which needs the whole im2col matrix.
+    let dx = match s.input_gradient_conv() {
+        Some(t) => t.scratch_len(),
+        None => s.col_len(),
+    };
+    let scratch = s.scratch_len().max(dx);
     // [flipped weights | dW partials per chunk | weights by kernel row | scratch per slot]
     (chunks + 2) * s.weight_len() + slots * scratch
 }
