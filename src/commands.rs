@@ -4,7 +4,7 @@ use crate::checkpoint::weights::{self, Weights};
 use crate::checkpoint::{self, ResumePoint};
 use crate::data::{self, Data};
 use crate::error::{Error, Result};
-use crate::graph::{DataShape, Graph, MemoryPlan};
+use crate::graph::{DataShape, GradBuckets, Graph, MemoryPlan};
 use crate::optim;
 use crate::parallel::{BatchLayout, CpuAllReduce, Rendezvous};
 use crate::run::{MetricsWriter, RunDir};
@@ -752,6 +752,33 @@ fn all_replicas_memory(spec: &JobSpec, graph: &Graph, one: &MemoryPlan) -> usize
 }
 
 /// Validates a job and describes its graph, shapes, parameters and memory.
+/// How data parallelism averages the gradients: bucket by bucket during the backward pass
+/// (parallel.overlap) or after it. None without data parallelism.
+fn gradient_averaging(spec: &JobSpec, graph: &Graph) -> Option<String> {
+    spec.parallel.replicas()?;
+    let cpu_processes =
+        spec.parallel.world.is_some() || spec.parallel.launches_processes(&spec.device.kind);
+    let through_links = spec.parallel.backend == CollectiveBackend::Tcp
+        || (cpu_processes && !spec.parallel.on_gpus(&spec.device.kind));
+    if through_links {
+        return Some("averaged through rank 0 over tcp, after the backward pass".into());
+    }
+    if !spec.parallel.overlap {
+        return Some("averaged after the backward pass (parallel.overlap = false)".into());
+    }
+    let buckets = GradBuckets::new(graph, spec.parallel.bucket_bytes());
+    let sizes: Vec<String> = buckets
+        .in_backward_order()
+        .map(|b| bytes(4 * b.len()))
+        .collect();
+    let n = sizes.len();
+    Some(format!(
+        "averaged in {n} bucket{} during the backward pass, from the last layers: {}",
+        if n == 1 { "" } else { "s" },
+        sizes.join(", ")
+    ))
+}
+
 pub fn check(job: &Path, sets: &[String]) -> Result<String> {
     let Prepared { spec, data, graph } = prepare(job, sets, None)?;
     let mut out = String::new();
@@ -823,7 +850,11 @@ pub fn check(job: &Path, sets: &[String]) -> Result<String> {
             &group_digits(layer.param_count),
         );
     }
-    out += &format!("total parameters: {}\n\n", group_digits(graph.param_count));
+    out += &format!("total parameters: {}\n", group_digits(graph.param_count));
+    if let Some(how) = gradient_averaging(&spec, &graph) {
+        out += &format!("all-reduce: gradients {how}\n");
+    }
+    out += "\n";
     // Predict for the device the job names; `auto` is resolved as `run` would resolve it.
     let gpu = match pick_device(job, &spec)? {
         Device::Cpu => None,

@@ -9,10 +9,11 @@ use common::{stderr, trainer};
 use std::path::{Path, PathBuf};
 use trainer::checkpoint;
 use trainer::data;
-use trainer::graph::{DataShape, Graph};
+use trainer::graph::{DataShape, GradBuckets, GradientSync, Graph};
 use trainer::run::MetricsWriter;
 use trainer::spec::JobSpec;
 use trainer::tensor::cpu::CpuBackend;
+use trainer::tensor::Backend;
 use trainer::train::{train_session, CpuReplicas, Outcome, Session};
 
 /// Trains `spec` through the library: on one device, or on `replicas` CPU replicas of one
@@ -140,6 +141,98 @@ fn with_fp16_every_replica_skips_the_steps_one_device_skips() {
             "{replicas} replicas: max relative difference {diff}"
         );
     }
+}
+
+/// Buckets averaged during the backward pass (parallel.overlap, DDP's way) give the bits of
+/// averaging the whole buffer after it: every element is summed over the replicas in rank
+/// order either way. Tiny buckets (about 26 values: one per layer) with accumulation and a
+/// last batch that leaves replicas idle (they average after their backward pass, in the
+/// same buckets).
+#[test]
+fn averaging_bucket_by_bucket_during_backward_is_averaging_after_it_bit_for_bit() {
+    let tiny = job_with(258, 32, 3, ADAMW, "[parallel]\nbucket_mb = 0.0001");
+    let after = job_with(258, 32, 3, ADAMW, "[parallel]\noverlap = false");
+    for replicas in [2, 4] {
+        assert_eq!(
+            train(&tiny, Some(replicas)).final_weights.params,
+            train(&after, Some(replicas)).final_weights.params,
+            "{replicas} replicas"
+        );
+    }
+}
+
+/// What the backward pass hands to a `GradientSync`.
+#[derive(Default)]
+struct Handed {
+    buckets: Vec<(std::ops::Range<usize>, Vec<f32>)>,
+    finished: usize,
+}
+
+impl GradientSync<CpuBackend> for Handed {
+    fn ready(&mut self, _: &CpuBackend, grads: &mut Vec<f32>, bucket: std::ops::Range<usize>) {
+        self.buckets.push((bucket.clone(), grads[bucket].to_vec()));
+    }
+    fn finished(&mut self, _: &CpuBackend, _: &mut Vec<f32>) {
+        self.finished += 1;
+    }
+}
+
+/// Each bucket reaches the all-reduce once, from the buffer's end down, holding its final
+/// gradients (no later layer writes into it), then `finished`: also through a residual
+/// branch and activation checkpointing, whose recomputation runs inside the backward pass.
+#[test]
+fn the_backward_pass_hands_over_each_bucket_once_its_gradients_are_final() {
+    let spec = common::spec(
+        r#"
+        [data]
+        source = "synthetic"
+        [model]
+        layers = [{ type = "linear", out = 24, name = "a" }, { type = "relu" },
+                  { type = "linear", out = 24 }, { type = "tanh", name = "t" },
+                  { type = "add", inputs = ["a", "t"] }, { type = "layernorm" },
+                  { type = "linear", out = 16 }, { type = "relu" }, { type = "linear", out = 4 }]
+        [optimizer]
+        type = "sgd"
+        lr = 0.1
+        [checkpoint]
+        activations = { segments = 3 }
+        "#,
+    );
+    let shape = DataShape {
+        sample_shape: vec![10],
+        classes: Some(4),
+        target_dim: 1,
+    };
+    let b = CpuBackend::new(1);
+    for cap_bytes in [64, 1200, 1 << 20] {
+        let mut net = common::network(&spec, &shape, 6, 3);
+        let buckets = GradBuckets::new(&net.graph, cap_bytes);
+        let expected: Vec<_> = buckets.in_backward_order().collect();
+        net.set_grad_buckets(Some(buckets));
+        b.fill(&mut net.grads, 0.0);
+        let mut stats = b.new_stats().unwrap();
+        let mut handed = Handed::default();
+        assert!(net.train_step(&b, 6, 1.0, &mut stats, 0, Some(&mut handed)));
+        let ranges: Vec<_> = handed.buckets.iter().map(|(r, _)| r.clone()).collect();
+        assert_eq!(ranges, expected, "cap {cap_bytes} bytes");
+        assert_eq!(ranges.last().unwrap().start, 0);
+        assert_eq!(ranges[0].end, net.graph.param_count);
+        for (bucket, values) in &handed.buckets {
+            assert_eq!(
+                values,
+                &net.grads[bucket.clone()],
+                "bucket {bucket:?} changed later"
+            );
+        }
+        assert_eq!(handed.finished, 1);
+        assert!(net.grads.iter().any(|&g| g != 0.0));
+    }
+    // Without buckets the caller averages after the pass.
+    let mut net = common::network(&spec, &shape, 6, 3);
+    let mut stats = b.new_stats().unwrap();
+    let mut handed = Handed::default();
+    assert!(!net.train_step(&b, 6, 1.0, &mut stats, 0, Some(&mut handed)));
+    assert!(handed.buckets.is_empty() && handed.finished == 0);
 }
 
 #[test]
@@ -296,6 +389,11 @@ fn check_prints_how_the_global_batch_is_made() {
     );
     assert!(
         text.contains("batch 16, per replica (2 replicas)"),
+        "{text}"
+    );
+    // One bucket: the model is far below the 1 MiB first bucket.
+    assert!(
+        text.contains("all-reduce: gradients averaged in 1 bucket during the backward pass"),
         "{text}"
     );
 

@@ -653,7 +653,10 @@ fn two_ranks_forced_onto_nccl_on_one_gpu_end_clearly() {
 }
 
 /// `parallel.replicas = 1` on CUDA runs the data-parallel path with a 1-rank NCCL
-/// communicator: the mean over one rank changes nothing, so the numbers are the plain run's.
+/// communicator: the mean over one rank changes nothing, so the numbers are the plain run's,
+/// with the buckets' all-reduces on their own stream during the backward pass (one bucket,
+/// or one per layer), after it, and with accumulation (whose last micro-step, the one that
+/// averages, is a CUDA graph of its own).
 #[test]
 fn one_replica_through_nccl_trains_what_the_plain_run_trains() {
     let _turn = one_at_a_time();
@@ -664,17 +667,39 @@ fn one_replica_through_nccl_trains_what_the_plain_run_trains() {
     let runs = tmp.path().to_str().unwrap();
     let cuda = "device.type=\"cuda\"";
     let plain = run_alone(&["jobs/mlp.toml", "--runs-dir", runs, "--set", cuda]);
-    let nccl = run_alone(&[
+    let accumulating = "train.grad_accum_steps=3";
+    let plain_accumulating = run_alone(&[
         "jobs/mlp.toml",
         "--runs-dir",
         runs,
         "--set",
         cuda,
         "--set",
-        "parallel.replicas=1",
+        accumulating,
     ]);
-    assert_eq!(numbers(&plain), numbers(&nccl));
-    assert_eq!(model(&plain), model(&nccl));
+    let mut nccl = None;
+    for (extra, expected) in [
+        ("parallel.overlap=true", &plain),
+        ("parallel.bucket_mb=0.0001", &plain),
+        ("parallel.overlap=false", &plain),
+        (accumulating, &plain_accumulating),
+    ] {
+        let run = run_alone(&[
+            "jobs/mlp.toml",
+            "--runs-dir",
+            runs,
+            "--set",
+            cuda,
+            "--set",
+            "parallel.replicas=1",
+            "--set",
+            extra,
+        ]);
+        assert_eq!(numbers(expected), numbers(&run), "{extra}");
+        assert_eq!(model(expected), model(&run), "{extra}");
+        nccl.get_or_insert(run);
+    }
+    let nccl = nccl.unwrap();
     // devices = "all" on a one-GPU machine: that one replica, in this process.
     let all = run_alone(&[
         "jobs/mlp.toml",

@@ -2,13 +2,15 @@
 //! parameters' place in the flat parameter buffer. Everything is known before the first step,
 //! so `trainer check` can print it and the executor can plan every buffer once.
 
+mod buckets;
 mod buffers;
 mod image;
 mod network;
 pub mod wiring;
 
+pub use buckets::{GradBuckets, DEFAULT_BUCKET_MB};
 pub use buffers::BufferPlan;
-pub use network::Network;
+pub use network::{GradientSync, Network};
 
 use crate::error::{Error, Result};
 use crate::spec::{
@@ -344,6 +346,20 @@ impl Graph {
                 offset: t.offset,
             })
             .collect()
+    }
+
+    /// Per layer, where its parameters lie in the flat buffer (None for a layer without).
+    pub fn parameter_spans(&self) -> Vec<Option<std::ops::Range<usize>>> {
+        let mut spans: Vec<Option<std::ops::Range<usize>>> = vec![None; self.layers.len()];
+        for t in self.parameter_tensors() {
+            let tensor = t.offset..t.offset + numel(&t.shape);
+            let span = &mut spans[t.layer];
+            *span = Some(match span.take() {
+                Some(s) => s.start.min(tensor.start)..s.end.max(tensor.end),
+                None => tensor,
+            });
+        }
+        spans
     }
 
     /// Every parameter tensor: its layer, PyTorch name and shape, place in the flat buffer,

@@ -12,7 +12,7 @@
 //! accumulated in f32. The buffers stay f32 arrays holding half values, so the CPU and CUDA
 //! backends share one code path and give the same numbers.
 
-use super::{numel, BufferPlan, Graph, Op};
+use super::{numel, BufferPlan, GradBuckets, Graph, Op};
 use crate::error::Result;
 use crate::tensor::record::Recorder;
 use crate::tensor::rng::derive;
@@ -52,6 +52,18 @@ pub struct Network<B: Backend> {
     /// graphs), when enabled: one launch instead of one per op, which is what small models
     /// spend their time on.
     graphs: Recorder<B, Recorded>,
+    /// Data parallelism: the gradient buckets handed to a `GradientSync` during the backward
+    /// pass (None: the caller averages the gradients after it).
+    buckets: Option<GradBuckets>,
+}
+
+/// Data parallelism's gradient averaging, driven by the backward pass of a step's last
+/// micro-batch: `ready` with each bucket of the gradient buffer as soon as the gradients in
+/// it are final (from the buffer's end down, the same order on every replica), `finished`
+/// once the pass is over, before anything reads the gradients.
+pub trait GradientSync<B: Backend> {
+    fn ready(&mut self, backend: &B, grads: &mut B::Buf, bucket: std::ops::Range<usize>);
+    fn finished(&mut self, _backend: &B, _grads: &mut B::Buf) {}
 }
 
 /// What a recorded training micro-step computes besides the buffers' contents: a recording
@@ -63,6 +75,9 @@ struct Recorded {
     grad_scale_bits: u32,
     /// Where the loss statistics are (the recording holds their device address).
     stats_at: usize,
+    /// Whether the backward pass averages the gradients (data parallelism, a step's last
+    /// micro-batch): the recording then holds the all-reduce too.
+    syncs: bool,
 }
 
 /// Which forward pass a layer runs in.
@@ -179,6 +194,7 @@ impl<B: Backend> Network<B> {
             half_params: None,
             round_input: graph_has_no_embedding,
             graphs: Recorder::off(),
+            buckets: None,
         })
     }
 
@@ -223,6 +239,16 @@ impl<B: Backend> Network<B> {
         Ok(())
     }
 
+    /// Averages the gradients bucket by bucket during the backward pass when `train_step` is
+    /// given a `GradientSync` (None: all at once, by the caller, after it).
+    pub fn set_grad_buckets(&mut self, buckets: Option<GradBuckets>) {
+        self.buckets = buckets;
+    }
+
+    pub fn grad_buckets(&self) -> Option<&GradBuckets> {
+        self.buckets.as_ref()
+    }
+
     /// How many times the training micro-step was recorded (0 without graphs).
     pub fn step_recordings(&self) -> u64 {
         self.graphs.recordings()
@@ -232,6 +258,10 @@ impl<B: Backend> Network<B> {
     /// loss (statistics into `stats`, its gradient times `grad_scale`) and backward, adding
     /// into `grads`. With step graphs, a micro-step like the previous ones replays their
     /// recording (same results: the same kernels on the same buffers).
+    ///
+    /// With `sync` and gradient buckets (`set_grad_buckets`), the backward pass hands each
+    /// bucket to `sync` as soon as it is final; returns whether it did (else the caller
+    /// averages the gradients).
     pub fn train_step(
         &mut self,
         backend: &B,
@@ -239,23 +269,29 @@ impl<B: Backend> Network<B> {
         grad_scale: f32,
         stats: &mut B::Stats,
         step_key: u64,
-    ) {
+        mut sync: Option<&mut dyn GradientSync<B>>,
+    ) -> bool {
+        let syncs = sync.is_some() && self.buckets.is_some();
         let this = Recorded {
             samples: n,
             grad_scale_bits: grad_scale.to_bits(),
             stats_at: stats as *const B::Stats as usize,
+            syncs,
         };
         // A smaller last batch (or a replica's smaller share) runs op by op: recording it
         // would replace the full batch's recording for one step. (The sample offset matters
         // only to dropout, which step graphs exclude.)
         if !self.graphs.enabled() || n != self.max_batch {
-            return self.run_train_step(backend, n, grad_scale, stats, step_key);
+            self.run_train_step(backend, n, grad_scale, stats, step_key, sync);
+            return syncs;
         }
         let mut graphs = std::mem::replace(&mut self.graphs, Recorder::off());
         graphs.run(backend, this, || {
-            self.run_train_step(backend, n, grad_scale, stats, step_key)
+            let sync = sync.as_mut().map(|s| &mut **s as &mut dyn GradientSync<B>);
+            self.run_train_step(backend, n, grad_scale, stats, step_key, sync)
         });
         self.graphs = graphs;
+        syncs
     }
 
     fn run_train_step(
@@ -265,10 +301,11 @@ impl<B: Backend> Network<B> {
         grad_scale: f32,
         stats: &mut B::Stats,
         step_key: u64,
+        sync: Option<&mut dyn GradientSync<B>>,
     ) {
         self.forward(backend, n, true, step_key);
         self.loss(backend, n, Some(grad_scale), stats);
-        self.backward(backend, n, step_key);
+        self.backward_syncing(backend, n, step_key, sync);
     }
 
     /// Rounds the first `len` values of a buffer to the half format, in mixed precision.
@@ -492,6 +529,19 @@ impl<B: Backend> Network<B> {
     /// Segment by segment from the last: recompute its inner activations (activation
     /// checkpointing; nothing without it), then go back through its layers.
     pub fn backward(&mut self, backend: &B, n: usize, step_key: u64) {
+        self.backward_syncing(backend, n, step_key, None);
+    }
+
+    /// `backward`, handing each gradient bucket to `sync` once the layers writing it are
+    /// done (where the network has buckets).
+    fn backward_syncing(
+        &mut self,
+        backend: &B,
+        n: usize,
+        step_key: u64,
+        mut sync: Option<&mut dyn GradientSync<B>>,
+    ) {
+        let buckets = self.buckets.take();
         for s in (0..self.plan.segments.len()).rev() {
             let layers = self.plan.segments[s].clone();
             for i in layers.clone() {
@@ -501,8 +551,16 @@ impl<B: Backend> Network<B> {
             }
             for i in layers.rev() {
                 self.backward_layer(backend, i, n, step_key);
+                let ready = buckets.as_ref().and_then(|b| b.after_layer(i));
+                if let (Some(sync), Some(bucket)) = (sync.as_mut(), ready) {
+                    sync.ready(backend, &mut self.grads, bucket);
+                }
             }
         }
+        if let (Some(sync), Some(_)) = (sync, &buckets) {
+            sync.finished(backend, &mut self.grads);
+        }
+        self.buckets = buckets;
     }
 
     fn backward_layer(&mut self, backend: &B, i: usize, n: usize, step_key: u64) {

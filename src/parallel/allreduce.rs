@@ -9,7 +9,8 @@ pub struct CpuAllReduce {
     len: usize,
     /// Each replica's gradients, deposited before reducing.
     slots: Vec<RwLock<Vec<f32>>>,
-    /// The averaged gradients, one chunk per replica (each reduces its own).
+    /// The averaged values, one chunk of the range being averaged per replica (each reduces
+    /// its own); each holds a chunk of the whole buffer, the largest a range can have.
     result: Vec<RwLock<Vec<f32>>>,
     barrier: Barrier,
 }
@@ -19,7 +20,7 @@ impl CpuAllReduce {
     /// values: (replicas + 1) x len, none for one replica.
     pub fn new(replicas: usize, len: usize) -> Self {
         let held = Self::exchange_len(replicas, len) / (replicas + 1);
-        let chunks = (0..replicas).map(|r| Self::chunk(held, replicas, r).len());
+        let chunks = (0..replicas).map(|_| Self::chunk(held, replicas, 0).len());
         CpuAllReduce {
             replicas,
             len,
@@ -51,26 +52,28 @@ impl CpuAllReduce {
         (rank * per).min(len)..((rank + 1) * per).min(len)
     }
 
-    /// Replaces `grads` by the mean over all replicas. Every replica must call it, with its
-    /// own rank, the same number of times.
-    pub fn mean(&self, rank: usize, grads: &mut [f32]) {
+    /// Replaces `range` of `grads` by its mean over all replicas (a gradient bucket; the
+    /// result does not depend on how the buffer is cut into buckets). Every replica must
+    /// call it, with its own rank, for the same ranges in the same order.
+    pub fn mean(&self, rank: usize, grads: &mut [f32], range: std::ops::Range<usize>) {
         assert_eq!(grads.len(), self.len, "all-reduce buffer length");
         if self.replicas == 1 {
             // The mean of one buffer is itself (and x * 1.0 == x): nothing to exchange.
             return;
         }
-        self.slots[rank]
-            .write()
-            .expect("no replica panicked")
-            .copy_from_slice(grads);
+        let (start, len) = (range.start, range.len());
+        self.slots[rank].write().expect("no replica panicked")[range.clone()]
+            .copy_from_slice(&grads[range]);
         self.barrier.wait();
         {
-            let range = Self::chunk(self.len, self.replicas, rank);
+            let mine = Self::chunk(len, self.replicas, rank);
+            let at = start + mine.start..start + mine.end;
             let mut out = self.result[rank].write().expect("no replica panicked");
-            out.copy_from_slice(&self.slots[0].read().expect("no replica panicked")[range.clone()]);
+            let out = &mut out[..mine.len()];
+            out.copy_from_slice(&self.slots[0].read().expect("no replica panicked")[at.clone()]);
             for slot in &self.slots[1..] {
                 let slot = slot.read().expect("no replica panicked");
-                for (o, v) in out.iter_mut().zip(&slot[range.clone()]) {
+                for (o, v) in out.iter_mut().zip(&slot[at.clone()]) {
                     *o += v;
                 }
             }
@@ -79,8 +82,9 @@ impl CpuAllReduce {
         }
         self.barrier.wait();
         for (r, chunk) in self.result.iter().enumerate() {
-            let range = Self::chunk(self.len, self.replicas, r);
-            grads[range].copy_from_slice(&chunk.read().expect("no replica panicked"));
+            let theirs = Self::chunk(len, self.replicas, r);
+            let chunk = chunk.read().expect("no replica panicked");
+            grads[start + theirs.start..start + theirs.end].copy_from_slice(&chunk[..theirs.len()]);
         }
         // Nobody may deposit the next round's gradients before everyone has read this one.
         self.barrier.wait();
@@ -106,7 +110,7 @@ mod tests {
                             let mut g: Vec<f32> = (0..len)
                                 .map(|i| (i * (rank + 1) + round) as f32 * 0.1)
                                 .collect();
-                            group.mean(rank, &mut g);
+                            group.mean(rank, &mut g, 0..len);
                             results.push(g);
                         }
                         results
@@ -131,6 +135,38 @@ mod tests {
                     "replicas differ"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn averaging_bucket_by_bucket_gives_the_same_bits_as_all_at_once() {
+        let (replicas, len) = (3, 1001);
+        let group = Arc::new(CpuAllReduce::new(replicas, len));
+        let grads = move |rank: usize| -> Vec<f32> {
+            (0..len)
+                .map(|i| ((i * 7919 + rank * 104_729) % 1000) as f32 * 0.0137 - 6.1)
+                .collect()
+        };
+        let handles: Vec<_> = (0..replicas)
+            .map(|rank| {
+                let group = group.clone();
+                std::thread::spawn(move || {
+                    let mut whole = grads(rank);
+                    group.mean(rank, &mut whole, 0..len);
+                    // Buckets from the end down, of uneven sizes, one smaller than the
+                    // number of replicas.
+                    let mut bucketed = grads(rank);
+                    for bucket in [999..1001, 640..999, 1..640, 0..1] {
+                        group.mean(rank, &mut bucketed, bucket);
+                    }
+                    (whole, bucketed)
+                })
+            })
+            .collect();
+        for h in handles {
+            let (whole, bucketed) = h.join().unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&whole), bits(&bucketed));
         }
     }
 }

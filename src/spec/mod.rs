@@ -868,7 +868,7 @@ pub struct SegmentsSpec {
 /// Data parallelism: replicas of the model, each computing the gradients of an equal share
 /// of every micro-batch, averaged before every optimizer step. The result is the one device's
 /// (up to rounding), whatever the number of replicas.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ParallelSpec {
     /// One replica per listed device: ["cpu", "cpu"] runs two replicas in threads of this
@@ -899,11 +899,44 @@ pub struct ParallelSpec {
     /// and every rank on this machine has its own GPU, else tcp.
     #[serde(default)]
     pub backend: CollectiveBackend,
+    /// Average the gradients bucket by bucket while the backward pass is still running, as
+    /// PyTorch's DistributedDataParallel does, so that a device's all-reduce (NCCL) overlaps
+    /// the rest of the backward pass; false: the whole gradient buffer after it. (Gradients
+    /// through rank 0's tcp links always go after the backward pass.)
+    #[serde(default = "yes")]
+    pub overlap: bool,
+    /// The size of a gradient bucket in MiB (DDP's bucket_cap_mb, default 25); the first
+    /// bucket, the last layers', is at most 1 MiB so that the first all-reduce starts early.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket_mb: Option<f64>,
     /// This process's place in a multi-process run, from the environment (RANK, WORLD_SIZE,
     /// MASTER_ADDR, MASTER_PORT as torchrun and SLURM set them); not a job key.
     #[serde(skip)]
     #[schemars(skip)]
     pub world: Option<crate::parallel::Rendezvous>,
+}
+
+impl Default for ParallelSpec {
+    fn default() -> Self {
+        ParallelSpec {
+            devices: None,
+            replicas: None,
+            launch: Launch::default(),
+            timeout: None,
+            backend: CollectiveBackend::default(),
+            overlap: true,
+            bucket_mb: None,
+            world: None,
+        }
+    }
+}
+
+impl ParallelSpec {
+    /// Bytes per gradient bucket (parallel.bucket_mb).
+    pub fn bucket_bytes(&self) -> usize {
+        let mb = self.bucket_mb.unwrap_or(crate::graph::DEFAULT_BUCKET_MB);
+        (mb * (1 << 20) as f64) as usize
+    }
 }
 
 /// parallel.timeout when not given.

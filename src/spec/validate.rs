@@ -639,6 +639,13 @@ fn validate_parallel(spec: &JobSpec, p: &mut Problems) {
             format!("{n} given; must be at least 1"),
         );
     }
+    if let Some(mb) = parallel.bucket_mb {
+        p.check(
+            mb.is_finite() && mb > 0.0 && mb <= 1e6,
+            "parallel.bucket_mb",
+            format!("{mb} given; must be a size in MiB above 0 (DDP's default: 25)"),
+        );
+    }
     if let Some(timeout) = &parallel.timeout {
         if let Err(why) = super::controls::parse_duration(timeout) {
             p.add("parallel.timeout", why);

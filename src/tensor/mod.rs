@@ -481,9 +481,13 @@ pub trait Backend {
             self.describe()
         )))
     }
-    /// Replaces `buf` with the mean of every rank's `buf`, on the device (after
-    /// `join_collective`; queued like any op).
-    fn all_reduce_mean(&self, _buf: &mut Self::Buf) {}
+    /// Starts replacing `range` of `buf` by its mean over every rank's (after
+    /// `join_collective`): queued after the ops before it, on a stream of its own, so that
+    /// the ops queued after it (the rest of a backward pass) run meanwhile. They must not
+    /// touch `range`; `all_reduce_wait` makes the ops after it wait for every average
+    /// started.
+    fn all_reduce_mean_start(&self, _buf: &mut Self::Buf, _range: std::ops::Range<usize>) {}
+    fn all_reduce_wait(&self) {}
 
     /// The first failure of any op so far (devices report errors late); checked every step.
     fn status(&self) -> Result<()> {

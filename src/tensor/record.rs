@@ -1,16 +1,22 @@
 //! Recording a sequence of ops once and replaying it (CUDA graphs): one launch instead of
 //! one per op. A recording holds device addresses and by-value arguments, so it stands for
 //! the ops only while everything they were recorded with is the same: the caller names that
-//! as a key, and a new key records again (replacing the old recording).
+//! as a key, and a new key records again. The two latest recordings are kept: a step whose
+//! micro-batches alternate between two kinds (gradient accumulation with data parallelism:
+//! only the last micro-batch averages the gradients) replays both.
 
 use super::Backend;
+
+/// Recordings kept per recorder.
+const KEPT: usize = 2;
 
 pub struct Recorder<B: Backend, K> {
     enabled: bool,
     /// The last key that ran unrecorded. Recording waits for a second run with it, so that
     /// whatever the first allocated lazily (scratch, cuBLAS's state) exists already.
     warm: Option<K>,
-    recording: Option<(K, B::Graph)>,
+    /// The latest recordings, oldest first (at most `KEPT`).
+    recorded: Vec<(K, B::Graph)>,
     /// How many recordings were made.
     recordings: u64,
 }
@@ -30,7 +36,7 @@ impl<B: Backend, K: PartialEq + Copy> Recorder<B, K> {
         Recorder {
             enabled: false,
             warm: None,
-            recording: None,
+            recorded: Vec::new(),
             recordings: 0,
         }
     }
@@ -55,21 +61,20 @@ impl<B: Backend, K: PartialEq + Copy> Recorder<B, K> {
         if !self.enabled {
             return ops();
         }
-        if let Some((recorded, graph)) = &self.recording {
-            if *recorded == key {
-                return backend.replay(graph);
-            }
+        if let Some((_, graph)) = self.recorded.iter().find(|(k, _)| *k == key) {
+            return backend.replay(graph);
         }
         if self.warm == Some(key) {
-            if let Some((_, old)) = self.recording.take() {
-                backend.release(old);
+            if self.recorded.len() == KEPT {
+                let (_, oldest) = self.recorded.remove(0);
+                backend.release(oldest);
             }
             if backend.begin_capture() {
                 ops();
                 match backend.end_capture() {
                     Some(graph) => {
                         backend.replay(&graph);
-                        self.recording = Some((key, graph));
+                        self.recorded.push((key, graph));
                         self.recordings += 1;
                         return;
                     }

@@ -28,6 +28,7 @@ pub use samples::fits_on_device;
 mod stopping;
 
 pub use processes::{serve, ProcessReplicas};
+pub(crate) use replicas::DeviceSync;
 pub use replicas::{CpuReplicas, DataParallel, OneDeviceCollective};
 pub use samples::Samples;
 pub use stopping::EndReason;
@@ -36,7 +37,7 @@ use crate::checkpoint::weights::Weights;
 use crate::checkpoint::{self, Checkpoint, Saving, TrainState};
 use crate::data::{batches_per_epoch, epoch_order, Data, Dataset};
 use crate::error::{Error, Result};
-use crate::graph::{Graph, Network};
+use crate::graph::{GradBuckets, GradientSync, Graph, Network};
 use crate::optim::{clip_grad_norm, unscale_and_clip, LossScaler, Optimizer, Schedule};
 use crate::parallel::share;
 use crate::run::{MetricsRow, MetricsWriter};
@@ -516,6 +517,10 @@ pub(crate) fn training_network<B: Backend>(
 ) -> Result<Network<B>> {
     let mut net = Network::new(backend, graph, params, batch, spec.job.seed)?
         .with_precision(backend, half_kind(spec.precision.mode))?;
+    if spec.parallel.overlap {
+        let buckets = GradBuckets::new(&net.graph, spec.parallel.bucket_bytes());
+        net.set_grad_buckets(Some(buckets));
+    }
     if B::RECORDS && spec.device.cuda_graphs {
         if let Err(why) = net.enable_step_graphs() {
             tracing::info!("CUDA graphs off: {why}; every step launches op by op");
@@ -647,6 +652,7 @@ pub fn optimizer_step<B: Backend>(
         stats,
         Rank::WHOLE,
         loss_scale,
+        None,
     );
     apply_gradients(backend, net, optimizer, settings)
 }
@@ -682,10 +688,13 @@ pub(crate) fn accumulate_gradients<'r, B: Backend>(
     stats: &mut B::Stats,
     replica: Rank,
     loss_scale: Option<f64>,
+    mut sync: Option<&mut dyn GradientSync<B>>,
 ) {
     backend.fill(&mut net.grads, 0.0);
     let scale = (loss_scale.unwrap_or(1.0) / micro_batches.len() as f64) as f32;
-    for all_rows in micro_batches {
+    let last = micro_batches.len().saturating_sub(1);
+    let mut synced = false;
+    for (k, all_rows) in micro_batches.enumerate() {
         let mine = share(all_rows.len(), replica.rank, replica.replicas);
         let (n, weight) = (
             mine.len(),
@@ -695,10 +704,44 @@ pub(crate) fn accumulate_gradients<'r, B: Backend>(
             net.set_sample_offset(mine.start);
             let rows = &all_rows[mine];
             (batch.samples).load(backend, rows, batch.row_len, batch.target_dim, net);
-            net.train_step(backend, n, scale * weight, stats, *micro_step);
+            // Only the last micro-batch's backward pass averages (accumulation steps
+            // exchange nothing).
+            let sync = match &mut sync {
+                Some(s) if k == last => Some(&mut **s as &mut dyn GradientSync<B>),
+                _ => None,
+            };
+            let key = *micro_step;
+            synced = net.train_step(backend, n, scale * weight, stats, key, sync);
         }
         *micro_step += 1;
     }
+    if let (Some(sync), false) = (sync, synced) {
+        average_after_backward(backend, net, sync);
+    }
+}
+
+/// Hands the gradients to `sync` after the backward pass: in the buckets the other replicas'
+/// backward passes hand over (this replica had no samples in the last micro-batch), or all
+/// at once without buckets (parallel.overlap = false).
+fn average_after_backward<B: Backend>(
+    backend: &B,
+    net: &mut Network<B>,
+    sync: &mut dyn GradientSync<B>,
+) {
+    match net.grad_buckets() {
+        // Rare (a short last batch): the allocation does not recur every step.
+        Some(buckets) => {
+            let buckets: Vec<_> = buckets.in_backward_order().collect();
+            for bucket in buckets {
+                sync.ready(backend, &mut net.grads, bucket);
+            }
+        }
+        None => {
+            let all = 0..net.graph.param_count;
+            sync.ready(backend, &mut net.grads, all);
+        }
+    }
+    sync.finished(backend, &mut net.grads);
 }
 
 /// Unscaling, clipping and the update, from the (averaged) gradients. With a loss scale or

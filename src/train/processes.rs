@@ -26,13 +26,13 @@
 //! with a checkpoint, as on one process.
 
 use super::{
-    accumulate_gradients, apply_gradients, Batch, DataParallel, Rank, Samples, StepResult,
-    StepSettings,
+    accumulate_gradients, apply_gradients, Batch, DataParallel, DeviceSync, Rank, Samples,
+    StepResult, StepSettings,
 };
 use crate::checkpoint;
 use crate::data::Data;
 use crate::error::{Error, Result};
-use crate::graph::{Graph, Network};
+use crate::graph::{GradientSync, Graph, Network};
 use crate::optim::Optimizer;
 use crate::parallel::{connect, Link, Rendezvous, Tag};
 use crate::signals::Stop;
@@ -403,12 +403,16 @@ impl<B: Backend> DataParallel<B> for ProcessReplicas<B> {
         };
         let rows = micro_batches.iter().copied();
         let scale = settings.loss_scale;
-        accumulate_gradients(backend, net, batch, rows, micro_step, stats, place, scale);
-        if self.on_devices {
-            // Queued behind the backward pass; the other ranks' messages carry only their
-            // statistics.
-            backend.all_reduce_mean(&mut net.grads);
-        } else {
+        // On the devices (NCCL), averaged during the backward pass; the other ranks'
+        // messages then carry only their statistics.
+        let mut device_sync = DeviceSync;
+        let sync = self
+            .on_devices
+            .then_some(&mut device_sync as &mut dyn GradientSync<B>);
+        accumulate_gradients(
+            backend, net, batch, rows, micro_step, stats, place, scale, sync,
+        );
+        if !self.on_devices {
             backend.download(&net.grads, &mut self.mean);
         }
         // The whole micro-batches' statistics, added in rank order as CpuReplicas does.
@@ -665,6 +669,8 @@ fn follow<B: Backend>(
                 let mut micro_step = order.micro_step;
                 let micro_batches = rows.chunks(order.chunk);
                 let scale = order.settings.loss_scale;
+                let mut device_sync = DeviceSync;
+                let sync = on_devices.then_some(&mut device_sync as &mut dyn GradientSync<B>);
                 accumulate_gradients(
                     backend,
                     &mut net,
@@ -674,9 +680,9 @@ fn follow<B: Backend>(
                     &mut stats,
                     place,
                     scale,
+                    sync,
                 );
                 if on_devices {
-                    backend.all_reduce_mean(&mut net.grads);
                     let head =
                         encode_grads_header(stop.requested(), backend.take_stats(&mut stats));
                     backend.status()?;

@@ -17,7 +17,7 @@
 
 use super::{accumulate_gradients, apply_gradients, Batch, Rank, StepResult, StepSettings};
 use crate::error::{Error, Result};
-use crate::graph::Network;
+use crate::graph::{GradientSync, Network};
 use crate::optim::Optimizer;
 use crate::parallel::CpuAllReduce;
 use crate::spec::JobSpec;
@@ -72,6 +72,33 @@ pub trait DataParallel<B: Backend> {
     /// The loop is over without an error (`interrupted`: by this signal); the replicas may
     /// go. Dropped without it, they learn that the run failed.
     fn finish(&mut self, _interrupted: Option<i32>) {}
+}
+
+/// A replica's side of `CpuAllReduce`, driven by its backward pass: every replica averages
+/// the same bucket at the same point of its backward pass.
+struct ThreadSync<'a> {
+    all_reduce: &'a CpuAllReduce,
+    rank: usize,
+}
+
+impl GradientSync<CpuBackend> for ThreadSync<'_> {
+    fn ready(&mut self, _: &CpuBackend, grads: &mut Vec<f32>, bucket: std::ops::Range<usize>) {
+        self.all_reduce.mean(self.rank, grads, bucket);
+    }
+}
+
+/// A device-side collective (NCCL) driven by the backward pass: a bucket's all-reduce starts
+/// as soon as its gradients are final and overlaps the rest of the pass; the pass ends
+/// waiting for them all.
+pub(crate) struct DeviceSync;
+
+impl<B: Backend> GradientSync<B> for DeviceSync {
+    fn ready(&mut self, backend: &B, grads: &mut B::Buf, bucket: std::ops::Range<usize>) {
+        backend.all_reduce_mean_start(grads, bucket);
+    }
+    fn finished(&mut self, backend: &B, _: &mut B::Buf) {
+        backend.all_reduce_wait();
+    }
 }
 
 /// A replica other than rank 0, on the CPU.
@@ -208,6 +235,7 @@ impl DataParallel<CpuBackend> for CpuReplicas {
         let other = |rank: usize, r: &mut CpuReplica| {
             let mut micro_step = first_micro_step;
             let place = Rank { rank, replicas };
+            let mut sync = ThreadSync { all_reduce, rank };
             accumulate_gradients(
                 &r.backend,
                 &mut r.net,
@@ -217,13 +245,17 @@ impl DataParallel<CpuBackend> for CpuReplicas {
                 &mut r.stats,
                 place,
                 settings.loss_scale,
+                Some(&mut sync),
             );
-            all_reduce.mean(rank, &mut r.net.grads);
             apply_gradients(&r.backend, &mut r.net, &mut r.optimizer, quiet);
         };
         let result = fork_join(&self.pools, &mut self.others, &other, 1, || {
             let place = Rank { rank: 0, replicas };
             let scale = settings.loss_scale;
+            let mut sync = ThreadSync {
+                all_reduce,
+                rank: 0,
+            };
             accumulate_gradients(
                 backend,
                 net,
@@ -233,8 +265,8 @@ impl DataParallel<CpuBackend> for CpuReplicas {
                 stats,
                 place,
                 scale,
+                Some(&mut sync),
             );
-            all_reduce.mean(0, &mut net.grads);
             apply_gradients(backend, net, optimizer, settings)
         });
         for r in &mut self.others {
@@ -328,8 +360,8 @@ impl<B: Backend> DataParallel<B> for OneDeviceCollective<B> {
             stats,
             Rank::WHOLE,
             scale,
+            Some(&mut DeviceSync),
         );
-        backend.all_reduce_mean(&mut net.grads);
         Ok(apply_gradients(backend, net, optimizer, settings))
     }
 

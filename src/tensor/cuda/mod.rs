@@ -14,8 +14,8 @@ use cudarc::cublas::sys::{cublasMath_t, cublasOperation_t};
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, DeviceRepr, LaunchConfig,
-    PinnedHostSlice, PushKernelArg,
+    CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaSlice, CudaStream, DeviceRepr,
+    LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
@@ -253,7 +253,7 @@ pub struct CudaBackend {
     half_inputs: RefCell<[CudaSlice<u16>; 2]>,
     retired_halves: RefCell<Vec<CudaSlice<u16>>>,
     /// The NCCL communicator of a multi-process run, once joined (`join_collective`).
-    collective: RefCell<Option<cudarc::nccl::Comm>>,
+    collective: RefCell<Option<Collective>>,
     /// The cuBLAS workspace, kept alive for the handle's lifetime.
     _workspace: CudaSlice<u8>,
     allocated: Cell<usize>,
@@ -684,6 +684,16 @@ impl CudaBackend {
     }
 }
 
+/// A joined NCCL communicator (on a stream of its own) and the events that order its
+/// all-reduces with the compute stream.
+struct Collective {
+    comm: cudarc::nccl::Comm,
+    /// Recorded on the compute stream before a bucket's all-reduce, which waits for it.
+    grads_ready: CudaEvent,
+    /// Recorded on the communication stream by `all_reduce_wait`; the compute stream waits.
+    averaged: CudaEvent,
+}
+
 impl Backend for CudaBackend {
     type Buf = CudaSlice<f32>;
     type Stats = CudaSlice<f64>;
@@ -762,30 +772,67 @@ impl Backend for CudaBackend {
             .context()
             .bind_to_thread()
             .map_err(|e| cuda_err("binding the context", e))?;
+        // The all-reduces run on a stream of their own, so that they overlap the backward
+        // pass; events order them after the gradients they read and before what reads
+        // the averages.
+        let comm_stream =
+            (self.stream.fork()).map_err(|e| cuda_err("creating the communication stream", e))?;
+        let event = || {
+            (self.stream.context().new_event(None)).map_err(|e| cuda_err("creating an event", e))
+        };
+        let (grads_ready, averaged) = (event()?, event()?);
         let comm = cudarc::nccl::Comm::from_rank(
-            self.stream.clone(),
+            comm_stream,
             rank,
             world,
             cudarc::nccl::Id::uninit(internal),
         )
         .map_err(|e| {
             Error::Runtime(format!(
-                "NCCL: joining the communicator as rank {rank} of {world} failed ({:?});                  ranks sharing one GPU cannot use NCCL: give each rank its own GPU                  (device.type = \"cuda\" takes LOCAL_RANK's) or set parallel.backend = \"tcp\"",
+                "NCCL: joining the communicator as rank {rank} of {world} failed ({:?}); \
+                 ranks sharing one GPU cannot use NCCL: give each rank its own GPU \
+                 (device.type = \"cuda\" takes LOCAL_RANK's) or set parallel.backend = \"tcp\"",
                 e.0
             ))
         })?;
-        *self.collective.borrow_mut() = Some(comm);
+        *self.collective.borrow_mut() = Some(Collective {
+            comm,
+            grads_ready,
+            averaged,
+        });
         Ok(())
     }
 
-    fn all_reduce_mean(&self, buf: &mut CudaSlice<f32>) {
-        let comm = self.collective.borrow();
-        let Some(comm) = comm.as_ref() else {
+    fn all_reduce_mean_start(&self, buf: &mut CudaSlice<f32>, range: std::ops::Range<usize>) {
+        let collective = self.collective.borrow();
+        let Some(c) = collective.as_ref() else {
             self.record::<()>("NCCL all-reduce", Err("no communicator was joined"));
             return;
         };
-        let r = comm.all_reduce_in_place(buf, &cudarc::nccl::ReduceOp::Avg);
+        let comm_stream = c.comm.stream();
+        let ordered =
+            (c.grads_ready.record(&self.stream)).and_then(|()| comm_stream.wait(&c.grads_ready));
+        if self
+            .record("ordering the all-reduce after the backward pass", ordered)
+            .is_none()
+        {
+            return;
+        }
+        let mut bucket = buf.slice_mut(range);
+        let r = c
+            .comm
+            .all_reduce_in_place(&mut bucket, &cudarc::nccl::ReduceOp::Avg);
         self.record("NCCL all-reduce", r.map_err(|e| e.0));
+    }
+
+    fn all_reduce_wait(&self) {
+        let collective = self.collective.borrow();
+        let Some(c) = collective.as_ref() else {
+            return;
+        };
+        let joined =
+            (c.averaged.record(&c.comm.stream())).and_then(|()| self.stream.wait(&c.averaged));
+        self.record("waiting for the all-reduce", joined);
     }
 
     fn conv_workspace_len(&self, s: &Conv2d, max_batch: usize) -> usize {
