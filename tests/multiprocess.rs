@@ -664,19 +664,17 @@ fn one_replica_through_nccl_trains_what_the_plain_run_trains() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let runs = tmp.path().to_str().unwrap();
-    let cuda = "device.type=\"cuda\"";
-    let plain = run_alone(&["jobs/mlp.toml", "--runs-dir", runs, "--set", cuda]);
+    // jobs/mlp.toml on CUDA with these --set values.
+    let on_cuda = |sets: &[&str]| {
+        let mut args = vec!["jobs/mlp.toml", "--runs-dir", tmp.path().to_str().unwrap()];
+        for set in ["device.type=\"cuda\""].iter().chain(sets) {
+            args.extend(["--set", set]);
+        }
+        run_alone(&args)
+    };
+    let plain = on_cuda(&[]);
     let accumulating = "train.grad_accum_steps=3";
-    let plain_accumulating = run_alone(&[
-        "jobs/mlp.toml",
-        "--runs-dir",
-        runs,
-        "--set",
-        cuda,
-        "--set",
-        accumulating,
-    ]);
+    let plain_accumulating = on_cuda(&[accumulating]);
     let mut nccl = None;
     for (extra, expected) in [
         ("parallel.overlap=true", &plain),
@@ -684,32 +682,14 @@ fn one_replica_through_nccl_trains_what_the_plain_run_trains() {
         ("parallel.overlap=false", &plain),
         (accumulating, &plain_accumulating),
     ] {
-        let run = run_alone(&[
-            "jobs/mlp.toml",
-            "--runs-dir",
-            runs,
-            "--set",
-            cuda,
-            "--set",
-            "parallel.replicas=1",
-            "--set",
-            extra,
-        ]);
+        let run = on_cuda(&["parallel.replicas=1", extra]);
         assert_eq!(numbers(expected), numbers(&run), "{extra}");
         assert_eq!(model(expected), model(&run), "{extra}");
         nccl.get_or_insert(run);
     }
     let nccl = nccl.unwrap();
     // devices = "all" on a one-GPU machine: that one replica, in this process.
-    let all = run_alone(&[
-        "jobs/mlp.toml",
-        "--runs-dir",
-        runs,
-        "--set",
-        cuda,
-        "--set",
-        "parallel.devices=\"all\"",
-    ]);
+    let all = on_cuda(&["parallel.devices=\"all\""]);
     if trainer::tensor::cuda::probe().is_ok_and(|(d, _)| d.len() == 1) {
         assert_eq!(numbers(&plain), numbers(&all));
     }
