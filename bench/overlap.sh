@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Gradient buckets on CPU replicas, in one call: training samples/s (summary.json) of
-# parallel.replicas = 2 (THREADS/2 threads each) with
+# Gradient buckets (parallel.overlap), in one call: training samples/s (summary.json) of 2
+# replicas of THREADS/2 threads each, as threads (r2: parallel.replicas = 2) and as processes
+# (p2: RANK / WORLD_SIZE on loopback, gradients through rank 0 over tcp), with
 #   after     parallel.overlap = false (the whole buffer averaged after the backward pass)
-#   buckets   the default buckets (parallel.bucket_mb = 25: 2 buckets for bench/mlp1024.toml)
-#   small     parallel.bucket_mb = 0.5 (one bucket per linear layer)
+#   buckets   the default buckets (parallel.bucket_mb = 25, the first at most 1 MiB)
+#   small     parallel.bucket_mb = 0.5
 # alternating, REPEATS times each (default 5); prints the medians and their ratios to `after`.
 #
 #   cargo build --release && bench/overlap.sh [repeats]
@@ -15,24 +16,43 @@ bin=${TRAINER_BIN:-target/release/trainer}
 runs=$(mktemp -d)
 trap 'rm -rf "$runs"' EXIT
 configs=("after:parallel.overlap=false" "buckets:parallel.overlap=true" "small:parallel.bucket_mb=0.5")
+port=29800
+rate() { # job mode set -> samples/s
+  local sets=(--set device.type=\"cpu\" --set "$3")
+  local dir
+  if [[ $2 == p2 ]]; then
+    port=$((port + 1))
+    sets+=(--set "train.threads=$((threads / 2))")
+    RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+      $bin run "$1" --runs-dir "$runs" --quiet "${sets[@]}" &
+    dir=$(RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+      $bin run "$1" --runs-dir "$runs" --quiet "${sets[@]}")
+    wait
+  else
+    sets+=(--set "train.threads=$threads" --set parallel.replicas=2)
+    dir=$($bin run "$1" --runs-dir "$runs" --quiet "${sets[@]}")
+  fi
+  python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["samples_per_sec"])' "$dir/summary.json"
+  rm -rf "$dir"
+}
+echo "threads=$threads repeats=$repeats commit=$(git rev-parse --short HEAD)"
 for job in jobs/mlp.toml bench/mlp1024.toml; do
-  for i in $(seq "$repeats"); do
-    for config in "${configs[@]}"; do
-      IFS=: read -r name set <<<"$config"
-      dir=$($bin run "$job" --runs-dir "$runs" --quiet --set device.type=\"cpu\" \
-        --set "train.threads=$threads" --set parallel.replicas=2 --set "$set")
-      echo "$job $name $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["samples_per_sec"])' "$dir/summary.json")"
-      rm -rf "$dir"
+  for mode in r2 p2; do
+    for i in $(seq "$repeats"); do
+      for config in "${configs[@]}"; do
+        IFS=: read -r name set <<<"$config"
+        echo "$job $mode $name $(rate "$job" "$mode" "$set")"
+      done
     done
   done
 done | python3 -c '
 import sys, statistics, collections
 rates = collections.defaultdict(list)
 for line in sys.stdin:
-    job, name, rate = line.split()
-    rates[(job, name)].append(float(rate))
-for job in dict.fromkeys(j for j, _ in rates):
-    after = statistics.median(rates[(job, "after")])
-    cells = [f"{n} {statistics.median(rates[(job, n)]):,.0f} ({statistics.median(rates[(job, n)]) / after:.2f})" for n in ("after", "buckets", "small")]
-    print(job, " | ".join(cells))
+    job, mode, name, rate = line.split()
+    rates[(job, mode, name)].append(float(rate))
+for job, mode in dict.fromkeys((j, m) for j, m, _ in rates):
+    med = {n: statistics.median(rates[(job, mode, n)]) for n in ("after", "buckets", "small")}
+    base = med["after"]
+    print(job, mode, " | ".join(f"{n} {v:,.0f} ({v / base:.2f})" for n, v in med.items()))
 '

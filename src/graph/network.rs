@@ -64,6 +64,10 @@ pub struct Network<B: Backend> {
 pub trait GradientSync<B: Backend> {
     fn ready(&mut self, backend: &B, grads: &mut B::Buf, bucket: std::ops::Range<usize>);
     fn finished(&mut self, _backend: &B, _grads: &mut B::Buf) {}
+    /// Whether it may run inside the backward pass; else it gets the buckets after it.
+    fn during_backward(&self) -> bool {
+        true
+    }
 }
 
 /// What a recorded training micro-step computes besides the buffers' contents: a recording
@@ -271,6 +275,9 @@ impl<B: Backend> Network<B> {
         step_key: u64,
         mut sync: Option<&mut dyn GradientSync<B>>,
     ) -> bool {
+        if sync.as_ref().is_some_and(|s| !s.during_backward()) {
+            sync = None;
+        }
         let syncs = sync.is_some() && self.buckets.is_some();
         let this = Recorded {
             samples: n,

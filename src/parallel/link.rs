@@ -21,7 +21,7 @@ pub enum Tag {
     State,
     /// Rank 0 → rank: compute one optimizer step.
     Step,
-    /// Rank → rank 0: its stop request, loss statistics and gradients for a step.
+    /// Rank → rank 0: its stop request and loss statistics for a step (after its buckets).
     Grads,
     /// Rank 0 → rank: the averaged gradients.
     Mean,
@@ -33,13 +33,15 @@ pub enum Tag {
     Done,
     /// Either way: the sender failed; the payload is an exit code (1 byte) and the reason.
     Failed,
+    /// Rank → rank 0: a bucket of its gradients, sent as soon as its backward pass has it.
+    Bucket,
 }
 
 impl Tag {
     fn from_byte(b: u8) -> Option<Tag> {
         use Tag::*;
         [
-            Job, Ready, State, Step, Grads, Mean, Verify, Hash, Done, Failed,
+            Job, Ready, State, Step, Grads, Mean, Verify, Hash, Done, Failed, Bucket,
         ]
         .into_iter()
         .find(|t| *t as u8 == b)

@@ -901,8 +901,8 @@ pub struct ParallelSpec {
     pub backend: CollectiveBackend,
     /// Average the gradients bucket by bucket while the backward pass is still running, as
     /// PyTorch's DistributedDataParallel does, so that a device's all-reduce (NCCL) overlaps
-    /// the rest of the backward pass; false: the whole gradient buffer after it. (Gradients
-    /// through rank 0's tcp links always go after the backward pass.)
+    /// the rest of the backward pass (over tcp, a rank's buckets travel to rank 0 while both
+    /// compute); false: the whole gradient buffer after it.
     #[serde(default = "yes")]
     pub overlap: bool,
     /// The size of a gradient bucket in MiB (DDP's bucket_cap_mb, default 25); the first

@@ -300,8 +300,8 @@ impl Backend for CpuBackend {
         dst[..src.len()].copy_from_slice(src);
     }
 
-    fn download(&self, src: &Vec<f32>, dst: &mut [f32]) {
-        dst.copy_from_slice(&src[..dst.len()]);
+    fn download_at(&self, src: &Vec<f32>, start: usize, dst: &mut [f32]) {
+        dst.copy_from_slice(&src[start..start + dst.len()]);
     }
 
     fn fill(&self, buf: &mut Vec<f32>, value: f32) {

@@ -142,7 +142,12 @@ pub trait Backend {
     /// A buffer holding `data` (the CPU backend keeps the vector itself: no copy).
     fn upload_vec(&self, data: Vec<f32>) -> Result<Self::Buf>;
     fn upload(&self, src: &[f32], dst: &mut Self::Buf);
-    fn download(&self, src: &Self::Buf, dst: &mut [f32]);
+    /// The first `dst.len()` values of `src`.
+    fn download(&self, src: &Self::Buf, dst: &mut [f32]) {
+        self.download_at(src, 0, dst);
+    }
+    /// `dst.len()` values of `src` from `start` on.
+    fn download_at(&self, src: &Self::Buf, start: usize, dst: &mut [f32]);
     fn fill(&self, buf: &mut Self::Buf, value: f32);
     fn copy(&self, src: &Self::Buf, dst: &mut Self::Buf, len: usize);
     /// dst[i] = src[idx[i]] for rows of `row_len` values: assembles a batch from a data set

@@ -10,9 +10,11 @@
 //!
 //! A step: rank 0 sends the step (micro-step counter, learning rate, clipping, loss scale,
 //! the micro-batches' sample indices; each rank holds the whole data set), every rank
-//! computes the gradients of its share, the others send theirs with their loss statistics,
-//! rank 0 averages them in rank order (the sums `CpuAllReduce` makes, so a multi-process run
-//! equals the same number of threaded replicas bit for bit) and sends the mean back, and
+//! computes the gradients of its share, the others send theirs bucket by bucket as their
+//! backward pass finishes each (`SendOverLink`), then their loss statistics; rank 0 adds
+//! each bucket in during its own backward pass (`GatherOverLinks`), in rank order (the sums
+//! `CpuAllReduce` makes, so a multi-process run equals the same number of threaded replicas
+//! bit for bit), and sends the mean back, and
 //! every rank runs clipping and the optimizer on it. A gradient exchange through rank 0
 //! moves 2 x (ranks - 1) x parameters through its link: right for the CPU models. On GPUs
 //! (parallel.backend, "auto" where each rank has its own GPU) NCCL's all-reduce averages
@@ -40,6 +42,7 @@ use crate::spec::{CollectiveBackend, JobSpec, ParallelDevices};
 use crate::tensor::{Backend, LossStats};
 use serde::{Deserialize, Serialize};
 use std::marker::PhantomData;
+use std::ops::Range;
 
 /// What rank 0 greets the other ranks with, for them to compare with their own job.
 #[derive(Serialize, Deserialize)]
@@ -403,22 +406,38 @@ impl<B: Backend> DataParallel<B> for ProcessReplicas<B> {
         };
         let rows = micro_batches.iter().copied();
         let scale = settings.loss_scale;
-        // On the devices (NCCL), averaged during the backward pass; the other ranks'
-        // messages then carry only their statistics.
-        let mut device_sync = DeviceSync;
-        let sync = self
-            .on_devices
-            .then_some(&mut device_sync as &mut dyn GradientSync<B>);
-        accumulate_gradients(
-            backend, net, batch, rows, micro_step, stats, place, scale, sync,
-        );
-        if !self.on_devices {
-            backend.download(&net.grads, &mut self.mean);
+        // Averaged bucket by bucket during the backward pass: by NCCL on the devices, or
+        // summed here as the other ranks send their buckets.
+        {
+            let mut gather = GatherOverLinks {
+                links: &mut self.links,
+                sum: &mut self.mean,
+                incoming: &mut self.incoming,
+                error: None,
+            };
+            let sync: &mut dyn GradientSync<B> = if self.on_devices {
+                &mut DeviceSync
+            } else {
+                &mut gather
+            };
+            let sync = Some(sync);
+            accumulate_gradients(
+                backend, net, batch, rows, micro_step, stats, place, scale, sync,
+            );
+            if let Some(e) = gather.error {
+                return Err(e);
+            }
         }
         // The whole micro-batches' statistics, added in rank order as CpuReplicas does.
         let mut window = backend.take_stats(stats);
         for link in &mut self.links {
             let len = link.expect(Tag::Grads)?;
+            if len != GRADS_HEADER {
+                return Err(Error::Runtime(format!(
+                    "rank {} sent a malformed Grads message ({len} bytes)",
+                    link.peer()
+                )));
+            }
             let mut head = [0u8; GRADS_HEADER];
             link.read(&mut head)?;
             let (signal, theirs) = decode_grads_header(&head);
@@ -427,13 +446,6 @@ impl<B: Backend> DataParallel<B> for ProcessReplicas<B> {
                 self.stop = Some(signal);
             }
             window += theirs;
-            if self.on_devices {
-                continue;
-            }
-            link.read_f32s(&mut self.incoming, len.saturating_sub(GRADS_HEADER))?;
-            for (sum, g) in self.mean.iter_mut().zip(&self.incoming) {
-                *sum += g;
-            }
         }
         backend.set_stats(stats, window);
         if !self.on_devices {
@@ -482,6 +494,67 @@ impl<B: Backend> DataParallel<B> for ProcessReplicas<B> {
             interrupted,
             failed: false,
         });
+    }
+}
+
+/// Rank 0's side of the tcp all-reduce, driven by its backward pass: a bucket's sum in host
+/// memory is its own gradients, then each other rank's in rank order as they arrive (a rank
+/// sends a bucket as soon as its own backward pass has it): the sums `CpuAllReduce` makes.
+struct GatherOverLinks<'a> {
+    links: &'a mut [Link],
+    sum: &'a mut [f32],
+    incoming: &'a mut [f32],
+    /// The first failure (a rank lost): the step ends with it.
+    error: Option<Error>,
+}
+
+impl<B: Backend> GradientSync<B> for GatherOverLinks<'_> {
+    fn ready(&mut self, backend: &B, grads: &mut B::Buf, bucket: Range<usize>) {
+        if self.error.is_some() {
+            return;
+        }
+        backend.download_at(grads, bucket.start, &mut self.sum[bucket.clone()]);
+        for link in self.links.iter_mut() {
+            let incoming = &mut self.incoming[bucket.clone()];
+            let received = (link.expect(Tag::Bucket)).and_then(|len| link.read_f32s(incoming, len));
+            if let Err(e) = received {
+                self.error = Some(e);
+                return;
+            }
+            for (sum, g) in self.sum[bucket.clone()].iter_mut().zip(&*incoming) {
+                *sum += g;
+            }
+        }
+    }
+
+    /// A recorded step (a CUDA graph) cannot wait for sockets: after the backward pass.
+    fn during_backward(&self) -> bool {
+        !B::RECORDS
+    }
+}
+
+/// A rank's side of the tcp all-reduce: each bucket goes to rank 0 as soon as the backward
+/// pass has it.
+struct SendOverLink<'a> {
+    link: &'a mut Link,
+    host: &'a mut [f32],
+    error: Option<Error>,
+}
+
+impl<B: Backend> GradientSync<B> for SendOverLink<'_> {
+    fn ready(&mut self, backend: &B, grads: &mut B::Buf, bucket: Range<usize>) {
+        if self.error.is_some() {
+            return;
+        }
+        let host = &mut self.host[bucket.clone()];
+        backend.download_at(grads, bucket.start, host);
+        if let Err(e) = self.link.send(Tag::Bucket, &[bytemuck::cast_slice(host)]) {
+            self.error = Some(e);
+        }
+    }
+
+    fn during_backward(&self) -> bool {
+        !B::RECORDS
     }
 }
 
@@ -669,30 +742,36 @@ fn follow<B: Backend>(
                 let mut micro_step = order.micro_step;
                 let micro_batches = rows.chunks(order.chunk);
                 let scale = order.settings.loss_scale;
-                let mut device_sync = DeviceSync;
-                let sync = on_devices.then_some(&mut device_sync as &mut dyn GradientSync<B>);
-                accumulate_gradients(
-                    backend,
-                    &mut net,
-                    &batch,
-                    micro_batches,
-                    &mut micro_step,
-                    &mut stats,
-                    place,
-                    scale,
-                    sync,
-                );
-                if on_devices {
-                    let head =
-                        encode_grads_header(stop.requested(), backend.take_stats(&mut stats));
-                    backend.status()?;
-                    link.send(Tag::Grads, &[&head])?;
-                } else {
-                    backend.status()?;
-                    let head =
-                        encode_grads_header(stop.requested(), backend.take_stats(&mut stats));
-                    backend.download(&net.grads, &mut host);
-                    link.send(Tag::Grads, &[&head, bytemuck::cast_slice(&host)])?;
+                {
+                    let mut send = SendOverLink {
+                        link: &mut *link,
+                        host: &mut host,
+                        error: None,
+                    };
+                    let sync: &mut dyn GradientSync<B> = if on_devices {
+                        &mut DeviceSync
+                    } else {
+                        &mut send
+                    };
+                    accumulate_gradients(
+                        backend,
+                        &mut net,
+                        &batch,
+                        micro_batches,
+                        &mut micro_step,
+                        &mut stats,
+                        place,
+                        scale,
+                        Some(sync),
+                    );
+                    if let Some(e) = send.error {
+                        return Err(e);
+                    }
+                }
+                backend.status()?;
+                let head = encode_grads_header(stop.requested(), backend.take_stats(&mut stats));
+                link.send(Tag::Grads, &[&head])?;
+                if !on_devices {
                     let len = link.expect(Tag::Mean)?;
                     link.read_f32s(&mut host, len)?;
                     backend.upload(&host, &mut net.grads);

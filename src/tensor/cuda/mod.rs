@@ -1194,11 +1194,11 @@ impl Backend for CudaBackend {
         self.record("copy to the device", r);
     }
 
-    fn download(&self, src: &CudaSlice<f32>, dst: &mut [f32]) {
+    fn download_at(&self, src: &CudaSlice<f32>, start: usize, dst: &mut [f32]) {
         if dst.is_empty() {
             return;
         }
-        let r = self.stream.memcpy_dtoh(&src.slice(..dst.len()), dst);
+        let r = (self.stream).memcpy_dtoh(&src.slice(start..start + dst.len()), dst);
         self.record("copy from the device", r);
     }
 
