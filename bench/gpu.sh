@@ -36,7 +36,7 @@ for rep in 1 2; do
   log "trainer: $(trainer bench/mlp1024.toml --set device.type=\"cuda\")"
   log "trainer, no CUDA graphs: $(trainer bench/mlp1024.toml --set device.type=\"cuda\" --set device.cuda_graphs=false)"
   log "trainer, 1 replica through NCCL: $(trainer bench/mlp1024.toml --set device.type=\"cuda\" --set parallel.replicas=1)"
-  log "trainer, 1 replica through NCCL, small buckets (0.5 MiB): $(trainer bench/mlp1024.toml --set device.type=\"cuda\" --set parallel.replicas=1 --set parallel.bucket_mb=0.5)"
+  log "trainer, 1 replica through NCCL, a bucket per layer (0.01 MiB): $(trainer bench/mlp1024.toml --set device.type=\"cuda\" --set parallel.replicas=1 --set parallel.bucket_mb=0.01)"
   log "trainer, 1 replica through NCCL, averaged after backward: $(trainer bench/mlp1024.toml --set device.type=\"cuda\" --set parallel.replicas=1 --set parallel.overlap=false)"
   log "trainer, data streamed from pinned host memory: $(trainer bench/mlp1024.toml --set device.type=\"cuda\" --set device.data=\"streamed\")"
   log "trainer, 2 launched processes sharing cuda:0 (tcp): $(trainer bench/mlp1024.toml --set device.type=\"cuda\" --set 'parallel.devices=["cuda:0","cuda:0"]')"

@@ -4,7 +4,7 @@
 # (p2: RANK / WORLD_SIZE on loopback, gradients through rank 0 over tcp), with
 #   after     parallel.overlap = false (the whole buffer averaged after the backward pass)
 #   buckets   the default buckets (parallel.bucket_mb = 25, the first at most 1 MiB)
-#   small     parallel.bucket_mb = 0.5
+#   small     parallel.bucket_mb = 0.01 (a bucket per linear layer)
 # alternating, REPEATS times each (default 5); prints the medians and their ratios to `after`.
 #
 #   cargo build --release && bench/overlap.sh [repeats]
@@ -15,7 +15,7 @@ threads=${THREADS:-$(nproc)}
 bin=${TRAINER_BIN:-target/release/trainer}
 runs=$(mktemp -d)
 trap 'rm -rf "$runs"' EXIT
-configs=("after:parallel.overlap=false" "buckets:parallel.overlap=true" "small:parallel.bucket_mb=0.5")
+configs=("after:parallel.overlap=false" "buckets:parallel.overlap=true" "small:parallel.bucket_mb=0.01")
 port=29800
 rate() { # job mode set -> samples/s
   local sets=(--set device.type=\"cpu\" --set "$3")

@@ -752,19 +752,28 @@ fn all_replicas_memory(spec: &JobSpec, graph: &Graph, one: &MemoryPlan) -> usize
 }
 
 /// Validates a job and describes its graph, shapes, parameters and memory.
-/// How data parallelism averages the gradients: bucket by bucket during the backward pass
-/// (parallel.overlap) or after it. None without data parallelism.
-fn gradient_averaging(spec: &JobSpec, graph: &Graph) -> Option<String> {
+/// How data parallelism averages the gradients on the resolved device (`on_gpus`): bucket by
+/// bucket during the backward pass (parallel.overlap) or after it. None without data
+/// parallelism.
+fn gradient_averaging(spec: &JobSpec, graph: &Graph, on_gpus: bool) -> Option<String> {
     spec.parallel.replicas()?;
-    let cpu_processes =
+    let processes =
         spec.parallel.world.is_some() || spec.parallel.launches_processes(&spec.device.kind);
-    let through_links = spec.parallel.backend == CollectiveBackend::Tcp
-        || (cpu_processes && !spec.parallel.on_gpus(&spec.device.kind));
-    if through_links {
-        return Some("averaged through rank 0 over tcp, after the backward pass".into());
-    }
+    let through_links = spec.parallel.backend == CollectiveBackend::Tcp || (processes && !on_gpus);
+    let route = if through_links {
+        " through rank 0 over tcp"
+    } else {
+        ""
+    };
     if !spec.parallel.overlap {
-        return Some("averaged after the backward pass (parallel.overlap = false)".into());
+        return Some(format!(
+            "averaged{route} after the backward pass (parallel.overlap = false)"
+        ));
+    }
+    if through_links && on_gpus {
+        return Some(format!(
+            "averaged{route} after the backward pass (a CUDA graph cannot wait for sockets)"
+        ));
     }
     let buckets = GradBuckets::new(graph, spec.parallel.bucket_bytes());
     let sizes: Vec<String> = buckets
@@ -773,7 +782,7 @@ fn gradient_averaging(spec: &JobSpec, graph: &Graph) -> Option<String> {
         .collect();
     let n = sizes.len();
     Some(format!(
-        "averaged in {n} bucket{} during the backward pass, from the last layers: {}",
+        "averaged{route} in {n} bucket{} during the backward pass, from the last layers: {}",
         if n == 1 { "" } else { "s" },
         sizes.join(", ")
     ))
@@ -851,16 +860,16 @@ pub fn check(job: &Path, sets: &[String]) -> Result<String> {
         );
     }
     out += &format!("total parameters: {}\n", group_digits(graph.param_count));
-    if let Some(how) = gradient_averaging(&spec, &graph) {
-        out += &format!("all-reduce: gradients {how}\n");
-    }
-    out += "\n";
     // Predict for the device the job names; `auto` is resolved as `run` would resolve it.
     let gpu = match pick_device(job, &spec)? {
         Device::Cpu => None,
         Device::Cuda(n) => Some(n),
     };
     let on_gpu = gpu.is_some();
+    if let Some(how) = gradient_averaging(&spec, &graph, on_gpu) {
+        out += &format!("all-reduce: gradients {how}\n");
+    }
+    out += "\n";
     // The GPU's whole memory: what "auto" would find free when nothing else runs there.
     let gpu_memory = gpu.map(|n| match cuda::probe() {
         Ok((devices, _)) => devices.get(n).map_or(usize::MAX, |d| d.memory_bytes),

@@ -429,7 +429,7 @@ fn check_prints_how_the_global_batch_is_made() {
 fn bad_data_parallel_jobs_are_refused_before_anything_runs() {
     let tmp = tempfile::tempdir().unwrap();
     let runs = tmp.path().join("runs");
-    let cases: [(&str, &[&str], &[&str]); 7] = [
+    let cases: [(&str, &[&str], &[&str]); 8] = [
         (
             "[parallel]\nreplicas = 3",
             &[],
@@ -472,6 +472,14 @@ fn bad_data_parallel_jobs_are_refused_before_anything_runs() {
             &[
                 "key `parallel.replicas`",
                 "given together with parallel.devices",
+            ],
+        ),
+        (
+            "[parallel]\nreplicas = 2\nbucket_mb = 0",
+            &[],
+            &[
+                "key `parallel.bucket_mb`",
+                "0 given; must be a size in MiB above 0",
             ],
         ),
         (

@@ -721,7 +721,7 @@ fn nccl_present() -> bool {
 #[test]
 fn check_shows_the_batch_layout_over_the_processes() {
     let o = trainer_with_env(
-        &["check", "jobs/mlp.toml"],
+        &["check", "jobs/mlp.toml", "--set", "device.type=\"cpu\""],
         &[
             ("RANK", "1"),
             ("WORLD_SIZE", "4"),
@@ -734,6 +734,15 @@ fn check_shows_the_batch_layout_over_the_processes() {
         common::stdout(&o).contains(
             "batch: 16 per replica x 4 replicas x 1 accumulation step = 64 global (processes: \
              this is rank 1 of 4, meeting at node0:29500)"
+        ),
+        "{}",
+        common::stdout(&o)
+    );
+    // CPU ranks send their buckets to rank 0 during the backward pass.
+    assert!(
+        common::stdout(&o).contains(
+            "all-reduce: gradients averaged through rank 0 over tcp in 1 bucket during the \
+             backward pass"
         ),
         "{}",
         common::stdout(&o)

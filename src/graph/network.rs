@@ -570,6 +570,22 @@ impl<B: Backend> Network<B> {
         self.buckets = buckets;
     }
 
+    /// Hands the gradients to `sync` after the backward pass, in the buckets other replicas'
+    /// backward passes hand over (all at once without buckets), so that every replica issues
+    /// the same all-reduces in the same order.
+    pub fn sync_after_backward(&mut self, backend: &B, sync: &mut dyn GradientSync<B>) {
+        match self.buckets.take() {
+            Some(buckets) => {
+                for bucket in buckets.in_backward_order() {
+                    sync.ready(backend, &mut self.grads, bucket);
+                }
+                self.buckets = Some(buckets);
+            }
+            None => sync.ready(backend, &mut self.grads, 0..self.graph.param_count),
+        }
+        sync.finished(backend, &mut self.grads);
+    }
+
     fn backward_layer(&mut self, backend: &B, i: usize, n: usize, step_key: u64) {
         let layer = &self.graph.layers[i];
         let dst = self.plan.slot[i + 1];

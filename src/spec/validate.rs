@@ -641,7 +641,7 @@ fn validate_parallel(spec: &JobSpec, p: &mut Problems) {
     }
     if let Some(mb) = parallel.bucket_mb {
         p.check(
-            mb.is_finite() && mb > 0.0 && mb <= 1e6,
+            mb.is_finite() && mb > 0.0,
             "parallel.bucket_mb",
             format!("{mb} given; must be a size in MiB above 0 (DDP's default: 25)"),
         );

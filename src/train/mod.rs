@@ -716,32 +716,10 @@ pub(crate) fn accumulate_gradients<'r, B: Backend>(
         *micro_step += 1;
     }
     if let (Some(sync), false) = (sync, synced) {
-        average_after_backward(backend, net, sync);
+        // This replica had no samples in the last micro-batch, the sync cannot run inside
+        // the backward pass, or there are no buckets (parallel.overlap = false).
+        net.sync_after_backward(backend, sync);
     }
-}
-
-/// Hands the gradients to `sync` after the backward pass: in the buckets the other replicas'
-/// backward passes hand over (this replica had no samples in the last micro-batch), or all
-/// at once without buckets (parallel.overlap = false).
-fn average_after_backward<B: Backend>(
-    backend: &B,
-    net: &mut Network<B>,
-    sync: &mut dyn GradientSync<B>,
-) {
-    match net.grad_buckets() {
-        // Rare (a short last batch): the allocation does not recur every step.
-        Some(buckets) => {
-            let buckets: Vec<_> = buckets.in_backward_order().collect();
-            for bucket in buckets {
-                sync.ready(backend, &mut net.grads, bucket);
-            }
-        }
-        None => {
-            let all = 0..net.graph.param_count;
-            sync.ready(backend, &mut net.grads, all);
-        }
-    }
-    sync.finished(backend, &mut net.grads);
 }
 
 /// Unscaling, clipping and the update, from the (averaged) gradients. With a loss scale or
