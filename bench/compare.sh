@@ -3,6 +3,7 @@
 # recipes, alternating the two, `repeats` times each. Prints samples/s and the ratio.
 #
 #   bench/compare.sh [repeats]            (default 3)
+#   CASES="resnet_small fashion_mnist_cnn" bench/compare.sh 3   (only these cases)
 #
 # Needs: a release build (cargo build --release), PyTorch in $PYTHON (default
 # /work/torch-venv/bin/python), and Debian's dataset-fashion-mnist for the Fashion case.
@@ -29,6 +30,7 @@ median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 
 case_run() { # name, trainer job, pytorch args...
   local name=$1 job=$2; shift 2
+  if [[ -n ${CASES:-} && " $CASES " != *" $name "* ]]; then return; fi
   local t_rates=() p_rates=()
   for _ in $(seq "$repeats"); do
     read -r tr ta tw < <(trainer_rate "$job"); t_rates+=("$tr")
@@ -47,3 +49,7 @@ case_run mlp1024_b256 bench/mlp1024.toml --data synthetic --layers 784,1024,1024
 cnn_epochs=${CNN_EPOCHS:-1}
 TRAINER_EXTRA="--set train.epochs=$cnn_epochs" case_run fashion_mnist_cnn jobs/fashion_mnist_cnn.toml \
   --model cnn --data fashion --batch 128 --epochs "$cnn_epochs" --lr 1e-3
+# The ResNet for one epoch, with PyTorch's recipe: Adam 1e-3, no weight decay, no schedule.
+TRAINER_EXTRA='--set train.epochs=1 --set optimizer.type="adam" --set optimizer.lr=1e-3
+  --set optimizer.weight_decay=0 --set optimizer.schedule={type="constant"}' \
+  case_run resnet_small jobs/resnet_small.toml --model resnet --data fashion --batch 128 --epochs 1 --lr 1e-3

@@ -46,7 +46,7 @@ __device__ __forceinline__ float act(int f, float x) {
 
 __device__ __forceinline__ float act_derivative(int f, float x, float y) {
     switch (f) {
-        case 0: return x > 0.0f ? 1.0f : 0.0f;
+        case 0: return y > 0.0f ? 1.0f : 0.0f;  // from y, so ReLU can run in place
         case 1: {
             float cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752f));
             float pdf = expf(-0.5f * x * x) * 0.3989422804f;
@@ -65,6 +65,10 @@ extern "C" __global__ void activation_forward(int f, const float* x, float* y, u
     GRID_STRIDE(i, n) y[i] = act(f, x[i]);
 }
 
+extern "C" __global__ void activation_in_place(int f, float* y, u64 n) {
+    GRID_STRIDE(i, n) y[i] = act(f, y[i]);
+}
+
 extern "C" __global__ void activation_backward(int f, const float* x, const float* y, const float* dy, float* dx, u64 n) {
     GRID_STRIDE(i, n) dx[i] = dy[i] * act_derivative(f, x[i], y[i]);
 }
@@ -74,4 +78,9 @@ extern "C" __global__ void activation_backward(int f, const float* x, const floa
 extern "C" __global__ void dropout(float p, u64 key, u64 first, const float* x, float* y, u64 n) {
     float keep_scale = 1.0f / (1.0f - p);
     GRID_STRIDE(i, n) y[i] = rng_uniform(key, first + i) >= p ? x[i] * keep_scale : 0.0f;
+}
+
+extern "C" __global__ void dropout_in_place(float p, u64 key, u64 first, float* y, u64 n) {
+    float keep_scale = 1.0f / (1.0f - p);
+    GRID_STRIDE(i, n) y[i] = rng_uniform(key, first + i) >= p ? y[i] * keep_scale : 0.0f;
 }

@@ -942,8 +942,7 @@ pub fn check(job: &Path, sets: &[String]) -> Result<String> {
             let saved = 1.0 - m.activations as f64 / m.activations_without_checkpointing as f64;
             out += &format!(
                 "activation checkpointing: {segments} segments, {} layers recomputed in \
-                 backward; activations {} and as much for their gradients ({} each without, \
-                 {:.0}% less)\n",
+                 backward; activations {} ({} without, {:.0}% less)\n",
                 m.recomputed_layers,
                 bytes(m.activations),
                 bytes(m.activations_without_checkpointing),
@@ -962,7 +961,7 @@ pub fn check(job: &Path, sets: &[String]) -> Result<String> {
             let with = layout.per_replica() * plan.activation_values() * 4;
             out += &format!(
                 "activation checkpointing: off; with checkpoint.activations = \"all\" ({} \
-                 segments) activations would take {} (and as much for their gradients)\n",
+                 segments) activations would take {}\n",
                 plan.segments.len(),
                 bytes(with)
             );

@@ -218,16 +218,17 @@ fn check_shows_activation_memory_with_and_without_checkpointing() {
     assert!(out.status.success(), "{}", stderr(&out));
     let text = String::from_utf8(out.stdout).unwrap();
     for expected in [
-        "activations                   6.0 MiB",
-        "activation checkpointing: 4 segments, 11 layers recomputed",
-        "(14.0 MiB each without, 57% less)",
+        "activations                   4.0 MiB",
+        "activation gradients          2.0 MiB",
+        "activation checkpointing: 4 segments, 8 layers recomputed",
+        "(7.0 MiB without, 43% less)",
     ] {
         assert!(text.contains(expected), "missing {expected:?} in\n{text}");
     }
     let out = trainer(&["check", "bench/mlp8.toml"], &[]);
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(
-        text.contains("activations                  14.0 MiB")
+        text.contains("activations                   7.0 MiB")
             && text.contains("checkpointing: off; with checkpoint.activations = \"all\""),
         "{text}"
     );

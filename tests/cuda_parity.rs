@@ -164,6 +164,13 @@ fn activations_forward_and_backward_match_the_cpu() {
         let mut dxg = poisoned(&g, len);
         g.activation_backward(f, &xg, &yg, &up(&g, &dy), &mut dxg, len);
         assert_close(&down(&g, &dxg, len), &dx_cpu, &format!("{f:?} backward"));
+        let mut in_place = up(&g, &x);
+        g.activation_in_place(f, &mut in_place, len);
+        assert_close(
+            &down(&g, &in_place, len),
+            &y_cpu,
+            &format!("{f:?} in place"),
+        );
     }
 }
 
@@ -188,6 +195,13 @@ fn dropout_draws_the_same_mask_as_the_cpu() {
             y_cpu.iter().map(|v| *v == 0.0).collect::<Vec<_>>()
         );
         assert_close(&y_gpu, &y_cpu, &format!("dropout p={p}"));
+        let mut in_place = up(&g, &x);
+        g.dropout_in_place(p, key, first, &mut in_place, len);
+        assert_close(
+            &down(&g, &in_place, len),
+            &y_cpu,
+            &format!("dropout in place p={p}"),
+        );
         let mut dx_cpu = vec![0.0; len];
         CPU.dropout_backward(p, key, first, &x, &mut dx_cpu, len);
         let mut dxg = poisoned(&g, len);

@@ -134,6 +134,31 @@ fn dropout_gradients_use_the_same_mask_as_forward() {
     );
 }
 
+/// ReLU, tanh, sigmoid and dropout run in place where the buffer plan allows it (see
+/// `BufferPlan::in_place`): the same bits as writing to another buffer, in the chunked
+/// parallel path (over 2^16 values) and the short one.
+#[test]
+fn in_place_activations_and_dropout_equal_their_out_of_place_forms() {
+    use trainer::tensor::Activation;
+    let b = CpuBackend::new(2);
+    for len in [1000, 100_003] {
+        let x: Vec<f32> = (0..len)
+            .map(|i| ((i * 7919) % 2001) as f32 / 250.0 - 4.0)
+            .collect();
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        for f in [Activation::Relu, Activation::Tanh, Activation::Sigmoid] {
+            let (mut y, mut in_place) = (vec![f32::NAN; len], x.clone());
+            b.activation_forward(f, &x, &mut y, len);
+            b.activation_in_place(f, &mut in_place, len);
+            assert_eq!(bits(&in_place), bits(&y), "{f:?}, {len} values");
+        }
+        let (mut y, mut in_place) = (vec![f32::NAN; len], x.clone());
+        b.dropout_forward(0.3, 11, 5, &x, &mut y, len);
+        b.dropout_in_place(0.3, 11, 5, &mut in_place, len);
+        assert_eq!(bits(&in_place), bits(&y), "dropout, {len} values");
+    }
+}
+
 #[test]
 fn flatten_gradients() {
     let job = between_linears(r#"{ type = "flatten" }"#).replace(

@@ -1,7 +1,12 @@
 //! The buffer plan: where each activation lives, and what the backward pass recomputes.
 //!
 //! Without activation checkpointing every layer's output has its own buffer (a flatten's
-//! output shares its input's). With it, the layers are split into segments of (nearly)
+//! output shares its input's), except that a layer may write its output over its input
+//! (`in_place`, as PyTorch's `inplace=True`): a ReLU, tanh, sigmoid, dropout or add (over its
+//! first input) whose input is read by no other layer and was computed by a layer whose
+//! backward step does not read its own output. These ops' backward steps need nothing but
+//! their output (the activations) or nothing at all (dropout redraws its mask; add), so
+//! the input's values are not needed once the layer has run. With activation checkpointing, the layers are split into segments of (nearly)
 //! equal layer counts; only the activations at segment boundaries keep their own buffers.
 //! The activations inside a segment live in scratch buffers that every segment reuses, so
 //! the forward pass overwrites them, and the backward pass, segment by segment from the
@@ -13,8 +18,14 @@
 //! Gradients: a value read by several layers (a residual branch point) gets the sum of their
 //! gradients. Backward runs the layers in reverse, so the first of them to run writes the
 //! gradient buffer and the others add to it (`accumulate`).
+//!
+//! A value's gradient is needed only from the backward step of its last reader (or the loss,
+//! for the model's output) to that of its producer, which consumes it; so gradient buffers
+//! are shared by values whose lifetimes do not overlap, as PyTorch frees a gradient once it
+//! is used (`grad_slot`). A chain needs two, of the largest layer's size, however deep.
 
 use super::{numel, Layer, Op};
+use crate::tensor::Activation;
 use std::ops::Range;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -28,11 +39,18 @@ pub struct BufferPlan {
     pub segments: Vec<Range<usize>>,
     /// Per layer: its output lives in scratch, so backward recomputes it first.
     pub recompute: Vec<bool>,
+    /// Per layer: it writes its output over its (first) input, in the same buffer.
+    pub in_place: Vec<bool>,
     /// Per layer, per input: backward adds this input's gradient to what an earlier-run
     /// backward step wrote there, rather than writing it.
     pub accumulate: Vec<Vec<bool>>,
     /// Per layer, per input: the input is (a view of) the data, which needs no gradient.
     pub is_data: Vec<Vec<bool>>,
+    /// node → the buffer holding its gradient in the backward pass (see the module's
+    /// comment); the data's entry is unused.
+    pub grad_slot: Vec<usize>,
+    /// Values per sample in each gradient buffer.
+    pub grad_sizes: Vec<usize>,
 }
 
 impl BufferPlan {
@@ -55,6 +73,32 @@ impl BufferPlan {
             }
         }
 
+        // 1b. In-place layers: their output is stored in their input's buffer (`stored`:
+        //     value → the value whose buffer holds it).
+        let mut readers = vec![0usize; value_size.len()];
+        for layer in layers.iter().filter(|l| l.op != Op::View) {
+            for &n in &layer.inputs {
+                readers[value_of_node[n]] += 1;
+            }
+        }
+        let mut stored: Vec<usize> = (0..value_size.len()).collect();
+        let in_place: Vec<bool> = layers
+            .iter()
+            .enumerate()
+            .map(|(i, layer)| {
+                let input = value_of_node[layer.inputs[0]];
+                let eligible = writes_in_place(&layer.op)
+                    && input != 0
+                    && readers[input] == 1
+                    && !backward_reads_output(&layers[producer[input]].op);
+                if eligible {
+                    stored[value_of_node[i + 1]] = stored[input];
+                }
+                eligible
+            })
+            .collect();
+        let store_of_node = |n: usize| stored[value_of_node[n]];
+
         // 2. Segments of nearly equal layer counts; boundaries are nodes.
         let parts = segments.unwrap_or(1).clamp(1, count.max(1));
         let bounds: Vec<usize> = (0..=parts).map(|k| k * count / parts).collect();
@@ -65,15 +109,16 @@ impl BufferPlan {
             .collect();
 
         // 3. Kept values: all without checkpointing, else those at a boundary node (the
-        //    input and the model's output are boundaries).
+        //    input and the model's output are boundaries). A value stored over another is
+        //    kept with it (in-place layers), and `producer` is the first layer writing it.
         let mut kept = vec![segments.is_none(); value_size.len()];
         for &b in &bounds {
-            kept[value_of_node[b]] = true;
+            kept[store_of_node(b)] = true;
         }
         let segment_of = |layer: usize| ranges.iter().position(|r| r.contains(&layer));
         for (i, layer) in layers.iter().enumerate().filter(|(_, l)| l.op != Op::View) {
             for &n in &layer.inputs {
-                let v = value_of_node[n];
+                let v = store_of_node(n);
                 if producer[v] != usize::MAX && segment_of(producer[v]) != segment_of(i) {
                     kept[v] = true;
                 }
@@ -85,7 +130,7 @@ impl BufferPlan {
         let mut buffer_of_value = vec![usize::MAX; value_size.len()];
         let mut sizes = Vec::new();
         for (v, &size) in value_size.iter().enumerate() {
-            if kept[v] {
+            if kept[v] && stored[v] == v {
                 buffer_of_value[v] = sizes.len();
                 sizes.push(size);
             }
@@ -95,9 +140,9 @@ impl BufferPlan {
         for range in &ranges {
             let mut j = 0;
             for i in range.clone() {
-                let v = value_of_node[i + 1];
+                let v = store_of_node(i + 1);
                 if kept[v] || buffer_of_value[v] != usize::MAX {
-                    continue; // kept, or a flatten of a value already placed
+                    continue; // kept, or a flatten or in-place output of a value placed
                 }
                 if j == scratch.len() {
                     scratch.push(0);
@@ -112,7 +157,7 @@ impl BufferPlan {
         let recompute = layers
             .iter()
             .enumerate()
-            .map(|(i, l)| l.op != Op::View && !kept[value_of_node[i + 1]])
+            .map(|(i, l)| l.op != Op::View && !kept[store_of_node(i + 1)])
             .collect();
         // The loss writes the output's gradient first; then layers from the last.
         let mut written = vec![false; value_size.len()];
@@ -133,11 +178,18 @@ impl BufferPlan {
             .iter()
             .map(|l| l.inputs.iter().map(|&n| value_of_node[n] == 0).collect())
             .collect();
+        let (grad_of_value, grad_sizes) = gradient_buffers(layers, &value_of_node, &value_size);
         BufferPlan {
-            slot: value_of_node.iter().map(|&v| buffer_of_value[v]).collect(),
+            slot: value_of_node
+                .iter()
+                .map(|&v| buffer_of_value[stored[v]])
+                .collect(),
+            grad_slot: value_of_node.iter().map(|&v| grad_of_value[v]).collect(),
+            grad_sizes,
             sizes,
             segments: ranges,
             recompute,
+            in_place,
             accumulate,
             is_data,
         }
@@ -161,8 +213,324 @@ impl BufferPlan {
         self.sizes[1..].iter().sum()
     }
 
+    /// Activation-gradient values per sample held by the plan, the scratch that a gradient
+    /// added to another goes through included.
+    pub fn gradient_values(&self) -> usize {
+        let scratch = if self.accumulate.iter().flatten().any(|&a| a) {
+            self.largest_value()
+        } else {
+            0
+        };
+        self.grad_sizes.iter().sum::<usize>() + scratch
+    }
+
+    /// Values per sample of the largest activation (the input batch included).
+    pub fn largest_value(&self) -> usize {
+        self.sizes.iter().copied().max().unwrap_or(0)
+    }
+
     /// Layers whose forward pass runs again in backward.
     pub fn recomputed_layers(&self) -> usize {
         self.recompute.iter().filter(|&&r| r).count()
+    }
+}
+
+/// Ops that can write their output over their input (see the module's comment).
+fn writes_in_place(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Activation(Activation::Relu | Activation::Tanh | Activation::Sigmoid)
+            | Op::Dropout { .. }
+            | Op::Add
+    )
+}
+
+/// Ops whose backward step reads their output, which an in-place layer after them would
+/// overwrite.
+fn backward_reads_output(op: &Op) -> bool {
+    matches!(op, Op::Activation(_) | Op::Pool { .. } | Op::Softmax { .. })
+}
+
+/// Gradient buffers shared by values whose gradients are never needed at the same time:
+/// returns the buffer of each value (usize::MAX for the data, which needs no gradient) and
+/// each buffer's size in values per sample.
+///
+/// Time runs through the backward pass: the loss at 0, layer i at `layers.len() - i`. A
+/// value's gradient is live from the step of its first writer (the loss for the model's
+/// output, else its reader that runs backward first) to that of its producer, which reads it
+/// and writes its own input's gradient at the same step: a buffer is free again only from
+/// the next step. Values are placed in the order their gradients appear, each into the
+/// smallest free buffer that holds it, else the largest free one (grown), else a new one.
+fn gradient_buffers(
+    layers: &[Layer],
+    value_of_node: &[usize],
+    value_size: &[usize],
+) -> (Vec<usize>, Vec<usize>) {
+    let count = layers.len();
+    let time = |layer: usize| count - layer;
+    let values = value_size.len();
+    let mut born = vec![usize::MAX; values];
+    let mut dies = vec![0; values];
+    born[value_of_node[count]] = 0;
+    for (i, layer) in layers.iter().enumerate() {
+        if layer.op == Op::View {
+            continue; // its output is its input's value, gradient included
+        }
+        dies[value_of_node[i + 1]] = time(i);
+        for &n in &layer.inputs {
+            let v = value_of_node[n];
+            born[v] = born[v].min(time(i));
+        }
+    }
+    let mut order: Vec<usize> = (1..values).collect();
+    order.sort_by_key(|&v| born[v]);
+    let mut buffer_of = vec![usize::MAX; values];
+    let mut sizes: Vec<usize> = Vec::new();
+    let mut busy_until: Vec<usize> = Vec::new();
+    for v in order {
+        let free = (0..sizes.len()).filter(|&b| busy_until[b] < born[v]);
+        let fits = free.clone().filter(|&b| sizes[b] >= value_size[v]);
+        let b = match fits.min_by_key(|&b| sizes[b]) {
+            Some(b) => b,
+            None => match free.max_by_key(|&b| sizes[b]) {
+                Some(b) => b,
+                None => {
+                    sizes.push(0);
+                    busy_until.push(0);
+                    sizes.len() - 1
+                }
+            },
+        };
+        sizes[b] = sizes[b].max(value_size[v]);
+        busy_until[b] = dies[v];
+        buffer_of[v] = b;
+    }
+    (buffer_of, sizes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::{DataShape, Graph};
+    use crate::spec::JobSpec;
+    use std::collections::HashMap;
+
+    fn graph(spec: &str, sample: Vec<usize>) -> Graph {
+        let spec: JobSpec = toml::from_str(spec).unwrap();
+        let shape = DataShape {
+            sample_shape: sample,
+            classes: Some(10),
+            target_dim: 1,
+        };
+        Graph::build(&spec, &shape).unwrap()
+    }
+
+    fn job(layers: &str, activations: &str) -> String {
+        format!(
+            "[data]\nsource = \"synthetic\"\n[model]\nlayers = [{layers}]\n\
+             [optimizer]\ntype = \"sgd\"\nlr = 0.1\n[checkpoint]\nactivations = {activations}\n"
+        )
+    }
+
+    fn mlp(depth: usize, activations: &str) -> Graph {
+        let hidden = "{ type = \"linear\", out = 1024 }, { type = \"relu\" }, ".repeat(depth);
+        let layers = format!("{hidden}{{ type = \"linear\", out = 10 }}");
+        graph(&job(&layers, activations), vec![784])
+    }
+
+    /// Runs the backward pass's gradient traffic over the plan: the loss writes the output's
+    /// gradient, then each layer from the last reads its output's and writes (or adds to) its
+    /// inputs'. Fails where a write would land in a buffer that holds another value's gradient
+    /// still to be read, a read finds another value's, or a buffer is too small.
+    fn check_gradient_lifetimes(g: &Graph, plan: &BufferPlan) {
+        let layers = &g.layers;
+        let mut value = vec![0usize];
+        for (i, l) in layers.iter().enumerate() {
+            value.push(if l.op == Op::View {
+                value[l.inputs[0]]
+            } else {
+                i + 1
+            });
+        }
+        let size = |node: usize| {
+            numel(&if node == 0 {
+                g.input_shape.clone()
+            } else {
+                layers[node - 1].out_shape.clone()
+            })
+        };
+        let mut holder: HashMap<usize, usize> = HashMap::new();
+        let out = layers.len();
+        holder.insert(plan.grad_slot[out], value[out]);
+        for (i, l) in layers.iter().enumerate().rev() {
+            if l.op == Op::View {
+                continue;
+            }
+            let dy = plan.grad_slot[i + 1];
+            assert_eq!(holder.get(&dy), Some(&value[i + 1]), "layer {i} reads dy");
+            for &n in l.inputs.iter().filter(|&&n| value[n] != 0) {
+                let dx = plan.grad_slot[n];
+                assert_ne!(dx, dy, "layer {i} writes dx over its dy");
+                let held = holder.insert(dx, value[n]);
+                assert!(
+                    held.is_none() || held == Some(value[n]),
+                    "layer {i} writes over the live gradient of node {held:?}"
+                );
+                assert!(
+                    plan.grad_sizes[dx] >= size(n),
+                    "layer {i}: buffer too small"
+                );
+            }
+            holder.remove(&dy);
+        }
+        assert!(holder.is_empty(), "gradients left unread: {holder:?}");
+    }
+
+    /// Runs the forward pass, then the backward pass with its recomputations, over the plan's
+    /// activation buffers, and fails where a layer would read a buffer that no longer (or
+    /// not yet) holds the value it needs: its inputs in forward, and in backward what that
+    /// op's backward step reads (its input, its output, or neither).
+    fn check_activation_lifetimes(g: &Graph, plan: &BufferPlan) {
+        let layers = &g.layers;
+        let mut value = vec![0usize];
+        for (i, l) in layers.iter().enumerate() {
+            value.push(if l.op == Op::View {
+                value[l.inputs[0]]
+            } else {
+                i + 1
+            });
+        }
+        let reads_input = |op: &Op| {
+            !matches!(
+                op,
+                Op::Add
+                    | Op::Concat { .. }
+                    | Op::Dropout { .. }
+                    | Op::Softmax { .. }
+                    | Op::Activation(Activation::Relu | Activation::Tanh | Activation::Sigmoid)
+            )
+        };
+        let reads_output =
+            |op: &Op| matches!(op, Op::Activation(_) | Op::Pool { .. } | Op::Softmax { .. });
+        let mut holds: HashMap<usize, usize> = HashMap::from([(plan.slot[0], 0)]);
+        let expect = |holds: &HashMap<usize, usize>, node: usize, what: &str| {
+            assert_eq!(holds.get(&plan.slot[node]), Some(&value[node]), "{what}");
+        };
+        let run = |holds: &mut HashMap<usize, usize>, i: usize| {
+            for &n in &layers[i].inputs {
+                expect(holds, n, &format!("forward of layer {i} reads node {n}"));
+            }
+            holds.insert(plan.slot[i + 1], value[i + 1]);
+        };
+        for (i, l) in layers.iter().enumerate() {
+            if l.op != Op::View {
+                run(&mut holds, i);
+            }
+        }
+        for range in plan.segments.iter().rev() {
+            for i in range.clone().filter(|&i| plan.recompute[i]) {
+                run(&mut holds, i);
+            }
+            for i in range.clone().rev() {
+                let op = &layers[i].op;
+                if reads_input(op) && *op != Op::View {
+                    expect(
+                        &holds,
+                        layers[i].inputs[0],
+                        &format!("backward of layer {i}: x"),
+                    );
+                }
+                if reads_output(op) {
+                    expect(&holds, i + 1, &format!("backward of layer {i}: y"));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn in_place_layers_are_those_whose_input_nothing_else_needs() {
+        let g = graph(
+            &job(
+                "{ type = \"conv2d\", out = 4, kernel_size = 3, padding = 1 }, \
+                 { type = \"relu\" }, { type = \"relu\" }, { type = \"maxpool2d\", kernel_size = 2 }, \
+                 { type = \"sigmoid\" }, { type = \"batchnorm2d\", name = \"bn\" }, \
+                 { type = \"dropout\", p = 0.1, name = \"drop\" }, \
+                 { type = \"add\", inputs = [\"bn\", \"drop\"] }, \
+                 { type = \"tanh\" }, { type = \"gelu\" }, { type = \"flatten\" }, \
+                 { type = \"linear\", out = 10 }",
+                "\"none\"",
+            ),
+            vec![1, 8, 8],
+        );
+        let plan = g.buffer_plan();
+        // conv, relu (over the conv's output), relu (not over a ReLU's output, which its
+        // backward reads), maxpool, sigmoid (not over max pooling's output), batch norm,
+        // dropout (not over a value the add reads too), add (not: the batch norm's output
+        // has two readers), tanh (over the add's output), gelu (its backward reads its
+        // input), flatten, linear.
+        let expected = [
+            false, true, false, false, false, false, false, false, true, false, false, false,
+        ];
+        assert_eq!(plan.in_place, expected);
+        assert_eq!(plan.slot[2], plan.slot[1]);
+        assert_ne!(plan.slot[3], plan.slot[2]);
+        check_activation_lifetimes(&g, &plan);
+        // A chain of linear and ReLU layers stores the linear layers' outputs alone.
+        let g = mlp(3, "\"none\"");
+        let plan = g.buffer_plan();
+        assert_eq!(
+            plan.in_place,
+            [false, true, false, true, false, true, false]
+        );
+        assert_eq!(plan.activation_values(), 3 * 1024 + 10);
+    }
+
+    #[test]
+    fn a_chain_needs_two_gradient_buffers_however_deep() {
+        for depth in [1, 3, 7] {
+            let g = mlp(depth, "\"none\"");
+            let plan = g.buffer_plan();
+            // The logits' buffer grows to take the first hidden layer's gradient.
+            assert_eq!(plan.grad_sizes, [1024, 1024]);
+            check_gradient_lifetimes(&g, &plan);
+        }
+    }
+
+    #[test]
+    fn shared_buffers_hold_every_value_while_it_is_needed() {
+        let resnet = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/jobs/resnet_small.toml"
+        ))
+        .unwrap();
+        let branches = "{ type = \"linear\", out = 32, name = \"a\" }, { type = \"relu\" }, \
+             { type = \"linear\", out = 16, name = \"b\" }, \
+             { type = \"linear\", out = 16, inputs = [\"a\"], name = \"c\" }, \
+             { type = \"concat\", inputs = [\"b\", \"c\", \"a\"] }, { type = \"tanh\" }, \
+             { type = \"linear\", out = 64 }, { type = \"dropout\", p = 0.2, name = \"d\" }, \
+             { type = \"linear\", out = 64, name = \"e\" }, { type = \"add\", inputs = [\"e\", \"d\"] }, \
+             { type = \"sigmoid\", name = \"s\" }, { type = \"add\", inputs = [\"s\", \"s\"] }, \
+             { type = \"linear\", out = 10 }";
+        let cnn = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/jobs/fashion_mnist_cnn.toml"
+        ))
+        .unwrap();
+        let mut graphs = vec![
+            graph(&resnet, vec![1, 28, 28]),
+            graph(&cnn, vec![1, 28, 28]),
+        ];
+        for activations in ["\"none\"", "\"all\"", "{ segments = 3 }"] {
+            graphs.push(graph(&job(branches, activations), vec![20]));
+            graphs.push(mlp(4, activations));
+        }
+        for g in &graphs {
+            let plan = g.buffer_plan();
+            check_activation_lifetimes(g, &plan);
+            check_gradient_lifetimes(g, &plan);
+            let layers = g.layers.iter().filter(|l| l.op != Op::View);
+            let separate: usize = layers.map(|l| numel(&l.out_shape)).sum();
+            assert!(plan.grad_sizes.iter().sum::<usize>() < separate);
+        }
     }
 }

@@ -629,8 +629,7 @@ pub struct MemoryPlan {
     pub workspace: usize,
     /// What layers keep from forward for backward besides activations (layer-norm statistics).
     pub layer_state: usize,
-    /// Activations (and as much again for their gradients) without activation
-    /// checkpointing; equal to `activations` when it is off.
+    /// Activations without activation checkpointing; equal to `activations` when it is off.
     pub activations_without_checkpointing: usize,
     /// Layers whose forward pass backward recomputes (0 without checkpointing).
     pub recomputed_layers: usize,
@@ -651,15 +650,12 @@ impl MemoryPlan {
         let f = std::mem::size_of::<f32>();
         let plan = graph.buffer_plan();
         let plain = BufferPlan::new(&graph.input_shape, &graph.layers, None);
-        // Every activation buffer has a gradient buffer of the same size (the input's is
-        // empty: nothing upstream needs the data's gradient).
-        let activations = batch_size * plan.activation_values() * f;
         MemoryPlan {
             params: graph.param_count * f,
             grads: graph.param_count * f,
             optimizer_state: graph.param_count * f * optimizer_buffers,
-            activations,
-            activation_grads: activations,
+            activations: batch_size * plan.activation_values() * f,
+            activation_grads: batch_size * plan.gradient_values() * f,
             batch: batch_size * (numel(&graph.input_shape) + graph.objective.target_dim) * f,
             data: device_data,
             workspace,

@@ -24,7 +24,8 @@ pub struct Network<B: Backend> {
     pub grads: B::Buf,
     /// Activation buffers by slot; slot 0 is the input batch.
     acts: Vec<B::Buf>,
-    /// Gradients of the activations, by the same slots (slot 0 is empty: the input needs none).
+    /// Gradients of the activations, by `plan.grad_slot` (buffers shared by values whose
+    /// gradients are needed at different times in the backward pass).
     dacts: Vec<B::Buf>,
     /// Which buffer each node uses, the backward segments and what they recompute.
     plan: BufferPlan,
@@ -146,10 +147,10 @@ impl<B: Backend> Network<B> {
             .iter()
             .map(|&n| backend.alloc(n))
             .collect::<Result<Vec<_>>>()?;
-        let dacts = sizes
+        let dacts = plan
+            .grad_sizes
             .iter()
-            .enumerate()
-            .map(|(i, &n)| backend.alloc(if i == 0 { 0 } else { n }))
+            .map(|&n| backend.alloc(max_batch * n))
             .collect::<Result<Vec<_>>>()?;
         let workspace_len = graph
             .layers
@@ -174,7 +175,7 @@ impl<B: Backend> Network<B> {
             }
         }
         let scratch_len = if plan.accumulate.iter().flatten().any(|&a| a) {
-            sizes.iter().copied().max().unwrap_or(0)
+            max_batch * plan.largest_value()
         } else {
             0
         };
@@ -413,6 +414,23 @@ impl<B: Backend> Network<B> {
         // Linear and conv layers compute with the half copy of their weights, if any.
         let weights = self.half_params.as_ref().unwrap_or(&self.params);
         match &layer.op {
+            _ if self.plan.in_place[i] => {
+                let (key, first) = (self.dropout_key(i, step_key), self.dropout_first(i));
+                let y = &mut self.acts[dst];
+                match layer.op {
+                    Op::Activation(f) => backend.activation_in_place(f, y, len),
+                    Op::Dropout { p } if train && p > 0.0 => {
+                        backend.dropout_in_place(p, key, first, y, len)
+                    }
+                    Op::Add => {
+                        for &node in &layer.inputs[1..] {
+                            let (x, y) = read_write(&mut self.acts, self.plan.slot[node], dst);
+                            backend.add_assign(x, y, len);
+                        }
+                    }
+                    _ => {} // dropout in evaluation: the identity
+                }
+            }
             Op::View => {}
             &Op::Linear {
                 inp,
@@ -512,9 +530,10 @@ impl<B: Backend> Network<B> {
     /// With `grad_scale`, also seeds the backward pass with d(mean loss)/d(output) · scale.
     pub fn loss(&mut self, backend: &B, n: usize, grad_scale: Option<f32>, stats: &mut B::Stats) {
         let out_slot = self.plan.slot[self.graph.layers.len()];
+        let dout_slot = self.plan.grad_slot[self.graph.layers.len()];
         let dim = numel(self.graph.output_shape());
         let f = self.graph.objective.loss;
-        let dout = grad_scale.map(|_| &mut self.dacts[out_slot]);
+        let dout = grad_scale.map(|_| &mut self.dacts[dout_slot]);
         let scale = grad_scale.unwrap_or(0.0);
         backend.loss(
             f,
@@ -528,7 +547,7 @@ impl<B: Backend> Network<B> {
         );
         // The loss runs in f32 on the (half) output; its gradient flows back in half.
         if grad_scale.is_some() {
-            Self::round(backend, self.half, &mut self.dacts[out_slot], n * dim);
+            Self::round(backend, self.half, &mut self.dacts[dout_slot], n * dim);
         }
     }
 
@@ -588,7 +607,7 @@ impl<B: Backend> Network<B> {
 
     fn backward_layer(&mut self, backend: &B, i: usize, n: usize, step_key: u64) {
         let layer = &self.graph.layers[i];
-        let dst = self.plan.slot[i + 1];
+        let (dst, ddst) = (self.plan.slot[i + 1], self.plan.grad_slot[i + 1]);
         let len = n * numel(&layer.out_shape);
         match &layer.op {
             // Shares its input's buffers: the gradient is already in place.
@@ -604,9 +623,9 @@ impl<B: Backend> Network<B> {
                         Op::Concat { widths } => (widths[k], offset + widths[k]),
                         _ => (total, 0),
                     };
-                    let (add, slot) = (self.plan.accumulate[i][k], self.plan.slot[node]);
+                    let (add, dslot) = (self.plan.accumulate[i][k], self.plan.grad_slot[node]);
                     if !self.plan.is_data[i][k] {
-                        let (dy, dx) = read_write(&mut self.dacts, dst, slot);
+                        let (dy, dx) = read_write(&mut self.dacts, ddst, dslot);
                         backend.copy_rows(dy, (total, offset), dx, (width, 0), width, n, add);
                         if add {
                             Self::round(backend, self.half, dx, n * width);
@@ -618,17 +637,20 @@ impl<B: Backend> Network<B> {
             }
             _ => {}
         }
-        let src = self.plan.slot[layer.inputs[0]];
+        let (src, dsrc) = (
+            self.plan.slot[layer.inputs[0]],
+            self.plan.grad_slot[layer.inputs[0]],
+        );
         let need_dx = !self.plan.is_data[i][0];
         let accumulate = self.plan.accumulate[i][0];
         let in_len = n * numel(&layer.in_shape);
         let weights = self.half_params.as_ref().unwrap_or(&self.params);
         let (key, first) = (self.dropout_key(i, step_key), self.dropout_first(i));
-        // Where dx goes: its buffer, or scratch to be added to it.
-        let (dy, dx) = if accumulate {
-            (&self.dacts[dst], &mut self.dscratch)
+        // Where dx goes: its buffer, or scratch to be added to it (or nowhere: the data's).
+        let (dy, dx) = if accumulate || !need_dx {
+            (&self.dacts[ddst], &mut self.dscratch)
         } else {
-            read_write(&mut self.dacts, dst, src)
+            read_write(&mut self.dacts, ddst, dsrc)
         };
         let x = &self.acts[src];
         match layer.op {
@@ -692,10 +714,10 @@ impl<B: Backend> Network<B> {
         let exact = matches!(layer.op, Op::Activation(Activation::Relu));
         if accumulate {
             Self::round(backend, self.half, &mut self.dscratch, in_len);
-            backend.add_assign(&self.dscratch, &mut self.dacts[src], in_len);
-            Self::round(backend, self.half, &mut self.dacts[src], in_len);
+            backend.add_assign(&self.dscratch, &mut self.dacts[dsrc], in_len);
+            Self::round(backend, self.half, &mut self.dacts[dsrc], in_len);
         } else if !exact {
-            Self::round(backend, self.half, &mut self.dacts[src], in_len);
+            Self::round(backend, self.half, &mut self.dacts[dsrc], in_len);
         }
     }
 }

@@ -102,6 +102,17 @@ fn vectorized<R>(f: impl FnOnce() -> R) -> R {
 }
 
 /// Runs `f` over matching chunks of `out` and `a`, in parallel when long enough.
+/// `map2` over a single buffer, updated in place.
+fn map1(out: &mut [f32], f: impl Fn(&mut [f32], usize) + Sync) {
+    if out.len() < PARALLEL_MIN_LEN {
+        vectorized(|| f(out, 0));
+    } else {
+        out.par_chunks_mut(CHUNK)
+            .enumerate()
+            .for_each(|(i, o)| vectorized(|| f(o, i * CHUNK)));
+    }
+}
+
 fn map2(out: &mut [f32], a: &[f32], f: impl Fn(&mut [f32], &[f32], usize) + Sync) {
     if out.len() < PARALLEL_MIN_LEN {
         vectorized(|| f(out, a, 0));
@@ -415,6 +426,21 @@ impl Backend for CpuBackend {
         });
     }
 
+    fn activation_in_place(&self, f: Activation, buf: &mut Vec<f32>, len: usize) {
+        if f == Activation::Relu {
+            return map1(&mut buf[..len], |y, _| {
+                for y in y {
+                    *y = y.max(0.0);
+                }
+            });
+        }
+        map1(&mut buf[..len], |y, _| {
+            for y in y {
+                *y = activation(f, *y);
+            }
+        });
+    }
+
     fn activation_backward(
         &self,
         f: Activation,
@@ -428,9 +454,9 @@ impl Backend for CpuBackend {
         if f == Activation::Relu {
             // The same arithmetic as activation_derivative (dy·1 or dy·0), without the match.
             return map2(&mut dx[..len], dy, |dx, dy, start| {
-                let x = &x[start..start + dx.len()];
-                for ((d, &g), &x) in dx.iter_mut().zip(dy).zip(x) {
-                    *d = g * if x > 0.0 { 1.0 } else { 0.0 };
+                let y = &y[start..start + dx.len()];
+                for ((d, &g), &y) in dx.iter_mut().zip(dy).zip(y) {
+                    *d = g * if y > 0.0 { 1.0 } else { 0.0 };
                 }
             });
         }
@@ -472,6 +498,16 @@ impl Backend for CpuBackend {
     ) {
         // Same mask as the forward pass: same key, same indices.
         self.dropout_forward(p, key, first, dy, dx, len);
+    }
+
+    fn dropout_in_place(&self, p: f32, key: u64, first: u64, buf: &mut Vec<f32>, len: usize) {
+        let keep_scale = 1.0 / (1.0 - p);
+        map1(&mut buf[..len], |y, start| {
+            for (i, y) in y.iter_mut().enumerate() {
+                let keep = rng::uniform(key, first + (start + i) as u64) >= p;
+                *y = if keep { *y * keep_scale } else { 0.0 };
+            }
+        });
     }
 
     fn loss(
@@ -786,8 +822,10 @@ pub fn activation(f: Activation, x: f32) -> f32 {
 #[inline]
 pub fn activation_derivative(f: Activation, x: f32, y: f32) -> f32 {
     match f {
+        // From y, as tanh and sigmoid, so that these three can run in place; y > 0 exactly
+        // where x > 0 (y = max(x, 0), which is 0 for a NaN x).
         Activation::Relu => {
-            if x > 0.0 {
+            if y > 0.0 {
                 1.0
             } else {
                 0.0

@@ -193,7 +193,11 @@ pub trait Backend {
     );
 
     fn activation_forward(&self, f: Activation, x: &Self::Buf, y: &mut Self::Buf, len: usize);
-    /// dx = dy · f'(x), given x and y = f(x).
+    /// `activation_forward` writing y over x (a layer whose input nothing else needs:
+    /// `graph::BufferPlan::in_place`).
+    fn activation_in_place(&self, f: Activation, buf: &mut Self::Buf, len: usize);
+    /// dx = dy · f'(x), given x and y = f(x). ReLU, tanh and sigmoid read y alone, so they
+    /// may run in place (x is then y).
     #[allow(clippy::too_many_arguments)]
     fn activation_backward(
         &self,
@@ -227,6 +231,8 @@ pub trait Backend {
         dx: &mut Self::Buf,
         len: usize,
     );
+    /// `dropout_forward` writing y over x.
+    fn dropout_in_place(&self, p: f32, key: u64, first: u64, buf: &mut Self::Buf, len: usize);
 
     /// The loss of `out` [n, dim] against `targets`, added to `stats`; when `dout` is given,
     /// also its gradient d(mean loss)/d(out) times `grad_scale`.

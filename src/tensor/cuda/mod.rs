@@ -98,8 +98,10 @@ struct Functions {
     broadcast_rows: CudaFunction,
     bias_grad: CudaFunction,
     activation_forward: CudaFunction,
+    activation_in_place: CudaFunction,
     activation_backward: CudaFunction,
     dropout: CudaFunction,
+    dropout_in_place: CudaFunction,
     cross_entropy: CudaFunction,
     elementwise_loss: CudaFunction,
     reduce_stats: CudaFunction,
@@ -379,8 +381,10 @@ impl CudaBackend {
             broadcast_rows: load("broadcast_rows")?,
             bias_grad: load("bias_grad")?,
             activation_forward: load("activation_forward")?,
+            activation_in_place: load("activation_in_place")?,
             activation_backward: load("activation_backward")?,
             dropout: load("dropout")?,
+            dropout_in_place: load("dropout_in_place")?,
             cross_entropy: load("cross_entropy")?,
             elementwise_loss: load("elementwise_loss")?,
             reduce_stats: load("reduce_stats")?,
@@ -1383,6 +1387,14 @@ impl Backend for CudaBackend {
         self.launch("activation", unsafe { l.launch(grid(len)) }.map(|_| ()));
     }
 
+    fn activation_in_place(&self, f: Activation, buf: &mut CudaSlice<f32>, len: usize) {
+        let (id, n) = (activation_id(f), len as u64);
+        let mut l = self.stream.launch_builder(&self.f.activation_in_place);
+        l.arg(&id).arg(&mut *buf).arg(&n);
+        // SAFETY: reads and writes len elements.
+        self.launch("activation", unsafe { l.launch(grid(len)) }.map(|_| ()));
+    }
+
     fn activation_backward(
         &self,
         f: Activation,
@@ -1428,6 +1440,14 @@ impl Backend for CudaBackend {
         len: usize,
     ) {
         self.dropout_forward(p, key, first, dy, dx, len);
+    }
+
+    fn dropout_in_place(&self, p: f32, key: u64, first: u64, buf: &mut CudaSlice<f32>, len: usize) {
+        let n = len as u64;
+        let mut l = self.stream.launch_builder(&self.f.dropout_in_place);
+        l.arg(&p).arg(&key).arg(&first).arg(&mut *buf).arg(&n);
+        // SAFETY: reads and writes len elements.
+        self.launch("dropout", unsafe { l.launch(grid(len)) }.map(|_| ()));
     }
 
     fn loss(
