@@ -850,16 +850,24 @@ pub fn check(job: &Path, sets: &[String]) -> Result<String> {
     };
     out += &row("layer", "type", "inputs", "output", "params");
     out += &row("input", "", "", &format!("{:?}", graph.input_shape), "");
+    let in_place = graph.buffer_plan().in_place;
     for (i, layer) in graph.layers.iter().enumerate() {
+        let kind = match in_place[i] {
+            true => format!("{} *", layer.kind),
+            false => layer.kind.to_string(),
+        };
         out += &row(
             &layer.prefix(i),
-            layer.kind,
+            &kind,
             &inputs[i],
             &format!("{:?}", layer.out_shape),
             &group_digits(layer.param_count),
         );
     }
     out += &format!("total parameters: {}\n", group_digits(graph.param_count));
+    if in_place.contains(&true) {
+        out += "* in place: writes its output over its input, which no other layer needs\n";
+    }
     // Predict for the device the job names; `auto` is resolved as `run` would resolve it.
     let gpu = match pick_device(job, &spec)? {
         Device::Cpu => None,

@@ -228,7 +228,9 @@ fn check_shows_activation_memory_with_and_without_checkpointing() {
     let out = trainer(&["check", "bench/mlp8.toml"], &[]);
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(
-        text.contains("activations                   7.0 MiB")
+        text.contains("1      relu *")
+            && text.contains("* in place: writes its output over its input")
+            && text.contains("activations                   7.0 MiB")
             && text.contains("checkpointing: off; with checkpoint.activations = \"all\""),
         "{text}"
     );
