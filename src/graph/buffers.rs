@@ -338,12 +338,8 @@ mod tests {
         graph(&job(&layers, activations), vec![784])
     }
 
-    /// Runs the backward pass's gradient traffic over the plan: the loss writes the output's
-    /// gradient, then each layer from the last reads its output's and writes (or adds to) its
-    /// inputs'. Fails where a write would land in a buffer that holds another value's gradient
-    /// still to be read, a read finds another value's, or a buffer is too small.
-    fn check_gradient_lifetimes(g: &Graph, plan: &BufferPlan) {
-        let layers = &g.layers;
+    /// node → the node whose value it is (a flatten's output is its input's value).
+    fn node_values(layers: &[Layer]) -> Vec<usize> {
         let mut value = vec![0usize];
         for (i, l) in layers.iter().enumerate() {
             value.push(if l.op == Op::View {
@@ -352,6 +348,16 @@ mod tests {
                 i + 1
             });
         }
+        value
+    }
+
+    /// Runs the backward pass's gradient traffic over the plan: the loss writes the output's
+    /// gradient, then each layer from the last reads its output's and writes (or adds to) its
+    /// inputs'. Fails where a write would land in a buffer that holds another value's gradient
+    /// still to be read, a read finds another value's, or a buffer is too small.
+    fn check_gradient_lifetimes(g: &Graph, plan: &BufferPlan) {
+        let layers = &g.layers;
+        let value = node_values(layers);
         let size = |node: usize| {
             numel(&if node == 0 {
                 g.input_shape.clone()
@@ -392,14 +398,7 @@ mod tests {
     /// op's backward step reads (its input, its output, or neither).
     fn check_activation_lifetimes(g: &Graph, plan: &BufferPlan) {
         let layers = &g.layers;
-        let mut value = vec![0usize];
-        for (i, l) in layers.iter().enumerate() {
-            value.push(if l.op == Op::View {
-                value[l.inputs[0]]
-            } else {
-                i + 1
-            });
-        }
+        let value = node_values(layers);
         let reads_input = |op: &Op| {
             !matches!(
                 op,
