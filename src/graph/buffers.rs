@@ -6,14 +6,17 @@
 //! first input) whose input is read by no other layer and was computed by a layer whose
 //! backward step does not read its own output. These ops' backward steps need nothing but
 //! their output (the activations) or nothing at all (dropout redraws its mask; add), so
-//! the input's values are not needed once the layer has run. With activation checkpointing, the layers are split into segments of (nearly)
-//! equal layer counts; only the activations at segment boundaries keep their own buffers.
+//! the input's values are not needed once the layer has run.
+//!
+//! With activation checkpointing, the layers are split into segments of (nearly) equal layer
+//! counts; only the activations at segment boundaries keep their own buffers.
 //! The activations inside a segment live in scratch buffers that every segment reuses, so
 //! the forward pass overwrites them, and the backward pass, segment by segment from the
 //! last, first recomputes the segment's inner activations from its kept input and then
 //! back-propagates through it. Memory: the boundaries plus one segment's worth of scratch
-//! (the largest), for activations and their gradients alike. In a graph with skip
-//! connections, a value read by a layer of another segment is kept too.
+//! (the largest). In a graph with skip connections, a value read by a layer of another
+//! segment is kept too. A value written in place over another is kept or recomputed with
+//! it: it shares its buffer.
 //!
 //! Gradients: a value read by several layers (a residual branch point) gets the sum of their
 //! gradients. Backward runs the layers in reverse, so the first of them to run writes the
