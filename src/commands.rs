@@ -751,7 +751,6 @@ fn all_replicas_memory(spec: &JobSpec, graph: &Graph, one: &MemoryPlan) -> usize
     one.total() * replicas + 4 * CpuAllReduce::exchange_len(replicas, graph.param_count)
 }
 
-/// Validates a job and describes its graph, shapes, parameters and memory.
 /// How data parallelism averages the gradients on the resolved device (`on_gpus`): bucket by
 /// bucket during the backward pass (parallel.overlap) or after it. None without data
 /// parallelism.
@@ -788,6 +787,7 @@ fn gradient_averaging(spec: &JobSpec, graph: &Graph, on_gpus: bool) -> Option<St
     ))
 }
 
+/// Validates a job and describes its graph, shapes, parameters and memory.
 pub fn check(job: &Path, sets: &[String]) -> Result<String> {
     let Prepared { spec, data, graph } = prepare(job, sets, None)?;
     let mut out = String::new();

@@ -414,23 +414,21 @@ impl<B: Backend> Network<B> {
         // Linear and conv layers compute with the half copy of their weights, if any.
         let weights = self.half_params.as_ref().unwrap_or(&self.params);
         match &layer.op {
-            _ if self.plan.in_place[i] => {
-                let (key, first) = (self.dropout_key(i, step_key), self.dropout_first(i));
-                let y = &mut self.acts[dst];
-                match layer.op {
-                    Op::Activation(f) => backend.activation_in_place(f, y, len),
-                    Op::Dropout { p } if train && p > 0.0 => {
-                        backend.dropout_in_place(p, key, first, y, len)
-                    }
-                    Op::Add => {
-                        for &node in &layer.inputs[1..] {
-                            let (x, y) = read_write(&mut self.acts, self.plan.slot[node], dst);
-                            backend.add_assign(x, y, len);
-                        }
-                    }
-                    _ => {} // dropout in evaluation: the identity
+            // Written over the input, which is in `dst` already (see `BufferPlan::in_place`).
+            _ if self.plan.in_place[i] => match layer.op {
+                Op::Activation(f) => backend.activation_in_place(f, &mut self.acts[dst], len),
+                Op::Dropout { p } if train && p > 0.0 => {
+                    let (key, first) = (self.dropout_key(i, step_key), self.dropout_first(i));
+                    backend.dropout_in_place(p, key, first, &mut self.acts[dst], len)
                 }
-            }
+                Op::Add => {
+                    for &node in &layer.inputs[1..] {
+                        let (x, y) = read_write(&mut self.acts, self.plan.slot[node], dst);
+                        backend.add_assign(x, y, len);
+                    }
+                }
+                _ => {} // dropout in evaluation: the identity
+            },
             Op::View => {}
             &Op::Linear {
                 inp,

@@ -101,7 +101,6 @@ fn vectorized<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
-/// Runs `f` over matching chunks of `out` and `a`, in parallel when long enough.
 /// `map2` over a single buffer, updated in place.
 fn map1(out: &mut [f32], f: impl Fn(&mut [f32], usize) + Sync) {
     if out.len() < PARALLEL_MIN_LEN {
@@ -113,6 +112,7 @@ fn map1(out: &mut [f32], f: impl Fn(&mut [f32], usize) + Sync) {
     }
 }
 
+/// Runs `f` over matching chunks of `out` and `a`, in parallel when long enough.
 fn map2(out: &mut [f32], a: &[f32], f: impl Fn(&mut [f32], &[f32], usize) + Sync) {
     if out.len() < PARALLEL_MIN_LEN {
         vectorized(|| f(out, a, 0));
