@@ -58,19 +58,20 @@ extern "C" __global__ void elementwise_loss(int kind, const float* out, const fl
                                             float grad_scale, int write_grad, float* dout, double* row_stats) {
     u64 s = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (s < n) {
-        double g = (double)grad_scale / (double)n / (double)dim;
+        // The CPU backend's operations in its order: the difference in f32, then f64.
+        double g = (double)grad_scale / (double)n;
         double sum = 0.0, matched = 0.0;
         for (u64 j = 0; j < dim; j++) {
             u64 i = s * dim + j;
             double x = out[i], t = targets[i], grad;
             if (kind == 0) {
-                double d = x - t;
+                double d = (double)(out[i] - targets[i]);
                 sum += d * d;
-                grad = 2.0 * d * g;
+                grad = 2.0 * d * g / (double)dim;
             } else {
                 sum += fmax(x, 0.0) - x * t + log1p(exp(-fabs(x)));
                 matched += ((x > 0.0) == (t >= 0.5)) ? 1.0 : 0.0;
-                grad = (1.0 / (1.0 + exp(-x)) - t) * g;
+                grad = (1.0 / (1.0 + exp(-x)) - t) * g / (double)dim;
             }
             if (write_grad) dout[i] = (float)grad;
         }

@@ -197,7 +197,7 @@ fn pick_device(job: &Path, spec: &JobSpec) -> Result<Device> {
         }
         Some(DeviceChoice::Cuda(n)) => Device::Cuda(n),
         Some(DeviceChoice::Auto) => match cuda::probe() {
-            Ok((devices, _)) if !devices.is_empty() && cuda::kernels::nvrtc_available() => {
+            Ok((devices, _)) if !devices.is_empty() && cuda::libraries_missing().is_none() => {
                 // A process of a multi-process run takes its own GPU (LOCAL_RANK).
                 let n = spec.parallel.world.as_ref().map_or(0, |w| w.local_rank);
                 let name = devices.get(n).map_or("not present", |d| d.name.as_str());
@@ -209,7 +209,8 @@ fn pick_device(job: &Path, spec: &JobSpec) -> Result<Device> {
                 Device::Cpu
             }
             Ok(_) => {
-                tracing::info!("device auto: cpu (a GPU is present but libnvrtc was not found)");
+                let why = cuda::libraries_missing().unwrap_or_default();
+                tracing::info!("device auto: cpu (a GPU is present, but {why})");
                 Device::Cpu
             }
             Err(why) => {

@@ -21,51 +21,45 @@ fn every_kernel_compiles_for_ampere_and_hopper() {
         return;
     }
     let (major, minor) = kernels::nvrtc_version().unwrap();
-    eprintln!("NVRTC {major}.{minor}");
-    let names = [
-        "cast_f32_to_f16",
-        "cast_f16_to_f32",
-        "cast_f32_to_bf16",
-        "cast_bf16_to_f32",
-        "im2col",
-        "col2im",
-        "cn_to_nchw",
-        "nchw_to_cn",
-        "row_sums_add",
-        "pool2d_forward",
-        "pool2d_backward",
-        "batchnorm_forward",
-        "batchnorm_backward",
-        "layernorm_forward",
-        "layernorm_backward",
-        "layernorm_param_grads",
-        "fill_f32",
-        "scale_f32",
-        "gather_rows",
-        "broadcast_rows",
-        "bias_grad",
-        "activation_forward",
-        "activation_in_place",
-        "activation_backward",
-        "dropout",
-        "dropout_in_place",
-        "cross_entropy",
-        "elementwise_loss",
-        "reduce_stats",
-        "sum_squares_partial",
-        "sum_partials",
-        "clip_by_norm",
-        "sgd_step",
-        "adam_step",
-    ];
-    for (cc_major, cc_minor) in [(8, 0), (9, 0)] {
-        let ptx = kernels::compile(cc_major, cc_minor).unwrap_or_else(|e| panic!("{e}"));
-        let text = ptx.to_src();
-        for name in names {
-            assert!(
-                text.contains(&format!(".entry {name}(")),
-                "sm_{cc_major}{cc_minor}: kernel {name} missing"
-            );
+    let archs = kernels::supported_archs().unwrap();
+    eprintln!("NVRTC {major}.{minor}, architectures {archs:?}");
+    // Every `extern "C" __global__ void name(` of the sources, by name.
+    let source = kernels::program_source();
+    let names: Vec<&str> = source
+        .split("__global__ void ")
+        .skip(1)
+        .map(|rest| rest.split('(').next().unwrap().trim())
+        .collect();
+    assert!(names.len() >= 40, "kernels found: {names:?}");
+    // Ampere and Hopper get machine code; PTX is what a device newer than NVRTC gets.
+    for target in [
+        kernels::Target::Cubin(80),
+        kernels::Target::Cubin(90),
+        kernels::Target::Ptx(90),
+    ] {
+        let image = kernels::compile(target).unwrap_or_else(|e| panic!("{e}"));
+        match target {
+            kernels::Target::Cubin(_) => assert_eq!(&image[..4], b"\x7fELF", "{target:?}"),
+            kernels::Target::Ptx(_) => assert!(image.starts_with(b"//"), "{target:?}"),
+        }
+        for name in &names {
+            let found = image
+                .windows(name.len() + 1)
+                .any(|w| &w[..name.len()] == name.as_bytes() && matches!(w[name.len()], 0 | b'('));
+            assert!(found, "{target:?}: kernel {name} missing");
         }
     }
+}
+
+#[test]
+fn a_device_gets_machine_code_for_its_major_version_else_ptx() {
+    use kernels::Target;
+    let nvrtc_13 = [75, 80, 86, 87, 89, 90, 100, 103, 110, 120, 121];
+    assert_eq!(Target::for_device(9, 0, &nvrtc_13), Some(Target::Cubin(90)));
+    assert_eq!(Target::for_device(8, 6, &nvrtc_13), Some(Target::Cubin(86)));
+    // sm_87 code runs on an 8.8 device; a 13.0 device, newer than NVRTC, gets PTX to JIT.
+    assert_eq!(Target::for_device(8, 8, &nvrtc_13), Some(Target::Cubin(87)));
+    assert_eq!(Target::for_device(13, 0, &nvrtc_13), Some(Target::Ptx(121)));
+    // Older than anything this NVRTC supports.
+    assert_eq!(Target::for_device(7, 0, &nvrtc_13), None);
 }

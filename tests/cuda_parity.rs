@@ -323,7 +323,11 @@ fn reductions_fills_gathers_and_copies_match_the_cpu() {
         let (mut read_gpu, mut read_cpu) = (0.0, 0.0);
         g.clip_to_norm(&mut on_gpu, max_norm, Some(&mut read_gpu));
         CPU.clip_to_norm(&mut on_cpu, max_norm, Some(&mut read_cpu));
-        assert_eq!(read_gpu.to_bits(), read_cpu.to_bits(), "clip: norm");
+        // The norms are sums in other orders (1e-16 apart); the f32 factor rounds that away.
+        assert!(
+            (read_gpu - read_cpu).abs() <= 1e-12 * read_cpu,
+            "clip: norm {read_gpu} vs {read_cpu}"
+        );
         assert_eq!(down(&g, &on_gpu, v.len()), on_cpu, "clip to {max_norm}");
         g.clip_to_norm(&mut on_gpu, max_norm, None);
     }
@@ -589,24 +593,35 @@ fn cuda_graphs_give_the_same_bits_as_op_by_op_and_are_used() {
 }
 
 /// A data set streamed from pinned host memory puts the same values in the same buffers as
-/// one gathered on the device: the same bits, with CUDA graphs on and off.
+/// one gathered on the device: the same bits, with CUDA graphs on and off, and when the host
+/// runs ahead of the GPU (rare log steps, three micro-batches a step: every staging buffer
+/// is refilled while copies are queued, so it must wait for the copy that read it).
 #[test]
 fn a_streamed_data_set_trains_what_a_resident_one_trains() {
     if gpu().is_none() {
         return;
     }
-    for graphs in ["device.cuda_graphs=true", "device.cuda_graphs=false"] {
-        let resident = run_mlp_job("cuda", &["--set", graphs]);
-        let streamed = run_mlp_job(
-            "cuda",
-            &["--set", graphs, "--set", "device.data=\"streamed\""],
-        );
+    let cases: [&[&str]; 3] = [
+        &["--set", "device.cuda_graphs=true"],
+        &["--set", "device.cuda_graphs=false"],
+        &[
+            "--set",
+            "train.log_every=50",
+            "--set",
+            "train.grad_accum_steps=3",
+        ],
+    ];
+    for case in cases {
+        let what = case.join(" ");
+        let resident = run_mlp_job("cuda", case);
+        let streamed_sets = [case, &["--set", "device.data=\"streamed\""]].concat();
+        let streamed = run_mlp_job("cuda", &streamed_sets);
         let (a, b) = (resident.path().join("run"), streamed.path().join("run"));
-        assert_eq!(train_rows(&a), train_rows(&b), "{graphs}");
+        assert_eq!(train_rows(&a), train_rows(&b), "{what}");
         assert_eq!(
             std::fs::read(a.join("model.safetensors")).unwrap(),
             std::fs::read(b.join("model.safetensors")).unwrap(),
-            "{graphs}"
+            "{what}"
         );
         let log = std::fs::read_to_string(b.join("train.log")).unwrap();
         assert!(

@@ -4,7 +4,8 @@
 
 use super::spatial::{self, Conv2d, Pool2d};
 use super::{
-    cast, rng, Activation, AdamStep, Backend, HalfKind, LossFn, LossStats, PoolKind, SgdStep,
+    cast, rng, Activation, AdamStep, Backend, Capture, HalfKind, LossFn, LossStats, PoolKind,
+    SgdStep,
 };
 use crate::error::Result;
 use gemm::Parallelism;
@@ -124,11 +125,14 @@ fn map2(out: &mut [f32], a: &[f32], f: impl Fn(&mut [f32], &[f32], usize) + Sync
     }
 }
 
+/// The CPU runs every op as it comes: nothing to record.
+impl Capture for CpuBackend {
+    type Graph = ();
+}
+
 impl Backend for CpuBackend {
     type Buf = Vec<f32>;
     type Stats = LossStats;
-    /// The CPU runs every op as it comes: nothing to record.
-    type Graph = ();
 
     fn conv_workspace_len(&self, s: &Conv2d, max_batch: usize) -> usize {
         spatial::conv_workspace_len(s, self.threads, max_batch)

@@ -14,6 +14,7 @@ pub mod spatial;
 
 use crate::error::Result;
 pub use cast::HalfKind;
+pub use record::Capture;
 pub use spatial::{Conv2d, Pool2d};
 
 /// Which pooling.
@@ -125,15 +126,12 @@ impl std::ops::AddAssign for LossStats {
 
 /// The ops a device implements. Buffers are flat f32 arrays; every op gets its sizes
 /// explicitly, and uses only the prefix it needs (a smaller last batch reuses the buffers).
-pub trait Backend {
+/// Recording ops and replaying them (CUDA graphs) is `Capture`'s part.
+pub trait Backend: Capture {
     /// Device memory holding f32 values.
     type Buf;
     /// Where a loss accumulates its statistics (kept on the device until read).
     type Stats;
-    /// A recorded sequence of ops that `replay` runs again (CUDA graphs).
-    type Graph;
-    /// Whether `begin_capture` can record at all (logs say "CUDA graphs" only where it can).
-    const RECORDS: bool = false;
 
     /// A short description for logs, e.g. "cpu (2 threads)".
     fn describe(&self) -> String;
@@ -459,25 +457,6 @@ pub trait Backend {
         gamma: usize,
         saved: &Self::Buf,
     );
-
-    /// Starts recording the ops that follow instead of running them; false when this device
-    /// cannot record (then nothing changed). Recording assumes the ops allocate nothing and
-    /// read nothing from the host: the caller runs them once unrecorded first.
-    fn begin_capture(&self) -> bool {
-        false
-    }
-    /// Ends the recording begun by `begin_capture`: the graph, or None when recording failed
-    /// (then the recorded ops did not run, and the caller runs them unrecorded).
-    fn end_capture(&self) -> Option<Self::Graph> {
-        None
-    }
-    /// Runs a recorded graph again: the same ops on the same buffers, with the values the
-    /// buffers hold now.
-    fn replay(&self, _graph: &Self::Graph) {}
-    /// Frees a graph that is no longer needed, after any replay of it still queued.
-    fn release(&self, graph: Self::Graph) {
-        drop(graph);
-    }
 
     /// Data parallelism across processes, rank 0: a new id for a device-side collective
     /// (NCCL) that the ranks join with `join_collective`. None where this device has none

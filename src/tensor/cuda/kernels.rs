@@ -1,9 +1,11 @@
 //! The CUDA kernels: kernels/*.cu embedded in the binary, compiled by NVRTC for the device's
-//! architecture at first use, and cached on disk (keyed by source hash, architecture and NVRTC
-//! version) so later starts skip compilation.
+//! architecture at first use (machine code where NVRTC knows the architecture, see `Target`),
+//! and cached on disk (keyed by source hash, architecture and NVRTC version) so later starts
+//! skip compilation.
 
 use crate::error::{Error, Result};
-use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
+use cudarc::nvrtc::{result, sys, Ptx};
+use std::ffi::CString;
 use std::path::PathBuf;
 
 /// Every kernel file, in the order they are concatenated after common.cuh.
@@ -44,80 +46,174 @@ pub fn nvrtc_version() -> Result<(i32, i32)> {
     Ok((major, minor))
 }
 
-/// `compute_XY` for a compute capability, as NVRTC's --gpu-architecture wants it.
-fn arch_name(major: i32, minor: i32) -> &'static str {
-    // NVRTC options need a 'static str; the set of architectures is small and fixed.
-    match (major, minor) {
-        (7, 0) => "compute_70",
-        (7, 5) => "compute_75",
-        (8, 0) => "compute_80",
-        (8, 6) => "compute_86",
-        (8, 9) => "compute_89",
-        (9, 0) => "compute_90",
-        (10, 0) => "compute_100",
-        (12, 0) => "compute_120",
-        (m, _) if m >= 12 => "compute_120",
-        (m, _) if m >= 10 => "compute_100",
-        (9, _) => "compute_90",
-        (8, _) => "compute_80",
-        _ => "compute_70",
+/// What NVRTC compiles the kernels into for a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// Machine code (cubin) for `sm_XY`, which runs on devices of compute capability X.Y and
+    /// later minor versions of X. Preferred: the driver loads it as it is, whatever its own
+    /// version, where PTX from an NVRTC newer than the driver would be refused.
+    Cubin(i32),
+    /// PTX for `compute_XY`, which the driver compiles when loading it: for a device newer
+    /// than every architecture this NVRTC knows.
+    Ptx(i32),
+}
+
+impl Target {
+    /// The best target for a device of compute capability `major`.`minor` among the
+    /// architectures NVRTC supports (`supported`, as 75, 80, 90...): machine code for the
+    /// newest of the device's major version not above it, else PTX for the newest below it.
+    pub fn for_device(major: i32, minor: i32, supported: &[i32]) -> Option<Target> {
+        let cc = major * 10 + minor;
+        let below = supported.iter().copied().filter(|&a| a <= cc);
+        match below.clone().filter(|a| a / 10 == major).max() {
+            Some(arch) => Some(Target::Cubin(arch)),
+            None => below.max().map(Target::Ptx),
+        }
+    }
+
+    /// NVRTC's --gpu-architecture value.
+    pub fn arch(self) -> String {
+        match self {
+            Target::Cubin(a) => format!("sm_{a}"),
+            Target::Ptx(a) => format!("compute_{a}"),
+        }
     }
 }
 
-/// Compiles the program for a compute capability. Errors carry NVRTC's log.
-pub fn compile(major: i32, minor: i32) -> Result<Ptx> {
-    let opts = CompileOptions {
-        arch: Some(arch_name(major, minor)),
-        // No contraction into FMA: elementwise results then match the CPU backend's rounding.
-        // These kernels are memory-bound, so it costs nothing measurable.
-        fmad: Some(false),
-        name: Some("trainer_kernels.cu".into()),
-        ..Default::default()
+/// The architectures this NVRTC can compile for, as 75, 80, 90...
+pub fn supported_archs() -> Result<Vec<i32>> {
+    let nvrtc_err = |e: cudarc::nvrtc::result::NvrtcError| {
+        Error::Runtime(format!("NVRTC: listing its architectures failed: {e:?}"))
     };
-    compile_ptx_with_opts(program_source(), opts).map_err(|e| {
-        let log = match &e {
-            cudarc::nvrtc::CompileError::CompileError { log, .. } => {
-                log.to_string_lossy().into_owned()
-            }
-            other => format!("{other:?}"),
-        };
+    let mut count = 0;
+    // SAFETY: NVRTC writes one int, then that many ints.
+    unsafe { sys::nvrtcGetNumSupportedArchs(&mut count) }
+        .result()
+        .map_err(nvrtc_err)?;
+    let mut archs = vec![0; count.max(0) as usize];
+    unsafe { sys::nvrtcGetSupportedArchs(archs.as_mut_ptr()) }
+        .result()
+        .map_err(nvrtc_err)?;
+    Ok(archs)
+}
+
+/// The kernels for a device of compute capability `major`.`minor`: the target NVRTC compiles
+/// them into, or an error saying that this NVRTC knows no architecture for it.
+pub fn target(major: i32, minor: i32) -> Result<Target> {
+    let supported = supported_archs()?;
+    Target::for_device(major, minor, &supported).ok_or_else(|| {
         Error::Runtime(format!(
-            "NVRTC could not compile the kernels for {}:\n{log}",
-            arch_name(major, minor)
+            "this NVRTC cannot compile for compute capability {major}.{minor} (it supports {supported:?})"
         ))
     })
 }
 
-/// The compiled kernels for a device, from the disk cache or freshly compiled (then cached).
-/// A cache that cannot be read or written is only a slower start, never an error.
+/// Compiles the program for `target`: cubin bytes or PTX text. Errors carry NVRTC's log.
+pub fn compile(target: Target) -> Result<Vec<u8>> {
+    let failed = |what: &str, e: &dyn std::fmt::Debug| {
+        Error::Runtime(format!(
+            "NVRTC could not compile the kernels for {}: {what}: {e:?}",
+            target.arch()
+        ))
+    };
+    let source = CString::new(program_source()).expect("kernel sources hold no NUL");
+    let name = CString::new("trainer_kernels.cu").expect("no NUL");
+    let prog = result::create_program(&source, Some(&name)).map_err(|e| failed("create", &e))?;
+    let options = [
+        format!("--gpu-architecture={}", target.arch()),
+        // No contraction into FMA: elementwise results then match the CPU backend's rounding.
+        // These kernels are memory-bound, so it costs nothing measurable.
+        "--fmad=false".to_string(),
+    ];
+    // SAFETY: `prog` was created above and is destroyed once, below.
+    let out = match unsafe { result::compile_program(prog, &options) } {
+        Ok(()) => unsafe { compiled_image(prog, target) }.map_err(|e| failed("output", &e)),
+        Err(e) => {
+            let log = unsafe { result::get_program_log(prog) }.unwrap_or_default();
+            let log: Vec<u8> = log
+                .iter()
+                .map(|&c| c as u8)
+                .take_while(|&c| c != 0)
+                .collect();
+            Err(Error::Runtime(format!(
+                "NVRTC could not compile the kernels for {} ({e:?}):\n{}",
+                target.arch(),
+                String::from_utf8_lossy(&log)
+            )))
+        }
+    };
+    // SAFETY: as above; nothing uses `prog` after this.
+    let _ = unsafe { result::destroy_program(prog) };
+    out
+}
+
+/// The compiled program's cubin or PTX (without its terminating NUL).
+///
+/// # Safety
+/// `prog` must be a compiled NVRTC program.
+unsafe fn compiled_image(
+    prog: sys::nvrtcProgram,
+    target: Target,
+) -> std::result::Result<Vec<u8>, cudarc::nvrtc::result::NvrtcError> {
+    let mut size = 0usize;
+    let mut image;
+    match target {
+        Target::Cubin(_) => {
+            sys::nvrtcGetCUBINSize(prog, &mut size).result()?;
+            image = vec![0u8; size];
+            sys::nvrtcGetCUBIN(prog, image.as_mut_ptr().cast()).result()?;
+        }
+        Target::Ptx(_) => {
+            sys::nvrtcGetPTXSize(prog, &mut size).result()?;
+            image = vec![0u8; size];
+            sys::nvrtcGetPTX(prog, image.as_mut_ptr().cast()).result()?;
+            while image.last() == Some(&0) {
+                image.pop();
+            }
+        }
+    }
+    Ok(image)
+}
+
+/// A compiled image as the driver loads it.
+pub fn module_image(target: Target, image: Vec<u8>) -> Ptx {
+    match target {
+        Target::Cubin(_) => Ptx::from_binary(image),
+        Target::Ptx(_) => Ptx::from_src(String::from_utf8_lossy(&image).into_owned()),
+    }
+}
+
+/// The compiled kernels for a device, from the disk cache or freshly compiled (then cached),
+/// and whether they came from the cache. A cache that cannot be read or written is only a
+/// slower start, never an error.
 pub fn load_or_compile(major: i32, minor: i32) -> Result<(Ptx, bool)> {
     let (nv_major, nv_minor) = nvrtc_version()?;
+    let target = target(major, minor)?;
     let key = fnv1a(
         format!(
             "{}|{}|{nv_major}.{nv_minor}",
             program_source(),
-            arch_name(major, minor)
+            target.arch()
         )
         .as_bytes(),
     );
-    let path = cache_dir().map(|d| d.join(format!("kernels-{key:016x}.ptx")));
-    if let Some(text) = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
-        return Ok((Ptx::from_src(text), true));
+    let path = cache_dir().map(|d| d.join(format!("kernels-{key:016x}-{}", target.arch())));
+    if let Some(image) = path.as_ref().and_then(|p| std::fs::read(p).ok()) {
+        return Ok((module_image(target, image), true));
     }
-    let ptx = compile(major, minor)?;
+    let image = compile(target)?;
     if let Some(path) = path {
-        let text = ptx.to_src();
         let tmp = path.with_extension(format!("tmp{}", std::process::id()));
         let written = path
             .parent()
             .map_or(Ok(()), std::fs::create_dir_all)
-            .and_then(|()| std::fs::write(&tmp, text.as_bytes()))
+            .and_then(|()| std::fs::write(&tmp, &image))
             .and_then(|()| std::fs::rename(&tmp, &path));
         if let Err(e) = written {
             tracing::warn!("cannot cache compiled kernels at {}: {e}", path.display());
         }
     }
-    Ok((ptx, false))
+    Ok((module_image(target, image), false))
 }
 
 /// $TRAINER_CACHE_DIR, else $XDG_CACHE_HOME/trainer, else ~/.cache/trainer.

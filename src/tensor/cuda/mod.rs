@@ -7,7 +7,8 @@
 pub mod kernels;
 
 use super::{
-    Activation, AdamStep, Backend, Conv2d, HalfKind, LossFn, LossStats, Pool2d, PoolKind, SgdStep,
+    Activation, AdamStep, Backend, Capture, Conv2d, HalfKind, LossFn, LossStats, Pool2d, PoolKind,
+    SgdStep,
 };
 use crate::error::{Error, Result};
 use cudarc::cublas::sys::{cublasMath_t, cublasOperation_t};
@@ -29,10 +30,13 @@ const NORM_BLOCKS: u32 = 1024;
 /// Pinned staging buffers of a streamed data set: inputs and targets of two batches.
 const STAGING_SLOTS: usize = 4;
 
-/// The pinned buffers `upload_rows` gathers batches into, and which one is next.
+/// The pinned buffers `upload_rows` gathers batches into, and which one is next. Each slot
+/// has an event recorded after the copy that reads it: the host waits on it before writing
+/// the slot again. (cudarc's own per-buffer events are off, see `CudaBackend::new`, so
+/// `PinnedHostSlice::as_mut_slice` would not wait.)
 #[derive(Default)]
 struct Staging {
-    slots: Vec<PinnedHostSlice<f32>>,
+    slots: Vec<(PinnedHostSlice<f32>, CudaEvent)>,
     next: usize,
 }
 
@@ -53,15 +57,24 @@ pub fn probe() -> std::result::Result<(Vec<DeviceInfo>, String), String> {
     }
     let count = CudaContext::device_count()
         .map_err(|e| format!("the CUDA driver reports an error: {e:?}"))?;
+    // Device queries only: a context on every GPU would cost each process memory there, and
+    // fail on a GPU in exclusive-process mode that another rank holds.
+    use cudarc::driver::{result::device, sys::CUdevice_attribute as Attribute};
     let mut devices = Vec::new();
     for ordinal in 0..count.max(0) as usize {
-        let ctx =
-            CudaContext::new(ordinal).map_err(|e| format!("cannot open cuda:{ordinal}: {e:?}"))?;
+        let dev = device::get(ordinal as i32)
+            .map_err(|e| format!("cannot query cuda:{ordinal}: {e:?}"))?;
+        // SAFETY: `dev` is a device handle the driver just returned.
+        let attribute = |a| unsafe { device::get_attribute(dev, a) }.unwrap_or(0);
         devices.push(DeviceInfo {
             ordinal,
-            name: ctx.name().unwrap_or_else(|_| "unknown".into()),
-            compute_capability: ctx.compute_capability().unwrap_or((0, 0)),
-            memory_bytes: ctx.total_mem().unwrap_or(0),
+            name: device::get_name(dev).unwrap_or_else(|_| "unknown".into()),
+            compute_capability: (
+                attribute(Attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+                attribute(Attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR),
+            ),
+            // SAFETY: as above.
+            memory_bytes: unsafe { device::total_mem(dev) }.unwrap_or(0),
         });
     }
     let mut driver = 0;
@@ -232,7 +245,8 @@ fn per_item(items: usize) -> LaunchConfig {
 
 pub struct CudaBackend {
     stream: Arc<CudaStream>,
-    blas: CudaBlas,
+    /// Dropped by hand (see `Drop`): cudarc panics when the handle cannot be destroyed.
+    blas: std::mem::ManuallyDrop<CudaBlas>,
     f: Functions,
     /// Row indices of the batch being gathered, grown to the largest batch once.
     rows: RefCell<CudaSlice<u32>>,
@@ -297,9 +311,26 @@ pub fn nccl_missing() -> Option<String> {
             lib.display(),
             lib.display()
         ),
-        None => "NCCL is needed but libnccl.so cannot be loaded: install NCCL (e.g. the                  libnccl2 package, or PyTorch's nvidia-nccl wheel) and make libnccl.so                  findable through LD_LIBRARY_PATH, or set parallel.backend = \"tcp\""
+        None => "NCCL is needed but libnccl.so cannot be loaded: install NCCL (e.g. the \
+                 libnccl2 package, or PyTorch's nvidia-nccl wheel) and make libnccl.so \
+                 findable through LD_LIBRARY_PATH, or set parallel.backend = \"tcp\""
             .into(),
     })
+}
+
+/// Why the CUDA libraries besides the driver cannot be used (None when they load): cudarc
+/// panics on the first call into a library it cannot load, so this is asked first.
+pub fn libraries_missing() -> Option<String> {
+    if !kernels::nvrtc_available() {
+        return Some(
+            "CUDA needs libnvrtc (NVRTC) to compile its kernels, and none was found".into(),
+        );
+    }
+    // SAFETY: only asks the dynamic loader whether the library exists.
+    if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+        return Some("CUDA needs libcublas for its matrix products, and none was found".into());
+    }
+    None
 }
 
 fn cuda_err(what: &str, e: impl std::fmt::Debug) -> Error {
@@ -331,14 +362,15 @@ impl CudaBackend {
                 devices.len()
             )));
         };
-        if !kernels::nvrtc_available() {
-            return Err(Error::Job(
-                "CUDA needs libnvrtc (NVRTC) to compile its kernels, and none was found".into(),
-            ));
+        if let Some(why) = libraries_missing() {
+            return Err(Error::Job(format!(
+                "device cuda:{ordinal} requested, but {why}"
+            )));
         }
         let ctx = CudaContext::new(ordinal).map_err(|e| cuda_err("opening the device", e))?;
         // One stream orders everything: cudarc's per-buffer event tracking is not needed.
-        // SAFETY: no other stream is ever created on this context.
+        // SAFETY: the one other stream, NCCL's (`join_collective`), is ordered with this one
+        // by events of our own; so are pinned staging buffers and the host (`Staging`).
         unsafe { ctx.disable_event_tracking() };
         // A stream of our own, not the legacy default stream, which cannot be recorded into
         // a CUDA graph.
@@ -462,7 +494,7 @@ impl CudaBackend {
         );
         Ok(CudaBackend {
             stream,
-            blas,
+            blas: std::mem::ManuallyDrop::new(blas),
             f,
             rows: RefCell::new(rows),
             staging: RefCell::new(Staging::default()),
@@ -541,19 +573,29 @@ impl CudaBackend {
         host[0]
     }
 
-    /// The next staging buffer, holding `len` values, once no queued copy reads it any more.
-    fn next_staging(&self, len: usize) -> Option<std::cell::RefMut<'_, PinnedHostSlice<f32>>> {
+    /// The next staging buffer, holding `len` values, once no queued copy reads it any more,
+    /// with the event to record after the copy that will read it.
+    fn next_staging(
+        &self,
+        len: usize,
+    ) -> Option<std::cell::RefMut<'_, (PinnedHostSlice<f32>, CudaEvent)>> {
         let mut staging = self.staging.borrow_mut();
         let slot = staging.next;
         staging.next = (slot + 1) % STAGING_SLOTS;
-        if staging.slots.get(slot).is_none_or(|s| s.len() != len) {
-            // SAFETY: the pinned memory is written only through `as_mut_slice`, which waits
-            // for the copies that read it, and read only by those copies.
+        if let Some((_, copied)) = staging.slots.get(slot) {
+            // Before the host writes the slot again, or frees it.
+            self.record("waiting for a batch copy", copied.synchronize())?;
+        }
+        if staging.slots.get(slot).is_none_or(|(s, _)| s.len() != len) {
+            // SAFETY: the pinned memory is written by the host only after the event of the
+            // copy that last read it, and read only by those copies.
             let fresh = unsafe { self.stream.context().alloc_pinned::<f32>(len) };
             let fresh = self.record("allocating pinned host memory", fresh)?;
+            let event = self.stream.context().new_event(None);
+            let event = self.record("creating an event", event)?;
             match staging.slots.get_mut(slot) {
-                Some(old) => *old = fresh,
-                None => staging.slots.push(fresh),
+                Some(old) => *old = (fresh, event),
+                None => staging.slots.push((fresh, event)),
             }
         }
         Some(std::cell::RefMut::map(staging, |s| &mut s.slots[slot]))
@@ -688,6 +730,23 @@ impl CudaBackend {
     }
 }
 
+impl Drop for CudaBackend {
+    /// After a sticky CUDA error (an illegal address, say) nothing can be destroyed, and
+    /// cudarc's cuBLAS and NCCL handles panic when their destruction fails: they are left to
+    /// the process's exit then, so that the error already reported is what the user sees.
+    fn drop(&mut self) {
+        let healthy = self.stream.synchronize().is_ok();
+        let collective = self.collective.borrow_mut().take();
+        if healthy {
+            drop(collective);
+            // SAFETY: `blas` is not used after this.
+            unsafe { std::mem::ManuallyDrop::drop(&mut self.blas) };
+        } else {
+            std::mem::forget(collective);
+        }
+    }
+}
+
 /// A joined NCCL communicator (on a stream of its own) and the events that order its
 /// all-reduces with the compute stream.
 struct Collective {
@@ -698,9 +757,7 @@ struct Collective {
     averaged: CudaEvent,
 }
 
-impl Backend for CudaBackend {
-    type Buf = CudaSlice<f32>;
-    type Stats = CudaSlice<f64>;
+impl Capture for CudaBackend {
     type Graph = CudaGraph;
     const RECORDS: bool = true;
 
@@ -747,6 +804,11 @@ impl Backend for CudaBackend {
         self.record("waiting for the GPU", self.stream.synchronize());
         drop(graph);
     }
+}
+
+impl Backend for CudaBackend {
+    type Buf = CudaSlice<f32>;
+    type Stats = CudaSlice<f64>;
 
     fn collective_id(&self) -> Result<Option<Vec<u8>>> {
         if let Some(why) = nccl_missing() {
@@ -1271,10 +1333,12 @@ impl Backend for CudaBackend {
         }
         // A staging buffer is as long as `dst`: a pinned buffer is copied whole, and the
         // values past this batch's rows are never read.
-        let Some(mut staged) = self.next_staging(dst.len()) else {
+        let Some(mut slot) = self.next_staging(dst.len()) else {
             return;
         };
-        let Some(host) = self.record("waiting for a batch copy", staged.as_mut_slice()) else {
+        let (staged, copied) = &mut *slot;
+        // The slot's previous copy is done (`next_staging` waited for its event).
+        let Some(host) = self.record("writing a staging buffer", staged.as_mut_slice()) else {
             return;
         };
         for (out, &r) in host.chunks_exact_mut(row_len).zip(rows) {
@@ -1282,7 +1346,10 @@ impl Backend for CudaBackend {
             out.copy_from_slice(&src[start..start + row_len]);
         }
         let r = self.stream.memcpy_htod(&*staged, dst);
-        self.record("copying a batch to the device", r);
+        if self.record("copying a batch to the device", r).is_some() {
+            let r = copied.record(&self.stream);
+            self.record("recording a batch copy's event", r);
+        }
     }
 
     fn free_memory(&self) -> Option<usize> {
