@@ -1,16 +1,9 @@
 #!/usr/bin/env bash
-# The GPU verification run, for a session lent a GPU machine. From the project root here:
-#
-#   mkdir -p .gpu && cp bench/gpu.sh .gpu/extra.sh && ../shared/tools/gpu-bundle
-#   mkdir -p .gpu/data && cp /usr/share/datasets/fashion-mnist/*.gz .gpu/data/   # 30 MB
-#   then on the device, carry [".gpu"], command (NCCL is found as libnccl.so, which PyTorch's
-#   wheels do not provide: they ship libnccl.so.2):
-#     n=$(mktemp -d); ln -s "$(find / -name 'libnccl.so.2*' 2>/dev/null | head -n 1)" $n/libnccl.so;
-#     LD_LIBRARY_PATH=$n:$LD_LIBRARY_PATH bash .gpu/run.sh
-#
-# run.sh runs every test binary with TRAINER_REQUIRE_CUDA=1, then this script, which measures,
-# side by side in the same call: trainer (cuda) against PyTorch eager on the GPU, start-up cold
-# and warm, and predicted against measured device memory. Results land in $OUT/gpu-bench.txt.
+# The GPU benchmarks, for a session lent a GPU machine: bench/gpu-bundle.sh carries this
+# script as .gpu/bench-inner.sh, and `bash .gpu/bench.sh` runs it there (after the GPU tests,
+# `bash .gpu/tests.sh`). It measures, side by side in the same call: trainer (cuda) against
+# PyTorch eager on the GPU, start-up cold and warm, and predicted against measured device
+# memory. Results land in $OUT/gpu-bench.txt.
 set -uo pipefail
 out="${OUT:-/tmp}/gpu-bench.txt"
 bin=.gpu/trainer

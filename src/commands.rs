@@ -179,9 +179,11 @@ enum Device {
 }
 
 /// Resolves this process's device: its entry of parallel.devices (by LOCAL_RANK), else
-/// `device.type`. `auto` takes cuda:0 when a usable GPU (driver, device, NVRTC) is present,
-/// else the CPU, and logs why.
+/// `device.type`. `auto` takes cuda:0 when a usable GPU (driver, device, NVRTC, cuBLAS) is
+/// present, else the CPU, and logs why; replicas in threads (`parallel.replicas`) are CPU
+/// replicas, since one process drives one GPU.
 fn pick_device(job: &Path, spec: &JobSpec) -> Result<Device> {
+    let threaded = spec.parallel.thread_replicas(&spec.device.kind);
     let kind = match spec.parallel.listed_device() {
         Some(listed) => {
             tracing::debug!("device: {listed} (parallel.devices)");
@@ -196,6 +198,13 @@ fn pick_device(job: &Path, spec: &JobSpec) -> Result<Device> {
             Device::Cuda(spec.parallel.world.as_ref().map_or(0, |w| w.local_rank))
         }
         Some(DeviceChoice::Cuda(n)) => Device::Cuda(n),
+        Some(DeviceChoice::Auto) if threaded.is_some_and(|r| r > 1) => {
+            tracing::info!(
+                "device auto: cpu (parallel.replicas in threads are CPU replicas; for GPUs, \
+                 list them in parallel.devices)"
+            );
+            Device::Cpu
+        }
         Some(DeviceChoice::Auto) => match cuda::probe() {
             Ok((devices, _)) if !devices.is_empty() && cuda::libraries_missing().is_none() => {
                 // A process of a multi-process run takes its own GPU (LOCAL_RANK).
@@ -235,7 +244,6 @@ fn pick_device(job: &Path, spec: &JobSpec) -> Result<Device> {
     if device == Device::Cpu && spec.device.allow_tf32 {
         tracing::warn!("device.allow_tf32 has no effect on the CPU, which computes in full fp32");
     }
-    let threaded = spec.parallel.thread_replicas(&spec.device.kind);
     if let (Device::Cuda(n), Some(replicas @ 2..)) = (device, threaded) {
         return Err(Error::Job(format!(
             "{}: key `parallel.replicas`: {replicas} given, on cuda:{n} (device.type = \"{}\"): \
@@ -304,10 +312,19 @@ pub fn run(args: &RunArgs) -> Result<Option<PathBuf>> {
                     let each = format!("1 GPU (rank 0 on cuda:{ordinal})");
                     Some(process_replicas(&backend, &spec, &data, &graph, each)?)
                 }
-                // parallel.replicas = 1 (more are refused above).
-                None if spec.parallel.replicas().is_some() => {
-                    Some(Box::new(OneDeviceCollective::new(&backend)?))
-                }
+                // parallel.replicas = 1 (more are refused above): through a 1-rank NCCL
+                // communicator, unless tcp is asked for or NCCL is missing and not asked for.
+                None if spec.parallel.replicas().is_some() => match spec.parallel.backend {
+                    CollectiveBackend::Tcp => None,
+                    CollectiveBackend::Auto if cuda::nccl_missing().is_some() => {
+                        tracing::info!(
+                            "parallel: one replica without NCCL (libnccl.so not found): \
+                             gradients need no averaging"
+                        );
+                        None
+                    }
+                    _ => Some(Box::new(OneDeviceCollective::new(&backend)?)),
+                },
                 None => None,
             };
             run_on(args, &spec, data, graph, &backend, start, parallel).map(Some)

@@ -38,6 +38,9 @@ fn mlp_job_trains_and_writes_a_complete_run_directory() {
             "jobs/mlp.toml",
             "--set",
             "train.epochs=3",
+            // What is checked below is the CPU's (a GPU would fill the gpu_mem columns).
+            "--set",
+            "device.type=\"cpu\"",
             "--runs-dir",
             runs.path().to_str().unwrap(),
             "--quiet",

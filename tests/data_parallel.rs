@@ -324,10 +324,32 @@ fn json(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
+/// `device.type = "auto"` (the default) with replicas in threads: CPU replicas, with or
+/// without a GPU (one process drives one GPU), and the log says why.
+#[test]
+fn replicas_in_threads_on_device_auto_are_cpu_replicas() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), "dp.toml", "");
+    let runs = tmp.path().join("runs");
+    let (job, runs) = (job.to_str().unwrap(), runs.to_str().unwrap());
+    let set = ["--set", "parallel.replicas=2"];
+    let out = trainer(&[&["run", job, "--runs-dir", runs][..], &set].concat());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    let provenance = json(&dir.join("provenance.json"));
+    assert_eq!(provenance["device"], "cpu: 2 replicas x 1 thread each");
+    assert!(
+        stderr(&out).contains("device auto: cpu (parallel.replicas in threads are CPU replicas"),
+        "{}",
+        stderr(&out)
+    );
+}
+
 #[test]
 fn a_checkpoint_of_two_replicas_resumes_on_one_and_on_four() {
     let tmp = tempfile::tempdir().unwrap();
-    let job = write_job(tmp.path(), "dp.toml", "");
+    // CPU replicas throughout (one replica would take a GPU where there is one).
+    let job = write_job(tmp.path(), "dp.toml", "[device]\ntype = \"cpu\"");
     let runs = tmp.path().join("runs");
     let out = run(&job, &runs, &["--set", "parallel.replicas=2"]);
     assert!(out.status.success(), "{}", stderr(&out));

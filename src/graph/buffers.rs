@@ -500,11 +500,7 @@ mod tests {
 
     #[test]
     fn shared_buffers_hold_every_value_while_it_is_needed() {
-        let resnet = std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/jobs/resnet_small.toml"
-        ))
-        .unwrap();
+        let resnet = include_str!("../../jobs/resnet_small.toml");
         let branches = "{ type = \"linear\", out = 32, name = \"a\" }, { type = \"relu\" }, \
              { type = \"linear\", out = 16, name = \"b\" }, \
              { type = \"linear\", out = 16, inputs = [\"a\"], name = \"c\" }, \
@@ -513,15 +509,8 @@ mod tests {
              { type = \"linear\", out = 64, name = \"e\" }, { type = \"add\", inputs = [\"e\", \"d\"] }, \
              { type = \"sigmoid\", name = \"s\" }, { type = \"add\", inputs = [\"s\", \"s\"] }, \
              { type = \"linear\", out = 10 }";
-        let cnn = std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/jobs/fashion_mnist_cnn.toml"
-        ))
-        .unwrap();
-        let mut graphs = vec![
-            graph(&resnet, vec![1, 28, 28]),
-            graph(&cnn, vec![1, 28, 28]),
-        ];
+        let cnn = include_str!("../../jobs/fashion_mnist_cnn.toml");
+        let mut graphs = vec![graph(resnet, vec![1, 28, 28]), graph(cnn, vec![1, 28, 28])];
         for activations in ["\"none\"", "\"all\"", "{ segments = 3 }"] {
             graphs.push(graph(&job(branches, activations), vec![20]));
             graphs.push(mlp(4, activations));

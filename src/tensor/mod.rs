@@ -478,6 +478,13 @@ pub trait Backend: Capture {
     /// started.
     fn all_reduce_mean_start(&self, _buf: &mut Self::Buf, _range: std::ops::Range<usize>) {}
     fn all_reduce_wait(&self) {}
+    /// Waits until everything queued, the all-reduces included, has run; an error if that
+    /// takes longer than `timeout`: another rank is gone or stuck, and an all-reduce would
+    /// wait for it forever. The communicator is then torn down, so that nothing queued
+    /// waits any more.
+    fn finish_collectives(&self, _timeout: std::time::Duration) -> Result<()> {
+        Ok(())
+    }
 
     /// The first failure of any op so far (devices report errors late); checked every step.
     fn status(&self) -> Result<()> {

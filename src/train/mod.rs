@@ -489,6 +489,9 @@ pub fn train_session<B: Backend>(
         params,
         running_stats: net.running_stats(backend),
     };
+    // The last steps, the evaluations and these downloads ran without a check since the
+    // last step's: a device fault there fails the run rather than report garbage weights.
+    backend.status()?;
     let mut outcome = finish(outcome, &st, Some(weights));
     outcome.epochs = last_epoch;
     outcome.step_recordings = B::RECORDS.then(|| net.step_recordings());
@@ -570,6 +573,10 @@ impl Saver<'_> {
             })
             .collect();
         let window = peek_stats(backend, stats);
+        let running_stats = net.running_stats(backend);
+        // A device fault makes downloads fail (CUDA records the error and leaves the host
+        // buffers as they were): such a checkpoint must not be written.
+        backend.status()?;
         let state = TrainState {
             optimizer_steps: optimizer.steps(),
             metrics_rows: metrics.rows(),
@@ -581,7 +588,7 @@ impl Saver<'_> {
                 state: &state,
                 spec: self.spec,
                 params: &params,
-                running_stats: &net.running_stats(backend),
+                running_stats: &running_stats,
                 optimizer: &optimizer_state,
                 window,
             },
@@ -832,6 +839,7 @@ fn evaluate<B: Backend>(
             net.loss(backend, n, None, stats);
         }
         let s: LossStats = backend.take_stats(stats);
+        backend.status()?; // no row from a faulted device
         let row = MetricsRow {
             step,
             epoch,

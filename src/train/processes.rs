@@ -428,6 +428,10 @@ impl<B: Backend> DataParallel<B> for ProcessReplicas<B> {
                 return Err(e);
             }
         }
+        // NCCL waits for every rank without a timeout of its own.
+        backend
+            .finish_collectives(self.world.timeout)
+            .map_err(|e| Error::Runtime(format!("rank 0: {e}")))?;
         // The whole micro-batches' statistics, added in rank order as CpuReplicas does.
         let mut window = backend.take_stats(stats);
         for link in &mut self.links {
@@ -768,6 +772,9 @@ fn follow<B: Backend>(
                         return Err(e);
                     }
                 }
+                backend
+                    .finish_collectives(world.timeout)
+                    .map_err(|e| Error::Runtime(format!("rank {}: {e}", world.rank)))?;
                 backend.status()?;
                 let head = encode_grads_header(stop.requested(), backend.take_stats(&mut stats));
                 link.send(Tag::Grads, &[&head])?;

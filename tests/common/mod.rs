@@ -96,6 +96,8 @@ pub const TINY_JOB: &str = r#"
 [job]
 name = "tiny"
 seed = 1
+[device]
+type = "cpu"
 [data]
 source = "digits"
 batch_size = 64

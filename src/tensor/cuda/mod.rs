@@ -734,8 +734,21 @@ impl Drop for CudaBackend {
     /// After a sticky CUDA error (an illegal address, say) nothing can be destroyed, and
     /// cudarc's cuBLAS and NCCL handles panic when their destruction fails: they are left to
     /// the process's exit then, so that the error already reported is what the user sees.
+    /// The same when the queued work does not drain within seconds (an all-reduce waiting
+    /// for a rank that is gone): the process ends rather than wait for it.
     fn drop(&mut self) {
-        let healthy = self.stream.synchronize().is_ok();
+        let healthy = self.stream.record_event(None).is_ok_and(|queued| {
+            let started = std::time::Instant::now();
+            loop {
+                match queued.try_is_complete() {
+                    Ok(true) => break true,
+                    Ok(false) if started.elapsed().as_secs() < 10 => {
+                        std::thread::sleep(std::time::Duration::from_millis(1))
+                    }
+                    _ => break false,
+                }
+            }
+        });
         let collective = self.collective.borrow_mut().take();
         if healthy {
             drop(collective);
@@ -755,6 +768,8 @@ struct Collective {
     grads_ready: CudaEvent,
     /// Recorded on the communication stream by `all_reduce_wait`; the compute stream waits.
     averaged: CudaEvent,
+    /// Recorded on the compute stream by `finish_collectives`, which polls it.
+    finished: CudaEvent,
 }
 
 impl Capture for CudaBackend {
@@ -846,7 +861,7 @@ impl Backend for CudaBackend {
         let event = || {
             (self.stream.context().new_event(None)).map_err(|e| cuda_err("creating an event", e))
         };
-        let (grads_ready, averaged) = (event()?, event()?);
+        let (grads_ready, averaged, finished) = (event()?, event()?, event()?);
         let comm = cudarc::nccl::Comm::from_rank(
             comm_stream,
             rank,
@@ -865,6 +880,7 @@ impl Backend for CudaBackend {
             comm,
             grads_ready,
             averaged,
+            finished,
         });
         Ok(())
     }
@@ -899,6 +915,39 @@ impl Backend for CudaBackend {
         let joined =
             (c.averaged.record(&c.comm.stream())).and_then(|()| self.stream.wait(&c.averaged));
         self.record("waiting for the all-reduce", joined);
+    }
+
+    fn finish_collectives(&self, timeout: std::time::Duration) -> Result<()> {
+        let collective = self.collective.borrow();
+        let Some(c) = collective.as_ref() else {
+            return Ok(());
+        };
+        (c.finished.record(&self.stream)).map_err(|e| cuda_err("recording an event", e))?;
+        // Polled rather than waited on: a wait inside the driver could not be given up.
+        let started = std::time::Instant::now();
+        loop {
+            match c.finished.try_is_complete() {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(e) => return Err(cuda_err("waiting for the all-reduce", e)),
+            }
+            if started.elapsed() > timeout {
+                break;
+            }
+            if started.elapsed() < std::time::Duration::from_millis(20) {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+        drop(collective);
+        // ncclCommAbort (the communicator's drop) ends the all-reduces still waiting.
+        drop(self.collective.borrow_mut().take());
+        Err(Error::Runtime(format!(
+            "NCCL: an all-reduce of the gradients did not finish within parallel.timeout \
+             ({}s): another rank is gone or stuck",
+            timeout.as_secs_f64()
+        )))
     }
 
     fn conv_workspace_len(&self, s: &Conv2d, max_batch: usize) -> usize {
