@@ -27,6 +27,8 @@ for t in .gpu/tests/*; do
   esac
 done
 cp bench/gpu.sh .gpu/bench-inner.sh
+# gpu-bundle's run.sh runs every test binary and more in one call, past a call's 10 minutes.
+rm -f .gpu/run.sh
 
 cat > .gpu/nccl.sh <<'EOF'
 # Sourced: makes NCCL loadable as libnccl.so (cudarc's name) from wherever libnccl.so.2 is.

@@ -333,6 +333,30 @@ pub fn libraries_missing() -> Option<String> {
     None
 }
 
+/// Whether the work queued before `event` was recorded finishes within `timeout`. Polled
+/// rather than waited for: a wait inside the driver could not be given up.
+fn finished_within(
+    event: &CudaEvent,
+    timeout: std::time::Duration,
+) -> std::result::Result<bool, cudarc::driver::DriverError> {
+    let started = std::time::Instant::now();
+    loop {
+        if event.try_is_complete()? {
+            return Ok(true);
+        }
+        let waited = started.elapsed();
+        if waited > timeout {
+            return Ok(false);
+        }
+        // Spin briefly (a step's end is near), then sleep between polls.
+        if waited < std::time::Duration::from_millis(20) {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+}
+
 fn cuda_err(what: &str, e: impl std::fmt::Debug) -> Error {
     Error::Runtime(format!("CUDA: {what} failed: {e:?}"))
 }
@@ -737,18 +761,9 @@ impl Drop for CudaBackend {
     /// The same when the queued work does not drain within seconds (an all-reduce waiting
     /// for a rank that is gone): the process ends rather than wait for it.
     fn drop(&mut self) {
-        let healthy = self.stream.record_event(None).is_ok_and(|queued| {
-            let started = std::time::Instant::now();
-            loop {
-                match queued.try_is_complete() {
-                    Ok(true) => break true,
-                    Ok(false) if started.elapsed().as_secs() < 10 => {
-                        std::thread::sleep(std::time::Duration::from_millis(1))
-                    }
-                    _ => break false,
-                }
-            }
-        });
+        let ten_seconds = std::time::Duration::from_secs(10);
+        let healthy = (self.stream.record_event(None))
+            .is_ok_and(|queued| matches!(finished_within(&queued, ten_seconds), Ok(true)));
         let collective = self.collective.borrow_mut().take();
         if healthy {
             drop(collective);
@@ -923,22 +938,10 @@ impl Backend for CudaBackend {
             return Ok(());
         };
         (c.finished.record(&self.stream)).map_err(|e| cuda_err("recording an event", e))?;
-        // Polled rather than waited on: a wait inside the driver could not be given up.
-        let started = std::time::Instant::now();
-        loop {
-            match c.finished.try_is_complete() {
-                Ok(true) => return Ok(()),
-                Ok(false) => {}
-                Err(e) => return Err(cuda_err("waiting for the all-reduce", e)),
-            }
-            if started.elapsed() > timeout {
-                break;
-            }
-            if started.elapsed() < std::time::Duration::from_millis(20) {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
+        let finished = finished_within(&c.finished, timeout)
+            .map_err(|e| cuda_err("waiting for the all-reduce", e))?;
+        if finished {
+            return Ok(());
         }
         drop(collective);
         // ncclCommAbort (the communicator's drop) ends the all-reduces still waiting.
