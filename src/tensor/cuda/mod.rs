@@ -27,6 +27,8 @@ pub const CUBLAS_WORKSPACE: usize = 32 << 20;
 const THREADS: u32 = 256;
 /// Blocks of the first pass of the gradient norm (a fixed count keeps the sum's order fixed).
 const NORM_BLOCKS: u32 = 1024;
+/// Columns per block of the bias gradient, and threads splitting the rows (kernels' BIAS_TILE).
+const BIAS_TILE: usize = 32;
 /// Pinned staging buffers of a streamed data set: inputs and targets of two batches.
 const STAGING_SLOTS: usize = 4;
 
@@ -1474,8 +1476,14 @@ impl Backend for CudaBackend {
             let mut db = grads.slice_mut(b..b + out);
             let mut l = self.stream.launch_builder(&self.f.bias_grad);
             l.arg(&dy_view).arg(&rows).arg(&width).arg(&mut db);
+            // A block per BIAS_TILE columns, BIAS_TILE × BIAS_TILE threads (kernels/elementwise.cu).
+            let tiles = LaunchConfig {
+                grid_dim: (out.div_ceil(BIAS_TILE) as u32, 1, 1),
+                block_dim: (BIAS_TILE as u32, BIAS_TILE as u32, 1),
+                shared_mem_bytes: 0,
+            };
             // SAFETY: reads n·out of dy, adds into `out` elements of db.
-            self.launch("bias gradient", unsafe { l.launch(grid(out)) }.map(|_| ()));
+            self.launch("bias gradient", unsafe { l.launch(tiles) }.map(|_| ()));
         }
         if let Some(dx) = dx {
             // dx[n, inp] = dy[n, out] · W[out, inp]
