@@ -48,6 +48,24 @@ extern "C" __global__ void cast_bf16_to_f32(const u16* x, float* y, u64 n) {
     GRID_STRIDE(i, n) y[i] = bf16_bits_to_f32(x[i]);
 }
 
+// The half copy of the parameters, in both forms: dst = src rounded to f16 (kind 0) or bf16
+// (kind 1) as f32, and bits = the same values in the half format, for matrix products.
+extern "C" __global__ void half_copy(const float* src, float* dst, u16* bits, u64 n, int kind) {
+    if (kind == 0) {
+        GRID_STRIDE(i, n) {
+            u16 h = f32_to_f16_bits(src[i]);
+            bits[i] = h;
+            dst[i] = f16_bits_to_f32(h);
+        }
+    } else {
+        GRID_STRIDE(i, n) {
+            u16 h = f32_to_bf16_bits(src[i]);
+            bits[i] = h;
+            dst[i] = bf16_bits_to_f32(h);
+        }
+    }
+}
+
 // Mixed precision keeps half-precision tensors in f32 buffers: rounds x[0..n) in place to the
 // nearest f16 (kind 0) or bf16 (kind 1) value, ties to even, overflow to inf, as a cast would.
 extern "C" __global__ void round_to_half(float* x, u64 n, int kind) {

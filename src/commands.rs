@@ -720,10 +720,14 @@ fn memory_plan(
     let (batch, threads) = (BatchLayout::of(spec).per_replica(), replica_threads(spec));
     let (data_bytes, workspace) = if on_gpu {
         let conv = graph.conv_workspace(|s| cuda::conv_workspace_len(s, batch));
-        // Mixed precision: both inputs of a matrix product converted to half (2 bytes each).
+        // Mixed precision: both inputs of a matrix product converted to half (2 bytes each),
+        // and the weights' half image (2 bytes a parameter).
         let half_inputs = match spec.precision.mode {
             PrecisionMode::Fp32 => 0,
-            _ => 2 * 2 * graph.largest_matmul_input(batch, |s| cuda::conv_workspace_len(s, batch)),
+            _ => {
+                2 * 2 * graph.largest_matmul_input(batch, |s| cuda::conv_workspace_len(s, batch))
+                    + 2 * graph.param_count
+            }
         };
         (
             data.bytes(),

@@ -219,9 +219,7 @@ impl<B: Backend> Network<B> {
     /// change of `params` (an optimizer step, a restore).
     pub fn refresh_half_params(&mut self, backend: &B) {
         if let (Some(kind), Some(half)) = (self.half, self.half_params.as_mut()) {
-            let n = self.graph.param_count;
-            backend.copy(&self.params, half, n);
-            backend.round_to_half(kind, half, n);
+            backend.refresh_half_copy(kind, &self.params, half, self.graph.param_count);
         }
     }
 

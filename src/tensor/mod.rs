@@ -335,6 +335,13 @@ pub trait Backend: Capture {
     /// Rounds the first `len` values to the nearest `kind` value (ties to even), keeping them
     /// as f32: mixed precision's half-precision tensors, in f32 buffers (see graph::Network).
     fn round_to_half(&self, kind: HalfKind, buf: &mut Self::Buf, len: usize);
+    /// Mixed precision's half copy of the parameters: `dst[..len]` = `src[..len]` rounded to
+    /// `kind`. A backend may keep that copy in the half format too, for its matrix products
+    /// to read without converting it (CUDA does); `dst` is only ever written here.
+    fn refresh_half_copy(&self, kind: HalfKind, src: &Self::Buf, dst: &mut Self::Buf, len: usize) {
+        self.copy(src, dst, len);
+        self.round_to_half(kind, dst, len);
+    }
     /// One SGD update; `args` holds `SgdStep::args` (uploaded by the caller).
     fn sgd_step(
         &self,

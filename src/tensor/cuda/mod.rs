@@ -103,6 +103,7 @@ struct Functions {
     cast_f32_to_bf16: CudaFunction,
     scale: CudaFunction,
     round_to_half: CudaFunction,
+    half_copy: CudaFunction,
     add_assign: CudaFunction,
     copy_rows: CudaFunction,
     softmax_forward: CudaFunction,
@@ -137,6 +138,30 @@ struct Functions {
     layernorm_forward: CudaFunction,
     layernorm_backward: CudaFunction,
     layernorm_param_grads: CudaFunction,
+}
+
+/// Where a matrix product gets one of its inputs in the half format, in mixed precision.
+#[derive(Clone, Copy)]
+enum HalfOperand {
+    /// Converts the f32 view (which holds half values already) into a scratch buffer.
+    Convert,
+    /// Reads it, converted already, at this device address (the weights' half image).
+    At(u64),
+    /// The caller vouches that the view is unchanged since the previous product converted
+    /// it in this position: no second conversion (checked: else it is converted).
+    Again,
+}
+
+const CONVERT: [HalfOperand; 2] = [HalfOperand::Convert; 2];
+
+/// A half copy of the parameters in the half format, beside its f32 form (`refresh_half_copy`).
+struct HalfWeights {
+    /// The f32 form's device address and length.
+    of: (u64, usize),
+    /// Values written (the parameter count) and their format.
+    valid: usize,
+    kind: HalfKind,
+    bits: CudaSlice<u16>,
 }
 
 /// kernels/spatial.cu's ConvGeom, field for field.
@@ -269,7 +294,14 @@ pub struct CudaBackend {
     half_matmuls: Cell<Option<HalfKind>>,
     /// The two inputs of a half matrix product, converted; grown to the largest.
     half_inputs: RefCell<[CudaSlice<u16>; 2]>,
+    /// The (address, length) of the f32 values last converted into each of `half_inputs`,
+    /// for `HalfOperand::Again`.
+    half_inputs_hold: Cell<[Option<(u64, usize)>; 2]>,
     retired_halves: RefCell<Vec<CudaSlice<u16>>>,
+    /// The parameters' half copies in the half format (`refresh_half_copy`), so matrix
+    /// products read weights without converting them. Never freed before the backend: a
+    /// recorded graph holds their addresses.
+    half_weights: RefCell<Vec<HalfWeights>>,
     /// The NCCL communicator of a multi-process run, once joined (`join_collective`).
     collective: RefCell<Option<Collective>>,
     /// The cuBLAS workspace, kept alive for the handle's lifetime.
@@ -429,6 +461,7 @@ impl CudaBackend {
             cast_f32_to_bf16: load("cast_f32_to_bf16")?,
             scale: load("scale_f32")?,
             round_to_half: load("round_to_half")?,
+            half_copy: load("half_copy")?,
             add_assign: load("add_assign")?,
             copy_rows: load("copy_rows")?,
             softmax_forward: load("softmax_forward")?,
@@ -528,7 +561,9 @@ impl CudaBackend {
             retired: RefCell::new(Vec::new()),
             half_matmuls: Cell::new(None),
             half_inputs: RefCell::new([half_a, half_b]),
+            half_inputs_hold: Cell::new([None; 2]),
             retired_halves: RefCell::new(Vec::new()),
+            half_weights: RefCell::new(Vec::new()),
             collective: RefCell::new(None),
             partials: RefCell::new(partials),
             norm: RefCell::new(norm),
@@ -633,8 +668,30 @@ impl CudaBackend {
         self.peak.set(self.peak.get().max(now));
     }
 
+    /// A buffer's device address (the stream's events are off: nothing is recorded).
+    fn address<T>(&self, buf: &impl cudarc::driver::DevicePtr<T>) -> u64 {
+        buf.device_ptr(&self.stream).0
+    }
+
+    /// In mixed precision, where `params[offset..offset + len]` lies in the half format
+    /// already: `params` is a half copy of the parameters that `refresh_half_copy` wrote.
+    fn half_weights_at(&self, params: &CudaSlice<f32>, offset: usize, len: usize) -> HalfOperand {
+        let Some(kind) = self.half_matmuls.get() else {
+            return HalfOperand::Convert;
+        };
+        let of = (self.address(params), params.len());
+        let images = self.half_weights.borrow();
+        match images.iter().find(|h| h.of == of) {
+            Some(h) if h.kind == kind && offset + len <= h.valid => {
+                HalfOperand::At(self.address(&h.bits) + 2 * offset as u64)
+            }
+            _ => HalfOperand::Convert,
+        }
+    }
+
     /// Row-major C[m, n] (+)= op(A)·op(B) through column-major cuBLAS: computes Cᵀ = op(B)ᵀ·op(A)ᵀ.
-    /// `a_t`/`b_t`: whether A is stored as [k, m] / B as [n, k] (row-major).
+    /// `a_t`/`b_t`: whether A is stored as [k, m] / B as [n, k] (row-major). `halves`: where
+    /// A and B come from in mixed precision.
     #[allow(clippy::too_many_arguments)]
     fn gemm(
         &self,
@@ -646,6 +703,7 @@ impl CudaBackend {
         b_t: bool,
         c: &mut cudarc::driver::CudaViewMut<f32>,
         accumulate: bool,
+        halves: [HalfOperand; 2],
     ) {
         let op = |t: bool| {
             if t {
@@ -668,62 +726,72 @@ impl CudaBackend {
             ldc: n as i32,
         };
         if let Some(kind) = self.half_matmuls.get() {
-            return self.gemm_half(what, kind, &cfg, b, a, c);
+            return self.gemm_half(what, kind, &cfg, [(b, halves[1]), (a, halves[0])], c);
         }
         // SAFETY: the views hold at least the m·k, k·n and m·n elements the config reads/writes.
         let r = unsafe { self.blas.gemm(cfg, b, a, c) };
         self.record(what, r);
     }
 
-    /// `cfg`'s column-major product C = op(A)·op(B) with A and B converted to `kind`, f32
-    /// accumulation and an f32 C (so gradients still accumulate into f32 with beta = 1).
+    /// `cfg`'s column-major product C = op(A)·op(B) with A and B in `kind` (converted into
+    /// `half_inputs` unless their `HalfOperand` says otherwise), f32 accumulation and an f32
+    /// C (so gradients still accumulate into f32 with beta = 1).
     fn gemm_half(
         &self,
         what: &str,
         kind: HalfKind,
         cfg: &GemmConfig<f32>,
-        a: &cudarc::driver::CudaView<f32>,
-        b: &cudarc::driver::CudaView<f32>,
+        inputs: [(&cudarc::driver::CudaView<f32>, HalfOperand); 2],
         c: &mut cudarc::driver::CudaViewMut<f32>,
     ) {
         use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType};
-        use cudarc::driver::{DevicePtr, DevicePtrMut};
+        use cudarc::driver::DevicePtrMut;
         let mut halves = self.half_inputs.borrow_mut();
-        let [ha, hb] = &mut *halves;
-        for (src, dst) in [(a, &mut *ha), (b, &mut *hb)] {
-            if dst.len() < src.len() {
-                match self.stream.alloc_zeros::<u16>(src.len()) {
-                    Ok(grown) => {
-                        self.count(grown.len() * 2);
-                        // A recorded graph may still read the old one.
-                        let old = std::mem::replace(dst, grown);
-                        self.retired_halves.borrow_mut().push(old);
+        let mut hold = self.half_inputs_hold.get();
+        let mut pointers = [0u64; 2];
+        for (slot, (src, operand)) in inputs.into_iter().enumerate() {
+            let source = (self.address(src), src.len());
+            let dst = &mut halves[slot];
+            pointers[slot] = match operand {
+                HalfOperand::At(ptr) => ptr,
+                HalfOperand::Again if hold[slot] == Some(source) => self.address(&*dst),
+                HalfOperand::Again | HalfOperand::Convert => {
+                    if dst.len() < src.len() {
+                        match self.stream.alloc_zeros::<u16>(src.len()) {
+                            Ok(grown) => {
+                                self.count(grown.len() * 2);
+                                // A recorded graph may still read the old one.
+                                let old = std::mem::replace(dst, grown);
+                                self.retired_halves.borrow_mut().push(old);
+                            }
+                            Err(e) => return self.launch("allocating half matmul inputs", Err(e)),
+                        }
                     }
-                    Err(e) => return self.launch("allocating half matmul inputs", Err(e)),
+                    let n = src.len() as u64;
+                    let cast = match kind {
+                        HalfKind::F16 => &self.f.cast_f32_to_f16,
+                        HalfKind::Bf16 => &self.f.cast_f32_to_bf16,
+                    };
+                    let mut l = self.stream.launch_builder(cast);
+                    l.arg(src).arg(&mut *dst).arg(&n);
+                    // SAFETY: reads n floats of src, writes n halves of dst (at least n long).
+                    self.launch(
+                        "half cast",
+                        unsafe { l.launch(grid(n as usize)) }.map(|_| ()),
+                    );
+                    hold[slot] = Some(source);
+                    self.address(&*dst)
                 }
-            }
-            let n = src.len() as u64;
-            let cast = match kind {
-                HalfKind::F16 => &self.f.cast_f32_to_f16,
-                HalfKind::Bf16 => &self.f.cast_f32_to_bf16,
             };
-            let mut l = self.stream.launch_builder(cast);
-            l.arg(src).arg(&mut *dst).arg(&n);
-            // SAFETY: reads n floats of src, writes n halves of dst (at least n long).
-            self.launch(
-                "half cast",
-                unsafe { l.launch(grid(n as usize)) }.map(|_| ()),
-            );
         }
+        self.half_inputs_hold.set(hold);
         let dtype = match kind {
             HalfKind::F16 => cudaDataType::CUDA_R_16F,
             HalfKind::Bf16 => cudaDataType::CUDA_R_16BF,
         };
-        let (pa, _ra) = ha.device_ptr(&self.stream);
-        let (pb, _rb) = hb.device_ptr(&self.stream);
         let (pc, _rc) = c.device_ptr_mut(&self.stream);
-        // SAFETY: the converted inputs hold the elements the config reads (as the f32 views
-        // did), C the ones it writes; alpha and beta are read from the host during the call.
+        // SAFETY: the half inputs hold the elements the config reads (as the f32 views did),
+        // C the ones it writes; alpha and beta are read from the host during the call.
         let r = unsafe {
             cudarc::cublas::sys::cublasGemmEx(
                 *self.blas.handle(),
@@ -733,10 +801,10 @@ impl CudaBackend {
                 cfg.n,
                 cfg.k,
                 (&cfg.alpha as *const f32).cast(),
-                pa as *const std::ffi::c_void,
+                pointers[0] as *const std::ffi::c_void,
                 dtype,
                 cfg.lda,
-                pb as *const std::ffi::c_void,
+                pointers[1] as *const std::ffi::c_void,
                 dtype,
                 cfg.ldb,
                 (&cfg.beta as *const f32).cast(),
@@ -983,6 +1051,8 @@ impl Backend for CudaBackend {
             let weight = params.slice(w + g * og * rows..w + (g + 1) * og * rows);
             let col_g = col.slice(g * rows * cols..(g + 1) * rows * cols);
             let mut out_g = ycn.slice_mut(g * og * cols..(g + 1) * og * cols);
+            let from = w + g * og * rows;
+            let half_weight = self.half_weights_at(params, from, og * rows);
             self.gemm(
                 "conv forward",
                 (og, cols, rows),
@@ -992,6 +1062,7 @@ impl Backend for CudaBackend {
                 false,
                 &mut out_g,
                 false,
+                [half_weight, HalfOperand::Convert],
             );
         }
         let (n64, o64, p64) = (n as u64, s.o as u64, plane as u64);
@@ -1069,6 +1140,7 @@ impl Backend for CudaBackend {
                 true,
                 &mut dw,
                 true,
+                CONVERT,
             );
         }
         let Some(dx) = dx else { return };
@@ -1077,6 +1149,7 @@ impl Backend for CudaBackend {
             let weight = params.slice(w + g * og * rows..w + (g + 1) * og * rows);
             let dy_g = dycn.slice(g * og * cols..(g + 1) * og * cols);
             let mut col_g = col.slice_mut(g * rows * cols..(g + 1) * rows * cols);
+            let half_weight = self.half_weights_at(params, w + g * og * rows, og * rows);
             self.gemm(
                 "conv dcol",
                 (rows, cols, og),
@@ -1086,6 +1159,7 @@ impl Backend for CudaBackend {
                 false,
                 &mut col_g,
                 false,
+                [half_weight, HalfOperand::Convert],
             );
         }
         let col = col.slice(..);
@@ -1433,6 +1507,7 @@ impl Backend for CudaBackend {
             self.launch("bias", unsafe { l.launch(grid(n * out)) }.map(|_| ()));
         }
         let weight = params.slice(w..w + out * inp);
+        let half_weight = self.half_weights_at(params, w, out * inp);
         // y[n, out] = x[n, inp] · Wᵀ, W stored [out, inp] (so Wᵀ is "transposed storage").
         self.gemm(
             "linear forward",
@@ -1443,6 +1518,7 @@ impl Backend for CudaBackend {
             true,
             &mut y.slice_mut(..n * out),
             b.is_some(),
+            [HalfOperand::Convert, half_weight],
         );
     }
 
@@ -1470,6 +1546,7 @@ impl Backend for CudaBackend {
             false,
             &mut grads.slice_mut(w..w + out * inp),
             true,
+            CONVERT,
         );
         if let Some(b) = b {
             let (rows, width) = (n as u64, out as u64);
@@ -1486,7 +1563,9 @@ impl Backend for CudaBackend {
             self.launch("bias gradient", unsafe { l.launch(tiles) }.map(|_| ()));
         }
         if let Some(dx) = dx {
-            // dx[n, inp] = dy[n, out] · W[out, inp]
+            // dx[n, inp] = dy[n, out] · W[out, inp]. In mixed precision dy is where dW's
+            // product converted it (only the bias gradient, reading it, ran since).
+            let half_weight = self.half_weights_at(params, w, out * inp);
             self.gemm(
                 "linear dx",
                 (n, inp, out),
@@ -1496,6 +1575,7 @@ impl Backend for CudaBackend {
                 false,
                 &mut dx.slice_mut(..n * inp),
                 false,
+                [HalfOperand::Again, half_weight],
             );
         }
     }
@@ -1849,6 +1929,46 @@ impl Backend for CudaBackend {
         l.arg(&mut *buf).arg(&n).arg(&kind);
         // SAFETY: rounds the first len <= buf.len() elements in place.
         self.launch("round_to_half", unsafe { l.launch(grid(len)) }.map(|_| ()));
+    }
+
+    /// One pass writes both forms: the rounded f32 copy, and its half image (allocated on
+    /// the first refresh of `dst`) that `half_weights_at` hands to matrix products.
+    fn refresh_half_copy(
+        &self,
+        kind: HalfKind,
+        src: &CudaSlice<f32>,
+        dst: &mut CudaSlice<f32>,
+        len: usize,
+    ) {
+        let of = (self.address(dst), dst.len());
+        let mut images = self.half_weights.borrow_mut();
+        let image = match images.iter().position(|h| h.of == of) {
+            Some(i) => &mut images[i],
+            None => {
+                let bits = self.stream.alloc_zeros::<u16>(dst.len());
+                let Some(bits) = self.record("allocating the weights' half image", bits) else {
+                    return;
+                };
+                self.count(bits.len() * 2);
+                images.push(HalfWeights {
+                    of,
+                    valid: 0,
+                    kind,
+                    bits,
+                });
+                images.last_mut().expect("just pushed")
+            }
+        };
+        (image.valid, image.kind) = (len, kind);
+        let (n, kind) = (len as u64, i32::from(kind == HalfKind::Bf16));
+        let mut l = self.stream.launch_builder(&self.f.half_copy);
+        l.arg(src)
+            .arg(&mut *dst)
+            .arg(&mut image.bits)
+            .arg(&n)
+            .arg(&kind);
+        // SAFETY: reads len <= src.len() values, writes len of dst and of bits (dst.len() long).
+        self.launch("half copy", unsafe { l.launch(grid(len)) }.map(|_| ()));
     }
 
     fn sgd_step(
