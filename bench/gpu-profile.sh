@@ -19,7 +19,7 @@ head = rows[0]; name_i = head.index("Kernel Name"); t_i = head.index("gpu__time_
 unit = rows[1][t_i]
 tot = collections.defaultdict(float); cnt = collections.Counter()
 for r in rows[2:]:
-    t = float(r[t_i].replace(",", "")) * (1e-3 if unit == "nsecond" else 1.0)  # -> us
+    t = float(r[t_i].replace(",", "")) * (1e-3 if unit in ("ns", "nsecond") else 1.0)  # -> us
     tot[r[name_i][:90]] += t; cnt[r[name_i][:90]] += 1
 all_ = sum(tot.values())
 print(f"== trainer {sys.argv[2]}: {sum(cnt.values())} kernels, {all_:.0f} us ({unit})")
@@ -27,7 +27,7 @@ for k, v in sorted(tot.items(), key=lambda kv: -kv[1]):
     print(f"{v:10.0f} us {cnt[k]:4d}x  {k}")
 print("-- in launch order (grid, block):")
 for r in rows[2:]:
-    t = float(r[t_i].replace(",", "")) * (1e-3 if unit == "nsecond" else 1.0)
+    t = float(r[t_i].replace(",", "")) * (1e-3 if unit in ("ns", "nsecond") else 1.0)
     print(f"{t:8.1f} us  {r[name_i][:60]:60s} {r[head.index('Grid Size')]} {r[head.index('Block Size')]}")
 PY
 [ "${2:-}" = trainer-only ] && exit 0

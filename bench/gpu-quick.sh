@@ -1,10 +1,24 @@
 #!/usr/bin/env bash
-# Steady-state trainer vs PyTorch for the cuBLAS-bound MLP only (gpu.sh's helpers), for
-# checking a change to the large-GEMM path inside a short device call.
+# Short device calls with gpu.sh's helpers: `gemm` (default) puts the cuBLAS-bound MLP in
+# fp32 and bf16 beside PyTorch, steady state; `nccl` alternates 1 replica through NCCL with
+# no data parallelism, 3 times, on the launch-bound MLP 784-1024-1024-10 and on the
+# cuBLAS-bound one (issue 7's overhead).
 set -uo pipefail
 source .gpu/nccl.sh
 eval "$(sed -n '/^out=/,/^pytorch()/p' bench/gpu.sh)"
 big=(--set device.type=\"cuda\" --set data.samples=40960 --set train.epochs=20)
+if [ "${1:-gemm}" = nccl ]; then
+  mid=(--set device.type=\"cuda\" --set data.samples=25600 --set train.epochs=10 --set train.log_every=100)
+  for rep in 1 2 3; do
+    log "== MLP 784-1024-1024-10 batch 256, 1000 steps (repeat $rep)"
+    log "no data parallelism: $(trainer bench/mlp1024.toml "${mid[@]}")"
+    log "1 replica through NCCL: $(trainer bench/mlp1024.toml "${mid[@]}" --set parallel.replicas=1)"
+  done
+  log "== MLP 784-4096x3-10 batch 4096, 200 steps"
+  log "no data parallelism: $(trainer bench/mlp4096.toml "${big[@]}")"
+  log "1 replica through NCCL: $(trainer bench/mlp4096.toml "${big[@]}" --set parallel.replicas=1)"
+  exit 0
+fi
 for mode in fp32 bf16; do
   amp=$([ $mode = bf16 ] && echo "--amp bf16" || echo "")
   log "== MLP 784-4096x3-10 batch 4096 Adam $mode, 200 steps"
