@@ -32,6 +32,11 @@ __device__ __forceinline__ float bf16_bits_to_f32(u16 h) {
     return __uint_as_float(((u32)h) << 16);
 }
 
+// x rounded to the nearest f16 (kind 0) or bf16 (kind 1) value, as f32.
+__device__ __forceinline__ float round_half(float x, int kind) {
+    return kind == 0 ? f16_bits_to_f32(f32_to_f16_bits(x)) : bf16_bits_to_f32(f32_to_bf16_bits(x));
+}
+
 extern "C" __global__ void cast_f32_to_f16(const float* x, u16* y, u64 n) {
     GRID_STRIDE(i, n) y[i] = f32_to_f16_bits(x[i]);
 }

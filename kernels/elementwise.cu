@@ -86,6 +86,17 @@ extern "C" __global__ void activation_backward(int f, const float* x, const floa
     GRID_STRIDE(i, n) dx[i] = dy[i] * act_derivative(f, x[i], y[i]);
 }
 
+// Mixed precision: the rounding of a neighbour fused into an in-place activation (see
+// graph::Network's `Fusion`): y = round(f(round(x))); dx = round(round(dy) * f'(x, y)). ReLU's
+// outer rounding changes nothing (its results are half values already).
+extern "C" __global__ void activation_in_place_rounding(int f, int kind, float* y, u64 n) {
+    GRID_STRIDE(i, n) y[i] = round_half(act(f, round_half(y[i], kind)), kind);
+}
+
+extern "C" __global__ void activation_backward_rounding(int f, int kind, const float* x, const float* y, const float* dy, float* dx, u64 n) {
+    GRID_STRIDE(i, n) dx[i] = round_half(round_half(dy[i], kind) * act_derivative(f, x[i], y[i]), kind);
+}
+
 // Also the backward pass: the same key redraws the same mask. `first` is the stream position
 // of x[0] (a replica's share of a larger batch).
 extern "C" __global__ void dropout(float p, u64 key, u64 first, const float* x, float* y, u64 n) {

@@ -474,3 +474,82 @@ fn bad_precision_settings_are_named() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("fp8"), "{}", stderr(&out));
 }
+
+/// An in-place activation that rounds its neighbour's output (forward) or its neighbour's
+/// input gradient (backward) in its own pass computes the same bits as the separate passes,
+/// and only where it is that value's only reader: here a ReLU whose input is also the
+/// shortcut of a residual add, one whose output is, and one reading a layer other than the
+/// one before it are left alone (a wrong fusion would hand an add an unrounded value and
+/// change the bits).
+#[test]
+fn activations_that_round_their_neighbours_give_the_same_bits_and_only_where_they_alone_read() {
+    let b = CpuBackend::new(1);
+    let n = 8;
+    let job = spec(
+        r#"
+        [data]
+        source = "synthetic"
+        [model]
+        layers = [
+          { type = "flatten" },
+          { type = "linear", out = 16 }, { type = "relu" },
+          { type = "linear", out = 16, name = "pre" }, { type = "relu", name = "shared" },
+          { type = "linear", out = 16 }, { type = "tanh" },
+          { type = "linear", out = 16, name = "branch" },
+          { type = "add", inputs = ["branch", "shared"] }, { type = "sigmoid" },
+          { type = "linear", out = 16, name = "skip" }, { type = "relu", name = "read_twice" },
+          { type = "linear", out = 16, name = "after" },
+          { type = "add", inputs = ["after", "read_twice"], name = "joined" },
+          { type = "linear", out = 16, name = "far" },
+          { type = "linear", out = 16, name = "near", inputs = ["joined"] },
+          { type = "relu", inputs = ["far"], name = "not_beside" },
+          { type = "add", inputs = ["near", "not_beside"] },
+          { type = "linear", out = 5 },
+        ]
+        [optimizer]
+        type = "sgd"
+        lr = 0.1
+        "#,
+    );
+    for mode in ["bf16", "fp16"] {
+        let kind = half_kind(if mode == "bf16" {
+            trainer::spec::PrecisionMode::Bf16
+        } else {
+            trainer::spec::PrecisionMode::Fp16
+        });
+        let run = |fused: bool| {
+            let net = network(&job, &shape(), n, 5)
+                .with_precision(&b, kind)
+                .unwrap();
+            let mut net = if fused {
+                net
+            } else {
+                net.without_rounding_fusion()
+            };
+            let mut stats = b.new_stats().unwrap();
+            b.fill(&mut net.grads, 0.0);
+            net.forward(&b, n, true, 1);
+            net.loss(&b, n, Some(1.0), &mut stats);
+            net.backward(&b, n, 1);
+            let loss = b.take_stats(&mut stats).loss_sum;
+            net.forward(&b, n, false, 0);
+            let fusions = net.fused_roundings();
+            (
+                net.grads.clone(),
+                loss,
+                net.output()[..n * 5].to_vec(),
+                fusions,
+            )
+        };
+        let (grads, loss, output, fusions) = run(true);
+        let (plain_grads, plain_loss, plain_output, _) = run(false);
+        assert!(grads.iter().any(|&g| g != 0.0));
+        assert!(grads == plain_grads, "{mode}: gradients differ");
+        assert_eq!(loss.to_bits(), plain_loss.to_bits(), "{mode}: loss");
+        assert!(output == plain_output, "{mode}: evaluation output differs");
+        // Forward: every activation beside its input's producer rounds that input, read by it
+        // alone (the sigmoid's is the add's output); "not_beside" does not. Backward: the first ReLU, the tanh and the sigmoid round the next
+        // linear's dx; "shared" and "read_twice", whose outputs an add reads too, do not.
+        assert_eq!(fusions, (5, 3), "{mode}: which layers fuse");
+    }
+}

@@ -194,6 +194,22 @@ pub trait Backend: Capture {
     /// `activation_forward` writing y over x (a layer whose input nothing else needs:
     /// `graph::BufferPlan::in_place`).
     fn activation_in_place(&self, f: Activation, buf: &mut Self::Buf, len: usize);
+    /// Mixed precision: rounds `buf` to `kind`, applies `f` in place and rounds the result
+    /// (ReLU's needs none): the rounding of the layer before, left to its only reader, in
+    /// one pass where the backend can (see graph::Network's rounding fusion).
+    fn activation_in_place_rounding(
+        &self,
+        kind: HalfKind,
+        f: Activation,
+        buf: &mut Self::Buf,
+        len: usize,
+    ) {
+        self.round_to_half(kind, buf, len);
+        self.activation_in_place(f, buf, len);
+        if f != Activation::Relu {
+            self.round_to_half(kind, buf, len);
+        }
+    }
     /// dx = dy · f'(x), given x and y = f(x). ReLU, tanh and sigmoid read y alone, so they
     /// may run in place (x is then y).
     #[allow(clippy::too_many_arguments)]
@@ -206,6 +222,26 @@ pub trait Backend: Capture {
         dx: &mut Self::Buf,
         len: usize,
     );
+    /// Mixed precision: `activation_backward` of dy rounded to `kind`, with dx rounded
+    /// (ReLU's needs none): the rounding of the layer after, left to its only reader, in one
+    /// pass where the backend can. dy may be left rounded or not; nothing else reads it.
+    #[allow(clippy::too_many_arguments)]
+    fn activation_backward_rounding(
+        &self,
+        kind: HalfKind,
+        f: Activation,
+        x: &Self::Buf,
+        y: &Self::Buf,
+        dy: &mut Self::Buf,
+        dx: &mut Self::Buf,
+        len: usize,
+    ) {
+        self.round_to_half(kind, dy, len);
+        self.activation_backward(f, x, y, dy, dx, len);
+        if f != Activation::Relu {
+            self.round_to_half(kind, dx, len);
+        }
+    }
 
     /// Keeps x[i] / (1 - p) where `rng::uniform(key, first + i) >= p`, else 0. The mask is
     /// never stored: the backward pass (and a recomputation) draws it again from the same key.

@@ -116,6 +116,8 @@ struct Functions {
     activation_forward: CudaFunction,
     activation_in_place: CudaFunction,
     activation_backward: CudaFunction,
+    activation_in_place_rounding: CudaFunction,
+    activation_backward_rounding: CudaFunction,
     dropout: CudaFunction,
     dropout_in_place: CudaFunction,
     cross_entropy: CudaFunction,
@@ -474,6 +476,8 @@ impl CudaBackend {
             activation_forward: load("activation_forward")?,
             activation_in_place: load("activation_in_place")?,
             activation_backward: load("activation_backward")?,
+            activation_in_place_rounding: load("activation_in_place_rounding")?,
+            activation_backward_rounding: load("activation_backward_rounding")?,
             dropout: load("dropout")?,
             dropout_in_place: load("dropout_in_place")?,
             cross_entropy: load("cross_entropy")?,
@@ -1630,6 +1634,52 @@ impl Backend for CudaBackend {
         );
     }
 
+    /// One pass (kernels/elementwise.cu) for the default's three.
+    fn activation_in_place_rounding(
+        &self,
+        kind: HalfKind,
+        f: Activation,
+        buf: &mut CudaSlice<f32>,
+        len: usize,
+    ) {
+        let (id, kind, n) = (activation_id(f), half_id(kind), len as u64);
+        let mut l = self
+            .stream
+            .launch_builder(&self.f.activation_in_place_rounding);
+        l.arg(&id).arg(&kind).arg(&mut *buf).arg(&n);
+        // SAFETY: reads and writes len elements.
+        self.launch("activation", unsafe { l.launch(grid(len)) }.map(|_| ()));
+    }
+
+    /// One pass for the default's three; dy is left as it was.
+    fn activation_backward_rounding(
+        &self,
+        kind: HalfKind,
+        f: Activation,
+        x: &CudaSlice<f32>,
+        y: &CudaSlice<f32>,
+        dy: &mut CudaSlice<f32>,
+        dx: &mut CudaSlice<f32>,
+        len: usize,
+    ) {
+        let (id, kind, n) = (activation_id(f), half_id(kind), len as u64);
+        let mut l = self
+            .stream
+            .launch_builder(&self.f.activation_backward_rounding);
+        l.arg(&id)
+            .arg(&kind)
+            .arg(x)
+            .arg(y)
+            .arg(&*dy)
+            .arg(&mut *dx)
+            .arg(&n);
+        // SAFETY: reads len elements of x, y and dy, writes len of dx.
+        self.launch(
+            "activation backward",
+            unsafe { l.launch(grid(len)) }.map(|_| ()),
+        );
+    }
+
     fn dropout_forward(
         &self,
         p: f32,
@@ -1929,11 +1979,7 @@ impl Backend for CudaBackend {
     }
 
     fn round_to_half(&self, kind: HalfKind, buf: &mut CudaSlice<f32>, len: usize) {
-        let n = len as u64;
-        let kind = match kind {
-            HalfKind::F16 => 0i32,
-            HalfKind::Bf16 => 1,
-        };
+        let (n, kind) = (len as u64, half_id(kind));
         let mut l = self.stream.launch_builder(&self.f.round_to_half);
         l.arg(&mut *buf).arg(&n).arg(&kind);
         // SAFETY: rounds the first len <= buf.len() elements in place.
@@ -1969,7 +2015,7 @@ impl Backend for CudaBackend {
             }
         };
         (image.valid, image.kind) = (len, kind);
-        let (n, kind) = (len as u64, i32::from(kind == HalfKind::Bf16));
+        let (n, kind) = (len as u64, half_id(kind));
         let mut l = self.stream.launch_builder(&self.f.half_copy);
         l.arg(src)
             .arg(&mut *dst)
@@ -2047,6 +2093,11 @@ impl Backend for CudaBackend {
     fn memory(&self) -> Option<(usize, usize)> {
         Some((self.allocated.get(), self.peak.get()))
     }
+}
+
+/// The kernels' half format: 0 f16, 1 bf16.
+fn half_id(kind: HalfKind) -> i32 {
+    i32::from(kind == HalfKind::Bf16)
 }
 
 fn activation_id(f: Activation) -> i32 {
