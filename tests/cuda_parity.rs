@@ -465,22 +465,19 @@ fn loss_curve(device: &str, extra: &[&str]) -> Vec<(u64, f64)> {
 /// for 100 steps on a device, logging every step.
 fn run_mlp_job(device: &str, extra: &[&str]) -> tempfile::TempDir {
     let runs = tempfile::tempdir().unwrap();
-    let mut args = vec![
-        "run",
-        "jobs/mlp.toml",
-        "--runs-dir",
-        runs.path().to_str().unwrap(),
-        "-q",
-    ];
+    let mut args = vec!["--runs-dir", runs.path().to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let dir = mlp_job(device, &args);
+    std::fs::rename(dir, runs.path().join("run")).unwrap();
+    runs
+}
+
+/// `trainer run jobs/mlp.toml` for 100 steps on a device, a row per step, with `extra`
+/// arguments; it must succeed. Returns the run directory it printed.
+fn mlp_job(device: &str, extra: &[&str]) -> std::path::PathBuf {
     let device_set = format!("device.type=\"{device}\"");
-    args.extend([
-        "--set",
-        &device_set,
-        "--set",
-        "train.max_steps=100",
-        "--set",
-        "train.log_every=1",
-    ]);
+    let mut args = vec!["run", "jobs/mlp.toml", "-q", "--set", &device_set];
+    args.extend(["--set", "train.max_steps=100", "--set", "train.log_every=1"]);
     args.extend_from_slice(extra);
     let out = std::process::Command::new(common::trainer_bin())
         .args(&args)
@@ -489,12 +486,10 @@ fn run_mlp_job(device: &str, extra: &[&str]) -> tempfile::TempDir {
         .unwrap();
     assert!(
         out.status.success(),
-        "{device}: {}",
+        "{device} {extra:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let dir = String::from_utf8(out.stdout).unwrap();
-    std::fs::rename(dir.trim(), runs.path().join("run")).unwrap();
-    runs
+    std::path::PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
 }
 
 fn train_rows(run: &std::path::Path) -> Vec<(u64, f64)> {
@@ -1061,30 +1056,12 @@ fn a_resumed_cuda_run_gives_the_uninterrupted_run_exactly() {
         let name = "step-00000060.safetensors";
         let checkpoint = dir.join("checkpoints").join(name);
         std::fs::copy(whole.join("checkpoints").join(name), &checkpoint).unwrap();
-        let mut resume = vec![
-            "run",
-            "jobs/mlp.toml",
-            "-q",
-            "--resume",
-            checkpoint.to_str().unwrap(),
-        ];
-        resume.extend([
-            "--set",
-            "device.type=\"cuda\"",
-            "--set",
-            "train.max_steps=100",
-        ]);
-        resume.extend(["--set", "train.log_every=1"]);
+        let mut resume = vec!["--resume", checkpoint.to_str().unwrap()];
         resume.extend_from_slice(&args);
-        let out = std::process::Command::new(common::trainer_bin())
-            .args(&resume)
-            .current_dir(common::root())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{extra:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
+        assert_eq!(
+            mlp_job("cuda", &resume),
+            dir,
+            "a resumed run continues in its directory"
         );
         assert_eq!(train_rows(&dir), train_rows(&whole), "{extra:?}");
         assert!(
