@@ -37,6 +37,22 @@ __device__ __forceinline__ float round_half(float x, int kind) {
     return kind == 0 ? f16_bits_to_f32(f32_to_f16_bits(x)) : bf16_bits_to_f32(f32_to_bf16_bits(x));
 }
 
+// How a buffer of activations stores its values (src/tensor/cuda `CudaBuf::storage`): 0 f32,
+// 1 f16, 2 bf16 (mixed precision's half-width buffers, 2 bytes a value). Kernels of the ops
+// that take half-width buffers read and write through these, computing in f32: a store to a
+// half buffer rounds to nearest even, as the rounding pass of an f32 buffer would. The
+// storage is the same for every thread, so the branch costs no divergence.
+__device__ __forceinline__ float load(const void* p, int s, u64 i) {
+    if (s == 0) return ((const float*)p)[i];
+    u16 h = ((const u16*)p)[i];
+    return s == 1 ? f16_bits_to_f32(h) : bf16_bits_to_f32(h);
+}
+
+__device__ __forceinline__ void store(void* p, int s, u64 i, float v) {
+    if (s == 0) ((float*)p)[i] = v;
+    else ((u16*)p)[i] = s == 1 ? f32_to_f16_bits(v) : f32_to_bf16_bits(v);
+}
+
 extern "C" __global__ void cast_f32_to_f16(const float* x, u16* y, u64 n) {
     GRID_STRIDE(i, n) y[i] = f32_to_f16_bits(x[i]);
 }
@@ -51,24 +67,6 @@ extern "C" __global__ void cast_f32_to_bf16(const float* x, u16* y, u64 n) {
 
 extern "C" __global__ void cast_bf16_to_f32(const u16* x, float* y, u64 n) {
     GRID_STRIDE(i, n) y[i] = bf16_bits_to_f32(x[i]);
-}
-
-// The half copy of the parameters, in both forms: dst = src rounded to f16 (kind 0) or bf16
-// (kind 1) as f32, and bits = the same values in the half format, for matrix products.
-extern "C" __global__ void half_copy(const float* src, float* dst, u16* bits, u64 n, int kind) {
-    if (kind == 0) {
-        GRID_STRIDE(i, n) {
-            u16 h = f32_to_f16_bits(src[i]);
-            bits[i] = h;
-            dst[i] = f16_bits_to_f32(h);
-        }
-    } else {
-        GRID_STRIDE(i, n) {
-            u16 h = f32_to_bf16_bits(src[i]);
-            bits[i] = h;
-            dst[i] = bf16_bits_to_f32(h);
-        }
-    }
 }
 
 // Mixed precision keeps half-precision tensors in f32 buffers: rounds x[0..n) in place to the

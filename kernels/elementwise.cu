@@ -1,8 +1,9 @@
 // Elementwise kernels: fills, copies, batch gathers, bias, activations, dropout.
 // Activation ids match src/tensor/cuda: 0 relu, 1 gelu (erf), 2 gelu (tanh), 3 tanh, 4 sigmoid.
+// A buffer of activations or their gradients comes with its storage (`load`, `store`).
 
-extern "C" __global__ void fill_f32(float* buf, u64 n, float value) {
-    GRID_STRIDE(i, n) buf[i] = value;
+extern "C" __global__ void fill_f32(void* buf, int s, u64 n, float value) {
+    GRID_STRIDE(i, n) store(buf, s, i, value);
 }
 
 extern "C" __global__ void scale_f32(float* buf, u64 n, float factor) {
@@ -10,16 +11,17 @@ extern "C" __global__ void scale_f32(float* buf, u64 n, float factor) {
 }
 
 // dst[r, :] = src[rows[r], :]
-extern "C" __global__ void gather_rows(const float* src, const u32* rows, u64 n_rows, u64 row_len, float* dst) {
+extern "C" __global__ void gather_rows(const float* src, const u32* rows, u64 n_rows, u64 row_len, void* dst, int ds) {
     GRID_STRIDE(i, n_rows * row_len) {
         u64 r = i / row_len, c = i % row_len;
-        dst[i] = src[(u64)rows[r] * row_len + c];
+        store(dst, ds, i, src[(u64)rows[r] * row_len + c]);
     }
 }
 
-// y[r, :] = b
-extern "C" __global__ void broadcast_rows(const float* b, u64 n, u64 width, float* y) {
-    GRID_STRIDE(i, n * width) y[i] = b[i % width];
+// y[r, :] = b, b = params + bias_at in the parameters' storage (mixed precision's half copy
+// is half-width).
+extern "C" __global__ void broadcast_rows(const void* params, int ps, u64 bias_at, u64 n, u64 width, void* y, int ys) {
+    GRID_STRIDE(i, n * width) store(y, ys, i, load(params, ps, bias_at + i % width));
 }
 
 // db[j] += sum over rows of dy[r, j]. A block of BIAS_TILE x BIAS_TILE threads owns BIAS_TILE
@@ -28,12 +30,12 @@ extern "C" __global__ void broadcast_rows(const float* b, u64 n, u64 width, floa
 // One thread per column, summing all rows alone, left most of the GPU idle: 450 us for a
 // 4096 x 4096 gradient on an H100.
 #define BIAS_TILE 32
-extern "C" __global__ void bias_grad(const float* dy, u64 n, u64 width, float* db) {
+extern "C" __global__ void bias_grad(const void* dy, int dys, u64 n, u64 width, float* db) {
     __shared__ float partial[BIAS_TILE][BIAS_TILE + 1];
     u64 j = (u64)blockIdx.x * BIAS_TILE + threadIdx.x;
     float sum = 0.0f;
     if (j < width) {
-        for (u64 r = threadIdx.y; r < n; r += BIAS_TILE) sum += dy[r * width + j];
+        for (u64 r = threadIdx.y; r < n; r += BIAS_TILE) sum += load(dy, dys, r * width + j);
     }
     partial[threadIdx.y][threadIdx.x] = sum;
     __syncthreads();
@@ -74,37 +76,43 @@ __device__ __forceinline__ float act_derivative(int f, float x, float y) {
     }
 }
 
-extern "C" __global__ void activation_forward(int f, const float* x, float* y, u64 n) {
-    GRID_STRIDE(i, n) y[i] = act(f, x[i]);
+extern "C" __global__ void activation_forward(int f, const void* x, int xs, void* y, int ys, u64 n) {
+    GRID_STRIDE(i, n) store(y, ys, i, act(f, load(x, xs, i)));
 }
 
-extern "C" __global__ void activation_in_place(int f, float* y, u64 n) {
-    GRID_STRIDE(i, n) y[i] = act(f, y[i]);
+extern "C" __global__ void activation_in_place(int f, void* y, int ys, u64 n) {
+    GRID_STRIDE(i, n) store(y, ys, i, act(f, load(y, ys, i)));
 }
 
-extern "C" __global__ void activation_backward(int f, const float* x, const float* y, const float* dy, float* dx, u64 n) {
-    GRID_STRIDE(i, n) dx[i] = dy[i] * act_derivative(f, x[i], y[i]);
+extern "C" __global__ void activation_backward(int f, const void* x, int xs, const void* y, int ys, const void* dy,
+                                               int dys, void* dx, int dxs, u64 n) {
+    GRID_STRIDE(i, n) store(dx, dxs, i, load(dy, dys, i) * act_derivative(f, load(x, xs, i), load(y, ys, i)));
 }
 
 // Mixed precision: the rounding of a neighbour fused into an in-place activation (see
 // graph::Network's `Fusion`): y = round(f(round(x))); dx = round(round(dy) * f'(x, y)). ReLU's
-// outer rounding changes nothing (its results are half values already).
-extern "C" __global__ void activation_in_place_rounding(int f, int kind, float* y, u64 n) {
-    GRID_STRIDE(i, n) y[i] = round_half(act(f, round_half(y[i], kind)), kind);
+// outer rounding changes nothing (its results are half values already). In a half-width
+// buffer the roundings are the stores' own.
+extern "C" __global__ void activation_in_place_rounding(int f, int kind, void* y, int ys, u64 n) {
+    GRID_STRIDE(i, n) store(y, ys, i, round_half(act(f, round_half(load(y, ys, i), kind)), kind));
 }
 
-extern "C" __global__ void activation_backward_rounding(int f, int kind, const float* x, const float* y, const float* dy, float* dx, u64 n) {
-    GRID_STRIDE(i, n) dx[i] = round_half(round_half(dy[i], kind) * act_derivative(f, x[i], y[i]), kind);
+extern "C" __global__ void activation_backward_rounding(int f, int kind, const void* x, int xs, const void* y, int ys,
+                                                        const void* dy, int dys, void* dx, int dxs, u64 n) {
+    GRID_STRIDE(i, n) {
+        float d = round_half(load(dy, dys, i), kind) * act_derivative(f, load(x, xs, i), load(y, ys, i));
+        store(dx, dxs, i, round_half(d, kind));
+    }
 }
 
 // Also the backward pass: the same key redraws the same mask. `first` is the stream position
 // of x[0] (a replica's share of a larger batch).
-extern "C" __global__ void dropout(float p, u64 key, u64 first, const float* x, float* y, u64 n) {
+extern "C" __global__ void dropout(float p, u64 key, u64 first, const void* x, int xs, void* y, int ys, u64 n) {
     float keep_scale = 1.0f / (1.0f - p);
-    GRID_STRIDE(i, n) y[i] = rng_uniform(key, first + i) >= p ? x[i] * keep_scale : 0.0f;
+    GRID_STRIDE(i, n) store(y, ys, i, rng_uniform(key, first + i) >= p ? load(x, xs, i) * keep_scale : 0.0f);
 }
 
-extern "C" __global__ void dropout_in_place(float p, u64 key, u64 first, float* y, u64 n) {
+extern "C" __global__ void dropout_in_place(float p, u64 key, u64 first, void* y, int ys, u64 n) {
     float keep_scale = 1.0f / (1.0f - p);
-    GRID_STRIDE(i, n) y[i] = rng_uniform(key, first + i) >= p ? y[i] * keep_scale : 0.0f;
+    GRID_STRIDE(i, n) store(y, ys, i, rng_uniform(key, first + i) >= p ? load(y, ys, i) * keep_scale : 0.0f);
 }

@@ -1,19 +1,20 @@
 // Ops of non-sequential graphs and output layers: sums (residual connections and gradient
 // accumulation), row copies (concat), and softmax / log_softmax over rows.
 
-// dst[i] += src[i].
-extern "C" __global__ void add_assign(const float* src, float* dst, u64 n) {
-    GRID_STRIDE(i, n) dst[i] += src[i];
+// dst[i] += src[i]; each buffer in its storage (`load`, `store`).
+extern "C" __global__ void add_assign(const void* src, int ss, void* dst, int ds, u64 n) {
+    GRID_STRIDE(i, n) store(dst, ds, i, load(dst, ds, i) + load(src, ss, i));
 }
 
 // Row r of `width` values: dst[r * dst_stride + dst_offset + j] (+)= src[r * src_stride + src_offset + j].
-extern "C" __global__ void copy_rows(const float* src, u64 src_stride, u64 src_offset, float* dst, u64 dst_stride,
-                                     u64 dst_offset, u64 width, u64 rows, int add) {
+// Also a copy between storages (one row).
+extern "C" __global__ void copy_rows(const void* src, int ss, u64 src_stride, u64 src_offset, void* dst, int ds,
+                                     u64 dst_stride, u64 dst_offset, u64 width, u64 rows, int add) {
     GRID_STRIDE(i, rows * width) {
         u64 r = i / width, j = i % width;
-        float v = src[r * src_stride + src_offset + j];
-        float* d = dst + r * dst_stride + dst_offset + j;
-        *d = add ? *d + v : v;
+        float v = load(src, ss, r * src_stride + src_offset + j);
+        u64 d = r * dst_stride + dst_offset + j;
+        store(dst, ds, d, add ? load(dst, ds, d) + v : v);
     }
 }
 

@@ -2,22 +2,23 @@
 // correct fraction to row_stats[n + r]; reduce_stats then adds their sums (in a fixed order, so
 // runs are bit-reproducible) to stats = [loss sum, correct, samples]. With write_grad = 0
 // (evaluation) `dout` is not touched. The gradient is d(mean loss)/d(out) * grad_scale, as in
-// src/tensor/cpu.rs.
+// src/tensor/cpu.rs. The model's output and its gradient come with their storage (`load`,
+// `store`).
 
 // One warp per row of logits; 8 rows per block of 256 threads.
-extern "C" __global__ void cross_entropy(const float* logits, const float* labels, u64 n, u64 classes,
-                                         float smoothing, float grad_scale, int write_grad, float* dout,
+extern "C" __global__ void cross_entropy(const void* logits, int ls, const float* labels, u64 n, u64 classes,
+                                         float smoothing, float grad_scale, int write_grad, void* dout, int ds,
                                          double* row_stats) {
     int lane = threadIdx.x & 31;
     u64 row = (u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row < n) {
-        const float* x = logits + row * classes;
+        u64 x = row * classes;  // the row's first logit
         u64 label = (u64)labels[row];
         // max and argmax (lowest index among equal maxima, as torch.argmax)
         float best = __int_as_float(0xff800000); // -inf
         u64 arg = 0;
         for (u64 j = lane; j < classes; j += 32)
-            if (x[j] > best) { best = x[j]; arg = j; }
+            if (load(logits, ls, x + j) > best) { best = load(logits, ls, x + j); arg = j; }
         for (int o = 16; o > 0; o >>= 1) {
             float other = __shfl_xor_sync(0xffffffffu, best, o);
             u64 other_arg = __shfl_xor_sync(0xffffffffu, arg, o);
@@ -25,15 +26,16 @@ extern "C" __global__ void cross_entropy(const float* logits, const float* label
         }
         double sum_exp = 0.0, sum_x = 0.0;
         for (u64 j = lane; j < classes; j += 32) {
-            sum_exp += exp((double)x[j] - (double)best);
-            sum_x += (double)x[j];
+            double v = (double)load(logits, ls, x + j);
+            sum_exp += exp(v - (double)best);
+            sum_x += v;
         }
         for (int o = 16; o > 0; o >>= 1) {
             sum_exp += __shfl_xor_sync(0xffffffffu, sum_exp, o);
             sum_x += __shfl_xor_sync(0xffffffffu, sum_x, o);
         }
         double lse = (double)best + log(sum_exp);
-        double nll = lse - (double)x[label];
+        double nll = lse - (double)load(logits, ls, x + label);
         double row_loss = smoothing > 0.0f
             ? (1.0 - smoothing) * nll + smoothing * (lse - sum_x / (double)classes)
             : nll;
@@ -41,9 +43,9 @@ extern "C" __global__ void cross_entropy(const float* logits, const float* label
             double g = (double)grad_scale / (double)n;
             double uniform = (double)smoothing / (double)classes;
             for (u64 j = lane; j < classes; j += 32) {
-                double p = exp((double)x[j] - lse);
+                double p = exp((double)load(logits, ls, x + j) - lse);
                 double target = uniform + (j == label ? 1.0 - smoothing : 0.0);
-                dout[row * classes + j] = (float)((p - target) * g);
+                store(dout, ds, x + j, (float)((p - target) * g));
             }
         }
         if (lane == 0) {
@@ -54,8 +56,8 @@ extern "C" __global__ void cross_entropy(const float* logits, const float* label
 }
 
 // kind 0: mse, 1: bce_with_logits. One thread per sample, looping over its `dim` outputs.
-extern "C" __global__ void elementwise_loss(int kind, const float* out, const float* targets, u64 n, u64 dim,
-                                            float grad_scale, int write_grad, float* dout, double* row_stats) {
+extern "C" __global__ void elementwise_loss(int kind, const void* out, int os, const float* targets, u64 n, u64 dim,
+                                            float grad_scale, int write_grad, void* dout, int ds, double* row_stats) {
     u64 s = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (s < n) {
         // The CPU backend's operations in its order: the difference in f32, then f64.
@@ -63,9 +65,10 @@ extern "C" __global__ void elementwise_loss(int kind, const float* out, const fl
         double sum = 0.0, matched = 0.0;
         for (u64 j = 0; j < dim; j++) {
             u64 i = s * dim + j;
-            double x = out[i], t = targets[i], grad;
+            float o = load(out, os, i);
+            double x = o, t = targets[i], grad;
             if (kind == 0) {
-                double d = (double)(out[i] - targets[i]);
+                double d = (double)(o - targets[i]);
                 sum += d * d;
                 grad = 2.0 * d * g / (double)dim;
             } else {
@@ -73,7 +76,7 @@ extern "C" __global__ void elementwise_loss(int kind, const float* out, const fl
                 matched += ((x > 0.0) == (t >= 0.5)) ? 1.0 : 0.0;
                 grad = (1.0 / (1.0 + exp(-x)) - t) * g / (double)dim;
             }
-            if (write_grad) dout[i] = (float)grad;
+            if (write_grad) store(dout, ds, i, (float)grad);
         }
         row_stats[s] = sum / (double)dim;
         row_stats[n + s] = matched / (double)dim;

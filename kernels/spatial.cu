@@ -43,11 +43,13 @@ extern "C" __global__ void col2im(const float* col, ConvGeom g, float* dx) {
     }
 }
 
-// y[s, o, p] = src[o, s*P + p] (+ bias[o]): from the GEMM's layout to NCHW.
-extern "C" __global__ void cn_to_nchw(const float* src, const float* bias, int has_bias, u64 n, u64 o, u64 plane, float* y) {
+// y[s, o, p] = src[o, s*P + p] (+ bias[o], bias = params + bias_at in the parameters' storage,
+// `load`): from the GEMM's layout to NCHW.
+extern "C" __global__ void cn_to_nchw(const float* src, const void* params, int ps, u64 bias_at, int has_bias, u64 n,
+                                      u64 o, u64 plane, float* y) {
     GRID_STRIDE(idx, n * o * plane) {
         u64 p = idx % plane, oc = (idx / plane) % o, s = idx / (plane * o);
-        y[idx] = src[oc * n * plane + s * plane + p] + (has_bias ? bias[oc] : 0.0f);
+        y[idx] = src[oc * n * plane + s * plane + p] + (has_bias ? load(params, ps, bias_at + oc) : 0.0f);
     }
 }
 

@@ -4,7 +4,7 @@ use crate::checkpoint::weights::{self, Weights};
 use crate::checkpoint::{self, ResumePoint};
 use crate::data::{self, Data};
 use crate::error::{Error, Result};
-use crate::graph::{DataShape, GradBuckets, Graph, MemoryPlan};
+use crate::graph::{ActivationStorage, DataShape, GradBuckets, Graph, MemoryPlan};
 use crate::optim;
 use crate::parallel::{BatchLayout, CpuAllReduce, Rendezvous};
 use crate::run::{MetricsWriter, RunDir};
@@ -15,7 +15,7 @@ use crate::spec::{
 };
 use crate::tensor::cpu::CpuBackend;
 use crate::tensor::cuda::{self, CudaBackend};
-use crate::tensor::{spatial, Backend};
+use crate::tensor::{spatial, Backend, Conv2d};
 use crate::train::{
     self, CpuReplicas, DataParallel, OneDeviceCollective, ProcessReplicas, Session,
 };
@@ -720,13 +720,13 @@ fn memory_plan(
     let (batch, threads) = (BatchLayout::of(spec).per_replica(), replica_threads(spec));
     let (data_bytes, workspace) = if on_gpu {
         let conv = graph.conv_workspace(|s| cuda::conv_workspace_len(s, batch));
-        // Mixed precision: both inputs of a matrix product converted to half (2 bytes each),
-        // and the weights' half image (2 bytes a parameter).
+        // Mixed precision: the inputs of a matrix product that are f32 converted to half (2
+        // bytes each, two scratch buffers).
         let half_inputs = match spec.precision.mode {
             PrecisionMode::Fp32 => 0,
             _ => {
-                2 * 2 * graph.largest_matmul_input(batch, |s| cuda::conv_workspace_len(s, batch))
-                    + 2 * graph.param_count
+                let cols = |s: &Conv2d| cuda::conv_workspace_len(s, batch);
+                2 * 2 * graph.largest_converted_matmul_input(batch, cols)
             }
         };
         (
@@ -739,15 +739,22 @@ fn memory_plan(
             4 * graph.conv_workspace(|s| spatial::conv_workspace_len(s, threads, batch)),
         )
     };
+    let mixed = spec.precision.mode != PrecisionMode::Fp32;
     let mut plan = MemoryPlan::new(
         graph,
         batch,
         optim::state_buffers(spec),
         data_bytes,
         workspace,
+        match (mixed, on_gpu) {
+            (false, _) => ActivationStorage::F32,
+            (true, false) => ActivationStorage::HalfValues,
+            (true, true) => ActivationStorage::HalfWidth,
+        },
     );
-    if spec.precision.mode != PrecisionMode::Fp32 {
-        plan.half_params = plan.params;
+    // The half copy of the parameters: half-width on a GPU.
+    if mixed {
+        plan.half_params = if on_gpu { plan.params / 2 } else { plan.params };
     }
     let resident = match (spec.device.data, gpu_memory) {
         (_, None) | (DataPlacement::Resident, _) => true,

@@ -9,7 +9,7 @@ mod common;
 use common::{network, spec};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use trainer::graph::{DataShape, Graph, MemoryPlan, Network};
+use trainer::graph::{ActivationStorage, DataShape, Graph, MemoryPlan, Network};
 use trainer::spec::JobSpec;
 use trainer::tensor::cpu::CpuBackend;
 use trainer::tensor::Backend;
@@ -145,7 +145,7 @@ fn measured(activations: &str, batch: usize) -> (usize, (usize, usize)) {
     let (spec, data) = mlp8(activations);
     let graph = Graph::build(&spec, &data).unwrap();
     let params = graph.init_params(1);
-    let plan = MemoryPlan::new(&graph, batch, 2, 0, 0);
+    let plan = MemoryPlan::new(&graph, batch, 2, 0, 0, ActivationStorage::F32);
     let backend = CpuBackend::new(1);
     COUNTING.with(|c| c.set(true));
     ALLOCATED.with(|a| a.set(0));

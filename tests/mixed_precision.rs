@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{network, spec, stderr, trainer};
+use common::{network_in, spec, stderr, trainer};
 use std::path::{Path, PathBuf};
 use trainer::graph::DataShape;
 use trainer::optim::Optimizer;
@@ -72,10 +72,7 @@ fn a_step_with_an_inf_gradient_is_skipped_leaving_parameters_and_optimizer_state
     let b = CpuBackend::new(1);
     let spec = spec(SMALL_NET);
     let n = 16;
-    let net = network(&spec, &shape(), n, 3);
-    let mut net = net
-        .with_precision(&b, half_kind(spec.precision.mode))
-        .unwrap();
+    let mut net = network_in(&spec, &shape(), n, 3, half_kind(spec.precision.mode));
     let mut optimizer = Optimizer::new(&b, &spec, net.graph.param_count).unwrap();
     let x = common::random_vec(n * 6, 4);
     let y: Vec<f32> = (0..n).map(|i| (i % 5) as f32).collect();
@@ -147,9 +144,7 @@ fn activations_and_their_gradients_hold_half_values_and_the_gradients_stay_close
     for mode in ["fp32", "bf16", "fp16"] {
         let spec = spec(&SMALL_NET.replace("mode = \"fp16\"", &format!("mode = \"{mode}\"")));
         let half = half_kind(spec.precision.mode);
-        let mut net = network(&spec, &shape(), n, 3)
-            .with_precision(&b, half)
-            .unwrap();
+        let mut net = network_in(&spec, &shape(), n, 3, half);
         let mut stats = b.new_stats().unwrap();
         b.fill(&mut net.grads, 0.0);
         net.forward(&b, n, true, 1);
@@ -527,9 +522,7 @@ fn activations_that_round_their_neighbours_give_the_same_bits_and_only_where_the
             trainer::spec::PrecisionMode::Fp16
         });
         let run = |fused: bool| {
-            let net = network(&job, &shape(), n, 5)
-                .with_precision(&b, kind)
-                .unwrap();
+            let net = network_in(&job, &shape(), n, 5, kind);
             let mut net = if fused {
                 net
             } else {

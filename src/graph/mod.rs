@@ -9,7 +9,7 @@ mod network;
 pub mod wiring;
 
 pub use buckets::{GradBuckets, DEFAULT_BUCKET_MB};
-pub use buffers::BufferPlan;
+pub use buffers::{BufferPlan, HalfWidth};
 pub use network::{GradientSync, Network};
 
 use crate::error::{Error, Result};
@@ -299,8 +299,23 @@ impl Graph {
     }
 
     /// Where the activations live, with this graph's activation checkpointing.
+    /// Whether mixed precision rounds the data to the half format: not token ids (whole
+    /// numbers, which fp16 would move above 2048).
+    pub fn rounds_input(&self) -> bool {
+        self.embeddings().is_empty()
+    }
+
     pub fn buffer_plan(&self) -> BufferPlan {
-        BufferPlan::new(&self.input_shape, &self.layers, self.checkpoint_segments)
+        self.buffer_plan_for(false)
+    }
+
+    /// The buffer plan in fp32, or in mixed precision (`BufferPlan::mixed`).
+    pub fn buffer_plan_for(&self, mixed: bool) -> BufferPlan {
+        let (shape, segments) = (&self.input_shape, self.checkpoint_segments);
+        match mixed {
+            true => BufferPlan::mixed(shape, &self.layers, segments, self.rounds_input()),
+            false => BufferPlan::new(shape, &self.layers, segments),
+        }
     }
 
     /// The largest conv2d scratch, given a backend's rule for one layer (values, not bytes).
@@ -312,26 +327,43 @@ impl Graph {
         self.layers.iter().filter_map(conv).max().unwrap_or(0)
     }
 
-    /// The most values any matrix product of a batch of `batch` reads as one input: linear
-    /// layers' x, dy and W; conv layers' unfolded input (`conv_cols`, a backend's rule), dy
-    /// and W. A GPU in mixed precision converts each product's two inputs to half scratch of
-    /// this size.
-    pub fn largest_matmul_input(
+    /// Mixed precision on a GPU: elements of the largest matrix-product input that is
+    /// converted to the half format, given the conv rule for one layer's unrolled columns
+    /// (which are f32 scratch). Activations and gradients in half-width buffers
+    /// (`BufferPlan::mixed`) are read as they are, and so are weights (their half copy is
+    /// half-width too).
+    pub fn largest_converted_matmul_input(
         &self,
         batch: usize,
         conv_cols: impl Fn(&Conv2d) -> usize,
     ) -> usize {
-        let largest = |l: &Layer| match &l.op {
-            &Op::Linear { inp, out, .. } => (batch * inp).max(batch * out).max(inp * out),
-            Op::Conv2d { geom, .. } => {
-                let weights = geom.o * geom.c / geom.groups * geom.kh * geom.kw;
-                conv_cols(geom)
-                    .max(batch * numel(&l.out_shape))
-                    .max(weights)
+        let plan = self.buffer_plan_for(true);
+        let Some(half) = &plan.half_width else {
+            return 0;
+        };
+        let largest = |(i, l): (usize, &Layer)| match &l.op {
+            &Op::Linear { inp, out, .. } => {
+                let x = if half.slots[plan.slot[l.inputs[0]]] {
+                    0
+                } else {
+                    batch * inp
+                };
+                let dy = if half.grad_slots[plan.grad_slot[i + 1]] {
+                    0
+                } else {
+                    batch * out
+                };
+                x.max(dy)
             }
+            Op::Conv2d { geom, .. } => conv_cols(geom).max(batch * numel(&l.out_shape)),
             _ => 0,
         };
-        self.layers.iter().map(largest).max().unwrap_or(0)
+        self.layers
+            .iter()
+            .enumerate()
+            .map(largest)
+            .max()
+            .unwrap_or(0)
     }
 
     /// PyTorch state_dict names of every parameter tensor: the layer's prefix (its `name`,
@@ -614,6 +646,17 @@ impl StateDictEntry {
     }
 }
 
+/// How a backend stores activations and their gradients: what `MemoryPlan` counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActivationStorage {
+    F32,
+    /// Mixed precision's half values in f32 buffers (the CPU backend).
+    HalfValues,
+    /// Mixed precision in half-width buffers where every op touching them can take them
+    /// (`BufferPlan::mixed`; CUDA, through `Backend::alloc_half`).
+    HalfWidth,
+}
+
 /// Bytes the run needs, by kind, for `trainer check` and the run log.
 #[derive(Debug, Clone, Default)]
 pub struct MemoryPlan {
@@ -639,24 +682,40 @@ pub struct MemoryPlan {
 
 impl MemoryPlan {
     /// `device_data` is the data set when a GPU holds it (0 on the CPU, where it is ordinary
-    /// host memory); `workspace` the scratch bytes of the backend (see `conv_workspace`).
+    /// host memory); `workspace` the scratch bytes of the backend (see `conv_workspace`);
+    /// `storage`: how the backend stores activations.
     pub fn new(
         graph: &Graph,
         batch_size: usize,
         optimizer_buffers: usize,
         device_data: usize,
         workspace: usize,
+        storage: ActivationStorage,
     ) -> Self {
         let f = std::mem::size_of::<f32>();
-        let plan = graph.buffer_plan();
-        let plain = BufferPlan::new(&graph.input_shape, &graph.layers, None);
+        let mixed = storage != ActivationStorage::F32;
+        let plan = graph.buffer_plan_for(mixed);
+        let plain = match mixed {
+            true => BufferPlan::mixed(
+                &graph.input_shape,
+                &graph.layers,
+                None,
+                graph.rounds_input(),
+            ),
+            false => BufferPlan::new(&graph.input_shape, &graph.layers, None),
+        };
+        let bytes = |plan: &BufferPlan| {
+            let half_width = plan.half_width.as_ref();
+            plan.bytes_per_sample(half_width.filter(|_| storage == ActivationStorage::HalfWidth))
+        };
+        let (input, activations, activation_grads) = bytes(&plan);
         MemoryPlan {
             params: graph.param_count * f,
             grads: graph.param_count * f,
             optimizer_state: graph.param_count * f * optimizer_buffers,
-            activations: batch_size * plan.activation_values() * f,
-            activation_grads: batch_size * plan.gradient_values() * f,
-            batch: batch_size * (numel(&graph.input_shape) + graph.objective.target_dim) * f,
+            activations: batch_size * activations,
+            activation_grads: batch_size * activation_grads,
+            batch: batch_size * (input + graph.objective.target_dim * f),
             data: device_data,
             workspace,
             layer_state: graph
@@ -664,7 +723,7 @@ impl MemoryPlan {
                 .iter()
                 .map(|l| network::aux_len(&l.op, &l.out_shape, batch_size) * f)
                 .sum(),
-            activations_without_checkpointing: batch_size * plain.activation_values() * f,
+            activations_without_checkpointing: batch_size * bytes(&plain).1,
             recomputed_layers: plan.recomputed_layers(),
             half_params: 0,
         }

@@ -198,6 +198,7 @@ fn two_mut<T>(v: &mut [T], a: usize, b: usize) -> (&mut T, &mut T) {
 }
 
 impl<B: Backend> Network<B> {
+    /// The network in fp32.
     pub fn new(
         backend: &B,
         graph: Graph,
@@ -205,17 +206,34 @@ impl<B: Backend> Network<B> {
         max_batch: usize,
         seed: u64,
     ) -> Result<Self> {
-        let plan = graph.buffer_plan();
-        let graph_has_no_embedding = graph.embeddings().is_empty();
-        let sizes: Vec<usize> = plan.sizes.iter().map(|&n| max_batch * n).collect();
-        let acts = sizes
-            .iter()
-            .map(|&n| backend.alloc(n))
+        Self::with_precision(backend, graph, params, max_batch, seed, None)
+    }
+
+    /// The network in fp32 (`half` None) or in mixed precision with activations in `half`
+    /// (see the module's comment). The buffers that every op touching them can take in the
+    /// half format are allocated with `Backend::alloc_half` (`BufferPlan::half_width`).
+    pub fn with_precision(
+        backend: &B,
+        graph: Graph,
+        params: &[f32],
+        max_batch: usize,
+        seed: u64,
+        half: Option<HalfKind>,
+    ) -> Result<Self> {
+        let plan = graph.buffer_plan_for(half.is_some());
+        let round_input = graph.rounds_input();
+        // A buffer of `len` values, in the half format where the plan allows it.
+        let width = plan.half_width.clone();
+        let width = width.as_ref();
+        let alloc = |len: usize, is_half: Option<bool>| match (half, is_half) {
+            (Some(kind), Some(true)) => backend.alloc_half(kind, len),
+            _ => backend.alloc(len),
+        };
+        let acts = (plan.sizes.iter().enumerate())
+            .map(|(s, &n)| alloc(max_batch * n, width.map(|w| w.slots[s])))
             .collect::<Result<Vec<_>>>()?;
-        let dacts = plan
-            .grad_sizes
-            .iter()
-            .map(|&n| backend.alloc(max_batch * n))
+        let dacts = (plan.grad_sizes.iter().enumerate())
+            .map(|(g, &n)| alloc(max_batch * n, width.map(|w| w.grad_slots[g])))
             .collect::<Result<Vec<_>>>()?;
         let workspace_len = graph
             .layers
@@ -247,7 +265,12 @@ impl<B: Backend> Network<B> {
         let mut param_buf = backend.alloc(graph.param_count)?;
         backend.upload(params, &mut param_buf);
         let fused = fusions(&graph, &plan);
-        Ok(Network {
+        // Only ever holds half values: a backend may store it in the half format.
+        let half_params = match half {
+            Some(kind) => Some(backend.alloc_half(kind, graph.param_count)?),
+            None => None,
+        };
+        let mut network = Network {
             fused,
             grads: backend.alloc(graph.param_count)?,
             params: param_buf,
@@ -256,30 +279,20 @@ impl<B: Backend> Network<B> {
             plan,
             targets: backend.alloc(max_batch * graph.objective.target_dim)?,
             workspace: backend.alloc(workspace_len)?,
-            dscratch: backend.alloc(scratch_len)?,
+            dscratch: alloc(scratch_len, width.map(|w| w.scratch))?,
             aux,
             max_batch,
             dropout_seed: derive(seed, 77),
             sample_offset: 0,
             graph,
-            half: None,
-            half_params: None,
-            round_input: graph_has_no_embedding,
+            half,
+            half_params,
+            round_input,
             graphs: Recorder::off(),
             buckets: None,
-        })
-    }
-
-    /// Switches the network to mixed precision in `half` (see the module's comment); `None`
-    /// keeps fp32.
-    pub fn with_precision(mut self, backend: &B, half: Option<HalfKind>) -> Result<Self> {
-        self.half = half;
-        self.half_params = match half {
-            Some(_) => Some(backend.alloc(self.graph.param_count)?),
-            None => None,
         };
-        self.refresh_half_params(backend);
-        Ok(self)
+        network.refresh_half_params(backend);
+        Ok(network)
     }
 
     /// The layers whose rounding an in-place activation does in its own pass, forward and
@@ -300,7 +313,9 @@ impl<B: Backend> Network<B> {
     /// change of `params` (an optimizer step, a restore).
     pub fn refresh_half_params(&mut self, backend: &B) {
         if let (Some(kind), Some(half)) = (self.half, self.half_params.as_mut()) {
-            backend.refresh_half_copy(kind, &self.params, half, self.graph.param_count);
+            // Into a half-width buffer the copy itself rounds; round_to_half is then nothing.
+            backend.copy(&self.params, half, self.graph.param_count);
+            backend.round_to_half(kind, half, self.graph.param_count);
         }
     }
 
@@ -505,12 +520,15 @@ impl<B: Backend> Network<B> {
                     let (key, first) = (self.dropout_key(i, step_key), self.dropout_first(i));
                     backend.dropout_in_place(p, key, first, &mut self.acts[dst], len)
                 }
-                Op::Add => {
-                    for &node in &layer.inputs[1..] {
-                        let (x, y) = read_write(&mut self.acts, self.plan.slot[node], dst);
-                        backend.add_assign(x, y, len);
-                    }
-                }
+                Op::Add => Self::add_other_inputs(
+                    backend,
+                    self.half,
+                    &mut self.acts,
+                    &self.plan,
+                    &layer.inputs,
+                    dst,
+                    len,
+                ),
                 _ => {} // dropout in evaluation: the identity
             },
             Op::View => {}
@@ -580,10 +598,15 @@ impl<B: Backend> Network<B> {
             Op::Add => {
                 let (x, y) = read_write(&mut self.acts, src, dst);
                 backend.copy(x, y, len);
-                for &node in &layer.inputs[1..] {
-                    let (x, y) = read_write(&mut self.acts, self.plan.slot[node], dst);
-                    backend.add_assign(x, y, len);
-                }
+                Self::add_other_inputs(
+                    backend,
+                    self.half,
+                    &mut self.acts,
+                    &self.plan,
+                    &layer.inputs,
+                    dst,
+                    len,
+                );
             }
             Op::Concat { widths } => {
                 let total: usize = widths.iter().sum();
@@ -607,6 +630,29 @@ impl<B: Backend> Network<B> {
         let next_rounds = self.fused.get(i + 1).is_some_and(|f| f.input);
         if !forward_keeps_half(&layer.op) && !self.fused[i].input && !next_rounds {
             Self::round(backend, self.half, &mut self.acts[dst], len);
+        }
+    }
+
+    /// Adds an add layer's inputs after the first into `dst`, which holds the first. In
+    /// mixed precision each sum is rounded, as PyTorch rounds a + b + c in bf16 twice (and as
+    /// a buffer that stores half values rounds every write); the last by the layer's rounding.
+    #[allow(clippy::too_many_arguments)]
+    fn add_other_inputs(
+        backend: &B,
+        half: Option<HalfKind>,
+        acts: &mut [B::Buf],
+        plan: &BufferPlan,
+        inputs: &[usize],
+        dst: usize,
+        len: usize,
+    ) {
+        let others = &inputs[1..];
+        for (k, &node) in others.iter().enumerate() {
+            let (x, y) = read_write(acts, plan.slot[node], dst);
+            backend.add_assign(x, y, len);
+            if k + 1 < others.len() {
+                Self::round(backend, half, y, len);
+            }
         }
     }
 

@@ -137,6 +137,13 @@ pub trait Backend: Capture {
     fn describe(&self) -> String;
     /// A zero-filled buffer.
     fn alloc(&self, len: usize) -> Result<Self::Buf>;
+    /// A zero-filled buffer for `len` values that are always `kind` values (mixed
+    /// precision's activations): a backend may store them in that format, 2 bytes each, so
+    /// that every write rounds (CUDA does). The CPU stores f32, which the network rounds
+    /// itself, so both give the same numbers.
+    fn alloc_half(&self, _kind: HalfKind, len: usize) -> Result<Self::Buf> {
+        self.alloc(len)
+    }
     /// A buffer holding `data` (the CPU backend keeps the vector itself: no copy).
     fn upload_vec(&self, data: Vec<f32>) -> Result<Self::Buf>;
     fn upload(&self, src: &[f32], dst: &mut Self::Buf);
@@ -370,14 +377,8 @@ pub trait Backend: Capture {
     fn scale(&self, buf: &mut Self::Buf, factor: f32);
     /// Rounds the first `len` values to the nearest `kind` value (ties to even), keeping them
     /// as f32: mixed precision's half-precision tensors, in f32 buffers (see graph::Network).
+    /// Nothing to do in a buffer that stores `kind` (`alloc_half`).
     fn round_to_half(&self, kind: HalfKind, buf: &mut Self::Buf, len: usize);
-    /// Mixed precision's half copy of the parameters: `dst[..len]` = `src[..len]` rounded to
-    /// `kind`. A backend may keep that copy in the half format too, for its matrix products
-    /// to read without converting it (CUDA does); `dst` is only ever written here.
-    fn refresh_half_copy(&self, kind: HalfKind, src: &Self::Buf, dst: &mut Self::Buf, len: usize) {
-        self.copy(src, dst, len);
-        self.round_to_half(kind, dst, len);
-    }
     /// One SGD update; `args` holds `SgdStep::args` (uploaded by the caller).
     fn sgd_step(
         &self,

@@ -518,8 +518,8 @@ pub(crate) fn training_network<B: Backend>(
     batch: usize,
     spec: &JobSpec,
 ) -> Result<Network<B>> {
-    let mut net = Network::new(backend, graph, params, batch, spec.job.seed)?
-        .with_precision(backend, half_kind(spec.precision.mode))?;
+    let half = half_kind(spec.precision.mode);
+    let mut net = Network::with_precision(backend, graph, params, batch, spec.job.seed, half)?;
     if spec.parallel.overlap {
         let buckets = GradBuckets::new(&net.graph, spec.parallel.bucket_bytes());
         net.set_grad_buckets(Some(buckets));

@@ -7,6 +7,7 @@ use trainer::graph::{DataShape, Graph, Network};
 use trainer::spec::JobSpec;
 use trainer::tensor::cpu::CpuBackend;
 use trainer::tensor::rng::Rng;
+use trainer::tensor::HalfKind;
 
 /// The project root: the manifest directory, or the current directory where the build
 /// machine's path does not exist (test binaries carried to the GPU machine).
@@ -34,10 +35,21 @@ pub fn spec(text: &str) -> JobSpec {
 
 /// A network on the CPU for `spec`, with random inputs and targets for `n` samples.
 pub fn network(spec: &JobSpec, data: &DataShape, n: usize, seed: u64) -> Network<CpuBackend> {
+    network_in(spec, data, n, seed, None)
+}
+
+/// `network` in mixed precision with activations in `half` (None: fp32).
+pub fn network_in(
+    spec: &JobSpec,
+    data: &DataShape,
+    n: usize,
+    seed: u64,
+    half: Option<HalfKind>,
+) -> Network<CpuBackend> {
     let backend = CpuBackend::new(1);
     let graph = Graph::build(spec, data).unwrap();
     let params = graph.init_params(seed);
-    let mut net = Network::new(&backend, graph, &params, n, seed).unwrap();
+    let mut net = Network::with_precision(&backend, graph, &params, n, seed, half).unwrap();
     let mut rng = Rng::new(seed);
     for v in net.input_mut().iter_mut() {
         *v = rng.normal() as f32;

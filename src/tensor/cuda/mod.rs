@@ -7,18 +7,19 @@
 pub mod kernels;
 
 use super::{
-    Activation, AdamStep, Backend, Capture, Conv2d, HalfKind, LossFn, LossStats, Pool2d, PoolKind,
-    SgdStep,
+    cast, Activation, AdamStep, Backend, Capture, Conv2d, HalfKind, LossFn, LossStats, Pool2d,
+    PoolKind, SgdStep,
 };
 use crate::error::{Error, Result};
 use cudarc::cublas::sys::{cublasMath_t, cublasOperation_t};
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{
-    CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaSlice, CudaStream, DeviceRepr,
-    LaunchConfig, PinnedHostSlice, PushKernelArg,
+    CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaSlice, CudaStream, CudaView, CudaViewMut,
+    DevicePtrMut, DeviceRepr, LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
 use std::cell::{Cell, RefCell};
+use std::ops::Range;
 use std::sync::Arc;
 
 /// Bytes of cuBLAS workspace we give it (PyTorch uses 32 MiB on Hopper): owned by us so every
@@ -103,7 +104,6 @@ struct Functions {
     cast_f32_to_bf16: CudaFunction,
     scale: CudaFunction,
     round_to_half: CudaFunction,
-    half_copy: CudaFunction,
     add_assign: CudaFunction,
     copy_rows: CudaFunction,
     softmax_forward: CudaFunction,
@@ -147,23 +147,61 @@ struct Functions {
 enum HalfOperand {
     /// Converts the f32 view (which holds half values already) into a scratch buffer.
     Convert,
-    /// Reads it, converted already, at this device address (the weights' half image).
-    At(u64),
     /// The caller vouches that the view is unchanged since the previous product converted
     /// it in this position: no second conversion (checked: else it is converted).
     Again,
 }
 
-const CONVERT: [HalfOperand; 2] = [HalfOperand::Convert; 2];
+/// One input of a matrix product: f32 values (converted in mixed precision as their
+/// `HalfOperand` says), or values stored in the half format at a device address (a
+/// half-width buffer: activations, or mixed precision's half copy of the weights).
+enum Input<'a> {
+    F32(CudaView<'a, f32>, HalfOperand),
+    Half(u64),
+}
 
-/// A half copy of the parameters in the half format, beside its f32 form (`refresh_half_copy`).
-struct HalfWeights {
-    /// The f32 form's device address and length.
-    of: (u64, usize),
-    /// Values written (the parameter count) and their format.
-    valid: usize,
-    kind: HalfKind,
-    bits: CudaSlice<u16>,
+/// Where a matrix product writes: f32 values, or a half-width buffer at a device address.
+enum Output<'a> {
+    F32(CudaViewMut<'a, f32>),
+    Half(u64),
+}
+
+/// A buffer of the CUDA backend: f32 values, or values that are always in a half format
+/// (`Backend::alloc_half`: mixed precision's activations and their gradients), stored in
+/// that format, 2 bytes each, so that every write rounds to it. The kernels of the ops that
+/// take half-width buffers read and write through `load` and `store` (kernels/cast.cu), given
+/// each buffer's `storage`; the others' need f32 buffers (`f32_only`), which the network's
+/// buffer plan guarantees (`graph::BufferPlan::mixed`).
+pub struct CudaBuf {
+    /// `len` f32 values, or `len` halves packed two to an element.
+    mem: CudaSlice<f32>,
+    len: usize,
+    half: Option<HalfKind>,
+}
+
+impl CudaBuf {
+    /// Values the buffer holds.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The format a write rounds to, if not f32.
+    pub fn half(&self) -> Option<HalfKind> {
+        self.half
+    }
+
+    /// The kernels' storage id: 0 f32, 1 f16, 2 bf16 (kernels/cast.cu's `load`).
+    fn storage(&self) -> i32 {
+        match self.half {
+            None => 0,
+            Some(HalfKind::F16) => 1,
+            Some(HalfKind::Bf16) => 2,
+        }
+    }
 }
 
 /// kernels/spatial.cu's ConvGeom, field for field.
@@ -300,10 +338,6 @@ pub struct CudaBackend {
     /// for `HalfOperand::Again`.
     half_inputs_hold: Cell<[Option<(u64, usize)>; 2]>,
     retired_halves: RefCell<Vec<CudaSlice<u16>>>,
-    /// The parameters' half copies in the half format (`refresh_half_copy`), so matrix
-    /// products read weights without converting them. Never freed before the backend: a
-    /// recorded graph holds their addresses.
-    half_weights: RefCell<Vec<HalfWeights>>,
     /// The NCCL communicator of a multi-process run, once joined (`join_collective`).
     collective: RefCell<Option<Collective>>,
     /// The cuBLAS workspace, kept alive for the handle's lifetime.
@@ -313,6 +347,23 @@ pub struct CudaBackend {
     error: RefCell<Option<String>>,
     description: String,
     compute_capability: (i32, i32),
+}
+
+/// `values` rounded to `kind`, packed two to an f32 element as a half-width `CudaBuf` holds
+/// them.
+fn pack_halves(kind: HalfKind, values: &[f32]) -> Vec<f32> {
+    let mut packed = vec![0.0f32; values.len().div_ceil(2)];
+    let halves: &mut [u16] = bytemuck::cast_slice_mut(&mut packed);
+    cast::to_half(kind, values, halves);
+    packed
+}
+
+/// The values of packed halves (two to an element).
+fn unpack_halves(kind: HalfKind, packed: &[f32]) -> Vec<f32> {
+    let halves: &[u16] = bytemuck::cast_slice(packed);
+    let mut values = vec![0.0f32; halves.len()];
+    cast::from_half(kind, halves, &mut values);
+    values
 }
 
 /// Why NCCL cannot be used here (None when libnccl loads), with what to do about it. cudarc
@@ -463,7 +514,6 @@ impl CudaBackend {
             cast_f32_to_bf16: load("cast_f32_to_bf16")?,
             scale: load("scale_f32")?,
             round_to_half: load("round_to_half")?,
-            half_copy: load("half_copy")?,
             add_assign: load("add_assign")?,
             copy_rows: load("copy_rows")?,
             softmax_forward: load("softmax_forward")?,
@@ -567,7 +617,6 @@ impl CudaBackend {
             half_inputs: RefCell::new([half_a, half_b]),
             half_inputs_hold: Cell::new([None; 2]),
             retired_halves: RefCell::new(Vec::new()),
-            half_weights: RefCell::new(Vec::new()),
             collective: RefCell::new(None),
             partials: RefCell::new(partials),
             norm: RefCell::new(norm),
@@ -677,37 +726,73 @@ impl CudaBackend {
         buf.device_ptr(&self.stream).0
     }
 
-    /// In mixed precision, where `params[offset..offset + len]` lies in the half format
-    /// already: `params` is a half copy of the parameters that `refresh_half_copy` wrote.
-    fn half_weights_at(&self, params: &CudaSlice<f32>, offset: usize, len: usize) -> HalfOperand {
-        let Some(kind) = self.half_matmuls.get() else {
-            return HalfOperand::Convert;
+    /// A zero-filled buffer of `len` values, stored in `half` (packed two to an element) or
+    /// as f32.
+    fn alloc_buf(&self, len: usize, half: Option<HalfKind>) -> Result<CudaBuf> {
+        let elements = match half {
+            None => len,
+            Some(_) => len.div_ceil(2),
         };
-        let of = (self.address(params), params.len());
-        let images = self.half_weights.borrow();
-        match images.iter().find(|h| h.of == of) {
-            Some(h) if h.kind == kind && offset + len <= h.valid => {
-                HalfOperand::At(self.address(&h.bits) + 2 * offset as u64)
-            }
-            _ => HalfOperand::Convert,
+        let mem = self
+            .stream
+            .alloc_zeros::<f32>(elements.max(1))
+            .map_err(|e| {
+                Error::Runtime(format!(
+                    "CUDA: cannot allocate {} bytes on {}: {e:?}",
+                    elements * 4,
+                    self.description
+                ))
+            })?;
+        self.count(mem.len() * 4);
+        Ok(CudaBuf { mem, len, half })
+    }
+
+    /// Records an error unless every buffer holds f32 values: the ops whose kernels take
+    /// f32 buffers only (the network's buffer plan gives them nothing else). False when not.
+    fn f32_only(&self, what: &str, bufs: &[Option<&CudaBuf>]) -> bool {
+        let half = bufs.iter().flatten().any(|b| b.half.is_some());
+        if half {
+            self.record::<()>(what, Err("a half-width buffer given to an f32-only op"));
+        }
+        !half
+    }
+
+    /// `buf[range]` as an input of a matrix product; `f32_source`: where its half form comes
+    /// from in mixed precision when it is an f32 buffer.
+    fn input<'a>(
+        &self,
+        buf: &'a CudaBuf,
+        range: Range<usize>,
+        f32_source: HalfOperand,
+    ) -> Input<'a> {
+        match buf.half {
+            None => Input::F32(buf.mem.slice(range), f32_source),
+            Some(_) => Input::Half(self.address(&buf.mem) + 2 * range.start as u64),
+        }
+    }
+
+    /// `buf[range]` as the output of a matrix product.
+    fn output<'a>(&self, buf: &'a mut CudaBuf, range: Range<usize>) -> Output<'a> {
+        match buf.half {
+            None => Output::F32(buf.mem.slice_mut(range)),
+            Some(_) => Output::Half(self.address(&buf.mem) + 2 * range.start as u64),
         }
     }
 
     /// Row-major C[m, n] (+)= op(A)·op(B) through column-major cuBLAS: computes Cᵀ = op(B)ᵀ·op(A)ᵀ.
-    /// `a_t`/`b_t`: whether A is stored as [k, m] / B as [n, k] (row-major). `halves`: where
-    /// A and B come from in mixed precision.
+    /// `a_t`/`b_t`: whether A is stored as [k, m] / B as [n, k] (row-major). In fp32 every
+    /// operand is f32; in mixed precision (`set_half_matmuls`) each may be either.
     #[allow(clippy::too_many_arguments)]
     fn gemm(
         &self,
         what: &str,
         (m, n, k): (usize, usize, usize),
-        a: &cudarc::driver::CudaView<f32>,
+        a: Input,
         a_t: bool,
-        b: &cudarc::driver::CudaView<f32>,
+        b: Input,
         b_t: bool,
-        c: &mut cudarc::driver::CudaViewMut<f32>,
+        c: Output,
         accumulate: bool,
-        halves: [HalfOperand; 2],
     ) {
         let op = |t: bool| {
             if t {
@@ -730,34 +815,44 @@ impl CudaBackend {
             ldc: n as i32,
         };
         if let Some(kind) = self.half_matmuls.get() {
-            return self.gemm_half(what, kind, &cfg, [(b, halves[1]), (a, halves[0])], c);
+            return self.gemm_half(what, kind, &cfg, [b, a], c);
         }
+        let (Input::F32(a, _), Input::F32(b, _), Output::F32(mut c)) = (a, b, c) else {
+            return self.launch_error(what, "a half-width operand of an fp32 matrix product");
+        };
         // SAFETY: the views hold at least the m·k, k·n and m·n elements the config reads/writes.
-        let r = unsafe { self.blas.gemm(cfg, b, a, c) };
+        let r = unsafe { self.blas.gemm(cfg, &b, &a, &mut c) };
         self.record(what, r);
     }
 
-    /// `cfg`'s column-major product C = op(A)·op(B) with A and B in `kind` (converted into
-    /// `half_inputs` unless their `HalfOperand` says otherwise), f32 accumulation and an f32
-    /// C (so gradients still accumulate into f32 with beta = 1).
+    /// `cfg`'s column-major product C = op(A)·op(B) with A and B in `kind` (f32 inputs
+    /// converted into `half_inputs` unless their `HalfOperand` says otherwise), f32
+    /// accumulation, and C in f32 (so gradients still accumulate into f32 with beta = 1) or
+    /// in `kind` (a half-width buffer: cuBLAS rounds the f32 result once, as the rounding
+    /// pass after an f32 product would).
     fn gemm_half(
         &self,
         what: &str,
         kind: HalfKind,
         cfg: &GemmConfig<f32>,
-        inputs: [(&cudarc::driver::CudaView<f32>, HalfOperand); 2],
-        c: &mut cudarc::driver::CudaViewMut<f32>,
+        inputs: [Input; 2],
+        c: Output,
     ) {
         use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType};
-        use cudarc::driver::DevicePtrMut;
         let mut halves = self.half_inputs.borrow_mut();
         let mut hold = self.half_inputs_hold.get();
         let mut pointers = [0u64; 2];
-        for (slot, (src, operand)) in inputs.into_iter().enumerate() {
-            let source = (self.address(src), src.len());
+        for (slot, input) in inputs.into_iter().enumerate() {
+            let (src, operand) = match input {
+                Input::Half(ptr) => {
+                    pointers[slot] = ptr;
+                    continue;
+                }
+                Input::F32(src, operand) => (src, operand),
+            };
+            let source = (self.address(&src), src.len());
             let dst = &mut halves[slot];
             pointers[slot] = match operand {
-                HalfOperand::At(ptr) => ptr,
                 HalfOperand::Again if hold[slot] == Some(source) => self.address(&*dst),
                 HalfOperand::Again | HalfOperand::Convert => {
                     if dst.len() < src.len() {
@@ -777,7 +872,7 @@ impl CudaBackend {
                         HalfKind::Bf16 => &self.f.cast_f32_to_bf16,
                     };
                     let mut l = self.stream.launch_builder(cast);
-                    l.arg(src).arg(&mut *dst).arg(&n);
+                    l.arg(&src).arg(&mut *dst).arg(&n);
                     // SAFETY: reads n floats of src, writes n halves of dst (at least n long).
                     self.launch(
                         "half cast",
@@ -793,9 +888,15 @@ impl CudaBackend {
             HalfKind::F16 => cudaDataType::CUDA_R_16F,
             HalfKind::Bf16 => cudaDataType::CUDA_R_16BF,
         };
-        let (pc, _rc) = c.device_ptr_mut(&self.stream);
-        // SAFETY: the half inputs hold the elements the config reads (as the f32 views did),
-        // C the ones it writes; alpha and beta are read from the host during the call.
+        let (pc, c_type) = match c {
+            Output::F32(mut view) => {
+                let (pc, _rc) = view.device_ptr_mut(&self.stream);
+                (pc, cudaDataType::CUDA_R_32F)
+            }
+            Output::Half(ptr) => (ptr, dtype),
+        };
+        // SAFETY: the inputs hold the elements the config reads (as the f32 views did), C
+        // the ones it writes; alpha and beta are read from the host during the call.
         let r = unsafe {
             cudarc::cublas::sys::cublasGemmEx(
                 *self.blas.handle(),
@@ -813,7 +914,7 @@ impl CudaBackend {
                 cfg.ldb,
                 (&cfg.beta as *const f32).cast(),
                 pc as *mut std::ffi::c_void,
-                cudaDataType::CUDA_R_32F,
+                c_type,
                 cfg.ldc,
                 cublasComputeType_t::CUBLAS_COMPUTE_32F,
                 cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
@@ -821,6 +922,10 @@ impl CudaBackend {
         }
         .result();
         self.record(what, r);
+    }
+
+    fn launch_error(&self, what: &str, why: &str) {
+        self.record::<()>(what, Err(why));
     }
 
     fn launch(&self, what: &str, r: std::result::Result<(), cudarc::driver::DriverError>) {
@@ -916,7 +1021,7 @@ impl Capture for CudaBackend {
 }
 
 impl Backend for CudaBackend {
-    type Buf = CudaSlice<f32>;
+    type Buf = CudaBuf;
     type Stats = CudaSlice<f64>;
 
     fn collective_id(&self) -> Result<Option<Vec<u8>>> {
@@ -985,7 +1090,8 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    fn all_reduce_mean_start(&self, buf: &mut CudaSlice<f32>, range: std::ops::Range<usize>) {
+    fn all_reduce_mean_start(&self, buf: &mut CudaBuf, range: std::ops::Range<usize>) {
+        let buf = &mut buf.mem;
         let collective = self.collective.borrow();
         let Some(c) = collective.as_ref() else {
             self.record::<()>("NCCL all-reduce", Err("no communicator was joined"));
@@ -1043,14 +1149,21 @@ impl Backend for CudaBackend {
     fn conv2d_forward(
         &self,
         s: &Conv2d,
-        x: &CudaSlice<f32>,
-        params: &CudaSlice<f32>,
+        x: &CudaBuf,
+        params: &CudaBuf,
         w: usize,
         b: Option<usize>,
-        y: &mut CudaSlice<f32>,
+        y: &mut CudaBuf,
         n: usize,
-        workspace: &mut CudaSlice<f32>,
+        workspace: &mut CudaBuf,
     ) {
+        // The weights may be mixed precision's half copy, stored in the half format.
+        if !self.f32_only("conv2d_forward", &[Some(x), Some(&*y), Some(&*workspace)]) {
+            return;
+        }
+        let x = &x.mem;
+        let y = &mut y.mem;
+        let workspace = &mut workspace.mem;
         let geom = ConvGeom::new(s, n);
         let (plane, ckk) = ((geom.oh * geom.ow) as usize, s.c * s.kh * s.kw);
         let cols = n * plane;
@@ -1061,30 +1174,29 @@ impl Backend for CudaBackend {
         self.launch("im2col", unsafe { l.launch(grid(ckk * cols)) }.map(|_| ()));
         let (og, rows) = (s.o / s.groups, ckk / s.groups);
         for g in 0..s.groups {
-            let weight = params.slice(w + g * og * rows..w + (g + 1) * og * rows);
+            let weight = w + g * og * rows..w + (g + 1) * og * rows;
             let col_g = col.slice(g * rows * cols..(g + 1) * rows * cols);
-            let mut out_g = ycn.slice_mut(g * og * cols..(g + 1) * og * cols);
-            let from = w + g * og * rows;
-            let half_weight = self.half_weights_at(params, from, og * rows);
+            let out_g = ycn.slice_mut(g * og * cols..(g + 1) * og * cols);
             self.gemm(
                 "conv forward",
                 (og, cols, rows),
-                &weight,
+                self.input(params, weight, HalfOperand::Convert),
                 false,
-                &col_g,
+                Input::F32(col_g, HalfOperand::Convert),
                 false,
-                &mut out_g,
+                Output::F32(out_g),
                 false,
-                [half_weight, HalfOperand::Convert],
             );
         }
         let (n64, o64, p64) = (n as u64, s.o as u64, plane as u64);
         let has_bias = i32::from(b.is_some());
-        let bias = params.slice(b.unwrap_or(0)..);
+        let (bias_at, ps) = (b.unwrap_or(0) as u64, params.storage());
         let ycn = ycn.slice(..);
         let mut l = self.stream.launch_builder(&self.f.cn_to_nchw);
         l.arg(&ycn)
-            .arg(&bias)
+            .arg(&params.mem)
+            .arg(&ps)
+            .arg(&bias_at)
             .arg(&has_bias)
             .arg(&n64)
             .arg(&o64)
@@ -1100,16 +1212,32 @@ impl Backend for CudaBackend {
     fn conv2d_backward(
         &self,
         s: &Conv2d,
-        x: &CudaSlice<f32>,
-        dy: &CudaSlice<f32>,
-        params: &CudaSlice<f32>,
-        grads: &mut CudaSlice<f32>,
+        x: &CudaBuf,
+        dy: &CudaBuf,
+        params: &CudaBuf,
+        grads: &mut CudaBuf,
         w: usize,
         b: Option<usize>,
-        dx: Option<&mut CudaSlice<f32>>,
+        dx: Option<&mut CudaBuf>,
         n: usize,
-        workspace: &mut CudaSlice<f32>,
+        workspace: &mut CudaBuf,
     ) {
+        // The weights may be mixed precision's half copy, stored in the half format.
+        let buffers = [
+            Some(x),
+            Some(dy),
+            Some(&*grads),
+            dx.as_deref(),
+            Some(&*workspace),
+        ];
+        if !self.f32_only("conv2d_backward", &buffers) {
+            return;
+        }
+        let x = &x.mem;
+        let dy = &dy.mem;
+        let grads = &mut grads.mem;
+        let dx = dx.map(|b| &mut b.mem);
+        let workspace = &mut workspace.mem;
         let geom = ConvGeom::new(s, n);
         let (plane, ckk) = ((geom.oh * geom.ow) as usize, s.c * s.kh * s.kw);
         let cols = n * plane;
@@ -1143,36 +1271,33 @@ impl Backend for CudaBackend {
             // dW_g[og, rows] += dY_g[og, cols] · col_gᵀ (col_g stored [rows, cols])
             let dy_g = dycn.slice(g * og * cols..(g + 1) * og * cols);
             let col_g = col.slice(g * rows * cols..(g + 1) * rows * cols);
-            let mut dw = grads.slice_mut(w + g * og * rows..w + (g + 1) * og * rows);
+            let dw = grads.slice_mut(w + g * og * rows..w + (g + 1) * og * rows);
             self.gemm(
                 "conv dW",
                 (og, rows, cols),
-                &dy_g,
+                Input::F32(dy_g, HalfOperand::Convert),
                 false,
-                &col_g,
+                Input::F32(col_g, HalfOperand::Convert),
                 true,
-                &mut dw,
+                Output::F32(dw),
                 true,
-                CONVERT,
             );
         }
         let Some(dx) = dx else { return };
         for g in 0..s.groups {
             // dcol_g[rows, cols] = W_gᵀ (W_g stored [og, rows]) · dY_g[og, cols]
-            let weight = params.slice(w + g * og * rows..w + (g + 1) * og * rows);
+            let weight = w + g * og * rows..w + (g + 1) * og * rows;
             let dy_g = dycn.slice(g * og * cols..(g + 1) * og * cols);
-            let mut col_g = col.slice_mut(g * rows * cols..(g + 1) * rows * cols);
-            let half_weight = self.half_weights_at(params, w + g * og * rows, og * rows);
+            let col_g = col.slice_mut(g * rows * cols..(g + 1) * rows * cols);
             self.gemm(
                 "conv dcol",
                 (rows, cols, og),
-                &weight,
+                self.input(params, weight, HalfOperand::Convert),
                 true,
-                &dy_g,
+                Input::F32(dy_g, HalfOperand::Convert),
                 false,
-                &mut col_g,
+                Output::F32(col_g),
                 false,
-                [half_weight, HalfOperand::Convert],
             );
         }
         let col = col.slice(..);
@@ -1185,14 +1310,12 @@ impl Backend for CudaBackend {
         );
     }
 
-    fn pool2d_forward(
-        &self,
-        kind: PoolKind,
-        s: &Pool2d,
-        x: &CudaSlice<f32>,
-        y: &mut CudaSlice<f32>,
-        n: usize,
-    ) {
+    fn pool2d_forward(&self, kind: PoolKind, s: &Pool2d, x: &CudaBuf, y: &mut CudaBuf, n: usize) {
+        if !self.f32_only("pool2d_forward", &[Some(x), Some(&*y)]) {
+            return;
+        }
+        let x = &x.mem;
+        let y = &mut y.mem;
         let (geom, kind) = (PoolGeom::new(s, n), i32::from(kind == PoolKind::Avg));
         let mut l = self.stream.launch_builder(&self.f.pool2d_forward);
         l.arg(&kind).arg(x).arg(&geom).arg(&mut *y);
@@ -1205,12 +1328,19 @@ impl Backend for CudaBackend {
         &self,
         kind: PoolKind,
         s: &Pool2d,
-        x: &CudaSlice<f32>,
-        y: &CudaSlice<f32>,
-        dy: &CudaSlice<f32>,
-        dx: &mut CudaSlice<f32>,
+        x: &CudaBuf,
+        y: &CudaBuf,
+        dy: &CudaBuf,
+        dx: &mut CudaBuf,
         n: usize,
     ) {
+        if !self.f32_only("pool2d_backward", &[Some(x), Some(y), Some(dy), Some(&*dx)]) {
+            return;
+        }
+        let x = &x.mem;
+        let y = &y.mem;
+        let dy = &dy.mem;
+        let dx = &mut dx.mem;
         let (geom, kind) = (PoolGeom::new(s, n), i32::from(kind == PoolKind::Avg));
         let mut l = self.stream.launch_builder(&self.f.pool2d_backward);
         l.arg(&kind).arg(x).arg(y).arg(dy).arg(&geom).arg(&mut *dx);
@@ -1223,16 +1353,26 @@ impl Backend for CudaBackend {
 
     fn batchnorm_forward(
         &self,
-        x: &CudaSlice<f32>,
-        y: &mut CudaSlice<f32>,
+        x: &CudaBuf,
+        y: &mut CudaBuf,
         shape: (usize, usize, usize),
-        params: &CudaSlice<f32>,
+        params: &CudaBuf,
         gamma: usize,
-        state: &mut CudaSlice<f32>,
+        state: &mut CudaBuf,
         train: bool,
         momentum: f32,
         eps: f32,
     ) {
+        if !self.f32_only(
+            "batchnorm_forward",
+            &[Some(x), Some(&*y), Some(params), Some(&*state)],
+        ) {
+            return;
+        }
+        let x = &x.mem;
+        let y = &mut y.mem;
+        let params = &params.mem;
+        let state = &mut state.mem;
         let (n, c, spatial) = shape;
         let (n64, c64, s64, train) = (n as u64, c as u64, spatial as u64, i32::from(train));
         let (g, b) = (
@@ -1255,15 +1395,34 @@ impl Backend for CudaBackend {
 
     fn batchnorm_backward(
         &self,
-        x: &CudaSlice<f32>,
-        dy: &CudaSlice<f32>,
-        dx: Option<&mut CudaSlice<f32>>,
+        x: &CudaBuf,
+        dy: &CudaBuf,
+        dx: Option<&mut CudaBuf>,
         shape: (usize, usize, usize),
-        params: &CudaSlice<f32>,
-        grads: &mut CudaSlice<f32>,
+        params: &CudaBuf,
+        grads: &mut CudaBuf,
         gamma: usize,
-        state: &CudaSlice<f32>,
+        state: &CudaBuf,
     ) {
+        if !self.f32_only(
+            "batchnorm_backward",
+            &[
+                Some(x),
+                Some(dy),
+                dx.as_deref(),
+                Some(params),
+                Some(&*grads),
+                Some(state),
+            ],
+        ) {
+            return;
+        }
+        let x = &x.mem;
+        let dy = &dy.mem;
+        let dx = dx.map(|b| &mut b.mem);
+        let params = &params.mem;
+        let grads = &mut grads.mem;
+        let state = &state.mem;
         let (n, c, spatial) = shape;
         let (n64, c64, s64) = (n as u64, c as u64, spatial as u64);
         let write_dx = i32::from(dx.is_some());
@@ -1293,14 +1452,24 @@ impl Backend for CudaBackend {
 
     fn layernorm_forward(
         &self,
-        x: &CudaSlice<f32>,
-        y: &mut CudaSlice<f32>,
+        x: &CudaBuf,
+        y: &mut CudaBuf,
         shape: (usize, usize),
-        params: &CudaSlice<f32>,
+        params: &CudaBuf,
         gamma: usize,
-        saved: &mut CudaSlice<f32>,
+        saved: &mut CudaBuf,
         eps: f32,
     ) {
+        if !self.f32_only(
+            "layernorm_forward",
+            &[Some(x), Some(&*y), Some(params), Some(&*saved)],
+        ) {
+            return;
+        }
+        let x = &x.mem;
+        let y = &mut y.mem;
+        let params = &params.mem;
+        let saved = &mut saved.mem;
         let (rows, width) = shape;
         let (r64, w64) = (rows as u64, width as u64);
         let (g, b) = (
@@ -1325,15 +1494,34 @@ impl Backend for CudaBackend {
 
     fn layernorm_backward(
         &self,
-        x: &CudaSlice<f32>,
-        dy: &CudaSlice<f32>,
-        dx: Option<&mut CudaSlice<f32>>,
+        x: &CudaBuf,
+        dy: &CudaBuf,
+        dx: Option<&mut CudaBuf>,
         shape: (usize, usize),
-        params: &CudaSlice<f32>,
-        grads: &mut CudaSlice<f32>,
+        params: &CudaBuf,
+        grads: &mut CudaBuf,
         gamma: usize,
-        saved: &CudaSlice<f32>,
+        saved: &CudaBuf,
     ) {
+        if !self.f32_only(
+            "layernorm_backward",
+            &[
+                Some(x),
+                Some(dy),
+                dx.as_deref(),
+                Some(params),
+                Some(&*grads),
+                Some(saved),
+            ],
+        ) {
+            return;
+        }
+        let x = &x.mem;
+        let dy = &dy.mem;
+        let dx = dx.map(|b| &mut b.mem);
+        let params = &params.mem;
+        let grads = &mut grads.mem;
+        let saved = &saved.mem;
         let (rows, width) = shape;
         let (r64, w64) = (rows as u64, width as u64);
         let g = params.slice(gamma..gamma + width);
@@ -1373,68 +1561,76 @@ impl Backend for CudaBackend {
         self.description.clone()
     }
 
-    fn alloc(&self, len: usize) -> Result<CudaSlice<f32>> {
-        let buf = self.stream.alloc_zeros::<f32>(len.max(1)).map_err(|e| {
-            Error::Runtime(format!(
-                "CUDA: cannot allocate {} bytes on {}: {e:?}",
-                len * 4,
-                self.description
-            ))
-        })?;
-        self.count(buf.len() * 4);
-        Ok(buf)
+    fn alloc(&self, len: usize) -> Result<CudaBuf> {
+        self.alloc_buf(len, None)
     }
 
-    fn upload_vec(&self, data: Vec<f32>) -> Result<CudaSlice<f32>> {
+    /// Stored in `kind` (`CudaBuf`): half the bytes, and every write rounds.
+    fn alloc_half(&self, kind: HalfKind, len: usize) -> Result<CudaBuf> {
+        self.alloc_buf(len, Some(kind))
+    }
+
+    fn upload_vec(&self, data: Vec<f32>) -> Result<CudaBuf> {
         let mut buf = self.alloc(data.len())?;
         self.upload(&data, &mut buf);
         Ok(buf)
     }
 
-    fn upload(&self, src: &[f32], dst: &mut CudaSlice<f32>) {
+    fn upload(&self, src: &[f32], dst: &mut CudaBuf) {
         if src.is_empty() {
             return;
         }
+        if let Some(kind) = dst.half {
+            let packed = pack_halves(kind, src);
+            let r = (self.stream).memcpy_htod(&packed, &mut dst.mem.slice_mut(..packed.len()));
+            return self.launch("copy to the device", r);
+        }
         let r = self
             .stream
-            .memcpy_htod(src, &mut dst.slice_mut(..src.len()));
+            .memcpy_htod(src, &mut dst.mem.slice_mut(..src.len()));
         self.record("copy to the device", r);
     }
 
-    fn download_at(&self, src: &CudaSlice<f32>, start: usize, dst: &mut [f32]) {
+    fn download_at(&self, src: &CudaBuf, start: usize, dst: &mut [f32]) {
         if dst.is_empty() {
             return;
         }
-        let r = (self.stream).memcpy_dtoh(&src.slice(start..start + dst.len()), dst);
-        self.record("copy from the device", r);
+        let Some(kind) = src.half else {
+            let r = (self.stream).memcpy_dtoh(&src.mem.slice(start..start + dst.len()), dst);
+            return self.launch("copy from the device", r);
+        };
+        // The packed elements that hold values start..start + len.
+        let (first, last) = (start / 2, (start + dst.len()).div_ceil(2));
+        let mut packed = vec![0.0f32; last - first];
+        let r = (self.stream).memcpy_dtoh(&src.mem.slice(first..last), &mut packed[..]);
+        if self.record("copy from the device", r).is_some() {
+            let values = unpack_halves(kind, &packed);
+            dst.copy_from_slice(&values[start - 2 * first..][..dst.len()]);
+        }
     }
 
-    fn fill(&self, buf: &mut CudaSlice<f32>, value: f32) {
-        let n = buf.len() as u64;
+    fn fill(&self, buf: &mut CudaBuf, value: f32) {
+        let (n, storage) = (buf.len as u64, buf.storage());
         let mut b = self.stream.launch_builder(&self.f.fill);
-        b.arg(&mut *buf).arg(&n).arg(&value);
-        // SAFETY: fill_f32(float*, u64, float) writes n elements of buf.
+        b.arg(&mut buf.mem).arg(&storage).arg(&n).arg(&value);
+        // SAFETY: writes the n values of buf in its storage.
         self.launch("fill", unsafe { b.launch(grid(n as usize)) }.map(|_| ()));
     }
 
-    fn copy(&self, src: &CudaSlice<f32>, dst: &mut CudaSlice<f32>, len: usize) {
+    fn copy(&self, src: &CudaBuf, dst: &mut CudaBuf, len: usize) {
         if len == 0 {
             return;
         }
-        let r = self
-            .stream
-            .memcpy_dtod(&src.slice(..len), &mut dst.slice_mut(..len));
+        if src.half.is_some() || dst.half.is_some() {
+            // One row of `len` values, converted between the storages.
+            return self.copy_rows(src, (len, 0), dst, (len, 0), len, 1, false);
+        }
+        let r = (self.stream).memcpy_dtod(&src.mem.slice(..len), &mut dst.mem.slice_mut(..len));
         self.record("device copy", r);
     }
 
-    fn gather_rows(
-        &self,
-        src: &CudaSlice<f32>,
-        rows: &[u32],
-        row_len: usize,
-        dst: &mut CudaSlice<f32>,
-    ) {
-        if rows.is_empty() {
+    fn gather_rows(&self, src: &CudaBuf, rows: &[u32], row_len: usize, dst: &mut CudaBuf) {
+        if rows.is_empty() || !self.f32_only("gather", &[Some(src)]) {
             return;
         }
         let mut index = self.rows.borrow_mut();
@@ -1453,13 +1649,14 @@ impl Backend for CudaBackend {
         if self.record("copying batch indices", r).is_none() {
             return;
         }
-        let (n_rows, row_len) = (rows.len() as u64, row_len as u64);
+        let (n_rows, row_len, ds) = (rows.len() as u64, row_len as u64, dst.storage());
         let mut b = self.stream.launch_builder(&self.f.gather_rows);
-        b.arg(src)
+        b.arg(&src.mem)
             .arg(&*index)
             .arg(&n_rows)
             .arg(&row_len)
-            .arg(&mut *dst);
+            .arg(&mut dst.mem)
+            .arg(&ds);
         // SAFETY: reads src rows named by index (validated < dataset length by the loader),
         // writes n_rows·row_len elements of dst.
         self.launch(
@@ -1468,13 +1665,13 @@ impl Backend for CudaBackend {
         );
     }
 
-    fn upload_rows(&self, src: &[f32], rows: &[u32], row_len: usize, dst: &mut CudaSlice<f32>) {
+    fn upload_rows(&self, src: &[f32], rows: &[u32], row_len: usize, dst: &mut CudaBuf) {
         if rows.is_empty() {
             return;
         }
         // A staging buffer is as long as `dst`: a pinned buffer is copied whole, and the
         // values past this batch's rows are never read.
-        let Some(mut slot) = self.next_staging(dst.len()) else {
+        let Some(mut slot) = self.next_staging(dst.mem.len()) else {
             return;
         };
         let (staged, copied) = &mut *slot;
@@ -1482,11 +1679,23 @@ impl Backend for CudaBackend {
         let Some(host) = self.record("writing a staging buffer", staged.as_mut_slice()) else {
             return;
         };
-        for (out, &r) in host.chunks_exact_mut(row_len).zip(rows) {
-            let start = r as usize * row_len;
-            out.copy_from_slice(&src[start..start + row_len]);
+        let batch = rows.iter().map(|&r| r as usize * row_len);
+        match dst.half {
+            None => {
+                for (out, start) in host.chunks_exact_mut(row_len).zip(batch) {
+                    out.copy_from_slice(&src[start..start + row_len]);
+                }
+            }
+            // A half-width input: rounded on the host (as the gather kernel would), packed
+            // as the device stores it.
+            Some(kind) => {
+                let halves: &mut [u16] = bytemuck::cast_slice_mut(host);
+                for (out, start) in halves.chunks_exact_mut(row_len).zip(batch) {
+                    cast::to_half(kind, &src[start..start + row_len], out);
+                }
+            }
         }
-        let r = self.stream.memcpy_htod(&*staged, dst);
+        let r = self.stream.memcpy_htod(&*staged, &mut dst.mem);
         if self.record("copying a batch to the device", r).is_some() {
             let r = copied.record(&self.stream);
             self.record("recording a batch copy's event", r);
@@ -1502,132 +1711,129 @@ impl Backend for CudaBackend {
 
     fn linear_forward(
         &self,
-        x: &CudaSlice<f32>,
-        params: &CudaSlice<f32>,
+        x: &CudaBuf,
+        params: &CudaBuf,
         w: usize,
         b: Option<usize>,
-        y: &mut CudaSlice<f32>,
+        y: &mut CudaBuf,
         n: usize,
         inp: usize,
         out: usize,
     ) {
         if let Some(b) = b {
-            let bias = params.slice(b..b + out);
-            let (rows, width) = (n as u64, out as u64);
+            let (at, rows, width) = (b as u64, n as u64, out as u64);
+            let (ps, ys) = (params.storage(), y.storage());
             let mut l = self.stream.launch_builder(&self.f.broadcast_rows);
-            l.arg(&bias).arg(&rows).arg(&width).arg(&mut *y);
-            // SAFETY: reads `out` bias values, writes n·out elements of y.
+            l.arg(&params.mem).arg(&ps).arg(&at).arg(&rows).arg(&width);
+            l.arg(&mut y.mem).arg(&ys);
+            // SAFETY: reads `out` bias values, writes n·out values of y.
             self.launch("bias", unsafe { l.launch(grid(n * out)) }.map(|_| ()));
         }
-        let weight = params.slice(w..w + out * inp);
-        let half_weight = self.half_weights_at(params, w, out * inp);
         // y[n, out] = x[n, inp] · Wᵀ, W stored [out, inp] (so Wᵀ is "transposed storage").
         self.gemm(
             "linear forward",
             (n, out, inp),
-            &x.slice(..n * inp),
+            self.input(x, 0..n * inp, HalfOperand::Convert),
             false,
-            &weight,
+            self.input(params, w..w + out * inp, HalfOperand::Convert),
             true,
-            &mut y.slice_mut(..n * out),
+            self.output(y, 0..n * out),
             b.is_some(),
-            [HalfOperand::Convert, half_weight],
         );
     }
 
     fn linear_backward(
         &self,
-        x: &CudaSlice<f32>,
-        dy: &CudaSlice<f32>,
-        params: &CudaSlice<f32>,
-        grads: &mut CudaSlice<f32>,
+        x: &CudaBuf,
+        dy: &CudaBuf,
+        params: &CudaBuf,
+        grads: &mut CudaBuf,
         w: usize,
         b: Option<usize>,
-        dx: Option<&mut CudaSlice<f32>>,
+        dx: Option<&mut CudaBuf>,
         n: usize,
         inp: usize,
         out: usize,
     ) {
-        let dy_view = dy.slice(..n * out);
+        let grads = &mut grads.mem;
         // dW[out, inp] += dyᵀ · x: dy stored [n, out] is dyᵀ's transposed storage.
         self.gemm(
             "linear dW",
             (out, inp, n),
-            &dy_view,
+            self.input(dy, 0..n * out, HalfOperand::Convert),
             true,
-            &x.slice(..n * inp),
+            self.input(x, 0..n * inp, HalfOperand::Convert),
             false,
-            &mut grads.slice_mut(w..w + out * inp),
+            Output::F32(grads.slice_mut(w..w + out * inp)),
             true,
-            CONVERT,
         );
         if let Some(b) = b {
-            let (rows, width) = (n as u64, out as u64);
+            let (rows, width, dys) = (n as u64, out as u64, dy.storage());
             let mut db = grads.slice_mut(b..b + out);
             let mut l = self.stream.launch_builder(&self.f.bias_grad);
-            l.arg(&dy_view).arg(&rows).arg(&width).arg(&mut db);
+            l.arg(&dy.mem).arg(&dys).arg(&rows).arg(&width).arg(&mut db);
             // A block per BIAS_TILE columns, BIAS_TILE × BIAS_TILE threads (kernels/elementwise.cu).
             let tiles = LaunchConfig {
                 grid_dim: (out.div_ceil(BIAS_TILE) as u32, 1, 1),
                 block_dim: (BIAS_TILE as u32, BIAS_TILE as u32, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: reads n·out of dy, adds into `out` elements of db.
+            // SAFETY: reads n·out values of dy, adds into `out` elements of db.
             self.launch("bias gradient", unsafe { l.launch(tiles) }.map(|_| ()));
         }
         if let Some(dx) = dx {
-            // dx[n, inp] = dy[n, out] · W[out, inp]. In mixed precision dy is where dW's
-            // product converted it (only the bias gradient, reading it, ran since).
-            let half_weight = self.half_weights_at(params, w, out * inp);
+            // dx[n, inp] = dy[n, out] · W[out, inp]. In mixed precision an f32 dy is where
+            // dW's product converted it (only the bias gradient, reading it, ran since).
             self.gemm(
                 "linear dx",
                 (n, inp, out),
-                &dy_view,
+                self.input(dy, 0..n * out, HalfOperand::Again),
                 false,
-                &params.slice(w..w + out * inp),
+                self.input(params, w..w + out * inp, HalfOperand::Convert),
                 false,
-                &mut dx.slice_mut(..n * inp),
+                self.output(dx, 0..n * inp),
                 false,
-                [HalfOperand::Again, half_weight],
             );
         }
     }
 
-    fn activation_forward(
-        &self,
-        f: Activation,
-        x: &CudaSlice<f32>,
-        y: &mut CudaSlice<f32>,
-        len: usize,
-    ) {
+    fn activation_forward(&self, f: Activation, x: &CudaBuf, y: &mut CudaBuf, len: usize) {
         let (id, n) = (activation_id(f), len as u64);
+        let (xs, ys) = (x.storage(), y.storage());
         let mut l = self.stream.launch_builder(&self.f.activation_forward);
-        l.arg(&id).arg(x).arg(&mut *y).arg(&n);
-        // SAFETY: reads and writes len elements.
+        l.arg(&id)
+            .arg(&x.mem)
+            .arg(&xs)
+            .arg(&mut y.mem)
+            .arg(&ys)
+            .arg(&n);
+        // SAFETY: reads and writes len values.
         self.launch("activation", unsafe { l.launch(grid(len)) }.map(|_| ()));
     }
 
-    fn activation_in_place(&self, f: Activation, buf: &mut CudaSlice<f32>, len: usize) {
-        let (id, n) = (activation_id(f), len as u64);
+    fn activation_in_place(&self, f: Activation, buf: &mut CudaBuf, len: usize) {
+        let (id, n, s) = (activation_id(f), len as u64, buf.storage());
         let mut l = self.stream.launch_builder(&self.f.activation_in_place);
-        l.arg(&id).arg(&mut *buf).arg(&n);
-        // SAFETY: reads and writes len elements.
+        l.arg(&id).arg(&mut buf.mem).arg(&s).arg(&n);
+        // SAFETY: reads and writes len values.
         self.launch("activation", unsafe { l.launch(grid(len)) }.map(|_| ()));
     }
 
     fn activation_backward(
         &self,
         f: Activation,
-        x: &CudaSlice<f32>,
-        y: &CudaSlice<f32>,
-        dy: &CudaSlice<f32>,
-        dx: &mut CudaSlice<f32>,
+        x: &CudaBuf,
+        y: &CudaBuf,
+        dy: &CudaBuf,
+        dx: &mut CudaBuf,
         len: usize,
     ) {
         let (id, n) = (activation_id(f), len as u64);
+        let [xs, ys, dys, dxs] = [x, y, dy, &*dx].map(CudaBuf::storage);
         let mut l = self.stream.launch_builder(&self.f.activation_backward);
-        l.arg(&id).arg(x).arg(y).arg(dy).arg(&mut *dx).arg(&n);
-        // SAFETY: reads and writes len elements.
+        l.arg(&id).arg(&x.mem).arg(&xs).arg(&y.mem).arg(&ys);
+        l.arg(&dy.mem).arg(&dys).arg(&mut dx.mem).arg(&dxs).arg(&n);
+        // SAFETY: reads and writes len values.
         self.launch(
             "activation backward",
             unsafe { l.launch(grid(len)) }.map(|_| ()),
@@ -1639,15 +1845,15 @@ impl Backend for CudaBackend {
         &self,
         kind: HalfKind,
         f: Activation,
-        buf: &mut CudaSlice<f32>,
+        buf: &mut CudaBuf,
         len: usize,
     ) {
-        let (id, kind, n) = (activation_id(f), half_id(kind), len as u64);
+        let (id, kind, n, s) = (activation_id(f), half_id(kind), len as u64, buf.storage());
         let mut l = self
             .stream
             .launch_builder(&self.f.activation_in_place_rounding);
-        l.arg(&id).arg(&kind).arg(&mut *buf).arg(&n);
-        // SAFETY: reads and writes len elements.
+        l.arg(&id).arg(&kind).arg(&mut buf.mem).arg(&s).arg(&n);
+        // SAFETY: reads and writes len values.
         self.launch("activation", unsafe { l.launch(grid(len)) }.map(|_| ()));
     }
 
@@ -1656,24 +1862,25 @@ impl Backend for CudaBackend {
         &self,
         kind: HalfKind,
         f: Activation,
-        x: &CudaSlice<f32>,
-        y: &CudaSlice<f32>,
-        dy: &mut CudaSlice<f32>,
-        dx: &mut CudaSlice<f32>,
+        x: &CudaBuf,
+        y: &CudaBuf,
+        dy: &mut CudaBuf,
+        dx: &mut CudaBuf,
         len: usize,
     ) {
         let (id, kind, n) = (activation_id(f), half_id(kind), len as u64);
+        let [xs, ys, dys, dxs] = [x, y, &*dy, &*dx].map(CudaBuf::storage);
         let mut l = self
             .stream
             .launch_builder(&self.f.activation_backward_rounding);
         l.arg(&id)
             .arg(&kind)
-            .arg(x)
-            .arg(y)
-            .arg(&*dy)
-            .arg(&mut *dx)
-            .arg(&n);
-        // SAFETY: reads len elements of x, y and dy, writes len of dx.
+            .arg(&x.mem)
+            .arg(&xs)
+            .arg(&y.mem)
+            .arg(&ys);
+        l.arg(&dy.mem).arg(&dys).arg(&mut dx.mem).arg(&dxs).arg(&n);
+        // SAFETY: reads len values of x, y and dy, writes len of dx.
         self.launch(
             "activation backward",
             unsafe { l.launch(grid(len)) }.map(|_| ()),
@@ -1685,14 +1892,15 @@ impl Backend for CudaBackend {
         p: f32,
         key: u64,
         first: u64,
-        x: &CudaSlice<f32>,
-        y: &mut CudaSlice<f32>,
+        x: &CudaBuf,
+        y: &mut CudaBuf,
         len: usize,
     ) {
-        let n = len as u64;
+        let (n, xs, ys) = (len as u64, x.storage(), y.storage());
         let mut l = self.stream.launch_builder(&self.f.dropout);
-        l.arg(&p).arg(&key).arg(&first).arg(x).arg(&mut *y).arg(&n);
-        // SAFETY: reads and writes len elements.
+        l.arg(&p).arg(&key).arg(&first);
+        l.arg(&x.mem).arg(&xs).arg(&mut y.mem).arg(&ys).arg(&n);
+        // SAFETY: reads and writes len values.
         self.launch("dropout", unsafe { l.launch(grid(len)) }.map(|_| ()));
     }
 
@@ -1701,38 +1909,44 @@ impl Backend for CudaBackend {
         p: f32,
         key: u64,
         first: u64,
-        dy: &CudaSlice<f32>,
-        dx: &mut CudaSlice<f32>,
+        dy: &CudaBuf,
+        dx: &mut CudaBuf,
         len: usize,
     ) {
         self.dropout_forward(p, key, first, dy, dx, len);
     }
 
-    fn dropout_in_place(&self, p: f32, key: u64, first: u64, buf: &mut CudaSlice<f32>, len: usize) {
-        let n = len as u64;
+    fn dropout_in_place(&self, p: f32, key: u64, first: u64, buf: &mut CudaBuf, len: usize) {
+        let (n, s) = (len as u64, buf.storage());
         let mut l = self.stream.launch_builder(&self.f.dropout_in_place);
-        l.arg(&p).arg(&key).arg(&first).arg(&mut *buf).arg(&n);
-        // SAFETY: reads and writes len elements.
+        l.arg(&p)
+            .arg(&key)
+            .arg(&first)
+            .arg(&mut buf.mem)
+            .arg(&s)
+            .arg(&n);
+        // SAFETY: reads and writes len values.
         self.launch("dropout", unsafe { l.launch(grid(len)) }.map(|_| ()));
     }
 
     fn loss(
         &self,
         f: LossFn,
-        out: &CudaSlice<f32>,
-        targets: &CudaSlice<f32>,
+        out: &CudaBuf,
+        targets: &CudaBuf,
         n: usize,
         dim: usize,
         grad_scale: f32,
-        dout: Option<&mut CudaSlice<f32>>,
+        dout: Option<&mut CudaBuf>,
         stats: &mut CudaSlice<f64>,
     ) {
         let write_grad = i32::from(dout.is_some());
         // Without a gradient the kernel never writes `dout`; it still needs a valid pointer.
-        let dout_ptr: &CudaSlice<f32> = match &dout {
-            Some(d) => d,
-            None => out,
+        let (dout_ptr, ds) = match &dout {
+            Some(d) => (&d.mem, d.storage()),
+            None => (&out.mem, out.storage()),
         };
+        let (targets, os) = (&targets.mem, out.storage());
         let (rows, width) = (n as u64, dim as u64);
         let mut row_stats = self.row_stats.borrow_mut();
         if row_stats.len() < 2 * n {
@@ -1748,7 +1962,8 @@ impl Backend for CudaBackend {
         match f {
             LossFn::CrossEntropy { label_smoothing } => {
                 let mut l = self.stream.launch_builder(&self.f.cross_entropy);
-                l.arg(out)
+                l.arg(&out.mem)
+                    .arg(&os)
                     .arg(targets)
                     .arg(&rows)
                     .arg(&width)
@@ -1756,6 +1971,7 @@ impl Backend for CudaBackend {
                     .arg(&grad_scale)
                     .arg(&write_grad)
                     .arg(dout_ptr)
+                    .arg(&ds)
                     .arg(&mut *row_stats);
                 let warps_per_block = (THREADS / 32) as usize;
                 let cfg = LaunchConfig {
@@ -1771,13 +1987,15 @@ impl Backend for CudaBackend {
                 let kind = i32::from(f == LossFn::BceWithLogits);
                 let mut l = self.stream.launch_builder(&self.f.elementwise_loss);
                 l.arg(&kind)
-                    .arg(out)
+                    .arg(&out.mem)
+                    .arg(&os)
                     .arg(targets)
                     .arg(&rows)
                     .arg(&width)
                     .arg(&grad_scale)
                     .arg(&write_grad)
                     .arg(dout_ptr)
+                    .arg(&ds)
                     .arg(&mut *row_stats);
                 let cfg = LaunchConfig {
                     grid_dim: (n.div_ceil(THREADS as usize).max(1) as u32, 1, 1),
@@ -1831,12 +2049,14 @@ impl Backend for CudaBackend {
         self.record("restoring loss statistics", r);
     }
 
-    fn sum_squares(&self, buf: &CudaSlice<f32>) -> f64 {
+    fn sum_squares(&self, buf: &CudaBuf) -> f64 {
+        let buf = &buf.mem;
         self.sum_squares_on_device(buf);
         self.read_sum_squares()
     }
 
-    fn clip_to_norm(&self, grads: &mut CudaSlice<f32>, max_norm: f64, read: Option<&mut f64>) {
+    fn clip_to_norm(&self, grads: &mut CudaBuf, max_norm: f64, read: Option<&mut f64>) {
+        let grads = &mut grads.mem;
         self.sum_squares_on_device(grads);
         {
             let sum_sq = self.norm.borrow();
@@ -1858,7 +2078,8 @@ impl Backend for CudaBackend {
         Some(self.read_sum_squares().sqrt())
     }
 
-    fn scale(&self, buf: &mut CudaSlice<f32>, factor: f32) {
+    fn scale(&self, buf: &mut CudaBuf, factor: f32) {
+        let buf = &mut buf.mem;
         let n = buf.len() as u64;
         let mut l = self.stream.launch_builder(&self.f.scale);
         l.arg(&mut *buf).arg(&n).arg(&factor);
@@ -1866,19 +2087,19 @@ impl Backend for CudaBackend {
         self.launch("scale", unsafe { l.launch(grid(n as usize)) }.map(|_| ()));
     }
 
-    fn add_assign(&self, src: &CudaSlice<f32>, dst: &mut CudaSlice<f32>, len: usize) {
-        let n = len as u64;
+    fn add_assign(&self, src: &CudaBuf, dst: &mut CudaBuf, len: usize) {
+        let (n, ss, ds) = (len as u64, src.storage(), dst.storage());
         let mut l = self.stream.launch_builder(&self.f.add_assign);
-        l.arg(src).arg(&mut *dst).arg(&n);
+        l.arg(&src.mem).arg(&ss).arg(&mut dst.mem).arg(&ds).arg(&n);
         // SAFETY: n <= both lengths.
         self.launch("add", unsafe { l.launch(grid(len)) }.map(|_| ()));
     }
 
     fn copy_rows(
         &self,
-        src: &CudaSlice<f32>,
+        src: &CudaBuf,
         (src_stride, src_offset): (usize, usize),
-        dst: &mut CudaSlice<f32>,
+        dst: &mut CudaBuf,
         (dst_stride, dst_offset): (usize, usize),
         width: usize,
         rows: usize,
@@ -1886,17 +2107,11 @@ impl Backend for CudaBackend {
     ) {
         let [ss, so, ds, dof, w, r] =
             [src_stride, src_offset, dst_stride, dst_offset, width, rows].map(|v| v as u64);
-        let add = i32::from(add);
+        let (add, src_storage, dst_storage) = (i32::from(add), src.storage(), dst.storage());
         let mut l = self.stream.launch_builder(&self.f.copy_rows);
-        l.arg(src)
-            .arg(&ss)
-            .arg(&so)
-            .arg(&mut *dst)
-            .arg(&ds)
-            .arg(&dof)
-            .arg(&w)
-            .arg(&r)
-            .arg(&add);
+        l.arg(&src.mem).arg(&src_storage).arg(&ss).arg(&so);
+        l.arg(&mut dst.mem).arg(&dst_storage).arg(&ds).arg(&dof);
+        l.arg(&w).arg(&r).arg(&add);
         // SAFETY: the rows lie inside both buffers (the graph's shapes).
         self.launch(
             "copy rows",
@@ -1906,13 +2121,19 @@ impl Backend for CudaBackend {
 
     fn embedding_forward(
         &self,
-        ids: &CudaSlice<f32>,
-        params: &CudaSlice<f32>,
+        ids: &CudaBuf,
+        params: &CudaBuf,
         w: usize,
-        y: &mut CudaSlice<f32>,
+        y: &mut CudaBuf,
         count: usize,
         dim: usize,
     ) {
+        if !self.f32_only("embedding_forward", &[Some(ids), Some(params), Some(&*y)]) {
+            return;
+        }
+        let ids = &ids.mem;
+        let params = &params.mem;
+        let y = &mut y.mem;
         let (c, d) = (count as u64, dim as u64);
         let table = params.slice(w..);
         let mut l = self.stream.launch_builder(&self.f.embedding_forward);
@@ -1926,13 +2147,19 @@ impl Backend for CudaBackend {
 
     fn embedding_backward(
         &self,
-        ids: &CudaSlice<f32>,
-        dy: &CudaSlice<f32>,
-        grads: &mut CudaSlice<f32>,
+        ids: &CudaBuf,
+        dy: &CudaBuf,
+        grads: &mut CudaBuf,
         w: usize,
         count: usize,
         dim: usize,
     ) {
+        if !self.f32_only("embedding_backward", &[Some(ids), Some(dy), Some(&*grads)]) {
+            return;
+        }
+        let ids = &ids.mem;
+        let dy = &dy.mem;
+        let grads = &mut grads.mem;
         let (c, d) = (count as u64, dim as u64);
         let mut table = grads.slice_mut(w..);
         let mut l = self.stream.launch_builder(&self.f.embedding_backward);
@@ -1944,14 +2171,12 @@ impl Backend for CudaBackend {
         );
     }
 
-    fn softmax_forward(
-        &self,
-        x: &CudaSlice<f32>,
-        y: &mut CudaSlice<f32>,
-        rows: usize,
-        width: usize,
-        log: bool,
-    ) {
+    fn softmax_forward(&self, x: &CudaBuf, y: &mut CudaBuf, rows: usize, width: usize, log: bool) {
+        if !self.f32_only("softmax_forward", &[Some(x), Some(&*y)]) {
+            return;
+        }
+        let x = &x.mem;
+        let y = &mut y.mem;
         let (r, w, log) = (rows as u64, width as u64, i32::from(log));
         let mut l = self.stream.launch_builder(&self.f.softmax_forward);
         l.arg(x).arg(&mut *y).arg(&r).arg(&w).arg(&log);
@@ -1961,13 +2186,19 @@ impl Backend for CudaBackend {
 
     fn softmax_backward(
         &self,
-        y: &CudaSlice<f32>,
-        dy: &CudaSlice<f32>,
-        dx: &mut CudaSlice<f32>,
+        y: &CudaBuf,
+        dy: &CudaBuf,
+        dx: &mut CudaBuf,
         rows: usize,
         width: usize,
         log: bool,
     ) {
+        if !self.f32_only("softmax_backward", &[Some(y), Some(dy), Some(&*dx)]) {
+            return;
+        }
+        let y = &y.mem;
+        let dy = &dy.mem;
+        let dx = &mut dx.mem;
         let (r, w, log) = (rows as u64, width as u64, i32::from(log));
         let mut l = self.stream.launch_builder(&self.f.softmax_backward);
         l.arg(y).arg(dy).arg(&mut *dx).arg(&r).arg(&w).arg(&log);
@@ -1978,62 +2209,33 @@ impl Backend for CudaBackend {
         );
     }
 
-    fn round_to_half(&self, kind: HalfKind, buf: &mut CudaSlice<f32>, len: usize) {
+    fn round_to_half(&self, kind: HalfKind, buf: &mut CudaBuf, len: usize) {
+        if let Some(stored) = buf.half {
+            // Every write rounded already.
+            if stored != kind {
+                self.launch_error("round_to_half", "a buffer stored in the other half format");
+            }
+            return;
+        }
         let (n, kind) = (len as u64, half_id(kind));
         let mut l = self.stream.launch_builder(&self.f.round_to_half);
-        l.arg(&mut *buf).arg(&n).arg(&kind);
+        l.arg(&mut buf.mem).arg(&n).arg(&kind);
         // SAFETY: rounds the first len <= buf.len() elements in place.
         self.launch("round_to_half", unsafe { l.launch(grid(len)) }.map(|_| ()));
     }
 
-    /// One pass writes both forms: the rounded f32 copy, and its half image (allocated on
-    /// the first refresh of `dst`) that `half_weights_at` hands to matrix products.
-    fn refresh_half_copy(
-        &self,
-        kind: HalfKind,
-        src: &CudaSlice<f32>,
-        dst: &mut CudaSlice<f32>,
-        len: usize,
-    ) {
-        let of = (self.address(dst), dst.len());
-        let mut images = self.half_weights.borrow_mut();
-        let image = match images.iter().position(|h| h.of == of) {
-            Some(i) => &mut images[i],
-            None => {
-                let bits = self.stream.alloc_zeros::<u16>(dst.len());
-                let Some(bits) = self.record("allocating the weights' half image", bits) else {
-                    return;
-                };
-                self.count(bits.len() * 2);
-                images.push(HalfWeights {
-                    of,
-                    valid: 0,
-                    kind,
-                    bits,
-                });
-                images.last_mut().expect("just pushed")
-            }
-        };
-        (image.valid, image.kind) = (len, kind);
-        let (n, kind) = (len as u64, half_id(kind));
-        let mut l = self.stream.launch_builder(&self.f.half_copy);
-        l.arg(src)
-            .arg(&mut *dst)
-            .arg(&mut image.bits)
-            .arg(&n)
-            .arg(&kind);
-        // SAFETY: reads len <= src.len() values, writes len of dst and of bits (dst.len() long).
-        self.launch("half copy", unsafe { l.launch(grid(len)) }.map(|_| ()));
-    }
-
     fn sgd_step(
         &self,
-        params: &mut CudaSlice<f32>,
-        grads: &CudaSlice<f32>,
-        momentum: &mut CudaSlice<f32>,
+        params: &mut CudaBuf,
+        grads: &CudaBuf,
+        momentum: &mut CudaBuf,
         h: &SgdStep,
-        args: &CudaSlice<f32>,
+        args: &CudaBuf,
     ) {
+        let params = &mut params.mem;
+        let grads = &grads.mem;
+        let momentum = &mut momentum.mem;
+        let args = &args.mem;
         let n = params.len() as u64;
         let nesterov = i32::from(h.nesterov);
         let mut l = self.stream.launch_builder(&self.f.sgd_step);
@@ -2056,13 +2258,18 @@ impl Backend for CudaBackend {
 
     fn adam_step(
         &self,
-        params: &mut CudaSlice<f32>,
-        grads: &CudaSlice<f32>,
-        exp_avg: &mut CudaSlice<f32>,
-        exp_avg_sq: &mut CudaSlice<f32>,
+        params: &mut CudaBuf,
+        grads: &CudaBuf,
+        exp_avg: &mut CudaBuf,
+        exp_avg_sq: &mut CudaBuf,
         h: &AdamStep,
-        args: &CudaSlice<f32>,
+        args: &CudaBuf,
     ) {
+        let params = &mut params.mem;
+        let grads = &grads.mem;
+        let exp_avg = &mut exp_avg.mem;
+        let exp_avg_sq = &mut exp_avg_sq.mem;
+        let args = &args.mem;
         let n = params.len() as u64;
         let l2 = h.l2();
         let mut l = self.stream.launch_builder(&self.f.adam_step);
