@@ -9,8 +9,10 @@
 //! f32 from half inputs); linear and conv layers multiply by a half copy of their weights and
 //! biases, refreshed from the fp32 master parameters after each optimizer step; normalisation
 //! layers use the fp32 parameters and compute their statistics in f32; parameter gradients are
-//! accumulated in f32. The buffers stay f32 arrays holding half values, so the CPU and CUDA
-//! backends share one code path and give the same numbers.
+//! accumulated in f32. One code path rounds explicitly, so the CPU and CUDA backends give the
+//! same numbers; where every op touching a buffer can take the half format
+//! (`BufferPlan::mixed`), the buffer comes from `Backend::alloc_half`, which CUDA stores in
+//! that format (half the bytes, every write rounding) and the CPU as f32.
 
 use super::{numel, BufferPlan, GradBuckets, Graph, Layer, Op};
 use crate::error::Result;
@@ -211,7 +213,7 @@ impl<B: Backend> Network<B> {
 
     /// The network in fp32 (`half` None) or in mixed precision with activations in `half`
     /// (see the module's comment). The buffers that every op touching them can take in the
-    /// half format are allocated with `Backend::alloc_half` (`BufferPlan::half_width`).
+    /// half format are allocated with `Backend::alloc_half` (`BufferPlan::mixed`).
     pub fn with_precision(
         backend: &B,
         graph: Graph,

@@ -1581,6 +1581,7 @@ impl Backend for CudaBackend {
             return;
         }
         if let Some(kind) = dst.half {
+            // Whole packed elements: an odd-length upload also zeroes the value after it.
             let packed = pack_halves(kind, src);
             let r = (self.stream).memcpy_htod(&packed, &mut dst.mem.slice_mut(..packed.len()));
             return self.launch("copy to the device", r);
