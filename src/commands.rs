@@ -746,11 +746,7 @@ fn memory_plan(
         optim::state_buffers(spec),
         data_bytes,
         workspace,
-        match (mixed, on_gpu) {
-            (false, _) => ActivationStorage::F32,
-            (true, false) => ActivationStorage::HalfValues,
-            (true, true) => ActivationStorage::HalfWidth,
-        },
+        activation_storage(spec, on_gpu),
     );
     // The half copy of the parameters: half-width on a GPU.
     if mixed {
@@ -768,6 +764,16 @@ fn memory_plan(
         plan.data = 0;
     }
     plan
+}
+
+/// How the run's backend stores activations: `Backend::alloc_half` stores half values in the
+/// half format on a GPU only.
+fn activation_storage(spec: &JobSpec, on_gpu: bool) -> ActivationStorage {
+    match (spec.precision.mode, on_gpu) {
+        (PrecisionMode::Fp32, _) => ActivationStorage::F32,
+        (_, false) => ActivationStorage::HalfValues,
+        (_, true) => ActivationStorage::HalfWidth,
+    }
 }
 
 /// A run's planned memory over all its data-parallel replicas: each holds its own buffers
@@ -987,19 +993,13 @@ pub fn check(job: &Path, sets: &[String]) -> Result<String> {
             );
         }
         None => {
-            let plan = crate::graph::BufferPlan::new(
-                &graph.input_shape,
-                &graph.layers,
-                Some(crate::graph::BufferPlan::best_segments(
-                    &graph.input_shape,
-                    &graph.layers,
-                )),
-            );
-            let with = layout.per_replica() * plan.activation_values() * 4;
+            let best = crate::graph::BufferPlan::best_segments(&graph.input_shape, &graph.layers);
+            let storage = activation_storage(&spec, on_gpu);
+            let with = layout.per_replica() * graph.activation_bytes(Some(best), storage).1;
             out += &format!(
                 "activation checkpointing: off; with checkpoint.activations = \"all\" ({} \
                  segments) activations would take {}\n",
-                plan.segments.len(),
+                best,
                 bytes(with)
             );
         }

@@ -311,11 +311,28 @@ impl Graph {
 
     /// The buffer plan in fp32, or in mixed precision (`BufferPlan::mixed`).
     pub fn buffer_plan_for(&self, mixed: bool) -> BufferPlan {
-        let (shape, segments) = (&self.input_shape, self.checkpoint_segments);
+        self.plan_with(self.checkpoint_segments, mixed)
+    }
+
+    /// The buffer plan with `segments` of activation checkpointing (None: off).
+    fn plan_with(&self, segments: Option<usize>, mixed: bool) -> BufferPlan {
+        let shape = &self.input_shape;
         match mixed {
             true => BufferPlan::mixed(shape, &self.layers, segments, self.rounds_input()),
             false => BufferPlan::new(shape, &self.layers, segments),
         }
+    }
+
+    /// Bytes per sample of (the input batch, the activations, their gradients) with
+    /// `segments` of activation checkpointing (None: off), stored as `storage` says.
+    pub fn activation_bytes(
+        &self,
+        segments: Option<usize>,
+        storage: ActivationStorage,
+    ) -> (usize, usize, usize) {
+        let plan = self.plan_with(segments, storage != ActivationStorage::F32);
+        let half_width = plan.half_width.as_ref();
+        plan.bytes_per_sample(half_width.filter(|_| storage == ActivationStorage::HalfWidth))
     }
 
     /// The largest conv2d scratch, given a backend's rule for one layer (values, not bytes).
@@ -693,22 +710,9 @@ impl MemoryPlan {
         storage: ActivationStorage,
     ) -> Self {
         let f = std::mem::size_of::<f32>();
-        let mixed = storage != ActivationStorage::F32;
-        let plan = graph.buffer_plan_for(mixed);
-        let plain = match mixed {
-            true => BufferPlan::mixed(
-                &graph.input_shape,
-                &graph.layers,
-                None,
-                graph.rounds_input(),
-            ),
-            false => BufferPlan::new(&graph.input_shape, &graph.layers, None),
-        };
-        let bytes = |plan: &BufferPlan| {
-            let half_width = plan.half_width.as_ref();
-            plan.bytes_per_sample(half_width.filter(|_| storage == ActivationStorage::HalfWidth))
-        };
-        let (input, activations, activation_grads) = bytes(&plan);
+        let plan = graph.buffer_plan();
+        let (input, activations, activation_grads) =
+            graph.activation_bytes(graph.checkpoint_segments, storage);
         MemoryPlan {
             params: graph.param_count * f,
             grads: graph.param_count * f,
@@ -723,7 +727,7 @@ impl MemoryPlan {
                 .iter()
                 .map(|l| network::aux_len(&l.op, &l.out_shape, batch_size) * f)
                 .sum(),
-            activations_without_checkpointing: batch_size * bytes(&plain).1,
+            activations_without_checkpointing: batch_size * graph.activation_bytes(None, storage).1,
             recomputed_layers: plan.recomputed_layers(),
             half_params: 0,
         }

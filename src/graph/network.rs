@@ -511,7 +511,7 @@ impl<B: Backend> Network<B> {
         let weights = self.half_params.as_ref().unwrap_or(&self.params);
         match &layer.op {
             // Written over the input, which is in `dst` already (see `BufferPlan::in_place`).
-            _ if self.plan.in_place[i] => match layer.op {
+            _ if self.plan.in_place[i] && layer.op != Op::Add => match layer.op {
                 Op::Activation(f) => match (self.half, self.fused[i].input) {
                     (Some(kind), true) => {
                         backend.activation_in_place_rounding(kind, f, &mut self.acts[dst], len)
@@ -522,15 +522,6 @@ impl<B: Backend> Network<B> {
                     let (key, first) = (self.dropout_key(i, step_key), self.dropout_first(i));
                     backend.dropout_in_place(p, key, first, &mut self.acts[dst], len)
                 }
-                Op::Add => Self::add_other_inputs(
-                    backend,
-                    self.half,
-                    &mut self.acts,
-                    &self.plan,
-                    &layer.inputs,
-                    dst,
-                    len,
-                ),
                 _ => {} // dropout in evaluation: the identity
             },
             Op::View => {}
@@ -597,18 +588,22 @@ impl<B: Backend> Network<B> {
                     eps,
                 );
             }
+            // The first input is in `dst` already when the add runs in place. In mixed
+            // precision each sum is rounded, as PyTorch rounds a + b + c in bf16 twice (and as
+            // a half-width buffer rounds every write); the last by the rounding below.
             Op::Add => {
-                let (x, y) = read_write(&mut self.acts, src, dst);
-                backend.copy(x, y, len);
-                Self::add_other_inputs(
-                    backend,
-                    self.half,
-                    &mut self.acts,
-                    &self.plan,
-                    &layer.inputs,
-                    dst,
-                    len,
-                );
+                if !self.plan.in_place[i] {
+                    let (x, y) = read_write(&mut self.acts, src, dst);
+                    backend.copy(x, y, len);
+                }
+                let others = &layer.inputs[1..];
+                for (k, &node) in others.iter().enumerate() {
+                    let (x, y) = read_write(&mut self.acts, self.plan.slot[node], dst);
+                    backend.add_assign(x, y, len);
+                    if k + 1 < others.len() {
+                        Self::round(backend, self.half, y, len);
+                    }
+                }
             }
             Op::Concat { widths } => {
                 let total: usize = widths.iter().sum();
@@ -632,29 +627,6 @@ impl<B: Backend> Network<B> {
         let next_rounds = self.fused.get(i + 1).is_some_and(|f| f.input);
         if !forward_keeps_half(&layer.op) && !self.fused[i].input && !next_rounds {
             Self::round(backend, self.half, &mut self.acts[dst], len);
-        }
-    }
-
-    /// Adds an add layer's inputs after the first into `dst`, which holds the first. In
-    /// mixed precision each sum is rounded, as PyTorch rounds a + b + c in bf16 twice (and as
-    /// a buffer that stores half values rounds every write); the last by the layer's rounding.
-    #[allow(clippy::too_many_arguments)]
-    fn add_other_inputs(
-        backend: &B,
-        half: Option<HalfKind>,
-        acts: &mut [B::Buf],
-        plan: &BufferPlan,
-        inputs: &[usize],
-        dst: usize,
-        len: usize,
-    ) {
-        let others = &inputs[1..];
-        for (k, &node) in others.iter().enumerate() {
-            let (x, y) = read_write(acts, plan.slot[node], dst);
-            backend.add_assign(x, y, len);
-            if k + 1 < others.len() {
-                Self::round(backend, half, y, len);
-            }
         }
     }
 

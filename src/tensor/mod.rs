@@ -128,7 +128,8 @@ impl std::ops::AddAssign for LossStats {
 /// explicitly, and uses only the prefix it needs (a smaller last batch reuses the buffers).
 /// Recording ops and replaying them (CUDA graphs) is `Capture`'s part.
 pub trait Backend: Capture {
-    /// Device memory holding f32 values.
+    /// Device memory holding f32 values (or, from `alloc_half`, half values in a format the
+    /// backend chooses).
     type Buf;
     /// Where a loss accumulates its statistics (kept on the device until read).
     type Stats;

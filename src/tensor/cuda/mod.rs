@@ -189,11 +189,6 @@ impl CudaBuf {
         self.len == 0
     }
 
-    /// The format a write rounds to, if not f32.
-    pub fn half(&self) -> Option<HalfKind> {
-        self.half
-    }
-
     /// The kernels' storage id: 0 f32, 1 f16, 2 bf16 (kernels/cast.cu's `load`).
     fn storage(&self) -> i32 {
         match self.half {
@@ -747,8 +742,10 @@ impl CudaBackend {
         Ok(CudaBuf { mem, len, half })
     }
 
-    /// Records an error unless every buffer holds f32 values: the ops whose kernels take
-    /// f32 buffers only (the network's buffer plan gives them nothing else). False when not.
+    /// Records an error unless every buffer holds f32 values: the activations and gradients
+    /// of the ops whose kernels take f32 buffers only (the network's buffer plan gives them
+    /// nothing else; parameters, their gradients and layer state are always f32). False
+    /// when not.
     fn f32_only(&self, what: &str, bufs: &[Option<&CudaBuf>]) -> bool {
         let half = bufs.iter().flatten().any(|b| b.half.is_some());
         if half {
@@ -1223,13 +1220,7 @@ impl Backend for CudaBackend {
         workspace: &mut CudaBuf,
     ) {
         // The weights may be mixed precision's half copy, stored in the half format.
-        let buffers = [
-            Some(x),
-            Some(dy),
-            Some(&*grads),
-            dx.as_deref(),
-            Some(&*workspace),
-        ];
+        let buffers = [Some(x), Some(dy), dx.as_deref(), Some(&*workspace)];
         if !self.f32_only("conv2d_backward", &buffers) {
             return;
         }
@@ -1363,10 +1354,7 @@ impl Backend for CudaBackend {
         momentum: f32,
         eps: f32,
     ) {
-        if !self.f32_only(
-            "batchnorm_forward",
-            &[Some(x), Some(&*y), Some(params), Some(&*state)],
-        ) {
+        if !self.f32_only("batchnorm_forward", &[Some(x), Some(&*y)]) {
             return;
         }
         let x = &x.mem;
@@ -1404,17 +1392,7 @@ impl Backend for CudaBackend {
         gamma: usize,
         state: &CudaBuf,
     ) {
-        if !self.f32_only(
-            "batchnorm_backward",
-            &[
-                Some(x),
-                Some(dy),
-                dx.as_deref(),
-                Some(params),
-                Some(&*grads),
-                Some(state),
-            ],
-        ) {
+        if !self.f32_only("batchnorm_backward", &[Some(x), Some(dy), dx.as_deref()]) {
             return;
         }
         let x = &x.mem;
@@ -1460,10 +1438,7 @@ impl Backend for CudaBackend {
         saved: &mut CudaBuf,
         eps: f32,
     ) {
-        if !self.f32_only(
-            "layernorm_forward",
-            &[Some(x), Some(&*y), Some(params), Some(&*saved)],
-        ) {
+        if !self.f32_only("layernorm_forward", &[Some(x), Some(&*y)]) {
             return;
         }
         let x = &x.mem;
@@ -1503,17 +1478,7 @@ impl Backend for CudaBackend {
         gamma: usize,
         saved: &CudaBuf,
     ) {
-        if !self.f32_only(
-            "layernorm_backward",
-            &[
-                Some(x),
-                Some(dy),
-                dx.as_deref(),
-                Some(params),
-                Some(&*grads),
-                Some(saved),
-            ],
-        ) {
+        if !self.f32_only("layernorm_backward", &[Some(x), Some(dy), dx.as_deref()]) {
             return;
         }
         let x = &x.mem;
@@ -2129,7 +2094,7 @@ impl Backend for CudaBackend {
         count: usize,
         dim: usize,
     ) {
-        if !self.f32_only("embedding_forward", &[Some(ids), Some(params), Some(&*y)]) {
+        if !self.f32_only("embedding_forward", &[Some(ids), Some(&*y)]) {
             return;
         }
         let ids = &ids.mem;
@@ -2155,7 +2120,7 @@ impl Backend for CudaBackend {
         count: usize,
         dim: usize,
     ) {
-        if !self.f32_only("embedding_backward", &[Some(ids), Some(dy), Some(&*grads)]) {
+        if !self.f32_only("embedding_backward", &[Some(ids), Some(dy)]) {
             return;
         }
         let ids = &ids.mem;
