@@ -1,13 +1,16 @@
 // Elementwise kernels: fills, copies, batch gathers, bias, activations, dropout.
 // Activation ids match src/tensor/cuda: 0 relu, 1 gelu (erf), 2 gelu (tanh), 3 tanh, 4 sigmoid.
-// A buffer of activations or their gradients comes with its storage (`load`, `store`).
+// A buffer of activations or their gradients comes with its storage (`load`, `store`). The
+// kernels over whole buffers go through `map_values` (vectorised; launched with n / VEC
+// threads).
 
 extern "C" __global__ void fill_f32(void* buf, int s, u64 n, float value) {
-    GRID_STRIDE(i, n) store(buf, s, i, value);
+    map_values<0>(nullptr, buf, s, n, [=](u64, const float*) { return value; });
 }
 
 extern "C" __global__ void scale_f32(float* buf, u64 n, float factor) {
-    GRID_STRIDE(i, n) buf[i] *= factor;
+    In in[1] = {{buf, 0}};
+    map_values<1>(in, buf, 0, n, [=](u64, const float* v) { return v[0] * factor; });
 }
 
 // dst[r, :] = src[rows[r], :]
@@ -21,7 +24,7 @@ extern "C" __global__ void gather_rows(const float* src, const u32* rows, u64 n_
 // y[r, :] = b, b = params + bias_at in the parameters' storage (mixed precision's half copy
 // is half-width).
 extern "C" __global__ void broadcast_rows(const void* params, int ps, u64 bias_at, u64 n, u64 width, void* y, int ys) {
-    GRID_STRIDE(i, n * width) store(y, ys, i, load(params, ps, bias_at + i % width));
+    map_values<0>(nullptr, y, ys, n * width, [=](u64 i, const float*) { return load(params, ps, bias_at + i % width); });
 }
 
 // db[j] += sum over rows of dy[r, j]. A block of BIAS_TILE x BIAS_TILE threads owns BIAS_TILE
@@ -77,16 +80,19 @@ __device__ __forceinline__ float act_derivative(int f, float x, float y) {
 }
 
 extern "C" __global__ void activation_forward(int f, const void* x, int xs, void* y, int ys, u64 n) {
-    GRID_STRIDE(i, n) store(y, ys, i, act(f, load(x, xs, i)));
+    In in[1] = {{x, xs}};
+    map_values<1>(in, y, ys, n, [=](u64, const float* v) { return act(f, v[0]); });
 }
 
 extern "C" __global__ void activation_in_place(int f, void* y, int ys, u64 n) {
-    GRID_STRIDE(i, n) store(y, ys, i, act(f, load(y, ys, i)));
+    In in[1] = {{y, ys}};
+    map_values<1>(in, y, ys, n, [=](u64, const float* v) { return act(f, v[0]); });
 }
 
 extern "C" __global__ void activation_backward(int f, const void* x, int xs, const void* y, int ys, const void* dy,
                                                int dys, void* dx, int dxs, u64 n) {
-    GRID_STRIDE(i, n) store(dx, dxs, i, load(dy, dys, i) * act_derivative(f, load(x, xs, i), load(y, ys, i)));
+    In in[3] = {{x, xs}, {y, ys}, {dy, dys}};
+    map_values<3>(in, dx, dxs, n, [=](u64, const float* v) { return v[2] * act_derivative(f, v[0], v[1]); });
 }
 
 // Mixed precision: the rounding of a neighbour fused into an in-place activation (see
@@ -94,25 +100,32 @@ extern "C" __global__ void activation_backward(int f, const void* x, int xs, con
 // outer rounding changes nothing (its results are half values already). In a half-width
 // buffer the roundings are the stores' own.
 extern "C" __global__ void activation_in_place_rounding(int f, int kind, void* y, int ys, u64 n) {
-    GRID_STRIDE(i, n) store(y, ys, i, round_half(act(f, round_half(load(y, ys, i), kind)), kind));
+    In in[1] = {{y, ys}};
+    map_values<1>(in, y, ys, n, [=](u64, const float* v) { return round_half(act(f, round_half(v[0], kind)), kind); });
 }
 
 extern "C" __global__ void activation_backward_rounding(int f, int kind, const void* x, int xs, const void* y, int ys,
                                                         const void* dy, int dys, void* dx, int dxs, u64 n) {
-    GRID_STRIDE(i, n) {
-        float d = round_half(load(dy, dys, i), kind) * act_derivative(f, load(x, xs, i), load(y, ys, i));
-        store(dx, dxs, i, round_half(d, kind));
-    }
+    In in[3] = {{x, xs}, {y, ys}, {dy, dys}};
+    map_values<3>(in, dx, dxs, n, [=](u64, const float* v) {
+        return round_half(round_half(v[2], kind) * act_derivative(f, v[0], v[1]), kind);
+    });
 }
 
 // Also the backward pass: the same key redraws the same mask. `first` is the stream position
 // of x[0] (a replica's share of a larger batch).
 extern "C" __global__ void dropout(float p, u64 key, u64 first, const void* x, int xs, void* y, int ys, u64 n) {
     float keep_scale = 1.0f / (1.0f - p);
-    GRID_STRIDE(i, n) store(y, ys, i, rng_uniform(key, first + i) >= p ? load(x, xs, i) * keep_scale : 0.0f);
+    In in[1] = {{x, xs}};
+    map_values<1>(in, y, ys, n, [=](u64 i, const float* v) {
+        return rng_uniform(key, first + i) >= p ? v[0] * keep_scale : 0.0f;
+    });
 }
 
 extern "C" __global__ void dropout_in_place(float p, u64 key, u64 first, void* y, int ys, u64 n) {
     float keep_scale = 1.0f / (1.0f - p);
-    GRID_STRIDE(i, n) store(y, ys, i, rng_uniform(key, first + i) >= p ? load(y, ys, i) * keep_scale : 0.0f);
+    In in[1] = {{y, ys}};
+    map_values<1>(in, y, ys, n, [=](u64 i, const float* v) {
+        return rng_uniform(key, first + i) >= p ? v[0] * keep_scale : 0.0f;
+    });
 }

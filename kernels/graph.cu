@@ -3,7 +3,14 @@
 
 // dst[i] += src[i]; each buffer in its storage (`load`, `store`).
 extern "C" __global__ void add_assign(const void* src, int ss, void* dst, int ds, u64 n) {
-    GRID_STRIDE(i, n) store(dst, ds, i, load(dst, ds, i) + load(src, ss, i));
+    In in[2] = {{dst, ds}, {src, ss}};
+    map_values<2>(in, dst, ds, n, [](u64, const float* v) { return v[0] + v[1]; });
+}
+
+// dst[i] = src[i]: a copy between storages (mixed precision's half copy of the parameters).
+extern "C" __global__ void convert_values(const void* src, int ss, void* dst, int ds, u64 n) {
+    In in[1] = {{src, ss}};
+    map_values<1>(in, dst, ds, n, [](u64, const float* v) { return v[0]; });
 }
 
 // Row r of `width` values: dst[r * dst_stride + dst_offset + j] (+)= src[r * src_stride + src_offset + j].

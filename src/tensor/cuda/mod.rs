@@ -26,6 +26,8 @@ use std::sync::Arc;
 /// byte the run uses is counted.
 pub const CUBLAS_WORKSPACE: usize = 32 << 20;
 const THREADS: u32 = 256;
+/// Values a thread moves at once in the vectorised kernels (kernels/cast.cu's VEC).
+const VEC: usize = 8;
 /// Blocks of the first pass of the gradient norm (a fixed count keeps the sum's order fixed).
 const NORM_BLOCKS: u32 = 1024;
 /// Columns per block of the bias gradient, and threads splitting the rows (kernels' BIAS_TILE).
@@ -105,6 +107,7 @@ struct Functions {
     scale: CudaFunction,
     round_to_half: CudaFunction,
     add_assign: CudaFunction,
+    convert_values: CudaFunction,
     copy_rows: CudaFunction,
     softmax_forward: CudaFunction,
     embedding_forward: CudaFunction,
@@ -443,6 +446,12 @@ fn cuda_err(what: &str, e: impl std::fmt::Debug) -> Error {
     Error::Runtime(format!("CUDA: {what} failed: {e:?}"))
 }
 
+/// For the kernels that go through `map_values` (kernels/cast.cu): a thread for every VEC
+/// values.
+fn grid_vec(n: usize) -> LaunchConfig {
+    grid(n.div_ceil(VEC))
+}
+
 fn grid(n: usize) -> LaunchConfig {
     let blocks = n.div_ceil(THREADS as usize).clamp(1, 1 << 16) as u32;
     LaunchConfig {
@@ -510,6 +519,7 @@ impl CudaBackend {
             scale: load("scale_f32")?,
             round_to_half: load("round_to_half")?,
             add_assign: load("add_assign")?,
+            convert_values: load("convert_values")?,
             copy_rows: load("copy_rows")?,
             softmax_forward: load("softmax_forward")?,
             embedding_forward: load("embedding_forward")?,
@@ -1580,7 +1590,10 @@ impl Backend for CudaBackend {
         let mut b = self.stream.launch_builder(&self.f.fill);
         b.arg(&mut buf.mem).arg(&storage).arg(&n).arg(&value);
         // SAFETY: writes the n values of buf in its storage.
-        self.launch("fill", unsafe { b.launch(grid(n as usize)) }.map(|_| ()));
+        self.launch(
+            "fill",
+            unsafe { b.launch(grid_vec(n as usize)) }.map(|_| ()),
+        );
     }
 
     fn copy(&self, src: &CudaBuf, dst: &mut CudaBuf, len: usize) {
@@ -1588,8 +1601,11 @@ impl Backend for CudaBackend {
             return;
         }
         if src.half.is_some() || dst.half.is_some() {
-            // One row of `len` values, converted between the storages.
-            return self.copy_rows(src, (len, 0), dst, (len, 0), len, 1, false);
+            let (n, ss, ds) = (len as u64, src.storage(), dst.storage());
+            let mut l = self.stream.launch_builder(&self.f.convert_values);
+            l.arg(&src.mem).arg(&ss).arg(&mut dst.mem).arg(&ds).arg(&n);
+            // SAFETY: len <= both lengths (the trait's contract).
+            return self.launch("convert", unsafe { l.launch(grid_vec(len)) }.map(|_| ()));
         }
         let r = (self.stream).memcpy_dtod(&src.mem.slice(..len), &mut dst.mem.slice_mut(..len));
         self.record("device copy", r);
@@ -1693,7 +1709,7 @@ impl Backend for CudaBackend {
             l.arg(&params.mem).arg(&ps).arg(&at).arg(&rows).arg(&width);
             l.arg(&mut y.mem).arg(&ys);
             // SAFETY: reads `out` bias values, writes n·out values of y.
-            self.launch("bias", unsafe { l.launch(grid(n * out)) }.map(|_| ()));
+            self.launch("bias", unsafe { l.launch(grid_vec(n * out)) }.map(|_| ()));
         }
         // y[n, out] = x[n, inp] · Wᵀ, W stored [out, inp] (so Wᵀ is "transposed storage").
         self.gemm(
@@ -1774,7 +1790,7 @@ impl Backend for CudaBackend {
             .arg(&ys)
             .arg(&n);
         // SAFETY: reads and writes len values.
-        self.launch("activation", unsafe { l.launch(grid(len)) }.map(|_| ()));
+        self.launch("activation", unsafe { l.launch(grid_vec(len)) }.map(|_| ()));
     }
 
     fn activation_in_place(&self, f: Activation, buf: &mut CudaBuf, len: usize) {
@@ -1782,7 +1798,7 @@ impl Backend for CudaBackend {
         let mut l = self.stream.launch_builder(&self.f.activation_in_place);
         l.arg(&id).arg(&mut buf.mem).arg(&s).arg(&n);
         // SAFETY: reads and writes len values.
-        self.launch("activation", unsafe { l.launch(grid(len)) }.map(|_| ()));
+        self.launch("activation", unsafe { l.launch(grid_vec(len)) }.map(|_| ()));
     }
 
     fn activation_backward(
@@ -1802,7 +1818,7 @@ impl Backend for CudaBackend {
         // SAFETY: reads and writes len values.
         self.launch(
             "activation backward",
-            unsafe { l.launch(grid(len)) }.map(|_| ()),
+            unsafe { l.launch(grid_vec(len)) }.map(|_| ()),
         );
     }
 
@@ -1820,7 +1836,7 @@ impl Backend for CudaBackend {
             .launch_builder(&self.f.activation_in_place_rounding);
         l.arg(&id).arg(&kind).arg(&mut buf.mem).arg(&s).arg(&n);
         // SAFETY: reads and writes len values.
-        self.launch("activation", unsafe { l.launch(grid(len)) }.map(|_| ()));
+        self.launch("activation", unsafe { l.launch(grid_vec(len)) }.map(|_| ()));
     }
 
     /// One pass for the default's three; dy is left as it was.
@@ -1849,7 +1865,7 @@ impl Backend for CudaBackend {
         // SAFETY: reads len values of x, y and dy, writes len of dx.
         self.launch(
             "activation backward",
-            unsafe { l.launch(grid(len)) }.map(|_| ()),
+            unsafe { l.launch(grid_vec(len)) }.map(|_| ()),
         );
     }
 
@@ -1867,7 +1883,7 @@ impl Backend for CudaBackend {
         l.arg(&p).arg(&key).arg(&first);
         l.arg(&x.mem).arg(&xs).arg(&mut y.mem).arg(&ys).arg(&n);
         // SAFETY: reads and writes len values.
-        self.launch("dropout", unsafe { l.launch(grid(len)) }.map(|_| ()));
+        self.launch("dropout", unsafe { l.launch(grid_vec(len)) }.map(|_| ()));
     }
 
     fn dropout_backward(
@@ -1892,7 +1908,7 @@ impl Backend for CudaBackend {
             .arg(&s)
             .arg(&n);
         // SAFETY: reads and writes len values.
-        self.launch("dropout", unsafe { l.launch(grid(len)) }.map(|_| ()));
+        self.launch("dropout", unsafe { l.launch(grid_vec(len)) }.map(|_| ()));
     }
 
     fn loss(
@@ -2050,7 +2066,10 @@ impl Backend for CudaBackend {
         let mut l = self.stream.launch_builder(&self.f.scale);
         l.arg(&mut *buf).arg(&n).arg(&factor);
         // SAFETY: scales n elements in place.
-        self.launch("scale", unsafe { l.launch(grid(n as usize)) }.map(|_| ()));
+        self.launch(
+            "scale",
+            unsafe { l.launch(grid_vec(n as usize)) }.map(|_| ()),
+        );
     }
 
     fn add_assign(&self, src: &CudaBuf, dst: &mut CudaBuf, len: usize) {
@@ -2058,7 +2077,7 @@ impl Backend for CudaBackend {
         let mut l = self.stream.launch_builder(&self.f.add_assign);
         l.arg(&src.mem).arg(&ss).arg(&mut dst.mem).arg(&ds).arg(&n);
         // SAFETY: n <= both lengths.
-        self.launch("add", unsafe { l.launch(grid(len)) }.map(|_| ()));
+        self.launch("add", unsafe { l.launch(grid_vec(len)) }.map(|_| ()));
     }
 
     fn copy_rows(
@@ -2187,7 +2206,10 @@ impl Backend for CudaBackend {
         let mut l = self.stream.launch_builder(&self.f.round_to_half);
         l.arg(&mut buf.mem).arg(&n).arg(&kind);
         // SAFETY: rounds the first len <= buf.len() elements in place.
-        self.launch("round_to_half", unsafe { l.launch(grid(len)) }.map(|_| ()));
+        self.launch(
+            "round_to_half",
+            unsafe { l.launch(grid_vec(len)) }.map(|_| ()),
+        );
     }
 
     fn sgd_step(
