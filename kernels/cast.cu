@@ -1,19 +1,31 @@
 // f32 <-> f16 / bf16 casts, round-to-nearest-even (as PyTorch and the `half` crate). NVRTC has
 // no cuda_fp16.h here, so the conversions are written with PTX cvt instructions; halves are
-// stored as their raw 16-bit patterns.
+// stored as their raw 16-bit patterns. Built for the host (tests/kernels_on_host.rs), the
+// compiler's _Float16 does the same conversions.
 
 typedef unsigned short u16;
 
 __device__ __forceinline__ u16 f32_to_f16_bits(float x) {
     u16 h;
+#ifdef __CUDA_ARCH__
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+#else
+    _Float16 v = (_Float16)x;
+    memcpy(&h, &v, 2);
+#endif
     return h;
 }
 
 __device__ __forceinline__ float f16_bits_to_f32(u16 h) {
+#ifdef __CUDA_ARCH__
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
     return f;
+#else
+    _Float16 v;
+    memcpy(&v, &h, 2);
+    return (float)v;
+#endif
 }
 
 __device__ __forceinline__ u16 f32_to_bf16_bits(float x) {

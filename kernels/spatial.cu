@@ -1,6 +1,7 @@
 // Image layers, NCHW. Convolution is Caffe-style batched im2col: col is [c*kh*kw, n*oh*ow], so
 // one cuBLAS GEMM per group covers the whole batch, with layout kernels between [n, o, p] and
-// [o, n*p]. Every backward pass gathers (one thread per input element) instead of scattering
+// [o, n*p]. Activations and their gradients come with their storage (`load`, `store`); the
+// GEMM workspaces (col, the [o, n*p] layouts) are f32. Every backward pass gathers (one thread per input element) instead of scattering
 // with atomics, so results are bit-reproducible.
 
 struct ConvGeom {
@@ -8,7 +9,7 @@ struct ConvGeom {
 };
 
 // col[(ci, ki, kj), (s, p, q)] = x[s, ci, p*sh - ph + ki*dh, q*sw - pw + kj*dw], 0 outside.
-extern "C" __global__ void im2col(const float* x, ConvGeom g, float* col) {
+extern "C" __global__ void im2col(const void* x, int xs, ConvGeom g, float* col) {
     u64 cols = g.n * g.oh * g.ow;
     GRID_STRIDE(idx, g.c * g.kh * g.kw * cols) {
         u64 row = idx / cols, column = idx % cols;
@@ -18,12 +19,12 @@ extern "C" __global__ void im2col(const float* x, ConvGeom g, float* col) {
         long long i = (long long)(p * g.sh + (k / g.kw) * g.dh) - (long long)g.ph;
         long long j = (long long)(q * g.sw + (k % g.kw) * g.dw) - (long long)g.pw;
         bool inside = i >= 0 && i < (long long)g.h && j >= 0 && j < (long long)g.w;
-        col[idx] = inside ? x[((s * g.c + ci) * g.h + i) * g.w + j] : 0.0f;
+        col[idx] = inside ? load(x, xs, ((s * g.c + ci) * g.h + i) * g.w + j) : 0.0f;
     }
 }
 
 // dx[s, ci, i, j] = sum of the col entries im2col took from it (a gather: no atomics).
-extern "C" __global__ void col2im(const float* col, ConvGeom g, float* dx) {
+extern "C" __global__ void col2im(const float* col, ConvGeom g, void* dx, int dxs) {
     u64 cols = g.n * g.oh * g.ow;
     GRID_STRIDE(idx, g.n * g.c * g.h * g.w) {
         u64 j = idx % g.w, i = (idx / g.w) % g.h, ci = (idx / (g.w * g.h)) % g.c, s = idx / (g.w * g.h * g.c);
@@ -39,25 +40,25 @@ extern "C" __global__ void col2im(const float* col, ConvGeom g, float* dx) {
                 sum += col[row * cols + column];
             }
         }
-        dx[idx] = sum;
+        store(dx, dxs, idx, sum);
     }
 }
 
 // y[s, o, p] = src[o, s*P + p] (+ bias[o], bias = params + bias_at in the parameters' storage,
 // `load`): from the GEMM's layout to NCHW.
 extern "C" __global__ void cn_to_nchw(const float* src, const void* params, int ps, u64 bias_at, int has_bias, u64 n,
-                                      u64 o, u64 plane, float* y) {
+                                      u64 o, u64 plane, void* y, int ys) {
     GRID_STRIDE(idx, n * o * plane) {
         u64 p = idx % plane, oc = (idx / plane) % o, s = idx / (plane * o);
-        y[idx] = src[oc * n * plane + s * plane + p] + (has_bias ? load(params, ps, bias_at + oc) : 0.0f);
+        store(y, ys, idx, src[oc * n * plane + s * plane + p] + (has_bias ? load(params, ps, bias_at + oc) : 0.0f));
     }
 }
 
 // dst[o, s*P + p] = dy[s, o, p]: NCHW to the GEMM's layout.
-extern "C" __global__ void nchw_to_cn(const float* dy, u64 n, u64 o, u64 plane, float* dst) {
+extern "C" __global__ void nchw_to_cn(const void* dy, int dys, u64 n, u64 o, u64 plane, float* dst) {
     GRID_STRIDE(idx, n * o * plane) {
         u64 p = idx % plane, s = (idx / plane) % n, oc = idx / (plane * n);
-        dst[idx] = dy[(s * o + oc) * plane + p];
+        dst[idx] = load(dy, dys, (s * o + oc) * plane + p);
     }
 }
 
@@ -77,10 +78,10 @@ struct PoolGeom {
 };
 
 // kind 0: max (padding is -inf), 1: average over the full kernel area (count_include_pad).
-extern "C" __global__ void pool2d_forward(int kind, const float* x, PoolGeom g, float* y) {
+extern "C" __global__ void pool2d_forward(int kind, const void* x, int xs, PoolGeom g, void* y, int ys) {
     GRID_STRIDE(idx, g.n * g.c * g.oh * g.ow) {
         u64 q = idx % g.ow, p = (idx / g.ow) % g.oh, plane = idx / (g.ow * g.oh);
-        const float* xp = x + plane * g.h * g.w;
+        u64 xp = plane * g.h * g.w;
         float acc = kind == 0 ? __int_as_float(0xff800000) : 0.0f;
         for (u64 a = 0; a < g.kh; a++) {
             long long i = (long long)(p * g.sh + a) - (long long)g.ph;
@@ -88,20 +89,21 @@ extern "C" __global__ void pool2d_forward(int kind, const float* x, PoolGeom g, 
             for (u64 b = 0; b < g.kw; b++) {
                 long long j = (long long)(q * g.sw + b) - (long long)g.pw;
                 if (j < 0 || j >= (long long)g.w) continue;
-                float v = xp[i * g.w + j];
+                float v = load(x, xs, xp + i * g.w + j);
                 if (kind == 0) { if (v > acc || v != v) acc = v; } else acc += v;
             }
         }
-        y[idx] = kind == 0 ? acc : acc / (float)(g.kh * g.kw);
+        store(y, ys, idx, kind == 0 ? acc : acc / (float)(g.kh * g.kw));
     }
 }
 
 // One thread per input element gathers from every window containing it; for max pooling only
 // from windows whose first maximum (recomputed) is this element.
-extern "C" __global__ void pool2d_backward(int kind, const float* x, const float* y, const float* dy, PoolGeom g, float* dx) {
+extern "C" __global__ void pool2d_backward(int kind, const void* x, int xs, const void* y, int ys, const void* dy,
+                                           int dys, PoolGeom g, void* dx, int dxs) {
     GRID_STRIDE(idx, g.n * g.c * g.h * g.w) {
         u64 j = idx % g.w, i = (idx / g.w) % g.h, plane = idx / (g.w * g.h);
-        const float* xp = x + plane * g.h * g.w;
+        u64 xp = plane * g.h * g.w;
         float sum = 0.0f;
         for (u64 a = 0; a < g.kh; a++) {
             long long pi = (long long)(i + g.ph) - (long long)a;
@@ -111,9 +113,9 @@ extern "C" __global__ void pool2d_backward(int kind, const float* x, const float
                 long long qj = (long long)(j + g.pw) - (long long)b;
                 if (qj < 0 || qj % g.sw != 0 || qj / g.sw >= (long long)g.ow) continue;
                 u64 q = qj / g.sw, out = (plane * g.oh + p) * g.ow + q;
-                if (kind == 1) { sum += dy[out] / (float)(g.kh * g.kw); continue; }
+                if (kind == 1) { sum += load(dy, dys, out) / (float)(g.kh * g.kw); continue; }
                 // Is (i, j) the first position of window (p, q) holding its maximum?
-                float target = y[out];
+                float target = load(y, ys, out);
                 u64 first = ~0ull;
                 for (u64 wa = 0; wa < g.kh && first == ~0ull; wa++) {
                     long long wi = (long long)(p * g.sh + wa) - (long long)g.ph;
@@ -121,21 +123,22 @@ extern "C" __global__ void pool2d_backward(int kind, const float* x, const float
                     for (u64 wb = 0; wb < g.kw; wb++) {
                         long long wj = (long long)(q * g.sw + wb) - (long long)g.pw;
                         if (wj < 0 || wj >= (long long)g.w) continue;
-                        float v = xp[wi * g.w + wj];
+                        float v = load(x, xs, xp + wi * g.w + wj);
                         if (v == target || (v != v && target != target)) { first = wi * g.w + wj; break; }
                     }
                 }
-                if (first == i * g.w + j) sum += dy[out];
+                if (first == i * g.w + j) sum += load(dy, dys, out);
             }
         }
-        dx[idx] = sum;
+        store(dx, dxs, idx, sum);
     }
 }
 
 // Batch norm over [n, c, spatial], one block per channel. state = [running_mean | running_var |
 // mean | invstd], c each. Training: batch statistics (biased variance to normalise, unbiased
 // for the running variance); evaluation: the running statistics.
-extern "C" __global__ void batchnorm_forward(const float* x, float* y, u64 n, u64 c, u64 spatial, const float* gamma,
+extern "C" __global__ void batchnorm_forward(const void* x, int xs, void* y, int ys, u64 n, u64 c, u64 spatial,
+                                             const float* gamma,
                                              const float* beta, float* state, int train, float momentum, float eps) {
     u64 ch = blockIdx.x;
     if (ch >= c) return;
@@ -143,14 +146,14 @@ extern "C" __global__ void batchnorm_forward(const float* x, float* y, u64 n, u6
     __shared__ float mean_s, invstd_s;
     if (train) {
         double sum = 0.0;
-        for (u64 k = threadIdx.x; k < m; k += blockDim.x) sum += x[((k / spatial) * c + ch) * spatial + k % spatial];
+        for (u64 k = threadIdx.x; k < m; k += blockDim.x) sum += load(x, xs, ((k / spatial) * c + ch) * spatial + k % spatial);
         sum = block_sum(sum);
         __shared__ double mu_s;
         if (threadIdx.x == 0) mu_s = sum / (double)m;
         __syncthreads();
         double mu = mu_s, sq = 0.0;
         for (u64 k = threadIdx.x; k < m; k += blockDim.x) {
-            double d = x[((k / spatial) * c + ch) * spatial + k % spatial] - mu;
+            double d = load(x, xs, ((k / spatial) * c + ch) * spatial + k % spatial) - mu;
             sq += d * d;
         }
         sq = block_sum(sq);
@@ -171,15 +174,15 @@ extern "C" __global__ void batchnorm_forward(const float* x, float* y, u64 n, u6
     if (threadIdx.x == 0) { state[2 * c + ch] = mu; state[3 * c + ch] = is; }
     for (u64 k = threadIdx.x; k < m; k += blockDim.x) {
         u64 i = ((k / spatial) * c + ch) * spatial + k % spatial;
-        y[i] = (x[i] - mu) * is * gamma[ch] + beta[ch];
+        store(y, ys, i, (load(x, xs, i) - mu) * is * gamma[ch] + beta[ch]);
     }
 }
 
 // Training-mode backward, one block per channel: dgamma += sum dy*xhat, dbeta += sum dy,
 // dx = gamma*invstd*(dy - mean(dy) - xhat*mean(dy*xhat)) when write_dx.
-extern "C" __global__ void batchnorm_backward(const float* x, const float* dy, float* dx, int write_dx, u64 n, u64 c,
-                                              u64 spatial, const float* gamma, const float* state, float* dgamma,
-                                              float* dbeta) {
+extern "C" __global__ void batchnorm_backward(const void* x, int xs, const void* dy, int dys, void* dx, int dxs,
+                                              int write_dx, u64 n, u64 c, u64 spatial, const float* gamma,
+                                              const float* state, float* dgamma, float* dbeta) {
     u64 ch = blockIdx.x;
     if (ch >= c) return;
     u64 m = n * spatial;
@@ -187,9 +190,10 @@ extern "C" __global__ void batchnorm_backward(const float* x, const float* dy, f
     double sum_dy = 0.0, sum_dy_xhat = 0.0;
     for (u64 k = threadIdx.x; k < m; k += blockDim.x) {
         u64 i = ((k / spatial) * c + ch) * spatial + k % spatial;
-        double xhat = (double)((x[i] - mu) * is);
-        sum_dy += dy[i];
-        sum_dy_xhat += (double)dy[i] * xhat;
+        double xhat = (double)((load(x, xs, i) - mu) * is);
+        double d = load(dy, dys, i);
+        sum_dy += d;
+        sum_dy_xhat += d * xhat;
     }
     sum_dy = block_sum(sum_dy);
     __shared__ double totals[2];
@@ -206,26 +210,26 @@ extern "C" __global__ void batchnorm_backward(const float* x, const float* dy, f
     double scale = (double)gamma[ch] * (double)is, a = totals[0] / (double)m, b = totals[1] / (double)m;
     for (u64 k = threadIdx.x; k < m; k += blockDim.x) {
         u64 i = ((k / spatial) * c + ch) * spatial + k % spatial;
-        double xhat = (double)((x[i] - mu) * is);
-        dx[i] = (float)(scale * ((double)dy[i] - a - xhat * b));
+        double xhat = (double)((load(x, xs, i) - mu) * is);
+        store(dx, dxs, i, (float)(scale * ((double)load(dy, dys, i) - a - xhat * b)));
     }
 }
 
 // Layer norm over rows of `width`, one block per row; saved = [mean | invstd], rows each.
-extern "C" __global__ void layernorm_forward(const float* x, float* y, u64 rows, u64 width, const float* gamma,
-                                             const float* beta, float* saved, float eps) {
+extern "C" __global__ void layernorm_forward(const void* x, int xs, void* y, int ys, u64 rows, u64 width,
+                                             const float* gamma, const float* beta, float* saved, float eps) {
     u64 r = blockIdx.x;
     if (r >= rows) return;
-    const float* xr = x + r * width;
+    u64 row = r * width;
     double sum = 0.0;
-    for (u64 j = threadIdx.x; j < width; j += blockDim.x) sum += xr[j];
+    for (u64 j = threadIdx.x; j < width; j += blockDim.x) sum += load(x, xs, row + j);
     sum = block_sum(sum);
     __shared__ double mu_s;
     __shared__ float is_s;
     if (threadIdx.x == 0) mu_s = sum / (double)width;
     __syncthreads();
     double mu = mu_s, sq = 0.0;
-    for (u64 j = threadIdx.x; j < width; j += blockDim.x) { double d = xr[j] - mu; sq += d * d; }
+    for (u64 j = threadIdx.x; j < width; j += blockDim.x) { double d = load(x, xs, row + j) - mu; sq += d * d; }
     sq = block_sum(sq);
     if (threadIdx.x == 0) {
         is_s = (float)(1.0 / sqrt(sq / (double)width + (double)eps));
@@ -234,20 +238,22 @@ extern "C" __global__ void layernorm_forward(const float* x, float* y, u64 rows,
     }
     __syncthreads();
     float m = (float)mu, is = is_s;
-    for (u64 j = threadIdx.x; j < width; j += blockDim.x) y[r * width + j] = (xr[j] - m) * is * gamma[j] + beta[j];
+    for (u64 j = threadIdx.x; j < width; j += blockDim.x)
+        store(y, ys, row + j, (load(x, xs, row + j) - m) * is * gamma[j] + beta[j]);
 }
 
 // dx per row (one block per row); dgamma/dbeta are column sums (layernorm_param_grads).
-extern "C" __global__ void layernorm_backward(const float* x, const float* dy, float* dx, u64 rows, u64 width,
-                                              const float* gamma, const float* saved) {
+extern "C" __global__ void layernorm_backward(const void* x, int xs, const void* dy, int dys, void* dx, int dxs,
+                                              u64 rows, u64 width, const float* gamma, const float* saved) {
     u64 r = blockIdx.x;
     if (r >= rows) return;
+    u64 row = r * width;
     float mu = saved[r], is = saved[rows + r];
     double sum_g = 0.0, sum_g_xhat = 0.0;
     for (u64 j = threadIdx.x; j < width; j += blockDim.x) {
-        double g = (double)dy[r * width + j] * gamma[j];
+        double g = (double)load(dy, dys, row + j) * gamma[j];
         sum_g += g;
-        sum_g_xhat += g * (double)((x[r * width + j] - mu) * is);
+        sum_g_xhat += g * (double)((load(x, xs, row + j) - mu) * is);
     }
     sum_g = block_sum(sum_g);
     __shared__ double totals[2];
@@ -258,20 +264,20 @@ extern "C" __global__ void layernorm_backward(const float* x, const float* dy, f
     __syncthreads();
     double a = totals[0] / (double)width, b = totals[1] / (double)width;
     for (u64 j = threadIdx.x; j < width; j += blockDim.x) {
-        double g = (double)dy[r * width + j] * gamma[j];
-        double xhat = (double)((x[r * width + j] - mu) * is);
-        dx[r * width + j] = (float)((double)is * (g - a - xhat * b));
+        double g = (double)load(dy, dys, row + j) * gamma[j];
+        double xhat = (double)((load(x, xs, row + j) - mu) * is);
+        store(dx, dxs, row + j, (float)((double)is * (g - a - xhat * b)));
     }
 }
 
 // dgamma[j] += sum_r dy*xhat, dbeta[j] += sum_r dy; one thread per column.
-extern "C" __global__ void layernorm_param_grads(const float* x, const float* dy, u64 rows, u64 width,
+extern "C" __global__ void layernorm_param_grads(const void* x, int xs, const void* dy, int dys, u64 rows, u64 width,
                                                  const float* saved, float* dgamma, float* dbeta) {
     GRID_STRIDE(j, width) {
         float g = 0.0f, b = 0.0f;
         for (u64 r = 0; r < rows; r++) {
-            float d = dy[r * width + j];
-            g += d * ((x[r * width + j] - saved[r]) * saved[rows + r]);
+            float d = load(dy, dys, r * width + j);
+            g += d * ((load(x, xs, r * width + j) - saved[r]) * saved[rows + r]);
             b += d;
         }
         dgamma[j] += g;

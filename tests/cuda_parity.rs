@@ -421,6 +421,43 @@ fn assert_bits(gpu: &[f32], cpu: &[f32], what: &str) {
     assert!(same, "{what}: not the CPU's bits");
 }
 
+/// How a buffer of activations or their gradients is stored: f32, or half-width (mixed
+/// precision).
+const STORAGES: [Option<HalfKind>; 3] = [None, Some(HalfKind::F16), Some(HalfKind::Bf16)];
+
+fn up_in(g: &CudaBackend, storage: Option<HalfKind>, v: &[f32]) -> CudaBuf {
+    match storage {
+        None => up(g, v),
+        Some(kind) => up_half(g, kind, v),
+    }
+}
+
+fn poisoned_in(g: &CudaBackend, storage: Option<HalfKind>, len: usize) -> CudaBuf {
+    match storage {
+        None => poisoned(g, len),
+        Some(kind) => poisoned_half(g, kind, len),
+    }
+}
+
+/// What a buffer in `storage` holds of `v`.
+fn stored(storage: Option<HalfKind>, v: &[f32]) -> Vec<f32> {
+    match storage {
+        None => v.to_vec(),
+        Some(kind) => rounded(kind, v),
+    }
+}
+
+/// The agreement of results stored in `storage` (relative to the largest): f32's, or one
+/// unit in the half format's last place, as two f32 results that agree to 1e-5 may round
+/// to neighbouring halves.
+fn tolerance(storage: Option<HalfKind>) -> f32 {
+    match storage {
+        None => 1e-5,
+        Some(HalfKind::F16) => 2f32.powi(-10),
+        Some(HalfKind::Bf16) => 2f32.powi(-7),
+    }
+}
+
 /// Mixed precision's half-width buffers hold what the CPU's f32 buffers hold after the
 /// network's rounding: every op that takes them, with each operand stored either way.
 /// Elementwise ops whose f32 results are the CPU's give its bits; products and
@@ -911,11 +948,21 @@ fn mixed_precision_jobs_on_cuda_follow_the_cpu_loss_curve() {
     }
 }
 
+/// Conv, pooling and the norms, with activations and their gradients in f32 buffers and in
+/// mixed precision's half-width ones (the CPU's inputs and results then rounded as the
+/// network rounds them).
 #[test]
 fn image_layers_match_the_cpu() {
-    use trainer::tensor::{Conv2d, Pool2d, PoolKind};
     let Some(g) = gpu() else { return };
+    for storage in STORAGES {
+        image_layers_in(&g, storage);
+    }
+}
+
+fn image_layers_in(g: &CudaBackend, storage: Option<HalfKind>) {
+    use trainer::tensor::{Conv2d, Pool2d, PoolKind};
     let cpu = CpuBackend::new(2);
+    let (tol, at) = (tolerance(storage), format!("{storage:?}"));
     let convs = [
         Conv2d {
             c: 3,
@@ -961,17 +1008,19 @@ fn image_layers_match_the_cpu() {
         let params = random_vec(s.weight_len() + s.o, 20);
         let bias = Some(s.weight_len());
         let (x, dy) = (random_vec(in_len, 21), random_vec(out_len, 22));
+        let (x, dy) = (stored(storage, &x), stored(storage, &dy));
         let mut ws_cpu = vec![0.0; cpu.conv_workspace_len(&s, n)];
         let mut ws_gpu = g.alloc(g.conv_workspace_len(&s, n)).unwrap();
         let mut y_cpu = vec![f32::NAN; out_len];
         cpu.conv2d_forward(&s, &x, &params, 0, bias, &mut y_cpu, n, &mut ws_cpu);
-        let (xg, pg) = (up(&g, &x), up(&g, &params));
-        let mut yg = poisoned(&g, out_len);
+        let (xg, pg) = (up_in(g, storage, &x), up(g, &params));
+        let mut yg = poisoned_in(g, storage, out_len);
         g.conv2d_forward(&s, &xg, &pg, 0, bias, &mut yg, n, &mut ws_gpu);
-        assert_close(
-            &down(&g, &yg, out_len),
-            &y_cpu,
-            &format!("conv {s:?} forward"),
+        assert_within(
+            &down(g, &yg, out_len),
+            &stored(storage, &y_cpu),
+            tol,
+            &format!("{at} conv {s:?} forward"),
         );
         let grads0 = random_vec(params.len(), 23);
         let (mut gr_cpu, mut dx_cpu) = (grads0.clone(), vec![f32::NAN; in_len]);
@@ -987,11 +1036,11 @@ fn image_layers_match_the_cpu() {
             n,
             &mut ws_cpu,
         );
-        let (mut gr_gpu, mut dxg) = (up(&g, &grads0), poisoned(&g, in_len));
+        let (mut gr_gpu, mut dxg) = (up(g, &grads0), poisoned_in(g, storage, in_len));
         g.conv2d_backward(
             &s,
             &xg,
-            &up(&g, &dy),
+            &up_in(g, storage, &dy),
             &pg,
             &mut gr_gpu,
             0,
@@ -1001,11 +1050,16 @@ fn image_layers_match_the_cpu() {
             &mut ws_gpu,
         );
         assert_close(
-            &down(&g, &gr_gpu, params.len()),
+            &down(g, &gr_gpu, params.len()),
             &gr_cpu,
-            &format!("conv {s:?} dW/db"),
+            &format!("{at} conv {s:?} dW/db"),
         );
-        assert_close(&down(&g, &dxg, in_len), &dx_cpu, &format!("conv {s:?} dx"));
+        assert_within(
+            &down(g, &dxg, in_len),
+            &stored(storage, &dx_cpu),
+            tol,
+            &format!("{at} conv {s:?} dx"),
+        );
     }
     for (kind, s) in [
         (
@@ -1056,28 +1110,32 @@ fn image_layers_match_the_cpu() {
         let (oh, ow) = s.out_hw().unwrap();
         let (in_len, out_len) = (n * s.c * s.h * s.w, n * s.c * oh * ow);
         let (x, dy) = (random_vec(in_len, 24), random_vec(out_len, 25));
+        let (x, dy) = (stored(storage, &x), stored(storage, &dy));
         let mut y_cpu = vec![f32::NAN; out_len];
         cpu.pool2d_forward(kind, &s, &x, &mut y_cpu, n);
-        let (xg, mut yg) = (up(&g, &x), poisoned(&g, out_len));
+        let (xg, mut yg) = (up_in(g, storage, &x), poisoned_in(g, storage, out_len));
         g.pool2d_forward(kind, &s, &xg, &mut yg, n);
-        assert_close(
-            &down(&g, &yg, out_len),
-            &y_cpu,
-            &format!("{kind:?} {s:?} forward"),
+        assert_within(
+            &down(g, &yg, out_len),
+            &stored(storage, &y_cpu),
+            tol,
+            &format!("{at} {kind:?} {s:?} forward"),
         );
         let mut dx_cpu = vec![f32::NAN; in_len];
         cpu.pool2d_backward(kind, &s, &x, &y_cpu, &dy, &mut dx_cpu, n);
-        let mut dxg = poisoned(&g, in_len);
-        g.pool2d_backward(kind, &s, &xg, &yg, &up(&g, &dy), &mut dxg, n);
-        assert_close(
-            &down(&g, &dxg, in_len),
-            &dx_cpu,
-            &format!("{kind:?} {s:?} backward"),
+        let mut dxg = poisoned_in(g, storage, in_len);
+        g.pool2d_backward(kind, &s, &xg, &yg, &up_in(g, storage, &dy), &mut dxg, n);
+        assert_within(
+            &down(g, &dxg, in_len),
+            &stored(storage, &dx_cpu),
+            tol,
+            &format!("{at} {kind:?} {s:?} backward"),
         );
     }
     let (c, spatial) = (6, 49);
     let len = n * c * spatial;
     let (x, dy) = (random_vec(len, 26), random_vec(len, 27));
+    let (x, dy) = (stored(storage, &x), stored(storage, &dy));
     let params = random_vec(2 * c, 28);
     let mut state0 = random_vec(4 * c, 29);
     state0[c..2 * c].iter_mut().for_each(|v| *v = v.abs() + 0.5); // a running variance
@@ -1094,8 +1152,8 @@ fn image_layers_match_the_cpu() {
             0.1,
             1e-5,
         );
-        let (mut st_gpu, mut yg) = (up(&g, &state0), poisoned(&g, len));
-        let (xg, pg) = (up(&g, &x), up(&g, &params));
+        let (mut st_gpu, mut yg) = (up(g, &state0), poisoned_in(g, storage, len));
+        let (xg, pg) = (up_in(g, storage, &x), up(g, &params));
         g.batchnorm_forward(
             &xg,
             &mut yg,
@@ -1107,15 +1165,16 @@ fn image_layers_match_the_cpu() {
             0.1,
             1e-5,
         );
-        assert_close(
-            &down(&g, &yg, len),
-            &y_cpu,
-            &format!("batch norm train={train}"),
+        assert_within(
+            &down(g, &yg, len),
+            &stored(storage, &y_cpu),
+            tol,
+            &format!("{at} batch norm train={train}"),
         );
         assert_close(
-            &down(&g, &st_gpu, 4 * c),
+            &down(g, &st_gpu, 4 * c),
             &st_cpu,
-            &format!("batch norm state train={train}"),
+            &format!("{at} batch norm state train={train}"),
         );
         if train {
             let (mut gr_cpu, mut dx_cpu) = (vec![0.5; 2 * c], vec![f32::NAN; len]);
@@ -1129,10 +1188,10 @@ fn image_layers_match_the_cpu() {
                 0,
                 &st_cpu,
             );
-            let (mut gr_gpu, mut dxg) = (up(&g, &[0.5; 12]), poisoned(&g, len));
+            let (mut gr_gpu, mut dxg) = (up(g, &[0.5; 12]), poisoned_in(g, storage, len));
             g.batchnorm_backward(
                 &xg,
-                &up(&g, &dy),
+                &up_in(g, storage, &dy),
                 Some(&mut dxg),
                 (n, c, spatial),
                 &pg,
@@ -1140,16 +1199,22 @@ fn image_layers_match_the_cpu() {
                 0,
                 &st_gpu,
             );
-            assert_close(&down(&g, &dxg, len), &dx_cpu, "batch norm dx");
+            assert_within(
+                &down(g, &dxg, len),
+                &stored(storage, &dx_cpu),
+                tol,
+                &format!("{at} batch norm dx"),
+            );
             assert_close(
-                &down(&g, &gr_gpu, 2 * c),
+                &down(g, &gr_gpu, 2 * c),
                 &gr_cpu,
-                "batch norm dgamma/dbeta",
+                &format!("{at} batch norm dgamma/dbeta"),
             );
         }
     }
     let (rows, width) = (37, 300);
     let (x, dy) = (random_vec(rows * width, 30), random_vec(rows * width, 31));
+    let (x, dy) = (stored(storage, &x), stored(storage, &dy));
     let params = random_vec(2 * width, 32);
     let (mut saved_cpu, mut y_cpu) = (vec![0.0; 2 * rows], vec![f32::NAN; rows * width]);
     cpu.layernorm_forward(
@@ -1161,10 +1226,18 @@ fn image_layers_match_the_cpu() {
         &mut saved_cpu,
         1e-5,
     );
-    let (xg, pg) = (up(&g, &x), up(&g, &params));
-    let (mut saved_gpu, mut yg) = (g.alloc(2 * rows).unwrap(), poisoned(&g, rows * width));
+    let (xg, pg) = (up_in(g, storage, &x), up(g, &params));
+    let (mut saved_gpu, mut yg) = (
+        g.alloc(2 * rows).unwrap(),
+        poisoned_in(g, storage, rows * width),
+    );
     g.layernorm_forward(&xg, &mut yg, (rows, width), &pg, 0, &mut saved_gpu, 1e-5);
-    assert_close(&down(&g, &yg, rows * width), &y_cpu, "layer norm forward");
+    assert_within(
+        &down(g, &yg, rows * width),
+        &stored(storage, &y_cpu),
+        tol,
+        &format!("{at} layer norm forward"),
+    );
     let (mut gr_cpu, mut dx_cpu) = (vec![0.0; 2 * width], vec![f32::NAN; rows * width]);
     cpu.layernorm_backward(
         &x,
@@ -1176,10 +1249,13 @@ fn image_layers_match_the_cpu() {
         0,
         &saved_cpu,
     );
-    let (mut gr_gpu, mut dxg) = (g.alloc(2 * width).unwrap(), poisoned(&g, rows * width));
+    let (mut gr_gpu, mut dxg) = (
+        g.alloc(2 * width).unwrap(),
+        poisoned_in(g, storage, rows * width),
+    );
     g.layernorm_backward(
         &xg,
-        &up(&g, &dy),
+        &up_in(g, storage, &dy),
         Some(&mut dxg),
         (rows, width),
         &pg,
@@ -1187,11 +1263,16 @@ fn image_layers_match_the_cpu() {
         0,
         &saved_gpu,
     );
-    assert_close(&down(&g, &dxg, rows * width), &dx_cpu, "layer norm dx");
+    assert_within(
+        &down(g, &dxg, rows * width),
+        &stored(storage, &dx_cpu),
+        tol,
+        &format!("{at} layer norm dx"),
+    );
     assert_close(
-        &down(&g, &gr_gpu, 2 * width),
+        &down(g, &gr_gpu, 2 * width),
         &gr_cpu,
-        "layer norm dgamma/dbeta",
+        &format!("{at} layer norm dgamma/dbeta"),
     );
 }
 
@@ -1226,24 +1307,44 @@ fn graph_ops_and_softmax_match_the_cpu() {
         assert_eq!(down(&g, &on_gpu, dst.len()), on_cpu, "copy_rows add={add}");
     }
 
+    for storage in STORAGES {
+        embedding_and_softmax_in(&g, storage);
+    }
+}
+
+/// As `image_layers_in`: activations and their gradients in f32 or half-width buffers.
+fn embedding_and_softmax_in(g: &CudaBackend, storage: Option<HalfKind>) {
+    let (tol, at) = (tolerance(storage), format!("{storage:?}"));
     // embedding: a table of 50 x 24, 300 ids with repeats, forward and the summed backward.
     let (vocab, dim, count) = (50, 24, 300);
     let table = random_vec(7 + vocab * dim, 36);
     let ids: Vec<f32> = (0..count).map(|i| ((i * 37) % vocab) as f32).collect();
     let mut y_cpu = vec![f32::NAN; count * dim];
     CPU.embedding_forward(&ids, &table, 7, &mut y_cpu, count, dim);
-    let mut y_gpu = poisoned(&g, count * dim);
-    g.embedding_forward(&up(&g, &ids), &up(&g, &table), 7, &mut y_gpu, count, dim);
-    assert_eq!(down(&g, &y_gpu, count * dim), y_cpu, "embedding forward");
-    let dy = random_vec(count * dim, 37);
+    let mut y_gpu = poisoned_in(g, storage, count * dim);
+    g.embedding_forward(&up(g, &ids), &up(g, &table), 7, &mut y_gpu, count, dim);
+    let y_cpu = stored(storage, &y_cpu);
+    assert_bits(
+        &down(g, &y_gpu, count * dim),
+        &y_cpu,
+        &format!("{at} embedding forward"),
+    );
+    let dy = stored(storage, &random_vec(count * dim, 37));
     let mut dw_cpu = random_vec(table.len(), 38);
-    let mut dw_gpu = up(&g, &dw_cpu);
+    let mut dw_gpu = up(g, &dw_cpu);
     CPU.embedding_backward(&ids, &dy, &mut dw_cpu, 7, count, dim);
-    g.embedding_backward(&up(&g, &ids), &up(&g, &dy), &mut dw_gpu, 7, count, dim);
+    g.embedding_backward(
+        &up(g, &ids),
+        &up_in(g, storage, &dy),
+        &mut dw_gpu,
+        7,
+        count,
+        dim,
+    );
     assert_eq!(
-        down(&g, &dw_gpu, table.len()),
+        down(g, &dw_gpu, table.len()),
         dw_cpu,
-        "embedding backward (same order)"
+        "{at} embedding backward (same order)"
     );
 
     // softmax / log_softmax, forward and backward, on wide and narrow rows.
@@ -1252,18 +1353,36 @@ fn graph_ops_and_softmax_match_the_cpu() {
             .iter()
             .map(|v| v * 4.0)
             .collect();
-        let dy = random_vec(rows * width, 35);
+        let (x, dy) = (
+            stored(storage, &x),
+            stored(storage, &random_vec(rows * width, 35)),
+        );
         for log in [false, true] {
+            let what = format!("{at} softmax log={log} {rows}x{width}");
             let mut y_cpu = vec![f32::NAN; x.len()];
             CPU.softmax_forward(&x, &mut y_cpu, rows, width, log);
-            let mut y_gpu = poisoned(&g, x.len());
-            g.softmax_forward(&up(&g, &x), &mut y_gpu, rows, width, log);
-            assert_close(&down(&g, &y_gpu, x.len()), &y_cpu, "softmax forward");
+            let y_cpu = stored(storage, &y_cpu);
+            let mut y_gpu = poisoned_in(g, storage, x.len());
+            g.softmax_forward(&up_in(g, storage, &x), &mut y_gpu, rows, width, log);
+            assert_within(
+                &down(g, &y_gpu, x.len()),
+                &y_cpu,
+                tol,
+                &format!("{what} forward"),
+            );
+            // Both read the CPU's (rounded) output.
             let mut dx_cpu = vec![f32::NAN; x.len()];
             CPU.softmax_backward(&y_cpu, &dy, &mut dx_cpu, rows, width, log);
-            let mut dx_gpu = poisoned(&g, x.len());
-            g.softmax_backward(&up(&g, &y_cpu), &up(&g, &dy), &mut dx_gpu, rows, width, log);
-            assert_close(&down(&g, &dx_gpu, x.len()), &dx_cpu, "softmax backward");
+            let mut dx_gpu = poisoned_in(g, storage, x.len());
+            let (yg, dyg) = (up_in(g, storage, &y_cpu), up_in(g, storage, &dy));
+            g.softmax_backward(&yg, &dyg, &mut dx_gpu, rows, width, log);
+            let dx_cpu = stored(storage, &dx_cpu);
+            assert_within(
+                &down(g, &dx_gpu, x.len()),
+                &dx_cpu,
+                tol,
+                &format!("{what} backward"),
+            );
         }
     }
 }

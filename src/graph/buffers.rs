@@ -60,33 +60,25 @@ pub struct BufferPlan {
 }
 
 impl BufferPlan {
-    /// The plan for `layers` after an input of `input_shape`; `segments` is None without
-    /// activation checkpointing.
-    pub fn new(input_shape: &[usize], layers: &[Layer], segments: Option<usize>) -> Self {
-        Self::build(input_shape, layers, segments, None)
-    }
-
     /// `new` for mixed precision, where every activation and activation gradient holds a
     /// half value (see graph::Network), and the data too when `data_rounded` (not token
-    /// ids). A device may then store a buffer in the half format itself, at 2 bytes a value,
-    /// where every op that writes or reads it can take that format (`takes_half_width`):
-    /// `half_width` says which. Gradient buffers are shared only among values of the same
-    /// width, so that a half-width gradient never waits for an f32 one's buffer.
+    /// ids): a device may store them in the half format itself (`half_width`).
     pub fn mixed(
         input_shape: &[usize],
         layers: &[Layer],
         segments: Option<usize>,
         data_rounded: bool,
     ) -> Self {
-        Self::build(input_shape, layers, segments, Some(data_rounded))
+        let mut plan = Self::new(input_shape, layers, segments);
+        plan.half_width = Some(HalfWidth {
+            input: data_rounded,
+        });
+        plan
     }
 
-    fn build(
-        input_shape: &[usize],
-        layers: &[Layer],
-        segments: Option<usize>,
-        data_rounded: Option<bool>,
-    ) -> Self {
+    /// The plan for `layers` after an input of `input_shape`; `segments` is None without
+    /// activation checkpointing.
+    pub fn new(input_shape: &[usize], layers: &[Layer], segments: Option<usize>) -> Self {
         let count = layers.len();
         // 1. Values: node → value, where a flatten's output is its input's value.
         let mut value_of_node = vec![0usize];
@@ -208,19 +200,8 @@ impl BufferPlan {
             .iter()
             .map(|l| l.inputs.iter().map(|&n| value_of_node[n] == 0).collect())
             .collect();
-        // Mixed precision: which nodes every op touching them can take in half-width buffers,
-        // and so which values.
-        let node_half = |node: usize| match data_rounded {
-            None => false,
-            Some(data_rounded) => takes_half_width_at(layers, node, data_rounded),
-        };
-        let mut value_half = vec![true; value_size.len()];
-        for (node, &v) in value_of_node.iter().enumerate() {
-            value_half[v] &= node_half(node);
-        }
-        let (grad_of_value, grad_sizes) =
-            gradient_buffers(layers, &value_of_node, &value_size, &value_half);
-        let mut plan = BufferPlan {
+        let (grad_of_value, grad_sizes) = gradient_buffers(layers, &value_of_node, &value_size);
+        BufferPlan {
             slot: value_of_node
                 .iter()
                 .map(|&v| buffer_of_value[stored[v]])
@@ -234,11 +215,7 @@ impl BufferPlan {
             accumulate,
             is_data,
             half_width: None,
-        };
-        if data_rounded.is_some() {
-            plan.half_width = Some(plan.half_width_of(layers, node_half));
         }
-        plan
     }
 
     /// The segment count that needs the least activation memory; on a tie the larger
@@ -280,92 +257,35 @@ impl BufferPlan {
         self.recompute.iter().filter(|&&r| r).count()
     }
 
-    /// Which buffers hold only nodes that `node_half` allows in the half format.
-    fn half_width_of(&self, layers: &[Layer], node_half: impl Fn(usize) -> bool) -> HalfWidth {
-        let nodes = 0..self.slot.len();
-        let slots = (0..self.sizes.len())
-            .map(|s| nodes.clone().filter(|&k| self.slot[k] == s).all(&node_half))
-            .collect();
-        let grad_slots = (0..self.grad_sizes.len())
-            .map(|g| {
-                nodes
-                    .clone()
-                    .filter(|&k| self.grad_slot[k] == g)
-                    .all(&node_half)
-            })
-            .collect();
-        // The scratch a layer writes its input gradient to before adding it (add and concat
-        // add theirs directly).
-        let scratch = layers.iter().zip(&self.accumulate).all(|(l, acc)| {
-            !acc[0]
-                || matches!(l.op, Op::View | Op::Add | Op::Concat { .. })
-                || takes_half_width(&l.op)
-        });
-        HalfWidth {
-            slots,
-            grad_slots,
-            scratch,
-        }
-    }
-
     /// Bytes per sample of (the input batch, the activations, their gradients with the
     /// scratch), with `half` buffers at 2 bytes a value and the others at 4.
     pub fn bytes_per_sample(&self, half: Option<&HalfWidth>) -> (usize, usize, usize) {
         let width = |is_half: bool| if is_half { 2 } else { 4 };
-        let of = |sizes: &[usize], halves: Option<&Vec<bool>>| -> Vec<usize> {
-            sizes
-                .iter()
-                .enumerate()
-                .map(|(i, &n)| n * width(halves.is_some_and(|h| h[i])))
-                .collect()
-        };
-        let acts = of(&self.sizes, half.map(|h| &h.slots));
-        let grads: usize = of(&self.grad_sizes, half.map(|h| &h.grad_slots))
-            .iter()
-            .sum();
-        let scratch = self.gradient_values() - self.grad_sizes.iter().sum::<usize>();
-        let scratch = scratch * width(half.is_some_and(|h| h.scratch));
-        (acts[0], acts[1..].iter().sum(), grads + scratch)
+        let half_input = half.is_some_and(|h| h.input);
+        let input = self.sizes[0] * width(half_input);
+        let values = self.activation_values() * width(half.is_some());
+        (
+            input,
+            values,
+            self.gradient_values() * width(half.is_some()),
+        )
     }
 }
 
-/// Mixed precision: the buffers that hold their half values in the half format (2 bytes
-/// each) on a device that can (`BufferPlan::half_width`), by slot, by gradient slot, and
-/// the scratch of added gradients.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Mixed precision: every buffer of activations and of their gradients (the scratch of
+/// added gradients included) holds half values, so a device may store it in the half format
+/// at 2 bytes a value, as CUDA does; the input batch only when the data is rounded (`input`;
+/// token ids are not).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HalfWidth {
-    pub slots: Vec<bool>,
-    pub grad_slots: Vec<bool>,
-    pub scratch: bool,
+    pub input: bool,
 }
 
-/// Ops whose device kernels read and write half-width buffers (CUDA). The others (conv,
-/// pooling, the norms, softmax, embedding) take f32 buffers, which hold half values too.
-fn takes_half_width(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::View
-            | Op::Linear { .. }
-            | Op::Activation(_)
-            | Op::Dropout { .. }
-            | Op::Add
-            | Op::Concat { .. }
-    )
-}
-
-/// Whether every op that writes or reads node `node` (node 0 the data, written by a batch
-/// gather; the model's output is also read by the loss, which takes either format) takes
-/// half-width buffers.
-fn takes_half_width_at(layers: &[Layer], node: usize, data_rounded: bool) -> bool {
-    let written = match node {
-        0 => data_rounded,
-        _ => takes_half_width(&layers[node - 1].op),
-    };
-    written
-        && layers
-            .iter()
-            .filter(|l| l.inputs.contains(&node))
-            .all(|l| takes_half_width(&l.op))
+impl HalfWidth {
+    /// Whether activation buffer `slot` (0: the input batch) is stored in the half format.
+    pub fn slot(&self, slot: usize) -> bool {
+        slot != 0 || self.input
+    }
 }
 
 /// Ops that can write their output over their input (see the module's comment).
@@ -393,13 +313,11 @@ fn backward_reads_output(op: &Op) -> bool {
 /// output, else its reader that runs backward first) to that of its producer, which reads it
 /// and writes its own input's gradient at the same step: a buffer is free again only from
 /// the next step. Values are placed in the order their gradients appear, each into the
-/// smallest free buffer that holds it, else the largest free one (grown), else a new one;
-/// only buffers of the value's `class` (mixed precision's widths) count.
+/// smallest free buffer that holds it, else the largest free one (grown), else a new one.
 fn gradient_buffers(
     layers: &[Layer],
     value_of_node: &[usize],
     value_size: &[usize],
-    class: &[bool],
 ) -> (Vec<usize>, Vec<usize>) {
     let count = layers.len();
     let time = |layer: usize| count - layer;
@@ -422,9 +340,8 @@ fn gradient_buffers(
     let mut buffer_of = vec![usize::MAX; values];
     let mut sizes: Vec<usize> = Vec::new();
     let mut busy_until: Vec<usize> = Vec::new();
-    let mut class_of: Vec<bool> = Vec::new();
     for v in order {
-        let free = (0..sizes.len()).filter(|&b| busy_until[b] < born[v] && class_of[b] == class[v]);
+        let free = (0..sizes.len()).filter(|&b| busy_until[b] < born[v]);
         let fits = free.clone().filter(|&b| sizes[b] >= value_size[v]);
         let b = match fits.min_by_key(|&b| sizes[b]) {
             Some(b) => b,
@@ -433,7 +350,6 @@ fn gradient_buffers(
                 None => {
                     sizes.push(0);
                     busy_until.push(0);
-                    class_of.push(class[v]);
                     sizes.len() - 1
                 }
             },
@@ -660,43 +576,8 @@ mod tests {
     }
 
     #[test]
-    fn mixed_precision_keeps_an_mlp_in_half_width_buffers_at_half_the_bytes() {
-        for activations in ["\"none\"", "\"all\""] {
-            let g = mlp(3, activations);
-            let plan = g.buffer_plan_for(true);
-            let width = plan.half_width.clone().unwrap();
-            assert!(width.slots.iter().all(|&h| h), "{activations}: {width:?}");
-            assert!(
-                width.grad_slots.iter().all(|&h| h),
-                "{activations}: {width:?}"
-            );
-            let (input, acts, grads) = plan.bytes_per_sample(Some(&width));
-            let (input32, acts32, grads32) = plan.bytes_per_sample(None);
-            assert_eq!((2 * input, 2 * acts, 2 * grads), (input32, acts32, grads32));
-            assert_eq!(acts32, 4 * plan.activation_values());
-        }
-        // Token ids are not half values: the data stays f32, the rest is half-width.
-        let g = graph(
-            &job(
-                "{ type = \"embedding\", num_embeddings = 50, embedding_dim = 8 }, { type = \"flatten\" }, \
-                 { type = \"linear\", out = 10 }",
-                "\"none\"",
-            ),
-            vec![4],
-        );
-        let plan = g.buffer_plan_for(true);
-        let width = plan.half_width.clone().unwrap();
-        assert!(!g.rounds_input());
-        assert!(!width.slots[0]);
-        // The embedding's kernels take f32 buffers: its output (and the flatten's view of
-        // it) too; the linear layer's output is half-width.
-        assert!(!width.slots[plan.slot[1]] && !width.slots[plan.slot[2]]);
-        assert!(width.slots[plan.slot[3]]);
-    }
-
-    #[test]
-    fn a_buffer_is_half_width_only_when_every_op_touching_it_takes_that_format() {
-        let g = graph(
+    fn mixed_precision_keeps_activations_and_gradients_at_half_the_bytes() {
+        let cnn = graph(
             &job(
                 "{ type = \"conv2d\", out = 4, kernel_size = 3, padding = 1 }, \
                  { type = \"relu\" }, { type = \"maxpool2d\", kernel_size = 2 }, \
@@ -708,26 +589,48 @@ mod tests {
             ),
             vec![1, 8, 8],
         );
+        for (g, activations) in [
+            (mlp(3, "\"none\""), "none"),
+            (mlp(3, "\"all\""), "all"),
+            (cnn, "cnn"),
+        ] {
+            let plan = g.buffer_plan_for(true);
+            let width = plan.half_width.unwrap();
+            assert!(g.rounds_input() && width.input, "{activations}");
+            assert!(
+                (0..plan.sizes.len()).all(|s| width.slot(s)),
+                "{activations}"
+            );
+            let (input, acts, grads) = plan.bytes_per_sample(Some(&width));
+            let (input32, acts32, grads32) = plan.bytes_per_sample(None);
+            assert_eq!((2 * input, 2 * acts, 2 * grads), (input32, acts32, grads32));
+            assert_eq!(acts32, 4 * plan.activation_values());
+            assert_eq!(grads32, 4 * plan.gradient_values());
+            // The same buffers as in fp32.
+            let fp32 = BufferPlan {
+                half_width: None,
+                ..plan.clone()
+            };
+            assert_eq!(fp32, g.buffer_plan());
+        }
+    }
+
+    #[test]
+    fn token_ids_stay_f32_in_mixed_precision() {
+        let g = graph(
+            &job(
+                "{ type = \"embedding\", num_embeddings = 50, embedding_dim = 8 }, { type = \"flatten\" }, \
+                 { type = \"linear\", out = 10 }",
+                "\"none\"",
+            ),
+            vec![4],
+        );
         let plan = g.buffer_plan_for(true);
-        let width = plan.half_width.clone().unwrap();
-        let half = |node: usize| width.slots[plan.slot[node]];
-        let half_grad = |node: usize| width.grad_slots[plan.grad_slot[node]];
-        // The data (read by the conv), the conv's output (and the ReLU over it), the pooled
-        // values (and their flatten view): written or read by f32 kernels.
-        for node in 0..=4 {
-            assert!(!half(node), "node {node}");
-        }
-        for node in 1..=4 {
-            assert!(!half_grad(node), "gradient of node {node}");
-        }
-        // Linear, ReLU, linear, add: half-width, values and gradients.
-        for node in 5..=7 {
-            assert!(half(node) && half_grad(node), "node {node}");
-        }
-        // The add's output is read by layer norm (f32); layer norm's output by a linear
-        // layer, and the logits by the loss.
-        assert!(!half(8) && !half_grad(8));
-        assert!(!half(9) && !half_grad(9));
-        assert!(half(10) && half_grad(10));
+        let width = plan.half_width.unwrap();
+        assert!(!g.rounds_input());
+        assert!(!width.slot(0));
+        assert!(width.slot(plan.slot[1]) && width.slot(plan.slot[3]));
+        let (input, acts, _) = plan.bytes_per_sample(Some(&width));
+        assert_eq!((input, acts), (4 * 4, 2 * plan.activation_values()));
     }
 }

@@ -358,29 +358,13 @@ impl Graph {
         let Some(half) = &plan.half_width else {
             return 0;
         };
-        let largest = |(i, l): (usize, &Layer)| match &l.op {
-            &Op::Linear { inp, out, .. } => {
-                let x = if half.slots[plan.slot[l.inputs[0]]] {
-                    0
-                } else {
-                    batch * inp
-                };
-                let dy = if half.grad_slots[plan.grad_slot[i + 1]] {
-                    0
-                } else {
-                    batch * out
-                };
-                x.max(dy)
-            }
+        let largest = |l: &Layer| match &l.op {
+            // Token ids read by a linear layer: the only f32 activations.
+            &Op::Linear { inp, .. } if !half.slot(plan.slot[l.inputs[0]]) => batch * inp,
             Op::Conv2d { geom, .. } => conv_cols(geom).max(batch * numel(&l.out_shape)),
             _ => 0,
         };
-        self.layers
-            .iter()
-            .enumerate()
-            .map(largest)
-            .max()
-            .unwrap_or(0)
+        self.layers.iter().map(largest).max().unwrap_or(0)
     }
 
     /// PyTorch state_dict names of every parameter tensor: the layer's prefix (its `name`,

@@ -225,17 +225,16 @@ impl<B: Backend> Network<B> {
         let plan = graph.buffer_plan_for(half.is_some());
         let round_input = graph.rounds_input();
         // A buffer of `len` values, in the half format where the plan allows it.
-        let width = plan.half_width.clone();
-        let width = width.as_ref();
-        let alloc = |len: usize, is_half: Option<bool>| match (half, is_half) {
-            (Some(kind), Some(true)) => backend.alloc_half(kind, len),
+        let width = plan.half_width;
+        let alloc = |len: usize, is_half: bool| match half {
+            Some(kind) if is_half => backend.alloc_half(kind, len),
             _ => backend.alloc(len),
         };
         let acts = (plan.sizes.iter().enumerate())
-            .map(|(s, &n)| alloc(max_batch * n, width.map(|w| w.slots[s])))
+            .map(|(s, &n)| alloc(max_batch * n, width.is_some_and(|w| w.slot(s))))
             .collect::<Result<Vec<_>>>()?;
-        let dacts = (plan.grad_sizes.iter().enumerate())
-            .map(|(g, &n)| alloc(max_batch * n, width.map(|w| w.grad_slots[g])))
+        let dacts = (plan.grad_sizes.iter())
+            .map(|&n| alloc(max_batch * n, width.is_some()))
             .collect::<Result<Vec<_>>>()?;
         let workspace_len = graph
             .layers
@@ -281,7 +280,7 @@ impl<B: Backend> Network<B> {
             plan,
             targets: backend.alloc(max_batch * graph.objective.target_dim)?,
             workspace: backend.alloc(workspace_len)?,
-            dscratch: alloc(scratch_len, width.map(|w| w.scratch))?,
+            dscratch: alloc(scratch_len, width.is_some())?,
             aux,
             max_batch,
             dropout_seed: derive(seed, 77),

@@ -171,10 +171,10 @@ enum Output<'a> {
 
 /// A buffer of the CUDA backend: f32 values, or values that are always in a half format
 /// (`Backend::alloc_half`: mixed precision's activations and their gradients), stored in
-/// that format, 2 bytes each, so that every write rounds to it. The kernels of the ops that
-/// take half-width buffers read and write through `load` and `store` (kernels/cast.cu), given
-/// each buffer's `storage`; the others' need f32 buffers (`f32_only`), which the network's
-/// buffer plan guarantees (`graph::BufferPlan::mixed`).
+/// that format, 2 bytes each, so that every write rounds to it. The kernels read and write
+/// activations and their gradients through `load` and `store` (kernels/cast.cu), given each
+/// buffer's `storage`. Parameters, their gradients, layer state,
+/// workspaces and data sets are always f32.
 pub struct CudaBuf {
     /// `len` f32 values, or `len` halves packed two to an element.
     mem: CudaSlice<f32>,
@@ -752,18 +752,6 @@ impl CudaBackend {
         Ok(CudaBuf { mem, len, half })
     }
 
-    /// Records an error unless every buffer holds f32 values: the activations and gradients
-    /// of the ops whose kernels take f32 buffers only (the network's buffer plan gives them
-    /// nothing else; parameters, their gradients and layer state are always f32). False
-    /// when not.
-    fn f32_only(&self, what: &str, bufs: &[Option<&CudaBuf>]) -> bool {
-        let half = bufs.iter().flatten().any(|b| b.half.is_some());
-        if half {
-            self.record::<()>(what, Err("a half-width buffer given to an f32-only op"));
-        }
-        !half
-    }
-
     /// `buf[range]` as an input of a matrix product; `f32_source`: where its half form comes
     /// from in mixed precision when it is an f32 buffer.
     fn input<'a>(
@@ -1164,19 +1152,15 @@ impl Backend for CudaBackend {
         n: usize,
         workspace: &mut CudaBuf,
     ) {
-        // The weights may be mixed precision's half copy, stored in the half format.
-        if !self.f32_only("conv2d_forward", &[Some(x), Some(&*y), Some(&*workspace)]) {
-            return;
-        }
-        let x = &x.mem;
-        let y = &mut y.mem;
-        let workspace = &mut workspace.mem;
+        // x and y may be half-width, and the weights mixed precision's half copy; the
+        // workspace (from `alloc`) is f32.
+        let (xs, ys) = (x.storage(), y.storage());
         let geom = ConvGeom::new(s, n);
         let (plane, ckk) = ((geom.oh * geom.ow) as usize, s.c * s.kh * s.kw);
         let cols = n * plane;
-        let (mut col, mut ycn) = workspace.split_at_mut(ckk * cols);
+        let (mut col, mut ycn) = workspace.mem.split_at_mut(ckk * cols);
         let mut l = self.stream.launch_builder(&self.f.im2col);
-        l.arg(x).arg(&geom).arg(&mut col);
+        l.arg(&x.mem).arg(&xs).arg(&geom).arg(&mut col);
         // SAFETY: reads x [n, c, h, w], writes ckk·cols elements of col.
         self.launch("im2col", unsafe { l.launch(grid(ckk * cols)) }.map(|_| ()));
         let (og, rows) = (s.o / s.groups, ckk / s.groups);
@@ -1208,7 +1192,8 @@ impl Backend for CudaBackend {
             .arg(&n64)
             .arg(&o64)
             .arg(&p64)
-            .arg(&mut *y);
+            .arg(&mut y.mem)
+            .arg(&ys);
         // SAFETY: reads o·n·p of ycn (and o biases when has_bias), writes n·o·p of y.
         self.launch(
             "conv layout",
@@ -1229,23 +1214,21 @@ impl Backend for CudaBackend {
         n: usize,
         workspace: &mut CudaBuf,
     ) {
-        // The weights may be mixed precision's half copy, stored in the half format.
-        let buffers = [Some(x), Some(dy), dx.as_deref(), Some(&*workspace)];
-        if !self.f32_only("conv2d_backward", &buffers) {
-            return;
-        }
-        let x = &x.mem;
-        let dy = &dy.mem;
+        // As in the forward pass: x, dy and dx may be half-width, the workspace is f32.
+        let (xs, dys) = (x.storage(), dy.storage());
         let grads = &mut grads.mem;
-        let dx = dx.map(|b| &mut b.mem);
-        let workspace = &mut workspace.mem;
         let geom = ConvGeom::new(s, n);
         let (plane, ckk) = ((geom.oh * geom.ow) as usize, s.c * s.kh * s.kw);
         let cols = n * plane;
         let (n64, o64, p64) = (n as u64, s.o as u64, plane as u64);
-        let (mut col, mut dycn) = workspace.split_at_mut(ckk * cols);
+        let (mut col, mut dycn) = workspace.mem.split_at_mut(ckk * cols);
         let mut l = self.stream.launch_builder(&self.f.nchw_to_cn);
-        l.arg(dy).arg(&n64).arg(&o64).arg(&p64).arg(&mut dycn);
+        l.arg(&dy.mem)
+            .arg(&dys)
+            .arg(&n64)
+            .arg(&o64)
+            .arg(&p64)
+            .arg(&mut dycn);
         // SAFETY: reads n·o·p of dy, writes o·n·p of dycn.
         self.launch(
             "conv layout",
@@ -1264,7 +1247,7 @@ impl Backend for CudaBackend {
             );
         }
         let mut l = self.stream.launch_builder(&self.f.im2col);
-        l.arg(x).arg(&geom).arg(&mut col);
+        l.arg(&x.mem).arg(&xs).arg(&geom).arg(&mut col);
         // SAFETY: as in the forward pass.
         self.launch("im2col", unsafe { l.launch(grid(ckk * cols)) }.map(|_| ()));
         let (og, rows) = (s.o / s.groups, ckk / s.groups);
@@ -1301,9 +1284,9 @@ impl Backend for CudaBackend {
                 false,
             );
         }
-        let col = col.slice(..);
+        let (col, dxs) = (col.slice(..), dx.storage());
         let mut l = self.stream.launch_builder(&self.f.col2im);
-        l.arg(&col).arg(&geom).arg(&mut *dx);
+        l.arg(&col).arg(&geom).arg(&mut dx.mem).arg(&dxs);
         // SAFETY: reads col, writes every element of dx [n, c, h, w].
         self.launch(
             "col2im",
@@ -1312,14 +1295,15 @@ impl Backend for CudaBackend {
     }
 
     fn pool2d_forward(&self, kind: PoolKind, s: &Pool2d, x: &CudaBuf, y: &mut CudaBuf, n: usize) {
-        if !self.f32_only("pool2d_forward", &[Some(x), Some(&*y)]) {
-            return;
-        }
-        let x = &x.mem;
-        let y = &mut y.mem;
         let (geom, kind) = (PoolGeom::new(s, n), i32::from(kind == PoolKind::Avg));
+        let (xs, ys) = (x.storage(), y.storage());
         let mut l = self.stream.launch_builder(&self.f.pool2d_forward);
-        l.arg(&kind).arg(x).arg(&geom).arg(&mut *y);
+        l.arg(&kind)
+            .arg(&x.mem)
+            .arg(&xs)
+            .arg(&geom)
+            .arg(&mut y.mem)
+            .arg(&ys);
         let outputs = (geom.n * geom.c * geom.oh * geom.ow) as usize;
         // SAFETY: one thread per output reads its window.
         self.launch("pooling", unsafe { l.launch(grid(outputs)) }.map(|_| ()));
@@ -1335,16 +1319,15 @@ impl Backend for CudaBackend {
         dx: &mut CudaBuf,
         n: usize,
     ) {
-        if !self.f32_only("pool2d_backward", &[Some(x), Some(y), Some(dy), Some(&*dx)]) {
-            return;
-        }
-        let x = &x.mem;
-        let y = &y.mem;
-        let dy = &dy.mem;
-        let dx = &mut dx.mem;
         let (geom, kind) = (PoolGeom::new(s, n), i32::from(kind == PoolKind::Avg));
+        let [xs, ys, dys, dxs] = [x, y, dy, &*dx].map(CudaBuf::storage);
         let mut l = self.stream.launch_builder(&self.f.pool2d_backward);
-        l.arg(&kind).arg(x).arg(y).arg(dy).arg(&geom).arg(&mut *dx);
+        l.arg(&kind).arg(&x.mem).arg(&xs).arg(&y.mem).arg(&ys);
+        l.arg(&dy.mem)
+            .arg(&dys)
+            .arg(&geom)
+            .arg(&mut dx.mem)
+            .arg(&dxs);
         // SAFETY: one thread per input element gathers from the windows containing it.
         self.launch(
             "pooling backward",
@@ -1364,13 +1347,8 @@ impl Backend for CudaBackend {
         momentum: f32,
         eps: f32,
     ) {
-        if !self.f32_only("batchnorm_forward", &[Some(x), Some(&*y)]) {
-            return;
-        }
-        let x = &x.mem;
-        let y = &mut y.mem;
+        let (xs, ys) = (x.storage(), y.storage());
         let params = &params.mem;
-        let state = &mut state.mem;
         let (n, c, spatial) = shape;
         let (n64, c64, s64, train) = (n as u64, c as u64, spatial as u64, i32::from(train));
         let (g, b) = (
@@ -1378,14 +1356,9 @@ impl Backend for CudaBackend {
             params.slice(gamma + c..gamma + 2 * c),
         );
         let mut l = self.stream.launch_builder(&self.f.batchnorm_forward);
-        l.arg(x)
-            .arg(&mut *y)
-            .arg(&n64)
-            .arg(&c64)
-            .arg(&s64)
-            .arg(&g)
-            .arg(&b);
-        l.arg(&mut *state).arg(&train).arg(&momentum).arg(&eps);
+        l.arg(&x.mem).arg(&xs).arg(&mut y.mem).arg(&ys);
+        l.arg(&n64).arg(&c64).arg(&s64).arg(&g).arg(&b);
+        l.arg(&mut state.mem).arg(&train).arg(&momentum).arg(&eps);
         // SAFETY: one block per channel reads/writes that channel's n·spatial values and its
         // four state entries.
         self.launch("batch norm", unsafe { l.launch(per_item(c)) }.map(|_| ()));
@@ -1402,15 +1375,8 @@ impl Backend for CudaBackend {
         gamma: usize,
         state: &CudaBuf,
     ) {
-        if !self.f32_only("batchnorm_backward", &[Some(x), Some(dy), dx.as_deref()]) {
-            return;
-        }
-        let x = &x.mem;
-        let dy = &dy.mem;
-        let dx = dx.map(|b| &mut b.mem);
         let params = &params.mem;
         let grads = &mut grads.mem;
-        let state = &state.mem;
         let (n, c, spatial) = shape;
         let (n64, c64, s64) = (n as u64, c as u64, spatial as u64);
         let write_dx = i32::from(dx.is_some());
@@ -1418,19 +1384,13 @@ impl Backend for CudaBackend {
         let mut both = grads.slice_mut(gamma..gamma + 2 * c);
         let (mut dg, mut db) = both.split_at_mut(c);
         // Without dx the kernel never writes it; it still needs a valid pointer.
-        let dx_arg: &CudaSlice<f32> = match &dx {
-            Some(d) => d,
-            None => x,
-        };
+        let dx_arg = dx.map_or(x, |d| &*d);
+        let [xs, dys, dxs] = [x, dy, dx_arg].map(CudaBuf::storage);
         let mut l = self.stream.launch_builder(&self.f.batchnorm_backward);
-        l.arg(x)
-            .arg(dy)
-            .arg(dx_arg)
-            .arg(&write_dx)
-            .arg(&n64)
-            .arg(&c64)
-            .arg(&s64);
-        l.arg(&g).arg(state).arg(&mut dg).arg(&mut db);
+        l.arg(&x.mem).arg(&xs).arg(&dy.mem).arg(&dys);
+        l.arg(&dx_arg.mem).arg(&dxs).arg(&write_dx);
+        l.arg(&n64).arg(&c64).arg(&s64);
+        l.arg(&g).arg(&state.mem).arg(&mut dg).arg(&mut db);
         // SAFETY: one block per channel; writes dx only when write_dx.
         self.launch(
             "batch norm backward",
@@ -1448,13 +1408,8 @@ impl Backend for CudaBackend {
         saved: &mut CudaBuf,
         eps: f32,
     ) {
-        if !self.f32_only("layernorm_forward", &[Some(x), Some(&*y)]) {
-            return;
-        }
-        let x = &x.mem;
-        let y = &mut y.mem;
+        let (xs, ys) = (x.storage(), y.storage());
         let params = &params.mem;
-        let saved = &mut saved.mem;
         let (rows, width) = shape;
         let (r64, w64) = (rows as u64, width as u64);
         let (g, b) = (
@@ -1462,14 +1417,9 @@ impl Backend for CudaBackend {
             params.slice(gamma + width..gamma + 2 * width),
         );
         let mut l = self.stream.launch_builder(&self.f.layernorm_forward);
-        l.arg(x)
-            .arg(&mut *y)
-            .arg(&r64)
-            .arg(&w64)
-            .arg(&g)
-            .arg(&b)
-            .arg(&mut *saved)
-            .arg(&eps);
+        l.arg(&x.mem).arg(&xs).arg(&mut y.mem).arg(&ys);
+        l.arg(&r64).arg(&w64).arg(&g).arg(&b);
+        l.arg(&mut saved.mem).arg(&eps);
         // SAFETY: one block per row.
         self.launch(
             "layer norm",
@@ -1488,27 +1438,18 @@ impl Backend for CudaBackend {
         gamma: usize,
         saved: &CudaBuf,
     ) {
-        if !self.f32_only("layernorm_backward", &[Some(x), Some(dy), dx.as_deref()]) {
-            return;
-        }
-        let x = &x.mem;
-        let dy = &dy.mem;
-        let dx = dx.map(|b| &mut b.mem);
+        let (xs, dys) = (x.storage(), dy.storage());
         let params = &params.mem;
         let grads = &mut grads.mem;
-        let saved = &saved.mem;
         let (rows, width) = shape;
         let (r64, w64) = (rows as u64, width as u64);
         let g = params.slice(gamma..gamma + width);
         if let Some(dx) = dx {
+            let dxs = dx.storage();
             let mut l = self.stream.launch_builder(&self.f.layernorm_backward);
-            l.arg(x)
-                .arg(dy)
-                .arg(&mut *dx)
-                .arg(&r64)
-                .arg(&w64)
-                .arg(&g)
-                .arg(saved);
+            l.arg(&x.mem).arg(&xs).arg(&dy.mem).arg(&dys);
+            l.arg(&mut dx.mem).arg(&dxs);
+            l.arg(&r64).arg(&w64).arg(&g).arg(&saved.mem);
             // SAFETY: one block per row writes its dx.
             self.launch(
                 "layer norm backward",
@@ -1518,11 +1459,10 @@ impl Backend for CudaBackend {
         let mut both = grads.slice_mut(gamma..gamma + 2 * width);
         let (mut dg, mut db) = both.split_at_mut(width);
         let mut l = self.stream.launch_builder(&self.f.layernorm_param_grads);
-        l.arg(x)
-            .arg(dy)
-            .arg(&r64)
+        l.arg(&x.mem).arg(&xs).arg(&dy.mem).arg(&dys);
+        l.arg(&r64)
             .arg(&w64)
-            .arg(saved)
+            .arg(&saved.mem)
             .arg(&mut dg)
             .arg(&mut db);
         // SAFETY: one thread per column.
@@ -1612,8 +1552,11 @@ impl Backend for CudaBackend {
     }
 
     fn gather_rows(&self, src: &CudaBuf, rows: &[u32], row_len: usize, dst: &mut CudaBuf) {
-        if rows.is_empty() || !self.f32_only("gather", &[Some(src)]) {
+        if rows.is_empty() {
             return;
+        }
+        if src.half.is_some() {
+            return self.launch_error("gather", "a data set in a half-width buffer");
         }
         let mut index = self.rows.borrow_mut();
         if index.len() < rows.len() {
@@ -2113,16 +2056,15 @@ impl Backend for CudaBackend {
         count: usize,
         dim: usize,
     ) {
-        if !self.f32_only("embedding_forward", &[Some(ids), Some(&*y)]) {
-            return;
+        if ids.half.is_some() {
+            // The plan keeps token ids in f32 (halves hold integers exactly only up to 256).
+            return self.launch_error("embedding", "token ids in a half-width buffer");
         }
-        let ids = &ids.mem;
-        let params = &params.mem;
-        let y = &mut y.mem;
-        let (c, d) = (count as u64, dim as u64);
-        let table = params.slice(w..);
+        let (c, d, ys) = (count as u64, dim as u64, y.storage());
+        let table = params.mem.slice(w..);
         let mut l = self.stream.launch_builder(&self.f.embedding_forward);
-        l.arg(ids).arg(&table).arg(&mut *y).arg(&c).arg(&d);
+        l.arg(&ids.mem).arg(&table).arg(&mut y.mem).arg(&ys);
+        l.arg(&c).arg(&d);
         // SAFETY: ids were checked to lie in [0, vocab) before training.
         self.launch(
             "embedding",
@@ -2139,16 +2081,14 @@ impl Backend for CudaBackend {
         count: usize,
         dim: usize,
     ) {
-        if !self.f32_only("embedding_backward", &[Some(ids), Some(dy)]) {
-            return;
+        if ids.half.is_some() {
+            return self.launch_error("embedding backward", "token ids in a half-width buffer");
         }
-        let ids = &ids.mem;
-        let dy = &dy.mem;
-        let grads = &mut grads.mem;
-        let (c, d) = (count as u64, dim as u64);
-        let mut table = grads.slice_mut(w..);
+        let (c, d, dys) = (count as u64, dim as u64, dy.storage());
+        let mut table = grads.mem.slice_mut(w..);
         let mut l = self.stream.launch_builder(&self.f.embedding_backward);
-        l.arg(ids).arg(dy).arg(&mut table).arg(&c).arg(&d);
+        l.arg(&ids.mem).arg(&dy.mem).arg(&dys).arg(&mut table);
+        l.arg(&c).arg(&d);
         // SAFETY: as in embedding_forward.
         self.launch(
             "embedding backward",
@@ -2157,14 +2097,11 @@ impl Backend for CudaBackend {
     }
 
     fn softmax_forward(&self, x: &CudaBuf, y: &mut CudaBuf, rows: usize, width: usize, log: bool) {
-        if !self.f32_only("softmax_forward", &[Some(x), Some(&*y)]) {
-            return;
-        }
-        let x = &x.mem;
-        let y = &mut y.mem;
+        let (xs, ys) = (x.storage(), y.storage());
         let (r, w, log) = (rows as u64, width as u64, i32::from(log));
         let mut l = self.stream.launch_builder(&self.f.softmax_forward);
-        l.arg(x).arg(&mut *y).arg(&r).arg(&w).arg(&log);
+        l.arg(&x.mem).arg(&xs).arg(&mut y.mem).arg(&ys);
+        l.arg(&r).arg(&w).arg(&log);
         // SAFETY: one block per row of width values.
         self.launch("softmax", unsafe { l.launch(per_item(rows)) }.map(|_| ()));
     }
@@ -2178,15 +2115,11 @@ impl Backend for CudaBackend {
         width: usize,
         log: bool,
     ) {
-        if !self.f32_only("softmax_backward", &[Some(y), Some(dy), Some(&*dx)]) {
-            return;
-        }
-        let y = &y.mem;
-        let dy = &dy.mem;
-        let dx = &mut dx.mem;
+        let [ys, dys, dxs] = [y, dy, &*dx].map(CudaBuf::storage);
         let (r, w, log) = (rows as u64, width as u64, i32::from(log));
         let mut l = self.stream.launch_builder(&self.f.softmax_backward);
-        l.arg(y).arg(dy).arg(&mut *dx).arg(&r).arg(&w).arg(&log);
+        l.arg(&y.mem).arg(&ys).arg(&dy.mem).arg(&dys);
+        l.arg(&mut dx.mem).arg(&dxs).arg(&r).arg(&w).arg(&log);
         // SAFETY: one block per row of width values.
         self.launch(
             "softmax backward",
