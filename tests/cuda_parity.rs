@@ -950,7 +950,7 @@ fn mixed_precision_jobs_on_cuda_follow_the_cpu_loss_curve() {
 
 /// Conv, pooling and the norms, with activations and their gradients in f32 buffers and in
 /// mixed precision's half-width ones (the CPU's inputs and results then rounded as the
-/// network rounds them).
+/// network rounds them, and conv's products on tensor cores from half-width weights).
 #[test]
 fn image_layers_match_the_cpu() {
     let Some(g) = gpu() else { return };
@@ -1002,10 +1002,13 @@ fn image_layers_in(g: &CudaBackend, storage: Option<HalfKind>) {
         },
     ];
     let n = 5;
+    // As in mixed precision: products on tensor cores, weights from the half copy (itself
+    // half-width).
+    g.set_half_matmuls(storage);
     for s in convs {
         let (oh, ow) = s.out_hw().unwrap();
         let (in_len, out_len) = (n * s.c * s.h * s.w, n * s.o * oh * ow);
-        let params = random_vec(s.weight_len() + s.o, 20);
+        let params = stored(storage, &random_vec(s.weight_len() + s.o, 20));
         let bias = Some(s.weight_len());
         let (x, dy) = (random_vec(in_len, 21), random_vec(out_len, 22));
         let (x, dy) = (stored(storage, &x), stored(storage, &dy));
@@ -1013,7 +1016,7 @@ fn image_layers_in(g: &CudaBackend, storage: Option<HalfKind>) {
         let mut ws_gpu = g.alloc(g.conv_workspace_len(&s, n)).unwrap();
         let mut y_cpu = vec![f32::NAN; out_len];
         cpu.conv2d_forward(&s, &x, &params, 0, bias, &mut y_cpu, n, &mut ws_cpu);
-        let (xg, pg) = (up_in(g, storage, &x), up(g, &params));
+        let (xg, pg) = (up_in(g, storage, &x), up_in(g, storage, &params));
         let mut yg = poisoned_in(g, storage, out_len);
         g.conv2d_forward(&s, &xg, &pg, 0, bias, &mut yg, n, &mut ws_gpu);
         assert_within(
@@ -1061,6 +1064,7 @@ fn image_layers_in(g: &CudaBackend, storage: Option<HalfKind>) {
             &format!("{at} conv {s:?} dx"),
         );
     }
+    g.set_half_matmuls(None);
     for (kind, s) in [
         (
             PoolKind::Max,
