@@ -151,22 +151,6 @@ __device__ __forceinline__ void map_values(const In* in, void* out, int out_s, u
     }
 }
 
-extern "C" __global__ void cast_f32_to_f16(const float* x, u16* y, u64 n) {
-    GRID_STRIDE(i, n) y[i] = f32_to_f16_bits(x[i]);
-}
-
-extern "C" __global__ void cast_f16_to_f32(const u16* x, float* y, u64 n) {
-    GRID_STRIDE(i, n) y[i] = f16_bits_to_f32(x[i]);
-}
-
-extern "C" __global__ void cast_f32_to_bf16(const float* x, u16* y, u64 n) {
-    GRID_STRIDE(i, n) y[i] = f32_to_bf16_bits(x[i]);
-}
-
-extern "C" __global__ void cast_bf16_to_f32(const u16* x, float* y, u64 n) {
-    GRID_STRIDE(i, n) y[i] = bf16_bits_to_f32(x[i]);
-}
-
 // Mixed precision keeps half-precision tensors in f32 buffers: rounds x[0..n) in place to the
 // nearest f16 (kind 0) or bf16 (kind 1) value, ties to even, overflow to inf, as a cast would.
 extern "C" __global__ void round_to_half(float* x, u64 n, int kind) {

@@ -1,7 +1,8 @@
 // Image layers, NCHW. Convolution is Caffe-style batched im2col: col is [c*kh*kw, n*oh*ow], so
 // one cuBLAS GEMM per group covers the whole batch, with layout kernels between [n, o, p] and
-// [o, n*p]. Activations and their gradients come with their storage (`load`, `store`); the
-// GEMM workspaces (col, the [o, n*p] layouts) are f32. Every backward pass gathers (one thread per input element) instead of scattering
+// [o, n*p]. Every buffer of values comes with its storage (`load`, `store`): activations and
+// their gradients, and the GEMMs' inputs in the workspace (col, dy's [o, n*p] layout), which
+// are half-width when the products run on tensor cores. Every backward pass gathers (one thread per input element) instead of scattering
 // with atomics, so results are bit-reproducible.
 
 struct ConvGeom {
@@ -9,7 +10,7 @@ struct ConvGeom {
 };
 
 // col[(ci, ki, kj), (s, p, q)] = x[s, ci, p*sh - ph + ki*dh, q*sw - pw + kj*dw], 0 outside.
-extern "C" __global__ void im2col(const void* x, int xs, ConvGeom g, float* col) {
+extern "C" __global__ void im2col(const void* x, int xs, ConvGeom g, void* col, int cs) {
     u64 cols = g.n * g.oh * g.ow;
     GRID_STRIDE(idx, g.c * g.kh * g.kw * cols) {
         u64 row = idx / cols, column = idx % cols;
@@ -19,7 +20,7 @@ extern "C" __global__ void im2col(const void* x, int xs, ConvGeom g, float* col)
         long long i = (long long)(p * g.sh + (k / g.kw) * g.dh) - (long long)g.ph;
         long long j = (long long)(q * g.sw + (k % g.kw) * g.dw) - (long long)g.pw;
         bool inside = i >= 0 && i < (long long)g.h && j >= 0 && j < (long long)g.w;
-        col[idx] = inside ? load(x, xs, ((s * g.c + ci) * g.h + i) * g.w + j) : 0.0f;
+        store(col, cs, idx, inside ? load(x, xs, ((s * g.c + ci) * g.h + i) * g.w + j) : 0.0f);
     }
 }
 
@@ -55,18 +56,18 @@ extern "C" __global__ void cn_to_nchw(const float* src, const void* params, int 
 }
 
 // dst[o, s*P + p] = dy[s, o, p]: NCHW to the GEMM's layout.
-extern "C" __global__ void nchw_to_cn(const void* dy, int dys, u64 n, u64 o, u64 plane, float* dst) {
+extern "C" __global__ void nchw_to_cn(const void* dy, int dys, u64 n, u64 o, u64 plane, void* dst, int ds) {
     GRID_STRIDE(idx, n * o * plane) {
         u64 p = idx % plane, s = (idx / plane) % n, oc = idx / (plane * n);
-        dst[idx] = load(dy, dys, (s * o + oc) * plane + p);
+        store(dst, ds, idx, load(dy, dys, (s * o + oc) * plane + p));
     }
 }
 
 // dst[r] += sum of row r of src [rows, cols]; one block per row.
-extern "C" __global__ void row_sums_add(const float* src, u64 rows, u64 cols, float* dst) {
+extern "C" __global__ void row_sums_add(const void* src, int ss, u64 rows, u64 cols, float* dst) {
     for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
         double acc = 0.0;
-        for (u64 c = threadIdx.x; c < cols; c += blockDim.x) acc += src[r * cols + c];
+        for (u64 c = threadIdx.x; c < cols; c += blockDim.x) acc += load(src, ss, r * cols + c);
         acc = block_sum(acc);
         if (threadIdx.x == 0) dst[r] += (float)acc;
         __syncthreads();

@@ -15,7 +15,7 @@ use crate::spec::{
 };
 use crate::tensor::cpu::CpuBackend;
 use crate::tensor::cuda::{self, CudaBackend};
-use crate::tensor::{spatial, Backend, Conv2d};
+use crate::tensor::{spatial, Backend};
 use crate::train::{
     self, CpuReplicas, DataParallel, OneDeviceCollective, ProcessReplicas, Session,
 };
@@ -724,10 +724,7 @@ fn memory_plan(
         // bytes each, two scratch buffers).
         let half_inputs = match spec.precision.mode {
             PrecisionMode::Fp32 => 0,
-            _ => {
-                let cols = |s: &Conv2d| cuda::conv_workspace_len(s, batch);
-                2 * 2 * graph.largest_converted_matmul_input(batch, cols)
-            }
+            _ => 2 * 2 * graph.largest_converted_matmul_input(batch),
         };
         (
             data.bytes(),

@@ -345,23 +345,17 @@ impl Graph {
     }
 
     /// Mixed precision on a GPU: elements of the largest matrix-product input that is
-    /// converted to the half format, given the conv rule for one layer's unrolled columns
-    /// (which are f32 scratch). Activations and gradients in half-width buffers
-    /// (`BufferPlan::mixed`) are read as they are, and so are weights (their half copy is
-    /// half-width too).
-    pub fn largest_converted_matmul_input(
-        &self,
-        batch: usize,
-        conv_cols: impl Fn(&Conv2d) -> usize,
-    ) -> usize {
+    /// converted to the half format. Activations and gradients in half-width buffers
+    /// (`BufferPlan::mixed`) are read as they are, and so are the weights (their half copy
+    /// is half-width too) and conv's unrolled columns (written in the half format); only
+    /// token ids read by a linear layer are f32.
+    pub fn largest_converted_matmul_input(&self, batch: usize) -> usize {
         let plan = self.buffer_plan_for(true);
         let Some(half) = &plan.half_width else {
             return 0;
         };
         let largest = |l: &Layer| match &l.op {
-            // Token ids read by a linear layer: the only f32 activations.
             &Op::Linear { inp, .. } if !half.slot(plan.slot[l.inputs[0]]) => batch * inp,
-            Op::Conv2d { geom, .. } => conv_cols(geom).max(batch * numel(&l.out_shape)),
             _ => 0,
         };
         self.layers.iter().map(largest).max().unwrap_or(0)

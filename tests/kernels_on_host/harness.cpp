@@ -159,8 +159,8 @@ static void image_and_row_kernels() {
     g.ow = (g.w + 2 * g.pw - g.dw * (g.kw - 1) - 1) / g.sw + 1;
     uint64_t plane = g.oh * g.ow, cols = g.n * plane, ckk = g.c * g.kh * g.kw;
     half_gives_f32_rounded("im2col", random_values(g.n * g.c * g.h * g.w), [&](int s, Buffer& x) {
-        Buffer col(0, ckk * cols);
-        launch(ckk * cols, [&] { im2col(x.p(), s, g, (float*)col.p()); });
+        Buffer col(s, ckk * cols);
+        launch(ckk * cols, [&] { im2col(x.p(), s, g, col.p(), s); });
         return col.values();
     });
     std::vector<float> col_values = random_values(ckk * cols);
@@ -179,8 +179,8 @@ static void image_and_row_kernels() {
         return y.values();
     });
     half_gives_f32_rounded("nchw_to_cn", random_values(g.n * g.o * plane), [&](int s, Buffer& dy) {
-        Buffer dst(0, dy.n);
-        launch(dy.n, [&] { nchw_to_cn(dy.p(), s, g.n, g.o, plane, (float*)dst.p()); });
+        Buffer dst(s, dy.n);
+        launch(dy.n, [&] { nchw_to_cn(dy.p(), s, g.n, g.o, plane, dst.p(), s); });
         return dst.values();
     });
     for (int kind = 0; kind < 2; kind++) {

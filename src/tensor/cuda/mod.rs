@@ -102,8 +102,6 @@ pub fn probe() -> std::result::Result<(Vec<DeviceInfo>, String), String> {
 
 struct Functions {
     fill: CudaFunction,
-    cast_f32_to_f16: CudaFunction,
-    cast_f32_to_bf16: CudaFunction,
     scale: CudaFunction,
     round_to_half: CudaFunction,
     add_assign: CudaFunction,
@@ -192,13 +190,9 @@ impl CudaBuf {
         self.len == 0
     }
 
-    /// The kernels' storage id: 0 f32, 1 f16, 2 bf16 (kernels/cast.cu's `load`).
+    /// The kernels' storage id of its values (`storage_id`).
     fn storage(&self) -> i32 {
-        match self.half {
-            None => 0,
-            Some(HalfKind::F16) => 1,
-            Some(HalfKind::Bf16) => 2,
-        }
+        storage_id(self.half)
     }
 }
 
@@ -514,8 +508,6 @@ impl CudaBackend {
         };
         let f = Functions {
             fill: load("fill_f32")?,
-            cast_f32_to_f16: load("cast_f32_to_f16")?,
-            cast_f32_to_bf16: load("cast_f32_to_bf16")?,
             scale: load("scale_f32")?,
             round_to_half: load("round_to_half")?,
             add_assign: load("add_assign")?,
@@ -766,6 +758,16 @@ impl CudaBackend {
         }
     }
 
+    /// `range` of a workspace region that a kernel wrote in the products' input format (the
+    /// storage of `half_matmuls`, packed; f32 without), as an input of a matrix product: read
+    /// in place either way.
+    fn workspace_input<'a>(&self, region: &'a CudaView<'_, f32>, range: Range<usize>) -> Input<'a> {
+        match self.half_matmuls.get() {
+            Some(_) => Input::Half(self.address(region) + 2 * range.start as u64),
+            None => Input::F32(region.slice(range), HalfOperand::Convert),
+        }
+    }
+
     /// `buf[range]` as the output of a matrix product.
     fn output<'a>(&self, buf: &'a mut CudaBuf, range: Range<usize>) -> Output<'a> {
         match buf.half {
@@ -861,17 +863,13 @@ impl CudaBackend {
                             Err(e) => return self.launch("allocating half matmul inputs", Err(e)),
                         }
                     }
-                    let n = src.len() as u64;
-                    let cast = match kind {
-                        HalfKind::F16 => &self.f.cast_f32_to_f16,
-                        HalfKind::Bf16 => &self.f.cast_f32_to_bf16,
-                    };
-                    let mut l = self.stream.launch_builder(cast);
-                    l.arg(&src).arg(&mut *dst).arg(&n);
+                    let (n, storage) = (src.len() as u64, storage_id(Some(kind)));
+                    let mut l = self.stream.launch_builder(&self.f.convert_values);
+                    l.arg(&src).arg(&0i32).arg(&mut *dst).arg(&storage).arg(&n);
                     // SAFETY: reads n floats of src, writes n halves of dst (at least n long).
                     self.launch(
                         "half cast",
-                        unsafe { l.launch(grid(n as usize)) }.map(|_| ()),
+                        unsafe { l.launch(grid_vec(n as usize)) }.map(|_| ()),
                     );
                     hold[slot] = Some(source);
                     self.address(&*dst)
@@ -1152,28 +1150,31 @@ impl Backend for CudaBackend {
         n: usize,
         workspace: &mut CudaBuf,
     ) {
-        // x and y may be half-width, and the weights mixed precision's half copy; the
-        // workspace (from `alloc`) is f32.
+        // x and y may be half-width, and the weights mixed precision's half copy. The
+        // workspace (from `alloc`) holds col in the products' input format (`workspace_input`)
+        // and their f32 output, to which the bias is added before y's single rounding.
         let (xs, ys) = (x.storage(), y.storage());
+        let cs = storage_id(self.half_matmuls.get());
         let geom = ConvGeom::new(s, n);
         let (plane, ckk) = ((geom.oh * geom.ow) as usize, s.c * s.kh * s.kw);
         let cols = n * plane;
         let (mut col, mut ycn) = workspace.mem.split_at_mut(ckk * cols);
         let mut l = self.stream.launch_builder(&self.f.im2col);
-        l.arg(&x.mem).arg(&xs).arg(&geom).arg(&mut col);
-        // SAFETY: reads x [n, c, h, w], writes ckk·cols elements of col.
+        l.arg(&x.mem).arg(&xs).arg(&geom).arg(&mut col).arg(&cs);
+        // SAFETY: reads x [n, c, h, w], writes ckk·cols values of col (at most as many bytes
+        // as ckk·cols f32).
         self.launch("im2col", unsafe { l.launch(grid(ckk * cols)) }.map(|_| ()));
+        let col = col.slice(..);
         let (og, rows) = (s.o / s.groups, ckk / s.groups);
         for g in 0..s.groups {
             let weight = w + g * og * rows..w + (g + 1) * og * rows;
-            let col_g = col.slice(g * rows * cols..(g + 1) * rows * cols);
             let out_g = ycn.slice_mut(g * og * cols..(g + 1) * og * cols);
             self.gemm(
                 "conv forward",
                 (og, cols, rows),
                 self.input(params, weight, HalfOperand::Convert),
                 false,
-                Input::F32(col_g, HalfOperand::Convert),
+                self.workspace_input(&col, g * rows * cols..(g + 1) * rows * cols),
                 false,
                 Output::F32(out_g),
                 false,
@@ -1214,8 +1215,11 @@ impl Backend for CudaBackend {
         n: usize,
         workspace: &mut CudaBuf,
     ) {
-        // As in the forward pass: x, dy and dx may be half-width, the workspace is f32.
+        // As in the forward pass: x, dy and dx may be half-width; col and dy's [o, n·p]
+        // layout are written in the products' input format, dcol in f32 (col2im sums it
+        // before dx's single rounding), over col once dW has read it.
         let (xs, dys) = (x.storage(), dy.storage());
+        let ws = storage_id(self.half_matmuls.get());
         let grads = &mut grads.mem;
         let geom = ConvGeom::new(s, n);
         let (plane, ckk) = ((geom.oh * geom.ow) as usize, s.c * s.kh * s.kw);
@@ -1223,23 +1227,19 @@ impl Backend for CudaBackend {
         let (n64, o64, p64) = (n as u64, s.o as u64, plane as u64);
         let (mut col, mut dycn) = workspace.mem.split_at_mut(ckk * cols);
         let mut l = self.stream.launch_builder(&self.f.nchw_to_cn);
-        l.arg(&dy.mem)
-            .arg(&dys)
-            .arg(&n64)
-            .arg(&o64)
-            .arg(&p64)
-            .arg(&mut dycn);
-        // SAFETY: reads n·o·p of dy, writes o·n·p of dycn.
+        l.arg(&dy.mem).arg(&dys).arg(&n64).arg(&o64).arg(&p64);
+        l.arg(&mut dycn).arg(&ws);
+        // SAFETY: reads n·o·p of dy, writes o·n·p values of dycn.
         self.launch(
             "conv layout",
             unsafe { l.launch(grid(n * s.o * plane)) }.map(|_| ()),
         );
+        let dycn = dycn.slice(..);
         if let Some(b) = b {
             let cols64 = cols as u64;
             let mut db = grads.slice_mut(b..b + s.o);
-            let dycn = dycn.slice(..);
             let mut l = self.stream.launch_builder(&self.f.row_sums_add);
-            l.arg(&dycn).arg(&o64).arg(&cols64).arg(&mut db);
+            l.arg(&dycn).arg(&ws).arg(&o64).arg(&cols64).arg(&mut db);
             // SAFETY: reads o rows of cols values, adds into o biases.
             self.launch(
                 "conv bias gradient",
@@ -1247,38 +1247,41 @@ impl Backend for CudaBackend {
             );
         }
         let mut l = self.stream.launch_builder(&self.f.im2col);
-        l.arg(&x.mem).arg(&xs).arg(&geom).arg(&mut col);
+        l.arg(&x.mem).arg(&xs).arg(&geom).arg(&mut col).arg(&ws);
         // SAFETY: as in the forward pass.
         self.launch("im2col", unsafe { l.launch(grid(ckk * cols)) }.map(|_| ()));
         let (og, rows) = (s.o / s.groups, ckk / s.groups);
-        for g in 0..s.groups {
-            // dW_g[og, rows] += dY_g[og, cols] · col_gᵀ (col_g stored [rows, cols])
-            let dy_g = dycn.slice(g * og * cols..(g + 1) * og * cols);
-            let col_g = col.slice(g * rows * cols..(g + 1) * rows * cols);
-            let dw = grads.slice_mut(w + g * og * rows..w + (g + 1) * og * rows);
-            self.gemm(
-                "conv dW",
-                (og, rows, cols),
-                Input::F32(dy_g, HalfOperand::Convert),
-                false,
-                Input::F32(col_g, HalfOperand::Convert),
-                true,
-                Output::F32(dw),
-                true,
-            );
+        let dy_g = |g: usize| self.workspace_input(&dycn, g * og * cols..(g + 1) * og * cols);
+        {
+            let col = col.slice(..);
+            for g in 0..s.groups {
+                // dW_g[og, rows] += dY_g[og, cols] · col_gᵀ (col_g stored [rows, cols])
+                let col_g = self.workspace_input(&col, g * rows * cols..(g + 1) * rows * cols);
+                let dw = grads.slice_mut(w + g * og * rows..w + (g + 1) * og * rows);
+                let dims = (og, rows, cols);
+                self.gemm(
+                    "conv dW",
+                    dims,
+                    dy_g(g),
+                    false,
+                    col_g,
+                    true,
+                    Output::F32(dw),
+                    true,
+                );
+            }
         }
         let Some(dx) = dx else { return };
         for g in 0..s.groups {
             // dcol_g[rows, cols] = W_gᵀ (W_g stored [og, rows]) · dY_g[og, cols]
             let weight = w + g * og * rows..w + (g + 1) * og * rows;
-            let dy_g = dycn.slice(g * og * cols..(g + 1) * og * cols);
             let col_g = col.slice_mut(g * rows * cols..(g + 1) * rows * cols);
             self.gemm(
                 "conv dcol",
                 (rows, cols, og),
                 self.input(params, weight, HalfOperand::Convert),
                 true,
-                Input::F32(dy_g, HalfOperand::Convert),
+                dy_g(g),
                 false,
                 Output::F32(col_g),
                 false,
@@ -2224,6 +2227,16 @@ impl Backend for CudaBackend {
 }
 
 /// The kernels' half format: 0 f16, 1 bf16.
+/// The kernels' storage id of values in `half` (kernels/cast.cu's `load`): 0 f32, 1 f16,
+/// 2 bf16.
+fn storage_id(half: Option<HalfKind>) -> i32 {
+    match half {
+        None => 0,
+        Some(HalfKind::F16) => 1,
+        Some(HalfKind::Bf16) => 2,
+    }
+}
+
 fn half_id(kind: HalfKind) -> i32 {
     i32::from(kind == HalfKind::Bf16)
 }
