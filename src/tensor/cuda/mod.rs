@@ -863,9 +863,10 @@ impl CudaBackend {
                             Err(e) => return self.launch("allocating half matmul inputs", Err(e)),
                         }
                     }
-                    let (n, storage) = (src.len() as u64, storage_id(Some(kind)));
+                    let n = src.len() as u64;
+                    let (from, to) = (storage_id(None), storage_id(Some(kind)));
                     let mut l = self.stream.launch_builder(&self.f.convert_values);
-                    l.arg(&src).arg(&0i32).arg(&mut *dst).arg(&storage).arg(&n);
+                    l.arg(&src).arg(&from).arg(&mut *dst).arg(&to).arg(&n);
                     // SAFETY: reads n floats of src, writes n halves of dst (at least n long).
                     self.launch(
                         "half cast",
