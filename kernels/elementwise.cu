@@ -4,7 +4,7 @@
 // kernels over whole buffers go through `map_values` (vectorised; launched with n / VEC
 // threads).
 
-extern "C" __global__ void fill_f32(void* buf, int s, u64 n, float value) {
+extern "C" __global__ void fill_values(void* buf, int s, u64 n, float value) {
     map_values<0>(nullptr, buf, s, n, [=](u64, const float*) { return value; });
 }
 
@@ -79,15 +79,17 @@ __device__ __forceinline__ float act_derivative(int f, float x, float y) {
     }
 }
 
-extern "C" __global__ void activation_forward(int f, const void* x, int xs, void* y, int ys, u64 n) {
+// y = f(x); also in place (x = y).
+__device__ __forceinline__ void activate(int f, const void* x, int xs, void* y, int ys, u64 n) {
     In in[1] = {{x, xs}};
     map_values<1>(in, y, ys, n, [=](u64, const float* v) { return act(f, v[0]); });
 }
 
-extern "C" __global__ void activation_in_place(int f, void* y, int ys, u64 n) {
-    In in[1] = {{y, ys}};
-    map_values<1>(in, y, ys, n, [=](u64, const float* v) { return act(f, v[0]); });
+extern "C" __global__ void activation_forward(int f, const void* x, int xs, void* y, int ys, u64 n) {
+    activate(f, x, xs, y, ys, n);
 }
+
+extern "C" __global__ void activation_in_place(int f, void* y, int ys, u64 n) { activate(f, y, ys, y, ys, n); }
 
 extern "C" __global__ void activation_backward(int f, const void* x, int xs, const void* y, int ys, const void* dy,
                                                int dys, void* dx, int dxs, u64 n) {
@@ -114,7 +116,7 @@ extern "C" __global__ void activation_backward_rounding(int f, int kind, const v
 
 // Also the backward pass: the same key redraws the same mask. `first` is the stream position
 // of x[0] (a replica's share of a larger batch).
-extern "C" __global__ void dropout(float p, u64 key, u64 first, const void* x, int xs, void* y, int ys, u64 n) {
+__device__ __forceinline__ void drop(float p, u64 key, u64 first, const void* x, int xs, void* y, int ys, u64 n) {
     float keep_scale = 1.0f / (1.0f - p);
     In in[1] = {{x, xs}};
     map_values<1>(in, y, ys, n, [=](u64 i, const float* v) {
@@ -122,10 +124,10 @@ extern "C" __global__ void dropout(float p, u64 key, u64 first, const void* x, i
     });
 }
 
+extern "C" __global__ void dropout(float p, u64 key, u64 first, const void* x, int xs, void* y, int ys, u64 n) {
+    drop(p, key, first, x, xs, y, ys, n);
+}
+
 extern "C" __global__ void dropout_in_place(float p, u64 key, u64 first, void* y, int ys, u64 n) {
-    float keep_scale = 1.0f / (1.0f - p);
-    In in[1] = {{y, ys}};
-    map_values<1>(in, y, ys, n, [=](u64 i, const float* v) {
-        return rng_uniform(key, first + i) >= p ? v[0] * keep_scale : 0.0f;
-    });
+    drop(p, key, first, y, ys, y, ys, n);
 }

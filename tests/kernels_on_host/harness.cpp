@@ -112,9 +112,9 @@ static void elementwise(int xs, int ys, uint64_t n, size_t misaligned) {
     launch(vec_threads(n), [&] { dropout_in_place(p, 99, 5, dropped.p(), xs, n); });
     for (uint64_t i = 0; i < n; i++) want[i] = stored(xs, rng_uniform(99, 5 + i) >= p ? x.get(i) * keep : 0.0f);
     expect("dropout_in_place", xs, n, dropped.values(), want);
-    launch(vec_threads(n), [&] { fill_f32(y.p(), ys, n, 0.1f); });
+    launch(vec_threads(n), [&] { fill_values(y.p(), ys, n, 0.1f); });
     for (uint64_t i = 0; i < n; i++) want[i] = stored(ys, 0.1f);
-    expect("fill_f32", ys, n, y.values(), want);
+    expect("fill_values", ys, n, y.values(), want);
     const uint64_t width = 13;
     if (n % width == 0) {
         Buffer params = random_buffer(xs, 3 + width);

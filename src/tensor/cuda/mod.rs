@@ -507,7 +507,7 @@ impl CudaBackend {
                 .map_err(|e| cuda_err(&format!("loading kernel {name}"), e))
         };
         let f = Functions {
-            fill: load("fill_f32")?,
+            fill: load("fill_values")?,
             scale: load("scale_f32")?,
             round_to_half: load("round_to_half")?,
             add_assign: load("add_assign")?,
