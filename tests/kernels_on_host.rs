@@ -1,10 +1,11 @@
 //! The CUDA kernels run on the host, without a GPU: tests/kernels_on_host/harness.cpp builds
 //! the kernel program (kernels/*.cu, exactly as NVRTC gets it) with the host's C++ compiler,
-//! against a stand-in for CUDA's built-ins that runs a launch's threads one after another.
-//! That checks what the GPU parity tests check only where a GPU is lent: the indexing, the
-//! vectorised paths and their tails, and the packing of half-width buffers, for the kernels
-//! whose threads never wait for one another. Skips, with the reason, without a compiler
-//! ($CXX, else c++); fails then when TRAINER_REQUIRE_HOST_CXX=1 (CI).
+//! against a stand-in for CUDA's built-ins that runs a block's threads as fibers, waiting at
+//! `__syncthreads` and at warp shuffles (tests/kernels_on_host/cuda_on_host.h). That checks
+//! what the GPU parity tests check only where a GPU is lent: the indexing, the vectorised paths
+//! and their tails, the packing of half-width buffers, and the block-wide reductions (their
+//! barriers too: each block runs in two thread orders). Skips, with the reason, without a
+//! compiler ($CXX, else c++); fails then when TRAINER_REQUIRE_HOST_CXX=1 (CI).
 
 mod common;
 
@@ -12,7 +13,7 @@ use std::process::Command;
 use trainer::tensor::cuda::kernels;
 
 #[test]
-fn kernels_on_the_host_give_their_one_value_at_a_time_definitions() {
+fn kernels_on_the_host_match_their_definitions() {
     let compiler = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("kernels.cu"), kernels::program_source()).unwrap();

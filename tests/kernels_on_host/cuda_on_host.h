@@ -1,15 +1,23 @@
-// What the kernels (kernels/*.cu) need of CUDA, for running them on the host one thread at a
-// time: enough for kernels whose threads never wait for one another (grid-stride loops). The
-// block-wide reductions compile but are never run here.
+// What the kernels (kernels/*.cu) need of CUDA, for running them on the host: a launch runs
+// its blocks one after another, and a block's threads as fibers (ucontext) on one host
+// thread. A thread runs until it finishes or waits: at __syncthreads until every thread of the
+// block is there, at a warp shuffle until its 32 lanes are. A barrier some threads never reach
+// is reported as a failure (on a GPU it hangs or is undefined). Between barriers each warp runs
+// as far as it can before the next one starts, in index order, or in reverse when
+// `host_gpu::reverse_order` is set: a kernel that reads shared memory without the barrier that
+// orders it gives different results in the two orders.
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <ucontext.h>
 
 struct Dim3 {
     unsigned x, y, z;
 };
-static Dim3 threadIdx, blockIdx, blockDim, gridDim;
+// Not static: the fibers switch under the compiler's feet, so these live in memory.
+Dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 #define __global__
 #define __device__
@@ -38,29 +46,143 @@ inline float __int_as_float(int i) {
     memcpy(&f, &i, 4);
     return f;
 }
-template <class T>
-T __shfl_down_sync(unsigned, T v, int) {
-    return v;
-}
-template <class T>
-T __shfl_xor_sync(unsigned, T v, int) {
-    return v;
-}
-inline void __syncthreads() {}
 
-// Runs `kernel` as a launch of blocks of 256 threads covering `threads` (at most 65536
-// blocks, as src/tensor/cuda's `grid`), every thread in turn.
+namespace host_gpu {
+const unsigned MAX_THREADS = 1024;
+const size_t STACK_BYTES = 64 * 1024;
+enum State { Ready, AtSyncthreads, AtShuffle, Done };
+
+struct Fiber {
+    ucontext_t context;
+    State state;
+};
+Fiber fibers[MAX_THREADS];
+ucontext_t scheduler;
+unsigned current, block_threads;
+bool reverse_order = false;
+int barrier_failures = 0;
+char* stacks = (char*)malloc(MAX_THREADS * STACK_BYTES);
+void (*body)(void*);
+void* body_arg;
+uint64_t shuffle_slots[MAX_THREADS];
+
+inline unsigned thread_id() { return threadIdx.x + threadIdx.y * blockDim.x; }
+
+// Back to the scheduler until the barrier `s` lets this thread go.
+inline void wait(State s) {
+    fibers[current].state = s;
+    swapcontext(&fibers[current].context, &scheduler);
+    asm volatile("" ::: "memory");
+}
+
+inline void fiber_main() {
+    body(body_arg);
+    fibers[current].state = Done;  // returns to the scheduler (uc_link)
+}
+
+// Each lane gets `v` of lane `source(lane)` of its warp.
+template <class T, class Source>
+T shuffle(T v, Source source) {
+    unsigned id = thread_id(), lane = id & 31;
+    memcpy(&shuffle_slots[id], &v, sizeof(T));
+    wait(AtShuffle);
+    T got;
+    memcpy(&got, &shuffle_slots[id - lane + source(lane)], sizeof(T));
+    wait(AtShuffle);  // no lane writes its slot again before every lane has read
+    return got;
+}
+
+inline void report(const char* why) {
+    unsigned counts[4] = {0, 0, 0, 0};
+    for (unsigned t = 0; t < block_threads; t++) counts[fibers[t].state]++;
+    printf("block %u of a launch: %s (%u threads at __syncthreads, %u at a shuffle, %u finished)\n", blockIdx.x, why,
+           counts[AtSyncthreads], counts[AtShuffle], counts[Done]);
+    barrier_failures++;
+}
+
+// Runs the lanes of warp `w` as far as they go: until each has finished or waits at
+// __syncthreads (a shuffle lets its lanes go once all 32 are there).
+inline void run_warp(unsigned w) {
+    for (;;) {
+        for (unsigned k = 0; k < 32; k++) {
+            unsigned t = w * 32 + (reverse_order ? 31 - k : k);
+            if (fibers[t].state != Ready) continue;
+            current = t;
+            threadIdx = {t % blockDim.x, t / blockDim.x, 0};
+            swapcontext(&scheduler, &fibers[t].context);
+        }
+        for (unsigned t = w * 32; t < w * 32 + 32; t++)
+            if (fibers[t].state != AtShuffle) return;
+        for (unsigned t = w * 32; t < w * 32 + 32; t++) fibers[t].state = Ready;
+    }
+}
+
+// Runs every thread of block blockIdx until all have finished. Each warp runs as far as it can
+// before the next starts (from the first warp, or from the last in reverse order), so a warp
+// that reads shared memory without a barrier finds either nothing or everything written.
+inline void run_block() {
+    static ucontext_t blank;
+    static bool has_blank = false;
+    if (!has_blank) getcontext(&blank), has_blank = true;
+    for (unsigned t = 0; t < block_threads; t++) {
+        fibers[t].context = blank;
+        fibers[t].context.uc_stack.ss_sp = stacks + t * STACK_BYTES;
+        fibers[t].context.uc_stack.ss_size = STACK_BYTES;
+        fibers[t].context.uc_link = &scheduler;
+        makecontext(&fibers[t].context, fiber_main, 0);
+        fibers[t].state = Ready;
+    }
+    const unsigned warps = block_threads / 32;
+    for (;;) {
+        for (unsigned k = 0; k < warps; k++) run_warp(reverse_order ? warps - 1 - k : k);
+        unsigned done = 0, at_syncthreads = 0;
+        for (unsigned t = 0; t < block_threads; t++) {
+            done += fibers[t].state == Done;
+            at_syncthreads += fibers[t].state == AtSyncthreads;
+        }
+        if (done == block_threads) return;
+        if (at_syncthreads < block_threads) return report("a barrier that not every thread it waits for reaches");
+        for (unsigned t = 0; t < block_threads; t++) fibers[t].state = Ready;
+    }
+}
+}  // namespace host_gpu
+
+template <class T>
+T __shfl_down_sync(unsigned, T v, int delta) {
+    return host_gpu::shuffle(v, [=](unsigned lane) { return lane + delta < 32 ? lane + delta : lane; });
+}
+template <class T>
+T __shfl_xor_sync(unsigned, T v, int mask) {
+    return host_gpu::shuffle(v, [=](unsigned lane) { return lane ^ mask; });
+}
+inline void __syncthreads() { host_gpu::wait(host_gpu::AtSyncthreads); }
+
+// Runs `kernel` (a closure calling one kernel) as a launch of `grid` blocks of `block` threads
+// (a multiple of 32, at most 1024).
+template <class K>
+void launch_blocks(unsigned grid, Dim3 block, K kernel) {
+    using namespace host_gpu;
+    block_threads = block.x * block.y * block.z;
+    if (block_threads == 0 || block_threads % 32 != 0 || block_threads > MAX_THREADS) {
+        printf("launch of %u threads a block: not a multiple of 32 up to %u\n", block_threads, MAX_THREADS);
+        barrier_failures++;
+        return;
+    }
+    blockDim = block;
+    gridDim = {grid, 1, 1};
+    body = [](void* k) { (*(K*)k)(); };
+    body_arg = &kernel;
+    for (unsigned b = 0; b < grid; b++) {
+        blockIdx = {b, 0, 0};
+        run_block();
+    }
+}
+
+// A launch of blocks of 256 threads covering `threads` (at most 65536 blocks), as
+// src/tensor/cuda's `grid`.
 template <class K>
 void launch(uint64_t threads, K kernel) {
     uint64_t blocks = (threads + 255) / 256;
     blocks = blocks < 1 ? 1 : blocks > 65536 ? 65536 : blocks;
-    blockDim = {256, 1, 1};
-    gridDim = {(unsigned)blocks, 1, 1};
-    for (unsigned b = 0; b < blocks; b++) {
-        for (unsigned t = 0; t < 256; t++) {
-            blockIdx = {b, 0, 0};
-            threadIdx = {t, 0, 0};
-            kernel();
-        }
-    }
+    launch_blocks((unsigned)blocks, {256, 1, 1}, kernel);
 }
