@@ -479,24 +479,26 @@ static void parameter_gradient_kernels() {
             expect("bias_grad", 0, width, run(0, dy).wide, want);
             half_gives_f32_rounded("bias_grad", random_values(rows * width), run);
         }
-    for (uint64_t cols : {3, 600}) {
-        const uint64_t rows = 5;
-        std::vector<float> db0 = random_values(rows);
-        auto run = [&](int s, Buffer& src) {
-            Buffer db = buffer_of(0, db0);
-            launch_blocks(rows, THREADS, [&] { row_sums_add(src.p(), s, rows, cols, (float*)db.p()); });
-            return Outputs({}, widened(db.values()));
-        };
-        Buffer src = random_buffer(0, rows * cols);
-        std::vector<double> want(rows);
-        for (uint64_t r = 0; r < rows; r++) {
-            double sum = 0.0;
-            for (uint64_t j = 0; j < cols; j++) sum += src.get(r * cols + j);
-            want[r] = db0[r] + (float)sum;
+    // A block per row, and (as with more than 65,535 output channels) fewer blocks than rows.
+    for (uint64_t cols : {3, 600})
+        for (unsigned blocks : {5, 2}) {
+            const uint64_t rows = 5;
+            std::vector<float> db0 = random_values(rows);
+            auto run = [&](int s, Buffer& src) {
+                Buffer db = buffer_of(0, db0);
+                launch_blocks(blocks, THREADS, [&] { row_sums_add(src.p(), s, rows, cols, (float*)db.p()); });
+                return Outputs({}, widened(db.values()));
+            };
+            Buffer src = random_buffer(0, rows * cols);
+            std::vector<double> want(rows);
+            for (uint64_t r = 0; r < rows; r++) {
+                double sum = 0.0;
+                for (uint64_t j = 0; j < cols; j++) sum += src.get(r * cols + j);
+                want[r] = db0[r] + (float)sum;
+            }
+            expect_near("row_sums_add", run(0, src).wide, want, 1e-6);
+            half_gives_f32_rounded("row_sums_add", random_values(rows * cols), run);
         }
-        expect_near("row_sums_add", run(0, src).wide, want, 1e-6);
-        half_gives_f32_rounded("row_sums_add", random_values(rows * cols), run);
-    }
     const uint64_t count = 50, dim = 7, vocab = 6;
     Buffer ids(0, count);
     for (uint64_t p = 0; p < count; p++) ids.set(p, (float)(p * p % vocab));
