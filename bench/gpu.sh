@@ -93,6 +93,7 @@ if [ -f .gpu/data/train-images-idx3-ubyte.gz ]; then
   log "pytorch: $(pytorch --data fashion --data-dir $d --layers 784,256,128,10 --batch 128 --epochs 10)"
   log "== jobs/fashion_mnist_cnn.toml end to end (issue 6)"
   log "trainer: $(trainer jobs/fashion_mnist_cnn.toml "${sets[@]}")"
+  log "trainer bf16 (issue 5: memory and accuracy against fp32 above): $(trainer jobs/fashion_mnist_cnn.toml "${sets[@]}" --set precision.mode=\"bf16\")"
   log "pytorch: $(pytorch --model cnn --data fashion --data-dir $d --batch 128 --epochs 5)"
   log "== jobs/resnet_small.toml (issue 6)"
   log "trainer: $(trainer jobs/resnet_small.toml "${sets[@]}")"
