@@ -46,6 +46,13 @@ static Buffer random_buffer(int s, uint64_t n, size_t misaligned = 0, float scal
     return b;
 }
 
+// `values` in storage `s` (rounded to it).
+static Buffer buffer_of(int s, const std::vector<float>& values) {
+    Buffer b(s, values.size());
+    for (size_t i = 0; i < values.size(); i++) b.set(i, values[i]);
+    return b;
+}
+
 // What storage `s` holds of v.
 static float stored(int s, float v) {
     Buffer one(s, 1);
@@ -59,16 +66,16 @@ static bool same(T a, T b) {
 }
 
 template <class T>
-static void expect(const char* what, int s, uint64_t n, const std::vector<T>& got, const std::vector<T>& want) {
+static void expect(const char* what, int s, const std::vector<T>& got, const std::vector<T>& want) {
     if (got.size() != want.size()) {
         printf("%s (storage %d): %zu values, expected %zu\n", what, s, got.size(), want.size());
         failures++;
         return;
     }
-    for (uint64_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < got.size(); i++) {
         if (!same(got[i], want[i])) {
-            printf("%s (storage %d, n %llu): [%llu] is %.17g, expected %.17g\n", what, s, (unsigned long long)n,
-                   (unsigned long long)i, (double)got[i], (double)want[i]);
+            printf("%s (storage %d, n %zu): [%zu] is %.17g, expected %.17g\n", what, s, want.size(), i,
+                   (double)got[i], (double)want[i]);
             failures++;
             return;
         }
@@ -105,64 +112,64 @@ static void elementwise(int xs, int ys, uint64_t n, size_t misaligned) {
         Buffer y(ys, n), dx(xs, n);
         launch(vec_threads(n), [&] { activation_forward(f, x.p(), xs, y.p(), ys, n); });
         for (uint64_t i = 0; i < n; i++) want[i] = stored(ys, act(f, x.get(i)));
-        expect("activation_forward", ys, n, y.values(), want);
+        expect("activation_forward", ys, y.values(), want);
         launch(vec_threads(n), [&] { activation_backward(f, x.p(), xs, y.p(), ys, dy.p(), ys, dx.p(), xs, n); });
         for (uint64_t i = 0; i < n; i++) want[i] = stored(xs, dy.get(i) * act_derivative(f, x.get(i), y.get(i)));
-        expect("activation_backward", xs, n, dx.values(), want);
+        expect("activation_backward", xs, dx.values(), want);
         for (int kind = 0; kind < 2; kind++) {
             Buffer z = x;
             launch(vec_threads(n), [&] { activation_in_place_rounding(f, kind, z.p(), xs, n); });
             for (uint64_t i = 0; i < n; i++) want[i] = stored(xs, round_half(act(f, round_half(x.get(i), kind)), kind));
-            expect("activation_in_place_rounding", xs, n, z.values(), want);
+            expect("activation_in_place_rounding", xs, z.values(), want);
             launch(vec_threads(n),
                    [&] { activation_backward_rounding(f, kind, x.p(), xs, y.p(), ys, dy.p(), ys, dx.p(), xs, n); });
             for (uint64_t i = 0; i < n; i++) {
                 float d = round_half(dy.get(i), kind) * act_derivative(f, x.get(i), y.get(i));
                 want[i] = stored(xs, round_half(d, kind));
             }
-            expect("activation_backward_rounding", xs, n, dx.values(), want);
+            expect("activation_backward_rounding", xs, dx.values(), want);
         }
         Buffer in_place = x;
         launch(vec_threads(n), [&] { activation_in_place(f, in_place.p(), xs, n); });
         for (uint64_t i = 0; i < n; i++) want[i] = stored(xs, act(f, x.get(i)));
-        expect("activation_in_place", xs, n, in_place.values(), want);
+        expect("activation_in_place", xs, in_place.values(), want);
     }
     Buffer sum = random_buffer(ys, n);
     std::vector<float> before = sum.values();
     launch(vec_threads(n), [&] { add_assign(x.p(), xs, sum.p(), ys, n); });
     for (uint64_t i = 0; i < n; i++) want[i] = stored(ys, before[i] + x.get(i));
-    expect("add_assign", ys, n, sum.values(), want);
+    expect("add_assign", ys, sum.values(), want);
     Buffer y(ys, n);
     launch(vec_threads(n), [&] { convert_values(x.p(), xs, y.p(), ys, n); });
     for (uint64_t i = 0; i < n; i++) want[i] = stored(ys, x.get(i));
-    expect("convert_values", ys, n, y.values(), want);
+    expect("convert_values", ys, y.values(), want);
     const float p = 0.3f, keep = 1.0f / (1.0f - p);
     launch(vec_threads(n), [&] { dropout(p, 99, 5, x.p(), xs, y.p(), ys, n); });
     for (uint64_t i = 0; i < n; i++) want[i] = stored(ys, rng_uniform(99, 5 + i) >= p ? x.get(i) * keep : 0.0f);
-    expect("dropout", ys, n, y.values(), want);
+    expect("dropout", ys, y.values(), want);
     Buffer dropped = x;
     launch(vec_threads(n), [&] { dropout_in_place(p, 99, 5, dropped.p(), xs, n); });
     for (uint64_t i = 0; i < n; i++) want[i] = stored(xs, rng_uniform(99, 5 + i) >= p ? x.get(i) * keep : 0.0f);
-    expect("dropout_in_place", xs, n, dropped.values(), want);
+    expect("dropout_in_place", xs, dropped.values(), want);
     launch(vec_threads(n), [&] { fill_values(y.p(), ys, n, 0.1f); });
     for (uint64_t i = 0; i < n; i++) want[i] = stored(ys, 0.1f);
-    expect("fill_values", ys, n, y.values(), want);
+    expect("fill_values", ys, y.values(), want);
     const uint64_t width = 13;
     if (n % width == 0) {
         Buffer params = random_buffer(xs, 3 + width);
         launch(vec_threads(n), [&] { broadcast_rows(params.p(), xs, 3, n / width, width, y.p(), ys); });
         for (uint64_t i = 0; i < n; i++) want[i] = stored(ys, params.get(3 + i % width));
-        expect("broadcast_rows", ys, n, y.values(), want);
+        expect("broadcast_rows", ys, y.values(), want);
     }
     if (xs == 0) {  // the f32-only ones
         Buffer r = random_buffer(0, n, misaligned, 1000.0f);
         std::vector<float> v = r.values();
         launch(vec_threads(n), [&] { round_to_half((float*)r.p(), n, ys % 2); });
         for (uint64_t i = 0; i < n; i++) want[i] = round_half(v[i], ys % 2);
-        expect("round_to_half", 0, n, r.values(), want);
+        expect("round_to_half", 0, r.values(), want);
         launch(vec_threads(n), [&] { scale_f32((float*)r.p(), n, 0.37f); });
         for (uint64_t i = 0; i < n; i++) want[i] *= 0.37f;
-        expect("scale_f32", 0, n, r.values(), want);
+        expect("scale_f32", 0, r.values(), want);
     }
 }
 
@@ -180,13 +187,11 @@ struct Outputs {
 template <class Run>
 static void half_gives_f32_rounded(const char* what, const std::vector<float>& input, Run run) {
     for (int s = 1; s <= 2; s++) {
-        Buffer in32(0, input.size()), in16(s, input.size());
-        for (size_t i = 0; i < input.size(); i++) in16.set(i, input[i]);
-        for (size_t i = 0; i < input.size(); i++) in32.set(i, in16.get(i));
+        Buffer in16 = buffer_of(s, input), in32 = buffer_of(0, in16.values());
         Outputs want = run(0, in32), got = run(s, in16);
         for (float& v : want.values) v = stored(s, v);
-        expect(what, s, want.values.size(), got.values, want.values);
-        expect(what, s, want.wide.size(), got.wide, want.wide);
+        expect(what, s, got.values, want.values);
+        expect(what, s, got.wide, want.wide);
     }
 }
 
@@ -207,16 +212,14 @@ static void image_and_row_kernels() {
     });
     std::vector<float> col_values = random_values(ckk * cols);
     half_gives_f32_rounded("col2im", {0.0f}, [&](int s, Buffer&) {
-        Buffer col(0, ckk * cols), dx(s, g.n * g.c * g.h * g.w);
-        for (uint64_t i = 0; i < col.n; i++) col.set(i, col_values[i]);
+        Buffer col = buffer_of(0, col_values), dx(s, g.n * g.c * g.h * g.w);
         launch(dx.n, [&] { col2im((const float*)col.p(), g, dx.p(), s); });
         return dx.values();
     });
     Buffer params = random_buffer(0, 20);
     std::vector<float> cn = random_values(g.o * cols);
     half_gives_f32_rounded("cn_to_nchw", {0.0f}, [&](int s, Buffer&) {
-        Buffer src(0, cn.size()), y(s, cn.size());
-        for (uint64_t i = 0; i < src.n; i++) src.set(i, cn[i]);
+        Buffer src = buffer_of(0, cn), y(s, cn.size());
         launch(y.n, [&] { cn_to_nchw((const float*)src.p(), params.p(), 0, 5, 1, g.n, g.o, plane, y.p(), s); });
         return y.values();
     });
@@ -278,12 +281,6 @@ static std::vector<float> representable(uint64_t n) {
     std::vector<float> v = random_values(n);
     for (float& x : v) x = round_half(round_half(x, 1), 0);
     return v;
-}
-
-static Buffer buffer_of(int s, const std::vector<float>& values) {
-    Buffer b(s, values.size());
-    for (size_t i = 0; i < values.size(); i++) b.set(i, values[i]);
-    return b;
 }
 
 template <class T>
@@ -476,7 +473,7 @@ static void parameter_gradient_kernels() {
                 for (float p : partial) total += p;
                 want[j] = db0[j] + total;
             }
-            expect("bias_grad", 0, width, run(0, dy).wide, want);
+            expect("bias_grad", 0, run(0, dy).wide, want);
             half_gives_f32_rounded("bias_grad", random_values(rows * width), run);
         }
     // A block per row, and (as with more than 65,535 output channels) fewer blocks than rows.
@@ -515,7 +512,7 @@ static void parameter_gradient_kernels() {
         for (uint64_t p = 0; p < count; p++) sums[(uint64_t)ids.get(p) * dim + j] += dy.get(p * dim + j);
         for (uint64_t v = 0; v < vocab; v++) want[v * dim + j] = sums[v * dim + j];
     }
-    expect("embedding_backward", 0, want.size(), run(0, dy).wide, want);
+    expect("embedding_backward", 0, run(0, dy).wide, want);
     half_gives_f32_rounded("embedding_backward", random_values(count * dim), run);
 }
 
