@@ -158,13 +158,13 @@ enum HalfOperand {
 /// half-width buffer: activations, or mixed precision's half copy of the weights).
 enum Input<'a> {
     F32(CudaView<'a, f32>, HalfOperand),
-    Half(u64),
+    Half(u64, HalfKind),
 }
 
 /// Where a matrix product writes: f32 values, or a half-width buffer at a device address.
 enum Output<'a> {
     F32(CudaViewMut<'a, f32>),
-    Half(u64),
+    Half(u64, HalfKind),
 }
 
 /// A buffer of the CUDA backend: f32 values, or values that are always in a half format
@@ -754,7 +754,7 @@ impl CudaBackend {
     ) -> Input<'a> {
         match buf.half {
             None => Input::F32(buf.mem.slice(range), f32_source),
-            Some(_) => Input::Half(self.address(&buf.mem) + 2 * range.start as u64),
+            Some(kind) => Input::Half(self.address(&buf.mem) + 2 * range.start as u64, kind),
         }
     }
 
@@ -763,7 +763,7 @@ impl CudaBackend {
     /// in place either way.
     fn workspace_input<'a>(&self, region: &'a CudaView<'_, f32>, range: Range<usize>) -> Input<'a> {
         match self.half_matmuls.get() {
-            Some(_) => Input::Half(self.address(region) + 2 * range.start as u64),
+            Some(kind) => Input::Half(self.address(region) + 2 * range.start as u64, kind),
             None => Input::F32(region.slice(range), HalfOperand::Convert),
         }
     }
@@ -772,7 +772,7 @@ impl CudaBackend {
     fn output<'a>(&self, buf: &'a mut CudaBuf, range: Range<usize>) -> Output<'a> {
         match buf.half {
             None => Output::F32(buf.mem.slice_mut(range)),
-            Some(_) => Output::Half(self.address(&buf.mem) + 2 * range.start as u64),
+            Some(kind) => Output::Half(self.address(&buf.mem) + 2 * range.start as u64, kind),
         }
     }
 
@@ -836,12 +836,25 @@ impl CudaBackend {
         c: Output,
     ) {
         use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType};
+        // cuBLAS is told one format for both inputs (and a half C): a buffer in the other
+        // one would be read as garbage.
+        let formats = inputs.iter().filter_map(|input| match input {
+            Input::Half(_, format) => Some(*format),
+            Input::F32(..) => None,
+        });
+        let out_format = match &c {
+            Output::Half(_, format) => Some(*format),
+            Output::F32(_) => None,
+        };
+        if formats.chain(out_format).any(|format| format != kind) {
+            return self.launch_error(what, "a half-width buffer in another half format");
+        }
         let mut halves = self.half_inputs.borrow_mut();
         let mut hold = self.half_inputs_hold.get();
         let mut pointers = [0u64; 2];
         for (slot, input) in inputs.into_iter().enumerate() {
             let (src, operand) = match input {
-                Input::Half(ptr) => {
+                Input::Half(ptr, _) => {
                     pointers[slot] = ptr;
                     continue;
                 }
@@ -887,7 +900,7 @@ impl CudaBackend {
                 let (pc, _rc) = view.device_ptr_mut(&self.stream);
                 (pc, cudaDataType::CUDA_R_32F)
             }
-            Output::Half(ptr) => (ptr, dtype),
+            Output::Half(ptr, _) => (ptr, dtype),
         };
         // SAFETY: the inputs hold the elements the config reads (as the f32 views did), C
         // the ones it writes; alpha and beta are read from the host during the call.
@@ -920,6 +933,16 @@ impl CudaBackend {
 
     fn launch_error(&self, what: &str, why: &str) {
         self.record::<()>(what, Err(why));
+    }
+
+    /// Whether every one of `bufs` holds f32 values, as `what` reads them (parameters, their
+    /// gradients, optimizer and layer state, targets: never half-width); else records why not.
+    fn all_f32(&self, what: &str, bufs: &[&CudaBuf]) -> bool {
+        let f32 = bufs.iter().all(|buf| buf.half.is_none());
+        if !f32 {
+            self.launch_error(what, "a half-width buffer where f32 values are read");
+        }
+        f32
     }
 
     fn launch(&self, what: &str, r: std::result::Result<(), cudarc::driver::DriverError>) {
@@ -1085,6 +1108,9 @@ impl Backend for CudaBackend {
     }
 
     fn all_reduce_mean_start(&self, buf: &mut CudaBuf, range: std::ops::Range<usize>) {
+        if !self.all_f32("NCCL all-reduce", &[buf]) {
+            return;
+        }
         let buf = &mut buf.mem;
         let collective = self.collective.borrow();
         let Some(c) = collective.as_ref() else {
@@ -1351,6 +1377,9 @@ impl Backend for CudaBackend {
         momentum: f32,
         eps: f32,
     ) {
+        if !self.all_f32("batch norm", &[params, state]) {
+            return;
+        }
         let (xs, ys) = (x.storage(), y.storage());
         let params = &params.mem;
         let (n, c, spatial) = shape;
@@ -1379,6 +1408,9 @@ impl Backend for CudaBackend {
         gamma: usize,
         state: &CudaBuf,
     ) {
+        if !self.all_f32("batch norm backward", &[params, grads, state]) {
+            return;
+        }
         let params = &params.mem;
         let grads = &mut grads.mem;
         let (n, c, spatial) = shape;
@@ -1412,6 +1444,9 @@ impl Backend for CudaBackend {
         saved: &mut CudaBuf,
         eps: f32,
     ) {
+        if !self.all_f32("layer norm", &[params, saved]) {
+            return;
+        }
         let (xs, ys) = (x.storage(), y.storage());
         let params = &params.mem;
         let (rows, width) = shape;
@@ -1442,6 +1477,9 @@ impl Backend for CudaBackend {
         gamma: usize,
         saved: &CudaBuf,
     ) {
+        if !self.all_f32("layer norm backward", &[params, grads, saved]) {
+            return;
+        }
         let (xs, dys) = (x.storage(), dy.storage());
         let params = &params.mem;
         let grads = &mut grads.mem;
@@ -1869,6 +1907,9 @@ impl Backend for CudaBackend {
         dout: Option<&mut CudaBuf>,
         stats: &mut CudaSlice<f64>,
     ) {
+        if !self.all_f32("loss", &[targets]) {
+            return;
+        }
         let write_grad = i32::from(dout.is_some());
         // Without a gradient the kernel never writes `dout`; it still needs a valid pointer.
         let (dout_ptr, ds) = match &dout {
@@ -1979,12 +2020,18 @@ impl Backend for CudaBackend {
     }
 
     fn sum_squares(&self, buf: &CudaBuf) -> f64 {
+        if !self.all_f32("gradient norm", &[buf]) {
+            return f64::NAN;
+        }
         let buf = &buf.mem;
         self.sum_squares_on_device(buf);
         self.read_sum_squares()
     }
 
     fn clip_to_norm(&self, grads: &mut CudaBuf, max_norm: f64, read: Option<&mut f64>) {
+        if !self.all_f32("clipping", &[grads]) {
+            return;
+        }
         let grads = &mut grads.mem;
         self.sum_squares_on_device(grads);
         {
@@ -2008,6 +2055,9 @@ impl Backend for CudaBackend {
     }
 
     fn scale(&self, buf: &mut CudaBuf, factor: f32) {
+        if !self.all_f32("scale", &[buf]) {
+            return;
+        }
         let buf = &mut buf.mem;
         let n = buf.len() as u64;
         let mut l = self.stream.launch_builder(&self.f.scale);
@@ -2064,6 +2114,9 @@ impl Backend for CudaBackend {
             // The plan keeps token ids in f32 (halves hold integers exactly only up to 256).
             return self.launch_error("embedding", "token ids in a half-width buffer");
         }
+        if !self.all_f32("embedding", &[params]) {
+            return;
+        }
         let (c, d, ys) = (count as u64, dim as u64, y.storage());
         let table = params.mem.slice(w..);
         let mut l = self.stream.launch_builder(&self.f.embedding_forward);
@@ -2087,6 +2140,9 @@ impl Backend for CudaBackend {
     ) {
         if ids.half.is_some() {
             return self.launch_error("embedding backward", "token ids in a half-width buffer");
+        }
+        if !self.all_f32("embedding backward", &[grads]) {
+            return;
         }
         let (c, d, dys) = (count as u64, dim as u64, dy.storage());
         let mut table = grads.mem.slice_mut(w..);
@@ -2157,6 +2213,9 @@ impl Backend for CudaBackend {
         h: &SgdStep,
         args: &CudaBuf,
     ) {
+        if !self.all_f32("sgd step", &[params, grads, momentum, args]) {
+            return;
+        }
         let params = &mut params.mem;
         let grads = &grads.mem;
         let momentum = &mut momentum.mem;
@@ -2190,6 +2249,9 @@ impl Backend for CudaBackend {
         h: &AdamStep,
         args: &CudaBuf,
     ) {
+        if !self.all_f32("adam step", &[params, grads, exp_avg, exp_avg_sq, args]) {
+            return;
+        }
         let params = &mut params.mem;
         let grads = &grads.mem;
         let exp_avg = &mut exp_avg.mem;
@@ -2227,7 +2289,6 @@ impl Backend for CudaBackend {
     }
 }
 
-/// The kernels' half format: 0 f16, 1 bf16.
 /// The kernels' storage id of values in `half` (kernels/cast.cu's `load`): 0 f32, 1 f16,
 /// 2 bf16.
 fn storage_id(half: Option<HalfKind>) -> i32 {
@@ -2238,6 +2299,7 @@ fn storage_id(half: Option<HalfKind>) -> i32 {
     }
 }
 
+/// The kernels' half format (`round_to_half` and the `*_rounding` kernels): 0 f16, 1 bf16.
 fn half_id(kind: HalfKind) -> i32 {
     i32::from(kind == HalfKind::Bf16)
 }
