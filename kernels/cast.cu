@@ -119,8 +119,8 @@ struct In {
 };
 
 // out[i] = f(i, v) for i < n, v[k] = in[k][i] (N inputs, each in its storage; N may be 0).
-// Whole vectors of VEC values a thread where every buffer is 16-byte aligned (always, from
-// cudaMalloc at offset 0), then the rest one value at a time. out may be one of the inputs:
+// Whole vectors of VEC values a thread where every buffer is 16-byte aligned (cudaMalloc's
+// are; a view at an offset may not be), then the rest one value at a time. out may be one of the inputs:
 // each value is read and written by the same thread. Launch with n / VEC threads or more.
 template <int N, typename F>
 __device__ __forceinline__ void map_values(const In* in, void* out, int out_s, u64 n, F f) {

@@ -10,7 +10,7 @@ use common::random_vec;
 use trainer::tensor::cpu::CpuBackend;
 use trainer::tensor::cuda::CudaBuf;
 use trainer::tensor::cuda::{probe, CudaBackend};
-use trainer::tensor::{Activation, AdamStep, Backend, HalfKind, LossFn, SgdStep};
+use trainer::tensor::{Activation, AdamStep, Backend, GradWrite, HalfKind, LossFn, SgdStep};
 
 fn gpu() -> Option<CudaBackend> {
     let required = std::env::var("TRAINER_REQUIRE_CUDA").is_ok_and(|v| v == "1");
@@ -73,6 +73,15 @@ fn assert_within(gpu: &[f32], cpu: &[f32], relative: f32, what: &str) {
     );
 }
 
+/// Gradients a backward pass starts from: with `GradWrite::Overwrite` the weight's (the
+/// first `weight_len`) are NaN, which it must not read.
+fn stale_weight_grads(mut grads: Vec<f32>, weight_len: usize, dw_write: GradWrite) -> Vec<f32> {
+    if dw_write == GradWrite::Overwrite {
+        grads[..weight_len].fill(f32::NAN);
+    }
+    grads
+}
+
 /// fp32 GEMMs, and in mixed precision the tensor-core GEMMs (inputs converted to f16/bf16,
 /// f32 accumulation): on half-valued inputs the products are exact, so only the order of
 /// the sums differs from the CPU's fp32.
@@ -85,7 +94,11 @@ fn linear_forward_and_backward_match_the_cpu() {
         .flat_map(|h| [(37, 53, 29), (256, 784, 256), (1, 7, 3)].map(|s| (h, s)))
     {
         g.set_half_matmuls(half);
-        for bias in [true, false] {
+        let modes = [GradWrite::Add, GradWrite::Overwrite];
+        for (bias, dw_write) in [true, false]
+            .into_iter()
+            .flat_map(|b| modes.map(|m| (b, m)))
+        {
             let mut params = random_vec(out * inp + out, 1);
             let b = bias.then_some(out * inp);
             let mut x = random_vec(n * inp, 2);
@@ -96,8 +109,8 @@ fn linear_forward_and_backward_match_the_cpu() {
                     CPU.round_to_half(kind, v, len);
                 }
             }
-            let grads0 = random_vec(params.len(), 4);
-            let what = format!("linear {half:?} n={n} in={inp} out={out} bias={bias}");
+            let grads0 = stale_weight_grads(random_vec(params.len(), 4), out * inp, dw_write);
+            let what = format!("linear {half:?} n={n} in={inp} out={out} bias={bias} {dw_write:?}");
 
             let mut y_cpu = vec![f32::NAN; n * out];
             CPU.linear_forward(&x, &params, 0, b, &mut y_cpu, n, inp, out);
@@ -115,6 +128,7 @@ fn linear_forward_and_backward_match_the_cpu() {
                 &dy,
                 &params,
                 &mut grads_cpu,
+                dw_write,
                 0,
                 b,
                 Some(&mut dx_cpu),
@@ -128,6 +142,7 @@ fn linear_forward_and_backward_match_the_cpu() {
                 &up(&g, &dy),
                 &up(&g, &params),
                 &mut grads_gpu,
+                dw_write,
                 0,
                 b,
                 Some(&mut dx_gpu),
@@ -138,7 +153,7 @@ fn linear_forward_and_backward_match_the_cpu() {
             assert_close(
                 &down(&g, &grads_gpu, params.len()),
                 &grads_cpu,
-                &format!("{what} dW/db (accumulated)"),
+                &format!("{what} dW/db"),
             );
             assert_close(&down(&g, &dx_gpu, n * inp), &dx_cpu, &format!("{what} dx"));
         }
@@ -353,6 +368,11 @@ fn reductions_fills_gathers_and_copies_match_the_cpu() {
     assert_close(&down(&g, &a, v.len()), &c, "scale");
     g.fill(&mut a, 2.5);
     assert!(down(&g, &a, v.len()).iter().all(|&x| x == 2.5));
+    // A range at an odd offset (not 16-byte aligned: the kernel's scalar path).
+    g.fill_range(&mut a, 3..v.len() - 5, -1.0);
+    let mut want = vec![2.5; v.len()];
+    CPU.fill_range(&mut want, 3..v.len() - 5, -1.0);
+    assert_eq!(down(&g, &a, v.len()), want, "fill_range");
 
     let src = random_vec(100 * 13, 11);
     let rows: Vec<u32> = (0..64).map(|i| (i * 37 % 100) as u32).collect();
@@ -610,10 +630,13 @@ fn half_width_buffers_hold_what_rounded_f32_buffers_hold() {
             scale,
             "linear forward",
         );
-        let grads0 = random_vec(params.len(), 27);
+        // As a step's first backward pass writes them.
+        let overwrite = GradWrite::Overwrite;
+        let grads0 = stale_weight_grads(random_vec(params.len(), 27), out * inp, overwrite);
         let (mut grads_cpu, mut dx_cpu) = (grads0.clone(), vec![0.0; n * inp]);
         let dx = Some(&mut dx_cpu);
-        CPU.linear_backward(&px, &pdy, &params, &mut grads_cpu, 0, b, dx, n, inp, out);
+        let grads = &mut grads_cpu;
+        CPU.linear_backward(&px, &pdy, &params, grads, overwrite, 0, b, dx, n, inp, out);
         let (mut grads_gpu, mut dxh) = (up(&g, &grads0), poisoned_half(&g, kind, n * inp));
         let (xh, dyh) = (up_half(&g, kind, &px), up_half(&g, kind, &pdy));
         let dx = Some(&mut dxh);
@@ -622,6 +645,7 @@ fn half_width_buffers_hold_what_rounded_f32_buffers_hold() {
             &dyh,
             &params_gpu,
             &mut grads_gpu,
+            overwrite,
             0,
             b,
             dx,
@@ -1025,44 +1049,48 @@ fn image_layers_in(g: &CudaBackend, storage: Option<HalfKind>) {
             tol,
             &format!("{at} conv {s:?} forward"),
         );
-        let grads0 = random_vec(params.len(), 23);
-        let (mut gr_cpu, mut dx_cpu) = (grads0.clone(), vec![f32::NAN; in_len]);
-        cpu.conv2d_backward(
-            &s,
-            &x,
-            &dy,
-            &params,
-            &mut gr_cpu,
-            0,
-            bias,
-            Some(&mut dx_cpu),
-            n,
-            &mut ws_cpu,
-        );
-        let (mut gr_gpu, mut dxg) = (up(g, &grads0), poisoned_in(g, storage, in_len));
-        g.conv2d_backward(
-            &s,
-            &xg,
-            &up_in(g, storage, &dy),
-            &pg,
-            &mut gr_gpu,
-            0,
-            bias,
-            Some(&mut dxg),
-            n,
-            &mut ws_gpu,
-        );
-        assert_close(
-            &down(g, &gr_gpu, params.len()),
-            &gr_cpu,
-            &format!("{at} conv {s:?} dW/db"),
-        );
-        assert_within(
-            &down(g, &dxg, in_len),
-            &stored(storage, &dx_cpu),
-            tol,
-            &format!("{at} conv {s:?} dx"),
-        );
+        for dw_write in [GradWrite::Add, GradWrite::Overwrite] {
+            let grads0 = stale_weight_grads(random_vec(params.len(), 23), s.weight_len(), dw_write);
+            let (mut gr_cpu, mut dx_cpu) = (grads0.clone(), vec![f32::NAN; in_len]);
+            cpu.conv2d_backward(
+                &s,
+                &x,
+                &dy,
+                &params,
+                &mut gr_cpu,
+                dw_write,
+                0,
+                bias,
+                Some(&mut dx_cpu),
+                n,
+                &mut ws_cpu,
+            );
+            let (mut gr_gpu, mut dxg) = (up(g, &grads0), poisoned_in(g, storage, in_len));
+            g.conv2d_backward(
+                &s,
+                &xg,
+                &up_in(g, storage, &dy),
+                &pg,
+                &mut gr_gpu,
+                dw_write,
+                0,
+                bias,
+                Some(&mut dxg),
+                n,
+                &mut ws_gpu,
+            );
+            assert_close(
+                &down(g, &gr_gpu, params.len()),
+                &gr_cpu,
+                &format!("{at} conv {s:?} {dw_write:?} dW/db"),
+            );
+            assert_within(
+                &down(g, &dxg, in_len),
+                &stored(storage, &dx_cpu),
+                tol,
+                &format!("{at} conv {s:?} dx"),
+            );
+        }
     }
     g.set_half_matmuls(None);
     for (kind, s) in [

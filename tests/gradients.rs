@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{network, spec};
+use common::{network, random_vec, spec};
 use trainer::graph::{DataShape, Network};
 use trainer::tensor::cpu::CpuBackend;
 use trainer::tensor::Backend;
@@ -31,11 +31,15 @@ fn check_gradients_on(job: &str, data: DataShape, input: Option<&[f32]>) {
     if let Some(input) = input {
         net.input_mut()[..input.len()].copy_from_slice(input);
     }
-    b.fill(&mut net.grads, 0.0);
+    // As a training step does: whatever the buffer holds is never read (the backward pass
+    // writes the weight gradients, `start_gradients` zeroes the rest).
+    b.fill(&mut net.grads, f32::NAN);
+    net.start_gradients(&b);
     let mut stats = b.new_stats().unwrap();
     net.forward(&b, N, true, STEP_KEY);
     net.loss(&b, N, Some(1.0), &mut stats);
     net.backward(&b, N, STEP_KEY);
+    net.finish_gradients(&b);
     let analytic = net.grads.clone();
     assert!(
         analytic.iter().any(|&g| g.abs() > 1e-4),
@@ -431,4 +435,68 @@ fn embedding_gradients_sum_over_repeated_tokens() {
         .map(|&v| v as f32)
         .collect();
     check_gradients_on(job, data, Some(&ids));
+}
+
+/// The gradients of one backward pass: the step's first (`start_gradients`), over a buffer
+/// of NaN, or one more (adding to what is there).
+fn backward_pass(net: &mut Network<CpuBackend>, b: &CpuBackend, first: bool) {
+    if first {
+        b.fill(&mut net.grads, f32::NAN);
+        net.start_gradients(b);
+    }
+    let mut stats = b.new_stats().unwrap();
+    net.forward(b, N, true, STEP_KEY);
+    net.loss(b, N, Some(1.0), &mut stats);
+    net.backward(b, N, STEP_KEY);
+}
+
+#[test]
+fn a_steps_later_backward_passes_add_to_the_first() {
+    // Every kind of parameter gradient: conv and linear weights (written by the first pass),
+    // biases and batch/layer norm's (zeroed before it).
+    let job = image_job(
+        r#"{ type = "batchnorm2d" }, { type = "tanh" }, { type = "conv2d", out = 2, kernel_size = 3 },
+           { type = "layernorm" }"#,
+    );
+    let (b, spec) = (CpuBackend::new(1), spec(&job));
+    let mut net = network(&spec, &images(), N, 7);
+    let inputs = [
+        random_vec(net.input_mut().len(), 1),
+        random_vec(net.input_mut().len(), 2),
+    ];
+    let mut separately = Vec::new();
+    for input in &inputs {
+        net.input_mut().copy_from_slice(input);
+        backward_pass(&mut net, &b, true);
+        net.finish_gradients(&b);
+        separately.push(net.grads.clone());
+    }
+    for (k, input) in inputs.iter().enumerate() {
+        net.input_mut().copy_from_slice(input);
+        backward_pass(&mut net, &b, k == 0);
+    }
+    net.finish_gradients(&b);
+    let sum: Vec<f32> = separately[0]
+        .iter()
+        .zip(&separately[1])
+        .map(|(a, b)| a + b)
+        .collect();
+    assert!(sum.iter().all(|g| g.is_finite()) && sum.iter().any(|&g| g != 0.0));
+    for (i, (got, want)) in net.grads.iter().zip(&sum).enumerate() {
+        assert!(
+            (got - want).abs() <= 1e-6 * want.abs().max(1.0),
+            "parameter {i}: {got} after both passes, {want} as the sum of each"
+        );
+    }
+}
+
+#[test]
+fn a_step_without_a_backward_pass_has_zero_gradients() {
+    // A data-parallel replica with no samples in any micro-batch of the step.
+    let (b, spec) = (CpuBackend::new(1), spec(&image_job(r#"{ type = "relu" }"#)));
+    let mut net = network(&spec, &images(), N, 7);
+    b.fill(&mut net.grads, f32::NAN);
+    net.start_gradients(&b);
+    net.finish_gradients(&b);
+    assert!(net.grads.iter().all(|&g| g == 0.0));
 }

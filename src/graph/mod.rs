@@ -78,6 +78,21 @@ pub enum Op {
     },
 }
 
+impl Op {
+    /// The parameters whose gradient a matrix product computes whole in the backward pass
+    /// (linear and conv weights), which the step's first backward pass may write instead of
+    /// adding to (`GradWrite`).
+    pub fn product_weight(&self) -> Option<std::ops::Range<usize>> {
+        match *self {
+            Op::Linear {
+                inp, out, weight, ..
+            } => Some(weight..weight + inp * out),
+            Op::Conv2d { geom, weight, .. } => Some(weight..weight + geom.weight_len()),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Layer {
     /// "linear", "relu"...: the spec's type name.

@@ -18,7 +18,8 @@ use super::{numel, BufferPlan, GradBuckets, Graph, Layer, Op};
 use crate::error::Result;
 use crate::tensor::record::Recorder;
 use crate::tensor::rng::derive;
-use crate::tensor::{Activation, Backend, HalfKind};
+use crate::tensor::{Activation, Backend, GradWrite, HalfKind};
+use std::ops::Range;
 
 pub struct Network<B: Backend> {
     pub graph: Graph,
@@ -60,6 +61,13 @@ pub struct Network<B: Backend> {
     /// Data parallelism: the gradient buckets handed to a `GradientSync` during the backward
     /// pass (None: the caller averages the gradients after it).
     buckets: Option<GradBuckets>,
+    /// The gradients a backward pass writes whole with a matrix product (linear and conv
+    /// weights: nearly all of them), and the rest, which `start_gradients` zeroes.
+    product_grads: Vec<Range<usize>>,
+    other_grads: Vec<Range<usize>>,
+    /// The next backward pass is the step's first: it writes `product_grads` instead of
+    /// adding to them (`GradWrite::Overwrite`).
+    fresh_grads: bool,
 }
 
 /// Data parallelism's gradient averaging, driven by the backward pass of a step's last
@@ -87,6 +95,8 @@ struct Recorded {
     /// Whether the backward pass averages the gradients (data parallelism, a step's last
     /// micro-batch): the recording then holds the all-reduce too.
     syncs: bool,
+    /// How the weight gradients are written (the step's first micro-batch overwrites).
+    dw_write: GradWrite,
 }
 
 /// Mixed precision rounds each op's output (and in backward its input gradient) in a pass of
@@ -271,7 +281,11 @@ impl<B: Backend> Network<B> {
             Some(kind) => Some(backend.alloc_half(kind, graph.param_count)?),
             None => None,
         };
+        let (product_grads, other_grads) = split_gradients(&graph);
         let mut network = Network {
+            product_grads,
+            other_grads,
+            fresh_grads: false,
             fused,
             grads: backend.alloc(graph.param_count)?,
             params: param_buf,
@@ -380,6 +394,7 @@ impl<B: Backend> Network<B> {
             grad_scale_bits: grad_scale.to_bits(),
             stats_at: stats as *const B::Stats as usize,
             syncs,
+            dw_write: self.dw_write(),
         };
         // A smaller last batch (or a replica's smaller share) runs op by op: recording it
         // would replace the full batch's recording for one step. (The sample offset matters
@@ -654,7 +669,38 @@ impl<B: Backend> Network<B> {
         }
     }
 
-    /// Back-propagates the loss gradient, adding the parameter gradients into `grads`.
+    /// Starts a step's gradients, as PyTorch's `zero_grad(set_to_none=True)` does: the next
+    /// backward pass writes the weight gradients its matrix products compute, instead of
+    /// adding them into zeros (no zero-fill of most of the buffer, and no product reads the
+    /// old values); the other gradients are zeroed now. `finish_gradients` after the step's
+    /// backward passes.
+    pub fn start_gradients(&mut self, backend: &B) {
+        for range in &self.other_grads {
+            backend.fill_range(&mut self.grads, range.clone(), 0.0);
+        }
+        self.fresh_grads = true;
+    }
+
+    /// After the step's backward passes: zeroes the weight gradients when no backward pass
+    /// ran since `start_gradients` (a replica with no samples in any micro-batch).
+    pub fn finish_gradients(&mut self, backend: &B) {
+        if std::mem::take(&mut self.fresh_grads) {
+            for range in &self.product_grads {
+                backend.fill_range(&mut self.grads, range.clone(), 0.0);
+            }
+        }
+    }
+
+    fn dw_write(&self) -> GradWrite {
+        if self.fresh_grads {
+            GradWrite::Overwrite
+        } else {
+            GradWrite::Add
+        }
+    }
+
+    /// Back-propagates the loss gradient, adding the parameter gradients into `grads`
+    /// (writing the weights' after `start_gradients`).
     /// Segment by segment from the last: recompute its inner activations (activation
     /// checkpointing; nothing without it), then go back through its layers.
     pub fn backward(&mut self, backend: &B, n: usize, step_key: u64) {
@@ -686,6 +732,7 @@ impl<B: Backend> Network<B> {
                 }
             }
         }
+        self.fresh_grads = false;
         if let (Some(sync), Some(_)) = (sync, &buckets) {
             sync.finished(backend, &mut self.grads);
         }
@@ -749,6 +796,7 @@ impl<B: Backend> Network<B> {
         let in_len = n * numel(&layer.in_shape);
         let weights = self.half_params.as_ref().unwrap_or(&self.params);
         let (key, first) = (self.dropout_key(i, step_key), self.dropout_first(i));
+        let dw = self.dw_write();
         if let (Some(kind), &Op::Activation(f), true) = (self.half, &layer.op, self.fused[i].grad) {
             // dy is unrounded (the next layer left it), dx its own buffer (`Fusion`).
             let (dy, dx) = two_mut(&mut self.dacts, ddst, dsrc);
@@ -772,7 +820,7 @@ impl<B: Backend> Network<B> {
             } => {
                 let dx = need_dx.then_some(dx);
                 let grads = &mut self.grads;
-                backend.linear_backward(x, dy, weights, grads, weight, bias, dx, n, inp, out);
+                backend.linear_backward(x, dy, weights, grads, dw, weight, bias, dx, n, inp, out);
             }
             Op::Activation(f) if need_dx => {
                 backend.activation_backward(f, x, &self.acts[dst], dy, dx, len);
@@ -787,7 +835,7 @@ impl<B: Backend> Network<B> {
             Op::Conv2d { geom, weight, bias } => {
                 let dx = need_dx.then_some(dx);
                 let (grads, ws) = (&mut self.grads, &mut self.workspace);
-                backend.conv2d_backward(&geom, x, dy, weights, grads, weight, bias, dx, n, ws);
+                backend.conv2d_backward(&geom, x, dy, weights, grads, dw, weight, bias, dx, n, ws);
             }
             Op::Pool { kind, geom } if need_dx => {
                 backend.pool2d_backward(kind, &geom, x, &self.acts[dst], dy, dx, n);
@@ -832,4 +880,27 @@ impl<B: Backend> Network<B> {
             Self::round(backend, self.half, &mut self.dacts[dsrc], in_len);
         }
     }
+}
+
+/// The gradient buffer's ranges that matrix products write whole (`Op::product_weight`), in
+/// order, and the ranges between them.
+fn split_gradients(graph: &Graph) -> (Vec<Range<usize>>, Vec<Range<usize>>) {
+    let mut products: Vec<Range<usize>> = graph
+        .layers
+        .iter()
+        .filter_map(|l| l.op.product_weight())
+        .collect();
+    products.sort_by_key(|r| r.start);
+    let mut others = Vec::new();
+    let mut at = 0;
+    for r in products
+        .iter()
+        .chain(std::iter::once(&(graph.param_count..graph.param_count)))
+    {
+        if r.start > at {
+            others.push(at..r.start);
+        }
+        at = at.max(r.end);
+    }
+    (products, others)
 }

@@ -4,8 +4,8 @@
 
 use super::spatial::{self, Conv2d, Pool2d};
 use super::{
-    cast, rng, Activation, AdamStep, Backend, Capture, HalfKind, LossFn, LossStats, PoolKind,
-    SgdStep,
+    cast, rng, Activation, AdamStep, Backend, Capture, GradWrite, HalfKind, LossFn, LossStats,
+    PoolKind, SgdStep,
 };
 use crate::error::Result;
 use gemm::Parallelism;
@@ -161,6 +161,7 @@ impl Backend for CpuBackend {
         dy: &Vec<f32>,
         params: &Vec<f32>,
         grads: &mut Vec<f32>,
+        dw_write: GradWrite,
         w: usize,
         b: Option<usize>,
         dx: Option<&mut Vec<f32>>,
@@ -170,6 +171,10 @@ impl Backend for CpuBackend {
         let weight = &params[w..w + s.weight_len()];
         // The bias follows the weight in the flat buffer (see graph::Graph::build).
         let (dw, rest) = grads[w..].split_at_mut(s.weight_len());
+        if dw_write == GradWrite::Overwrite {
+            // The partial sums are added into it (a conv's weights are few: no gain in more).
+            dw.fill(0.0);
+        }
         let db = b.map(|b| &mut rest[b - w - s.weight_len()..][..s.o]);
         spatial::conv2d_backward(
             s,
@@ -323,6 +328,10 @@ impl Backend for CpuBackend {
         buf.fill(value);
     }
 
+    fn fill_range(&self, buf: &mut Vec<f32>, range: std::ops::Range<usize>, value: f32) {
+        buf[range].fill(value);
+    }
+
     fn copy(&self, src: &Vec<f32>, dst: &mut Vec<f32>, len: usize) {
         dst[..len].copy_from_slice(&src[..len]);
     }
@@ -378,6 +387,7 @@ impl Backend for CpuBackend {
         dy: &Vec<f32>,
         params: &Vec<f32>,
         grads: &mut Vec<f32>,
+        dw_write: GradWrite,
         w: usize,
         b: Option<usize>,
         dx: Option<&mut Vec<f32>>,
@@ -386,9 +396,10 @@ impl Backend for CpuBackend {
         out: usize,
     ) {
         let dy = &dy[..n * out];
-        // dW[out, inp] += dyᵀ[out, n] · x[n, inp]
+        // dW[out, inp] (+)= dyᵀ[out, n] · x[n, inp]
         let dw = &mut grads[w..w + out * inp];
-        self.matmul(dw, true, dy, (1, out), &x[..n * inp], (inp, 1), out, inp, n);
+        let add = dw_write == GradWrite::Add;
+        self.matmul(dw, add, dy, (1, out), &x[..n * inp], (inp, 1), out, inp, n);
         if let Some(b) = b {
             let db = &mut grads[b..b + out];
             for row in dy.chunks_exact(out) {

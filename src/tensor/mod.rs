@@ -107,6 +107,18 @@ impl SgdStep {
     }
 }
 
+/// How a backward pass puts the weight gradient a matrix product computes (linear and conv
+/// weights) into the gradient buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GradWrite {
+    /// Adds to what is there (a later micro-batch of the step).
+    Add,
+    /// Writes it, without reading what is there (the step's first backward pass): no
+    /// zero-fill before, and the product reads no C (cuBLAS beta = 0), as with PyTorch's
+    /// `zero_grad(set_to_none=True)`.
+    Overwrite,
+}
+
 /// Running sums a loss adds to: loss summed over samples, correct predictions, samples.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct LossStats {
@@ -155,6 +167,8 @@ pub trait Backend: Capture {
     /// `dst.len()` values of `src` from `start` on.
     fn download_at(&self, src: &Self::Buf, start: usize, dst: &mut [f32]);
     fn fill(&self, buf: &mut Self::Buf, value: f32);
+    /// Sets `buf[range]` of an f32 buffer to `value`.
+    fn fill_range(&self, buf: &mut Self::Buf, range: std::ops::Range<usize>, value: f32);
     fn copy(&self, src: &Self::Buf, dst: &mut Self::Buf, len: usize);
     /// dst[i] = src[idx[i]] for rows of `row_len` values: assembles a batch from a data set
     /// held on the device.
@@ -182,7 +196,8 @@ pub trait Backend: Capture {
         inp: usize,
         out: usize,
     );
-    /// grads[W] += dyᵀ·x, grads[b] += Σₙ dy, and dx = dy·W when `dx` is given.
+    /// grads[W] += dyᵀ·x (= with `GradWrite::Overwrite`), grads[b] += Σₙ dy, and dx = dy·W
+    /// when `dx` is given.
     #[allow(clippy::too_many_arguments)]
     fn linear_backward(
         &self,
@@ -190,6 +205,7 @@ pub trait Backend: Capture {
         dy: &Self::Buf,
         params: &Self::Buf,
         grads: &mut Self::Buf,
+        dw_write: GradWrite,
         w: usize,
         b: Option<usize>,
         dx: Option<&mut Self::Buf>,
@@ -415,7 +431,8 @@ pub trait Backend: Capture {
         n: usize,
         workspace: &mut Self::Buf,
     );
-    /// grads[W] += ∂/∂W, grads[b] += ∂/∂b, dx = ∂/∂x when given.
+    /// grads[W] += ∂/∂W (= with `GradWrite::Overwrite`), grads[b] += ∂/∂b, dx = ∂/∂x when
+    /// given.
     #[allow(clippy::too_many_arguments)]
     fn conv2d_backward(
         &self,
@@ -424,6 +441,7 @@ pub trait Backend: Capture {
         dy: &Self::Buf,
         params: &Self::Buf,
         grads: &mut Self::Buf,
+        dw_write: GradWrite,
         w: usize,
         b: Option<usize>,
         dx: Option<&mut Self::Buf>,

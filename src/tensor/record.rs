@@ -1,9 +1,10 @@
 //! Recording a sequence of ops once and replaying it (CUDA graphs): one launch instead of
 //! one per op. A recording holds device addresses and by-value arguments, so it stands for
 //! the ops only while everything they were recorded with is the same: the caller names that
-//! as a key, and a new key records again. The two latest recordings are kept: a step whose
-//! micro-batches alternate between two kinds (gradient accumulation with data parallelism:
-//! only the last micro-batch averages the gradients) replays both.
+//! as a key, and a new key records again. The three latest recordings are kept: a step's
+//! micro-batches come in up to three kinds with gradient accumulation (the first writes the
+//! weight gradients, the others add to them; with data parallelism only the last averages
+//! them), and the step replays each.
 
 /// Recording the ops a device runs, to replay them: the part of a `Backend` that
 /// `Recorder` drives.
@@ -34,7 +35,7 @@ pub trait Capture {
 }
 
 /// Recordings kept per recorder.
-const KEPT: usize = 2;
+const KEPT: usize = 3;
 
 pub struct Recorder<B: Capture, K> {
     enabled: bool,
@@ -177,27 +178,29 @@ mod tests {
     }
 
     #[test]
-    fn alternating_keys_are_both_recorded() {
-        // Gradient accumulation with data parallelism: only a step's last micro-batch
-        // averages the gradients, so its key differs from the others'.
+    fn alternating_keys_are_all_recorded() {
+        // Gradient accumulation: a step's first micro-batch writes the weight gradients and
+        // the others add to them.
         assert_eq!(
             run(&['a', 'b', 'a', 'b', 'a', 'b']),
             ["a", "b", "replay 1", "replay 2", "replay 1", "replay 2"]
         );
+        // With data parallelism the last micro-batch also averages the gradients: a step of
+        // four micro-batches has three kinds.
         assert_eq!(
-            run(&['a', 'a', 'b', 'a', 'a', 'b', 'a', 'a', 'b']),
+            run(&['a', 'b', 'b', 'c', 'a', 'b', 'b', 'c', 'a', 'b', 'b', 'c']),
             [
-                "a", "replay 1", "b", "replay 1", "replay 1", "replay 2", "replay 1", "replay 1",
-                "replay 2"
+                "a", "b", "replay 1", "c", "replay 2", "replay 1", "replay 1", "replay 3",
+                "replay 2", "replay 1", "replay 1", "replay 3"
             ]
         );
     }
 
     #[test]
-    fn a_third_key_takes_the_place_of_the_oldest_recording() {
+    fn a_fourth_key_takes_the_place_of_the_oldest_recording() {
         assert_eq!(
-            run(&['a', 'a', 'b', 'b', 'c', 'c', 'b', 'a']),
-            ["a", "replay 1", "b", "replay 2", "c", "replay 3", "replay 2", "a"]
+            run(&['a', 'a', 'b', 'b', 'c', 'c', 'd', 'd', 'c', 'a']),
+            ["a", "replay 1", "b", "replay 2", "c", "replay 3", "d", "replay 4", "replay 3", "a"]
         );
     }
 }

@@ -680,7 +680,8 @@ impl Rank {
 }
 
 /// Forward, loss and backward over this replica's share of each micro-batch (all of it for
-/// a single replica), into zeroed gradients, each micro-batch's loss multiplied by
+/// a single replica), into the gradients (the first backward pass writes them,
+/// `Network::start_gradients`), each micro-batch's loss multiplied by
 /// `loss_scale` (mixed precision). The loss gradient of a share is weighted by replicas x
 /// share / micro-batch, so that the mean over the replicas is the gradient of each
 /// micro-batch's mean loss, also when the shares differ (a smaller last batch); an equal
@@ -697,7 +698,7 @@ pub(crate) fn accumulate_gradients<'r, B: Backend>(
     loss_scale: Option<f64>,
     mut sync: Option<&mut dyn GradientSync<B>>,
 ) {
-    backend.fill(&mut net.grads, 0.0);
+    net.start_gradients(backend);
     let scale = (loss_scale.unwrap_or(1.0) / micro_batches.len() as f64) as f32;
     let last = micro_batches.len().saturating_sub(1);
     let mut synced = false;
@@ -722,6 +723,7 @@ pub(crate) fn accumulate_gradients<'r, B: Backend>(
         }
         *micro_step += 1;
     }
+    net.finish_gradients(backend);
     if let (Some(sync), false) = (sync, synced) {
         // This replica had no samples in the last micro-batch, the sync cannot run inside
         // the backward pass, or there are no buckets (parallel.overlap = false).

@@ -7,8 +7,8 @@
 pub mod kernels;
 
 use super::{
-    cast, Activation, AdamStep, Backend, Capture, Conv2d, HalfKind, LossFn, LossStats, Pool2d,
-    PoolKind, SgdStep,
+    cast, Activation, AdamStep, Backend, Capture, Conv2d, GradWrite, HalfKind, LossFn, LossStats,
+    Pool2d, PoolKind, SgdStep,
 };
 use crate::error::{Error, Result};
 use cudarc::cublas::sys::{cublasMath_t, cublasOperation_t};
@@ -1236,6 +1236,7 @@ impl Backend for CudaBackend {
         dy: &CudaBuf,
         params: &CudaBuf,
         grads: &mut CudaBuf,
+        dw_write: GradWrite,
         w: usize,
         b: Option<usize>,
         dx: Option<&mut CudaBuf>,
@@ -1282,7 +1283,7 @@ impl Backend for CudaBackend {
         {
             let col = col.slice(..);
             for g in 0..s.groups {
-                // dW_g[og, rows] += dY_g[og, cols] · col_gᵀ (col_g stored [rows, cols])
+                // dW_g[og, rows] (+)= dY_g[og, cols] · col_gᵀ (col_g stored [rows, cols])
                 let col_g = self.workspace_input(&col, g * rows * cols..(g + 1) * rows * cols);
                 let dw = grads.slice_mut(w + g * og * rows..w + (g + 1) * og * rows);
                 let dims = (og, rows, cols);
@@ -1294,7 +1295,7 @@ impl Backend for CudaBackend {
                     col_g,
                     true,
                     Output::F32(dw),
-                    true,
+                    dw_write == GradWrite::Add,
                 );
             }
         }
@@ -1578,6 +1579,21 @@ impl Backend for CudaBackend {
         );
     }
 
+    fn fill_range(&self, buf: &mut CudaBuf, range: Range<usize>, value: f32) {
+        if !self.all_f32("fill", &[buf]) || range.is_empty() {
+            return;
+        }
+        let (n, storage) = (range.len() as u64, storage_id(None));
+        let mut part = buf.mem.slice_mut(range);
+        let mut b = self.stream.launch_builder(&self.f.fill);
+        b.arg(&mut part).arg(&storage).arg(&n).arg(&value);
+        // SAFETY: writes the n f32 values of the view.
+        self.launch(
+            "fill",
+            unsafe { b.launch(grid_vec(n as usize)) }.map(|_| ()),
+        );
+    }
+
     fn copy(&self, src: &CudaBuf, dst: &mut CudaBuf, len: usize) {
         if len == 0 {
             return;
@@ -1715,6 +1731,7 @@ impl Backend for CudaBackend {
         dy: &CudaBuf,
         params: &CudaBuf,
         grads: &mut CudaBuf,
+        dw_write: GradWrite,
         w: usize,
         b: Option<usize>,
         dx: Option<&mut CudaBuf>,
@@ -1723,7 +1740,7 @@ impl Backend for CudaBackend {
         out: usize,
     ) {
         let grads = &mut grads.mem;
-        // dW[out, inp] += dyᵀ · x: dy stored [n, out] is dyᵀ's transposed storage.
+        // dW[out, inp] (+)= dyᵀ · x: dy stored [n, out] is dyᵀ's transposed storage.
         self.gemm(
             "linear dW",
             (out, inp, n),
@@ -1732,7 +1749,7 @@ impl Backend for CudaBackend {
             self.input(x, 0..n * inp, HalfOperand::Convert),
             false,
             Output::F32(grads.slice_mut(w..w + out * inp)),
-            true,
+            dw_write == GradWrite::Add,
         );
         if let Some(b) = b {
             let (rows, width, dys) = (n as u64, out as u64, dy.storage());
