@@ -27,13 +27,14 @@ extern "C" __global__ void broadcast_rows(const void* params, int ps, u64 bias_a
     map_values<0>(nullptr, y, ys, n * width, [=](u64 i, const float*) { return load(params, ps, bias_at + i % width); });
 }
 
-// db[j] += sum over rows of dy[r, j]. A block of BIAS_TILE x BIAS_TILE threads owns BIAS_TILE
+// db[j] += sum over rows of dy[r, j] (= when !add: a step's first backward pass, which reads
+// nothing of db). A block of BIAS_TILE x BIAS_TILE threads owns BIAS_TILE
 // columns: thread (x, y) sums rows y, y + BIAS_TILE, ... of column x (each row read coalesced),
 // then row y = 0 adds the column's partial sums in a fixed order (the same bits every run).
 // One thread per column, summing all rows alone, left most of the GPU idle: 450 us for a
 // 4096 x 4096 gradient on an H100.
 #define BIAS_TILE 32
-extern "C" __global__ void bias_grad(const void* dy, int dys, u64 n, u64 width, float* db) {
+extern "C" __global__ void bias_grad(const void* dy, int dys, u64 n, u64 width, float* db, int add) {
     __shared__ float partial[BIAS_TILE][BIAS_TILE + 1];
     u64 j = (u64)blockIdx.x * BIAS_TILE + threadIdx.x;
     float sum = 0.0f;
@@ -45,7 +46,7 @@ extern "C" __global__ void bias_grad(const void* dy, int dys, u64 n, u64 width, 
     if (threadIdx.y == 0 && j < width) {
         float total = 0.0f;
         for (int k = 0; k < BIAS_TILE; k++) total += partial[k][threadIdx.x];
-        db[j] += total;
+        db[j] = add ? db[j] + total : total;
     }
 }
 

@@ -63,13 +63,13 @@ extern "C" __global__ void nchw_to_cn(const void* dy, int dys, u64 n, u64 o, u64
     }
 }
 
-// dst[r] += sum of row r of src [rows, cols]; one block per row.
-extern "C" __global__ void row_sums_add(const void* src, int ss, u64 rows, u64 cols, float* dst) {
+// dst[r] += sum of row r of src [rows, cols] (= when !add); one block per row.
+extern "C" __global__ void row_sums_add(const void* src, int ss, u64 rows, u64 cols, float* dst, int add) {
     for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
         double acc = 0.0;
         for (u64 c = threadIdx.x; c < cols; c += blockDim.x) acc += load(src, ss, r * cols + c);
         acc = block_sum(acc);
-        if (threadIdx.x == 0) dst[r] += (float)acc;
+        if (threadIdx.x == 0) dst[r] = add ? dst[r] + (float)acc : (float)acc;
         __syncthreads();
     }
 }

@@ -73,11 +73,11 @@ fn assert_within(gpu: &[f32], cpu: &[f32], relative: f32, what: &str) {
     );
 }
 
-/// Gradients a backward pass starts from: with `GradWrite::Overwrite` the weight's (the
-/// first `weight_len`) are NaN, which it must not read.
-fn stale_weight_grads(mut grads: Vec<f32>, weight_len: usize, dw_write: GradWrite) -> Vec<f32> {
+/// Gradients a backward pass starts from: with `GradWrite::Overwrite` the first `written`
+/// (the weight's and bias's) are NaN, which it must not read.
+fn stale_grads(mut grads: Vec<f32>, written: usize, dw_write: GradWrite) -> Vec<f32> {
     if dw_write == GradWrite::Overwrite {
-        grads[..weight_len].fill(f32::NAN);
+        grads[..written].fill(f32::NAN);
     }
     grads
 }
@@ -109,7 +109,8 @@ fn linear_forward_and_backward_match_the_cpu() {
                     CPU.round_to_half(kind, v, len);
                 }
             }
-            let grads0 = stale_weight_grads(random_vec(params.len(), 4), out * inp, dw_write);
+            let written = out * inp + if bias { out } else { 0 };
+            let grads0 = stale_grads(random_vec(params.len(), 4), written, dw_write);
             let what = format!("linear {half:?} n={n} in={inp} out={out} bias={bias} {dw_write:?}");
 
             let mut y_cpu = vec![f32::NAN; n * out];
@@ -632,7 +633,7 @@ fn half_width_buffers_hold_what_rounded_f32_buffers_hold() {
         );
         // As a step's first backward pass writes them.
         let overwrite = GradWrite::Overwrite;
-        let grads0 = stale_weight_grads(random_vec(params.len(), 27), out * inp, overwrite);
+        let grads0 = stale_grads(random_vec(params.len(), 27), params.len(), overwrite);
         let (mut grads_cpu, mut dx_cpu) = (grads0.clone(), vec![0.0; n * inp]);
         let dx = Some(&mut dx_cpu);
         let grads = &mut grads_cpu;
@@ -1050,7 +1051,7 @@ fn image_layers_in(g: &CudaBackend, storage: Option<HalfKind>) {
             &format!("{at} conv {s:?} forward"),
         );
         for dw_write in [GradWrite::Add, GradWrite::Overwrite] {
-            let grads0 = stale_weight_grads(random_vec(params.len(), 23), s.weight_len(), dw_write);
+            let grads0 = stale_grads(random_vec(params.len(), 23), params.len(), dw_write);
             let (mut gr_cpu, mut dx_cpu) = (grads0.clone(), vec![f32::NAN; in_len]);
             cpu.conv2d_backward(
                 &s,

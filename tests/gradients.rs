@@ -32,9 +32,9 @@ fn check_gradients_on(job: &str, data: DataShape, input: Option<&[f32]>) {
         net.input_mut()[..input.len()].copy_from_slice(input);
     }
     // As a training step does: whatever the buffer holds is never read (the backward pass
-    // writes the weight gradients, `start_gradients` zeroes the rest).
+    // writes the linear and conv gradients, and zeroes the rest first).
     b.fill(&mut net.grads, f32::NAN);
-    net.start_gradients(&b);
+    net.start_gradients();
     let mut stats = b.new_stats().unwrap();
     net.forward(&b, N, true, STEP_KEY);
     net.loss(&b, N, Some(1.0), &mut stats);
@@ -442,7 +442,7 @@ fn embedding_gradients_sum_over_repeated_tokens() {
 fn backward_pass(net: &mut Network<CpuBackend>, b: &CpuBackend, first: bool) {
     if first {
         b.fill(&mut net.grads, f32::NAN);
-        net.start_gradients(b);
+        net.start_gradients();
     }
     let mut stats = b.new_stats().unwrap();
     net.forward(b, N, true, STEP_KEY);
@@ -452,8 +452,8 @@ fn backward_pass(net: &mut Network<CpuBackend>, b: &CpuBackend, first: bool) {
 
 #[test]
 fn a_steps_later_backward_passes_add_to_the_first() {
-    // Every kind of parameter gradient: conv and linear weights (written by the first pass),
-    // biases and batch/layer norm's (zeroed before it).
+    // Every kind of parameter gradient: conv and linear weights and biases (written by the
+    // first pass), batch and layer norm's (zeroed by it first).
     let job = image_job(
         r#"{ type = "batchnorm2d" }, { type = "tanh" }, { type = "conv2d", out = 2, kernel_size = 3 },
            { type = "layernorm" }"#,
@@ -496,7 +496,7 @@ fn a_step_without_a_backward_pass_has_zero_gradients() {
     let (b, spec) = (CpuBackend::new(1), spec(&image_job(r#"{ type = "relu" }"#)));
     let mut net = network(&spec, &images(), N, 7);
     b.fill(&mut net.grads, f32::NAN);
-    net.start_gradients(&b);
+    net.start_gradients();
     net.finish_gradients(&b);
     assert!(net.grads.iter().all(|&g| g == 0.0));
 }

@@ -79,17 +79,21 @@ pub enum Op {
 }
 
 impl Op {
-    /// The parameters whose gradient a matrix product computes whole in the backward pass
-    /// (linear and conv weights), which the step's first backward pass may write instead of
-    /// adding to (`GradWrite`).
-    pub fn product_weight(&self) -> Option<std::ops::Range<usize>> {
-        match *self {
+    /// The parameters of a linear or conv layer (its weight, and bias if any), whose
+    /// gradients the step's first backward pass writes instead of adding to (`GradWrite`).
+    pub fn written_params(&self) -> Vec<std::ops::Range<usize>> {
+        let (weight, len, bias, out) = match *self {
             Op::Linear {
-                inp, out, weight, ..
-            } => Some(weight..weight + inp * out),
-            Op::Conv2d { geom, weight, .. } => Some(weight..weight + geom.weight_len()),
-            _ => None,
-        }
+                inp,
+                out,
+                weight,
+                bias,
+            } => (weight, inp * out, bias, out),
+            Op::Conv2d { geom, weight, bias } => (weight, geom.weight_len(), bias, geom.o),
+            _ => return Vec::new(),
+        };
+        let bias = bias.map(|b| b..b + out);
+        std::iter::once(weight..weight + len).chain(bias).collect()
     }
 }
 

@@ -61,12 +61,13 @@ pub struct Network<B: Backend> {
     /// Data parallelism: the gradient buckets handed to a `GradientSync` during the backward
     /// pass (None: the caller averages the gradients after it).
     buckets: Option<GradBuckets>,
-    /// The gradients a backward pass writes whole with a matrix product (linear and conv
-    /// weights: nearly all of them), and the rest, which `start_gradients` zeroes.
-    product_grads: Vec<Range<usize>>,
+    /// The gradients a step's first backward pass writes (linear and conv layers' weights
+    /// and biases: nearly all of them), and the rest (normalisation and embedding layers'),
+    /// which it zeroes first.
+    written_grads: Vec<Range<usize>>,
     other_grads: Vec<Range<usize>>,
-    /// The next backward pass is the step's first: it writes `product_grads` instead of
-    /// adding to them (`GradWrite::Overwrite`).
+    /// The next backward pass is the step's first: it writes `written_grads` instead of
+    /// adding to them (`GradWrite::Overwrite`), after zeroing `other_grads`.
     fresh_grads: bool,
 }
 
@@ -281,9 +282,9 @@ impl<B: Backend> Network<B> {
             Some(kind) => Some(backend.alloc_half(kind, graph.param_count)?),
             None => None,
         };
-        let (product_grads, other_grads) = split_gradients(&graph);
+        let (written_grads, other_grads) = split_gradients(&graph);
         let mut network = Network {
-            product_grads,
+            written_grads,
             other_grads,
             fresh_grads: false,
             fused,
@@ -670,22 +671,19 @@ impl<B: Backend> Network<B> {
     }
 
     /// Starts a step's gradients, as PyTorch's `zero_grad(set_to_none=True)` does: the next
-    /// backward pass writes the weight gradients its matrix products compute, instead of
-    /// adding them into zeros (no zero-fill of most of the buffer, and no product reads the
-    /// old values); the other gradients are zeroed now. `finish_gradients` after the step's
-    /// backward passes.
-    pub fn start_gradients(&mut self, backend: &B) {
-        for range in &self.other_grads {
-            backend.fill_range(&mut self.grads, range.clone(), 0.0);
-        }
+    /// backward pass writes the linear and conv layers' gradients instead of adding them
+    /// into zeros (no zero-fill of most of the buffer, and no product reads the old values),
+    /// after zeroing the others (inside the recorded step, with CUDA graphs).
+    /// `finish_gradients` after the step's backward passes.
+    pub fn start_gradients(&mut self) {
         self.fresh_grads = true;
     }
 
-    /// After the step's backward passes: zeroes the weight gradients when no backward pass
-    /// ran since `start_gradients` (a replica with no samples in any micro-batch).
+    /// After the step's backward passes: zeroes the gradients when no backward pass ran
+    /// since `start_gradients` (a replica with no samples in any micro-batch).
     pub fn finish_gradients(&mut self, backend: &B) {
         if std::mem::take(&mut self.fresh_grads) {
-            for range in &self.product_grads {
+            for range in self.written_grads.iter().chain(&self.other_grads) {
                 backend.fill_range(&mut self.grads, range.clone(), 0.0);
             }
         }
@@ -700,7 +698,8 @@ impl<B: Backend> Network<B> {
     }
 
     /// Back-propagates the loss gradient, adding the parameter gradients into `grads`
-    /// (writing the weights' after `start_gradients`).
+    /// (after `start_gradients`, writing the linear and conv layers' and zeroing the others
+    /// first).
     /// Segment by segment from the last: recompute its inner activations (activation
     /// checkpointing; nothing without it), then go back through its layers.
     pub fn backward(&mut self, backend: &B, n: usize, step_key: u64) {
@@ -716,6 +715,11 @@ impl<B: Backend> Network<B> {
         step_key: u64,
         mut sync: Option<&mut dyn GradientSync<B>>,
     ) {
+        if self.fresh_grads {
+            for range in &self.other_grads {
+                backend.fill_range(&mut self.grads, range.clone(), 0.0);
+            }
+        }
         let buckets = self.buckets.take();
         for s in (0..self.plan.segments.len()).rev() {
             let layers = self.plan.segments[s].clone();
@@ -882,25 +886,32 @@ impl<B: Backend> Network<B> {
     }
 }
 
-/// The gradient buffer's ranges that matrix products write whole (`Op::product_weight`), in
-/// order, and the ranges between them.
+/// The gradient buffer's ranges that a step's first backward pass writes
+/// (`Op::written_params`), and the ranges between them, each in order and merged where they
+/// touch.
 fn split_gradients(graph: &Graph) -> (Vec<Range<usize>>, Vec<Range<usize>>) {
-    let mut products: Vec<Range<usize>> = graph
+    let mut written: Vec<Range<usize>> = graph
         .layers
         .iter()
-        .filter_map(|l| l.op.product_weight())
+        .flat_map(|l| l.op.written_params())
         .collect();
-    products.sort_by_key(|r| r.start);
-    let mut others = Vec::new();
+    written.sort_by_key(|r| r.start);
+    let (mut merged, mut others) = (Vec::<Range<usize>>::new(), Vec::new());
+    for r in written {
+        match merged.last_mut() {
+            Some(last) if last.end == r.start => last.end = r.end,
+            _ => merged.push(r),
+        }
+    }
     let mut at = 0;
-    for r in products
+    for r in merged
         .iter()
         .chain(std::iter::once(&(graph.param_count..graph.param_count)))
     {
         if r.start > at {
             others.push(at..r.start);
         }
-        at = at.max(r.end);
+        at = r.end;
     }
-    (products, others)
+    (merged, others)
 }

@@ -171,11 +171,14 @@ impl Backend for CpuBackend {
         let weight = &params[w..w + s.weight_len()];
         // The bias follows the weight in the flat buffer (see graph::Graph::build).
         let (dw, rest) = grads[w..].split_at_mut(s.weight_len());
+        let mut db = b.map(|b| &mut rest[b - w - s.weight_len()..][..s.o]);
         if dw_write == GradWrite::Overwrite {
-            // The partial sums are added into it (a conv's weights are few: no gain in more).
+            // The sums are added into them (a conv's parameters are few: no gain in more).
             dw.fill(0.0);
+            if let Some(db) = db.as_deref_mut() {
+                db.fill(0.0);
+            }
         }
-        let db = b.map(|b| &mut rest[b - w - s.weight_len()..][..s.o]);
         spatial::conv2d_backward(
             s,
             x,
@@ -402,6 +405,9 @@ impl Backend for CpuBackend {
         self.matmul(dw, add, dy, (1, out), &x[..n * inp], (inp, 1), out, inp, n);
         if let Some(b) = b {
             let db = &mut grads[b..b + out];
+            if !add {
+                db.fill(0.0);
+            }
             for row in dy.chunks_exact(out) {
                 for (g, d) in db.iter_mut().zip(row) {
                     *g += d;

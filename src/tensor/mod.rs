@@ -107,15 +107,15 @@ impl SgdStep {
     }
 }
 
-/// How a backward pass puts the weight gradient a matrix product computes (linear and conv
-/// weights) into the gradient buffer.
+/// How a linear or conv layer's backward pass puts its weight and bias gradients into the
+/// gradient buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GradWrite {
     /// Adds to what is there (a later micro-batch of the step).
     Add,
-    /// Writes it, without reading what is there (the step's first backward pass): no
-    /// zero-fill before, and the product reads no C (cuBLAS beta = 0), as with PyTorch's
-    /// `zero_grad(set_to_none=True)`.
+    /// Writes them, without reading what is there (the step's first backward pass): no
+    /// zero-fill before, and the weight's product reads no C (cuBLAS beta = 0), as with
+    /// PyTorch's `zero_grad(set_to_none=True)`.
     Overwrite,
 }
 
@@ -196,8 +196,8 @@ pub trait Backend: Capture {
         inp: usize,
         out: usize,
     );
-    /// grads[W] += dyᵀ·x (= with `GradWrite::Overwrite`), grads[b] += Σₙ dy, and dx = dy·W
-    /// when `dx` is given.
+    /// grads[W] += dyᵀ·x, grads[b] += Σₙ dy (both = with `GradWrite::Overwrite`), and
+    /// dx = dy·W when `dx` is given.
     #[allow(clippy::too_many_arguments)]
     fn linear_backward(
         &self,
@@ -431,8 +431,8 @@ pub trait Backend: Capture {
         n: usize,
         workspace: &mut Self::Buf,
     );
-    /// grads[W] += ∂/∂W (= with `GradWrite::Overwrite`), grads[b] += ∂/∂b, dx = ∂/∂x when
-    /// given.
+    /// grads[W] += ∂/∂W, grads[b] += ∂/∂b (both = with `GradWrite::Overwrite`), dx = ∂/∂x
+    /// when given.
     #[allow(clippy::too_many_arguments)]
     fn conv2d_backward(
         &self,

@@ -698,7 +698,7 @@ pub(crate) fn accumulate_gradients<'r, B: Backend>(
     loss_scale: Option<f64>,
     mut sync: Option<&mut dyn GradientSync<B>>,
 ) {
-    net.start_gradients(backend);
+    net.start_gradients();
     let scale = (loss_scale.unwrap_or(1.0) / micro_batches.len() as f64) as f32;
     let last = micro_batches.len().saturating_sub(1);
     let mut synced = false;

@@ -456,13 +456,15 @@ static void batchnorm_kernels() {
 // Parameter gradients: bias_grad (linear) in its exact order, row_sums_add (conv), the
 // embedding's.
 static void parameter_gradient_kernels() {
+    // add = 0 (a step's first backward pass) must not read db: it starts as NaN.
+    for (int add : {1, 0})
     for (uint64_t width : {1, 40, 70})
         for (uint64_t rows : {1, 33, 100}) {
-            std::vector<float> db0 = random_values(width);
+            std::vector<float> db0 = add ? random_values(width) : std::vector<float>(width, NAN);
             auto run = [&](int s, Buffer& dy) {
                 Buffer db = buffer_of(0, db0);
                 launch_blocks((width + 31) / 32, {32, 32, 1},
-                              [&] { bias_grad(dy.p(), s, rows, width, (float*)db.p()); });
+                              [&] { bias_grad(dy.p(), s, rows, width, (float*)db.p(), add); });
                 return Outputs({}, widened(db.values()));
             };
             Buffer dy = random_buffer(0, rows * width);
@@ -471,19 +473,21 @@ static void parameter_gradient_kernels() {
                 float partial[32] = {}, total = 0.0f;
                 for (uint64_t r = 0; r < rows; r++) partial[r % 32] += dy.get(r * width + j);
                 for (float p : partial) total += p;
-                want[j] = db0[j] + total;
+                want[j] = add ? db0[j] + total : total;
             }
             expect("bias_grad", 0, run(0, dy).wide, want);
             half_gives_f32_rounded("bias_grad", random_values(rows * width), run);
         }
     // A block per row, and (as with more than 65,535 output channels) fewer blocks than rows.
+    for (int add : {1, 0})
     for (uint64_t cols : {3, 600})
         for (unsigned blocks : {5, 2}) {
             const uint64_t rows = 5;
-            std::vector<float> db0 = random_values(rows);
+            std::vector<float> db0 = add ? random_values(rows) : std::vector<float>(rows, NAN);
             auto run = [&](int s, Buffer& src) {
                 Buffer db = buffer_of(0, db0);
-                launch_blocks(blocks, THREADS, [&] { row_sums_add(src.p(), s, rows, cols, (float*)db.p()); });
+                launch_blocks(blocks, THREADS,
+                              [&] { row_sums_add(src.p(), s, rows, cols, (float*)db.p(), add); });
                 return Outputs({}, widened(db.values()));
             };
             Buffer src = random_buffer(0, rows * cols);
@@ -491,7 +495,7 @@ static void parameter_gradient_kernels() {
             for (uint64_t r = 0; r < rows; r++) {
                 double sum = 0.0;
                 for (uint64_t j = 0; j < cols; j++) sum += src.get(r * cols + j);
-                want[r] = db0[r] + (float)sum;
+                want[r] = add ? db0[r] + (float)sum : (float)sum;
             }
             expect_near("row_sums_add", run(0, src).wide, want, 1e-6);
             half_gives_f32_rounded("row_sums_add", random_values(rows * cols), run);

@@ -1263,12 +1263,18 @@ impl Backend for CudaBackend {
             unsafe { l.launch(grid(n * s.o * plane)) }.map(|_| ()),
         );
         let dycn = dycn.slice(..);
+        let add = i32::from(dw_write == GradWrite::Add);
         if let Some(b) = b {
             let cols64 = cols as u64;
             let mut db = grads.slice_mut(b..b + s.o);
             let mut l = self.stream.launch_builder(&self.f.row_sums_add);
-            l.arg(&dycn).arg(&ws).arg(&o64).arg(&cols64).arg(&mut db);
-            // SAFETY: reads o rows of cols values, adds into o biases.
+            l.arg(&dycn)
+                .arg(&ws)
+                .arg(&o64)
+                .arg(&cols64)
+                .arg(&mut db)
+                .arg(&add);
+            // SAFETY: reads o rows of cols values, adds into (or writes) o biases.
             self.launch(
                 "conv bias gradient",
                 unsafe { l.launch(per_item(s.o.min(65_535))) }.map(|_| ()),
@@ -1754,15 +1760,21 @@ impl Backend for CudaBackend {
         if let Some(b) = b {
             let (rows, width, dys) = (n as u64, out as u64, dy.storage());
             let mut db = grads.slice_mut(b..b + out);
+            let add = i32::from(dw_write == GradWrite::Add);
             let mut l = self.stream.launch_builder(&self.f.bias_grad);
-            l.arg(&dy.mem).arg(&dys).arg(&rows).arg(&width).arg(&mut db);
+            l.arg(&dy.mem)
+                .arg(&dys)
+                .arg(&rows)
+                .arg(&width)
+                .arg(&mut db)
+                .arg(&add);
             // A block per BIAS_TILE columns, BIAS_TILE × BIAS_TILE threads (kernels/elementwise.cu).
             let tiles = LaunchConfig {
                 grid_dim: (out.div_ceil(BIAS_TILE) as u32, 1, 1),
                 block_dim: (BIAS_TILE as u32, BIAS_TILE as u32, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: reads n·out values of dy, adds into `out` elements of db.
+            // SAFETY: reads n·out values of dy, adds into (or writes) `out` elements of db.
             self.launch("bias gradient", unsafe { l.launch(tiles) }.map(|_| ()));
         }
         if let Some(dx) = dx {
