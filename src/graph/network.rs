@@ -397,34 +397,37 @@ impl<B: Backend> Network<B> {
             syncs,
             dw_write: self.dw_write(),
         };
+        // Decided here, once, and passed down: a replay runs none of the host code below,
+        // and a failed recording runs it twice.
+        let (dw, at) = (this.dw_write, (n, grad_scale, step_key));
         // A smaller last batch (or a replica's smaller share) runs op by op: recording it
         // would replace the full batch's recording for one step. (The sample offset matters
         // only to dropout, which step graphs exclude.)
         if !self.graphs.enabled() || n != self.max_batch {
-            self.run_train_step(backend, n, grad_scale, stats, step_key, sync);
-            return syncs;
+            self.run_train_step(backend, at, stats, dw, sync);
+        } else {
+            let mut graphs = std::mem::replace(&mut self.graphs, Recorder::off());
+            graphs.run(backend, this, || {
+                let sync = sync.as_mut().map(|s| &mut **s as &mut dyn GradientSync<B>);
+                self.run_train_step(backend, at, stats, dw, sync)
+            });
+            self.graphs = graphs;
         }
-        let mut graphs = std::mem::replace(&mut self.graphs, Recorder::off());
-        graphs.run(backend, this, || {
-            let sync = sync.as_mut().map(|s| &mut **s as &mut dyn GradientSync<B>);
-            self.run_train_step(backend, n, grad_scale, stats, step_key, sync)
-        });
-        self.graphs = graphs;
+        self.fresh_grads = false;
         syncs
     }
 
     fn run_train_step(
         &mut self,
         backend: &B,
-        n: usize,
-        grad_scale: f32,
+        (n, grad_scale, step_key): (usize, f32, u64),
         stats: &mut B::Stats,
-        step_key: u64,
+        dw: GradWrite,
         sync: Option<&mut dyn GradientSync<B>>,
     ) {
         self.forward(backend, n, true, step_key);
         self.loss(backend, n, Some(grad_scale), stats);
-        self.backward_syncing(backend, n, step_key, sync);
+        self.backward_syncing(backend, n, step_key, dw, sync);
     }
 
     /// Rounds the first `len` values of a buffer to the half format, in mixed precision.
@@ -703,19 +706,23 @@ impl<B: Backend> Network<B> {
     /// Segment by segment from the last: recompute its inner activations (activation
     /// checkpointing; nothing without it), then go back through its layers.
     pub fn backward(&mut self, backend: &B, n: usize, step_key: u64) {
-        self.backward_syncing(backend, n, step_key, None);
+        let dw = self.dw_write();
+        self.backward_syncing(backend, n, step_key, dw, None);
+        self.fresh_grads = false;
     }
 
-    /// `backward`, handing each gradient bucket to `sync` once the layers writing it are
-    /// done (where the network has buckets).
+    /// `backward`, writing or adding the linear and conv gradients as `dw` says, and
+    /// handing each gradient bucket to `sync` once the layers writing it are done (where the
+    /// network has buckets).
     fn backward_syncing(
         &mut self,
         backend: &B,
         n: usize,
         step_key: u64,
+        dw: GradWrite,
         mut sync: Option<&mut dyn GradientSync<B>>,
     ) {
-        if self.fresh_grads {
+        if dw == GradWrite::Overwrite {
             for range in &self.other_grads {
                 backend.fill_range(&mut self.grads, range.clone(), 0.0);
             }
@@ -729,14 +736,13 @@ impl<B: Backend> Network<B> {
                 }
             }
             for i in layers.rev() {
-                self.backward_layer(backend, i, n, step_key);
+                self.backward_layer(backend, i, n, step_key, dw);
                 let ready = buckets.as_ref().and_then(|b| b.after_layer(i));
                 if let (Some(sync), Some(bucket)) = (sync.as_mut(), ready) {
                     sync.ready(backend, &mut self.grads, bucket);
                 }
             }
         }
-        self.fresh_grads = false;
         if let (Some(sync), Some(_)) = (sync, &buckets) {
             sync.finished(backend, &mut self.grads);
         }
@@ -759,7 +765,7 @@ impl<B: Backend> Network<B> {
         sync.finished(backend, &mut self.grads);
     }
 
-    fn backward_layer(&mut self, backend: &B, i: usize, n: usize, step_key: u64) {
+    fn backward_layer(&mut self, backend: &B, i: usize, n: usize, step_key: u64, dw: GradWrite) {
         let layer = &self.graph.layers[i];
         let (dst, ddst) = (self.plan.slot[i + 1], self.plan.grad_slot[i + 1]);
         let len = n * numel(&layer.out_shape);
@@ -800,7 +806,6 @@ impl<B: Backend> Network<B> {
         let in_len = n * numel(&layer.in_shape);
         let weights = self.half_params.as_ref().unwrap_or(&self.params);
         let (key, first) = (self.dropout_key(i, step_key), self.dropout_first(i));
-        let dw = self.dw_write();
         if let (Some(kind), &Op::Activation(f), true) = (self.half, &layer.op, self.fused[i].grad) {
             // dy is unrounded (the next layer left it), dx its own buffer (`Fusion`).
             let (dy, dx) = two_mut(&mut self.dacts, ddst, dsrc);

@@ -84,7 +84,9 @@ impl<B: Capture, K: PartialEq + Copy> Recorder<B, K> {
 
     /// Runs `ops`, which must allocate nothing and read nothing back from the device when
     /// run for the second time with a key: replays the recording made for `key`, or records
-    /// them (the second run in a row with this key), or runs them. A failed recording turns
+    /// them (the second run in a row with this key), or runs them. A replay runs no host
+    /// code of `ops`, and a failed recording runs it twice: whatever the host decides
+    /// belongs in `key` and outside `ops`. A failed recording turns
     /// recording off (the device said why), and the ops run.
     pub fn run(&mut self, backend: &B, key: K, mut ops: impl FnMut()) {
         if !self.enabled {
