@@ -700,10 +700,9 @@ impl<B: Backend> Network<B> {
         }
     }
 
-    /// Back-propagates the loss gradient, adding the parameter gradients into `grads`
-    /// (after `start_gradients`, writing the linear and conv layers' and zeroing the others
-    /// first).
-    /// Segment by segment from the last: recompute its inner activations (activation
+    /// Back-propagates the loss gradient into `grads`: adds the parameter gradients, or
+    /// after `start_gradients` writes the linear and conv layers' (zeroing the others
+    /// first). Segment by segment from the last: recompute its inner activations (activation
     /// checkpointing; nothing without it), then go back through its layers.
     pub fn backward(&mut self, backend: &B, n: usize, step_key: u64) {
         let dw = self.dw_write();
