@@ -370,8 +370,9 @@ impl<B: Backend> Network<B> {
     }
 
     /// One training micro-step on the first `n` samples of the input and targets: forward,
-    /// loss (statistics into `stats`, its gradient times `grad_scale`) and backward, adding
-    /// into `grads`. With step graphs, a micro-step like the previous ones replays their
+    /// loss (statistics into `stats`, its gradient times `grad_scale`) and backward into
+    /// `grads` (writing the linear and conv gradients after `start_gradients`, adding
+    /// otherwise). With step graphs, a micro-step like the previous ones replays their
     /// recording (same results: the same kernels on the same buffers).
     ///
     /// With `sync` and gradient buckets (`set_grad_buckets`), the backward pass hands each
