@@ -29,8 +29,12 @@ extern "C" __global__ void clip_by_norm(float* g, u64 n, const double* sum_sq, d
 
 // The per-step values (`args`) are read from device memory, so a recorded update follows the
 // learning-rate schedule: args = [lr, first_step] (SgdStep::args in src/tensor/mod.rs).
+// Mixed precision: with half_s = 1 (f16) or 2 (bf16) each updated parameter is also stored,
+// rounded, into the half-width copy the products read (`Backend::sgd_step`'s `half_copy`):
+// refreshing it here saves a second pass over the parameters. half_s = 0: no copy.
 extern "C" __global__ void sgd_step(float* p, const float* g, float* buf, u64 n, float momentum,
-                                    float dampening, int nesterov, float weight_decay, const float* args) {
+                                    float dampening, int nesterov, float weight_decay, const float* args,
+                                    void* half_copy, int half_s) {
     float lr = args[0];
     int first_step = args[1] != 0.0f;
     GRID_STRIDE(i, n) {
@@ -39,14 +43,16 @@ extern "C" __global__ void sgd_step(float* p, const float* g, float* buf, u64 n,
             buf[i] = first_step ? d : momentum * buf[i] + (1.0f - dampening) * d;
             d = nesterov ? d + momentum * buf[i] : buf[i];
         }
-        p[i] -= lr * d;
+        float updated = p[i] - lr * d;
+        p[i] = updated;
+        if (half_s) store(half_copy, half_s, i, updated);
     }
 }
 
 // args = [decay, step_size, sqrt(bias_correction2)] (AdamStep::args): decay = 1 - lr*wd for
-// AdamW (l2 = 0); decay = 1 and l2 = wd for Adam.
+// AdamW (l2 = 0); decay = 1 and l2 = wd for Adam. half_copy, half_s: as sgd_step's.
 extern "C" __global__ void adam_step(float* p, const float* g, float* m, float* v, u64 n, float beta1, float beta2,
-                                     float eps, float l2, const float* args) {
+                                     float eps, float l2, const float* args, void* half_copy, int half_s) {
     float decay = args[0], step_size = args[1], bias_correction2_sqrt = args[2];
     GRID_STRIDE(i, n) {
         float grad = g[i] + l2 * p[i];
@@ -56,6 +62,8 @@ extern "C" __global__ void adam_step(float* p, const float* g, float* m, float* 
         m[i] = mi;
         v[i] = vi;
         float denom = sqrtf(vi) / bias_correction2_sqrt + eps;
-        p[i] = param - step_size * mi / denom;
+        float updated = param - step_size * mi / denom;
+        p[i] = updated;
+        if (half_s) store(half_copy, half_s, i, updated);
     }
 }

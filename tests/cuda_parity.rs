@@ -10,7 +10,9 @@ use common::random_vec;
 use trainer::tensor::cpu::CpuBackend;
 use trainer::tensor::cuda::CudaBuf;
 use trainer::tensor::cuda::{probe, CudaBackend};
-use trainer::tensor::{Activation, AdamStep, Backend, GradWrite, HalfKind, LossFn, SgdStep};
+use trainer::tensor::{
+    Activation, AdamStep, Backend, GradWrite, HalfKind, LossFn, SgdStep, UpdatedParams,
+};
 
 fn gpu() -> Option<CudaBackend> {
     let required = std::env::var("TRAINER_REQUIRE_CUDA").is_ok_and(|v| v == "1");
@@ -716,19 +718,53 @@ fn half_width_buffers_hold_what_rounded_f32_buffers_hold() {
     }
 }
 
+/// An optimizer update's targets: the parameters, and their half copy when one is given.
+fn targets<'a, Buf>(
+    params: &'a mut Buf,
+    copy: Option<&'a mut (Buf, HalfKind)>,
+) -> UpdatedParams<'a, Buf> {
+    UpdatedParams {
+        params,
+        half_copy: copy.map(|(buf, kind)| (buf, *kind)),
+    }
+}
+
+/// The GPU's half copy holds its own parameters rounded, bit for bit (the refresh fused into
+/// the update), and the CPU's its own.
+fn assert_half_copies(
+    g: &CudaBackend,
+    gpu: (&CudaBuf, Option<&(CudaBuf, HalfKind)>),
+    cpu: (&[f32], Option<&(Vec<f32>, HalfKind)>),
+    what: &str,
+) {
+    let n = cpu.0.len();
+    if let (Some((copy_gpu, kind)), Some((copy_cpu, _))) = (gpu.1, cpu.1) {
+        let p_gpu = down(g, gpu.0, n);
+        assert_bits(&down(g, copy_gpu, n), &rounded(*kind, &p_gpu), what);
+        assert_bits(copy_cpu, &rounded(*kind, cpu.0), what);
+    }
+}
+
 #[test]
 fn optimizer_updates_match_the_cpu() {
     let Some(g) = gpu() else { return };
     let n = 123_457;
     let p0 = random_vec(n, 12);
     let grads: Vec<Vec<f32>> = (0..3).map(|s| random_vec(n, 13 + s)).collect();
-    for (momentum, dampening, nesterov, wd) in [
-        (0.0, 0.0, false, 0.0),
-        (0.9, 0.1, false, 0.01),
-        (0.9, 0.0, true, 0.001),
+    // Each case with no half copy, or one in f16 or bf16 (poisoned: every value is written).
+    let copies = |kind: Option<HalfKind>| {
+        kind.map(|k| ((vec![f32::NAN; n], k), (poisoned_half(&g, k, n), k)))
+            .unzip()
+    };
+    for (momentum, dampening, nesterov, wd, copy) in [
+        (0.0, 0.0, false, 0.0, None),
+        (0.9, 0.1, false, 0.01, Some(HalfKind::F16)),
+        (0.9, 0.0, true, 0.001, Some(HalfKind::Bf16)),
+        (0.0, 0.0, false, 0.01, Some(HalfKind::Bf16)),
     ] {
         let (mut p_cpu, mut m_cpu) = (p0.clone(), vec![0.0; if momentum > 0.0 { n } else { 0 }]);
         let (mut p_gpu, mut m_gpu) = (up(&g, &p0), g.alloc(m_cpu.len()).unwrap());
+        let (mut copy_cpu, mut copy_gpu) = copies(copy);
         for (step, grad) in grads.iter().enumerate() {
             let h = SgdStep {
                 momentum,
@@ -737,19 +773,25 @@ fn optimizer_updates_match_the_cpu() {
                 weight_decay: wd,
             };
             let args = SgdStep::args(0.05, step == 0);
-            CPU.sgd_step(&mut p_cpu, grad, &mut m_cpu, &h, &args.to_vec());
-            g.sgd_step(&mut p_gpu, &up(&g, grad), &mut m_gpu, &h, &up(&g, &args));
+            let out = targets(&mut p_cpu, copy_cpu.as_mut());
+            CPU.sgd_step(out, grad, &mut m_cpu, &h, &args.to_vec());
+            let out = targets(&mut p_gpu, copy_gpu.as_mut());
+            g.sgd_step(out, &up(&g, grad), &mut m_gpu, &h, &up(&g, &args));
         }
-        assert_close(
-            &down(&g, &p_gpu, n),
-            &p_cpu,
-            &format!("sgd momentum={momentum} nesterov={nesterov}"),
-        );
+        let what = format!("sgd momentum={momentum} nesterov={nesterov} half copy={copy:?}");
+        assert_close(&down(&g, &p_gpu, n), &p_cpu, &what);
+        let gpu = (&p_gpu, copy_gpu.as_ref());
+        assert_half_copies(&g, gpu, (&p_cpu, copy_cpu.as_ref()), &what);
     }
-    for decoupled in [false, true] {
+    for (decoupled, copy) in [
+        (false, None),
+        (true, Some(HalfKind::Bf16)),
+        (false, Some(HalfKind::F16)),
+    ] {
         let (mut p_cpu, mut m_cpu, mut v_cpu) = (p0.clone(), vec![0.0; n], vec![0.0; n]);
         let (mut p_gpu, mut m_gpu, mut v_gpu) =
             (up(&g, &p0), g.alloc(n).unwrap(), g.alloc(n).unwrap());
+        let (mut copy_cpu, mut copy_gpu) = copies(copy);
         for (step, grad) in grads.iter().enumerate() {
             let h = AdamStep {
                 beta1: 0.9,
@@ -758,28 +800,38 @@ fn optimizer_updates_match_the_cpu() {
                 weight_decay: 0.01,
                 decoupled,
             };
-            let args = up(&g, &h.args(1e-3, step as u64 + 1));
-            CPU.adam_step(
-                &mut p_cpu,
-                grad,
-                &mut m_cpu,
-                &mut v_cpu,
-                &h,
-                &h.args(1e-3, step as u64 + 1).to_vec(),
-            );
-            g.adam_step(&mut p_gpu, &up(&g, grad), &mut m_gpu, &mut v_gpu, &h, &args);
+            let args = h.args(1e-3, step as u64 + 1);
+            let out = targets(&mut p_cpu, copy_cpu.as_mut());
+            CPU.adam_step(out, grad, &mut m_cpu, &mut v_cpu, &h, &args.to_vec());
+            let out = targets(&mut p_gpu, copy_gpu.as_mut());
+            let (grad, args) = (up(&g, grad), up(&g, &args));
+            g.adam_step(out, &grad, &mut m_gpu, &mut v_gpu, &h, &args);
         }
-        assert_close(
-            &down(&g, &p_gpu, n),
-            &p_cpu,
-            &format!("adam decoupled={decoupled} params"),
-        );
-        assert_close(
-            &down(&g, &v_gpu, n),
-            &v_cpu,
-            &format!("adam decoupled={decoupled} exp_avg_sq"),
-        );
+        let what = format!("adam decoupled={decoupled} half copy={copy:?}");
+        assert_close(&down(&g, &p_gpu, n), &p_cpu, &format!("{what} params"));
+        assert_close(&down(&g, &v_gpu, n), &v_cpu, &format!("{what} exp_avg_sq"));
+        let gpu = (&p_gpu, copy_gpu.as_ref());
+        assert_half_copies(&g, gpu, (&p_cpu, copy_cpu.as_ref()), &what);
     }
+    // A half copy in the wrong format is refused, not written as if it were right.
+    let mut wrong = (g.alloc_half(HalfKind::F16, n).unwrap(), HalfKind::Bf16);
+    let h = SgdStep {
+        momentum: 0.0,
+        dampening: 0.0,
+        nesterov: false,
+        weight_decay: 0.0,
+    };
+    let (mut p, grad) = (up(&g, &p0), up(&g, &grads[0]));
+    let args = up(&g, &SgdStep::args(0.05, true));
+    g.sgd_step(
+        targets(&mut p, Some(&mut wrong)),
+        &grad,
+        &mut g.alloc(0).unwrap(),
+        &h,
+        &args,
+    );
+    let err = g.status().unwrap_err().to_string();
+    assert!(err.contains("half copy"), "{err}");
 }
 
 /// Train rows (step, loss) of a job run through the CLI on a device, one row per step.

@@ -8,7 +8,7 @@ use serde_json::Value;
 use trainer::optim::{clip_grad_norm, Optimizer, Schedule};
 use trainer::spec::ScheduleSpec;
 use trainer::tensor::cpu::{activation, activation_derivative, CpuBackend};
-use trainer::tensor::{Activation, Backend, LossFn};
+use trainer::tensor::{Activation, Backend, LossFn, UpdatedParams};
 
 fn fixture() -> Value {
     let path = common::root().join("tests/fixtures/pytorch_reference.json");
@@ -73,7 +73,11 @@ fn optimizers_match_pytorch_step_by_step() {
             .zip(case["params"].as_array().unwrap())
             .enumerate()
         {
-            optimizer.step(&b, &mut params, &floats(grads), f("lr"));
+            let out = UpdatedParams {
+                params: &mut params,
+                half_copy: None,
+            };
+            optimizer.step(&b, out, &floats(grads), f("lr"));
             assert_close(
                 &params,
                 &floats(expected),

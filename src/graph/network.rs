@@ -18,7 +18,7 @@ use super::{numel, BufferPlan, GradBuckets, Graph, Layer, Op};
 use crate::error::Result;
 use crate::tensor::record::Recorder;
 use crate::tensor::rng::derive;
-use crate::tensor::{Activation, Backend, GradWrite, HalfKind};
+use crate::tensor::{Activation, Backend, GradWrite, HalfKind, UpdatedParams};
 use std::ops::Range;
 
 pub struct Network<B: Backend> {
@@ -325,9 +325,23 @@ impl<B: Backend> Network<B> {
         self
     }
 
-    /// Re-rounds the half copy of the parameters from the master parameters: after every
-    /// change of `params` (an optimizer step, a restore).
-    pub fn refresh_half_params(&mut self, backend: &B) {
+    /// What an optimizer update writes (the parameters, and their half copy, which it
+    /// refreshes), and the gradients it reads.
+    pub fn update_buffers(&mut self) -> (UpdatedParams<'_, B::Buf>, &B::Buf) {
+        let half_copy = self
+            .half
+            .zip(self.half_params.as_mut())
+            .map(|(k, h)| (h, k));
+        let out = UpdatedParams {
+            params: &mut self.params,
+            half_copy,
+        };
+        (out, &self.grads)
+    }
+
+    /// Rounds the half copy of the parameters from the master parameters, once they are
+    /// set; from then on every optimizer update refreshes it (`update_buffers`).
+    fn refresh_half_params(&mut self, backend: &B) {
         if let (Some(kind), Some(half)) = (self.half, self.half_params.as_mut()) {
             // Into a half-width buffer the copy itself rounds; round_to_half is then nothing.
             backend.copy(&self.params, half, self.graph.param_count);

@@ -10,7 +10,7 @@ pub use schedule::Schedule;
 use crate::error::Result;
 use crate::spec::{JobSpec, OptimizerKind};
 use crate::tensor::record::Recorder;
-use crate::tensor::{AdamStep, Backend, SgdStep};
+use crate::tensor::{AdamStep, Backend, SgdStep, UpdatedParams};
 
 /// torch.nn.utils.clip_grad_norm_: returns the global L2 norm of `grads` and, when a
 /// `max_norm` is given and exceeded, scales them by max_norm / (norm + 1e-6).
@@ -150,10 +150,10 @@ impl<B: Backend> Optimizer<B> {
         Ok(())
     }
 
-    /// One update of `params` from `grads` at learning rate `lr`.
-    pub fn step(&mut self, backend: &B, params: &mut B::Buf, grads: &B::Buf, lr: f64) {
+    /// One update of the parameters in `out` from `grads` at learning rate `lr`.
+    pub fn step(&mut self, backend: &B, out: UpdatedParams<'_, B::Buf>, grads: &B::Buf, lr: f64) {
         self.prepare(backend, lr);
-        self.update(backend, params, grads);
+        self.update(backend, out, grads);
     }
 
     /// Counts the next step and writes its values at learning rate `lr` where `update`
@@ -172,22 +172,22 @@ impl<B: Backend> Optimizer<B> {
     }
 
     /// The update `prepare` wrote the values of: one fused kernel over the flat buffers.
-    pub fn update(&mut self, backend: &B, params: &mut B::Buf, grads: &B::Buf) {
+    pub fn update(&mut self, backend: &B, out: UpdatedParams<'_, B::Buf>, grads: &B::Buf) {
         match self.kind {
             OptimizerKind::Sgd => {
                 let h = self.sgd();
-                backend.sgd_step(params, grads, &mut self.state1, &h, &self.args);
+                backend.sgd_step(out, grads, &mut self.state1, &h, &self.args);
             }
             OptimizerKind::Adam | OptimizerKind::Adamw => {
                 let h = self.adam();
                 let (m, v) = (&mut self.state1, &mut self.state2);
-                backend.adam_step(params, grads, m, v, &h, &self.args);
+                backend.adam_step(out, grads, m, v, &h, &self.args);
             }
         }
     }
 
-    /// Runs `update` (this optimizer's `update` and what goes with it: clipping, refreshing
-    /// the half-precision weights) after `prepare`, recorded once and replayed where the
+    /// Runs `update` (this optimizer's `update` and what goes with it: clipping) after
+    /// `prepare`, recorded once and replayed where the
     /// device records (CUDA graphs); `key` names what the recording depends on besides the
     /// buffers (the clipping threshold). `update` must read nothing back from the device.
     pub fn run_update(&mut self, backend: &B, key: Option<u64>, mut update: impl FnMut(&mut Self)) {

@@ -5,7 +5,7 @@
 use super::spatial::{self, Conv2d, Pool2d};
 use super::{
     cast, rng, Activation, AdamStep, Backend, Capture, GradWrite, HalfKind, LossFn, LossStats,
-    PoolKind, SgdStep,
+    PoolKind, SgdStep, UpdatedParams,
 };
 use crate::error::Result;
 use gemm::Parallelism;
@@ -748,12 +748,13 @@ impl Backend for CpuBackend {
 
     fn sgd_step(
         &self,
-        params: &mut Vec<f32>,
+        out: UpdatedParams<'_, Vec<f32>>,
         grads: &Vec<f32>,
         momentum: &mut Vec<f32>,
         h: &SgdStep,
         args: &Vec<f32>,
     ) {
+        let params = out.params;
         let (lr, first_step, wd) = (args[0], args[1] != 0.0, h.weight_decay);
         if h.momentum == 0.0 {
             // No momentum buffer is kept (it is empty).
@@ -767,7 +768,7 @@ impl Backend for CpuBackend {
                         }
                     })
                 });
-            return;
+            return refresh_half_copy(params, out.half_copy);
         }
         let (mu, keep) = (h.momentum, 1.0 - h.dampening);
         params
@@ -783,11 +784,12 @@ impl Backend for CpuBackend {
                     }
                 })
             });
+        refresh_half_copy(params, out.half_copy);
     }
 
     fn adam_step(
         &self,
-        params: &mut Vec<f32>,
+        out: UpdatedParams<'_, Vec<f32>>,
         grads: &Vec<f32>,
         exp_avg: &mut Vec<f32>,
         exp_avg_sq: &mut Vec<f32>,
@@ -796,6 +798,7 @@ impl Backend for CpuBackend {
     ) {
         // Branch-free so it vectorises: AdamW decays the parameters (decay < 1, no L2 term),
         // Adam adds the L2 term to the gradient (decay = 1). x·1 and g + 0·x are exact.
+        let params = out.params;
         let (decay, step_size, bias_correction2_sqrt) = (args[0], args[1], args[2]);
         let l2 = h.l2();
         let (beta1, beta2, eps) = (h.beta1, h.beta2, h.eps);
@@ -819,6 +822,21 @@ impl Backend for CpuBackend {
                         *p -= step_size * *m / denom;
                     }
                 })
+            });
+        refresh_half_copy(params, out.half_copy);
+    }
+}
+
+/// Refreshes the half copy of updated parameters (`UpdatedParams`), a chunk at a time: on
+/// the CPU it is an f32 buffer holding half values.
+fn refresh_half_copy(params: &[f32], half_copy: Option<(&mut Vec<f32>, HalfKind)>) {
+    if let Some((half, kind)) = half_copy {
+        half[..params.len()]
+            .par_chunks_mut(CHUNK)
+            .zip(params.par_chunks(CHUNK))
+            .for_each(|(h, p)| {
+                h.copy_from_slice(p);
+                cast::round_to_half(kind, h);
             });
     }
 }

@@ -49,6 +49,14 @@ pub enum LossFn {
     BceWithLogits,
 }
 
+/// What an optimizer update writes: the f32 master parameters and, in mixed precision, their
+/// copy rounded to a half format (`graph::Network`'s, which linear and conv layers read),
+/// refreshed in the update's own pass rather than in a second pass over the parameters.
+pub struct UpdatedParams<'a, Buf> {
+    pub params: &'a mut Buf,
+    pub half_copy: Option<(&'a mut Buf, HalfKind)>,
+}
+
 /// Adam/AdamW's hyper-parameters, with PyTorch's semantics: what stays the same from step to
 /// step. What changes (the learning rate, the bias corrections) is `AdamStep::args`, which
 /// the update reads from device memory, so that a recorded update (CUDA graphs) follows the
@@ -399,7 +407,7 @@ pub trait Backend: Capture {
     /// One SGD update; `args` holds `SgdStep::args` (uploaded by the caller).
     fn sgd_step(
         &self,
-        params: &mut Self::Buf,
+        out: UpdatedParams<'_, Self::Buf>,
         grads: &Self::Buf,
         momentum: &mut Self::Buf,
         h: &SgdStep,
@@ -408,7 +416,7 @@ pub trait Backend: Capture {
     /// One Adam/AdamW update; `args` holds `AdamStep::args` (uploaded by the caller).
     fn adam_step(
         &self,
-        params: &mut Self::Buf,
+        out: UpdatedParams<'_, Self::Buf>,
         grads: &Self::Buf,
         exp_avg: &mut Self::Buf,
         exp_avg_sq: &mut Self::Buf,

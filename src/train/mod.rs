@@ -754,8 +754,8 @@ pub(crate) fn apply_gradients<B: Backend>(
             if let Some(max_norm) = clip {
                 backend.clip_to_norm(&mut net.grads, max_norm, None);
             }
-            optimizer.update(backend, &mut net.params, &net.grads);
-            net.refresh_half_params(backend);
+            let (out, grads) = net.update_buffers();
+            optimizer.update(backend, out, grads);
         });
         if want && clip.is_some() {
             grad_norm = backend.last_clip_norm();
@@ -782,8 +782,8 @@ pub(crate) fn apply_gradients<B: Backend>(
     };
     let skipped = check && !grad_norm.is_some_and(f64::is_finite);
     if !skipped {
-        optimizer.step(backend, &mut net.params, &net.grads, settings.lr);
-        net.refresh_half_params(backend);
+        let (out, grads) = net.update_buffers();
+        optimizer.step(backend, out, grads, settings.lr);
     }
     StepResult { grad_norm, skipped }
 }

@@ -624,7 +624,16 @@ static void norm_kernels() {
     }
 }
 
-// The optimizer updates (grid-stride, f32) against PyTorch's formulas in double.
+// An optimizer update's half copy (storage s, or none for 0) holds its parameters rounded.
+static void expect_half_copy(const char* what, int s, Buffer& copy, Buffer& p) {
+    if (s == 0) return;
+    std::vector<float> want = p.values();
+    for (float& v : want) v = stored(s, v);
+    expect(what, s, copy.values(), want);
+}
+
+// The optimizer updates (grid-stride, f32) against PyTorch's formulas in double, with no half
+// copy of the parameters and with one in f16 and bf16.
 static void optimizer_kernels() {
     const uint64_t n = 1000;
     std::vector<float> p0 = random_values(n), g0 = random_values(n), buf0 = random_values(n),
@@ -634,11 +643,13 @@ static void optimizer_kernels() {
         for (int nesterov = 0; nesterov < 2; nesterov++) {
             const float momentum = 0.9f, dampening = nesterov ? 0.0f : 0.1f, weight_decay = 0.01f;
             const float args[2] = {0.05f, (float)first_step};
-            Buffer p = buffer_of(0, p0), g = buffer_of(0, g0), buf = buffer_of(0, buf0);
+            const int half_s = (first_step + 2 * nesterov) % 3;
+            Buffer p = buffer_of(0, p0), g = buffer_of(0, g0), buf = buffer_of(0, buf0), copy = buffer_of(half_s, g0);
             launch(n, [&] {
                 sgd_step((float*)p.p(), (const float*)g.p(), (float*)buf.p(), n, momentum, dampening, nesterov,
-                         weight_decay, args);
+                         weight_decay, args, half_s ? copy.p() : nullptr, half_s);
             });
+            expect_half_copy("sgd_step half copy", half_s, copy, p);
             std::vector<double> want_p(n), want_buf(n);
             for (uint64_t i = 0; i < n; i++) {
                 double d = g0[i] + (double)weight_decay * p0[i];
@@ -649,26 +660,29 @@ static void optimizer_kernels() {
             expect_near("sgd_step parameters, then momentum", joined({p.values(), buf.values()}),
                         joined({want_p, want_buf}), 1e-6);
         }
-    for (int adamw = 0; adamw < 2; adamw++) {
-        const float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, lr = 1e-3f, wd = 0.01f, step = 3;
-        const double bc1 = 1 - pow(beta1, step), bc2 = 1 - pow(beta2, step);
-        const float args[3] = {adamw ? 1.0f - lr * wd : 1.0f, (float)(lr / bc1), (float)sqrt(bc2)};
-        Buffer p = buffer_of(0, p0), g = buffer_of(0, g0), m = buffer_of(0, buf0), v = buffer_of(0, v0);
-        launch(n, [&] {
-            adam_step((float*)p.p(), (const float*)g.p(), (float*)m.p(), (float*)v.p(), n, beta1, beta2, eps,
-                      adamw ? 0.0f : wd, args);
-        });
-        std::vector<double> want_p(n), want_m(n), want_v(n);
-        for (uint64_t i = 0; i < n; i++) {
-            double grad = g0[i] + (adamw ? 0.0 : (double)wd * p0[i]);
-            want_m[i] = beta1 * (double)buf0[i] + (1.0 - beta1) * grad;
-            want_v[i] = beta2 * (double)v0[i] + (1.0 - beta2) * grad * grad;
-            double decayed = adamw ? p0[i] * (1.0 - (double)lr * wd) : p0[i];
-            want_p[i] = decayed - lr / bc1 * want_m[i] / (sqrt(want_v[i]) / sqrt(bc2) + eps);
+    for (int adamw = 0; adamw < 2; adamw++)
+        for (int half_s = 0; half_s < 3; half_s++) {
+            const float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, lr = 1e-3f, wd = 0.01f, step = 3;
+            const double bc1 = 1 - pow(beta1, step), bc2 = 1 - pow(beta2, step);
+            const float args[3] = {adamw ? 1.0f - lr * wd : 1.0f, (float)(lr / bc1), (float)sqrt(bc2)};
+            Buffer p = buffer_of(0, p0), g = buffer_of(0, g0), m = buffer_of(0, buf0), v = buffer_of(0, v0),
+                   copy = buffer_of(half_s, g0);
+            launch(n, [&] {
+                adam_step((float*)p.p(), (const float*)g.p(), (float*)m.p(), (float*)v.p(), n, beta1, beta2, eps,
+                          adamw ? 0.0f : wd, args, half_s ? copy.p() : nullptr, half_s);
+            });
+            expect_half_copy("adam_step half copy", half_s, copy, p);
+            std::vector<double> want_p(n), want_m(n), want_v(n);
+            for (uint64_t i = 0; i < n; i++) {
+                double grad = g0[i] + (adamw ? 0.0 : (double)wd * p0[i]);
+                want_m[i] = beta1 * (double)buf0[i] + (1.0 - beta1) * grad;
+                want_v[i] = beta2 * (double)v0[i] + (1.0 - beta2) * grad * grad;
+                double decayed = adamw ? p0[i] * (1.0 - (double)lr * wd) : p0[i];
+                want_p[i] = decayed - lr / bc1 * want_m[i] / (sqrt(want_v[i]) / sqrt(bc2) + eps);
+            }
+            expect_near("adam_step parameters, m, v", joined({p.values(), m.values(), v.values()}),
+                        joined({want_p, want_m, want_v}), 1e-5);
         }
-        expect_near("adam_step parameters, m, v", joined({p.values(), m.values(), v.values()}),
-                    joined({want_p, want_m, want_v}), 1e-5);
-    }
     for (double max_norm : {1.0, 1e6}) {  // clipped, and left alone
         Buffer g = buffer_of(0, g0);
         double sum_sq = 0.0;

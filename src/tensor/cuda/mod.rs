@@ -8,7 +8,7 @@ pub mod kernels;
 
 use super::{
     cast, Activation, AdamStep, Backend, Capture, Conv2d, GradWrite, HalfKind, LossFn, LossStats,
-    Pool2d, PoolKind, SgdStep,
+    Pool2d, PoolKind, SgdStep, UpdatedParams,
 };
 use crate::error::{Error, Result};
 use cudarc::cublas::sys::{cublasMath_t, cublasOperation_t};
@@ -943,6 +943,29 @@ impl CudaBackend {
             self.launch_error(what, "a half-width buffer where f32 values are read");
         }
         f32
+    }
+
+    /// An optimizer update's parameters, and where its kernel stores their half copy: the
+    /// device address of a half-width buffer as long as the parameters and its storage, or
+    /// (no copy) 0 and storage 0. Records why not and returns None for a copy that is not
+    /// such a buffer.
+    fn update_targets<'a>(
+        &self,
+        what: &str,
+        out: UpdatedParams<'a, CudaBuf>,
+    ) -> Option<(&'a mut CudaBuf, u64, i32)> {
+        let UpdatedParams { params, half_copy } = out;
+        match half_copy {
+            None => Some((params, 0, 0)),
+            Some((copy, kind)) if copy.half == Some(kind) && copy.len >= params.len => {
+                Some((params, self.address(&copy.mem), copy.storage()))
+            }
+            Some(_) => {
+                let why = "a half copy that is not a half-width buffer of the parameters' length";
+                self.launch_error(what, why);
+                None
+            }
+        }
     }
 
     fn launch(&self, what: &str, r: std::result::Result<(), cudarc::driver::DriverError>) {
@@ -2236,12 +2259,15 @@ impl Backend for CudaBackend {
 
     fn sgd_step(
         &self,
-        params: &mut CudaBuf,
+        out: UpdatedParams<'_, CudaBuf>,
         grads: &CudaBuf,
         momentum: &mut CudaBuf,
         h: &SgdStep,
         args: &CudaBuf,
     ) {
+        let Some((params, half_copy, half_s)) = self.update_targets("sgd step", out) else {
+            return;
+        };
         if !self.all_f32("sgd step", &[params, grads, momentum, args]) {
             return;
         }
@@ -2260,9 +2286,11 @@ impl Backend for CudaBackend {
             .arg(&h.dampening)
             .arg(&nesterov)
             .arg(&h.weight_decay)
-            .arg(args);
+            .arg(args)
+            .arg(&half_copy)
+            .arg(&half_s);
         // SAFETY: updates n parameters; the momentum buffer (n long when momentum != 0) is only
-        // touched when momentum != 0.
+        // touched when momentum != 0; the half copy (n long) only when half_s != 0.
         self.launch(
             "sgd step",
             unsafe { l.launch(grid(n as usize)) }.map(|_| ()),
@@ -2271,13 +2299,16 @@ impl Backend for CudaBackend {
 
     fn adam_step(
         &self,
-        params: &mut CudaBuf,
+        out: UpdatedParams<'_, CudaBuf>,
         grads: &CudaBuf,
         exp_avg: &mut CudaBuf,
         exp_avg_sq: &mut CudaBuf,
         h: &AdamStep,
         args: &CudaBuf,
     ) {
+        let Some((params, half_copy, half_s)) = self.update_targets("adam step", out) else {
+            return;
+        };
         if !self.all_f32("adam step", &[params, grads, exp_avg, exp_avg_sq, args]) {
             return;
         }
@@ -2298,8 +2329,10 @@ impl Backend for CudaBackend {
             .arg(&h.beta2)
             .arg(&h.eps)
             .arg(&l2)
-            .arg(args);
-        // SAFETY: updates n elements of each buffer.
+            .arg(args)
+            .arg(&half_copy)
+            .arg(&half_s);
+        // SAFETY: updates n elements of each buffer (of the half copy only when half_s != 0).
         self.launch(
             "adam step",
             unsafe { l.launch(grid(n as usize)) }.map(|_| ()),
