@@ -38,7 +38,7 @@ pub(super) fn conv2d(
             ));
         }
     }
-    if l.groups == 0 || c % l.groups != 0 || l.out % l.groups != 0 {
+    if l.groups == 0 || c % l.groups != 0 || !l.out.is_multiple_of(l.groups) {
         return err(format!(
             "groups = {} must divide both the input channels ({c}) and out ({})",
             l.groups, l.out
@@ -169,7 +169,10 @@ pub(super) fn reshape(i: usize, l: &ReshapeSpec, in_shape: &[usize]) -> Result<(
         .filter(|&&d| d > 0)
         .map(|&d| d as usize)
         .product();
-    if known == 0 || (inferred == 0 && known != total) || (inferred == 1 && total % known != 0) {
+    if known == 0
+        || (inferred == 0 && known != total)
+        || (inferred == 1 && !total.is_multiple_of(known))
+    {
         return err();
     }
     let shape = l

@@ -706,7 +706,7 @@ fn validate_parallel(spec: &JobSpec, p: &mut Problems) {
         (batch, None) => {
             let b = spec.batch_size();
             p.check(
-                b % replicas == 0,
+                b.is_multiple_of(replicas),
                 "data.batch_size",
                 format!(
                     "{b} {} with {replicas} data-parallel replicas; must be a multiple of \

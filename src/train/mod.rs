@@ -253,7 +253,7 @@ pub fn train_session<B: Backend>(
         st.epoch = epoch;
         let order = epoch_order(train_len, spec.data.shuffle, spec.job.seed, epoch);
         let mut batches: Vec<&[u32]> = order.chunks(batch_size).collect();
-        if spec.data.drop_last && train_len % batch_size != 0 {
+        if spec.data.drop_last && !train_len.is_multiple_of(batch_size) {
             batches.pop();
         }
         // A resumed run continues where the checkpoint stood in this epoch's order.
@@ -268,7 +268,7 @@ pub fn train_session<B: Backend>(
             let step = st.step + 1;
             // Past the deadline, this step is the last one (and is logged).
             let out_of_time = deadline.is_some_and(|d| Instant::now() >= d);
-            let logging = step % log_every == 0 || step as usize == total || out_of_time;
+            let logging = step.is_multiple_of(log_every) || step as usize == total || out_of_time;
             // Skipped steps (mixed precision) do not advance the schedule, as with GradScaler.
             let lr = schedule.lr((st.step - st.skipped_steps) as usize);
             let batch = Batch {
@@ -368,8 +368,10 @@ pub fn train_session<B: Backend>(
                 .and_then(Stop::requested)
                 .or_else(|| parallel.as_ref().and_then(|p| p.stop_requested()));
             // At the last step the final checkpoint follows (after the final evaluation).
-            let due =
-                policy.every_steps.is_some_and(|n| step % n as u64 == 0) && (step as usize) < total;
+            let due = policy
+                .every_steps
+                .is_some_and(|n| step.is_multiple_of(n as u64))
+                && (step as usize) < total;
             if let Some(saver) = saver
                 .as_mut()
                 .filter(|_| due || signal.is_some() || out_of_time)

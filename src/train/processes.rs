@@ -291,7 +291,7 @@ struct StepOrder {
 const STEP_HEADER: usize = 8 * 4 + 1 + 4;
 
 fn decode_step(bytes: &[u8], rows: &mut Vec<u32>) -> Option<StepOrder> {
-    if bytes.len() < STEP_HEADER || (bytes.len() - STEP_HEADER) % 4 != 0 {
+    if bytes.len() < STEP_HEADER || !(bytes.len() - STEP_HEADER).is_multiple_of(4) {
         return None;
     }
     let f64_at = |i: usize| f64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
