@@ -10,6 +10,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod record;
 pub mod rng;
+pub mod row_dots;
 pub mod spatial;
 
 use crate::error::Result;

@@ -10,6 +10,7 @@
 //! size-keeping convolution is itself a convolution (`Conv2d::input_gradient_conv`).
 
 use super::cpu::CpuBackend;
+use super::row_dots;
 use rayon::prelude::*;
 
 /// A 2-D convolution's geometry, for one sample of [c, h, w] into [o, oh, ow].
@@ -618,17 +619,7 @@ pub fn conv2d_backward(
                         for (ki, part_ki) in part.chunks_exact_mut(s.o * k).enumerate() {
                             let window = &col[s.window_start(ki)..];
                             let ohw = oh * ow;
-                            serial.matmul(
-                                part_ki,
-                                true,
-                                dy_n,
-                                (ohw, 1),
-                                window,
-                                (1, len),
-                                s.o,
-                                k,
-                                ohw,
-                            );
+                            add_row_dots(&serial, part_ki, (dy_n, ohw), (window, len), s.o, k, ohw);
                         }
                         continue;
                     }
@@ -638,17 +629,8 @@ pub fn conv2d_backward(
                         let col_g = &col[g * rows * oh * ow..(g + 1) * rows * oh * ow];
                         let part_g = &mut part[g * og * rows..(g + 1) * og * rows];
                         // dW_g[og, rows] += dy_g[og, ohw] · col_gᵀ[ohw, rows]
-                        serial.matmul(
-                            part_g,
-                            true,
-                            dy_g,
-                            (oh * ow, 1),
-                            col_g,
-                            (1, oh * ow),
-                            og,
-                            rows,
-                            oh * ow,
-                        );
+                        let ohw = oh * ow;
+                        add_row_dots(&serial, part_g, (dy_g, ohw), (col_g, ohw), og, rows, ohw);
                     }
                 }
             });
@@ -690,6 +672,23 @@ pub fn conv2d_backward(
         dx_n.fill(0.0);
         s.col2im(col, dx_n);
     });
+}
+
+/// dst[m, n] += a·bᵀ for `m` rows of `a` and `n` rows of `b` (each `k` long, at the given
+/// row strides): a weight gradient's dot products, in place where the CPU can
+/// (`row_dots`), else through the general GEMM.
+fn add_row_dots(
+    serial: &CpuBackend,
+    dst: &mut [f32],
+    (a, lda): (&[f32], usize),
+    (b, ldb): (&[f32], usize),
+    m: usize,
+    n: usize,
+    k: usize,
+) {
+    if !row_dots::add_row_dots(dst, n, a, lda, b, ldb, (m, n, k)) {
+        serial.matmul(dst, true, a, (lda, 1), b, (1, ldb), m, n, k);
+    }
 }
 
 /// Pooling geometry over [c, h, w] planes (PyTorch: stride defaults to the kernel size).
