@@ -8,6 +8,7 @@
 pub mod cast;
 pub mod cpu;
 pub mod cuda;
+pub mod max_pool_2x2;
 pub mod record;
 pub mod rng;
 pub mod row_dots;

@@ -10,7 +10,7 @@
 //! size-keeping convolution is itself a convolution (`Conv2d::input_gradient_conv`).
 
 use super::cpu::CpuBackend;
-use super::row_dots;
+use super::{max_pool_2x2, row_dots};
 use rayon::prelude::*;
 
 /// A 2-D convolution's geometry, for one sample of [c, h, w] into [o, oh, ow].
@@ -850,33 +850,26 @@ pub fn maxpool2d_backward(s: &Pool2d, x: &[f32], y: &[f32], dy: &[f32], dx: &mut
         .par_chunks_mut(plane)
         .enumerate()
         .for_each(|(c, dx_c)| {
-            dx_c.fill(0.0);
             let x_c = &x[c * plane..(c + 1) * plane];
             let (y_c, dy_c) = (
                 &y[c * oh * ow..(c + 1) * oh * ow],
                 &dy[c * oh * ow..(c + 1) * oh * ow],
             );
             if s.tiles() && s.k == (2, 2) {
-                // Branch-free, a pair of input rows at a time: the gradient goes to the first
-                // of the four equal to the max (NaN counting as equal to NaN).
-                let same = |v: f32, t: f32| v == t || (v.is_nan() && t.is_nan());
-                for p in 0..oh {
-                    let (y_r, dy_r) = (&y_c[p * ow..][..ow], &dy_c[p * ow..][..ow]);
+                // The common case (src/tensor/max_pool_2x2.rs). Every position a window
+                // covers is written; only an odd last row or column is left to zero.
+                let rows = y_c.chunks_exact(ow).zip(dy_c.chunks_exact(ow));
+                for (p, (y_r, dy_r)) in rows.enumerate() {
                     let (x0, x1) = x_c[2 * p * s.w..][..2 * s.w].split_at(s.w);
                     let (d0, d1) = dx_c[2 * p * s.w..][..2 * s.w].split_at_mut(s.w);
-                    let outs = d0.chunks_exact_mut(2).zip(d1.chunks_exact_mut(2));
-                    let ins = x0.chunks_exact(2).zip(x1.chunks_exact(2));
-                    for (((o0, o1), (a, b)), (&t, &g)) in outs.zip(ins).zip(y_r.iter().zip(dy_r)) {
-                        let (e0, e1, e2, e3) =
-                            (same(a[0], t), same(a[1], t), same(b[0], t), same(b[1], t));
-                        o0[0] = if e0 { g } else { 0.0 };
-                        o0[1] = if !e0 && e1 { g } else { 0.0 };
-                        o1[0] = if !e0 && !e1 && e2 { g } else { 0.0 };
-                        o1[1] = if !e0 && !e1 && !e2 && e3 { g } else { 0.0 };
-                    }
+                    max_pool_2x2::route_gradients(x0, x1, y_r, dy_r, d0, d1);
+                    d0[2 * ow..].fill(0.0);
+                    d1[2 * ow..].fill(0.0);
                 }
+                dx_c[2 * oh * s.w..].fill(0.0);
                 return;
             }
+            dx_c.fill(0.0);
             if s.tiles() {
                 // Windows do not overlap: every input position gets at most one gradient.
                 return first_max_in_tiles(s, x_c, y_c, |out, input| dx_c[input] = dy_c[out]);
