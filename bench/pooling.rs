@@ -40,8 +40,8 @@ fn main() {
         };
         for (name, pool) in [("1 thread", &one), ("all threads", &all)] {
             let fwd = pool.install(|| time(&mut || maxpool2d_forward(&s, &x, &mut y, n)));
-            let bwd =
-                pool.install(|| time(&mut || maxpool2d_backward(&s, &x, &y, &dy, &mut dx, n)));
+            let bwd = pool
+                .install(|| time(&mut || maxpool2d_backward(&s, &x, &y, &dy, &mut dx, n, false)));
             // Bytes each pass must move: forward reads x, writes y; backward reads x, y, dy
             // and writes dx.
             let gbs = |bytes: usize, s: f64| bytes as f64 / s / 1e9;

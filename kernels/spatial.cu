@@ -99,9 +99,10 @@ extern "C" __global__ void pool2d_forward(int kind, const void* x, int xs, PoolG
 }
 
 // One thread per input element gathers from every window containing it; for max pooling only
-// from windows whose first maximum (recomputed) is this element.
+// from windows whose first maximum (recomputed) is this element. relu = 1: x is a ReLU's output
+// and dx the gradient of that ReLU's input (Backend::pool2d_backward's through_relu).
 extern "C" __global__ void pool2d_backward(int kind, const void* x, int xs, const void* y, int ys, const void* dy,
-                                           int dys, PoolGeom g, void* dx, int dxs) {
+                                           int dys, PoolGeom g, int relu, void* dx, int dxs) {
     GRID_STRIDE(idx, g.n * g.c * g.h * g.w) {
         u64 j = idx % g.w, i = (idx / g.w) % g.h, plane = idx / (g.w * g.h);
         u64 xp = plane * g.h * g.w;
@@ -131,6 +132,8 @@ extern "C" __global__ void pool2d_backward(int kind, const void* x, int xs, cons
                 if (first == i * g.w + j) sum += load(dy, dys, out);
             }
         }
+        // The ReLU's backward step: dy · (y > 0 ? 1 : 0), the CPU's product.
+        if (relu) sum *= load(x, xs, idx) > 0.0f ? 1.0f : 0.0f;
         store(dx, dxs, idx, sum);
     }
 }

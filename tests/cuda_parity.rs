@@ -1206,16 +1206,20 @@ fn image_layers_in(g: &CudaBackend, storage: Option<HalfKind>) {
             tol,
             &format!("{at} {kind:?} {s:?} forward"),
         );
-        let mut dx_cpu = vec![f32::NAN; in_len];
-        cpu.pool2d_backward(kind, &s, &x, &y_cpu, &dy, &mut dx_cpu, n);
-        let mut dxg = poisoned_in(g, storage, in_len);
-        g.pool2d_backward(kind, &s, &xg, &yg, &up_in(g, storage, &dy), &mut dxg, n);
-        assert_within(
-            &down(g, &dxg, in_len),
-            &stored(storage, &dx_cpu),
-            tol,
-            &format!("{at} {kind:?} {s:?} backward"),
-        );
+        // Also taken through the ReLU whose output x would be (x holds negatives).
+        for through_relu in [false, true] {
+            let mut dx_cpu = vec![f32::NAN; in_len];
+            cpu.pool2d_backward(kind, &s, &x, &y_cpu, &dy, &mut dx_cpu, n, through_relu);
+            let mut dxg = poisoned_in(g, storage, in_len);
+            let dyg = up_in(g, storage, &dy);
+            g.pool2d_backward(kind, &s, &xg, &yg, &dyg, &mut dxg, n, through_relu);
+            assert_within(
+                &down(g, &dxg, in_len),
+                &stored(storage, &dx_cpu),
+                tol,
+                &format!("{at} {kind:?} {s:?} backward, through_relu {through_relu}"),
+            );
+        }
     }
     let (c, spatial) = (6, 49);
     let len = n * c * spatial;

@@ -3,10 +3,10 @@
 
 mod common;
 
-use common::{network, random_vec, spec};
+use common::{network, network_with, random_vec, spec};
 use trainer::graph::{DataShape, Network};
 use trainer::tensor::cpu::CpuBackend;
-use trainer::tensor::Backend;
+use trainer::tensor::{Backend, HalfKind};
 
 const N: usize = 5;
 const STEP_KEY: u64 = 3;
@@ -317,6 +317,65 @@ fn maxpool2d_2x2_on_an_odd_width_gradients() {
         &image_job(r#"{ type = "maxpool2d", kernel_size = 2 }"#),
         images(),
     );
+}
+
+/// A pooling straight after a ReLU takes the gradient through both in one step
+/// (`BufferPlan::through_relu`): the 2x2 AVX-512 path, the general max path and average.
+#[test]
+fn relu_then_pooling_gradients() {
+    for pool in [
+        r#"{ type = "maxpool2d", kernel_size = 2 }"#,
+        r#"{ type = "maxpool2d", kernel_size = 3, stride = 2, padding = 1 }"#,
+        r#"{ type = "avgpool2d", kernel_size = 2 }"#,
+    ] {
+        let job = image_job(&format!(r#"{{ type = "relu" }}, {pool}"#));
+        let plan = network(&spec(&job), &images(), N, 7).graph.buffer_plan();
+        assert_eq!(plan.through_relu, [false, false, true, false, false]);
+        check_gradients(&job, images());
+    }
+}
+
+/// The same gradients, to the bit, as with the ReLU's own backward step: a dropout of p = 0
+/// between the two (a copy) keeps them apart. In fp32 and in mixed precision, where the
+/// gradient is rounded to bf16 along the way.
+#[test]
+fn a_relu_taken_through_by_its_pooling_gives_the_gradients_of_its_own_step() {
+    let relu = r#"{ type = "relu" }"#;
+    for pool in [
+        r#"{ type = "maxpool2d", kernel_size = 2 }"#,
+        r#"{ type = "maxpool2d", kernel_size = 3, stride = 2, padding = 1 }"#,
+        r#"{ type = "avgpool2d", kernel_size = 2 }"#,
+    ] {
+        let fused = image_job(&format!("{relu}, {pool}"));
+        let apart = image_job(&format!(
+            r#"{relu}, {{ type = "dropout", p = 0.0 }}, {pool}"#
+        ));
+        // Dropout has no parameters: both take the same ones.
+        let params = network(&spec(&fused), &images(), N, 7).params;
+        for half in [None, Some(HalfKind::Bf16)] {
+            let grads = |job: &str| {
+                let b = CpuBackend::new(1);
+                let mut net = network_with(&spec(job), &images(), N, 7, half, Some(&params));
+                net.start_gradients();
+                let mut stats = b.new_stats().unwrap();
+                net.forward(&b, N, true, STEP_KEY);
+                net.loss(&b, N, Some(1.0), &mut stats);
+                net.backward(&b, N, STEP_KEY);
+                net.finish_gradients(&b);
+                let through = net.graph.buffer_plan().through_relu.contains(&true);
+                (
+                    net.grads.iter().map(|g| g.to_bits()).collect::<Vec<_>>(),
+                    through,
+                )
+            };
+            let ((fused_grads, taken), (apart_grads, not_taken)) = (grads(&fused), grads(&apart));
+            assert!(
+                taken && !not_taken,
+                "{pool}: the plans differ in the fusion alone"
+            );
+            assert_eq!(fused_grads, apart_grads, "{pool}, {half:?}");
+        }
+    }
 }
 
 #[test]

@@ -106,17 +106,27 @@ fn pooling_matches_pytorch_forward_and_backward() {
                 pad: pair(&c["pad"]),
             };
             let (x, dy) = (floats(&c["x"]), floats(&c["dy"]));
-            let mut y = vec![f32::NAN; dy.len()];
-            let mut dx = vec![f32::NAN; x.len()];
-            if op == "maxpool2d" {
-                maxpool2d_forward(&s, &x, &mut y, n);
-                maxpool2d_backward(&s, &x, &y, &dy, &mut dx, n);
-            } else {
-                avgpool2d_forward(&s, &x, &mut y, n);
-                avgpool2d_backward(&s, &dy, &mut dx, n);
+            // Taken through a ReLU whose output x is: PyTorch's dx, then the ReLU's step.
+            let want_dx = floats(&c["dx"]);
+            let through: Vec<f32> = want_dx
+                .iter()
+                .zip(&x)
+                .map(|(&d, &v)| d * if v > 0.0 { 1.0 } else { 0.0 })
+                .collect();
+            for (through_relu, want_dx) in [(false, &want_dx), (true, &through)] {
+                let mut y = vec![f32::NAN; dy.len()];
+                let mut dx = vec![f32::NAN; x.len()];
+                if op == "maxpool2d" {
+                    maxpool2d_forward(&s, &x, &mut y, n);
+                    maxpool2d_backward(&s, &x, &y, &dy, &mut dx, n, through_relu);
+                } else {
+                    avgpool2d_forward(&s, &x, &mut y, n);
+                    avgpool2d_backward(&s, &x, &dy, &mut dx, n, through_relu);
+                }
+                let what = format!("{op} {s:?}, through_relu {through_relu}");
+                assert_close(&y, &floats(&c["y"]), &format!("{what}: y"));
+                assert_close(&dx, want_dx, &format!("{what}: dx"));
             }
-            assert_close(&y, &floats(&c["y"]), &format!("{op} {s:?} y"));
-            assert_close(&dx, &floats(&c["dx"]), &format!("{op} {s:?} dx"));
         }
     }
 }

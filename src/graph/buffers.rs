@@ -26,6 +26,13 @@
 //! for the model's output) to that of its producer, which consumes it; so gradient buffers
 //! are shared by values whose lifetimes do not overlap, as PyTorch frees a gradient once it
 //! is used (`grad_slot`). A chain needs two, of the largest layer's size, however deep.
+//!
+//! A pooling straight after a ReLU (conv, relu, maxpool: the usual block) that is the
+//! ReLU's only reader takes the gradient back through both in its own step
+//! (`through_relu`): it sends each input position's gradient on to the ReLU's input where
+//! the position's value is positive, as the ReLU's step would, with one pass over the values
+//! fewer. The ReLU's output then shares its input's gradient buffer, which the pooling
+//! writes.
 
 use super::{numel, Layer, Op};
 use crate::tensor::Activation;
@@ -52,6 +59,9 @@ pub struct BufferPlan {
     /// node → the buffer holding its gradient in the backward pass (see the module's
     /// comment); the data's entry is unused.
     pub grad_slot: Vec<usize>,
+    /// Per layer: a pooling whose backward step also takes the gradient back through the
+    /// ReLU before it (see the module's comment); that ReLU's own step does nothing.
+    pub through_relu: Vec<bool>,
     /// Values per sample in each gradient buffer.
     pub grad_sizes: Vec<usize>,
     /// Mixed precision (`BufferPlan::mixed`): the buffers a device may store in the half
@@ -196,17 +206,44 @@ impl BufferPlan {
                 written[v] = true;
             }
         }
-        let is_data = layers
+        let is_data: Vec<Vec<bool>> = layers
             .iter()
             .map(|l| l.inputs.iter().map(|&n| value_of_node[n] == 0).collect())
             .collect();
-        let (grad_of_value, grad_sizes) = gradient_buffers(layers, &value_of_node, &value_size);
+        let through_relu: Vec<bool> = layers
+            .iter()
+            .enumerate()
+            .map(|(i, layer)| {
+                i >= 1
+                    && matches!(layer.op, Op::Pool { .. })
+                    && layers[i - 1].op == Op::Activation(Activation::Relu)
+                    && layer.inputs[0] == i
+                    && readers[value_of_node[i]] == 1
+                    && !is_data[i - 1][0]
+                    && !accumulate[i - 1][0]
+            })
+            .collect();
+        // The gradient of a ReLU output that its pooling takes through is its input's.
+        let grad_value_of_node: Vec<usize> = (0..=count)
+            .map(|n| match n.checked_sub(1) {
+                Some(relu) if through_relu.get(n).copied().unwrap_or(false) => {
+                    value_of_node[layers[relu].inputs[0]]
+                }
+                _ => value_of_node[n],
+            })
+            .collect();
+        let (grad_of_value, grad_sizes) =
+            gradient_buffers(layers, &grad_value_of_node, &value_size, &through_relu);
         BufferPlan {
             slot: value_of_node
                 .iter()
                 .map(|&v| buffer_of_value[stored[v]])
                 .collect(),
-            grad_slot: value_of_node.iter().map(|&v| grad_of_value[v]).collect(),
+            grad_slot: grad_value_of_node
+                .iter()
+                .map(|&v| grad_of_value[v])
+                .collect(),
+            through_relu,
             grad_sizes,
             sizes,
             segments: ranges,
@@ -305,8 +342,10 @@ fn backward_reads_output(op: &Op) -> bool {
 }
 
 /// Gradient buffers shared by values whose gradients are never needed at the same time:
-/// returns the buffer of each value (usize::MAX for the data, which needs no gradient) and
-/// each buffer's size in values per sample.
+/// returns the buffer of each value (usize::MAX for the data, which needs no gradient, and
+/// for a value no node takes its gradient from: a ReLU output that its pooling takes the
+/// gradient through) and each buffer's size in values per sample. `value_of_node` maps each
+/// node to the value whose gradient it has.
 ///
 /// Time runs through the backward pass: the loss at 0, layer i at `layers.len() - i`. A
 /// value's gradient is live from the step of its first writer (the loss for the model's
@@ -318,6 +357,7 @@ fn gradient_buffers(
     layers: &[Layer],
     value_of_node: &[usize],
     value_size: &[usize],
+    through_relu: &[bool],
 ) -> (Vec<usize>, Vec<usize>) {
     let count = layers.len();
     let time = |layer: usize| count - layer;
@@ -326,8 +366,8 @@ fn gradient_buffers(
     let mut dies = vec![0; values];
     born[value_of_node[count]] = 0;
     for (i, layer) in layers.iter().enumerate() {
-        if layer.op == Op::View {
-            continue; // its output is its input's value, gradient included
+        if layer.op == Op::View || through_relu.get(i + 1) == Some(&true) {
+            continue; // its output's gradient is its input's (a view; a ReLU taken through)
         }
         dies[value_of_node[i + 1]] = time(i);
         for &n in &layer.inputs {
@@ -335,7 +375,9 @@ fn gradient_buffers(
             born[v] = born[v].min(time(i));
         }
     }
-    let mut order: Vec<usize> = (1..values).collect();
+    let mut used = vec![false; values];
+    value_of_node.iter().for_each(|&v| used[v] = true);
+    let mut order: Vec<usize> = (1..values).filter(|&v| used[v]).collect();
     order.sort_by_key(|&v| born[v]);
     let mut buffer_of = vec![usize::MAX; values];
     let mut sizes: Vec<usize> = Vec::new();
@@ -418,11 +460,20 @@ mod tests {
                 layers[node - 1].out_shape.clone()
             })
         };
+        // A ReLU that its pooling takes the gradient through: its output's gradient is its
+        // input's, and its own step does nothing.
+        let taken_through = |i: usize| plan.through_relu.get(i + 1) == Some(&true);
+        let value: Vec<usize> = (0..value.len())
+            .map(|n| match n.checked_sub(1) {
+                Some(relu) if taken_through(relu) => value[layers[relu].inputs[0]],
+                _ => value[n],
+            })
+            .collect();
         let mut holder: HashMap<usize, usize> = HashMap::new();
         let out = layers.len();
         holder.insert(plan.grad_slot[out], value[out]);
         for (i, l) in layers.iter().enumerate().rev() {
-            if l.op == Op::View {
+            if l.op == Op::View || taken_through(i) {
                 continue;
             }
             let dy = plan.grad_slot[i + 1];
@@ -549,6 +600,39 @@ mod tests {
     }
 
     #[test]
+    fn a_pooling_after_a_relu_takes_the_gradient_through_it() {
+        let cnn = graph(
+            include_str!("../../jobs/fashion_mnist_cnn.toml"),
+            vec![1, 28, 28],
+        );
+        let plan = cnn.buffer_plan();
+        // conv, relu, maxpool, conv, relu, maxpool, flatten, linear, relu, linear
+        let (f, t) = (false, true);
+        assert_eq!(plan.through_relu, [f, f, t, f, f, t, f, f, f, f]);
+        // The ReLU output's gradient is its input's: the chain still needs two buffers.
+        assert_eq!(plan.grad_slot[2], plan.grad_slot[1]);
+        assert_eq!(plan.grad_sizes.len(), 2);
+        check_gradient_lifetimes(&cnn, &plan);
+
+        let conv = "{ type = \"conv2d\", out = 2, kernel_size = 3, padding = 1 }";
+        let two_readers = format!(
+            "{conv}, {{ type = \"relu\", name = \"r\" }}, \
+             {{ type = \"maxpool2d\", kernel_size = 2, name = \"a\" }}, \
+             {{ type = \"avgpool2d\", kernel_size = 2, inputs = [\"r\"], name = \"b\" }}, \
+             {{ type = \"add\", inputs = [\"a\", \"b\"] }}, {{ type = \"flatten\" }}, \
+             {{ type = \"linear\", out = 10 }}"
+        );
+        let on_the_data = "{ type = \"relu\" }, { type = \"maxpool2d\", kernel_size = 2 }, \
+             { type = \"flatten\" }, { type = \"linear\", out = 10 }";
+        for layers in [two_readers.as_str(), on_the_data] {
+            let g = graph(&job(layers, "\"none\""), vec![2, 8, 8]);
+            let plan = g.buffer_plan();
+            assert!(!plan.through_relu.contains(&true), "{layers}");
+            check_gradient_lifetimes(&g, &plan);
+        }
+    }
+
+    #[test]
     fn shared_buffers_hold_every_value_while_it_is_needed() {
         let resnet = include_str!("../../jobs/resnet_small.toml");
         let branches = "{ type = \"linear\", out = 32, name = \"a\" }, { type = \"relu\" }, \
@@ -561,9 +645,15 @@ mod tests {
              { type = \"linear\", out = 10 }";
         let cnn = include_str!("../../jobs/fashion_mnist_cnn.toml");
         let mut graphs = vec![graph(resnet, vec![1, 28, 28]), graph(cnn, vec![1, 28, 28])];
+        let cnn_layers = "{ type = \"conv2d\", out = 4, kernel_size = 3, padding = 1 }, \
+             { type = \"relu\" }, { type = \"maxpool2d\", kernel_size = 2 }, \
+             { type = \"conv2d\", out = 4, kernel_size = 3, padding = 1 }, \
+             { type = \"relu\" }, { type = \"avgpool2d\", kernel_size = 2 }, \
+             { type = \"flatten\" }, { type = \"linear\", out = 10 }";
         for activations in ["\"none\"", "\"all\"", "{ segments = 3 }"] {
             graphs.push(graph(&job(branches, activations), vec![20]));
             graphs.push(mlp(4, activations));
+            graphs.push(graph(&job(cnn_layers, activations), vec![1, 8, 8]));
         }
         for g in &graphs {
             let plan = g.buffer_plan();

@@ -141,6 +141,7 @@ fn fusions(graph: &Graph, plan: &BufferPlan) -> Vec<Fusion> {
             let input =
                 j >= 1 && l.inputs[0] == j && readers(j) == 1 && rounds_output(&layers[j - 1]);
             let grad = j + 1 < layers.len()
+                && !plan.through_relu[j + 1]
                 && readers(j + 1) == 1
                 && layers[j + 1].inputs[0] == j + 1
                 && rounds_dx(j + 1)
@@ -783,9 +784,12 @@ impl<B: Backend> Network<B> {
         let layer = &self.graph.layers[i];
         let (dst, ddst) = (self.plan.slot[i + 1], self.plan.grad_slot[i + 1]);
         let len = n * numel(&layer.out_shape);
+        let taken_through = self.plan.through_relu.get(i + 1) == Some(&true);
         match &layer.op {
             // Shares its input's buffers: the gradient is already in place.
             Op::View => return,
+            // A ReLU whose pooling has taken the gradient through it already.
+            Op::Activation(Activation::Relu) if taken_through => return,
             // dy goes to every input (a slice of it for concat), added where an input is
             // read by other layers too.
             Op::Add | Op::Concat { .. } => {
@@ -861,7 +865,8 @@ impl<B: Backend> Network<B> {
                 backend.conv2d_backward(&geom, x, dy, weights, grads, dw, weight, bias, dx, n, ws);
             }
             Op::Pool { kind, geom } if need_dx => {
-                backend.pool2d_backward(kind, &geom, x, &self.acts[dst], dy, dx, n);
+                let through_relu = self.plan.through_relu[i];
+                backend.pool2d_backward(kind, &geom, x, &self.acts[dst], dy, dx, n, through_relu);
             }
             Op::LayerNorm { width, gamma, .. } => {
                 let dx = need_dx.then_some(dx);

@@ -208,10 +208,11 @@ impl Backend for CpuBackend {
         dy: &Vec<f32>,
         dx: &mut Vec<f32>,
         n: usize,
+        through_relu: bool,
     ) {
         match kind {
-            PoolKind::Max => spatial::maxpool2d_backward(s, x, y, dy, dx, n),
-            PoolKind::Avg => spatial::avgpool2d_backward(s, dy, dx, n),
+            PoolKind::Max => spatial::maxpool2d_backward(s, x, y, dy, dx, n, through_relu),
+            PoolKind::Avg => spatial::avgpool2d_backward(s, x, dy, dx, n, through_relu),
         }
     }
 

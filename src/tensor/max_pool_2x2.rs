@@ -14,14 +14,16 @@
 
 /// One row of windows: x0 and x1 are the window pair's two input rows (2·ow values read),
 /// d0 and d1 their gradients (2·ow values written), y and dy the ow outputs and their
-/// gradients.
+/// gradients. `through_relu`: x is a ReLU's output and d0, d1 the gradient of its input, so
+/// each routed gradient is also multiplied by (maximum > 0 ? 1 : 0), as the ReLU's backward
+/// step would (`graph::BufferPlan::through_relu`).
 pub fn route_gradients(
     x0: &[f32],
     x1: &[f32],
     y: &[f32],
     dy: &[f32],
-    d0: &mut [f32],
-    d1: &mut [f32],
+    (d0, d1): (&mut [f32], &mut [f32]),
+    through_relu: bool,
 ) {
     let ow = y.len();
     assert!(dy.len() == ow, "max_pool_2x2: dy and y differ in length");
@@ -32,10 +34,20 @@ pub fn route_gradients(
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {
         // SAFETY: AVX-512F is present; the asserts above keep every access in bounds.
-        unsafe { avx512::route_gradients(x0, x1, y, dy, d0, d1) };
+        unsafe { avx512::route_gradients(x0, x1, y, dy, (d0, d1), through_relu) };
         return;
     }
-    route_gradients_scalar(x0, x1, y, dy, d0, d1);
+    route_gradients_scalar(x0, x1, y, dy, (d0, d1), through_relu);
+}
+
+/// The ReLU's derivative at its output `y`, as a factor (its backward step's dy · this).
+#[inline(always)]
+pub fn relu_factor(y: f32) -> f32 {
+    if y > 0.0 {
+        1.0
+    } else {
+        0.0
+    }
 }
 
 /// `route_gradients` one window at a time, branch-free.
@@ -44,13 +56,14 @@ fn route_gradients_scalar(
     x1: &[f32],
     y: &[f32],
     dy: &[f32],
-    d0: &mut [f32],
-    d1: &mut [f32],
+    (d0, d1): (&mut [f32], &mut [f32]),
+    through_relu: bool,
 ) {
     let same = |v: f32, t: f32| v == t || (v.is_nan() && t.is_nan());
     let outs = d0.chunks_exact_mut(2).zip(d1.chunks_exact_mut(2));
     let ins = x0.chunks_exact(2).zip(x1.chunks_exact(2));
     for (((o0, o1), (a, b)), (&t, &g)) in outs.zip(ins).zip(y.iter().zip(dy)) {
+        let g = if through_relu { g * relu_factor(t) } else { g };
         let (e0, e1, e2, e3) = (same(a[0], t), same(a[1], t), same(b[0], t), same(b[1], t));
         o0[0] = if e0 { g } else { 0.0 };
         o0[1] = if !e0 && e1 { g } else { 0.0 };
@@ -77,10 +90,11 @@ mod avx512 {
         x1: &[f32],
         y: &[f32],
         dy: &[f32],
-        d0: &mut [f32],
-        d1: &mut [f32],
+        (d0, d1): (&mut [f32], &mut [f32]),
+        through_relu: bool,
     ) {
         let ow = y.len();
+        let (zeros, ones) = (_mm512_setzero_ps(), _mm512_set1_ps(1.0));
         // Window i's output in lanes 2i and 2i+1, beside its pair of inputs.
         let twice = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
         for j in (0..ow).step_by(WINDOWS) {
@@ -91,7 +105,12 @@ mod avx512 {
             let widen = |v: &[f32]| {
                 _mm512_permutexvar_ps(twice, _mm512_maskz_loadu_ps(outputs, v.as_ptr().add(j)))
             };
-            let (t, g) = (widen(y), widen(dy));
+            let (t, mut g) = (widen(y), widen(dy));
+            if through_relu {
+                // g · relu_factor(t), the same product as the scalar code's.
+                let positive = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(t, zeros);
+                g = _mm512_mul_ps(g, _mm512_mask_blend_ps(positive, zeros, ones));
+            }
             let a = _mm512_maskz_loadu_ps(inputs, x0.as_ptr().add(2 * j));
             let b = _mm512_maskz_loadu_ps(inputs, x1.as_ptr().add(2 * j));
             let t_nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(t, t);
@@ -135,8 +154,9 @@ mod tests {
     }
 
     /// The gradient of each position by the definition: the output's gradient where the
-    /// position is the first of its window to equal the window's maximum.
-    fn by_definition(x0: &[f32], x1: &[f32], dy: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    /// position is the first of its window to equal the window's maximum, then through the
+    /// ReLU whose output x is when `through_relu`.
+    fn by_definition(x0: &[f32], x1: &[f32], dy: &[f32], through_relu: bool) -> Vec<Vec<f32>> {
         let ow = dy.len();
         let (mut d0, mut d1) = (vec![0.0; 2 * ow], vec![0.0; 2 * ow]);
         for i in 0..ow {
@@ -151,16 +171,19 @@ mod tests {
                 .position(|&v| v == max || (v.is_nan() && max.is_nan()))
                 .unwrap();
             let row = if first < 2 { &mut d0 } else { &mut d1 };
-            row[2 * i + first % 2] = dy[i];
+            // The ReLU passes the gradient where its output is positive (NaN is not).
+            let relu = if !through_relu || max > 0.0 { 1.0 } else { 0.0 };
+            row[2 * i + first % 2] = dy[i] * relu;
         }
-        (d0, d1)
+        vec![d0, d1]
     }
 
     #[test]
     fn each_gradient_goes_to_the_first_maximum_of_its_window_and_nowhere_else() {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         // Widths through the 8-window steps and their remainders.
         for ow in [1, 2, 7, 8, 9, 14, 16, 23] {
-            for seed in 0..20 {
+            for (seed, through_relu) in (0..40).map(|seed| (seed, seed % 2 == 1)) {
                 let (x0, x1) = (values(2 * ow, seed), values(2 * ow, seed + 100));
                 let y: Vec<f32> = (0..ow)
                     .map(|i| {
@@ -171,24 +194,22 @@ mod tests {
                         )
                     })
                     .collect();
-                let dy: Vec<f32> = (0..ow).map(|i| 1.0 + i as f32).collect();
-                let want = by_definition(&x0, &x1, &dy);
+                // Negative gradients too: times the ReLU's 0 they give -0.
+                let dy: Vec<f32> = (0..ow).map(|i| i as f32 - 3.5).collect();
+                let want = by_definition(&x0, &x1, &dy, through_relu);
                 // One value past the windows on each row, which must stay untouched.
-                let mut got = (vec![f32::NAN; 2 * ow + 1], vec![f32::NAN; 2 * ow + 1]);
-                route_gradients(&x0, &x1, &y, &dy, &mut got.0, &mut got.1);
-                let mut scalar = (vec![f32::NAN; 2 * ow + 1], vec![f32::NAN; 2 * ow + 1]);
-                route_gradients_scalar(&x0, &x1, &y, &dy, &mut scalar.0, &mut scalar.1);
-                for (name, (d0, d1)) in [("dispatched", &got), ("scalar", &scalar)] {
-                    assert_eq!(
-                        &d0[..2 * ow],
-                        &want.0[..],
-                        "{name} top row, ow {ow}, seed {seed}"
-                    );
-                    assert_eq!(&d1[..2 * ow], &want.1[..], "{name} bottom row, ow {ow}");
-                    assert!(
-                        d0[2 * ow].is_nan() && d1[2 * ow].is_nan(),
-                        "{name} wrote past 2·ow"
-                    );
+                let mut got = vec![vec![f32::NAN; 2 * ow + 1]; 2];
+                let (d0, d1) = got.split_at_mut(1);
+                route_gradients(&x0, &x1, &y, &dy, (&mut d0[0], &mut d1[0]), through_relu);
+                let mut scalar = vec![vec![f32::NAN; 2 * ow + 1]; 2];
+                let (d0, d1) = scalar.split_at_mut(1);
+                route_gradients_scalar(&x0, &x1, &y, &dy, (&mut d0[0], &mut d1[0]), through_relu);
+                for (name, rows) in [("dispatched", &got), ("scalar", &scalar)] {
+                    for (row, want) in rows.iter().zip(&want) {
+                        let what = format!("{name}, ow {ow}, seed {seed}, relu {through_relu}");
+                        assert_eq!(bits(&row[..2 * ow]), bits(want), "{what}");
+                        assert!(row[2 * ow].is_nan(), "{what}: wrote past 2·ow");
+                    }
                 }
             }
         }

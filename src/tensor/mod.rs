@@ -466,6 +466,10 @@ pub trait Backend: Capture {
         y: &mut Self::Buf,
         n: usize,
     );
+    /// dx from dy (max pooling sends each to its window's first maximum, found again from x
+    /// and y). `through_relu`: x is a ReLU's output and dx the gradient of that ReLU's input,
+    /// each value times (x > 0 ? 1 : 0) as the ReLU's backward step would give
+    /// (`graph::BufferPlan::through_relu`).
     #[allow(clippy::too_many_arguments)]
     fn pool2d_backward(
         &self,
@@ -476,6 +480,7 @@ pub trait Backend: Capture {
         dy: &Self::Buf,
         dx: &mut Self::Buf,
         n: usize,
+        through_relu: bool,
     );
     /// Batch norm over [n, c, spatial] with γ = params[gamma..], β = params[gamma + c..] and
     /// `state` = [running mean | running var | batch mean | batch invstd] (c each).

@@ -842,8 +842,17 @@ pub fn maxpool2d_forward(s: &Pool2d, x: &[f32], y: &mut [f32], n: usize) {
 }
 
 /// Routes each output gradient to the first position of its window holding the maximum
-/// (found again from x and y: no index buffer is kept).
-pub fn maxpool2d_backward(s: &Pool2d, x: &[f32], y: &[f32], dy: &[f32], dx: &mut [f32], n: usize) {
+/// (found again from x and y: no index buffer is kept). `through_relu`: also through the
+/// ReLU whose output x is (`graph::BufferPlan::through_relu`).
+pub fn maxpool2d_backward(
+    s: &Pool2d,
+    x: &[f32],
+    y: &[f32],
+    dy: &[f32],
+    dx: &mut [f32],
+    n: usize,
+    through_relu: bool,
+) {
     let (oh, ow) = s.out_hw().expect("validated geometry");
     let plane = s.h * s.w;
     dx[..n * s.c * plane]
@@ -862,7 +871,7 @@ pub fn maxpool2d_backward(s: &Pool2d, x: &[f32], y: &[f32], dy: &[f32], dx: &mut
                 for (p, (y_r, dy_r)) in rows.enumerate() {
                     let (x0, x1) = x_c[2 * p * s.w..][..2 * s.w].split_at(s.w);
                     let (d0, d1) = dx_c[2 * p * s.w..][..2 * s.w].split_at_mut(s.w);
-                    max_pool_2x2::route_gradients(x0, x1, y_r, dy_r, d0, d1);
+                    max_pool_2x2::route_gradients(x0, x1, y_r, dy_r, (d0, d1), through_relu);
                     d0[2 * ow..].fill(0.0);
                     d1[2 * ow..].fill(0.0);
                 }
@@ -872,7 +881,8 @@ pub fn maxpool2d_backward(s: &Pool2d, x: &[f32], y: &[f32], dy: &[f32], dx: &mut
             dx_c.fill(0.0);
             if s.tiles() {
                 // Windows do not overlap: every input position gets at most one gradient.
-                return first_max_in_tiles(s, x_c, y_c, |out, input| dx_c[input] = dy_c[out]);
+                first_max_in_tiles(s, x_c, y_c, |out, input| dx_c[input] = dy_c[out]);
+                return relu_backward_in_place(through_relu, x_c, dx_c);
             }
             for idx in 0..oh * ow {
                 let (rows, cols) = s.window(idx / ow, idx % ow);
@@ -887,7 +897,18 @@ pub fn maxpool2d_backward(s: &Pool2d, x: &[f32], y: &[f32], dy: &[f32], dx: &mut
                     }
                 }
             }
+            relu_backward_in_place(through_relu, x_c, dx_c);
         });
+}
+
+/// With `through_relu`, dx · (y > 0 ? 1 : 0): the backward step of the ReLU whose output is
+/// y (the pooling's input), taken in the pooling's pass over the plane.
+fn relu_backward_in_place(through_relu: bool, y: &[f32], dx: &mut [f32]) {
+    if through_relu {
+        for (d, &v) in dx.iter_mut().zip(y) {
+            *d *= max_pool_2x2::relu_factor(v);
+        }
+    }
 }
 
 /// Mean over each window, dividing by the full kernel area (count_include_pad = true).
@@ -909,7 +930,16 @@ pub fn avgpool2d_forward(s: &Pool2d, x: &[f32], y: &mut [f32], n: usize) {
     });
 }
 
-pub fn avgpool2d_backward(s: &Pool2d, dy: &[f32], dx: &mut [f32], n: usize) {
+/// `through_relu`: x is a ReLU's output, and dx is taken through that ReLU too (as
+/// `maxpool2d_backward`'s).
+pub fn avgpool2d_backward(
+    s: &Pool2d,
+    x: &[f32],
+    dy: &[f32],
+    dx: &mut [f32],
+    n: usize,
+    through_relu: bool,
+) {
     let (oh, ow) = s.out_hw().expect("validated geometry");
     let area = (s.k.0 * s.k.1) as f32;
     let plane = s.h * s.w;
@@ -928,6 +958,7 @@ pub fn avgpool2d_backward(s: &Pool2d, dy: &[f32], dx: &mut [f32], n: usize) {
                         .for_each(|d| *d += g);
                 }
             }
+            relu_backward_in_place(through_relu, &x[c * plane..(c + 1) * plane], dx_c);
         });
 }
 

@@ -46,9 +46,21 @@ pub fn network_in(
     seed: u64,
     half: Option<HalfKind>,
 ) -> Network<CpuBackend> {
+    network_with(spec, data, n, seed, half, None)
+}
+
+/// `network_in` with the given parameters (None: initialised from `seed`).
+pub fn network_with(
+    spec: &JobSpec,
+    data: &DataShape,
+    n: usize,
+    seed: u64,
+    half: Option<HalfKind>,
+    params: Option<&[f32]>,
+) -> Network<CpuBackend> {
     let backend = CpuBackend::new(1);
     let graph = Graph::build(spec, data).unwrap();
-    let params = graph.init_params(seed);
+    let params = params.map_or_else(|| graph.init_params(seed), <[f32]>::to_vec);
     let mut net = Network::with_precision(&backend, graph, &params, n, seed, half).unwrap();
     let mut rng = Rng::new(seed);
     for v in net.input_mut().iter_mut() {

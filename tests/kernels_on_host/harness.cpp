@@ -238,13 +238,15 @@ static void image_and_row_kernels() {
             launch(out_len, [&] { pool2d_forward(kind, x.p(), s, pg, y.p(), s); });
             return y.values();
         });
-        half_gives_f32_rounded("pool2d_backward", random_values(in_len), [&](int s, Buffer& x) {
-            Buffer y(s, out_len), dy(s, out_len), dx(s, in_len);
-            for (uint64_t i = 0; i < out_len; i++) dy.set(i, exact(i));
-            launch(out_len, [&] { pool2d_forward(kind, x.p(), s, pg, y.p(), s); });
-            launch(in_len, [&] { pool2d_backward(kind, x.p(), s, y.p(), s, dy.p(), s, pg, dx.p(), s); });
-            return dx.values();
-        });
+        for (int relu = 0; relu < 2; relu++) {
+            half_gives_f32_rounded("pool2d_backward", random_values(in_len), [&](int s, Buffer& x) {
+                Buffer y(s, out_len), dy(s, out_len), dx(s, in_len);
+                for (uint64_t i = 0; i < out_len; i++) dy.set(i, exact(i));
+                launch(out_len, [&] { pool2d_forward(kind, x.p(), s, pg, y.p(), s); });
+                launch(in_len, [&] { pool2d_backward(kind, x.p(), s, y.p(), s, dy.p(), s, pg, relu, dx.p(), s); });
+                return dx.values();
+            });
+        }
     }
     const uint64_t count = 40, dim = 12, vocab = 9;
     Buffer ids(0, count), table = random_buffer(0, vocab * dim);

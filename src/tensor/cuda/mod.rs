@@ -1378,14 +1378,17 @@ impl Backend for CudaBackend {
         dy: &CudaBuf,
         dx: &mut CudaBuf,
         n: usize,
+        through_relu: bool,
     ) {
         let (geom, kind) = (PoolGeom::new(s, n), i32::from(kind == PoolKind::Avg));
         let [xs, ys, dys, dxs] = [x, y, dy, &*dx].map(CudaBuf::storage);
+        let relu = i32::from(through_relu);
         let mut l = self.stream.launch_builder(&self.f.pool2d_backward);
         l.arg(&kind).arg(&x.mem).arg(&xs).arg(&y.mem).arg(&ys);
         l.arg(&dy.mem)
             .arg(&dys)
             .arg(&geom)
+            .arg(&relu)
             .arg(&mut dx.mem)
             .arg(&dxs);
         // SAFETY: one thread per input element gathers from the windows containing it.
