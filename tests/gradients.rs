@@ -24,6 +24,21 @@ fn check_gradients(job: &str, data: DataShape) {
 }
 
 /// The same, with the given input batch instead of random values (token ids).
+/// One training step's forward, loss and backward pass over the network's N samples: the
+/// parameter gradients.
+fn gradients(b: &CpuBackend, net: &mut Network<CpuBackend>) -> Vec<f32> {
+    // As a training step does: whatever the buffer holds is never read (the backward pass
+    // writes the linear and conv gradients, and zeroes the rest first).
+    b.fill(&mut net.grads, f32::NAN);
+    net.start_gradients();
+    let mut stats = b.new_stats().unwrap();
+    net.forward(b, N, true, STEP_KEY);
+    net.loss(b, N, Some(1.0), &mut stats);
+    net.backward(b, N, STEP_KEY);
+    net.finish_gradients(b);
+    net.grads.clone()
+}
+
 fn check_gradients_on(job: &str, data: DataShape, input: Option<&[f32]>) {
     let b = CpuBackend::new(1);
     let spec = spec(job);
@@ -31,16 +46,7 @@ fn check_gradients_on(job: &str, data: DataShape, input: Option<&[f32]>) {
     if let Some(input) = input {
         net.input_mut()[..input.len()].copy_from_slice(input);
     }
-    // As a training step does: whatever the buffer holds is never read (the backward pass
-    // writes the linear and conv gradients, and zeroes the rest first).
-    b.fill(&mut net.grads, f32::NAN);
-    net.start_gradients();
-    let mut stats = b.new_stats().unwrap();
-    net.forward(&b, N, true, STEP_KEY);
-    net.loss(&b, N, Some(1.0), &mut stats);
-    net.backward(&b, N, STEP_KEY);
-    net.finish_gradients(&b);
-    let analytic = net.grads.clone();
+    let analytic = gradients(&b, &mut net);
     assert!(
         analytic.iter().any(|&g| g.abs() > 1e-4),
         "gradients are all ~0: nothing checked"
@@ -356,17 +362,11 @@ fn a_relu_taken_through_by_its_pooling_gives_the_gradients_of_its_own_step() {
             let grads = |job: &str| {
                 let b = CpuBackend::new(1);
                 let mut net = network_with(&spec(job), &images(), N, 7, half, Some(&params));
-                net.start_gradients();
-                let mut stats = b.new_stats().unwrap();
-                net.forward(&b, N, true, STEP_KEY);
-                net.loss(&b, N, Some(1.0), &mut stats);
-                net.backward(&b, N, STEP_KEY);
-                net.finish_gradients(&b);
-                let through = net.graph.buffer_plan().through_relu.contains(&true);
-                (
-                    net.grads.iter().map(|g| g.to_bits()).collect::<Vec<_>>(),
-                    through,
-                )
+                let bits: Vec<u32> = gradients(&b, &mut net)
+                    .iter()
+                    .map(|g| g.to_bits())
+                    .collect();
+                (bits, net.graph.buffer_plan().through_relu.contains(&true))
             };
             let ((fused_grads, taken), (apart_grads, not_taken)) = (grads(&fused), grads(&apart));
             assert!(
