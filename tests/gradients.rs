@@ -23,22 +23,15 @@ fn check_gradients(job: &str, data: DataShape) {
     check_gradients_on(job, data, None);
 }
 
-/// The same, with the given input batch instead of random values (token ids).
-/// One training step's forward, loss and backward pass over the network's N samples: the
-/// parameter gradients.
+/// One training step's parameter gradients over the network's N samples (a single
+/// `backward_pass`).
 fn gradients(b: &CpuBackend, net: &mut Network<CpuBackend>) -> Vec<f32> {
-    // As a training step does: whatever the buffer holds is never read (the backward pass
-    // writes the linear and conv gradients, and zeroes the rest first).
-    b.fill(&mut net.grads, f32::NAN);
-    net.start_gradients();
-    let mut stats = b.new_stats().unwrap();
-    net.forward(b, N, true, STEP_KEY);
-    net.loss(b, N, Some(1.0), &mut stats);
-    net.backward(b, N, STEP_KEY);
+    backward_pass(net, b, true);
     net.finish_gradients(b);
     net.grads.clone()
 }
 
+/// The same, with the given input batch instead of random values (token ids).
 fn check_gradients_on(job: &str, data: DataShape, input: Option<&[f32]>) {
     let b = CpuBackend::new(1);
     let spec = spec(job);
@@ -497,7 +490,8 @@ fn embedding_gradients_sum_over_repeated_tokens() {
 }
 
 /// The gradients of one backward pass: the step's first (`start_gradients`), over a buffer
-/// of NaN, or one more (adding to what is there).
+/// of NaN as a training step leaves it (the first pass writes the linear and conv gradients
+/// and zeroes the rest, so nothing there is read), or one more (adding to what is there).
 fn backward_pass(net: &mut Network<CpuBackend>, b: &CpuBackend, first: bool) {
     if first {
         b.fill(&mut net.grads, f32::NAN);
@@ -526,9 +520,7 @@ fn a_steps_later_backward_passes_add_to_the_first() {
     let mut separately = Vec::new();
     for input in &inputs {
         net.input_mut().copy_from_slice(input);
-        backward_pass(&mut net, &b, true);
-        net.finish_gradients(&b);
-        separately.push(net.grads.clone());
+        separately.push(gradients(&b, &mut net));
     }
     for (k, input) in inputs.iter().enumerate() {
         net.input_mut().copy_from_slice(input);

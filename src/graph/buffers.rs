@@ -233,7 +233,7 @@ impl BufferPlan {
             })
             .collect();
         let (grad_of_value, grad_sizes) =
-            gradient_buffers(layers, &grad_value_of_node, &value_size, &through_relu);
+            gradient_buffers(layers, &grad_value_of_node, &value_size);
         BufferPlan {
             slot: value_of_node
                 .iter()
@@ -357,7 +357,6 @@ fn gradient_buffers(
     layers: &[Layer],
     value_of_node: &[usize],
     value_size: &[usize],
-    through_relu: &[bool],
 ) -> (Vec<usize>, Vec<usize>) {
     let count = layers.len();
     let time = |layer: usize| count - layer;
@@ -366,7 +365,7 @@ fn gradient_buffers(
     let mut dies = vec![0; values];
     born[value_of_node[count]] = 0;
     for (i, layer) in layers.iter().enumerate() {
-        if layer.op == Op::View || through_relu.get(i + 1) == Some(&true) {
+        if value_of_node[i + 1] == value_of_node[layer.inputs[0]] {
             continue; // its output's gradient is its input's (a view; a ReLU taken through)
         }
         dies[value_of_node[i + 1]] = time(i);
