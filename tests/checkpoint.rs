@@ -384,15 +384,13 @@ fn resuming_a_changed_model_is_refused_naming_the_keys_unless_forced() {
     let job = write_job(SMALL_JOB);
     let dir = crashed_small_run(&job);
     let d = dir.to_str().unwrap();
-    let out = job.run(&["--resume", d, "--set", "model.layers[1].out=64"]);
-    // --set cannot index lists; change the job file instead.
-    assert_eq!(out.status.code(), Some(2));
-    let changed = write_job(
-        &SMALL_JOB
-            .replace("out = 32", "out = 64")
-            .replace("lr = 1e-3", "lr = 0.01"),
-    );
-    let out = changed.run(&["--resume", d]);
+    let changed = [
+        "--set",
+        "model.layers[1].out=64",
+        "--set",
+        "optimizer.lr=0.01",
+    ];
+    let out = job.run(&[&["--resume", d][..], &changed].concat());
     expect_exit_2(
         &out,
         &[
@@ -402,7 +400,7 @@ fn resuming_a_changed_model_is_refused_naming_the_keys_unless_forced() {
         ],
     );
     // --force cannot make 64 hidden units out of 32.
-    let out = changed.run(&["--resume", d, "--force"]);
+    let out = job.run(&[&["--resume", d, "--force"][..], &changed].concat());
     expect_exit_2(&out, &["parameters"]);
     // A changed learning rate can be forced.
     let out = job.run(&["--resume", d, "--force", "--set", "optimizer.lr=0.01"]);

@@ -461,6 +461,8 @@ fn check_explain_says_where_every_value_came_from() {
             "--explain",
             "--set",
             "train.epochs=2",
+            "--set",
+            "model.layers[1].bias=false",
         ],
         &[("TRAINER_OPTIMIZER__LR", "0.3")],
     ));
@@ -480,8 +482,13 @@ fn check_explain_says_where_every_value_came_from() {
     assert_eq!(line("data.source")[1], "\"digits\"");
     assert_eq!(line("data.source")[2], "file");
     assert_eq!(line("train.eval_every_epochs")[1..], ["1", "default"]);
+    // The other values of a layer that --set changed are still the file's.
     assert_eq!(line("model.layers[1].out")[1..3], ["10", "file"]);
-    assert_eq!(line("model.layers[1].bias")[1..], ["true", "default"]);
+    assert_eq!(
+        line("model.layers[1].bias")[1..],
+        ["false", "--set", "model.layers[1].bias"]
+    );
+    assert_eq!(line("model.layers[0].type")[2], "file");
 }
 
 #[test]
@@ -510,6 +517,49 @@ fn completions_are_generated_for_the_common_shells() {
         "--devices",
     ] {
         assert!(sweep_help.contains(flag), "sweep --help lacks {flag}");
+    }
+}
+
+/// The notation errors use for a layer's key (`model.layers[1].out`) is one `--set` and
+/// `--grid` take, by position or by the layer's name.
+#[test]
+fn a_sweep_over_one_layers_width_edits_that_layer_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hidden = TINY_JOB.replace(
+        "layers = [{ type = \"flatten\" }, { type = \"linear\", out = 10 }]",
+        "layers = [{ type = \"flatten\" }, { type = \"linear\", out = 32, name = \"hidden\" },\n\
+         { type = \"relu\" }, { type = \"linear\", out = 10 }]",
+    );
+    assert_ne!(hidden, TINY_JOB);
+    let job = write_job(tmp.path(), &hidden);
+    let runs = tmp.path().join("runs");
+    let (job, runs_s) = (job.to_str().unwrap(), runs.to_str().unwrap());
+    let grid = ["--grid", "model.layers[hidden].out=8,16"];
+    let sets = ["--set", "model.layers[2].type=\"tanh\""];
+    let args = [
+        &["sweep", job, "--runs-dir", runs_s, "-q"][..],
+        &grid,
+        &sets,
+    ]
+    .concat();
+    let sweep_dir = PathBuf::from(stdout(&ok(trainer(&args, &[]))).trim());
+    let (header, rows) = read_csv(&sweep_dir.join("sweep.csv"));
+    let widths: Vec<&str> = rows
+        .iter()
+        .map(|row| column(&header, row, "model.layers[hidden].out"))
+        .collect();
+    assert_eq!(widths, ["8", "16"]);
+    for (row, width) in rows.iter().zip(["8", "16"]) {
+        let run_dir = sweep_dir.join(column(&header, row, "run_dir"));
+        let config = std::fs::read_to_string(run_dir.join("config.toml")).unwrap();
+        let spec: toml::Table = toml::from_str(&config).unwrap();
+        let layers = spec["model"]["layers"].as_array().unwrap();
+        let types: Vec<&str> = layers.iter().map(|l| l["type"].as_str().unwrap()).collect();
+        assert_eq!(types, ["flatten", "linear", "tanh", "linear"]);
+        assert_eq!(layers[1]["out"].to_string(), width);
+        assert_eq!(layers[1]["name"].as_str(), Some("hidden"));
+        assert_eq!(layers[3]["out"].as_integer(), Some(10));
+        assert_eq!(summary(&run_dir)["status"], "completed");
     }
 }
 
@@ -546,6 +596,18 @@ fn bad_sweeps_are_refused_before_anything_trains() {
             "sweep point 2 of 2 (optimizer.lr=-1)",
             "-1 given; must be a positive number",
         ],
+    );
+    expect_error(
+        TINY_JOB,
+        &sweep(&["--grid", "model.layers[2].out=8,16"]),
+        2,
+        &["model.layers[2]`: the list has 2 elements, [0] to [1]"],
+    );
+    expect_error(
+        TINY_JOB,
+        &sweep(&["--grid", "model.layers[fc].out=8,16"]),
+        2,
+        &["no element of `model.layers` has a name; pick one by position"],
     );
     expect_error(
         TINY_JOB,

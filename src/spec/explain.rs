@@ -2,7 +2,7 @@
 //! (default, the file, the environment, `--set`). Figment tags each value with the provider
 //! that supplied it; a value in the resolved spec that no layer holds is a default.
 
-use super::load::{layers, parse_sets, SET_LAYER};
+use super::load::{file_table, layers, parse_sets, SET_LAYER};
 use crate::error::Result;
 use crate::runtime_err;
 use figment::value::Value;
@@ -11,7 +11,8 @@ use std::path::Path;
 /// One line per resolved value: key, value (as TOML), source.
 pub fn explain(path: &Path, sets: &[String]) -> Result<String> {
     let spec = super::load_job(path, sets)?;
-    let figment = layers(path, &parse_sets(sets)?);
+    let file = file_table(path)?;
+    let figment = layers(path, &parse_sets(sets, &file)?);
     let resolved = toml::Value::try_from(&spec)
         .map_err(|e| runtime_err!("cannot serialise the resolved spec: {e}"))?;
     let mut leaves = Vec::new();
@@ -27,6 +28,11 @@ pub fn explain(path: &Path, sets: &[String]) -> Result<String> {
         .into_iter()
         .map(|(key, value)| {
             let source = match layered_value(&figment, &key) {
+                // `--set model.layers[1].out=...` replaces the list (a copy of the file's):
+                // its other values are still the file's.
+                Some(_) if in_list(&key) && file_value(&file, &key) == Some(&value) => {
+                    format!("file {}", path.display())
+                }
                 Some(v) => describe_source(&figment, &v, &key),
                 None if key == [Seg::Key("job".into()), Seg::Key("name".into())] => {
                     "default (the job file's name)".into()
@@ -84,6 +90,21 @@ fn flatten(path: &mut Vec<Seg>, value: &toml::Value, out: &mut Vec<(Vec<Seg>, to
         }
         leaf => out.push((path.clone(), leaf.clone())),
     }
+}
+
+fn in_list(path: &[Seg]) -> bool {
+    path.iter().any(|s| matches!(s, Seg::Index(_)))
+}
+
+/// The value at `path` in the job file, if it gives one.
+fn file_value<'a>(file: &'a toml::Table, path: &[Seg]) -> Option<&'a toml::Value> {
+    let (Seg::Key(first), rest) = path.split_first()? else {
+        return None;
+    };
+    rest.iter().try_fold(file.get(first)?, |at, seg| match seg {
+        Seg::Key(k) => at.get(k.as_str()),
+        Seg::Index(i) => at.get(*i),
+    })
 }
 
 /// The value at `path` in the layered (not yet defaulted) data, if any layer gave one.

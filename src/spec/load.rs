@@ -26,9 +26,8 @@ pub fn load_job(path: &Path, sets: &[String]) -> Result<JobSpec> {
         std::fs::read_to_string(path).map_err(|e| job_err!("cannot read job file {file}: {e}"))?;
 
     // 1. Syntax, with line and column.
-    if let Err(e) = toml::from_str::<toml::Table>(&text) {
-        return Err(job_err!("{}", toml_error(&file, &text, &e, None)));
-    }
+    let file_table = toml::from_str::<toml::Table>(&text)
+        .map_err(|e| job_err!("{}", toml_error(&file, &text, &e, None)))?;
     // 2. The file on its own, so that its mistakes are reported at their line. Missing keys
     //    are left to the layered pass: an override may supply them.
     let file_alone: std::result::Result<JobSpec, _> =
@@ -44,7 +43,7 @@ pub fn load_job(path: &Path, sets: &[String]) -> Result<JobSpec> {
     }
 
     // 3. The layers.
-    let set_table = parse_sets(sets)?;
+    let set_table = parse_sets(sets, &file_table)?;
     warn_about_ignored_env();
     let mut spec: JobSpec = layers(path, &set_table)
         .extract()
@@ -124,46 +123,209 @@ impl Provider for SetArgs {
     }
 }
 
-/// Parses one `--set KEY=VALUE`. The value is read as TOML (`3e-4`, `true`, `[1, 2]`,
-/// `"text"`); anything that is not valid TOML is taken as a string.
-pub fn parse_set_arg(arg: &str) -> Result<(Vec<String>, toml::Value)> {
+/// One step of a `--set` key: a table key, or an element of an array picked by its index or,
+/// in a list of tables such as `model.layers`, by its `name`. Errors print keys the same way
+/// (`model.layers[2].out`), so what an error names can be set.
+#[derive(Debug, Clone, PartialEq)]
+pub enum KeyStep {
+    Key(String),
+    Index(usize),
+    Named(String),
+}
+
+/// Parses one `--set KEY=VALUE`. The key is dotted (`optimizer.lr`) and may pick array
+/// elements (`model.layers[2].out`, `model.layers[fc].out`). The value is read as TOML
+/// (`3e-4`, `true`, `[1, 2]`, `"text"`); anything that is not valid TOML is taken as a string.
+pub fn parse_set_arg(arg: &str) -> Result<(Vec<KeyStep>, toml::Value)> {
     let (key, raw) = arg
         .split_once('=')
         .ok_or_else(|| job_err!("--set {arg}: expected KEY=VALUE, e.g. --set optimizer.lr=3e-4"))?;
-    let parts: Vec<String> = key
-        .trim()
-        .split('.')
-        .map(|s| s.trim().to_string())
-        .collect();
-    if parts.iter().any(|p| p.is_empty()) {
-        return Err(job_err!(
-            "--set {arg}: `{key}` is not a key path; expected dotted keys such as optimizer.lr"
-        ));
-    }
+    let steps = parse_key(key.trim()).ok_or_else(|| {
+        job_err!(
+            "--set {arg}: `{}` is not a key path; expected dotted keys such as optimizer.lr, \
+             or model.layers[2].out (a layer by position, from 0) or model.layers[fc].out (by name)",
+            key.trim()
+        )
+    })?;
     let raw = raw.trim();
     let value = toml::from_str::<toml::Table>(&format!("v = {raw}"))
         .ok()
         .and_then(|mut t| t.remove("v"))
         .unwrap_or_else(|| toml::Value::String(raw.to_string()));
-    Ok((parts, value))
+    Ok((steps, value))
 }
 
-pub(super) fn parse_sets(sets: &[String]) -> Result<toml::Table> {
-    let mut root = toml::Table::new();
-    for arg in sets {
-        let (parts, value) = parse_set_arg(arg)?;
-        let mut table = &mut root;
-        for part in &parts[..parts.len() - 1] {
-            let entry = table
-                .entry(part.clone())
-                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-            table = entry.as_table_mut().ok_or_else(|| {
-                job_err!("--set {arg}: `{part}` was already set to a value, not a table")
-            })?;
+/// `a.b[2].c[name]` into steps; None when a name or a selector is empty or a bracket is
+/// unbalanced. Dots inside brackets belong to the selected name.
+fn parse_key(key: &str) -> Option<Vec<KeyStep>> {
+    let mut steps = Vec::new();
+    let mut rest = key;
+    loop {
+        let end = rest.find(['.', '[']).unwrap_or(rest.len());
+        let name = rest[..end].trim();
+        if name.is_empty() || name.contains(']') {
+            return None;
         }
-        table.insert(parts[parts.len() - 1].clone(), value);
+        steps.push(KeyStep::Key(name.to_string()));
+        rest = &rest[end..];
+        while let Some(inner) = rest.strip_prefix('[') {
+            let close = inner.find(']')?;
+            let selector = inner[..close].trim().trim_matches('"');
+            if selector.is_empty() || selector.contains('[') {
+                return None;
+            }
+            steps.push(match selector.parse::<usize>() {
+                Ok(index) => KeyStep::Index(index),
+                Err(_) => KeyStep::Named(selector.to_string()),
+            });
+            rest = &inner[close + 1..];
+        }
+        match rest.strip_prefix('.') {
+            Some(next) => rest = next,
+            None if rest.is_empty() => return Some(steps),
+            None => return None,
+        }
     }
-    Ok(root)
+}
+
+/// The `--set` overrides as one table, applied in the order given. Figment replaces an
+/// array as a whole, so a key that picks an element copies the array into the table first,
+/// from an earlier `--set` or else from the job file (`file`), and edits the copy.
+pub(super) fn parse_sets(sets: &[String], file: &toml::Table) -> Result<toml::Table> {
+    let mut root = toml::Value::Table(toml::Table::new());
+    for arg in sets {
+        let (steps, value) = parse_set_arg(arg)?;
+        let fail = |why: String| job_err!("--set {arg}: {why}");
+        if let Some(first) = steps.iter().position(|s| !matches!(s, KeyStep::Key(_))) {
+            let array = &steps[..first];
+            if lookup(&root, array).is_none() {
+                let from_file = lookup_table(file, array).ok_or_else(|| {
+                    fail(format!(
+                        "the job file has no list `{}` to pick an element of",
+                        dotted(array)
+                    ))
+                })?;
+                assign(&mut root, array, from_file.clone(), &mut String::new()).map_err(fail)?;
+            }
+        }
+        assign(&mut root, &steps, value, &mut String::new()).map_err(fail)?;
+    }
+    match root {
+        toml::Value::Table(table) => Ok(table),
+        _ => unreachable!("the root stays a table: every key starts with a name"),
+    }
+}
+
+/// The job file's top-level table (its syntax was checked when the job was loaded).
+pub(super) fn file_table(path: &Path) -> Result<toml::Table> {
+    let file = path.display();
+    let text =
+        std::fs::read_to_string(path).map_err(|e| job_err!("cannot read job file {file}: {e}"))?;
+    toml::from_str(&text).map_err(|e| job_err!("{file}: {}", e.message()))
+}
+
+fn element_name(element: &toml::Value) -> Option<&str> {
+    element.get("name").and_then(toml::Value::as_str)
+}
+
+/// `steps` as the user writes them: `model.layers[2].out`.
+fn dotted(steps: &[KeyStep]) -> String {
+    let mut s = String::new();
+    for step in steps {
+        match step {
+            KeyStep::Key(k) if s.is_empty() => s += k,
+            KeyStep::Key(k) => s += &format!(".{k}"),
+            KeyStep::Index(i) => s += &format!("[{i}]"),
+            KeyStep::Named(n) => s += &format!("[{n}]"),
+        }
+    }
+    s
+}
+
+fn lookup_table<'a>(table: &'a toml::Table, steps: &[KeyStep]) -> Option<&'a toml::Value> {
+    let (KeyStep::Key(first), rest) = steps.split_first()? else {
+        return None;
+    };
+    rest.iter()
+        .try_fold(table.get(first)?, |at, step| match step {
+            KeyStep::Key(k) => at.as_table()?.get(k),
+            _ => None,
+        })
+}
+
+fn lookup<'a>(root: &'a toml::Value, steps: &[KeyStep]) -> Option<&'a toml::Value> {
+    lookup_table(root.as_table()?, steps)
+}
+
+/// Sets the value at `steps` under `at`, creating tables for missing keys; an element must
+/// exist. `path` is the key so far, for errors.
+fn assign(
+    at: &mut toml::Value,
+    steps: &[KeyStep],
+    value: toml::Value,
+    path: &mut String,
+) -> std::result::Result<(), String> {
+    let Some((step, rest)) = steps.split_first() else {
+        *at = value;
+        return Ok(());
+    };
+    let next = match step {
+        KeyStep::Key(key) => {
+            let table = at
+                .as_table_mut()
+                .ok_or_else(|| format!("`{path}` was already set to a value, not a table"))?;
+            let entry = table
+                .entry(key.clone())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            *path += &if path.is_empty() {
+                key.clone()
+            } else {
+                format!(".{key}")
+            };
+            entry
+        }
+        KeyStep::Index(index) => {
+            let array = at
+                .as_array_mut()
+                .ok_or_else(|| format!("`{path}` is not a list"))?;
+            let len = array.len();
+            *path += &format!("[{index}]");
+            array.get_mut(*index).ok_or_else(|| match len {
+                0 => format!("`{path}`: the list is empty"),
+                _ => format!(
+                    "`{path}`: the list has {len} elements, [0] to [{}]",
+                    len - 1
+                ),
+            })?
+        }
+        KeyStep::Named(name) => {
+            let array = at
+                .as_array_mut()
+                .ok_or_else(|| format!("`{path}` is not a list"))?;
+            let names: Vec<String> = array
+                .iter()
+                .filter_map(element_name)
+                .map(String::from)
+                .collect();
+            let list = path.clone();
+            *path += &format!("[{name}]");
+            match array.iter_mut().find(|v| element_name(v) == Some(name)) {
+                Some(element) => element,
+                None if names.is_empty() => {
+                    return Err(format!(
+                        "no element of `{list}` has a name; pick one by position: {list}[0]"
+                    ))
+                }
+                None => {
+                    return Err(format!(
+                        "no element of `{list}` is named \"{name}\"; names: {}",
+                        names.join(", ")
+                    ))
+                }
+            }
+        }
+    };
+    assign(next, rest, value, path)
 }
 
 /// Formats a TOML error as `file:line:col: key `a.b`: message` plus a suggestion.
@@ -201,7 +363,7 @@ impl KeySources {
     pub fn new(file: &Path, sets: &[String]) -> Result<Self> {
         Ok(KeySources {
             file: file.display().to_string(),
-            sets: parse_sets(sets)?,
+            sets: parse_sets(sets, &file_table(file)?)?,
         })
     }
 
@@ -246,7 +408,10 @@ fn layered_error(file: &str, sets: &toml::Table, errors: figment::Error) -> Erro
                 figment::error::Kind::UnknownField(name, expected) => {
                     name_key(name);
                     let expected: Vec<String> = expected.iter().map(|s| format!("`{s}`")).collect();
-                    let msg = format!("unknown key, expected one of {}", expected.join(", "));
+                    let msg = match expected.len() {
+                        0 => "unknown key: nothing may be set here".to_string(),
+                        _ => format!("unknown key, expected one of {}", expected.join(", ")),
+                    };
                     let hint = did_you_mean(&format!("unknown field `{name}`, {msg}"));
                     format!("{msg}{hint}")
                 }
@@ -260,7 +425,15 @@ fn layered_error(file: &str, sets: &toml::Table, errors: figment::Error) -> Erro
                 }
                 kind => kind.to_string(),
             };
-            let key = path.join(".");
+            // Figment names an array element by its index as a key; print it as the user
+            // writes it: model.layers[1].out.
+            let key = path
+                .iter()
+                .fold(String::new(), |key, part| match part.parse::<usize>() {
+                    Ok(index) => format!("{key}[{index}]"),
+                    Err(_) if key.is_empty() => part.clone(),
+                    Err(_) => format!("{key}.{part}"),
+                });
             format!("{}: key `{key}`: {message}", sources.of_path(&path, &key))
         })
         .collect();
@@ -368,7 +541,7 @@ mod tests {
     #[test]
     fn set_values_are_read_as_toml() {
         let (k, v) = parse_set_arg("optimizer.lr=3e-4").unwrap();
-        assert_eq!(k, ["optimizer", "lr"]);
+        assert_eq!(k, [key("optimizer"), key("lr")]);
         assert_eq!(v, toml::Value::Float(3e-4));
         assert_eq!(
             parse_set_arg("job.name=abc").unwrap().1,
@@ -380,5 +553,103 @@ mod tests {
         );
         assert!(parse_set_arg("optimizer.lr").is_err());
         assert!(parse_set_arg("optimizer..lr=1").is_err());
+    }
+
+    fn key(k: &str) -> KeyStep {
+        KeyStep::Key(k.to_string())
+    }
+
+    #[test]
+    fn set_keys_pick_list_elements_by_position_or_name() {
+        let named = |n: &str| KeyStep::Named(n.to_string());
+        let steps = |k: &str| parse_key(k);
+        let layers = [key("model"), key("layers")];
+        assert_eq!(
+            steps("model.layers[2].out").unwrap(),
+            [&layers[..], &[KeyStep::Index(2), key("out")]].concat()
+        );
+        assert_eq!(
+            steps("model.layers[ \"block1.conv\" ].kernel_size").unwrap(),
+            [&layers[..], &[named("block1.conv"), key("kernel_size")]].concat()
+        );
+        assert_eq!(
+            steps("a[0][1]").unwrap(),
+            [key("a"), KeyStep::Index(0), KeyStep::Index(1)]
+        );
+        for bad in [
+            "model.layers[",
+            "model.layers[]",
+            "model.[0]",
+            "[0].out",
+            "a[0]b",
+            "a]",
+        ] {
+            assert_eq!(steps(bad), None, "{bad}");
+        }
+    }
+
+    fn job_file() -> toml::Table {
+        toml::from_str(
+            r#"
+            [model]
+            layers = [{ type = "linear", out = 32, name = "hidden" }, { type = "relu" }]
+            [optimizer]
+            lr = 0.1
+            "#,
+        )
+        .unwrap()
+    }
+
+    fn sets(args: &[&str]) -> Result<toml::Table> {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        parse_sets(&args, &job_file())
+    }
+
+    #[test]
+    fn setting_a_list_element_copies_the_list_from_the_file_and_edits_it() {
+        let table = sets(&["model.layers[0].out=64", "model.layers[1].inplace=true"]).unwrap();
+        let expected: toml::Table = toml::from_str(
+            r#"
+            [model]
+            layers = [{ type = "linear", out = 64, name = "hidden" },
+                      { type = "relu", inplace = true }]
+            "#,
+        )
+        .unwrap();
+        assert_eq!(table, expected);
+        let by_name = sets(&[
+            "model.layers[hidden].out=64",
+            "model.layers[1].inplace=true",
+        ]);
+        assert_eq!(by_name.unwrap(), expected);
+        // An element of a list an earlier --set gave, in order.
+        let table = sets(&[
+            "model.layers=[{type=\"tanh\"}]",
+            "model.layers[0].type=\"relu\"",
+        ]);
+        assert_eq!(
+            table.unwrap()["model"]["layers"][0]["type"].as_str(),
+            Some("relu")
+        );
+    }
+
+    #[test]
+    fn a_missing_element_is_an_error_that_says_what_there_is() {
+        let message = |args: &[&str]| sets(args).unwrap_err().to_string();
+        let m = message(&["model.layers[2].out=64"]);
+        assert!(
+            m.contains("`model.layers[2]`: the list has 2 elements, [0] to [1]"),
+            "{m}"
+        );
+        let m = message(&["model.layers[fc].out=64"]);
+        assert!(
+            m.contains("no element of `model.layers` is named \"fc\"; names: hidden"),
+            "{m}"
+        );
+        let m = message(&["data.files[0]=1"]);
+        assert!(m.contains("the job file has no list `data.files`"), "{m}");
+        let m = message(&["optimizer.lr[0]=1"]);
+        assert!(m.contains("`optimizer.lr` is not a list"), "{m}");
+        assert!(m.starts_with("--set optimizer.lr[0]=1: "), "{m}");
     }
 }
