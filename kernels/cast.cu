@@ -151,8 +151,9 @@ __device__ __forceinline__ void map_values(const In* in, void* out, int out_s, u
     }
 }
 
-// Mixed precision keeps half-precision tensors in f32 buffers: rounds x[0..n) in place to the
-// nearest f16 (kind 0) or bf16 (kind 1) value, ties to even, overflow to inf, as a cast would.
+// For half values kept in an f32 buffer (the others round on every store): rounds x[0..n) in
+// place to the nearest f16 (kind 0) or bf16 (kind 1) value, ties to even, overflow to inf, as
+// a cast would.
 extern "C" __global__ void round_to_half(float* x, u64 n, int kind) {
     In in[1] = {{x, 0}};
     map_values<1>(in, x, 0, n, [=](u64, const float* v) { return round_half(v[0], kind); });

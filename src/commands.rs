@@ -718,25 +718,24 @@ fn memory_plan(
 ) -> MemoryPlan {
     let on_gpu = gpu_memory.is_some();
     let (batch, threads) = (BatchLayout::of(spec).per_replica(), replica_threads(spec));
+    let mixed = spec.precision.mode != PrecisionMode::Fp32;
+    // Mixed precision with token ids: the data's rounded copy (`Graph::rounded_data_len`),
+    // half-width on a GPU.
+    let rounded_data = if mixed {
+        batch * graph.rounded_data_len() * if on_gpu { 2 } else { 4 }
+    } else {
+        0
+    };
     let (data_bytes, workspace) = if on_gpu {
         let conv = graph.conv_workspace(|s| cuda::conv_workspace_len(s, batch));
-        // Mixed precision: the inputs of a matrix product that are f32 converted to half (2
-        // bytes each, two scratch buffers).
-        let half_inputs = match spec.precision.mode {
-            PrecisionMode::Fp32 => 0,
-            _ => 2 * 2 * graph.largest_converted_matmul_input(batch),
-        };
         (
             data.bytes(),
-            cuda::CUBLAS_WORKSPACE + 4 * conv + half_inputs,
+            cuda::CUBLAS_WORKSPACE + 4 * conv + rounded_data,
         )
     } else {
-        (
-            0,
-            4 * graph.conv_workspace(|s| spatial::conv_workspace_len(s, threads, batch)),
-        )
+        let conv = graph.conv_workspace(|s| spatial::conv_workspace_len(s, threads, batch));
+        (0, 4 * conv + rounded_data)
     };
-    let mixed = spec.precision.mode != PrecisionMode::Fp32;
     let mut plan = MemoryPlan::new(
         graph,
         batch,

@@ -563,3 +563,76 @@ fn activations_that_round_their_neighbours_give_the_same_bits_and_only_where_the
         }
     }
 }
+
+/// A linear layer that reads token ids (which stay f32, for the embedding beside it)
+/// multiplies their rounded values, as autocast casts a matrix product's input, and as the
+/// CUDA backend's half products do: the same bits, forward and backward, as the layer alone
+/// on data that mixed precision rounds.
+#[test]
+fn a_linear_layer_reading_token_ids_multiplies_them_rounded() {
+    let job = |layers: &str| {
+        spec(&format!(
+            "[data]\nsource = \"synthetic\"\n[model]\nlayers = [{layers}]\n\
+             [optimizer]\ntype = \"sgd\"\nlr = 0.1\n[precision]\nmode = \"bf16\"\n"
+        ))
+    };
+    let with_ids = job(
+        r#"{ type = "embedding", num_embeddings = 1000, embedding_dim = 3 },
+           { type = "flatten", name = "embedded" },
+           { type = "linear", out = 3, inputs = ["input"], name = "direct" },
+           { type = "linear", out = 3, inputs = ["embedded"], name = "from_ids" },
+           { type = "add", inputs = ["direct", "from_ids"] }"#,
+    );
+    let alone = job(r#"{ type = "linear", out = 3 }"#);
+    let shape = DataShape {
+        sample_shape: vec![4],
+        classes: Some(3),
+        target_dim: 1,
+    };
+    let (n, b) = (5, CpuBackend::new(1));
+    // The linear layer's weights in both; the embedding branch contributes exact zeros.
+    let alone_graph = trainer::graph::Graph::build(&alone, &shape).unwrap();
+    let weights = alone_graph.init_params(7);
+    let ids_graph = trainer::graph::Graph::build(&with_ids, &shape).unwrap();
+    let mut params = vec![0.0; ids_graph.param_count];
+    let direct = ids_graph.state_dict_entries();
+    let at = |name: &str| direct.iter().find(|e| e.name == name).unwrap().offset;
+    params[at("direct.weight")..][..12].copy_from_slice(&weights[..12]);
+    params[at("direct.bias")..][..3].copy_from_slice(&weights[12..15]);
+    // A zero table: the branch adds zeros, and still sends gradients to the rows it read.
+    params[at("from_ids.weight")..][..36].fill(0.5);
+
+    // Ids that bf16 moves (257 → 256, 999 → 1000) and ones it keeps.
+    let ids: Vec<f32> = (0..n * 4)
+        .map(|i| [257.0, 999.0, 3.0, 640.0][i % 4] + (i / 4) as f32)
+        .collect();
+    let kind = Some(HalfKind::Bf16);
+    let mut results = Vec::new();
+    for (spec, params) in [(&with_ids, &params), (&alone, &weights)] {
+        let mut net = common::network_with(spec, &shape, n, 1, kind, Some(params));
+        net.input_mut()[..n * 4].copy_from_slice(&ids);
+        for (i, t) in net.targets_mut()[..n].iter_mut().enumerate() {
+            *t = (i % 3) as f32;
+        }
+        let mut stats = b.new_stats().unwrap();
+        net.start_gradients();
+        net.forward(&b, n, true, 1);
+        net.loss(&b, n, Some(1.0), &mut stats);
+        net.backward(&b, n, 1);
+        net.finish_gradients(&b);
+        let output = net.output()[..n * 3].to_vec();
+        let dw = net.grads.clone();
+        results.push((output, dw));
+    }
+    let (with_ids, alone) = (&results[0], &results[1]);
+    assert_eq!(with_ids.0, alone.0, "outputs");
+    assert_eq!(
+        with_ids.1[at("direct.weight")..][..15],
+        alone.1[..15],
+        "the linear layer's gradients"
+    );
+    // The ids themselves stay whole: the embedding's gradient lands on rows 257 and 999.
+    let embedding = &with_ids.1[at("0.weight")..][..1000 * 3];
+    let touched = |row: usize| embedding[row * 3..][..3].iter().any(|&g| g != 0.0);
+    assert!(touched(257) && touched(999) && !touched(256));
+}

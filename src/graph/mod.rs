@@ -317,13 +317,13 @@ impl Graph {
         })
     }
 
-    /// Where the activations live, with this graph's activation checkpointing.
     /// Whether mixed precision rounds the data to the half format: not token ids (whole
     /// numbers, which fp16 would move above 2048).
     pub fn rounds_input(&self) -> bool {
         self.embeddings().is_empty()
     }
 
+    /// Where the activations live, with this graph's activation checkpointing.
     pub fn buffer_plan(&self) -> BufferPlan {
         self.buffer_plan_for(false)
     }
@@ -363,21 +363,20 @@ impl Graph {
         self.layers.iter().filter_map(conv).max().unwrap_or(0)
     }
 
-    /// Mixed precision on a GPU: elements of the largest matrix-product input that is
-    /// converted to the half format. Activations and gradients in half-width buffers
-    /// (`BufferPlan::mixed`) are read as they are, and so are the weights (their half copy
-    /// is half-width too) and conv's unrolled columns (written in the half format); only
-    /// token ids read by a linear layer are f32.
-    pub fn largest_converted_matmul_input(&self, batch: usize) -> usize {
+    /// Mixed precision where the data holds token ids, which stay f32 (`rounds_input`):
+    /// the values per sample of the data's rounded copy, which the linear and conv layers
+    /// reading the data compute with, as autocast casts their input. 0 where no such layer
+    /// reads it, or the data is rounded itself.
+    pub fn rounded_data_len(&self) -> usize {
         let plan = self.buffer_plan_for(true);
-        let Some(half) = &plan.half_width else {
-            return 0;
+        let reads_data = |l: &Layer| {
+            matches!(l.op, Op::Linear { .. } | Op::Conv2d { .. }) && plan.slot[l.inputs[0]] == 0
         };
-        let largest = |l: &Layer| match &l.op {
-            &Op::Linear { inp, .. } if !half.slot(plan.slot[l.inputs[0]]) => batch * inp,
-            _ => 0,
-        };
-        self.layers.iter().map(largest).max().unwrap_or(0)
+        if self.rounds_input() || !self.layers.iter().any(reads_data) {
+            0
+        } else {
+            numel(&self.input_shape)
+        }
     }
 
     /// PyTorch state_dict names of every parameter tensor: the layer's prefix (its `name`,

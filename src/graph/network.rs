@@ -52,6 +52,9 @@ pub struct Network<B: Backend> {
     /// Mixed precision rounds the data too, unless it holds token ids (whole numbers: an
     /// fp16 id above 2048 would move).
     round_input: bool,
+    /// Token ids that a linear or conv layer reads too: their rounded copy, which those
+    /// layers compute with (`Graph::rounded_data_len`), made by each forward pass.
+    rounded_data: Option<B::Buf>,
     /// Per layer: the rounding an in-place activation does for its neighbours (`Fusion`).
     fused: Vec<Fusion>,
     /// Records the training micro-step (forward, loss, backward) once and replays it (CUDA
@@ -199,6 +202,21 @@ fn read_write<T>(v: &mut [T], read: usize, write: usize) -> (&T, &mut T) {
     }
 }
 
+/// A linear or conv layer's input and output buffers: where it reads the data (buffer 0)
+/// and the data has a rounded copy (token ids, `Network::rounded_data`), the copy, as
+/// autocast casts a matrix product's input.
+fn matmul_operands<'a, T>(
+    acts: &'a mut [T],
+    rounded_data: Option<&'a T>,
+    src: usize,
+    dst: usize,
+) -> (&'a T, &'a mut T) {
+    match rounded_data {
+        Some(rounded) if src == 0 => (rounded, &mut acts[dst]),
+        _ => read_write(acts, src, dst),
+    }
+}
+
 /// Two different elements of `v`, both writable.
 fn two_mut<T>(v: &mut [T], a: usize, b: usize) -> (&mut T, &mut T) {
     assert_ne!(a, b, "two_mut needs two different buffers");
@@ -283,6 +301,10 @@ impl<B: Backend> Network<B> {
             Some(kind) => Some(backend.alloc_half(kind, graph.param_count)?),
             None => None,
         };
+        let rounded_data = match graph.rounded_data_len() {
+            len if len > 0 && half.is_some() => Some(alloc(max_batch * len, true)?),
+            _ => None,
+        };
         let (written_grads, other_grads) = split_gradients(&graph);
         let mut network = Network {
             written_grads,
@@ -305,6 +327,7 @@ impl<B: Backend> Network<B> {
             half,
             half_params,
             round_input,
+            rounded_data,
             graphs: Recorder::off(),
             buckets: None,
         };
@@ -530,6 +553,11 @@ impl<B: Backend> Network<B> {
             let input_len = n * numel(&self.graph.input_shape);
             Self::round(backend, self.half, &mut self.acts[0], input_len);
         }
+        if let Some(rounded) = &mut self.rounded_data {
+            let input_len = n * numel(&self.graph.input_shape);
+            backend.copy(&self.acts[0], rounded, input_len);
+            Self::round(backend, self.half, rounded, input_len);
+        }
         for i in 0..self.graph.layers.len() {
             let pass = if train { Pass::Train } else { Pass::Eval };
             self.forward_layer(backend, i, n, pass, step_key);
@@ -565,7 +593,7 @@ impl<B: Backend> Network<B> {
                 weight,
                 bias,
             } => {
-                let (x, y) = read_write(&mut self.acts, src, dst);
+                let (x, y) = matmul_operands(&mut self.acts, self.rounded_data.as_ref(), src, dst);
                 backend.linear_forward(x, weights, weight, bias, y, n, inp, out);
             }
             &Op::Activation(f) => {
@@ -582,7 +610,7 @@ impl<B: Backend> Network<B> {
                 }
             }
             &Op::Conv2d { geom, weight, bias } => {
-                let (x, y) = read_write(&mut self.acts, src, dst);
+                let (x, y) = matmul_operands(&mut self.acts, self.rounded_data.as_ref(), src, dst);
                 let ws = &mut self.workspace;
                 backend.conv2d_forward(&geom, x, weights, weight, bias, y, n, ws);
             }
@@ -838,6 +866,11 @@ impl<B: Backend> Network<B> {
             read_write(&mut self.dacts, ddst, dsrc)
         };
         let x = &self.acts[src];
+        // What the forward pass multiplied (see `matmul_operands`).
+        let product_x = match &self.rounded_data {
+            Some(rounded) if src == 0 => rounded,
+            _ => x,
+        };
         match layer.op {
             Op::Linear {
                 inp,
@@ -847,6 +880,7 @@ impl<B: Backend> Network<B> {
             } => {
                 let dx = need_dx.then_some(dx);
                 let grads = &mut self.grads;
+                let x = product_x;
                 backend.linear_backward(x, dy, weights, grads, dw, weight, bias, dx, n, inp, out);
             }
             Op::Activation(f) if need_dx => {
@@ -861,7 +895,7 @@ impl<B: Backend> Network<B> {
             }
             Op::Conv2d { geom, weight, bias } => {
                 let dx = need_dx.then_some(dx);
-                let (grads, ws) = (&mut self.grads, &mut self.workspace);
+                let (x, grads, ws) = (product_x, &mut self.grads, &mut self.workspace);
                 backend.conv2d_backward(&geom, x, dy, weights, grads, dw, weight, bias, dx, n, ws);
             }
             Op::Pool { kind, geom } if need_dx => {

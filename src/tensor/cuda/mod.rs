@@ -1,6 +1,7 @@
 //! The CUDA backend: the same ops as the CPU backend on one GPU, through cudarc with dynamic
 //! loading (no CUDA toolkit at build time; libcuda, libnvrtc and libcublas found at run time).
-//! GEMMs go through cuBLAS in full fp32 unless `device.allow_tf32`; everything else is our own
+//! GEMMs go through cuBLAS, in fp32 (TF32 with `device.allow_tf32`) or in mixed precision on
+//! tensor cores (`set_half_matmuls`); everything else is our own
 //! kernels (kernels/*.cu). All work is queued on one stream; a failed call is recorded and
 //! reported by `status()` (checked after every step), as CUDA's own errors are sticky.
 
@@ -626,11 +627,10 @@ impl CudaBackend {
         })
     }
 
-    /// Mixed precision (`Some`): every matrix product from now on converts its two inputs to
-    /// `kind` and multiplies them on tensor cores with f32 accumulation and an f32 result
-    /// (cublasGemmEx, CUBLAS_COMPUTE_32F), as autocast does. In mixed precision the inputs
-    /// (activations, their gradients, the half copy of the weights) hold `kind` values
-    /// already, so the conversion is exact and only the order of the sums changes.
+    /// Mixed precision (`Some`): every matrix product from now on multiplies `kind` inputs on
+    /// tensor cores with f32 accumulation (cublasGemmEx, CUBLAS_COMPUTE_32F), as autocast
+    /// does: a half-width input is read where it is, an f32 one (holding `kind` values, so
+    /// exactly) converted into scratch; the output is f32, or half-width rounded once.
     pub fn set_half_matmuls(&self, kind: Option<HalfKind>) {
         self.half_matmuls.set(kind);
     }
