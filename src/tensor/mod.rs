@@ -6,6 +6,7 @@
 //! gradient buffer, so the optimizer is a single pass and a checkpoint a single write.
 
 pub mod cast;
+pub mod conv_rows;
 pub mod cpu;
 pub mod cuda;
 pub mod max_pool_2x2;

@@ -10,7 +10,7 @@
 //! size-keeping convolution is itself a convolution (`Conv2d::input_gradient_conv`).
 
 use super::cpu::CpuBackend;
-use super::{max_pool_2x2, row_dots};
+use super::{conv_rows, max_pool_2x2, row_dots};
 use rayon::prelude::*;
 
 /// A 2-D convolution's geometry, for one sample of [c, h, w] into [o, oh, ow].
@@ -515,7 +515,12 @@ fn fill_bias(y: &mut [f32], b: Option<&[f32]>, plane: usize) {
     }
 }
 
-/// y[n, o, oh, ow] = conv(x[n, c, h, w], W[o, c/g, kh, kw]) + b.
+/// Kernel heights `conv_rows` takes (taller kernels go through the general GEMM).
+const MAX_KERNEL_ROWS: usize = 16;
+
+/// y[n, o, oh, ow] = conv(x[n, c, h, w], W[o, c/g, kh, kw]) + b. Where the input is
+/// unrolled by kernel rows, the products are `conv_rows`'s one pass (on AVX-512), else a
+/// bias fill and one GEMM per kernel row.
 #[allow(clippy::too_many_arguments)]
 pub fn conv2d_forward(
     s: &Conv2d,
@@ -534,8 +539,20 @@ pub fn conv2d_forward(
         let (by_row, workspace) = workspace.split_at_mut(s.weight_len());
         s.weights_by_kernel_row(w, by_row);
         let (k, len) = (s.c * s.kw, s.unrolled_row_len());
+        // The kernel rows' windows, for `conv_rows` (on the stack: the step allocates nothing).
+        let mut starts = [0usize; MAX_KERNEL_ROWS];
+        for (ki, start) in starts.iter_mut().enumerate().take(s.kh) {
+            *start = s.window_start(ki);
+        }
+        let starts = &starts[..s.kh.min(MAX_KERNEL_ROWS)];
         each_sample(y, out_len, n, workspace, s.scratch_len(), |i, y_n, cols| {
             s.im2col_rows(&x[i * in_len..(i + 1) * in_len], cols);
+            let shape = (s.o, oh * ow, k);
+            if s.kh <= MAX_KERNEL_ROWS
+                && conv_rows::conv_rows(y_n, oh * ow, b, by_row, cols, starts, len, shape)
+            {
+                return;
+            }
             fill_bias(y_n, b, oh * ow);
             for (ki, w_ki) in by_row.chunks_exact(s.o * k).enumerate() {
                 let window = &cols[s.window_start(ki)..];
