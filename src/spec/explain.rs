@@ -2,7 +2,7 @@
 //! (default, the file, the environment, `--set`). Figment tags each value with the provider
 //! that supplied it; a value in the resolved spec that no layer holds is a default.
 
-use super::load::{file_table, layers, parse_sets, SET_LAYER};
+use super::load::{dotted, file_table, layers, lookup_table, parse_sets, KeyStep, SET_LAYER};
 use crate::error::Result;
 use crate::runtime_err;
 use figment::value::Value;
@@ -18,8 +18,8 @@ pub fn explain(path: &Path, sets: &[String]) -> Result<String> {
     let mut leaves = Vec::new();
     flatten(&mut Vec::new(), &resolved, &mut leaves);
     // Sections in file order (job, data, model, ...); the serialised table sorts them.
-    let section = |path: &[Seg]| match path.first() {
-        Some(Seg::Key(k)) => super::SECTIONS.iter().position(|s| s == k),
+    let section = |path: &[KeyStep]| match path.first() {
+        Some(KeyStep::Key(k)) => super::SECTIONS.iter().position(|s| s == k),
         _ => None,
     };
     leaves.sort_by_key(|(path, _)| section(path));
@@ -30,11 +30,11 @@ pub fn explain(path: &Path, sets: &[String]) -> Result<String> {
             let source = match layered_value(&figment, &key) {
                 // `--set model.layers[1].out=...` replaces the list (a copy of the file's):
                 // its other values are still the file's.
-                Some(_) if in_list(&key) && file_value(&file, &key) == Some(&value) => {
+                Some(_) if in_list(&key) && lookup_table(&file, &key) == Some(&value) => {
                     format!("file {}", path.display())
                 }
                 Some(v) => describe_source(&figment, &v, &key),
-                None if key == [Seg::Key("job".into()), Seg::Key("name".into())] => {
+                None if key == [KeyStep::Key("job".into()), KeyStep::Key("name".into())] => {
                     "default (the job file's name)".into()
                 }
                 None => "default".into(),
@@ -51,39 +51,24 @@ pub fn explain(path: &Path, sets: &[String]) -> Result<String> {
     Ok(out)
 }
 
-/// A step in a key path: a table key or an array index.
-#[derive(Debug, Clone, PartialEq)]
-enum Seg {
-    Key(String),
-    Index(usize),
-}
-
-fn dotted(path: &[Seg]) -> String {
-    let mut s = String::new();
-    for seg in path {
-        match seg {
-            Seg::Key(k) if s.is_empty() => s += k,
-            Seg::Key(k) => s += &format!(".{k}"),
-            Seg::Index(i) => s += &format!("[{i}]"),
-        }
-    }
-    s
-}
-
 /// Leaves of the resolved spec: scalars and arrays of scalars; tables and arrays of tables
 /// (model.layers) are walked into.
-fn flatten(path: &mut Vec<Seg>, value: &toml::Value, out: &mut Vec<(Vec<Seg>, toml::Value)>) {
+fn flatten(
+    path: &mut Vec<KeyStep>,
+    value: &toml::Value,
+    out: &mut Vec<(Vec<KeyStep>, toml::Value)>,
+) {
     match value {
         toml::Value::Table(t) => {
             for (k, v) in t {
-                path.push(Seg::Key(k.clone()));
+                path.push(KeyStep::Key(k.clone()));
                 flatten(path, v, out);
                 path.pop();
             }
         }
         toml::Value::Array(items) if items.iter().any(|v| v.is_table()) => {
             for (i, v) in items.iter().enumerate() {
-                path.push(Seg::Index(i));
+                path.push(KeyStep::Index(i));
                 flatten(path, v, out);
                 path.pop();
             }
@@ -92,38 +77,27 @@ fn flatten(path: &mut Vec<Seg>, value: &toml::Value, out: &mut Vec<(Vec<Seg>, to
     }
 }
 
-fn in_list(path: &[Seg]) -> bool {
-    path.iter().any(|s| matches!(s, Seg::Index(_)))
-}
-
-/// The value at `path` in the job file, if it gives one.
-fn file_value<'a>(file: &'a toml::Table, path: &[Seg]) -> Option<&'a toml::Value> {
-    let (Seg::Key(first), rest) = path.split_first()? else {
-        return None;
-    };
-    rest.iter().try_fold(file.get(first)?, |at, seg| match seg {
-        Seg::Key(k) => at.get(k.as_str()),
-        Seg::Index(i) => at.get(*i),
-    })
+fn in_list(path: &[KeyStep]) -> bool {
+    path.iter().any(|s| matches!(s, KeyStep::Index(_)))
 }
 
 /// The value at `path` in the layered (not yet defaulted) data, if any layer gave one.
-fn layered_value(figment: &figment::Figment, path: &[Seg]) -> Option<Value> {
-    let Some(Seg::Key(first)) = path.first() else {
+fn layered_value(figment: &figment::Figment, path: &[KeyStep]) -> Option<Value> {
+    let Some(KeyStep::Key(first)) = path.first() else {
         return None;
     };
     let mut value = figment.find_value(first).ok()?;
     for seg in &path[1..] {
         value = match (seg, value) {
-            (Seg::Key(k), Value::Dict(_, dict)) => dict.get(k)?.clone(),
-            (Seg::Index(i), Value::Array(_, items)) => items.get(*i)?.clone(),
+            (KeyStep::Key(k), Value::Dict(_, dict)) => dict.get(k)?.clone(),
+            (KeyStep::Index(i), Value::Array(_, items)) => items.get(*i)?.clone(),
             _ => return None,
         };
     }
     Some(value)
 }
 
-fn describe_source(figment: &figment::Figment, value: &Value, path: &[Seg]) -> String {
+fn describe_source(figment: &figment::Figment, value: &Value, path: &[KeyStep]) -> String {
     let Some(meta) = figment.get_metadata(value.tag()) else {
         return "unknown".into();
     };
@@ -138,8 +112,8 @@ fn describe_source(figment: &figment::Figment, value: &Value, path: &[Seg]) -> S
             let keys: Vec<String> = path
                 .iter()
                 .map_while(|s| match s {
-                    Seg::Key(k) => Some(k.to_uppercase()),
-                    Seg::Index(_) => None,
+                    KeyStep::Key(k) => Some(k.to_uppercase()),
+                    _ => None,
                 })
                 .collect();
             format!("environment TRAINER_{}", keys.join("__"))

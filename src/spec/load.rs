@@ -229,7 +229,7 @@ fn element_name(element: &toml::Value) -> Option<&str> {
 }
 
 /// `steps` as the user writes them: `model.layers[2].out`.
-fn dotted(steps: &[KeyStep]) -> String {
+pub(super) fn dotted(steps: &[KeyStep]) -> String {
     let mut s = String::new();
     for step in steps {
         match step {
@@ -242,14 +242,19 @@ fn dotted(steps: &[KeyStep]) -> String {
     s
 }
 
-fn lookup_table<'a>(table: &'a toml::Table, steps: &[KeyStep]) -> Option<&'a toml::Value> {
+/// The value at `steps` in `table`, following keys and indices (not names).
+pub(super) fn lookup_table<'a>(
+    table: &'a toml::Table,
+    steps: &[KeyStep],
+) -> Option<&'a toml::Value> {
     let (KeyStep::Key(first), rest) = steps.split_first()? else {
         return None;
     };
     rest.iter()
         .try_fold(table.get(first)?, |at, step| match step {
-            KeyStep::Key(k) => at.as_table()?.get(k),
-            _ => None,
+            KeyStep::Key(k) => at.get(k.as_str()),
+            KeyStep::Index(i) => at.get(*i),
+            KeyStep::Named(_) => None,
         })
 }
 

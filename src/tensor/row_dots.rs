@@ -141,18 +141,13 @@ mod avx512 {
 #[cfg(test)]
 mod tests {
     use super::add_row_dots;
+    use crate::tensor::rng::Rng;
 
-    /// Values in [-1, 1) from a fixed sequence (no zeros to hide a missed term).
+    /// Values in [-1, 1) from a fixed seed (a zero, which could hide a missed term, has
+    /// probability 2^-53).
     fn values(len: usize, seed: u64) -> Vec<f32> {
-        let mut z = seed;
-        (0..len)
-            .map(|_| {
-                z = z
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((z >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0 + 1e-3
-            })
-            .collect()
+        let mut rng = Rng::new(seed);
+        (0..len).map(|_| rng.uniform(-1.0, 1.0) as f32).collect()
     }
 
     #[test]
