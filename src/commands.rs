@@ -274,6 +274,7 @@ pub fn run(args: &RunArgs) -> Result<Option<PathBuf>> {
     };
     match pick_device(&args.job, &spec)? {
         Device::Cpu => {
+            check_host_memory(&spec, &graph, &data)?;
             // With data parallelism every replica gets a pool of its own part of the threads
             // (train::replicas); rank 0's is this one.
             let threads = replica_threads(&spec);
@@ -779,7 +780,36 @@ fn all_replicas_memory(spec: &JobSpec, graph: &Graph, one: &MemoryPlan) -> usize
         .parallel
         .thread_replicas(&spec.device.kind)
         .unwrap_or(1);
-    one.total() * replicas + 4 * CpuAllReduce::exchange_len(replicas, graph.param_count)
+    (one.total().saturating_mul(replicas))
+        .saturating_add(4 * CpuAllReduce::exchange_len(replicas, graph.param_count))
+}
+
+/// Refuses a CPU job that plans more memory than this machine has free, before anything is
+/// allocated or a run directory made: the allocation would abort the process instead.
+fn check_host_memory(spec: &JobSpec, graph: &Graph, data: &Data) -> Result<()> {
+    let needed = all_replicas_memory(spec, graph, &memory_plan(spec, graph, data, None));
+    match host_memory_free() {
+        Some(free) if needed > free => Err(Error::Runtime(format!(
+            "not enough memory: this job plans {} (`trainer check` shows where it goes) but \
+             this machine has {} free; lower data.batch_size or the model's sizes",
+            bytes(needed),
+            bytes(free)
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// What the host can still allocate: available memory and free swap (/proc/meminfo); None
+/// where that cannot be read.
+fn host_memory_free() -> Option<usize> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib = |key: &str| {
+        info.lines().find_map(|line| {
+            let rest = line.strip_prefix(key)?.trim().strip_suffix("kB")?;
+            rest.trim().parse::<usize>().ok()
+        })
+    };
+    Some((kib("MemAvailable:")? + kib("SwapFree:").unwrap_or(0)) * 1024)
 }
 
 /// How data parallelism averages the gradients on the resolved device (`on_gpus`): bucket by
@@ -967,6 +997,15 @@ pub fn check(job: &Path, sets: &[String]) -> Result<String> {
             format!("{replicas} replicas + all-reduce"),
             bytes(all_replicas_memory(&spec, &graph, &m))
         );
+    }
+    if !on_gpu {
+        let needed = all_replicas_memory(&spec, &graph, &m);
+        if let Some(free) = host_memory_free().filter(|&free| needed > free) {
+            out += &format!(
+                "  more than the {} this machine has free: `trainer run` would refuse it here\n",
+                bytes(free)
+            );
+        }
     }
     if !on_gpu || spec.device.data == DataPlacement::Streamed {
         let streamed = if on_gpu { ", streamed" } else { "" };

@@ -658,6 +658,150 @@ fn conv_groups_must_divide_the_channels() {
     expect_failure(&job, &[], &[], 2, &["groups = 3 must divide"]);
 }
 
+#[test]
+fn a_bad_value_inside_a_layer_names_its_key_and_what_is_allowed() {
+    let layers = r#"layers = [{ type = "flatten" }, { type = "linear", out = 10 }]"#;
+    for (layer, needles) in [
+        (
+            r#"{ type = "conv2d", out = 4, kernel_size = "3" }"#,
+            &[
+                "bad.toml:5:",
+                "key `model.layers[0].kernel_size`",
+                "\"3\" given; expected a size: a number, or [height, width]",
+            ][..],
+        ),
+        (
+            r#"{ type = "conv2d", out = -4, kernel_size = 3 }"#,
+            &[
+                "key `model.layers[0].out`",
+                "integer `-4`, expected a whole number, at least 0",
+            ],
+        ),
+        (
+            r#"{ type = "reshape", shape = [1, "8", 8] }"#,
+            &["key `model.layers[0].shape[1]`", "expected a whole number"],
+        ),
+        (
+            r#"{ type = "conv2d", name = 4, out = 4, kernel_size = 3 }"#,
+            &["key `model.layers[0].name`", "expected a string"],
+        ),
+    ] {
+        let job = GOOD_JOB.replace(
+            layers,
+            &format!("layers = [{layer}, {{ type = \"flatten\" }}]"),
+        );
+        expect_failure(&job, &[], &[], 2, needles);
+    }
+    // The same through --set, and a setting outside the layers that takes several forms.
+    let set = ["--set", "model.layers[1].kernel_size=[1, 2, 3]"];
+    let conv = r#"layers = [{ type = "flatten" }, { type = "conv2d", out = 4, kernel_size = 3 }]"#;
+    expect_failure(
+        &GOOD_JOB.replace(layers, conv),
+        &[],
+        &set,
+        2,
+        &[
+            "--set model.layers[1].kernel_size: key `model.layers[1].kernel_size`",
+            "[1, 2, 3] given; expected a size",
+        ],
+    );
+    expect_failure(
+        &format!("{GOOD_JOB}[checkpoint]\nactivations = 3\n"),
+        &[],
+        &[],
+        2,
+        &[
+            "checkpoint.activations",
+            "3 given; expected \"none\", \"all\" or { segments = N }",
+        ],
+    );
+}
+
+#[test]
+fn sizes_beyond_what_the_engine_can_hold_are_refused_not_crashed_on() {
+    let layers = r#"layers = [{ type = "flatten" }, { type = "linear", out = 10 }]"#;
+    let with_layers = |l: &str| GOOD_JOB.replace(layers, &format!("layers = [{l}]"));
+    let with_data =
+        |d: &str| GOOD_JOB.replace("source = \"digits\"", &format!("source = \"digits\"\n{d}"));
+    for (job, needles) in [
+        (
+            with_layers(r#"{ type = "flatten" }, { type = "linear", out = 4611686018427387904 }"#),
+            &[
+                "model.layers[1].out",
+                "4611686018427387904 given",
+                "at most 2147483647",
+            ][..],
+        ),
+        (
+            with_layers(
+                r#"{ type = "flatten" }, { type = "linear", out = 1000000000 }, { type = "linear", out = 10 }"#,
+            ),
+            &[
+                "model.layers[2] (linear)",
+                "parameters; at most 68719476736",
+            ],
+        ),
+        (
+            with_layers(
+                r#"{ type = "conv2d", out = 4, kernel_size = 3, padding = 2000000000 }, { type = "flatten" }, { type = "linear", out = 10 }"#,
+            ),
+            &[
+                "model.layers[0] (conv2d)",
+                "unrolled input",
+                "at most 4294967296",
+            ],
+        ),
+        // Shapes whose value counts overflow 64 bits.
+        (
+            with_layers(
+                r#"{ type = "reshape", shape = [2147483647, 2147483647, 2147483647] }, { type = "flatten" }, { type = "linear", out = 10 }"#,
+            ),
+            &["model.layers[0] (reshape)", "cannot hold the 64 values"],
+        ),
+        (
+            GOOD_JOB.replace(
+                "[model]",
+                "[model]\ninput_shape = [2147483647, 2147483647, 2147483647]",
+            ),
+            &[
+                "model.input_shape",
+                "9903520300447984150353281023 values per sample",
+            ],
+        ),
+        (
+            with_data("batch_size = 4611686018427387904"),
+            &["data.batch_size", "must be at most 16777216"],
+        ),
+        (
+            GOOD_JOB.replace("epochs = 1", "epochs = 1\nthreads = 100000"),
+            &["train.threads", "at most 1024"],
+        ),
+    ] {
+        expect_failure(&job, &[], &[], 2, needles);
+    }
+}
+
+#[test]
+fn a_job_larger_than_the_machine_is_refused_before_it_starts() {
+    // Batches of 16,777,216 samples with a million activations each: petabytes.
+    let job = GOOD_JOB
+        .replace(
+            "source = \"digits\"",
+            "source = \"digits\"\nbatch_size = 16777216",
+        )
+        .replace(
+            r#"{ type = "linear", out = 10 }"#,
+            r#"{ type = "linear", out = 1000000 }, { type = "linear", out = 10 }"#,
+        );
+    expect_failure(
+        &job,
+        &[],
+        &[],
+        1,
+        &["not enough memory", "`trainer check` shows"],
+    );
+}
+
 /// Sequences of 6 token ids from a vocabulary of 20; the class is which of the tokens 3, 7
 /// and 11 the sequence holds (exactly one of them, at a random place).
 fn token_csv() -> Vec<u8> {

@@ -1,7 +1,7 @@
 //! Building the image layers: shape inference and parameter layout for conv2d, pooling,
 //! layer norm and reshape. Errors name the layer, its input shape and what it needs.
 
-use super::{numel, shape_str, Op};
+use super::{numel, shape_str, values, Op, MAX_SAMPLE_VALUES};
 use crate::error::{Error, Result};
 use crate::spec::{BatchNormSpec, Conv2dSpec, LayerNormSpec, PoolSpec, ReshapeSpec};
 use crate::tensor::{Conv2d, Pool2d, PoolKind};
@@ -63,6 +63,14 @@ pub(super) fn conv2d(
             geom.dil, geom.pad
         ));
     };
+    // One sample's unrolled input (im2col): this also bounds the weight's length.
+    let unrolled = values(&[c, kh, kw, oh, ow]);
+    if unrolled > MAX_SAMPLE_VALUES {
+        return err(format!(
+            "its unrolled input holds {unrolled} values per sample ({c} channels x a {kh}x{kw} \
+             kernel x {oh}x{ow} outputs); at most {MAX_SAMPLE_VALUES} are allowed"
+        ));
+    }
     let weight = *offset;
     *offset += geom.weight_len();
     let bias = l.bias.then(|| {
@@ -163,16 +171,18 @@ pub(super) fn reshape(i: usize, l: &ReshapeSpec, in_shape: &[usize]) -> Result<(
     if inferred > 1 || l.shape.iter().any(|&d| d == 0 || d < -1) || l.shape.is_empty() {
         return err();
     }
-    let known: usize = l
+    let known: Vec<usize> = l
         .shape
         .iter()
         .filter(|&&d| d > 0)
         .map(|&d| d as usize)
-        .product();
-    if known == 0
-        || (inferred == 0 && known != total)
-        || (inferred == 1 && !total.is_multiple_of(known))
-    {
+        .collect();
+    // More than the input holds (as u128: no overflow) never fits.
+    let known = match values(&known) {
+        n if n > total as u128 => return err(),
+        n => n as usize,
+    };
+    if (inferred == 0 && known != total) || (inferred == 1 && !total.is_multiple_of(known)) {
         return err();
     }
     let shape = l

@@ -151,6 +151,21 @@ pub fn numel(shape: &[usize]) -> usize {
     shape.iter().product()
 }
 
+/// The most values per sample a model's layer outputs may hold together (16 GiB of f32),
+/// and a convolution's unrolled input: beyond any model that trains, and small enough that
+/// batch × bytes per sample cannot overflow.
+pub(crate) const MAX_SAMPLE_VALUES: u128 = 1 << 32;
+
+/// The most parameters a model may have (256 GiB of f32).
+const MAX_PARAMS: u128 = 1 << 36;
+
+/// A shape's number of values, without overflow for shapes no job may have.
+fn values(shape: &[usize]) -> u128 {
+    shape
+        .iter()
+        .fold(1, |n: u128, &d| n.saturating_mul(d as u128))
+}
+
 fn shape_str(shape: &[usize]) -> String {
     let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
     format!("[{}]", dims.join(", "))
@@ -160,11 +175,11 @@ impl Graph {
     /// Builds the graph for a job and its data, inferring every shape; errors name the layer.
     pub fn build(spec: &JobSpec, data: &DataShape) -> Result<Graph> {
         let input_shape = match &spec.model.input_shape {
-            Some(shape) if numel(shape) != numel(&data.sample_shape) => {
+            Some(shape) if values(shape) != values(&data.sample_shape) => {
                 return Err(Error::Job(format!(
                     "model.input_shape {} has {} values per sample but the data has {} ({})",
                     shape_str(shape),
-                    numel(shape),
+                    values(shape),
                     numel(&data.sample_shape),
                     shape_str(&data.sample_shape)
                 )))
@@ -178,6 +193,7 @@ impl Graph {
         let mut reads_data = vec![true];
         let mut layers = Vec::new();
         let mut offset = 0;
+        let mut sample_values = values(&input_shape);
         for ((i, entry), inputs) in spec.model.layers.iter().enumerate().zip(wiring) {
             let in_shapes: Vec<&[usize]> = inputs.iter().map(|&n| &node_shapes[n][..]).collect();
             let in_shape = in_shapes[0].to_vec();
@@ -282,6 +298,22 @@ impl Graph {
                 Op::Embedding { vocab, dim, .. } => vocab * dim,
                 _ => 0,
             };
+            sample_values += values(&out_shape);
+            let too_large =
+                |what: String| Err(Error::Job(format!("model.layers[{i}] ({kind}): {what}")));
+            if sample_values > MAX_SAMPLE_VALUES {
+                return too_large(format!(
+                    "the layers up to this one output {sample_values} values per sample (this \
+                     one {}); at most {MAX_SAMPLE_VALUES} are allowed",
+                    shape_str(&out_shape)
+                ));
+            }
+            if offset as u128 > MAX_PARAMS {
+                return too_large(format!(
+                    "the layers up to this one have {offset} parameters; at most {MAX_PARAMS} \
+                     are allowed"
+                ));
+            }
             node_shapes.push(out_shape.clone());
             reads_data.push(op == Op::View && reads_data[inputs[0]]);
             layers.push(Layer {
@@ -730,15 +762,19 @@ impl MemoryPlan {
     }
 
     pub fn total(&self) -> usize {
-        self.params
-            + self.half_params
-            + self.grads
-            + self.optimizer_state
-            + self.activations
-            + self.activation_grads
-            + self.batch
-            + self.layer_state
-            + self.data
-            + self.workspace
+        [
+            self.params,
+            self.half_params,
+            self.grads,
+            self.optimizer_state,
+            self.activations,
+            self.activation_grads,
+            self.batch,
+            self.layer_state,
+            self.data,
+            self.workspace,
+        ]
+        .into_iter()
+        .fold(0, usize::saturating_add)
     }
 }

@@ -37,7 +37,7 @@ pub fn load_job(path: &Path, sets: &[String]) -> Result<JobSpec> {
             let key = e.path().to_string();
             return Err(job_err!(
                 "{}",
-                toml_error(&file, &text, e.inner(), Some(&key))
+                toml_error(&file, &text, e.inner(), Some((&key, &file_table)))
             ));
         }
     }
@@ -334,7 +334,14 @@ fn assign(
 }
 
 /// Formats a TOML error as `file:line:col: key `a.b`: message` plus a suggestion.
-fn toml_error(file: &str, text: &str, e: &toml::de::Error, key: Option<&str>) -> String {
+/// `key`: the key at fault, with the file's table to show its value where the message does
+/// not.
+fn toml_error(
+    file: &str,
+    text: &str,
+    e: &toml::de::Error,
+    key: Option<(&str, &toml::Table)>,
+) -> String {
     let place = match e.span() {
         Some(span) => {
             let (line, col) = line_col(text, span.start);
@@ -342,12 +349,58 @@ fn toml_error(file: &str, text: &str, e: &toml::de::Error, key: Option<&str>) ->
         }
         None => file.to_string(),
     };
-    let message = e.message().trim_end();
-    let key = match key {
-        Some(k) if !k.is_empty() && k != "." => format!(" key `{k}`:"),
-        _ => String::new(),
+    let (below, message) = key_below(e.message().trim_end());
+    let (key, table) = match key {
+        Some((k, table)) if !k.is_empty() && k != "." => (Some(k), Some(table)),
+        _ => (None, None),
     };
-    format!("{place}:{key} {message}{}", did_you_mean(message))
+    let key = match (key, below) {
+        (Some(k), Some(below)) => format!("{k}.{below}"),
+        (Some(k), None) => k.to_string(),
+        (None, below) => below.unwrap_or_default().to_string(),
+    };
+    // A message that only says what is expected (an untagged enum's) shows the value.
+    let given = table
+        .filter(|_| message.starts_with("expected "))
+        .and_then(|table| lookup_table(table, &parse_key(&key)?))
+        .map_or(String::new(), |value| format!("{value} given; "));
+    let key = match key.is_empty() {
+        true => String::new(),
+        false => format!(" key `{key}`:"),
+    };
+    format!(
+        "{place}:{key} {given}{}{}",
+        plain(message),
+        did_you_mean(message)
+    )
+}
+
+/// serde's type names in the words of a job file.
+fn plain(message: &str) -> String {
+    [
+        ("expected usize", "expected a whole number, at least 0"),
+        ("expected u64", "expected a whole number, at least 0"),
+        ("expected u32", "expected a whole number, at least 0"),
+        ("expected i64", "expected a whole number"),
+        ("expected f64", "expected a number"),
+        ("expected f32", "expected a number"),
+    ]
+    .iter()
+    .fold(message.to_string(), |m, (rust, plain)| {
+        m.replace(rust, plain)
+    })
+}
+
+/// A message that names a key below the value it is about (`ModelLayer`'s "key `out`: ..."):
+/// that key and the rest.
+fn key_below(message: &str) -> (Option<&str>, &str) {
+    let below = message
+        .strip_prefix("key `")
+        .and_then(|rest| rest.split_once("`: "));
+    match below {
+        Some((key, rest)) => (Some(key), rest),
+        None => (None, message),
+    }
 }
 
 fn line_col(text: &str, offset: usize) -> (usize, usize) {
@@ -404,14 +457,14 @@ fn layered_error(file: &str, sets: &toml::Table, errors: figment::Error) -> Erro
             let mut path = e.path.clone();
             // Figment's path may already end with the key's name (it does for an unknown key
             // from the environment or --set): name it once.
-            let mut name_key = |name: &str| {
+            let name_key = |path: &mut Vec<String>, name: &str| {
                 if path.last().map(String::as_str) != Some(name) {
                     path.push(name.to_string());
                 }
             };
             let message = match &e.kind {
                 figment::error::Kind::UnknownField(name, expected) => {
-                    name_key(name);
+                    name_key(&mut path, name);
                     let expected: Vec<String> = expected.iter().map(|s| format!("`{s}`")).collect();
                     let msg = match expected.len() {
                         0 => "unknown key: nothing may be set here".to_string(),
@@ -425,10 +478,39 @@ fn layered_error(file: &str, sets: &toml::Table, errors: figment::Error) -> Erro
                     format!("\"{given}\" given; allowed: {}", allowed.join(", "))
                 }
                 figment::error::Kind::MissingField(name) => {
-                    name_key(name);
+                    name_key(&mut path, name);
                     "missing key: it is required".to_string()
                 }
-                kind => kind.to_string(),
+                figment::error::Kind::Message(message) => {
+                    let (below, message) = key_below(message);
+                    path.extend(below.map(String::from));
+                    // From ModelLayer, which reads a layer's keys as a value of its own.
+                    let named = |prefix: &str| {
+                        let rest = message.strip_prefix(prefix)?;
+                        rest.split_once('`')
+                    };
+                    if let Some((name, _)) = named("missing field `") {
+                        name_key(&mut path, name);
+                        "missing key: it is required".to_string()
+                    } else if let Some((name, rest)) = named("unknown field `") {
+                        name_key(&mut path, name);
+                        match rest.strip_prefix(", ") {
+                            Some(rest) if rest.starts_with("expected") => {
+                                format!("unknown key, {rest}{}", did_you_mean(message))
+                            }
+                            _ => "unknown key: nothing may be set here".to_string(),
+                        }
+                    } else if message.starts_with("expected ") {
+                        let given = lookup_table(sets, &path_steps(&path));
+                        match given {
+                            Some(value) => format!("{value} given; {message}"),
+                            None => message.to_string(),
+                        }
+                    } else {
+                        format!("{}{}", plain(message), did_you_mean(message))
+                    }
+                }
+                kind => plain(&kind.to_string()),
             };
             // Figment names an array element by its index as a key; print it as the user
             // writes it: model.layers[1].out.
@@ -443,6 +525,15 @@ fn layered_error(file: &str, sets: &toml::Table, errors: figment::Error) -> Erro
         })
         .collect();
     Error::Job(lines.join("\n"))
+}
+
+/// A figment path (indices as keys) as key steps.
+fn path_steps(path: &[String]) -> Vec<KeyStep> {
+    let step = |part: &String| match part.parse() {
+        Ok(index) => KeyStep::Index(index),
+        Err(_) => KeyStep::Key(part.clone()),
+    };
+    path.iter().map(step).collect()
 }
 
 fn set_contains(sets: &toml::Table, path: &[String]) -> bool {

@@ -100,7 +100,10 @@ pub enum Task {
 
 /// A CSV column, by header name or by 0-based index.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "expected a column's header name or its 0-based index"
+)]
 pub enum Column {
     Index(usize),
     Name(String),
@@ -207,7 +210,8 @@ pub struct ModelSpec {
 }
 
 /// One layer of the model: its kind and settings, and optionally a name and its inputs.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+// Deserialised by hand (below), so that an error names the key at fault.
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
 pub struct ModelLayer {
     /// A name for `inputs` of later layers to refer to; also the prefix of the layer's
     /// tensors in model.safetensors (instead of its index).
@@ -221,6 +225,59 @@ pub struct ModelLayer {
     pub layer: LayerSpec,
 }
 
+/// serde reads a tagged enum (and a flattened field) into a buffer before it reads the
+/// variant's fields, so its errors name only the layer (`model.layers[1]`), not the key
+/// (`kernel_size`) or what a size may be. Here each part is read on its own instead, and an
+/// error below the layer says its key first: "key `kernel_size`: ...", which the error
+/// printers in spec::load join to the layer's path.
+impl<'de> Deserialize<'de> for ModelLayer {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let mut table = toml::Table::deserialize(deserializer)?;
+        let mut take = |key: &str| table.remove(key);
+        let kind = match take("type") {
+            None => return Err(D::Error::missing_field("type")),
+            Some(toml::Value::String(kind)) => kind,
+            Some(other) => {
+                return Err(D::Error::custom(format!(
+                    "key `type`: {}",
+                    read::<String>(other).expect_err("not a string")
+                )))
+            }
+        };
+        let name = take("name").map(read::<String>).transpose();
+        let inputs = take("inputs").map(read::<Vec<String>>).transpose();
+        let layer = LayerSpec::from_settings(&kind, table);
+        let keyed = |key: &str, e: String| D::Error::custom(format!("key `{key}`: {e}"));
+        Ok(ModelLayer {
+            name: name.map_err(|e| keyed("name", e))?,
+            inputs: inputs.map_err(|e| keyed("inputs", e))?,
+            layer: match layer {
+                Ok(layer) => layer,
+                Err(None) => {
+                    let kinds: Vec<String> =
+                        LayerSpec::KINDS.iter().map(|k| format!("`{k}`")).collect();
+                    let known = kinds.join(", ");
+                    let e = format!("unknown variant `{kind}`, expected one of {known}");
+                    return Err(keyed("type", e));
+                }
+                Err(Some(e)) => return Err(D::Error::custom(e)),
+            },
+        })
+    }
+}
+
+/// A value read as `T`; an error says what was wrong below the value (`[2]: ...`) first.
+fn read<T: serde::de::DeserializeOwned>(value: toml::Value) -> Result<T, String> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let message = e.inner().message().trim_end().to_string();
+        match e.path().to_string() {
+            path if path == "." => message,
+            path => format!("key `{path}`: {message}"),
+        }
+    })
+}
+
 impl From<LayerSpec> for ModelLayer {
     fn from(layer: LayerSpec) -> Self {
         ModelLayer {
@@ -232,7 +289,7 @@ impl From<LayerSpec> for ModelLayer {
 }
 
 /// A layer's kind. `type` picks it; the other keys are that kind's settings.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum LayerSpec {
     /// y = x Wᵀ + b, with PyTorch's initialisation (kaiming-uniform, a = √5).
@@ -288,6 +345,59 @@ pub struct EmbeddingSpec {
 }
 
 impl LayerSpec {
+    /// Every `type`, as `kind` names them.
+    pub const KINDS: &[&str] = &[
+        "linear",
+        "relu",
+        "gelu",
+        "tanh",
+        "sigmoid",
+        "dropout",
+        "flatten",
+        "reshape",
+        "conv2d",
+        "maxpool2d",
+        "avgpool2d",
+        "global_avg_pool",
+        "layernorm",
+        "batchnorm1d",
+        "batchnorm2d",
+        "add",
+        "concat",
+        "softmax",
+        "log_softmax",
+        "embedding",
+    ];
+
+    /// The layer of type `kind` with `settings`, the layer's other keys. None: no such type.
+    fn from_settings(kind: &str, settings: toml::Table) -> Result<LayerSpec, Option<String>> {
+        let settings = toml::Value::Table(settings);
+        let layer = match kind {
+            "linear" => read(settings).map(LayerSpec::Linear),
+            "relu" => read(settings).map(LayerSpec::Relu),
+            "gelu" => read(settings).map(LayerSpec::Gelu),
+            "tanh" => read(settings).map(LayerSpec::Tanh),
+            "sigmoid" => read(settings).map(LayerSpec::Sigmoid),
+            "dropout" => read(settings).map(LayerSpec::Dropout),
+            "flatten" => read(settings).map(LayerSpec::Flatten),
+            "reshape" => read(settings).map(LayerSpec::Reshape),
+            "conv2d" => read(settings).map(LayerSpec::Conv2d),
+            "maxpool2d" => read(settings).map(LayerSpec::Maxpool2d),
+            "avgpool2d" => read(settings).map(LayerSpec::Avgpool2d),
+            "global_avg_pool" => read(settings).map(LayerSpec::GlobalAvgPool),
+            "layernorm" => read(settings).map(LayerSpec::Layernorm),
+            "batchnorm1d" => read(settings).map(LayerSpec::Batchnorm1d),
+            "batchnorm2d" => read(settings).map(LayerSpec::Batchnorm2d),
+            "add" => read(settings).map(LayerSpec::Add),
+            "concat" => read(settings).map(LayerSpec::Concat),
+            "softmax" => read(settings).map(LayerSpec::Softmax),
+            "log_softmax" => read(settings).map(LayerSpec::LogSoftmax),
+            "embedding" => read(settings).map(LayerSpec::Embedding),
+            _ => return Err(None),
+        };
+        layer.map_err(Some)
+    }
+
     /// The `type` name.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -328,7 +438,7 @@ pub struct BatchNormSpec {
 
 /// A size given as one number (both dimensions) or as [height, width].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "expected a size: a number, or [height, width]")]
 pub enum Size2 {
     Square(usize),
     HeightWidth([usize; 2]),
@@ -339,6 +449,16 @@ impl Size2 {
         match self {
             Size2::Square(s) => (s, s),
             Size2::HeightWidth([h, w]) => (h, w),
+        }
+    }
+}
+
+impl std::fmt::Display for Size2 {
+    /// As written in a job: `3` or `[3, 5]`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Size2::Square(s) => write!(f, "{s}"),
+            Size2::HeightWidth([h, w]) => write!(f, "[{h}, {w}]"),
         }
     }
 }
@@ -715,7 +835,7 @@ fn default_growth_interval() -> u64 {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "expected \"dynamic\", \"none\" or a number")]
 pub enum LossScale {
     /// "dynamic" or "none".
     Named(LossScaleKind),
@@ -841,7 +961,7 @@ impl KeepBestSpec {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "expected \"none\", \"all\" or { segments = N }")]
 pub enum ActivationCheckpointing {
     Mode(ActivationMode),
     Segments(SegmentsSpec),
@@ -1025,7 +1145,10 @@ pub enum CollectiveBackend {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "expected \"all\" or a list of devices such as [\"cuda:0\", \"cuda:1\"]"
+)]
 pub enum ParallelDevices {
     /// "all": every visible GPU.
     All(AllDevices),
@@ -1115,4 +1238,86 @@ impl JobSpec {
 pub fn json_schema() -> String {
     let schema = schemars::schema_for!(JobSpec);
     serde_json::to_string_pretty(&schema).expect("a schema always serialises") + "\n"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layers(text: &str) -> Vec<ModelLayer> {
+        #[derive(Deserialize)]
+        struct Model {
+            layers: Vec<ModelLayer>,
+        }
+        toml::from_str::<Model>(text).unwrap().layers
+    }
+
+    #[test]
+    fn every_layer_type_reads_and_writes_back_unchanged() {
+        let read = layers(
+            r#"layers = [
+              { type = "linear", out = 3, bias = false, name = "a" },
+              { type = "relu", inputs = ["a"] }, { type = "gelu", approximate = "tanh" },
+              { type = "tanh" }, { type = "sigmoid" }, { type = "dropout", p = 0.25 },
+              { type = "flatten" }, { type = "reshape", shape = [1, -1] },
+              { type = "conv2d", out = 4, kernel_size = [3, 5], padding = 1, groups = 2 },
+              { type = "maxpool2d", kernel_size = 2 }, { type = "avgpool2d", kernel_size = 3, stride = 1 },
+              { type = "global_avg_pool" }, { type = "layernorm", eps = 1e-6 },
+              { type = "batchnorm1d" }, { type = "batchnorm2d", momentum = 0.2 },
+              { type = "add", inputs = ["a", "b"] }, { type = "concat", inputs = ["a", "b"] },
+              { type = "softmax" }, { type = "log_softmax" },
+              { type = "embedding", num_embeddings = 20, embedding_dim = 8 },
+            ]"#,
+        );
+        let kinds: Vec<&str> = read.iter().map(|l| l.layer.kind()).collect();
+        assert_eq!(kinds, LayerSpec::KINDS);
+        assert_eq!(read[0].name.as_deref(), Some("a"));
+        assert_eq!(read[1].inputs, Some(vec!["a".to_string()]));
+        let LayerSpec::Conv2d(conv) = &read[8].layer else {
+            panic!("{:?}", read[8]);
+        };
+        assert_eq!(
+            (conv.out, conv.kernel_size, conv.padding, conv.groups),
+            (4, Size2::HeightWidth([3, 5]), Size2::Square(1), 2)
+        );
+        // config.toml writes layers back with serde's derived Serialize.
+        #[derive(Serialize)]
+        struct Model<'a> {
+            layers: &'a [ModelLayer],
+        }
+        let written = toml::to_string(&Model { layers: &read }).unwrap();
+        assert_eq!(layers(&written), read);
+    }
+
+    #[test]
+    fn a_layer_error_names_the_key_below_the_layer() {
+        let error = |text: &str| {
+            let text = format!("layers = [{text}]");
+            #[derive(Debug, Deserialize)]
+            #[allow(dead_code)]
+            struct Model {
+                layers: Vec<ModelLayer>,
+            }
+            toml::from_str::<Model>(&text)
+                .unwrap_err()
+                .message()
+                .to_string()
+        };
+        assert_eq!(
+            error(r#"{ type = "conv2d", out = 4, kernel_size = "3" }"#),
+            "key `kernel_size`: expected a size: a number, or [height, width]"
+        );
+        assert_eq!(
+            error(r#"{ type = "reshape", shape = [1, "a"] }"#),
+            "key `shape[1]`: invalid type: string \"a\", expected i64"
+        );
+        assert_eq!(
+            error(r#"{ type = "relu", name = 3 }"#),
+            "key `name`: invalid type: integer `3`, expected a string"
+        );
+        assert!(error(r#"{ type = "lienar" }"#)
+            .starts_with("key `type`: unknown variant `lienar`, expected one of `linear`, "));
+        assert_eq!(error(r#"{ out = 3 }"#), "missing field `type`");
+        assert_eq!(error(r#"{ type = "linear" }"#), "missing field `out`");
+    }
 }

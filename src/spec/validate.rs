@@ -23,6 +23,43 @@ impl Problems<'_> {
             self.add(key, message);
         }
     }
+    /// A size: at least `min`, at most `MAX_SIZE`.
+    fn size(&mut self, key: &str, given: usize, min: usize) {
+        self.check(
+            (min..=MAX_SIZE).contains(&given),
+            key,
+            format!("{given} given; {}", size_range(min)),
+        );
+    }
+    /// A size given as one number or [height, width].
+    fn size2(&mut self, key: &str, given: Size2, min: usize) {
+        let (h, w) = given.pair();
+        let ok = |d| (min..=MAX_SIZE).contains(&d);
+        self.check(
+            ok(h) && ok(w),
+            key,
+            format!("{given} given; {}", size_range(min)),
+        );
+    }
+}
+
+/// The largest value a size setting (a layer's width, a kernel, a stride...) may have:
+/// 2,147,483,647, the largest dimension cuBLAS takes. It also keeps the shape arithmetic of
+/// any accepted job far from overflowing.
+pub const MAX_SIZE: usize = i32::MAX as usize;
+
+/// The largest batch a job may ask for: 16,777,216 samples, far beyond any that trains, and
+/// small enough that batch × per-sample bytes cannot overflow.
+pub const MAX_BATCH: usize = 1 << 24;
+
+/// The most CPU threads a job may ask for.
+const MAX_THREADS: usize = 1024;
+
+/// The most values a synthetic data set may hold (16 GiB of f32).
+const MAX_SYNTHETIC_VALUES: usize = 1 << 32;
+
+fn size_range(min: usize) -> String {
+    format!("must be at least {min} and at most {MAX_SIZE}")
 }
 
 pub fn validate(spec: &JobSpec, sources: &KeySources) -> Result<()> {
@@ -56,6 +93,11 @@ fn validate_data(d: &DataSpec, p: &mut Problems) {
     ] {
         if let Some(n) = size {
             p.check(n >= 1, key, format!("{n} given; must be at least 1"));
+            p.check(
+                n <= MAX_BATCH,
+                key,
+                format!("{n} given; must be at most {MAX_BATCH}"),
+            );
         }
     }
     p.check(
@@ -152,6 +194,39 @@ fn validate_data(d: &DataSpec, p: &mut Problems) {
                 "data.targets",
                 "must be at least 1",
             );
+            // What generating the set allocates, in values.
+            let (n, width) = (d.samples.unwrap_or(1000), d.num_features.unwrap_or(16));
+            // Class centres or the regression's weights: one row of `width` each.
+            let (rows, targets) = match task {
+                Task::Classification => (d.classes.unwrap_or(4), 1),
+                Task::Regression => (d.targets.unwrap_or(1), d.targets.unwrap_or(1)),
+            };
+            let (samples, centres) = (
+                n as u128 * (width as u128 + targets as u128),
+                rows as u128 * width as u128,
+            );
+            // The key the user most likely set too large.
+            let key = match task {
+                _ if samples < centres => match task {
+                    Task::Classification => "data.classes",
+                    Task::Regression => "data.targets",
+                },
+                _ if width > n => "data.num_features",
+                _ => "data.samples",
+            };
+            p.check(
+                samples + centres <= MAX_SYNTHETIC_VALUES as u128,
+                key,
+                format!(
+                    "{n} samples of {width} features{} given: more than the {} values a \
+                     synthetic data set may hold",
+                    match task {
+                        Task::Classification => format!(" in {rows} classes"),
+                        Task::Regression => format!(" with {rows} targets"),
+                    },
+                    MAX_SYNTHETIC_VALUES
+                ),
+            );
             p.check(
                 d.noise.unwrap_or(0.0) >= 0.0,
                 "data.noise",
@@ -169,86 +244,66 @@ fn validate_model(m: &ModelSpec, p: &mut Problems) {
         "is empty; a model needs at least one layer",
     );
     for (i, layer) in m.layers.iter().enumerate() {
-        let key = format!("model.layers[{i}]");
+        let key = |name: &str| format!("model.layers[{i}].{name}");
         match &layer.layer {
             LayerSpec::Linear(l) => {
-                p.check(l.out >= 1, &format!("{key}.out"), "must be at least 1");
-                p.check(
-                    l.in_features != Some(0),
-                    &format!("{key}.in"),
-                    "must be at least 1",
-                );
+                p.size(&key("out"), l.out, 1);
+                if let Some(n) = l.in_features {
+                    p.size(&key("in"), n, 1);
+                }
             }
             LayerSpec::Dropout(d) => p.check(
                 (0.0..1.0).contains(&d.p),
-                &format!("{key}.p"),
+                &key("p"),
                 format!("{} given; must be in [0, 1)", d.p),
             ),
             LayerSpec::Conv2d(c) => {
-                p.check(c.out >= 1, &format!("{key}.out"), "must be at least 1");
-                p.check(
-                    c.in_channels != Some(0),
-                    &format!("{key}.in"),
-                    "must be at least 1",
-                );
-                p.check(
-                    c.groups >= 1,
-                    &format!("{key}.groups"),
-                    "must be at least 1",
-                );
+                p.size(&key("out"), c.out, 1);
+                if let Some(n) = c.in_channels {
+                    p.size(&key("in"), n, 1);
+                }
+                p.size(&key("groups"), c.groups, 1);
                 for (name, size, min) in [
                     ("kernel_size", c.kernel_size, 1),
                     ("stride", c.stride, 1),
+                    ("padding", c.padding, 0),
                     ("dilation", c.dilation, 1),
                 ] {
-                    let (h, w) = size.pair();
-                    p.check(
-                        h >= min && w >= min,
-                        &format!("{key}.{name}"),
-                        format!("{size:?} given; must be at least {min}"),
-                    );
+                    p.size2(&key(name), size, min);
                 }
             }
             LayerSpec::Maxpool2d(s) | LayerSpec::Avgpool2d(s) => {
-                let (h, w) = s.kernel_size.pair();
-                p.check(
-                    h >= 1 && w >= 1,
-                    &format!("{key}.kernel_size"),
-                    "must be at least 1",
-                );
+                p.size2(&key("kernel_size"), s.kernel_size, 1);
                 if let Some(stride) = s.stride {
-                    let (h, w) = stride.pair();
-                    p.check(
-                        h >= 1 && w >= 1,
-                        &format!("{key}.stride"),
-                        "must be at least 1",
-                    );
+                    p.size2(&key("stride"), stride, 1);
+                }
+                p.size2(&key("padding"), s.padding, 0);
+            }
+            LayerSpec::Reshape(r) => {
+                if let Some(&d) = r.shape.iter().find(|&&d| d > MAX_SIZE as i64) {
+                    p.add(&key("shape"), format!("{d} given; {}", size_range(1)));
                 }
             }
             LayerSpec::Layernorm(l) => {
                 p.check(
                     l.eps > 0.0,
-                    &format!("{key}.eps"),
+                    &key("eps"),
                     format!("{} given; must be positive", l.eps),
                 );
             }
             LayerSpec::Embedding(e) => {
-                for (name, v) in [
-                    ("num_embeddings", e.num_embeddings),
-                    ("embedding_dim", e.embedding_dim),
-                ] {
-                    p.check(v >= 1, &format!("{key}.{name}"), "must be at least 1");
-                }
+                p.size(&key("num_embeddings"), e.num_embeddings, 1);
+                p.size(&key("embedding_dim"), e.embedding_dim, 1);
             }
             LayerSpec::Batchnorm1d(b) | LayerSpec::Batchnorm2d(b) => {
                 p.check(
                     b.eps > 0.0,
-                    &format!("{key}.eps"),
+                    &key("eps"),
                     format!("{} given; must be positive", b.eps),
                 );
                 p.check(
                     (0.0..=1.0).contains(&b.momentum),
-                    &format!("{key}.momentum"),
+                    &key("momentum"),
                     format!("{} given; must be in [0, 1]", b.momentum),
                 );
             }
@@ -257,9 +312,9 @@ fn validate_model(m: &ModelSpec, p: &mut Problems) {
     }
     if let Some(shape) = &m.input_shape {
         p.check(
-            !shape.is_empty() && shape.iter().all(|&d| d >= 1),
+            !shape.is_empty() && shape.iter().all(|&d| (1..=MAX_SIZE).contains(&d)),
             "model.input_shape",
-            format!("{shape:?} given; every dimension must be at least 1"),
+            format!("{shape:?} given; every dimension {}", size_range(1)),
         );
     }
 }
@@ -447,9 +502,9 @@ fn validate_train(t: &TrainSpec, p: &mut Problems) {
     }
     if let Some(n) = t.threads {
         p.check(
-            n >= 1,
+            (1..=MAX_THREADS).contains(&n),
             "train.threads",
-            format!("{n} given; must be at least 1"),
+            format!("{n} given; must be at least 1 and at most {MAX_THREADS}"),
         );
     }
 }
