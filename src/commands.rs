@@ -79,6 +79,7 @@ fn replica_threads(spec: &JobSpec) -> usize {
 fn prepare(job: &Path, sets: &[String], name: Option<&str>) -> Result<Prepared> {
     let mut spec = spec::load_job(job, sets)?;
     if let Some(name) = name {
+        spec::check_run_name(name).map_err(|why| Error::Job(format!("--name: {why}")))?;
         spec.job.name = Some(name.to_string());
     }
     spec.parallel.world = world_from_env(&spec)?;

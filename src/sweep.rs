@@ -15,7 +15,7 @@ use crate::commands::{self, RunArgs};
 use crate::error::{Error, Result};
 use crate::results::table::{Cell, Format, Table};
 use crate::results::{RunRecord, Status};
-use crate::spec::{load_job, parse_set_arg, JobSpec};
+use crate::spec::{check_run_name, load_job, parse_set_arg, JobSpec};
 use crate::{job_err, provenance, runtime_err};
 use std::path::{Path, PathBuf};
 
@@ -150,6 +150,9 @@ pub fn sweep(args: &SweepArgs) -> Result<PathBuf> {
         ),
     };
     let name = args.name.clone().unwrap_or_else(|| base.name().to_string());
+    if args.name.is_some() {
+        check_run_name(&name).map_err(|why| job_err!("--name: {why}"))?;
+    }
     let dir = args.runs_dir.join(&name).join(&sweep_id);
     std::fs::create_dir_all(&dir)
         .map_err(|e| runtime_err!("cannot create sweep directory {}: {e}", dir.display()))?;

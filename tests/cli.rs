@@ -802,6 +802,39 @@ fn a_job_larger_than_the_machine_is_refused_before_it_starts() {
     );
 }
 
+#[test]
+fn a_run_name_cannot_reach_outside_the_runs_directory() {
+    for name in ["../escaped", "a/b", "", ".hidden"] {
+        let job = format!("[job]\nname = {name:?}\n{GOOD_JOB}");
+        expect_failure(&job, &[], &[], 2, &["job.name", "a name is one directory"]);
+        expect_failure(
+            GOOD_JOB,
+            &[],
+            &["--name", name],
+            2,
+            &["--name", "one directory"],
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let runs = dir.path().join("runs");
+    let out = trainer(
+        &[
+            "sweep",
+            "jobs/mlp.toml",
+            "--grid",
+            "optimizer.lr=0.1,0.2",
+            "--name",
+            "../x",
+            "--runs-dir",
+            runs.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--name: \"../x\" given"));
+    assert!(!runs.exists() && !dir.path().join("x").exists());
+}
+
 /// Sequences of 6 token ids from a vocabulary of 20; the class is which of the tokens 3, 7
 /// and 11 the sequence holds (exactly one of them, at a random place).
 fn token_csv() -> Vec<u8> {

@@ -130,6 +130,8 @@ impl Provider for SetArgs {
 pub enum KeyStep {
     Key(String),
     Index(usize),
+    /// `[-n]`: the n-th element from the end, as in Python (`[-1]` is the last).
+    FromEnd(usize),
     Named(String),
 }
 
@@ -143,7 +145,8 @@ pub fn parse_set_arg(arg: &str) -> Result<(Vec<KeyStep>, toml::Value)> {
     let steps = parse_key(key.trim()).ok_or_else(|| {
         job_err!(
             "--set {arg}: `{}` is not a key path; expected dotted keys such as optimizer.lr, \
-             or model.layers[2].out (a layer by position, from 0) or model.layers[fc].out (by name)",
+             or model.layers[2].out (a layer by position, from 0; [-1] is the last) or \
+             model.layers[fc].out (by name)",
             key.trim()
         )
     })?;
@@ -174,9 +177,18 @@ fn parse_key(key: &str) -> Option<Vec<KeyStep>> {
             if selector.is_empty() || selector.contains('[') {
                 return None;
             }
-            steps.push(match selector.parse::<usize>() {
-                Ok(index) => KeyStep::Index(index),
-                Err(_) => KeyStep::Named(selector.to_string()),
+            let position = |digits: &str| match digits.parse::<usize>() {
+                Ok(n) => Some(n),
+                // All digits but too large: a position, not a name.
+                Err(_) if digits.bytes().all(|b| b.is_ascii_digit()) => Some(usize::MAX),
+                Err(_) => None,
+            };
+            steps.push(match selector.strip_prefix('-') {
+                Some(digits) => KeyStep::FromEnd(position(digits).filter(|&n| n > 0)?),
+                None => match position(selector) {
+                    Some(index) => KeyStep::Index(index),
+                    None => KeyStep::Named(selector.to_string()),
+                },
             });
             rest = &inner[close + 1..];
         }
@@ -236,6 +248,7 @@ pub(super) fn dotted(steps: &[KeyStep]) -> String {
             KeyStep::Key(k) if s.is_empty() => s += k,
             KeyStep::Key(k) => s += &format!(".{k}"),
             KeyStep::Index(i) => s += &format!("[{i}]"),
+            KeyStep::FromEnd(n) => s += &format!("[-{n}]"),
             KeyStep::Named(n) => s += &format!("[{n}]"),
         }
     }
@@ -254,6 +267,7 @@ pub(super) fn lookup_table<'a>(
         .try_fold(table.get(first)?, |at, step| match step {
             KeyStep::Key(k) => at.get(k.as_str()),
             KeyStep::Index(i) => at.get(*i),
+            KeyStep::FromEnd(n) => at.get(at.as_array()?.len().checked_sub(*n)?),
             KeyStep::Named(_) => None,
         })
 }
@@ -289,19 +303,26 @@ fn assign(
             };
             entry
         }
-        KeyStep::Index(index) => {
+        KeyStep::Index(_) | KeyStep::FromEnd(_) => {
             let array = at
                 .as_array_mut()
                 .ok_or_else(|| format!("`{path}` is not a list"))?;
             let len = array.len();
-            *path += &format!("[{index}]");
-            array.get_mut(*index).ok_or_else(|| match len {
-                0 => format!("`{path}`: the list is empty"),
-                _ => format!(
-                    "`{path}`: the list has {len} elements, [0] to [{}]",
-                    len - 1
-                ),
-            })?
+            let index = match *step {
+                KeyStep::Index(i) => Some(i),
+                KeyStep::FromEnd(n) => len.checked_sub(n),
+                _ => unreachable!("a position"),
+            };
+            *path += &dotted(std::slice::from_ref(step));
+            index
+                .and_then(|i| array.get_mut(i))
+                .ok_or_else(|| match len {
+                    0 => format!("`{path}`: the list is empty"),
+                    _ => format!(
+                        "`{path}`: the list has {len} elements, [0] to [{}] (or [-1] to [-{len}])",
+                        len - 1
+                    ),
+                })?
         }
         KeyStep::Named(name) => {
             let array = at
@@ -377,7 +398,7 @@ fn toml_error(
 
 /// serde's type names in the words of a job file.
 fn plain(message: &str) -> String {
-    [
+    let message = [
         ("expected usize", "expected a whole number, at least 0"),
         ("expected u64", "expected a whole number, at least 0"),
         ("expected u32", "expected a whole number, at least 0"),
@@ -388,7 +409,15 @@ fn plain(message: &str) -> String {
     .iter()
     .fold(message.to_string(), |m, (rust, plain)| {
         m.replace(rust, plain)
-    })
+    });
+    // "expected struct OptimizerSpec": a table such as [optimizer].
+    match message.split_once("expected struct ") {
+        Some((before, after)) => {
+            let rest = after.trim_start_matches(|c: char| c.is_alphanumeric());
+            format!("{before}expected a table{rest}")
+        }
+        None => message,
+    }
 }
 
 /// A message that names a key below the value it is about (`ModelLayer`'s "key `out`: ..."):
@@ -672,7 +701,18 @@ mod tests {
             steps("a[0][1]").unwrap(),
             [key("a"), KeyStep::Index(0), KeyStep::Index(1)]
         );
+        assert_eq!(
+            steps("model.layers[-1].out").unwrap(),
+            [&layers[..], &[KeyStep::FromEnd(1), key("out")]].concat()
+        );
+        // All digits is a position, however large (not a name that no layer has).
+        assert_eq!(
+            steps("a[99999999999999999999]").unwrap(),
+            [key("a"), KeyStep::Index(usize::MAX)]
+        );
         for bad in [
+            "model.layers[-0]",
+            "model.layers[--1]",
             "model.layers[",
             "model.layers[]",
             "model.[0]",
@@ -718,6 +758,8 @@ mod tests {
             "model.layers[1].inplace=true",
         ]);
         assert_eq!(by_name.unwrap(), expected);
+        let from_end = sets(&["model.layers[-2].out=64", "model.layers[-1].inplace=true"]);
+        assert_eq!(from_end.unwrap(), expected);
         // An element of a list an earlier --set gave, in order.
         let table = sets(&[
             "model.layers=[{type=\"tanh\"}]",
@@ -734,7 +776,12 @@ mod tests {
         let message = |args: &[&str]| sets(args).unwrap_err().to_string();
         let m = message(&["model.layers[2].out=64"]);
         assert!(
-            m.contains("`model.layers[2]`: the list has 2 elements, [0] to [1]"),
+            m.contains("`model.layers[2]`: the list has 2 elements, [0] to [1] (or [-1] to [-2])"),
+            "{m}"
+        );
+        let m = message(&["model.layers[-3].out=64"]);
+        assert!(
+            m.contains("`model.layers[-3]`: the list has 2 elements"),
             "{m}"
         );
         let m = message(&["model.layers[fc].out=64"]);

@@ -11,7 +11,7 @@ pub use controls::{
 };
 pub use explain::explain;
 pub use load::{load_job, parse_set_arg, JobSource, KeySources};
-pub use validate::{parse_device, validate, DeviceChoice};
+pub use validate::{check_run_name, parse_device, validate, DeviceChoice};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};

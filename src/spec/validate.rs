@@ -67,6 +67,11 @@ pub fn validate(spec: &JobSpec, sources: &KeySources) -> Result<()> {
         sources,
         lines: Vec::new(),
     };
+    if let Some(name) = &spec.job.name {
+        if let Err(why) = check_run_name(name) {
+            p.add("job.name", why);
+        }
+    }
     validate_data(&spec.data, &mut p);
     validate_model(&spec.model, &mut p);
     validate_loss(spec, &mut p);
@@ -606,6 +611,23 @@ fn validate_precision(s: &PrecisionSpec, p: &mut Problems) {
             "loss scaling only applies to precision.mode = \"fp16\" or \"bf16\"; fp32 \
              gradients do not underflow",
         );
+    }
+}
+
+/// A run's name becomes one directory under the runs directory: it must not reach outside
+/// it or hide.
+pub fn check_run_name(name: &str) -> std::result::Result<(), String> {
+    let ok = !name.is_empty()
+        && !name.starts_with('.')
+        && !name
+            .chars()
+            .any(|c| c == '/' || c == '\\' || c.is_control());
+    match ok {
+        true => Ok(()),
+        false => Err(format!(
+            "{name:?} given; a name is one directory: not empty, not starting with '.', \
+             without '/' or '\\'"
+        )),
     }
 }
 
