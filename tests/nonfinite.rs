@@ -139,6 +139,47 @@ fn skipped_steps_leave_the_model_as_if_the_bad_batch_were_not_there() {
 }
 
 #[test]
+fn a_nan_feature_spoils_only_its_own_steps_even_when_standardised() {
+    let tmp = tempfile::tempdir().unwrap();
+    let runs = tmp.path().join("runs");
+    let job = regression_job(tmp.path(), 32, None, "skip");
+    // Row 30 (line 32, in the last batch) gets a NaN feature, and the features are
+    // standardised: statistics over finite values keep the NaN out of every other sample.
+    let text = std::fs::read_to_string(&job).unwrap();
+    std::fs::write(
+        &job,
+        text.replace("normalize = \"none\"", "normalize = \"standardize\""),
+    )
+    .unwrap();
+    let csv_path = tmp.path().join("data-32.csv");
+    let csv = std::fs::read_to_string(&csv_path).unwrap();
+    let mut lines: Vec<String> = csv.lines().map(String::from).collect();
+    let rest = lines[31].split_once(',').unwrap().1.to_string();
+    lines[31] = format!("nan,{rest}");
+    std::fs::write(&csv_path, lines.join("\n") + "\n").unwrap();
+
+    let out = ok(run(&job, &runs));
+    let log = stderr(&out);
+    assert!(
+        log.contains("data-32.csv: 1 value is not a finite number, the first at line 32, column 0 (`a`): `nan`"),
+        "{log}"
+    );
+    let dir = PathBuf::from(stdout(&out).trim());
+    assert_eq!(summary(&dir)["status"], "completed");
+    let rows = train_rows(&dir);
+    assert!(rows.iter().all(|r| r.1.parse::<f64>().unwrap().is_finite()));
+    assert_eq!(
+        rows.last().unwrap().2,
+        "2",
+        "steps 8 and 16 skipped before the last row"
+    );
+    for step in [8, 16, 24] {
+        assert!(log.contains(&format!("step {step} skipped")), "{log}");
+    }
+    assert!(!log.contains("step 7 skipped"), "{log}");
+}
+
+#[test]
 fn with_error_a_nonfinite_loss_fails_the_run_and_keeps_its_last_good_checkpoint() {
     let tmp = tempfile::tempdir().unwrap();
     let runs = tmp.path().join("runs");

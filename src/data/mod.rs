@@ -167,17 +167,22 @@ fn normalize(
 ) {
     let (shift, scale): (Vec<f32>, Vec<f32>) = match mode {
         Normalize::None => return,
+        // Statistics over finite values only (as scikit-learn's scalers treat NaN): a bad
+        // value then spoils only its own samples' steps (which train.on_nonfinite = "skip"
+        // skips), not every value of its column.
         Normalize::Scale => {
-            let max = train.features.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let finite = train.features.iter().filter(|v| v.is_finite());
+            let max = finite.fold(0.0f32, |m, v| m.max(v.abs()));
             let s = if max > 0.0 { 1.0 / max } else { 1.0 };
             (vec![0.0; row_len], vec![s; row_len])
         }
         Normalize::Standardize => {
-            let n = train.len as f64;
+            let mut n = vec![0.0f64; row_len];
             let mut mean = vec![0.0f64; row_len];
             let mut sq = vec![0.0f64; row_len];
             for row in train.features.chunks_exact(row_len) {
-                for j in 0..row_len {
+                for j in (0..row_len).filter(|&j| row[j].is_finite()) {
+                    n[j] += 1.0;
                     mean[j] += row[j] as f64;
                     sq[j] += (row[j] as f64).powi(2);
                 }
@@ -185,6 +190,7 @@ fn normalize(
             let mut shift = Vec::with_capacity(row_len);
             let mut scale = Vec::with_capacity(row_len);
             for j in 0..row_len {
+                let n = n[j].max(1.0);
                 let m = mean[j] / n;
                 let var = (sq[j] / n - m * m).max(0.0);
                 let std = var.sqrt();

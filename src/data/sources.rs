@@ -115,6 +115,8 @@ fn parse_csv(
     };
     let mut data = Dataset::default();
     let mut columns: Option<(usize, Vec<usize>)> = None;
+    // Values that parse but are not finite (nan, inf, 1e39 beyond f32): the first one's place.
+    let (mut not_finite, mut first_not_finite) = (0usize, None);
     for (row, record) in reader.records().enumerate() {
         let record = record.map_err(|e| Error::Job(format!("{name}: {e}")))?;
         let line = record.position().map_or(row + 1, |p| p.line() as usize);
@@ -128,16 +130,26 @@ fn parse_csv(
                 features,
             )?),
         };
-        let value = |col: usize| -> Result<f32> {
+        let column = |col: usize| {
+            headers
+                .get(col)
+                .map_or(format!("{col}"), |h| format!("{col} (`{h}`)"))
+        };
+        let mut value = |col: usize| -> Result<f32> {
             let field = record.get(col).unwrap_or("").trim();
-            field.parse::<f32>().map_err(|_| {
-                let column = headers
-                    .get(col)
-                    .map_or(format!("{col}"), |h| format!("{col} (`{h}`)"));
+            let v = field.parse::<f32>().map_err(|_| {
                 Error::Job(format!(
-                    "{name}: line {line}, column {column}: `{field}` is not a number"
+                    "{name}: line {line}, column {}: `{field}` is not a number",
+                    column(col)
                 ))
-            })
+            })?;
+            if !v.is_finite() {
+                not_finite += 1;
+                first_not_finite.get_or_insert_with(|| {
+                    format!("line {line}, column {}: `{field}`", column(col))
+                });
+            }
+            Ok(v)
         };
         for &c in feature_cols.iter() {
             data.features.push(value(c)?);
@@ -154,6 +166,19 @@ fn parse_csv(
     let width = columns.map_or(0, |(_, f)| f.len());
     if data.len == 0 {
         return Err(Error::Job(format!("{name}: no data rows")));
+    }
+    if let Some(first) = first_not_finite {
+        tracing::warn!(
+            "{name}: {not_finite} value{}, the first at {first}; the \
+             steps that read {} have an infinite or NaN loss (train.on_nonfinite = \"skip\" \
+             skips them)",
+            if not_finite == 1 {
+                " is not a finite number"
+            } else {
+                "s are not finite numbers"
+            },
+            if not_finite == 1 { "it" } else { "them" },
+        );
     }
     Ok((data, width))
 }
