@@ -46,11 +46,11 @@ impl Problems<'_> {
 /// The largest value a size setting (a layer's width, a kernel, a stride...) may have:
 /// 2,147,483,647, the largest dimension cuBLAS takes. It also keeps the shape arithmetic of
 /// any accepted job far from overflowing.
-pub const MAX_SIZE: usize = i32::MAX as usize;
+const MAX_SIZE: usize = i32::MAX as usize;
 
 /// The largest batch a job may ask for: 16,777,216 samples, far beyond any that trains, and
 /// small enough that batch × per-sample bytes cannot overflow.
-pub const MAX_BATCH: usize = 1 << 24;
+const MAX_BATCH: usize = 1 << 24;
 
 /// The most CPU threads a job may ask for.
 const MAX_THREADS: usize = 1024;
