@@ -367,6 +367,32 @@ fn corrupt_checkpoint_is_refused_by_name_and_fallback_uses_the_previous_one() {
 }
 
 #[test]
+fn a_changed_digit_in_the_training_position_is_refused() {
+    let job = write_job(SMALL_JOB);
+    let dir = crashed_small_run(&job);
+    let newest = dir
+        .join("checkpoints")
+        .join(checkpoints(&dir).pop().unwrap());
+    let mut bytes = std::fs::read(&newest).unwrap();
+    // The state is JSON inside the header's JSON: `\"step\":30`. Another digit still
+    // parses, and would resume at the wrong step without the metadata checksum.
+    let key = br#"\"step\":"#;
+    let at = bytes.windows(key.len()).position(|w| w == key).unwrap() + key.len();
+    assert!(bytes[at].is_ascii_digit());
+    bytes[at] = if bytes[at] == b'9' {
+        b'8'
+    } else {
+        bytes[at] + 1
+    };
+    std::fs::write(&newest, &bytes).unwrap();
+    let out = job.run(&["--resume", newest.to_str().unwrap()]);
+    expect_exit_2(
+        &out,
+        &[newest.to_str().unwrap(), "metadata checksum mismatch"],
+    );
+}
+
+#[test]
 fn truncated_checkpoint_is_refused_by_name() {
     let job = write_job(SMALL_JOB);
     let dir = crashed_small_run(&job);

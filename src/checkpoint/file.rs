@@ -5,12 +5,15 @@
 //! theirs), the tensors are streamed from memory without another copy, into `.NAME.tmp`
 //! beside the target; then fsync, rename onto the target, and fsync of the directory, so
 //! that after a crash at any moment the directory holds either the old file or the new one.
-//! The header metadata records the tensor bytes' length and an XXH3-64 checksum over every
-//! tensor (name and bytes, in name order).
+//! The header metadata records the tensor bytes' length, an XXH3-64 checksum over every
+//! tensor (name and bytes, in name order), and one over the other metadata entries (a
+//! training checkpoint's position and job live there, as JSON: a flipped digit in them would
+//! still parse).
 //!
 //! Reading: the whole file is read, its header parsed and checked against the file's length
-//! (a truncated file fails here), and the checksum recomputed when the file has one (files
-//! from other tools, e.g. PyTorch's, have none).
+//! (a truncated file fails here), and the checksums recomputed when the file has them (files
+//! from other tools, e.g. PyTorch's, have none; files from before the metadata checksum have
+//! only the tensors').
 
 use safetensors::tensor::{Metadata, TensorInfo};
 use safetensors::{Dtype, SafeTensors};
@@ -27,6 +30,7 @@ const _: () = assert!(cfg!(target_endian = "little"));
 /// Metadata keys this module owns.
 pub const CHECKSUM_KEY: &str = "checksum";
 pub const TENSOR_BYTES_KEY: &str = "tensor_bytes";
+pub const METADATA_CHECKSUM_KEY: &str = "metadata_checksum";
 
 /// A tensor to write, borrowed from memory.
 pub enum Values<'a> {
@@ -58,10 +62,10 @@ pub struct TensorOut<'a> {
     pub values: Values<'a>,
 }
 
-/// XXH3-64 over each tensor's name and bytes, in name order: independent of where the
-/// tensors lie in the file.
-fn checksum<'a>(tensors: impl Iterator<Item = (&'a str, &'a [u8])>) -> String {
-    let mut sorted: Vec<_> = tensors.collect();
+/// XXH3-64 over named byte strings (each tensor's name and bytes), in name order:
+/// independent of where the tensors lie in the file.
+fn checksum<'a>(named: impl Iterator<Item = (&'a str, &'a [u8])>) -> String {
+    let mut sorted: Vec<_> = named.collect();
     sorted.sort_by_key(|(name, _)| *name);
     let mut h = Xxh3::new();
     for (name, bytes) in sorted {
@@ -71,6 +75,15 @@ fn checksum<'a>(tensors: impl Iterator<Item = (&'a str, &'a [u8])>) -> String {
         h.update(bytes);
     }
     format!("xxh3-64:{:016x}", h.digest())
+}
+
+/// The checksum of every metadata entry (key and value) but the metadata checksum itself.
+fn metadata_checksum<'a>(metadata: impl Iterator<Item = (&'a String, &'a String)>) -> String {
+    checksum(
+        metadata
+            .filter(|(key, _)| *key != METADATA_CHECKSUM_KEY)
+            .map(|(k, v)| (k.as_str(), v.as_bytes())),
+    )
 }
 
 /// Writes `tensors` with `metadata` to `path` crash-safely; returns the file's size.
@@ -110,6 +123,8 @@ pub fn write(
         checksum(order.iter().map(|t| (t.name.as_str(), t.values.bytes()))),
     );
     meta.insert(TENSOR_BYTES_KEY.into(), offset.to_string());
+    let meta_checksum = metadata_checksum(meta.iter());
+    meta.insert(METADATA_CHECKSUM_KEY.into(), meta_checksum);
     // The header as a JSON object with sorted keys, so the same tensors give the same bytes
     // (the crate's Metadata keeps its entries in a HashMap's order).
     let mut header = serde_json::Map::new();
@@ -170,6 +185,15 @@ pub fn read(path: &Path) -> Result<TensorFile, String> {
         metadata,
     };
     let meta = file.metadata.metadata().clone().unwrap_or_default();
+    if let Some(expected) = meta.get(METADATA_CHECKSUM_KEY) {
+        let actual = metadata_checksum(meta.iter());
+        if &actual != expected {
+            return Err(format!(
+                "metadata checksum mismatch (stored {expected}, computed {actual}): the \
+                 header is corrupt"
+            ));
+        }
+    }
     if let Some(expected) = meta.get(TENSOR_BYTES_KEY) {
         let have = file.bytes.len() - file.data_start;
         if expected.parse::<usize>().ok() != Some(have) {
@@ -197,7 +221,7 @@ pub fn read(path: &Path) -> Result<TensorFile, String> {
 }
 
 /// Only the header metadata of a file (cheap: the tensors are not read); None when the file
-/// cannot be read or has no valid header.
+/// cannot be read, has no valid header, or its metadata fails its checksum.
 pub fn read_metadata_only(path: &Path) -> Option<HashMap<String, String>> {
     let mut f = File::open(path).ok()?;
     let mut len = [0u8; 8];
@@ -209,7 +233,11 @@ pub fn read_metadata_only(path: &Path) -> Option<HashMap<String, String>> {
     let mut header = vec![0u8; len];
     f.read_exact(&mut header).ok()?;
     let meta: Metadata = serde_json::from_slice(&header).ok()?;
-    meta.metadata().clone()
+    let meta = meta.metadata().clone()?;
+    match meta.get(METADATA_CHECKSUM_KEY) {
+        Some(expected) if *expected != metadata_checksum(meta.iter()) => None,
+        _ => Some(meta),
+    }
 }
 
 /// The values in `bytes`, copied whole (the bytes need not be aligned for `T`).
