@@ -739,3 +739,45 @@ fn bad_results_arguments_are_usage_errors() {
     );
     assert!(!png.exists());
 }
+
+#[test]
+fn a_damaged_run_is_skipped_in_a_listing_and_refused_when_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), TINY_JOB);
+    let runs = tmp.path().join("runs");
+    let run = || {
+        let args = ["run", job.to_str().unwrap(), "--runs-dir"];
+        let out = ok(trainer(
+            &[&args[..], &[runs.to_str().unwrap(), "-q"]].concat(),
+            &[],
+        ));
+        stdout(&out).trim().to_string()
+    };
+    let (good, damaged) = (run(), run());
+    std::fs::write(Path::new(&damaged).join("config.toml"), "[job\nname = ").unwrap();
+
+    let listed = ok(trainer(
+        &["ls", runs.to_str().unwrap(), "--format", "csv"],
+        &[],
+    ));
+    let table = stdout(&listed);
+    let name = |dir: &str| {
+        Path::new(dir)
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_string()
+    };
+    assert!(table.contains(&name(&good)), "{table}");
+    assert!(!table.contains(&name(&damaged)), "{table}");
+    let warning = stderr(&listed);
+    assert!(
+        warning.contains("skipping a run") && warning.contains(&damaged),
+        "{warning}"
+    );
+
+    let named = trainer(&["compare", &good, &damaged], &[]);
+    assert_eq!(named.status.code(), Some(2), "{}", stderr(&named));
+    assert!(stderr(&named).contains("config.toml"), "{}", stderr(&named));
+}

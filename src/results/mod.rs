@@ -65,8 +65,13 @@ const SCORED: [(&str, bool); 2] = [("loss", false), ("accuracy", true)];
 impl RunRecord {
     pub fn load(dir: &Path) -> Result<RunRecord> {
         let config_path = dir.join("config.toml");
-        let text = std::fs::read_to_string(&config_path)
-            .map_err(|e| job_err!("{} is not a run directory: {e}", dir.display()))?;
+        let text = std::fs::read_to_string(&config_path).map_err(|e| {
+            if config_path.exists() {
+                job_err!("{}: {e}", config_path.display())
+            } else {
+                job_err!("{} is not a run directory: {e}", dir.display())
+            }
+        })?;
         let config: toml::Table = toml::from_str(&text)
             .map_err(|e| job_err!("{}: {}", config_path.display(), e.message()))?;
         let summary: Option<serde_json::Value> = std::fs::read_to_string(dir.join("summary.json"))
@@ -245,7 +250,9 @@ fn walk(dir: &Path, depth: usize, found: &mut Vec<PathBuf>) {
     }
 }
 
-/// Loads every run at or under each path, each once.
+/// Loads every run at or under each path, each once. A run named itself that cannot be read
+/// is an error; one found under a named directory is skipped with a warning, so one damaged
+/// run does not hide the others.
 pub fn load_runs(paths: &[PathBuf]) -> Result<Vec<RunRecord>> {
     let mut dirs: Vec<PathBuf> = Vec::new();
     for p in paths {
@@ -255,7 +262,15 @@ pub fn load_runs(paths: &[PathBuf]) -> Result<Vec<RunRecord>> {
             }
         }
     }
-    dirs.iter().map(|d| RunRecord::load(d)).collect()
+    let mut runs = Vec::with_capacity(dirs.len());
+    for dir in dirs {
+        match RunRecord::load(&dir) {
+            Ok(run) => runs.push(run),
+            Err(e) if !paths.contains(&dir) => tracing::warn!("skipping a run: {e}"),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(runs)
 }
 
 /// The table of every run at or under `paths`, rendered.
