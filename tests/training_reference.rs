@@ -1,0 +1,125 @@
+//! Whole training runs against PyTorch's: the same model, loss, optimizer, schedule,
+//! clipping and gradient accumulation, from the same initial weights (model.init_from) over
+//! the same batches, give the same loss at every optimizer step and the same final weights.
+//! tests/fixtures/make_training_reference.py ran them in PyTorch
+//! (tests/fixtures/training_reference.json); each case's job is run here by the binary.
+
+mod common;
+
+use common::{column, ok, read_csv, stdout, trainer, write_job};
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+fn fixture() -> Value {
+    let path = common::root().join("tests/fixtures/training_reference.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn shape_of(tensor: &Value) -> Vec<usize> {
+    let dims = tensor["shape"].as_array().unwrap();
+    dims.iter().map(|d| d.as_u64().unwrap() as usize).collect()
+}
+
+fn f32s(tensor: &Value) -> Vec<f32> {
+    let values = tensor["values"].as_array().unwrap();
+    values.iter().map(|v| v.as_f64().unwrap() as f32).collect()
+}
+
+/// PyTorch's initial state_dict as a safetensors file, for model.init_from.
+fn write_state_dict(state: &Value, path: &Path) {
+    let state = state.as_object().unwrap();
+    let bytes: Vec<(String, Vec<usize>, Dtype, Vec<u8>)> = state
+        .iter()
+        .map(|(name, t)| {
+            let (dtype, bytes) = if name.ends_with("num_batches_tracked") {
+                let n = t["values"][0].as_i64().unwrap();
+                (Dtype::I64, n.to_le_bytes().to_vec())
+            } else {
+                (Dtype::F32, bytemuck::cast_slice(&f32s(t)).to_vec())
+            };
+            (name.clone(), shape_of(t), dtype, bytes)
+        })
+        .collect();
+    let views = bytes.iter().map(|(name, shape, dtype, b)| {
+        let view = TensorView::new(*dtype, shape.clone(), b).unwrap();
+        (name.as_str(), view)
+    });
+    std::fs::write(path, safetensors::serialize(views, None).unwrap()).unwrap();
+}
+
+/// Runs a case's job from PyTorch's initial weights; returns the run directory.
+fn run_case(case: &Value, dir: &Path) -> PathBuf {
+    let init = dir.join("init.safetensors");
+    write_state_dict(&case["init"], &init);
+    let job = write_job(dir, case["job"].as_str().unwrap());
+    let runs = dir.join("runs");
+    let out = ok(trainer(&[
+        "run",
+        job.to_str().unwrap(),
+        "--set",
+        &format!("model.init_from={:?}", init.to_str().unwrap()),
+        "--set",
+        "device.type=\"cpu\"",
+        "--runs-dir",
+        runs.to_str().unwrap(),
+        "-q",
+    ]));
+    PathBuf::from(stdout(&out).trim())
+}
+
+/// The largest |ours - torch| / (|torch| + floor) over the values.
+fn worst_relative(ours: &[f32], torch: &[f32], floor: f32) -> f32 {
+    assert_eq!(ours.len(), torch.len());
+    let err = |(a, b): (&f32, &f32)| (a - b).abs() / (b.abs() + floor);
+    ours.iter().zip(torch).map(err).fold(0.0, f32::max)
+}
+
+#[test]
+fn whole_runs_follow_pytorch_step_by_step() {
+    for case in fixture()["cases"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let run = run_case(case, tmp.path());
+
+        // Every optimizer step's mean training loss (log_every = 1).
+        let (header, rows) = read_csv(&run.join("metrics.csv"));
+        let ours: Vec<f32> = rows
+            .iter()
+            .filter(|r| column(&header, r, "split") == "train")
+            .map(|r| column(&header, r, "loss").parse().unwrap())
+            .collect();
+        let torch = f32s(&serde_json::json!({ "values": case["losses"] }));
+        assert_eq!(ours.len(), torch.len(), "{name}: optimizer steps");
+        let loss_err = worst_relative(&ours, &torch, 0.0);
+        println!(
+            "{name}: {} steps, worst relative loss difference {loss_err:.2e}",
+            ours.len()
+        );
+        assert!(
+            loss_err < 1e-5,
+            "{name}: losses\n ours  {ours:?}\n torch {torch:?}"
+        );
+
+        // The final weights, every tensor of the state_dict.
+        let bytes = std::fs::read(run.join("model.safetensors")).unwrap();
+        let file = SafeTensors::deserialize(&bytes).unwrap();
+        for (tensor, want) in case["final"].as_object().unwrap() {
+            let got = file.tensor(tensor).unwrap();
+            assert_eq!(got.shape(), shape_of(want), "{name}: {tensor}");
+            if got.dtype() == Dtype::I64 {
+                let n = i64::from_le_bytes(got.data().try_into().unwrap());
+                assert_eq!(n, want["values"][0].as_i64().unwrap(), "{name}: {tensor}");
+                continue;
+            }
+            let got: Vec<f32> = bytemuck::pod_collect_to_vec(got.data());
+            let err = worst_relative(&got, &f32s(want), 1e-2);
+            println!("  {tensor}: worst relative difference {err:.2e}");
+            assert!(
+                err < 1e-4,
+                "{name}: {tensor} differs from PyTorch's by {err:.2e}"
+            );
+        }
+    }
+}
