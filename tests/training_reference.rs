@@ -49,23 +49,26 @@ fn write_state_dict(state: &Value, path: &Path) {
     std::fs::write(path, safetensors::serialize(views, None).unwrap()).unwrap();
 }
 
-/// Runs a case's job from PyTorch's initial weights; returns the run directory.
-fn run_case(case: &Value, dir: &Path) -> PathBuf {
+/// Runs a case's job from PyTorch's initial weights, with `extra` arguments; returns the run
+/// directory.
+fn run_case(case: &Value, dir: &Path, extra: &[&str]) -> PathBuf {
     let init = dir.join("init.safetensors");
     write_state_dict(&case["init"], &init);
     let job = write_job(dir, case["job"].as_str().unwrap());
     let runs = dir.join("runs");
-    let out = ok(trainer(&[
+    let init_from = format!("model.init_from={:?}", init.to_str().unwrap());
+    let args = [
         "run",
         job.to_str().unwrap(),
         "--set",
-        &format!("model.init_from={:?}", init.to_str().unwrap()),
+        &init_from,
         "--set",
         "device.type=\"cpu\"",
         "--runs-dir",
         runs.to_str().unwrap(),
         "-q",
-    ]));
+    ];
+    let out = ok(trainer(&[&args[..], extra].concat()));
     PathBuf::from(stdout(&out).trim())
 }
 
@@ -79,47 +82,64 @@ fn worst_relative(ours: &[f32], torch: &[f32], floor: f32) -> f32 {
 #[test]
 fn whole_runs_follow_pytorch_step_by_step() {
     for case in fixture()["cases"].as_array().unwrap() {
-        let name = case["name"].as_str().unwrap();
-        let tmp = tempfile::tempdir().unwrap();
-        let run = run_case(case, tmp.path());
+        follows_pytorch(case, &[]);
+    }
+}
 
-        // Every optimizer step's mean training loss (log_every = 1).
-        let (header, rows) = read_csv(&run.join("metrics.csv"));
-        let ours: Vec<f32> = rows
-            .iter()
-            .filter(|r| column(&header, r, "split") == "train")
-            .map(|r| column(&header, r, "loss").parse().unwrap())
-            .collect();
-        let torch = f32s(&serde_json::json!({ "values": case["losses"] }));
-        assert_eq!(ours.len(), torch.len(), "{name}: optimizer steps");
-        let loss_err = worst_relative(&ours, &torch, 0.0);
-        println!(
-            "{name}: {} steps, worst relative loss difference {loss_err:.2e}",
-            ours.len()
-        );
-        assert!(
-            loss_err < 1e-5,
-            "{name}: losses\n ours  {ours:?}\n torch {torch:?}"
-        );
+/// Data-parallel replicas average their gradients into the full batch's: the same run as
+/// PyTorch's on one device (a model without batch norm, whose statistics are per replica as
+/// in DDP).
+#[test]
+fn two_replicas_follow_pytorch_on_one_device() {
+    let cases = fixture()["cases"].as_array().unwrap().clone();
+    let mlp = cases
+        .iter()
+        .find(|c| c["name"] == "mlp_adamw_cosine_clip_smoothing");
+    follows_pytorch(mlp.unwrap(), &["--set", "parallel.replicas=2"]);
+}
 
-        // The final weights, every tensor of the state_dict.
-        let bytes = std::fs::read(run.join("model.safetensors")).unwrap();
-        let file = SafeTensors::deserialize(&bytes).unwrap();
-        for (tensor, want) in case["final"].as_object().unwrap() {
-            let got = file.tensor(tensor).unwrap();
-            assert_eq!(got.shape(), shape_of(want), "{name}: {tensor}");
-            if got.dtype() == Dtype::I64 {
-                let n = i64::from_le_bytes(got.data().try_into().unwrap());
-                assert_eq!(n, want["values"][0].as_i64().unwrap(), "{name}: {tensor}");
-                continue;
-            }
-            let got: Vec<f32> = bytemuck::pod_collect_to_vec(got.data());
-            let err = worst_relative(&got, &f32s(want), 1e-2);
-            println!("  {tensor}: worst relative difference {err:.2e}");
-            assert!(
-                err < 1e-4,
-                "{name}: {tensor} differs from PyTorch's by {err:.2e}"
-            );
+/// Runs `case` with `extra` arguments and compares it with PyTorch's run.
+fn follows_pytorch(case: &Value, extra: &[&str]) {
+    let name = case["name"].as_str().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let run = run_case(case, tmp.path(), extra);
+
+    // Every optimizer step's mean training loss (log_every = 1).
+    let (header, rows) = read_csv(&run.join("metrics.csv"));
+    let ours: Vec<f32> = rows
+        .iter()
+        .filter(|r| column(&header, r, "split") == "train")
+        .map(|r| column(&header, r, "loss").parse().unwrap())
+        .collect();
+    let torch = f32s(&serde_json::json!({ "values": case["losses"] }));
+    assert_eq!(ours.len(), torch.len(), "{name}: optimizer steps");
+    let loss_err = worst_relative(&ours, &torch, 0.0);
+    println!(
+        "{name}: {} steps, worst relative loss difference {loss_err:.2e}",
+        ours.len()
+    );
+    assert!(
+        loss_err < 1e-5,
+        "{name}: losses\n ours  {ours:?}\n torch {torch:?}"
+    );
+
+    // The final weights, every tensor of the state_dict.
+    let bytes = std::fs::read(run.join("model.safetensors")).unwrap();
+    let file = SafeTensors::deserialize(&bytes).unwrap();
+    for (tensor, want) in case["final"].as_object().unwrap() {
+        let got = file.tensor(tensor).unwrap();
+        assert_eq!(got.shape(), shape_of(want), "{name}: {tensor}");
+        if got.dtype() == Dtype::I64 {
+            let n = i64::from_le_bytes(got.data().try_into().unwrap());
+            assert_eq!(n, want["values"][0].as_i64().unwrap(), "{name}: {tensor}");
+            continue;
         }
+        let got: Vec<f32> = bytemuck::pod_collect_to_vec(got.data());
+        let err = worst_relative(&got, &f32s(want), 1e-2);
+        println!("  {tensor}: worst relative difference {err:.2e}");
+        assert!(
+            err < 1e-4,
+            "{name}: {tensor} differs from PyTorch's by {err:.2e}"
+        );
     }
 }
