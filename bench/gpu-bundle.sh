@@ -7,7 +7,7 @@
 #
 #   bench/gpu-bundle.sh
 #   then device calls, each with carry [".gpu"] (a call may run 10 minutes at most):
-#     bash .gpu/tests.sh kernels parity     every kernel and whole jobs against the CPU
+#     bash .gpu/tests.sh kernels parity     every kernel and whole jobs against the CPU and PyTorch
 #     bash .gpu/tests.sh multiprocess       NCCL and the launcher on the GPU
 #     bash .gpu/bench.sh                    the H100 tables (bench/gpu.sh)
 #
@@ -22,7 +22,7 @@ CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols "$top/../share
 # The GPU tests live in these binaries; the rest are CPU tests, run by CI.
 for t in .gpu/tests/*; do
   case "$(basename "$t")" in
-    cuda_kernels-test | cuda_parity-test | multiprocess-test) ;;
+    cuda_kernels-test | cuda_parity-test | multiprocess-test | training_reference-test) ;;
     *) rm "$t" ;;
   esac
 done
@@ -62,7 +62,10 @@ run() {
 for what in ${@:-kernels parity multiprocess}; do
   case $what in
     kernels) run kernels .gpu/tests/cuda_kernels-test ;;
-    parity) run parity .gpu/tests/cuda_parity-test ;;
+    parity)
+      run parity .gpu/tests/cuda_parity-test
+      # Whole runs on the GPU against PyTorch's (tests/fixtures/training_reference.json).
+      run reference .gpu/tests/training_reference-test whole_runs_on_cuda ;;
     # Its GPU tests (the others are CPU tests, run by CI).
     multiprocess) run multiprocess .gpu/tests/multiprocess-test gpu nccl streamed refused ;;
     *) echo "unknown: $what"; fail=1 ;;
