@@ -484,7 +484,19 @@ fn ragged_csv_row_names_the_line() {
         &[("data.csv", csv)],
         &[],
         2,
-        &["data.csv", "line: 3"],
+        &["data.csv: line 3: 2 field(s), where the header has 3"],
+    );
+}
+
+#[test]
+fn csv_that_is_not_utf8_names_the_line() {
+    let csv = b"a,b,label\n1,2,0\n3,\xff,1\n";
+    expect_failure(
+        CSV_JOB,
+        &[("data.csv", csv)],
+        &[],
+        2,
+        &["data.csv: line 3: not UTF-8 text"],
     );
 }
 

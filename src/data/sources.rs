@@ -106,7 +106,7 @@ fn parse_csv(
     let headers: Vec<String> = if has_header {
         reader
             .headers()
-            .map_err(|e| Error::Job(format!("{name}: {e}")))?
+            .map_err(|e| csv_error(name, &e, has_header))?
             .iter()
             .map(|h| h.trim().to_string())
             .collect()
@@ -118,7 +118,7 @@ fn parse_csv(
     // Values that parse but are not finite (nan, inf, 1e39 beyond f32): the first one's place.
     let (mut not_finite, mut first_not_finite) = (0usize, None);
     for (row, record) in reader.records().enumerate() {
-        let record = record.map_err(|e| Error::Job(format!("{name}: {e}")))?;
+        let record = record.map_err(|e| csv_error(name, &e, has_header))?;
         let line = record.position().map_or(row + 1, |p| p.line() as usize);
         let (label_col, feature_cols) = match &columns {
             Some(c) => c,
@@ -181,6 +181,35 @@ fn parse_csv(
         );
     }
     Ok((data, width))
+}
+
+/// A CSV reader's error in the file's terms: the line, and what is wrong there.
+fn csv_error(name: &str, e: &csv::Error, has_header: bool) -> Error {
+    let first = if has_header {
+        "the header"
+    } else {
+        "the first row"
+    };
+    let why = match e.kind() {
+        csv::ErrorKind::UnequalLengths {
+            pos,
+            expected_len,
+            len,
+        } => {
+            let line = pos
+                .as_ref()
+                .map_or(String::new(), |p| format!("line {}: ", p.line()));
+            format!("{line}{len} field(s), where {first} has {expected_len}")
+        }
+        csv::ErrorKind::Utf8 { pos, .. } => {
+            let line = pos
+                .as_ref()
+                .map_or(String::new(), |p| format!("line {}: ", p.line()));
+            format!("{line}not UTF-8 text")
+        }
+        _ => e.to_string(),
+    };
+    Error::Job(format!("{name}: {why}"))
 }
 
 fn resolve_columns(
