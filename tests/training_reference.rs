@@ -54,6 +54,9 @@ fn write_state_dict(state: &Value, path: &Path) {
 fn run_case(case: &Value, dir: &Path, device: &str, extra: &[&str]) -> PathBuf {
     let init = dir.join("init.safetensors");
     write_state_dict(&case["init"], &init);
+    for (name, text) in case["files"].as_object().unwrap() {
+        std::fs::write(dir.join(name), text.as_str().unwrap()).unwrap();
+    }
     let job = write_job(dir, case["job"].as_str().unwrap());
     let runs = dir.join("runs");
     let init_from = format!("model.init_from={:?}", init.to_str().unwrap());
