@@ -1,6 +1,7 @@
 //! Whole training runs against PyTorch's: the same model, loss, optimizer, schedule,
 //! clipping and gradient accumulation, from the same initial weights (model.init_from) over
-//! the same batches, give the same loss at every optimizer step and the same final weights.
+//! the same batches, give the same loss at every optimizer step, the same final weights,
+//! and the same evaluation of the final model.
 //! tests/fixtures/make_training_reference.py ran them in PyTorch
 //! (tests/fixtures/training_reference.json); each case's job is run here by the binary.
 
@@ -54,6 +55,8 @@ fn write_state_dict(state: &Value, path: &Path) {
 fn run_case(case: &Value, dir: &Path, device: &str, extra: &[&str]) -> PathBuf {
     let init = dir.join("init.safetensors");
     write_state_dict(&case["init"], &init);
+    let digits = common::root().join("jobs/data/digits.csv.gz");
+    std::fs::copy(digits, dir.join("digits.csv.gz")).unwrap();
     for (name, text) in case["files"].as_object().unwrap() {
         std::fs::write(dir.join(name), text.as_str().unwrap()).unwrap();
     }
@@ -168,6 +171,22 @@ fn follows_pytorch(case: &Value, device: &str, extra: &[&str], within: Tolerance
         loss_err < within.loss,
         "{name}: losses\n ours  {ours:?}\n torch {torch:?}"
     );
+
+    // The final model evaluated on the training file (the job's test set), in evaluation
+    // mode (batch norm's running statistics). An accuracy may differ by one sample of the
+    // digits' 1,797, whose top two logits would be within rounding of each other.
+    let test = rows.iter().rfind(|r| column(&header, r, "split") == "test");
+    let test = test.unwrap_or_else(|| panic!("{name}: no test row"));
+    for (metric, want) in case["test"].as_object().unwrap() {
+        let got: f64 = column(&header, test, metric).parse().unwrap();
+        let want = want.as_f64().unwrap();
+        println!("  test {metric}: {got} (PyTorch {want})");
+        let close = match metric.as_str() {
+            "accuracy" => (got - want).abs() <= 1e-3,
+            _ => (got - want).abs() <= within.loss as f64 * want.abs(),
+        };
+        assert!(close, "{name}: test {metric} {got}, PyTorch's {want}");
+    }
 
     // The final weights, every tensor of the state_dict.
     let bytes = std::fs::read(run.join("model.safetensors")).unwrap();
