@@ -290,3 +290,55 @@ impl TensorFile {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tensors(values: &[f32]) -> Vec<TensorOut<'_>> {
+        vec![TensorOut {
+            name: "params".into(),
+            shape: vec![values.len()],
+            values: Values::F32(values),
+        }]
+    }
+
+    #[test]
+    fn metadata_is_checked_when_the_file_has_its_checksum() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.safetensors");
+        let meta = BTreeMap::from([("state".to_string(), r#"{"step":30}"#.to_string())]);
+        write(&path, &tensors(&[1.0, 2.0]), meta).unwrap();
+        assert_eq!(read(&path).unwrap().metadata()["state"], r#"{"step":30}"#);
+        assert!(read_metadata_only(&path).is_some());
+
+        // One digit changed, the header still valid JSON of the same length.
+        let mut bytes = std::fs::read(&path).unwrap();
+        let key = br#"step\":30"#;
+        let at = bytes.windows(key.len()).position(|w| w == key).unwrap();
+        bytes[at + key.len() - 1] = b'1';
+        std::fs::write(&path, bytes).unwrap();
+        let err = read(&path).err().unwrap();
+        assert!(err.contains("metadata checksum mismatch"), "{err}");
+        assert!(read_metadata_only(&path).is_none());
+    }
+
+    #[test]
+    fn files_without_the_metadata_checksum_are_still_read() {
+        // As written before the metadata checksum existed, or by another tool.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.safetensors");
+        let values = [1.0f32, 2.0];
+        let view = safetensors::tensor::TensorView::new(
+            Dtype::F32,
+            vec![2],
+            bytemuck::cast_slice(&values),
+        )
+        .unwrap();
+        let meta = HashMap::from([("state".to_string(), "{}".to_string())]);
+        let bytes = safetensors::serialize([("params", view)], Some(meta)).unwrap();
+        std::fs::write(&path, bytes).unwrap();
+        assert_eq!(read(&path).unwrap().f32s("params").unwrap(), values);
+        assert!(read_metadata_only(&path).is_some());
+    }
+}
