@@ -28,9 +28,9 @@ use xxhash_rust::xxh3::Xxh3;
 const _: () = assert!(cfg!(target_endian = "little"));
 
 /// Metadata keys this module owns.
-pub const CHECKSUM_KEY: &str = "checksum";
-pub const TENSOR_BYTES_KEY: &str = "tensor_bytes";
-pub const METADATA_CHECKSUM_KEY: &str = "metadata_checksum";
+const CHECKSUM_KEY: &str = "checksum";
+const TENSOR_BYTES_KEY: &str = "tensor_bytes";
+const METADATA_CHECKSUM_KEY: &str = "metadata_checksum";
 
 /// A tensor to write, borrowed from memory.
 pub enum Values<'a> {
