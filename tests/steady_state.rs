@@ -272,38 +272,35 @@ fn multi_process_steps_allocate_nothing_but_gemm_scratch_on_either_rank() {
     rank1.join().unwrap().unwrap();
 }
 
-/// A residual conv net (conv, batch norm, ReLU, add, pooling, layer norm, dropout), in fp32,
-/// in bf16, in fp16 with loss scaling, and with activation checkpointing: no allocation of
-/// ours in a step, nothing retained.
+/// A residual conv net (conv, batch norm, ReLU, add, pooling, layer norm, dropout) and a
+/// graph of branches (concat, tanh, sigmoid, softmax layers), each in fp32, in bf16, in fp16
+/// with loss scaling, and with activation checkpointing: no allocation of ours in a step,
+/// nothing retained.
 #[test]
-fn conv_net_steps_in_every_precision_allocate_nothing_of_their_own() {
+fn conv_nets_and_graphs_in_every_precision_allocate_nothing_of_their_own() {
     use trainer::tensor::HalfKind;
     let _turn = common::one_at_a_time();
-    let layers = r#"
-        [data]
-        source = "synthetic"
-        [model]
-        layers = [
-          { type = "conv2d", out = 4, kernel_size = 3, padding = 1 }, { type = "batchnorm2d" },
-          { type = "relu", name = "r1" },
-          { type = "conv2d", out = 4, kernel_size = 3, padding = 1, bias = false },
-          { type = "batchnorm2d", name = "b2" }, { type = "add", inputs = ["b2", "r1"] },
-          { type = "relu" }, { type = "maxpool2d", kernel_size = 2 },
-          { type = "conv2d", out = 8, kernel_size = 3, stride = 2, padding = 1 },
-          { type = "layernorm" }, { type = "gelu" }, { type = "dropout", p = 0.1 },
-          { type = "avgpool2d", kernel_size = 3 }, { type = "flatten" },
-          { type = "linear", out = 10 },
-        ]
-        [optimizer]
-        type = "adam"
-        lr = 1e-3
-        "#;
-    let (batch, samples, shape) = (16, 64, vec![1, 12, 12]);
-    let data = DataShape {
-        sample_shape: shape.clone(),
-        classes: Some(10),
-        target_dim: 1,
-    };
+    let conv_net = r#"[
+      { type = "conv2d", out = 4, kernel_size = 3, padding = 1 }, { type = "batchnorm2d" },
+      { type = "relu", name = "r1" },
+      { type = "conv2d", out = 4, kernel_size = 3, padding = 1, bias = false },
+      { type = "batchnorm2d", name = "b2" }, { type = "add", inputs = ["b2", "r1"] },
+      { type = "relu" }, { type = "maxpool2d", kernel_size = 2 },
+      { type = "conv2d", out = 8, kernel_size = 3, stride = 2, padding = 1 },
+      { type = "layernorm" }, { type = "gelu" }, { type = "dropout", p = 0.1 },
+      { type = "avgpool2d", kernel_size = 3 }, { type = "flatten" },
+      { type = "linear", out = 10 },
+    ]"#;
+    let branches = r#"[
+      { type = "linear", out = 16, name = "a" }, { type = "tanh", name = "t" },
+      { type = "linear", out = 8, inputs = ["t"] }, { type = "sigmoid", name = "s" },
+      { type = "concat", inputs = ["t", "s"] }, { type = "softmax" },
+      { type = "linear", out = 12 }, { type = "log_softmax" }, { type = "linear", out = 10 },
+    ]"#;
+    let models = [
+        ("conv net", conv_net, vec![1, 12, 12]),
+        ("branches", branches, vec![24]),
+    ];
     let variants = [
         ("fp32", None, None, ""),
         ("bf16", Some(HalfKind::Bf16), None, ""),
@@ -320,18 +317,31 @@ fn conv_net_steps_in_every_precision_allocate_nothing_of_their_own() {
             "[checkpoint]\nactivations = { segments = 3 }\n",
         ),
     ];
+    let (batch, samples) = (16, 64);
     let backend = CpuBackend::new(1);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(1)
         .build()
         .unwrap();
-    for (what, half, loss_scale, extra) in variants {
-        let spec = common::spec(&format!("{layers}{extra}"));
+    for ((model, layers, shape), (variant, half, loss_scale, extra)) in models
+        .iter()
+        .flat_map(|m| variants.iter().map(move |v| (m, v)))
+    {
+        let what = format!("{model}, {variant}");
+        let spec = common::spec(&format!(
+            "[data]\nsource = \"synthetic\"\n[model]\nlayers = {layers}\n\
+             [optimizer]\ntype = \"adam\"\nlr = 1e-3\n{extra}"
+        ));
+        let data = DataShape {
+            sample_shape: shape.clone(),
+            classes: Some(10),
+            target_dim: 1,
+        };
         pool.install(|| {
             let graph = Graph::build(&spec, &data).unwrap();
             let params = graph.init_params(1);
             let mut net =
-                Network::with_precision(&backend, graph, &params, batch, 1, half).unwrap();
+                Network::with_precision(&backend, graph, &params, batch, 1, *half).unwrap();
             let mut optimizer = Optimizer::new(&backend, &spec, params.len()).unwrap();
             let row_len = shape.iter().product();
             let samples_in = Samples::Resident {
@@ -348,7 +358,7 @@ fn conv_net_steps_in_every_precision_allocate_nothing_of_their_own() {
             let mut stats = backend.new_stats().unwrap();
             let mut micro_step = 0;
             let settings = StepSettings {
-                loss_scale,
+                loss_scale: *loss_scale,
                 ..SETTINGS
             };
             let mut epoch = || {
@@ -382,7 +392,7 @@ fn conv_net_steps_in_every_precision_allocate_nothing_of_their_own() {
                 live_before,
                 "{what}: retained"
             );
-            assert!(backend.take_stats(&mut stats).samples > 0.0);
+            assert!(backend.take_stats(&mut stats).samples > 0.0, "{what}");
         });
     }
 }
