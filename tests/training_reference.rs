@@ -79,6 +79,19 @@ fn run_case(case: &Value, dir: &Path, device: &str, extra: &[&str]) -> PathBuf {
     PathBuf::from(stdout(&out).trim())
 }
 
+/// metrics.csv's train rows: one per optimizer step (the jobs log every step).
+fn train_rows<'a>(header: &[String], rows: &'a [Vec<String>]) -> Vec<&'a Vec<String>> {
+    let train = rows
+        .iter()
+        .filter(|r| column(header, r, "split") == "train");
+    train.collect()
+}
+
+fn losses(header: &[String], train: &[&Vec<String>]) -> Vec<f32> {
+    let loss = |r: &&Vec<String>| column(header, r, "loss").parse().unwrap();
+    train.iter().map(loss).collect()
+}
+
 /// The largest |ours - torch| / (|torch| + floor) over the values.
 fn worst_relative(ours: &[f32], torch: &[f32], floor: f32) -> f32 {
     assert_eq!(ours.len(), torch.len());
@@ -162,14 +175,8 @@ fn mixed_precision_follows_pytorch_autocast() {
             let precision = format!("precision.mode={mode:?}");
             let run = run_case(case, tmp.path(), "cpu", &["--set", &precision]);
             let (header, rows) = read_csv(&run.join("metrics.csv"));
-            let train: Vec<&Vec<String>> = rows
-                .iter()
-                .filter(|r| column(&header, r, "split") == "train")
-                .collect();
-            let ours: Vec<f32> = train
-                .iter()
-                .map(|r| column(&header, r, "loss").parse().unwrap())
-                .collect();
+            let train = train_rows(&header, &rows);
+            let ours = losses(&header, &train);
             let torch = f32s(&serde_json::json!({ "values": want["losses"] }));
             // The first step's loss comes from the same weights: only the roundings differ
             // from fp32, by 2e-5 to 3e-4 here, and they are autocast's to 2e-7.
@@ -223,11 +230,7 @@ fn follows_pytorch(case: &Value, device: &str, extra: &[&str], within: Tolerance
 
     // Every optimizer step's mean training loss (log_every = 1).
     let (header, rows) = read_csv(&run.join("metrics.csv"));
-    let ours: Vec<f32> = rows
-        .iter()
-        .filter(|r| column(&header, r, "split") == "train")
-        .map(|r| column(&header, r, "loss").parse().unwrap())
-        .collect();
+    let ours = losses(&header, &train_rows(&header, &rows));
     let torch = f32s(&serde_json::json!({ "values": case["losses"] }));
     assert_eq!(ours.len(), torch.len(), "{name}: optimizer steps");
     let loss_err = worst_relative(&ours, &torch, 0.0);
