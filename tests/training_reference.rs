@@ -23,9 +23,15 @@ fn shape_of(tensor: &Value) -> Vec<usize> {
     dims.iter().map(|d| d.as_u64().unwrap() as usize).collect()
 }
 
+/// A tensor's values, as f32.
 fn f32s(tensor: &Value) -> Vec<f32> {
-    let values = tensor["values"].as_array().unwrap();
-    values.iter().map(|v| v.as_f64().unwrap() as f32).collect()
+    numbers(&tensor["values"])
+}
+
+/// A JSON list of numbers, as f32.
+fn numbers(list: &Value) -> Vec<f32> {
+    let list = list.as_array().unwrap();
+    list.iter().map(|v| v.as_f64().unwrap() as f32).collect()
 }
 
 /// PyTorch's initial state_dict as a safetensors file, for model.init_from.
@@ -177,11 +183,11 @@ fn mixed_precision_follows_pytorch_autocast() {
             let (header, rows) = read_csv(&run.join("metrics.csv"));
             let train = train_rows(&header, &rows);
             let ours = losses(&header, &train);
-            let torch = f32s(&serde_json::json!({ "values": want["losses"] }));
+            let torch = numbers(&want["losses"]);
             // The first step's loss comes from the same weights: only the roundings differ
             // from fp32, by 2e-5 to 3e-4 here, and they are autocast's to 2e-7.
             let first = worst_relative(&ours[..1], &torch[..1], 0.0);
-            let fp32 = f32s(&serde_json::json!({ "values": case["losses"] }));
+            let fp32 = numbers(&case["losses"]);
             let rounding = worst_relative(&fp32[..1], &torch[..1], 0.0);
             println!(
                 "{name} {mode}: first loss {first:.1e} from autocast's (fp32's: {rounding:.1e})"
@@ -231,7 +237,7 @@ fn follows_pytorch(case: &Value, device: &str, extra: &[&str], within: Tolerance
     // Every optimizer step's mean training loss (log_every = 1).
     let (header, rows) = read_csv(&run.join("metrics.csv"));
     let ours = losses(&header, &train_rows(&header, &rows));
-    let torch = f32s(&serde_json::json!({ "values": case["losses"] }));
+    let torch = numbers(&case["losses"]);
     assert_eq!(ours.len(), torch.len(), "{name}: optimizer steps");
     let loss_err = worst_relative(&ours, &torch, 0.0);
     println!(
