@@ -515,6 +515,17 @@ fn set_of_an_unknown_key_is_refused() {
 }
 
 #[test]
+fn picking_an_element_of_a_list_the_file_does_not_set_says_how_to_set_it() {
+    expect_failure(
+        GOOD_JOB,
+        &[],
+        &["--set", "optimizer.betas[1]=0.99"],
+        2,
+        &["no list `optimizer.betas`", "--set optimizer.betas=[...]"],
+    );
+}
+
+#[test]
 fn a_bad_value_is_blamed_on_the_layer_that_gave_it() {
     expect_failure(
         GOOD_JOB,

@@ -213,7 +213,8 @@ pub(super) fn parse_sets(sets: &[String], file: &toml::Table) -> Result<toml::Ta
             if lookup(&root, array).is_none() {
                 let from_file = lookup_table(file, array).ok_or_else(|| {
                     fail(format!(
-                        "the job file has no list `{}` to pick an element of",
+                        "the job file has no list `{0}` to pick an element of; set the whole \
+                         list instead, e.g. --set {0}=[...]",
                         dotted(array)
                     ))
                 })?;
