@@ -53,6 +53,28 @@ const SETTINGS: StepSettings = StepSettings {
     skip_nonfinite: false,
 };
 
+/// Runs `epoch` once to warm up (gemm's and the pool's thread-local state), then twice
+/// counted: asserts that none of the allocations were ours and nothing was retained, and
+/// returns how many there were (gemm's).
+fn counted_epochs(what: &str, mut epoch: impl FnMut()) -> usize {
+    epoch();
+    let live_before = LIVE_BYTES.load(Ordering::SeqCst);
+    ALLOCATIONS.store(0, Ordering::SeqCst);
+    OURS.store(0, Ordering::SeqCst);
+    COUNTING.store(true, Ordering::SeqCst);
+    epoch();
+    epoch();
+    COUNTING.store(false, Ordering::SeqCst);
+    assert_eq!(
+        OURS.load(Ordering::SeqCst),
+        0,
+        "{what}: allocations of ours"
+    );
+    let live = LIVE_BYTES.load(Ordering::SeqCst);
+    assert_eq!(live, live_before, "{what}: steps retained memory");
+    ALLOCATIONS.load(Ordering::SeqCst)
+}
+
 #[test]
 fn training_steps_allocate_nothing_but_gemm_scratch_and_retain_nothing() {
     // The counters are global: the tests of this file take turns.
@@ -101,8 +123,7 @@ fn training_steps_allocate_nothing_but_gemm_scratch_and_retain_nothing() {
             target_dim: 1,
         };
         let settings = SETTINGS;
-        let mut step = |count: bool| {
-            COUNTING.store(count, Ordering::SeqCst);
+        let epoch = || {
             for pair in groups.chunks(2) {
                 optimizer_step(
                     &backend,
@@ -115,28 +136,15 @@ fn training_steps_allocate_nothing_but_gemm_scratch_and_retain_nothing() {
                     settings,
                 );
             }
-            COUNTING.store(false, Ordering::SeqCst);
         };
+        let allocations = counted_epochs("mlp", epoch);
         // Matrix products per optimizer step: per micro-batch, each of the 3 linear layers runs
-        // forward and dW, and all but the first dx.
+        // forward and dW, and all but the first dx. At most gemm's two per product over the
+        // two counted epochs, nothing else.
         let products_per_epoch = groups.len() * (3 + 3 + 2);
-        step(false); // warm-up: thread-local state of gemm and the pool
-        let live_before = LIVE_BYTES.load(Ordering::SeqCst);
-        ALLOCATIONS.store(0, Ordering::SeqCst);
-        OURS.store(0, Ordering::SeqCst);
-        step(true);
-        step(true);
-        let allocations = ALLOCATIONS.load(Ordering::SeqCst);
-        // At most gemm's two per product over the two counted epochs, nothing else.
         assert!(
             allocations <= 2 * 2 * products_per_epoch,
             "{allocations} allocations in 2 epochs of {products_per_epoch} matrix products"
-        );
-        assert_eq!(OURS.load(Ordering::SeqCst), 0, "allocations of ours");
-        assert_eq!(
-            LIVE_BYTES.load(Ordering::SeqCst),
-            live_before,
-            "steps retained memory"
         );
         assert!(backend.take_stats(&mut stats).samples > 0.0);
     });
@@ -361,7 +369,7 @@ fn conv_nets_and_graphs_in_every_precision_allocate_nothing_of_their_own() {
                 loss_scale: *loss_scale,
                 ..SETTINGS
             };
-            let mut epoch = || {
+            let epoch = || {
                 for pair in groups.chunks(2) {
                     optimizer_step(
                         &backend,
@@ -375,23 +383,7 @@ fn conv_nets_and_graphs_in_every_precision_allocate_nothing_of_their_own() {
                     );
                 }
             };
-            epoch(); // warm-up
-            let live_before = LIVE_BYTES.load(Ordering::SeqCst);
-            OURS.store(0, Ordering::SeqCst);
-            COUNTING.store(true, Ordering::SeqCst);
-            epoch();
-            epoch();
-            COUNTING.store(false, Ordering::SeqCst);
-            assert_eq!(
-                OURS.load(Ordering::SeqCst),
-                0,
-                "{what}: allocations of ours"
-            );
-            assert_eq!(
-                LIVE_BYTES.load(Ordering::SeqCst),
-                live_before,
-                "{what}: retained"
-            );
+            counted_epochs(&what, epoch);
             assert!(backend.take_stats(&mut stats).samples > 0.0, "{what}");
         });
     }
