@@ -1,7 +1,7 @@
 // What the kernels (kernels/*.cu) need of CUDA, for running them on the host: a launch runs
-// its blocks one after another, and a block's threads as fibers (ucontext) on one host
-// thread. A thread runs until it finishes or waits: at __syncthreads until every thread of the
-// block is there, at a warp shuffle until its 32 lanes are. A barrier some threads never reach
+// its blocks one after another, and a block's threads as fibers on one host thread. A thread
+// runs until it finishes or waits: at __syncthreads until every thread of the block is there,
+// at a warp shuffle until its 32 lanes are. A barrier some threads never reach
 // is reported as a failure (on a GPU it hangs or is undefined). Between barriers each warp runs
 // as far as it can before the next one starts, in index order, or in reverse when
 // `host_gpu::reverse_order` is set: a kernel that reads shared memory without the barrier that
@@ -12,6 +12,37 @@
 #include <stdlib.h>
 #include <string.h>
 #include <ucontext.h>
+
+// Switching fibers: glibc's swapcontext saves and restores the signal mask, a system call at
+// every switch, which made a launch of a few thousand threads cost milliseconds (the emulated
+// GPU of tests/emulated_cuda runs whole training jobs through this). On x86-64 a switch is
+// the callee-saved registers and the stack pointer, written out here.
+#if defined(__x86_64__)
+extern "C" void host_gpu_switch(void** save_sp, void* next_sp);
+asm(R"(
+    .text
+    .globl host_gpu_switch
+    .type host_gpu_switch, @function
+host_gpu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size host_gpu_switch, .-host_gpu_switch
+)");
+#define HOST_GPU_FAST_SWITCH 1
+#endif
 
 struct Dim3 {
     unsigned x, y, z;
@@ -53,11 +84,19 @@ const size_t STACK_BYTES = 64 * 1024;
 enum State { Ready, AtSyncthreads, AtShuffle, Done };
 
 struct Fiber {
+#ifdef HOST_GPU_FAST_SWITCH
+    void* sp;  // its saved stack pointer, where host_gpu_switch left it
+#else
     ucontext_t context;
+#endif
     State state;
 };
 Fiber fibers[MAX_THREADS];
+#ifdef HOST_GPU_FAST_SWITCH
+void* scheduler;
+#else
 ucontext_t scheduler;
+#endif
 unsigned current, block_threads;
 bool reverse_order = false;
 int barrier_failures = 0;
@@ -68,16 +107,33 @@ uint64_t shuffle_slots[MAX_THREADS];
 
 inline unsigned thread_id() { return threadIdx.x + threadIdx.y * blockDim.x; }
 
+// Set while a launch runs its threads as plain calls, one after another (`launch_blocks`
+// for a kernel that never waits): nothing can wait then.
+bool direct = false;
+
 // Back to the scheduler until the barrier `s` lets this thread go.
 inline void wait(State s) {
+    if (direct) {
+        printf("a kernel launched as one that never waits reached a barrier or a shuffle\n");
+        abort();
+    }
     fibers[current].state = s;
+#ifdef HOST_GPU_FAST_SWITCH
+    host_gpu_switch(&fibers[current].sp, scheduler);
+#else
     swapcontext(&fibers[current].context, &scheduler);
+#endif
     asm volatile("" ::: "memory");
 }
 
 inline void fiber_main() {
     body(body_arg);
-    fibers[current].state = Done;  // returns to the scheduler (uc_link)
+    fibers[current].state = Done;
+#ifdef HOST_GPU_FAST_SWITCH
+    void* finished;
+    host_gpu_switch(&finished, scheduler);  // never resumed
+#endif
+    // (with ucontext, returning goes back to the scheduler: uc_link)
 }
 
 // Each lane gets `v` of lane `source(lane)` of its warp.
@@ -109,7 +165,11 @@ inline void run_warp(unsigned w) {
             if (fibers[t].state != Ready) continue;
             current = t;
             threadIdx = {t % blockDim.x, t / blockDim.x, 0};
+#ifdef HOST_GPU_FAST_SWITCH
+            host_gpu_switch(&scheduler, fibers[t].sp);
+#else
             swapcontext(&scheduler, &fibers[t].context);
+#endif
         }
         for (unsigned t = w * 32; t < w * 32 + 32; t++)
             if (fibers[t].state != AtShuffle) return;
@@ -121,6 +181,18 @@ inline void run_warp(unsigned w) {
 // before the next starts (from the first warp, or from the last in reverse order), so a warp
 // that reads shared memory without a barrier finds either nothing or everything written.
 inline void run_block() {
+#ifdef HOST_GPU_FAST_SWITCH
+    for (unsigned t = 0; t < block_threads; t++) {
+        // A fresh stack as host_gpu_switch leaves one: six saved registers (zeros), then the
+        // address it returns to, fiber_main, entered with the stack aligned as after a call.
+        void** top = (void**)(stacks + (t + 1) * STACK_BYTES);
+        top[-1] = nullptr;
+        top[-2] = (void*)&fiber_main;
+        for (int r = 3; r <= 8; r++) top[-r] = nullptr;
+        fibers[t].sp = top - 8;
+        fibers[t].state = Ready;
+    }
+#else
     static ucontext_t blank;
     static bool has_blank = false;
     if (!has_blank) getcontext(&blank), has_blank = true;
@@ -132,6 +204,7 @@ inline void run_block() {
         makecontext(&fibers[t].context, fiber_main, 0);
         fibers[t].state = Ready;
     }
+#endif
     const unsigned warps = block_threads / 32;
     for (;;) {
         for (unsigned k = 0; k < warps; k++) run_warp(reverse_order ? warps - 1 - k : k);
@@ -158,9 +231,10 @@ T __shfl_xor_sync(unsigned, T v, int mask) {
 inline void __syncthreads() { host_gpu::wait(host_gpu::AtSyncthreads); }
 
 // Runs `kernel` (a closure calling one kernel) as a launch of `grid` blocks of `block` threads
-// (a multiple of 32, at most 1024).
+// (a multiple of 32, at most 1024). A kernel with no barrier and no shuffle (`may_wait`
+// false) runs its threads as plain calls, without fibers: the same result, faster.
 template <class K>
-void launch_blocks(unsigned grid, Dim3 block, K kernel) {
+void launch_blocks(unsigned grid, Dim3 block, K kernel, bool may_wait = true) {
     using namespace host_gpu;
     block_threads = block.x * block.y * block.z;
     if (block_threads == 0 || block_threads % 32 != 0 || block_threads > MAX_THREADS) {
@@ -172,10 +246,20 @@ void launch_blocks(unsigned grid, Dim3 block, K kernel) {
     gridDim = {grid, 1, 1};
     body = [](void* k) { (*(K*)k)(); };
     body_arg = &kernel;
+    direct = !may_wait;
     for (unsigned b = 0; b < grid; b++) {
         blockIdx = {b, 0, 0};
-        run_block();
+        if (may_wait) {
+            run_block();
+            continue;
+        }
+        for (unsigned t = 0; t < block_threads; t++) {
+            current = t;
+            threadIdx = {t % blockDim.x, t / blockDim.x, 0};
+            body(body_arg);
+        }
     }
+    direct = false;
 }
 
 // A launch of blocks of 256 threads covering `threads` (at most 65536 blocks), as
