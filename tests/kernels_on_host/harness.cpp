@@ -612,9 +612,9 @@ static void loss_kernels() {
     expect_near("reduce_stats", stats, want, 1e-12);
 }
 
-// The gradient norm's two passes: NORM_BLOCKS partial sums, then one block adds them.
+// The gradient norm's two passes: a partial sum a block, then one block adds them.
 static void norm_kernels() {
-    const unsigned norm_blocks = 16;  // NORM_BLOCKS (1024) in src/tensor/cuda: fewer here, for time
+    const unsigned norm_blocks = 16;  // 1 to NORM_BLOCKS (1024) in src/tensor/cuda, by length
     for (uint64_t n : {1, 3000, 10000}) {
         Buffer g = random_buffer(0, n);
         std::vector<double> partials(norm_blocks), sum(1);

@@ -29,8 +29,11 @@ pub const CUBLAS_WORKSPACE: usize = 32 << 20;
 const THREADS: u32 = 256;
 /// Values a thread moves at once in the vectorised kernels (kernels/cast.cu's VEC).
 const VEC: usize = 8;
-/// Blocks of the first pass of the gradient norm (a fixed count keeps the sum's order fixed).
+/// Most blocks of the first pass of the gradient norm (its partials buffer's length).
 const NORM_BLOCKS: u32 = 1024;
+/// Values per thread below which the gradient norm's first pass uses fewer blocks: a small
+/// model's norm is not spread over 262,144 mostly idle threads.
+const NORM_VALUES_PER_THREAD: usize = 16;
 /// Columns per block of the bias gradient, and threads splitting the rows (kernels' BIAS_TILE).
 const BIAS_TILE: usize = 32;
 /// Pinned staging buffers of a streamed data set: inputs and targets of two batches.
@@ -655,16 +658,21 @@ impl CudaBackend {
     fn sum_squares_on_device(&self, buf: &CudaSlice<f32>) {
         let (mut partials, mut norm) = (self.partials.borrow_mut(), self.norm.borrow_mut());
         let n = buf.len() as u64;
+        // The count depends on the length alone, so the sum's order is fixed for a model.
+        let blocks = (buf
+            .len()
+            .div_ceil(THREADS as usize * NORM_VALUES_PER_THREAD) as u32)
+            .clamp(1, NORM_BLOCKS);
         let mut l = self.stream.launch_builder(&self.f.sum_squares_partial);
         l.arg(buf).arg(&n).arg(&mut *partials);
         let cfg = LaunchConfig {
-            grid_dim: (NORM_BLOCKS, 1, 1),
+            grid_dim: (blocks, 1, 1),
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: reads n elements; block b writes partials[b], b < NORM_BLOCKS = its length.
         self.launch("gradient norm", unsafe { l.launch(cfg) }.map(|_| ()));
-        let count = NORM_BLOCKS as u64;
+        let count = blocks as u64;
         let mut l = self.stream.launch_builder(&self.f.sum_partials);
         l.arg(&*partials).arg(&count).arg(&mut *norm);
         let one_block = LaunchConfig {
@@ -672,7 +680,7 @@ impl CudaBackend {
             block_dim: (1024, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: reads NORM_BLOCKS doubles, writes one.
+        // SAFETY: reads `blocks` doubles (at most NORM_BLOCKS), writes one.
         self.launch("gradient norm", unsafe { l.launch(one_block) }.map(|_| ()));
     }
 
