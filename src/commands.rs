@@ -305,6 +305,7 @@ pub fn run(args: &RunArgs) -> Result<Option<PathBuf>> {
             // The GPU does the work; the loop stays on this thread, bound to the CUDA context.
             let backend = CudaBackend::new(ordinal, spec.device.allow_tf32)?;
             let spec = precision_on_gpu(&spec, &backend)?;
+            check_device_memory(&spec, &graph, &data, &backend, ordinal)?;
             backend.set_half_matmuls(train::half_kind(spec.precision.mode));
             let Some(start) = start else {
                 return train::serve(&backend, &spec, graph, data).map(|()| None);
@@ -790,14 +791,39 @@ fn all_replicas_memory(spec: &JobSpec, graph: &Graph, one: &MemoryPlan) -> usize
 fn check_host_memory(spec: &JobSpec, graph: &Graph, data: &Data) -> Result<()> {
     let needed = all_replicas_memory(spec, graph, &memory_plan(spec, graph, data, None));
     match host_memory_free() {
-        Some(free) if needed > free => Err(Error::Runtime(format!(
-            "not enough memory: this job plans {} (`trainer check` shows where it goes) but \
-             this machine has {} free; lower data.batch_size or the model's sizes",
-            bytes(needed),
-            bytes(free)
-        ))),
-        _ => Ok(()),
+        Some(free) => fits(needed, free, "this machine"),
+        None => Ok(()),
     }
+}
+
+/// Refuses a GPU job (this process's replica) that plans more memory than the device has
+/// free, before a run directory is made, in the CPU's terms rather than as the first
+/// allocation that fails. The measured peak is the plan or slightly above it (BENCHMARKS.md),
+/// so nothing refused here would have fitted.
+fn check_device_memory(
+    spec: &JobSpec,
+    graph: &Graph,
+    data: &Data,
+    backend: &CudaBackend,
+    ordinal: usize,
+) -> Result<()> {
+    let Some(free) = backend.free_memory() else {
+        return Ok(());
+    };
+    let needed = memory_plan(spec, graph, data, Some(free)).total();
+    fits(needed, free, &format!("cuda:{ordinal}"))
+}
+
+fn fits(needed: usize, free: usize, place: &str) -> Result<()> {
+    if needed <= free {
+        return Ok(());
+    }
+    Err(Error::Runtime(format!(
+        "not enough memory: this job plans {} (`trainer check` shows where it goes) but \
+         {place} has {} free; lower data.batch_size or the model's sizes",
+        bytes(needed),
+        bytes(free)
+    )))
 }
 
 /// What the host can still allocate: available memory and free swap (/proc/meminfo); None
