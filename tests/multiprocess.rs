@@ -706,6 +706,63 @@ fn one_replica_through_nccl_trains_what_the_plain_run_trains() {
     );
 }
 
+/// A rank on each of two GPUs, averaging through NCCL, trains what two CPU ranks train (to
+/// float rounding: the products and the all-reduce sum in other orders). Skips, saying so,
+/// with fewer than two GPUs; tests/emulated_cuda/run.sh emulates two.
+#[test]
+fn two_gpus_through_nccl_follow_the_cpu_ranks() {
+    let _turn = one_at_a_time();
+    if !gpu_present() || !nccl_present() {
+        return;
+    }
+    let gpus = trainer::tensor::cuda::probe().map_or(0, |(devices, _)| devices.len());
+    if gpus < 2 {
+        eprintln!("skipped: {gpus} GPU here, two are needed");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), JOB);
+    let job = job.to_str().unwrap();
+    let runs = tmp.path().join("gpus");
+    let launched = finish(
+        launch(&[
+            job,
+            "--runs-dir",
+            runs.to_str().unwrap(),
+            "--set",
+            "device.type=\"cuda\"",
+            "--set",
+            "parallel.devices=[\"cuda:0\", \"cuda:1\"]",
+        ]),
+        Duration::from_secs(300),
+    );
+    let gpu_run = run_dir_of(&launched);
+    assert!(
+        launched
+            .stderr
+            .contains("gradients averaged by NCCL on the GPUs"),
+        "{}",
+        launched.stderr
+    );
+    let cpu_runs = tmp.path().join("cpu");
+    let ranks = run_ranks(
+        2,
+        &[
+            job,
+            "--runs-dir",
+            cpu_runs.to_str().unwrap(),
+            "--set",
+            "device.type=\"cpu\"",
+        ],
+    );
+    assert_eq!(ranks[1].code, Some(0), "{}", ranks[1].stderr);
+    let (gpu, cpu) = (losses_of(&gpu_run), losses_of(&run_dir_of(&ranks[0])));
+    assert_eq!(gpu.len(), cpu.len());
+    for (g, c) in gpu.iter().zip(&cpu) {
+        assert!((g - c).abs() <= 1e-4 * c.abs(), "cuda {g} vs cpu {c}");
+    }
+}
+
 /// Whether libnccl loads (the GPU machine needs libnccl.so on LD_LIBRARY_PATH: see
 /// bench/gpu.sh); on a GPU machine under TRAINER_REQUIRE_CUDA=1 its absence fails.
 fn nccl_present() -> bool {

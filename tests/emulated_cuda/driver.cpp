@@ -1,0 +1,697 @@
+// An emulated GPU: the parts of the CUDA driver API and of cuBLAS that src/tensor/cuda calls
+// and NCCL that src/tensor/cuda calls (through cudarc), implemented on the host, so that the
+// CUDA backend's own code (buffer sizes and storages, launch arguments, cuBLAS parameters,
+// stream capture and replay, the all-reduce's streams and events) runs in CI without a GPU.
+// Built as libcuda.so, libcublas.so and libnccl.so by tests/emulated_cuda/build.sh.
+//
+// - Device memory is host memory: every allocation ends at a guard page, so a kernel or a
+//   copy that runs past a buffer's end faults (reported with the kernel's name); copies,
+//   memsets and products are checked against the allocations they touch.
+// - Kernels are kernels/*.cu built for the host (the module image NVRTC made is ignored), run
+//   by tests/kernels_on_host/cuda_on_host.h: blocks one after another, a block's threads as
+//   fibers where the kernel has barriers or warp shuffles (kernel_table.py finds which), so
+//   those behave, else as plain calls.
+// - Work runs synchronously, in submission order; a stream being captured (and any stream
+//   that waits on an event recorded in it) records its work, which a graph launch replays
+//   with the argument values of the capture, as CUDA does.
+// - cuBLAS products are loops accumulating in double, inputs and output in f32, f16 or bf16
+//   (rounded to nearest even on store, as cuBLAS rounds its f32 result once).
+//
+// - NCCL's all-reduce between processes goes through files (see the NCCL section below).
+//
+// One lock serialises every call: tests drive several contexts from several threads.
+#include "../kernels_on_host/cuda_on_host.h"
+#include "kernels.cu"
+
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/sysinfo.h>
+#include <unistd.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+struct KernelEntry {
+    const char* name;
+    void (*thunk)(void**);
+    int params;
+    const size_t* sizes;
+    bool may_wait;  // reaches a barrier or a warp shuffle: its threads run as fibers
+};
+#include "kernel_table.inc"
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+enum : int {
+    SUCCESS = 0,
+    INVALID_VALUE = 1,
+    NOT_INITIALIZED = 3,
+    INVALID_HANDLE = 400,
+    NOT_FOUND = 500,
+    NOT_READY = 600,
+    ILLEGAL_ADDRESS = 700,
+    LAUNCH_FAILED = 719,
+    NOT_SUPPORTED = 801,
+    CAPTURE_UNSUPPORTED = 900,
+    CAPTURE_INVALIDATED = 901,
+};
+
+namespace emu {
+std::recursive_mutex lock;
+#define LOCKED std::lock_guard<std::recursive_mutex> guard(emu::lock)
+
+// A failure that CUDA makes sticky (an illegal address, a failed launch): every later call
+// returns it, as a real context does.
+int sticky = SUCCESS;
+
+void fail(int code, const char* fmt, const char* what) {
+    fprintf(stderr, "emulated GPU: ");
+    fprintf(stderr, fmt, what);
+    fprintf(stderr, "\n");
+    if (sticky == SUCCESS) sticky = code;
+}
+
+struct Allocation {
+    size_t bytes;
+    char* base;  // of the mapping, guard page included
+    size_t span;
+};
+std::map<uintptr_t, Allocation> allocations;  // by start address
+size_t allocated = 0;
+const size_t PAGE = 4096;
+const size_t TOTAL_MEMORY = 80ull << 30;
+
+// Free device memory: an 80 GiB device's, but never more than the host has free, since the
+// device's memory is the host's (a job planned for 80 GiB would be killed, not refused).
+size_t free_memory() {
+    struct sysinfo info;
+    size_t host = sysinfo(&info) == 0 ? (size_t)(info.freeram + info.bufferram) * info.mem_unit : TOTAL_MEMORY;
+    size_t device = TOTAL_MEMORY - allocated;
+    return host < device ? host : device;
+}
+
+// `bytes` of zeros ending at a guard page, 16-byte aligned (what the kernels' vectorised
+// paths need; cudaMalloc's 256 would leave up to 240 bytes of slack before the guard).
+void* allocate(size_t bytes) {
+    size_t body = (bytes + 15) / 16 * 16;
+    if (body == 0) body = 16;
+    size_t span = (body + PAGE - 1) / PAGE * PAGE + PAGE;
+    char* base = (char*)mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED) return nullptr;
+    mprotect(base + span - PAGE, PAGE, PROT_NONE);
+    char* start = base + span - PAGE - body;
+    allocations[(uintptr_t)start] = {bytes, base, span};
+    allocated += bytes;
+    return start;
+}
+
+bool release(uintptr_t start) {
+    auto it = allocations.find(start);
+    if (it == allocations.end()) return false;
+    allocated -= it->second.bytes;
+    munmap(it->second.base, it->second.span);
+    allocations.erase(it);
+    return true;
+}
+
+// Whether [p, p + bytes) lies inside one device allocation.
+bool inside(uintptr_t p, size_t bytes) {
+    auto it = allocations.upper_bound(p);
+    if (it == allocations.begin()) return false;
+    --it;
+    return p >= it->first && p + bytes <= it->first + it->second.bytes;
+}
+
+bool check_range(uintptr_t p, size_t bytes, const char* what) {
+    if (bytes == 0 || inside(p, bytes)) return true;
+    char message[160];
+    snprintf(message, sizeof message, "%zu bytes at 0x%llx, not inside one device allocation", bytes,
+             (unsigned long long)p);
+    fail(ILLEGAL_ADDRESS, "%s", (std::string(what) + ": " + message).c_str());
+    return false;
+}
+
+// Pinned host memory (cuMemHostAlloc): plain host memory, and valid as a copy's host side.
+std::set<uintptr_t> pinned;
+
+// The kernel running now, for the fault handler's report.
+const char* running = nullptr;
+
+void on_fault(int sig, siginfo_t* info, void*) {
+    fprintf(stderr, "emulated GPU: %s at address %p, %s\n", sig == SIGSEGV ? "segmentation fault" : "bus error",
+            info->si_addr,
+            running ? (std::string("in kernel ") + running + " (past the end of a device buffer?)").c_str()
+                    : "outside any kernel");
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+struct FaultHandler {
+    FaultHandler() {
+        struct sigaction action = {};
+        action.sa_sigaction = on_fault;
+        action.sa_flags = SA_SIGINFO;
+        sigaction(SIGSEGV, &action, nullptr);
+        sigaction(SIGBUS, &action, nullptr);
+    }
+};
+
+typedef std::function<void()> Op;
+
+struct Capture {
+    std::vector<Op> ops;
+};
+
+struct Stream {
+    std::shared_ptr<Capture> capture;  // set while this stream's work is being recorded
+};
+Stream legacy_stream;
+std::set<Stream*> streams;  // every live stream but the legacy one
+
+struct Event {
+    std::shared_ptr<Capture> capture;  // recorded in a capturing stream
+};
+
+struct Graph {
+    std::vector<Op> ops;
+};
+
+Stream* stream_of(void* handle) { return handle ? (Stream*)handle : &legacy_stream; }
+
+// Runs `op` now, or records it when `stream` is being captured.
+CUresult submit(void* handle, Op op) {
+    if (sticky != SUCCESS) return sticky;
+    Stream* s = stream_of(handle);
+    if (s->capture) {
+        s->capture->ops.push_back(std::move(op));
+        return SUCCESS;
+    }
+    op();
+    return sticky;
+}
+
+int device_count() {
+    const char* n = getenv("TRAINER_EMULATED_GPUS");
+    return n ? atoi(n) : 1;
+}
+
+struct Function {
+    const KernelEntry* kernel;
+};
+std::map<std::string, Function> functions;
+
+void run_kernel(const KernelEntry* k, unsigned grid, Dim3 block, std::vector<char> args) {
+    std::vector<void*> pointers(k->params);
+    size_t at = 0;
+    for (int i = 0; i < k->params; i++) pointers[i] = args.data() + at, at += k->sizes[i];
+    int failures_before = host_gpu::barrier_failures;
+    running = k->name;
+    launch_blocks(grid, block, [&] { k->thunk(pointers.data()); }, k->may_wait);
+    running = nullptr;
+    if (host_gpu::barrier_failures != failures_before) fail(LAUNCH_FAILED, "kernel %s: a barrier not every thread reaches", k->name);
+}
+
+// Reads a value of storage `type` (cudaDataType: 0 f32, 2 f16, 14 bf16).
+inline double element(const void* p, int type, size_t i) {
+    return load(p, type == 0 ? 0 : type == 2 ? 1 : 2, i);
+}
+inline void set_element(void* p, int type, size_t i, double v) { store(p, type == 0 ? 0 : type == 2 ? 1 : 2, i, (float)v); }
+inline size_t type_bytes(int type) { return type == 0 ? 4 : 2; }
+
+struct Blas {
+    void* stream = nullptr;
+};
+
+// Column-major C = alpha·op(A)·op(B) + beta·C, as cublasGemmEx.
+CUresult gemm(Blas* h, int transa, int transb, int m, int n, int k, float alpha, const void* a, int atype, int lda,
+              const void* b, int btype, int ldb, float beta, void* c, int ctype, int ldc) {
+    const int INVALID = 7;  // CUBLAS_STATUS_INVALID_VALUE
+    int a_rows = transa ? k : m, a_cols = transa ? m : k;
+    int b_rows = transb ? n : k, b_cols = transb ? k : n;
+    if (m < 0 || n < 0 || k < 0 || lda < (a_rows > 1 ? a_rows : 1) || ldb < (b_rows > 1 ? b_rows : 1) ||
+        ldc < (m > 1 ? m : 1))
+        return INVALID;
+    for (int t : {atype, btype, ctype})
+        if (t != 0 && t != 2 && t != 14) return INVALID;
+    if (m == 0 || n == 0) return SUCCESS;
+    auto extent = [](int rows, int cols, int ld, int type) {
+        return rows == 0 || cols == 0 ? 0 : ((size_t)(cols - 1) * ld + rows) * type_bytes(type);
+    };
+    if (k > 0 && (!check_range((uintptr_t)a, extent(a_rows, a_cols, lda, atype), "cuBLAS product, A") ||
+                  !check_range((uintptr_t)b, extent(b_rows, b_cols, ldb, btype), "cuBLAS product, B")))
+        return INVALID;
+    if (!check_range((uintptr_t)c, extent(m, n, ldc, ctype), "cuBLAS product, C")) return INVALID;
+    return submit(h->stream, [=] {
+        for (int j = 0; j < n; j++)
+            for (int i = 0; i < m; i++) {
+                double sum = 0;
+                for (int l = 0; l < k; l++) {
+                    double x = element(a, atype, transa ? l + (size_t)i * lda : i + (size_t)l * lda);
+                    double y = element(b, btype, transb ? j + (size_t)l * ldb : l + (size_t)j * ldb);
+                    sum += x * y;
+                }
+                size_t at = i + (size_t)j * ldc;
+                double out = (double)alpha * sum;
+                if (beta != 0.0f) out += (double)beta * element(c, ctype, at);
+                set_element(c, ctype, at, out);
+            }
+    });
+}
+}  // namespace emu
+
+static emu::FaultHandler fault_handler;
+
+#define CHECK_STICKY \
+    if (emu::sticky != SUCCESS) return emu::sticky
+
+extern "C" {
+
+// ---- initialisation, devices, contexts
+
+CUresult cuInit(unsigned) { return SUCCESS; }
+CUresult cuDriverGetVersion(int* v) { return *v = 13000, SUCCESS; }
+CUresult cuDeviceGetCount(int* n) { return *n = emu::device_count(), SUCCESS; }
+CUresult cuDeviceGet(int* dev, int ordinal) {
+    if (ordinal < 0 || ordinal >= emu::device_count()) return 101;  // CUDA_ERROR_INVALID_DEVICE
+    return *dev = ordinal, SUCCESS;
+}
+CUresult cuDeviceGetName(char* name, int len, int dev) {
+    snprintf(name, len, "Emulated GPU %d (host CPU)", dev);
+    return SUCCESS;
+}
+CUresult cuDeviceTotalMem_v2(size_t* bytes, int) { return *bytes = emu::TOTAL_MEMORY, SUCCESS; }
+CUresult cuDeviceGetAttribute(int* value, int attribute, int) {
+    switch (attribute) {
+        case 75: *value = 9; break;     // compute capability major
+        case 76: *value = 0; break;     // minor
+        case 115: *value = 1; break;    // memory pools supported
+        case 16: *value = 132; break;   // multiprocessors
+        case 1: *value = 1024; break;   // max threads per block
+        case 10: *value = 32; break;    // warp size
+        default: *value = 0;
+    }
+    return SUCCESS;
+}
+CUresult cuDeviceGetUuid_v2(void* uuid, int dev) {
+    memset(uuid, 0, 16);
+    ((unsigned char*)uuid)[0] = (unsigned char)dev;
+    return SUCCESS;
+}
+CUresult cuDeviceGetUuid(void* uuid, int dev) { return cuDeviceGetUuid_v2(uuid, dev); }
+
+static int contexts[64];
+static thread_local void* current_context = nullptr;
+CUresult cuDevicePrimaryCtxRetain(void** ctx, int dev) { return *ctx = &contexts[dev & 63], SUCCESS; }
+CUresult cuDevicePrimaryCtxRelease_v2(int) { return SUCCESS; }
+CUresult cuCtxSetCurrent(void* ctx) { return current_context = ctx, SUCCESS; }
+CUresult cuCtxGetCurrent(void** ctx) { return *ctx = current_context, SUCCESS; }
+CUresult cuCtxSynchronize() {
+    LOCKED;
+    return emu::sticky;
+}
+
+// ---- memory
+
+CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t bytes) {
+    LOCKED;
+    CHECK_STICKY;
+    if (bytes > emu::free_memory()) return 2;  // CUDA_ERROR_OUT_OF_MEMORY
+    void* start = emu::allocate(bytes);
+    if (!start) return 2;  // CUDA_ERROR_OUT_OF_MEMORY
+    return *p = (CUdeviceptr)start, SUCCESS;
+}
+CUresult cuMemAllocAsync(CUdeviceptr* p, size_t bytes, void* stream) {
+    LOCKED;
+    if (emu::stream_of(stream)->capture) return CAPTURE_UNSUPPORTED;  // no allocation in a recorded step
+    return cuMemAlloc_v2(p, bytes);
+}
+CUresult cuMemFree_v2(CUdeviceptr p) {
+    LOCKED;
+    if (!emu::release(p)) return emu::fail(INVALID_VALUE, "%s", "cuMemFree of an address that is no allocation"), INVALID_VALUE;
+    return SUCCESS;
+}
+CUresult cuMemFreeAsync(CUdeviceptr p, void* stream) {
+    LOCKED;
+    if (emu::stream_of(stream)->capture) return CAPTURE_UNSUPPORTED;
+    return cuMemFree_v2(p);
+}
+CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total) {
+    LOCKED;
+    *total = emu::TOTAL_MEMORY;
+    *free_bytes = emu::free_memory();
+    return SUCCESS;
+}
+CUresult cuMemHostAlloc(void** p, size_t bytes, unsigned) {
+    LOCKED;
+    *p = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+    emu::pinned.insert((uintptr_t)*p);
+    return *p ? SUCCESS : 2;
+}
+CUresult cuMemFreeHost(void* p) {
+    LOCKED;
+    emu::pinned.erase((uintptr_t)p);
+    free(p);
+    return SUCCESS;
+}
+
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t bytes, void* stream) {
+    LOCKED;
+    CHECK_STICKY;
+    if (!emu::check_range(dst, bytes, "copy to the device")) return emu::sticky;
+    return emu::submit(stream, [=] { memcpy((void*)dst, src, bytes); });
+}
+CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t bytes, void* stream) {
+    LOCKED;
+    CHECK_STICKY;
+    if (!emu::check_range(src, bytes, "copy from the device")) return emu::sticky;
+    return emu::submit(stream, [=] { memcpy(dst, (const void*)src, bytes); });
+}
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes, void* stream) {
+    LOCKED;
+    CHECK_STICKY;
+    if (!emu::check_range(dst, bytes, "device copy, destination") ||
+        !emu::check_range(src, bytes, "device copy, source"))
+        return emu::sticky;
+    return emu::submit(stream, [=] { memmove((void*)dst, (const void*)src, bytes); });
+}
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t bytes) { return cuMemcpyHtoDAsync_v2(dst, src, bytes, nullptr); }
+CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t bytes) { return cuMemcpyDtoHAsync_v2(dst, src, bytes, nullptr); }
+CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes) { return cuMemcpyDtoDAsync_v2(dst, src, bytes, nullptr); }
+CUresult cuMemcpyPeerAsync(CUdeviceptr dst, void*, CUdeviceptr src, void*, size_t bytes, void* stream) {
+    return cuMemcpyDtoDAsync_v2(dst, src, bytes, stream);
+}
+CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n, void* stream) {
+    LOCKED;
+    CHECK_STICKY;
+    if (!emu::check_range(dst, n, "memset")) return emu::sticky;
+    return emu::submit(stream, [=] { memset((void*)dst, value, n); });
+}
+CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t n) { return cuMemsetD8Async(dst, value, n, nullptr); }
+
+// ---- streams and events
+
+CUresult cuStreamCreate(void** stream, unsigned) {
+    LOCKED;
+    auto s = new emu::Stream();
+    emu::streams.insert(s);
+    return *stream = s, SUCCESS;
+}
+CUresult cuStreamCreateWithPriority(void** stream, unsigned flags, int) { return cuStreamCreate(stream, flags); }
+CUresult cuCtxGetStreamPriorityRange(int* least, int* greatest) { return *least = 0, *greatest = -5, SUCCESS; }
+CUresult cuStreamDestroy_v2(void* stream) {
+    LOCKED;
+    emu::streams.erase((emu::Stream*)stream);
+    delete (emu::Stream*)stream;
+    return SUCCESS;
+}
+CUresult cuStreamSynchronize(void* stream) {
+    LOCKED;
+    if (emu::stream_of(stream)->capture) return CAPTURE_UNSUPPORTED;
+    return emu::sticky;
+}
+CUresult cuStreamQuery(void* stream) { return cuStreamSynchronize(stream); }
+CUresult cuEventCreate(void** event, unsigned) {
+    LOCKED;
+    return *event = new emu::Event(), SUCCESS;
+}
+CUresult cuEventDestroy_v2(void* event) {
+    LOCKED;
+    delete (emu::Event*)event;
+    return SUCCESS;
+}
+CUresult cuEventRecord(void* event, void* stream) {
+    LOCKED;
+    CHECK_STICKY;
+    ((emu::Event*)event)->capture = emu::stream_of(stream)->capture;
+    return SUCCESS;
+}
+CUresult cuEventQuery(void* event) {
+    LOCKED;
+    if (((emu::Event*)event)->capture) return CAPTURE_UNSUPPORTED;
+    return emu::sticky;
+}
+CUresult cuEventSynchronize(void* event) { return cuEventQuery(event); }
+CUresult cuEventElapsedTime(float* ms, void*, void*) { return *ms = 0.0f, SUCCESS; }
+CUresult cuEventElapsedTime_v2(float* ms, void* a, void* b) { return cuEventElapsedTime(ms, a, b); }
+// A stream that waits on an event recorded in a capturing stream joins that capture.
+CUresult cuStreamWaitEvent(void* stream, void* event, unsigned) {
+    LOCKED;
+    CHECK_STICKY;
+    emu::Stream* s = emu::stream_of(stream);
+    auto& capture = ((emu::Event*)event)->capture;
+    if (capture) s->capture = capture;
+    return SUCCESS;
+}
+
+// ---- stream capture and graphs
+
+CUresult cuStreamBeginCapture_v2(void* stream, int) {
+    LOCKED;
+    CHECK_STICKY;
+    emu::Stream* s = emu::stream_of(stream);
+    if (s == &emu::legacy_stream || s->capture) return CAPTURE_UNSUPPORTED;
+    s->capture = std::make_shared<emu::Capture>();
+    return SUCCESS;
+}
+CUresult cuStreamIsCapturing(void* stream, int* status) {
+    LOCKED;
+    return *status = emu::stream_of(stream)->capture ? 1 : 0, SUCCESS;
+}
+// Ends the capture begun on `stream`; every stream that joined it leaves it too. (CUDA
+// refuses to end a capture that a joined stream has not rejoined by an event; that is not
+// checked here.)
+CUresult cuStreamEndCapture(void* stream, void** graph) {
+    LOCKED;
+    emu::Stream* s = emu::stream_of(stream);
+    if (!s->capture) return INVALID_VALUE;
+    auto capture = s->capture;
+    s->capture.reset();
+    for (emu::Stream* joined : emu::streams)
+        if (joined->capture == capture) joined->capture.reset();
+    *graph = new emu::Graph{capture->ops};
+    capture->ops.clear();
+    return emu::sticky;
+}
+CUresult cuGraphInstantiateWithFlags(void** exec, void* graph, unsigned long long) {
+    LOCKED;
+    return *exec = new emu::Graph(*(emu::Graph*)graph), SUCCESS;
+}
+CUresult cuGraphUpload(void*, void*) { return SUCCESS; }
+CUresult cuGraphLaunch(void* exec, void* stream) {
+    LOCKED;
+    CHECK_STICKY;
+    emu::Graph* g = (emu::Graph*)exec;
+    return emu::submit(stream, [g] {
+        for (auto& op : g->ops) {
+            if (emu::sticky != SUCCESS) return;
+            op();
+        }
+    });
+}
+CUresult cuGraphDestroy(void* graph) {
+    LOCKED;
+    delete (emu::Graph*)graph;
+    return SUCCESS;
+}
+CUresult cuGraphExecDestroy(void* exec) { return cuGraphDestroy(exec); }
+
+// ---- modules and launches
+
+CUresult cuModuleLoadData(void** module, const void*) { return *module = &emu::functions, SUCCESS; }
+CUresult cuModuleUnload(void*) { return SUCCESS; }
+CUresult cuModuleGetFunction(void** f, void*, const char* name) {
+    LOCKED;
+    for (const KernelEntry& k : KERNELS)
+        if (strcmp(k.name, name) == 0) {
+            emu::functions[name] = {&k};
+            return *f = &emu::functions[name], SUCCESS;
+        }
+    return NOT_FOUND;
+}
+CUresult cuFuncSetAttribute(void*, int, int) { return SUCCESS; }
+CUresult cuFuncGetAttribute(int* value, int, void*) { return *value = 0, SUCCESS; }
+
+CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned shared, void* stream, void** params, void** extra) {
+    LOCKED;
+    CHECK_STICKY;
+    const KernelEntry* k = ((emu::Function*)f)->kernel;
+    if (gy != 1 || gz != 1 || shared != 0 || extra) {
+        emu::fail(INVALID_VALUE, "launch of %s: only 1-D grids without dynamic shared memory are emulated", k->name);
+        return INVALID_VALUE;
+    }
+    if (gx == 0 || gx > 2147483647u || bx * by * bz == 0 || bx * by * bz > 1024) {
+        emu::fail(INVALID_VALUE, "launch of %s: a grid or block CUDA refuses", k->name);
+        return INVALID_VALUE;
+    }
+    // The argument values are copied now, as cuLaunchKernel (and a capture) does.
+    std::vector<char> args;
+    for (int i = 0; i < k->params; i++) {
+        const char* v = (const char*)params[i];
+        args.insert(args.end(), v, v + k->sizes[i]);
+    }
+    Dim3 block = {bx, by, bz};
+    return emu::submit(stream, [=] { emu::run_kernel(k, gx, block, args); });
+}
+
+CUresult cuGetErrorName(int code, const char** name) {
+    static char text[32];
+    snprintf(text, sizeof text, "CUDA_ERROR_%d", code);
+    return *name = text, SUCCESS;
+}
+CUresult cuGetErrorString(int code, const char** s) { return cuGetErrorName(code, s); }
+
+// ---- cuBLAS
+
+int cublasCreate_v2(void** handle) { return *handle = new emu::Blas(), 0; }
+int cublasDestroy_v2(void* handle) { return delete (emu::Blas*)handle, 0; }
+int cublasSetStream_v2(void* handle, void* stream) { return ((emu::Blas*)handle)->stream = stream, 0; }
+int cublasSetMathMode(void*, int) { return 0; }
+int cublasSetWorkspace_v2(void*, void* workspace, size_t bytes) {
+    LOCKED;
+    return emu::check_range((uintptr_t)workspace, bytes, "cuBLAS workspace") ? 0 : 7;
+}
+int cublasSetPointerMode_v2(void*, int mode) { return mode == 0 ? 0 : 15; }  // host pointers only
+int cublasGetPointerMode_v2(void*, int* mode) { return *mode = 0, 0; }
+
+int cublasSgemm_v2(void* handle, int transa, int transb, int m, int n, int k, const float* alpha, const float* a,
+                   int lda, const float* b, int ldb, const float* beta, float* c, int ldc) {
+    LOCKED;
+    if (emu::sticky != SUCCESS) return 14;  // CUBLAS_STATUS_INTERNAL_ERROR
+    return emu::gemm((emu::Blas*)handle, transa, transb, m, n, k, *alpha, a, 0, lda, b, 0, ldb, *beta, c, 0, ldc);
+}
+
+int cublasGemmEx(void* handle, int transa, int transb, int m, int n, int k, const void* alpha, const void* a,
+                 int atype, int lda, const void* b, int btype, int ldb, const void* beta, void* c, int ctype, int ldc,
+                 int compute, int) {
+    LOCKED;
+    if (emu::sticky != SUCCESS) return 14;
+    const int COMPUTE_32F = 68, COMPUTE_32F_FAST_TF32 = 77;
+    if (compute != COMPUTE_32F && compute != COMPUTE_32F_FAST_TF32) return 15;  // NOT_SUPPORTED
+    return emu::gemm((emu::Blas*)handle, transa, transb, m, n, k, *(const float*)alpha, a, atype, lda, b, btype, ldb,
+                     *(const float*)beta, c, ctype, ldc);
+}
+
+// ---- NCCL: the ranks are processes of this machine; a communicator is a directory (its
+// unique id names it) where each rank leaves a file per all-reduce and reads the others'.
+
+struct ncclUniqueId {
+    char internal[128];
+};
+
+namespace emu {
+struct Comm {
+    std::string dir;
+    int rank, ranks;
+    unsigned long long done = 0;  // all-reduces finished
+};
+
+std::string file(const Comm* c, const std::string& what, int rank) {
+    return c->dir + "/" + what + "." + std::to_string(rank);
+}
+
+void write_file(const std::string& path, const void* data, size_t bytes) {
+    std::string partial = path + ".partial";
+    FILE* f = fopen(partial.c_str(), "wb");
+    if (!f || fwrite(data, 1, bytes, f) != bytes || fclose(f) != 0) {
+        fail(LAUNCH_FAILED, "NCCL: cannot write %s", path.c_str());
+        return;
+    }
+    rename(partial.c_str(), path.c_str());  // the others see it whole or not at all
+}
+
+// Reads `bytes` of the file at `path` once it exists. NCCL waits for a missing peer forever;
+// this gives up after ten minutes so that a broken test ends.
+bool read_when_there(const std::string& path, void* data, size_t bytes) {
+    for (int waited_ms = 0; waited_ms < 600000; waited_ms++) {
+        if (FILE* f = fopen(path.c_str(), "rb")) {
+            size_t got = fread(data, 1, bytes, f);
+            fclose(f);
+            if (got == bytes) return true;
+            fail(LAUNCH_FAILED, "NCCL: %s is shorter than this rank's buffer (ranks reducing different lengths)",
+                 path.c_str());
+            return false;
+        }
+        usleep(1000);
+    }
+    fail(LAUNCH_FAILED, "NCCL: no peer wrote %s within ten minutes", path.c_str());
+    return false;
+}
+
+// Sums (or averages) the ranks' float buffers in rank order: the same bits on every rank.
+void all_reduce(Comm* c, const float* send, float* recv, size_t count, bool average) {
+    std::string name = std::to_string(++c->done);
+    write_file(file(c, name, c->rank), send, count * 4);
+    std::vector<float> sum(count, 0.0f), peer(count);
+    for (int r = 0; r < c->ranks && sticky == SUCCESS; r++) {
+        if (!read_when_there(file(c, name, r), peer.data(), count * 4)) return;
+        for (size_t i = 0; i < count; i++) sum[i] += peer[i];
+    }
+    if (average)
+        for (float& v : sum) v /= (float)c->ranks;
+    memcpy(recv, sum.data(), count * 4);
+    // Every rank has written this one, so every rank has read the one before.
+    if (c->done > 1) unlink(file(c, std::to_string(c->done - 1), c->rank).c_str());
+}
+}  // namespace emu
+
+int ncclGetVersion(int* version) { return *version = 22800, 0; }
+const char* ncclGetErrorString(int) { return "emulated NCCL error"; }
+
+int ncclGetUniqueId(ncclUniqueId* id) {
+    char dir[] = "/tmp/trainer-emulated-nccl-XXXXXX";
+    if (!mkdtemp(dir)) return 2;  // ncclSystemError
+    memset(id->internal, 0, sizeof id->internal);
+    snprintf(id->internal, sizeof id->internal, "%s", dir);
+    return 0;
+}
+
+// Joins the communicator once every rank has; two ranks on one device are refused, as NCCL
+// does ("Duplicate GPU detected").
+int ncclCommInitRank(void** comm, int ranks, ncclUniqueId id, int rank) {
+    LOCKED;
+    if (ranks < 1 || rank < 0 || rank >= ranks) return 4;  // ncclInvalidArgument
+    auto c = new emu::Comm{std::string(id.internal, strnlen(id.internal, sizeof id.internal)), rank, ranks};
+    int device = current_context ? (int)((int*)current_context - contexts) : 0;
+    emu::write_file(emu::file(c, "device", rank), &device, sizeof device);
+    for (int r = 0; r < ranks; r++) {
+        int other;
+        if (!emu::read_when_there(emu::file(c, "device", r), &other, sizeof other)) return 2;
+        if (r != rank && other == device) {
+            fprintf(stderr, "emulated NCCL: rank %d and rank %d are both on device %d\n", rank, r, device);
+            return 5;  // ncclInvalidUsage
+        }
+    }
+    *comm = c;
+    return 0;
+}
+
+int ncclCommDestroy(void* comm) {
+    LOCKED;
+    auto c = (emu::Comm*)comm;
+    unlink(emu::file(c, std::to_string(c->done), c->rank).c_str());
+    unlink(emu::file(c, "device", c->rank).c_str());
+    rmdir(c->dir.c_str());  // the last rank out removes it
+    delete c;
+    return 0;
+}
+int ncclCommAbort(void* comm) { return ncclCommDestroy(comm); }
+
+int ncclAllReduce(const void* send, void* recv, size_t count, int datatype, int op, void* comm, void* stream) {
+    LOCKED;
+    const int FLOAT32 = 7, SUM = 0, AVG = 4;
+    if (datatype != FLOAT32 || (op != SUM && op != AVG)) return 5;
+    if (!emu::check_range((uintptr_t)send, count * 4, "NCCL all-reduce, send") ||
+        !emu::check_range((uintptr_t)recv, count * 4, "NCCL all-reduce, receive"))
+        return 5;
+    auto c = (emu::Comm*)comm;
+    CUresult r = emu::submit(stream, [=] { emu::all_reduce(c, (const float*)send, (float*)recv, count, op == AVG); });
+    return r == SUCCESS ? 0 : 1;  // ncclUnhandledCudaError
+}
+
+}  // extern "C"

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The CUDA tests on the emulated GPU (driver.cpp: the driver API and cuBLAS on the host), so
+# that the CUDA backend's code runs where no GPU is: every test that needs CUDA, with
+# TRAINER_REQUIRE_CUDA=1 so that none of them skips. Needs libnvrtc on LD_LIBRARY_PATH (it
+# compiles the kernels, whose image the emulator then ignores; .ci/run installs one), a C++
+# compiler and python3. Extra arguments go to the test binaries (a name filter, say).
+#
+#   tests/emulated_cuda/run.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+dir="${TMPDIR:-/tmp}/trainer-emulated-gpu"
+tests/emulated_cuda/build.sh "$dir"
+export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# Two emulated GPUs, so that the two-GPU NCCL test runs too.
+export TRAINER_REQUIRE_CUDA=1 TRAINER_CACHE_DIR="$dir/kernel-cache" TRAINER_EMULATED_GPUS=2
+# The test binaries with GPU tests (the others are the same with or without a GPU).
+cargo test --test cuda_parity --test training_reference --test multiprocess --test cli \
+  -- "$@"
