@@ -11,9 +11,10 @@
 //   by tests/kernels_on_host/cuda_on_host.h: blocks one after another, a block's threads as
 //   fibers where the kernel has barriers or warp shuffles (kernel_table.py finds which), so
 //   those behave, else as plain calls.
-// - Work runs synchronously, in submission order; a stream being captured (and any stream
-//   that waits on an event recorded in it) records its work, which a graph launch replays
-//   with the argument values of the capture, as CUDA does.
+// - Work is queued per stream and runs as late as CUDA allows (see `submit`), so a missing
+//   event wait or a host write to a pinned buffer still being copied shows; a stream being
+//   captured (and any stream that waits on an event recorded in it) records its work, which
+//   a graph launch replays with the argument values of the capture, as CUDA does.
 // - cuBLAS products are loops accumulating in double, inputs and output in f32, f16 or bf16
 //   (rounded to nearest even on store, as cuBLAS rounds its f32 result once).
 //
@@ -136,8 +137,16 @@ bool check_range(uintptr_t p, size_t bytes, const char* what) {
     return false;
 }
 
-// Pinned host memory (cuMemHostAlloc): plain host memory, and valid as a copy's host side.
-std::set<uintptr_t> pinned;
+// Pinned host memory (cuMemHostAlloc), by start: its size. A copy to or from it runs when
+// its stream gets there; one to or from other (pageable) memory, at the call, as CUDA does.
+std::map<uintptr_t, size_t> pinned;
+
+bool is_pinned(const void* p, size_t bytes) {
+    auto it = pinned.upper_bound((uintptr_t)p);
+    if (it == pinned.begin()) return false;
+    --it;
+    return (uintptr_t)p >= it->first && (uintptr_t)p + bytes <= it->first + it->second;
+}
 
 // The kernel running now, for the fault handler's report.
 const char* running = nullptr;
@@ -161,20 +170,40 @@ struct FaultHandler {
     }
 };
 
+// Work is queued per stream and runs only when the host waits for it (a stream or event
+// synchronisation, a copy to pageable memory, a free) or when another stream's queued wait
+// on an event needs it: as late as CUDA may run it. A host write to a pinned buffer that a
+// queued copy still has to read, or a stream reading what another stream writes without
+// waiting on its event, then gives wrong numbers here as it may on a GPU.
 typedef std::function<void()> Op;
 
 struct Capture {
     std::vector<Op> ops;
 };
 
+struct Stream;
+
+// A queued operation, or (op empty) a wait until `stream` has run `position` entries.
+struct Entry {
+    Op op;
+    Stream* stream;
+    unsigned long long position;
+};
+
 struct Stream {
     std::shared_ptr<Capture> capture;  // set while this stream's work is being recorded
+    std::vector<Entry> queue;          // entries not yet run
+    unsigned long long queued = 0;     // entries ever queued
+    unsigned long long ran = 0;        // entries run
+    bool running = false;
 };
 Stream legacy_stream;
 std::set<Stream*> streams;  // every live stream but the legacy one
 
 struct Event {
     std::shared_ptr<Capture> capture;  // recorded in a capturing stream
+    Stream* stream = nullptr;          // recorded outside a capture: where, and after how
+    unsigned long long position = 0;   // many of its entries
 };
 
 struct Graph {
@@ -183,7 +212,37 @@ struct Graph {
 
 Stream* stream_of(void* handle) { return handle ? (Stream*)handle : &legacy_stream; }
 
-// Runs `op` now, or records it when `stream` is being captured.
+// Runs `s`'s queue until `position` entries have run.
+void run_until(Stream* s, unsigned long long position) {
+    if (s->ran >= position) return;
+    if (s->running) {  // it waits (further down) for what waits for this
+        fail(LAUNCH_FAILED, "%s", "streams waiting on each other's events (a deadlock on a GPU)");
+        return;
+    }
+    s->running = true;
+    size_t done = 0;
+    while (s->ran < position && done < s->queue.size()) {
+        Entry& e = s->queue[done++];
+        if (e.op) {
+            if (sticky == SUCCESS) e.op();
+        } else {
+            run_until(e.stream, e.position);
+        }
+        s->ran++;
+    }
+    s->queue.erase(s->queue.begin(), s->queue.begin() + done);
+    s->running = false;
+}
+
+void run_all(Stream* s) { run_until(s, s->queued); }
+
+void run_everything() {
+    for (Stream* s : streams) run_all(s);
+}
+
+// Queues `op` on `stream`, or records it when the stream is being captured. The legacy
+// stream waits for every other (blocking streams would; cudarc's are non-blocking, and this
+// is the stricter order), then runs it at once.
 CUresult submit(void* handle, Op op) {
     if (sticky != SUCCESS) return sticky;
     Stream* s = stream_of(handle);
@@ -191,7 +250,13 @@ CUresult submit(void* handle, Op op) {
         s->capture->ops.push_back(std::move(op));
         return SUCCESS;
     }
-    op();
+    if (s == &legacy_stream) {
+        run_everything();
+        if (sticky == SUCCESS) op();
+        return sticky;
+    }
+    s->queue.push_back({std::move(op), nullptr, 0});
+    s->queued++;
     return sticky;
 }
 
@@ -312,6 +377,7 @@ CUresult cuCtxSetCurrent(void* ctx) { return current_context = ctx, SUCCESS; }
 CUresult cuCtxGetCurrent(void** ctx) { return *ctx = current_context, SUCCESS; }
 CUresult cuCtxSynchronize() {
     LOCKED;
+    emu::run_everything();
     return emu::sticky;
 }
 
@@ -332,13 +398,15 @@ CUresult cuMemAllocAsync(CUdeviceptr* p, size_t bytes, void* stream) {
 }
 CUresult cuMemFree_v2(CUdeviceptr p) {
     LOCKED;
+    emu::run_everything();  // cuMemFree waits for the device
     if (!emu::release(p)) return emu::fail(INVALID_VALUE, "%s", "cuMemFree of an address that is no allocation"), INVALID_VALUE;
     return SUCCESS;
 }
 CUresult cuMemFreeAsync(CUdeviceptr p, void* stream) {
     LOCKED;
     if (emu::stream_of(stream)->capture) return CAPTURE_UNSUPPORTED;
-    return cuMemFree_v2(p);
+    if (!emu::inside(p, 1)) return INVALID_VALUE;
+    return emu::submit(stream, [=] { emu::release(p); });  // freed when the stream gets there
 }
 CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total) {
     LOCKED;
@@ -349,11 +417,13 @@ CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total) {
 CUresult cuMemHostAlloc(void** p, size_t bytes, unsigned) {
     LOCKED;
     *p = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
-    emu::pinned.insert((uintptr_t)*p);
-    return *p ? SUCCESS : 2;
+    if (!*p) return 2;
+    emu::pinned[(uintptr_t)*p] = bytes;
+    return SUCCESS;
 }
 CUresult cuMemFreeHost(void* p) {
     LOCKED;
+    emu::run_everything();  // as cuMemFreeHost, which waits for the device
     emu::pinned.erase((uintptr_t)p);
     free(p);
     return SUCCESS;
@@ -363,13 +433,25 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t bytes, vo
     LOCKED;
     CHECK_STICKY;
     if (!emu::check_range(dst, bytes, "copy to the device")) return emu::sticky;
-    return emu::submit(stream, [=] { memcpy((void*)dst, src, bytes); });
+    if (emu::is_pinned(src, bytes)) return emu::submit(stream, [=] { memcpy((void*)dst, src, bytes); });
+    // Pageable memory is read at the call (CUDA stages it), and cannot be captured.
+    if (emu::stream_of(stream)->capture) return CAPTURE_UNSUPPORTED;
+    auto staged = std::make_shared<std::vector<char>>((const char*)src, (const char*)src + bytes);
+    return emu::submit(stream, [=] { memcpy((void*)dst, staged->data(), bytes); });
 }
 CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t bytes, void* stream) {
     LOCKED;
     CHECK_STICKY;
     if (!emu::check_range(src, bytes, "copy from the device")) return emu::sticky;
-    return emu::submit(stream, [=] { memcpy(dst, (const void*)src, bytes); });
+    if (emu::is_pinned(dst, bytes)) return emu::submit(stream, [=] { memcpy(dst, (const void*)src, bytes); });
+    // Into pageable memory the copy is done when the call returns.
+    emu::Stream* s = emu::stream_of(stream);
+    if (s->capture) return CAPTURE_UNSUPPORTED;
+    if (s == &emu::legacy_stream) emu::run_everything();
+    else emu::run_all(s);
+    CHECK_STICKY;
+    memcpy(dst, (const void*)src, bytes);
+    return SUCCESS;
 }
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes, void* stream) {
     LOCKED;
@@ -405,13 +487,17 @@ CUresult cuStreamCreateWithPriority(void** stream, unsigned flags, int) { return
 CUresult cuCtxGetStreamPriorityRange(int* least, int* greatest) { return *least = 0, *greatest = -5, SUCCESS; }
 CUresult cuStreamDestroy_v2(void* stream) {
     LOCKED;
+    emu::run_everything();  // its work completes; another stream's queued wait may name it
     emu::streams.erase((emu::Stream*)stream);
     delete (emu::Stream*)stream;
     return SUCCESS;
 }
 CUresult cuStreamSynchronize(void* stream) {
     LOCKED;
-    if (emu::stream_of(stream)->capture) return CAPTURE_UNSUPPORTED;
+    emu::Stream* s = emu::stream_of(stream);
+    if (s->capture) return CAPTURE_UNSUPPORTED;
+    if (s == &emu::legacy_stream) emu::run_everything();
+    else emu::run_all(s);
     return emu::sticky;
 }
 CUresult cuStreamQuery(void* stream) { return cuStreamSynchronize(stream); }
@@ -427,24 +513,43 @@ CUresult cuEventDestroy_v2(void* event) {
 CUresult cuEventRecord(void* event, void* stream) {
     LOCKED;
     CHECK_STICKY;
-    ((emu::Event*)event)->capture = emu::stream_of(stream)->capture;
+    auto e = (emu::Event*)event;
+    emu::Stream* s = emu::stream_of(stream);
+    e->capture = s->capture;
+    // The legacy stream runs its work at once: an event there is complete.
+    e->stream = s->capture || s == &emu::legacy_stream ? nullptr : s;
+    e->position = s->queued;
     return SUCCESS;
 }
+// The event's work is run (the host is waiting for it): it is complete.
 CUresult cuEventQuery(void* event) {
     LOCKED;
-    if (((emu::Event*)event)->capture) return CAPTURE_UNSUPPORTED;
+    auto e = (emu::Event*)event;
+    if (e->capture) return CAPTURE_UNSUPPORTED;
+    if (e->stream && emu::streams.count(e->stream)) emu::run_until(e->stream, e->position);
     return emu::sticky;
 }
 CUresult cuEventSynchronize(void* event) { return cuEventQuery(event); }
 CUresult cuEventElapsedTime(float* ms, void*, void*) { return *ms = 0.0f, SUCCESS; }
 CUresult cuEventElapsedTime_v2(float* ms, void* a, void* b) { return cuEventElapsedTime(ms, a, b); }
-// A stream that waits on an event recorded in a capturing stream joins that capture.
+// A stream that waits on an event recorded in a capturing stream joins that capture;
+// otherwise the wait is queued: the stream runs the event's work before what follows.
 CUresult cuStreamWaitEvent(void* stream, void* event, unsigned) {
     LOCKED;
     CHECK_STICKY;
     emu::Stream* s = emu::stream_of(stream);
-    auto& capture = ((emu::Event*)event)->capture;
-    if (capture) s->capture = capture;
+    auto e = (emu::Event*)event;
+    if (e->capture) {
+        s->capture = e->capture;
+        return SUCCESS;
+    }
+    if (!e->stream || !emu::streams.count(e->stream) || e->stream == s || s->capture) return SUCCESS;  // nothing to wait for
+    if (s == &emu::legacy_stream) {
+        emu::run_until(e->stream, e->position);
+        return emu::sticky;
+    }
+    s->queue.push_back({emu::Op(), e->stream, e->position});
+    s->queued++;
     return SUCCESS;
 }
 
@@ -589,6 +694,7 @@ struct Comm {
     std::string dir;
     int rank, ranks;
     unsigned long long done = 0;  // all-reduces finished
+    bool ended = false;           // destroyed or aborted: its queued all-reduces do nothing
 };
 
 std::string file(const Comm* c, const std::string& what, int rank) {
@@ -625,6 +731,7 @@ bool read_when_there(const std::string& path, void* data, size_t bytes) {
 
 // Sums (or averages) the ranks' float buffers in rank order: the same bits on every rank.
 void all_reduce(Comm* c, const float* send, float* recv, size_t count, bool average) {
+    if (c->ended) return;
     std::string name = std::to_string(++c->done);
     write_file(file(c, name, c->rank), send, count * 4);
     std::vector<float> sum(count, 0.0f), peer(count);
@@ -671,16 +778,22 @@ int ncclCommInitRank(void** comm, int ranks, ncclUniqueId id, int rank) {
     return 0;
 }
 
-int ncclCommDestroy(void* comm) {
+// Aborting drops the communicator's queued all-reduces (kept, not freed: a stream may still
+// hold them). ncclCommDestroy would wait for them; cudarc only aborts.
+int ncclCommAbort(void* comm) {
     LOCKED;
     auto c = (emu::Comm*)comm;
+    c->ended = true;
     unlink(emu::file(c, std::to_string(c->done), c->rank).c_str());
     unlink(emu::file(c, "device", c->rank).c_str());
     rmdir(c->dir.c_str());  // the last rank out removes it
-    delete c;
     return 0;
 }
-int ncclCommAbort(void* comm) { return ncclCommDestroy(comm); }
+int ncclCommDestroy(void* comm) {
+    LOCKED;
+    emu::run_everything();
+    return ncclCommAbort(comm);
+}
 
 int ncclAllReduce(const void* send, void* recv, size_t count, int datatype, int op, void* comm, void* stream) {
     LOCKED;
