@@ -131,18 +131,7 @@ fn whole_runs_follow_pytorch_step_by_step() {
 /// TRAINER_REQUIRE_CUDA=1.
 #[test]
 fn whole_runs_on_cuda_follow_pytorch() {
-    let required = std::env::var("TRAINER_REQUIRE_CUDA").is_ok_and(|v| v == "1");
-    let reason = match trainer::tensor::cuda::probe() {
-        Ok((devices, _)) if !devices.is_empty() => None,
-        Ok(_) => Some("no GPU".to_string()),
-        Err(why) => Some(why),
-    };
-    if let Some(reason) = reason {
-        assert!(
-            !required,
-            "TRAINER_REQUIRE_CUDA=1 but CUDA is unusable: {reason}"
-        );
-        eprintln!("skipped: {reason}");
+    if !gpu_present() {
         return;
     }
     let gpu = Tolerance {
@@ -152,6 +141,57 @@ fn whole_runs_on_cuda_follow_pytorch() {
     for case in fixture()["cases"].as_array().unwrap() {
         follows_pytorch(case, "cuda", &[], gpu);
     }
+}
+
+/// Every case in bf16 and in fp16 (dynamic loss scaling) on a GPU, where activations and
+/// their gradients live in half-width buffers (conv, pooling, the norms, concat, softmax,
+/// the embedding), against the same mode on the CPU, whose f32 buffers hold the same half
+/// values: the curves agree to the half format's precision (a product summed in another
+/// order may round to the neighbouring half), and the loss scaler skips the same steps.
+#[test]
+fn mixed_precision_runs_on_cuda_follow_the_cpu() {
+    if !gpu_present() {
+        return;
+    }
+    for case in fixture()["cases"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        for mode in ["bf16", "fp16"] {
+            let precision = format!("precision.mode={mode:?}");
+            let run = |device: &str| {
+                let tmp = tempfile::tempdir().unwrap();
+                let run = run_case(case, tmp.path(), device, &["--set", &precision]);
+                let (header, rows) = read_csv(&run.join("metrics.csv"));
+                let train = train_rows(&header, &rows);
+                let skipped = column(&header, train[train.len() - 1], "skipped_steps").to_string();
+                (losses(&header, &train), skipped)
+            };
+            let ((cpu, cpu_skipped), (cuda, cuda_skipped)) = (run("cpu"), run("cuda"));
+            let err = worst_relative(&cuda, &cpu, 0.0);
+            println!("{name} {mode}: cuda against cpu, worst relative loss difference {err:.2e}");
+            assert!(
+                err < 2e-2,
+                "{name} {mode}: losses\n cuda {cuda:?}\n cpu  {cpu:?}"
+            );
+            assert_eq!(cuda_skipped, cpu_skipped, "{name} {mode}: skipped steps");
+        }
+    }
+}
+
+/// Whether a GPU is usable; without one a GPU test skips with the reason, or fails when
+/// TRAINER_REQUIRE_CUDA=1.
+fn gpu_present() -> bool {
+    let required = std::env::var("TRAINER_REQUIRE_CUDA").is_ok_and(|v| v == "1");
+    let reason = match trainer::tensor::cuda::probe() {
+        Ok((devices, _)) if !devices.is_empty() => return true,
+        Ok(_) => "no GPU".to_string(),
+        Err(why) => why,
+    };
+    assert!(
+        !required,
+        "TRAINER_REQUIRE_CUDA=1 but CUDA is unusable: {reason}"
+    );
+    eprintln!("skipped: {reason}");
+    false
 }
 
 /// Data-parallel replicas average their gradients into the full batch's: the same run as
