@@ -683,7 +683,7 @@ fn run_in<B: Backend>(
         }),
     };
     run.write_summary(&summary)?;
-    let outcome = result?;
+    let outcome = result.map_err(|e| with_resume_hint(e, args, run))?;
     match outcome.interrupted {
         Some(signal) => {
             let name = if signal == crate::signals::SIGTERM {
@@ -707,6 +707,22 @@ fn run_in<B: Backend>(
         }
         None => Ok(()),
     }
+}
+
+/// A run that failed after writing checkpoints says how to continue from the newest.
+fn with_resume_hint(e: Error, args: &RunArgs, run: &RunDir) -> Error {
+    let Error::Runtime(message) = e else {
+        return e;
+    };
+    let Some((step, _)) = checkpoint::list(&run.path.join(checkpoint::DIR)).pop() else {
+        return Error::Runtime(message);
+    };
+    Error::Runtime(format!(
+        "{message}\nthe run's checkpoints remain (the newest at step {step}); continue with: \
+         trainer run {} --resume {}",
+        args.job.display(),
+        run.path.display()
+    ))
 }
 
 /// What the run (one replica of it, with data parallelism) will hold: the graph's buffers,

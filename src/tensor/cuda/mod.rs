@@ -29,6 +29,15 @@ pub const CUBLAS_WORKSPACE: usize = 32 << 20;
 const THREADS: u32 = 256;
 /// Values a thread moves at once in the vectorised kernels (kernels/cast.cu's VEC).
 const VEC: usize = 8;
+/// The errors of a kernel that faulted, which CUDA reports at whatever call comes next.
+const DEVICE_FAULTS: [&str; 6] = [
+    "CUDA_ERROR_ILLEGAL_ADDRESS",
+    "CUDA_ERROR_LAUNCH_FAILED",
+    "CUDA_ERROR_MISALIGNED_ADDRESS",
+    "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+    "CUDA_ERROR_HARDWARE_STACK_ERROR",
+    "CUDA_ERROR_ECC_UNCORRECTABLE",
+];
 /// Most blocks of the first pass of the gradient norm (its partials buffer's length).
 const NORM_BLOCKS: u32 = 1024;
 /// Values per thread below which the gradient norm's first pass uses fewer blocks: a small
@@ -646,7 +655,17 @@ impl CudaBackend {
             Err(e) => {
                 let mut slot = self.error.borrow_mut();
                 if slot.is_none() {
-                    *slot = Some(format!("CUDA: {what} failed: {e:?}"));
+                    let e = format!("{e:?}");
+                    // A kernel's fault surfaces at a later call, which is not the culprit.
+                    let blocking = std::env::var("CUDA_LAUNCH_BLOCKING").is_ok_and(|v| v == "1");
+                    let hint = if !blocking && DEVICE_FAULTS.iter().any(|name| e.contains(name)) {
+                        " (a fault of earlier GPU work, which CUDA reports at a later call: \
+                         rerun with CUDA_LAUNCH_BLOCKING=1 and --set device.cuda_graphs=false \
+                         for the operation that caused it)"
+                    } else {
+                        ""
+                    };
+                    *slot = Some(format!("CUDA: {what} failed: {e}{hint}"));
                 }
                 None
             }
