@@ -1544,6 +1544,92 @@ fn a_resumed_cuda_run_gives_the_uninterrupted_run_exactly() {
     }
 }
 
+/// A device fault mid-run (an illegal address, which CUDA makes sticky) fails the run with
+/// exit 1, an error that says the fault is earlier work's and how to find the culprit, and
+/// how to continue: the checkpoints remain, and resuming from them gives the uninterrupted
+/// run. With CUDA_LAUNCH_BLOCKING=1 and no CUDA graphs the error names the failing op. The
+/// fault is injected by the emulated GPU (tests/emulated_cuda, TRAINER_EMULATED_FAULT); on a
+/// real one this test skips.
+#[test]
+fn a_device_fault_fails_the_run_and_its_checkpoints_resume() {
+    if gpu().is_none() {
+        return;
+    }
+    if !probe().is_ok_and(|(devices, _)| devices[0].name.starts_with("Emulated GPU")) {
+        eprintln!("skipped: faults are injected on the emulated GPU only");
+        return;
+    }
+    let keep = [
+        "--set",
+        "checkpoint.every_steps=30",
+        "--set",
+        "checkpoint.keep_last=10",
+    ];
+    let reference = run_mlp_job("cuda", &keep);
+    let runs = tempfile::tempdir().unwrap();
+    let runs_dir = runs.path().to_str().unwrap();
+    let mut args = vec!["run", "jobs/mlp.toml", "-q", "--runs-dir", runs_dir];
+    args.extend([
+        "--set",
+        "device.type=\"cuda\"",
+        "--set",
+        "train.max_steps=100",
+    ]);
+    args.extend(["--set", "train.log_every=1"]);
+    args.extend(keep);
+    // The 1000th kernel runs in step 60-something.
+    let fault = [("TRAINER_EMULATED_FAULT", "1000")];
+    let failed = common::trainer_with_env(&args, &fault);
+    let err = common::stderr(&failed);
+    assert_eq!(failed.status.code(), Some(1), "{err}");
+    assert!(err.contains("CUDA_ERROR_ILLEGAL_ADDRESS"), "{err}");
+    assert!(err.contains("rerun with CUDA_LAUNCH_BLOCKING=1"), "{err}");
+    assert!(
+        err.contains("(the newest at step 60); continue with: trainer run jobs/mlp.toml --resume"),
+        "{err}"
+    );
+    let run = std::fs::read_dir(runs.path().join("mlp"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let summary = std::fs::read_to_string(run.join("summary.json")).unwrap();
+    assert!(summary.contains("\"status\": \"failed\""), "{summary}");
+
+    let mut resume = vec!["--resume", run.to_str().unwrap()];
+    resume.extend(keep);
+    assert_eq!(
+        mlp_job("cuda", &resume),
+        run,
+        "a resumed run continues in its directory"
+    );
+    let whole = reference.path().join("run");
+    assert_eq!(train_rows(&run), train_rows(&whole));
+    assert!(
+        std::fs::read(run.join("model.safetensors")).unwrap()
+            == std::fs::read(whole.join("model.safetensors")).unwrap(),
+        "final weights differ"
+    );
+
+    // Every call waiting for its work, op by op: the error names the op that faulted.
+    let blocking = tempfile::tempdir().unwrap();
+    let mut args: Vec<&str> = args.clone();
+    let at = args.iter().position(|a| *a == runs_dir).unwrap();
+    args[at] = blocking.path().to_str().unwrap();
+    args.extend(["--set", "device.cuda_graphs=false"]);
+    let failed = common::trainer_with_env(&args, &[fault[0], ("CUDA_LAUNCH_BLOCKING", "1")]);
+    let err = common::stderr(&failed);
+    assert_eq!(failed.status.code(), Some(1), "{err}");
+    // Op by op, the 1000th kernel is the loss's.
+    assert!(
+        err.contains("kernel cross_entropy: an illegal address (injected"),
+        "{err}"
+    );
+    assert!(err.contains("error: CUDA: cross-entropy failed"), "{err}");
+    assert!(!err.contains("rerun with"), "{err}");
+}
+
 /// Issue 4's activation checkpointing on CUDA: recomputing the segments in the backward pass
 /// gives the same bits as keeping every activation (same kernels on the same inputs), with
 /// dropout's masks replayed.

@@ -257,6 +257,10 @@ CUresult submit(void* handle, Op op) {
     }
     s->queue.push_back({std::move(op), nullptr, 0});
     s->queued++;
+    // CUDA_LAUNCH_BLOCKING=1, as the driver: every call returns once its work is done, so a
+    // fault is reported by the call that queued it.
+    static const bool blocking = getenv("CUDA_LAUNCH_BLOCKING") && atoi(getenv("CUDA_LAUNCH_BLOCKING")) == 1;
+    if (blocking) run_all(s);
     return sticky;
 }
 
@@ -270,7 +274,16 @@ struct Function {
 };
 std::map<std::string, Function> functions;
 
+// TRAINER_EMULATED_FAULT=N: the Nth kernel to run faults instead (an illegal address, which
+// CUDA makes sticky), for testing what a run does after a device error.
+unsigned long long kernels_run = 0;
+
 void run_kernel(const KernelEntry* k, unsigned grid, Dim3 block, std::vector<char> args) {
+    static const char* fault_at = getenv("TRAINER_EMULATED_FAULT");
+    if (fault_at && ++kernels_run == strtoull(fault_at, nullptr, 10)) {
+        fail(ILLEGAL_ADDRESS, "kernel %s: an illegal address (injected by TRAINER_EMULATED_FAULT)", k->name);
+        return;
+    }
     std::vector<void*> pointers(k->params);
     size_t at = 0;
     for (int i = 0; i < k->params; i++) pointers[i] = args.data() + at, at += k->sizes[i];
