@@ -15,21 +15,16 @@ use trainer::tensor::{
 };
 
 fn gpu() -> Option<CudaBackend> {
-    let required = std::env::var("TRAINER_REQUIRE_CUDA").is_ok_and(|v| v == "1");
-    let reason = match probe() {
-        Ok((devices, _)) if !devices.is_empty() => match CudaBackend::new(0, false) {
-            Ok(b) => return Some(b),
-            Err(e) => e.to_string(),
-        },
-        Ok(_) => "no GPU".to_string(),
-        Err(why) => why,
-    };
-    assert!(
-        !required,
-        "TRAINER_REQUIRE_CUDA=1 but CUDA is unusable: {reason}"
-    );
-    eprintln!("skipped: {reason}");
-    None
+    if !common::gpu_present() {
+        return None;
+    }
+    match CudaBackend::new(0, false) {
+        Ok(backend) => Some(backend),
+        Err(e) => {
+            common::skip_without_gpu(&e.to_string());
+            None
+        }
+    }
 }
 
 const CPU: CpuBackend = CpuBackend::new(1);

@@ -550,27 +550,10 @@ fn bad_multi_process_settings_exit_2_naming_the_key() {
     );
 }
 
-/// Whether a GPU is usable; without one the GPU test skips with the reason, or fails when
-/// TRAINER_REQUIRE_CUDA=1.
-fn gpu_present() -> bool {
-    let required = std::env::var("TRAINER_REQUIRE_CUDA").is_ok_and(|v| v == "1");
-    let reason = match trainer::tensor::cuda::probe() {
-        Ok((devices, _)) if !devices.is_empty() => return true,
-        Ok(_) => "no GPU".to_string(),
-        Err(why) => why,
-    };
-    assert!(
-        !required,
-        "TRAINER_REQUIRE_CUDA=1 but CUDA is unusable: {reason}"
-    );
-    eprintln!("skipped: {reason}");
-    false
-}
-
 #[test]
 fn two_ranks_sharing_one_gpu_follow_the_cpu_ranks() {
     let _turn = one_at_a_time();
-    if !gpu_present() {
+    if !common::gpu_present() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -621,7 +604,7 @@ fn two_ranks_sharing_one_gpu_follow_the_cpu_ranks() {
 #[test]
 fn two_ranks_forced_onto_nccl_on_one_gpu_end_clearly() {
     let _turn = one_at_a_time();
-    if !gpu_present() || !nccl_present() {
+    if !common::gpu_present() || !nccl_present() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -666,7 +649,7 @@ fn two_ranks_forced_onto_nccl_on_one_gpu_end_clearly() {
 #[test]
 fn one_replica_through_nccl_trains_what_the_plain_run_trains() {
     let _turn = one_at_a_time();
-    if !gpu_present() || !nccl_present() {
+    if !common::gpu_present() || !nccl_present() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -712,7 +695,7 @@ fn one_replica_through_nccl_trains_what_the_plain_run_trains() {
 #[test]
 fn two_gpus_through_nccl_follow_the_cpu_ranks() {
     let _turn = one_at_a_time();
-    if !gpu_present() || !nccl_present() {
+    if !common::gpu_present() || !nccl_present() {
         return;
     }
     let gpus = trainer::tensor::cuda::probe().map_or(0, |(devices, _)| devices.len());
@@ -766,13 +749,10 @@ fn two_gpus_through_nccl_follow_the_cpu_ranks() {
 /// Whether libnccl loads (the GPU machine needs libnccl.so on LD_LIBRARY_PATH: see
 /// bench/gpu.sh); on a GPU machine under TRAINER_REQUIRE_CUDA=1 its absence fails.
 fn nccl_present() -> bool {
-    let Some(why) = trainer::tensor::cuda::nccl_missing() else {
-        return true;
-    };
-    let required = std::env::var("TRAINER_REQUIRE_CUDA").is_ok_and(|v| v == "1");
-    assert!(!required, "TRAINER_REQUIRE_CUDA=1 but {why}");
-    eprintln!("skipped: {why}");
-    false
+    match trainer::tensor::cuda::nccl_missing() {
+        None => true,
+        Some(why) => common::skip_without_gpu(&why),
+    }
 }
 
 #[test]

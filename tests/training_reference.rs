@@ -131,7 +131,7 @@ fn whole_runs_follow_pytorch_step_by_step() {
 /// TRAINER_REQUIRE_CUDA=1.
 #[test]
 fn whole_runs_on_cuda_follow_pytorch() {
-    if !gpu_present() {
+    if !common::gpu_present() {
         return;
     }
     let gpu = Tolerance {
@@ -150,7 +150,7 @@ fn whole_runs_on_cuda_follow_pytorch() {
 /// order may round to the neighbouring half), and the loss scaler skips the same steps.
 #[test]
 fn mixed_precision_runs_on_cuda_follow_the_cpu() {
-    if !gpu_present() {
+    if !common::gpu_present() {
         return;
     }
     for case in fixture()["cases"].as_array().unwrap() {
@@ -175,23 +175,6 @@ fn mixed_precision_runs_on_cuda_follow_the_cpu() {
             assert_eq!(cuda_skipped, cpu_skipped, "{name} {mode}: skipped steps");
         }
     }
-}
-
-/// Whether a GPU is usable; without one a GPU test skips with the reason, or fails when
-/// TRAINER_REQUIRE_CUDA=1.
-fn gpu_present() -> bool {
-    let required = std::env::var("TRAINER_REQUIRE_CUDA").is_ok_and(|v| v == "1");
-    let reason = match trainer::tensor::cuda::probe() {
-        Ok((devices, _)) if !devices.is_empty() => return true,
-        Ok(_) => "no GPU".to_string(),
-        Err(why) => why,
-    };
-    assert!(
-        !required,
-        "TRAINER_REQUIRE_CUDA=1 but CUDA is unusable: {reason}"
-    );
-    eprintln!("skipped: {reason}");
-    false
 }
 
 /// Data-parallel replicas average their gradients into the full batch's: the same run as

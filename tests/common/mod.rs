@@ -224,3 +224,25 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// Whether a GPU is usable; without one a GPU test skips, saying why, or fails when
+/// TRAINER_REQUIRE_CUDA=1 (the GPU machine's scripts and tests/emulated_cuda/run.sh set it).
+pub fn gpu_present() -> bool {
+    match trainer::tensor::cuda::probe() {
+        Ok((devices, _)) if !devices.is_empty() => true,
+        Ok(_) => skip_without_gpu("no GPU"),
+        Err(why) => skip_without_gpu(&why),
+    }
+}
+
+/// Skips a GPU test that cannot run here (`reason`), or fails it under TRAINER_REQUIRE_CUDA=1.
+/// Returns false, for `if !gpu_present() { return; }`.
+pub fn skip_without_gpu(reason: &str) -> bool {
+    let required = std::env::var("TRAINER_REQUIRE_CUDA").is_ok_and(|v| v == "1");
+    assert!(
+        !required,
+        "TRAINER_REQUIRE_CUDA=1 but CUDA is unusable: {reason}"
+    );
+    eprintln!("skipped: {reason}");
+    false
+}
