@@ -64,8 +64,9 @@ for what in ${@:-kernels parity multiprocess}; do
     kernels) run kernels .gpu/tests/cuda_kernels-test ;;
     parity)
       run parity .gpu/tests/cuda_parity-test
-      # Whole runs on the GPU against PyTorch's (tests/fixtures/training_reference.json).
-      run reference .gpu/tests/training_reference-test whole_runs_on_cuda ;;
+      # Whole runs on the GPU against PyTorch's (tests/fixtures/training_reference.json), and
+      # in bf16 and fp16 against the CPU.
+      run reference .gpu/tests/training_reference-test on_cuda ;;
     # Its GPU tests (the others are CPU tests, run by CI).
     multiprocess) run multiprocess .gpu/tests/multiprocess-test gpu nccl streamed refused ;;
     *) echo "unknown: $what"; fail=1 ;;
