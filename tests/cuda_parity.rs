@@ -1539,6 +1539,70 @@ fn a_resumed_cuda_run_gives_the_uninterrupted_run_exactly() {
     }
 }
 
+/// Mixed precision on a GPU older than its format (bf16 needs compute capability 8.0, fp16
+/// 7.0): refused with exit 2, naming the mode, the GPU and the way out, or with
+/// precision.fallback = "fp32" trained in fp32 with a warning (the resolved config says so).
+/// The older GPU is the emulated one (TRAINER_EMULATED_CC); a real one skips.
+#[test]
+fn half_precision_on_an_older_gpu_is_refused_or_falls_back_to_fp32() {
+    if gpu().is_none() {
+        return;
+    }
+    if !emulated_gpu() {
+        eprintln!("skipped: the older GPU is emulated");
+        return;
+    }
+    let runs = tempfile::tempdir().unwrap();
+    let turing = [("TRAINER_EMULATED_CC", "7.5")];
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", "jobs/mlp.toml", "-q", "--runs-dir"];
+        args.push(runs.path().to_str().unwrap());
+        args.extend([
+            "--set",
+            "device.type=\"cuda\"",
+            "--set",
+            "train.max_steps=5",
+        ]);
+        args.extend_from_slice(extra);
+        common::trainer_with_env(&args, &turing)
+    };
+    let refused = run(&["--set", "precision.mode=\"bf16\""]);
+    let err = common::stderr(&refused);
+    assert_eq!(refused.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("precision.mode = \"bf16\" needs a GPU of compute capability 8.0 or newer")
+            && err.contains("is 7.5")
+            && err.contains("precision.fallback = \"fp32\""),
+        "{err}"
+    );
+    let fallback = [
+        "--set",
+        "precision.mode=\"bf16\"",
+        "--set",
+        "precision.fallback=\"fp32\"",
+    ];
+    let fell_back = run(&fallback);
+    let err = common::stderr(&fell_back);
+    assert!(fell_back.status.success(), "{err}");
+    assert!(
+        err.contains("training in fp32 (precision.fallback = \"fp32\")"),
+        "{err}"
+    );
+    let dir = String::from_utf8_lossy(&fell_back.stdout)
+        .trim()
+        .to_string();
+    let config = std::fs::read_to_string(std::path::Path::new(&dir).join("config.toml")).unwrap();
+    assert!(config.contains("[precision]\nmode = \"fp32\""), "{config}");
+    // fp16 is within a 7.5 GPU's reach.
+    let fp16 = run(&["--set", "precision.mode=\"fp16\""]);
+    assert!(fp16.status.success(), "{}", common::stderr(&fp16));
+}
+
+/// Whether the GPU is tests/emulated_cuda's, which can inject faults and pose as another GPU.
+fn emulated_gpu() -> bool {
+    probe().is_ok_and(|(devices, _)| devices[0].name.starts_with("Emulated GPU"))
+}
+
 /// A device fault mid-run (an illegal address, which CUDA makes sticky) fails the run with
 /// exit 1, an error that says the fault is earlier work's and how to find the culprit, and
 /// how to continue: the checkpoints remain, and resuming from them gives the uninterrupted
@@ -1550,7 +1614,7 @@ fn a_device_fault_fails_the_run_and_its_checkpoints_resume() {
     if gpu().is_none() {
         return;
     }
-    if !probe().is_ok_and(|(devices, _)| devices[0].name.starts_with("Emulated GPU")) {
+    if !emulated_gpu() {
         eprintln!("skipped: faults are injected on the emulated GPU only");
         return;
     }

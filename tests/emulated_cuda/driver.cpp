@@ -363,10 +363,18 @@ CUresult cuDeviceGetName(char* name, int len, int dev) {
     return SUCCESS;
 }
 CUresult cuDeviceTotalMem_v2(size_t* bytes, int) { return *bytes = emu::TOTAL_MEMORY, SUCCESS; }
+// TRAINER_EMULATED_CC=7.5 (say) emulates an older GPU; 9.0 (an H100's) by default.
+static int compute_capability(bool major) {
+    const char* cc = getenv("TRAINER_EMULATED_CC");
+    int a = 9, b = 0;
+    if (cc) sscanf(cc, "%d.%d", &a, &b);
+    return major ? a : b;
+}
+
 CUresult cuDeviceGetAttribute(int* value, int attribute, int) {
     switch (attribute) {
-        case 75: *value = 9; break;     // compute capability major
-        case 76: *value = 0; break;     // minor
+        case 75: *value = compute_capability(true); break;   // compute capability major
+        case 76: *value = compute_capability(false); break;  // minor
         case 115: *value = 1; break;    // memory pools supported
         case 16: *value = 132; break;   // multiprocessors
         case 1: *value = 1024; break;   // max threads per block
