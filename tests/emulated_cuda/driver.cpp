@@ -177,11 +177,15 @@ struct FaultHandler {
 // waiting on its event, then gives wrong numbers here as it may on a GPU.
 typedef std::function<void()> Op;
 
+struct Stream;
+
+// A capture's work, and for the check that ends it (every stream that joined must be
+// joined back): the operations each stream recorded, and how many of each the origin
+// stream has waited for through an event.
 struct Capture {
     std::vector<Op> ops;
+    std::map<Stream*, unsigned long long> recorded, rejoined;
 };
-
-struct Stream;
 
 // A queued operation, or (op empty) a wait until `stream` has run `position` entries.
 struct Entry {
@@ -201,7 +205,9 @@ Stream legacy_stream;
 std::set<Stream*> streams;  // every live stream but the legacy one
 
 struct Event {
-    std::shared_ptr<Capture> capture;  // recorded in a capturing stream
+    std::shared_ptr<Capture> capture;  // recorded in a capturing stream: which, after how
+    Stream* captured_in = nullptr;     // many of that stream's recorded operations
+    unsigned long long captured_after = 0;
     Stream* stream = nullptr;          // recorded outside a capture: where, and after how
     unsigned long long position = 0;   // many of its entries
 };
@@ -248,6 +254,7 @@ CUresult submit(void* handle, Op op) {
     Stream* s = stream_of(handle);
     if (s->capture) {
         s->capture->ops.push_back(std::move(op));
+        s->capture->recorded[s]++;
         return SUCCESS;
     }
     if (s == &legacy_stream) {
@@ -537,6 +544,7 @@ CUresult cuEventRecord(void* event, void* stream) {
     auto e = (emu::Event*)event;
     emu::Stream* s = emu::stream_of(stream);
     e->capture = s->capture;
+    if (s->capture) e->captured_in = s, e->captured_after = s->capture->recorded[s];
     // The legacy stream runs its work at once: an event there is complete.
     e->stream = s->capture || s == &emu::legacy_stream ? nullptr : s;
     e->position = s->queued;
@@ -562,6 +570,8 @@ CUresult cuStreamWaitEvent(void* stream, void* event, unsigned) {
     auto e = (emu::Event*)event;
     if (e->capture) {
         s->capture = e->capture;
+        auto& seen = e->capture->rejoined[e->captured_in];
+        seen = std::max(seen, e->captured_after);
         return SUCCESS;
     }
     if (!e->stream || !emu::streams.count(e->stream) || e->stream == s || s->capture) return SUCCESS;  // nothing to wait for
@@ -588,17 +598,26 @@ CUresult cuStreamIsCapturing(void* stream, int* status) {
     LOCKED;
     return *status = emu::stream_of(stream)->capture ? 1 : 0, SUCCESS;
 }
-// Ends the capture begun on `stream`; every stream that joined it leaves it too. (CUDA
-// refuses to end a capture that a joined stream has not rejoined by an event; that is not
-// checked here.)
+// Ends the capture begun on `stream`; every stream that joined it leaves it too, and must
+// have been joined back: its recorded work followed by an event that the capture waited on.
 CUresult cuStreamEndCapture(void* stream, void** graph) {
     LOCKED;
     emu::Stream* s = emu::stream_of(stream);
     if (!s->capture) return INVALID_VALUE;
     auto capture = s->capture;
     s->capture.reset();
-    for (emu::Stream* joined : emu::streams)
-        if (joined->capture == capture) joined->capture.reset();
+    bool unjoined = false;
+    for (emu::Stream* joined : emu::streams) {
+        if (joined->capture != capture) continue;
+        joined->capture.reset();
+        // Its last recorded operation must precede an event some stream of the capture
+        // waited on (CUDA asks the origin; any waiter is looser, and simpler to track).
+        unjoined |= capture->rejoined[joined] < capture->recorded[joined];
+    }
+    if (unjoined) {  // the capture is lost, the context not (no sticky error)
+        fprintf(stderr, "emulated GPU: a stream joined the capture and was not joined back before it ended\n");
+        return 904;  // CUDA_ERROR_STREAM_CAPTURE_UNJOINED
+    }
     *graph = new emu::Graph{capture->ops};
     capture->ops.clear();
     return emu::sticky;
