@@ -51,15 +51,10 @@ typedef unsigned long long CUdeviceptr;
 enum : int {
     SUCCESS = 0,
     INVALID_VALUE = 1,
-    NOT_INITIALIZED = 3,
-    INVALID_HANDLE = 400,
     NOT_FOUND = 500,
-    NOT_READY = 600,
     ILLEGAL_ADDRESS = 700,
     LAUNCH_FAILED = 719,
-    NOT_SUPPORTED = 801,
     CAPTURE_UNSUPPORTED = 900,
-    CAPTURE_INVALIDATED = 901,
 };
 
 namespace emu {
@@ -275,11 +270,6 @@ int device_count() {
     const char* n = getenv("TRAINER_EMULATED_GPUS");
     return n ? atoi(n) : 1;
 }
-
-struct Function {
-    const KernelEntry* kernel;
-};
-std::map<std::string, Function> functions;
 
 // TRAINER_EMULATED_FAULT=N: the Nth kernel to run faults instead (an illegal address, which
 // CUDA makes sticky), for testing what a run does after a device error.
@@ -647,15 +637,13 @@ CUresult cuGraphExecDestroy(void* exec) { return cuGraphDestroy(exec); }
 
 // ---- modules and launches
 
-CUresult cuModuleLoadData(void** module, const void*) { return *module = &emu::functions, SUCCESS; }
+// The module is the host build of the kernel program; a function, its KernelEntry.
+static int the_module;
+CUresult cuModuleLoadData(void** module, const void*) { return *module = &the_module, SUCCESS; }
 CUresult cuModuleUnload(void*) { return SUCCESS; }
 CUresult cuModuleGetFunction(void** f, void*, const char* name) {
-    LOCKED;
     for (const KernelEntry& k : KERNELS)
-        if (strcmp(k.name, name) == 0) {
-            emu::functions[name] = {&k};
-            return *f = &emu::functions[name], SUCCESS;
-        }
+        if (strcmp(k.name, name) == 0) return *f = (void*)&k, SUCCESS;
     return NOT_FOUND;
 }
 CUresult cuFuncSetAttribute(void*, int, int) { return SUCCESS; }
@@ -665,7 +653,7 @@ CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned
                         unsigned shared, void* stream, void** params, void** extra) {
     LOCKED;
     CHECK_STICKY;
-    const KernelEntry* k = ((emu::Function*)f)->kernel;
+    const KernelEntry* k = (const KernelEntry*)f;
     if (gy != 1 || gz != 1 || shared != 0 || extra) {
         emu::fail(INVALID_VALUE, "launch of %s: only 1-D grids without dynamic shared memory are emulated", k->name);
         return INVALID_VALUE;

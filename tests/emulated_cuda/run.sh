@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The CUDA tests on the emulated GPU (driver.cpp: the driver API and cuBLAS on the host), so
-# that the CUDA backend's code runs where no GPU is: every test that needs CUDA, with
-# TRAINER_REQUIRE_CUDA=1 so that none of them skips. Needs libnvrtc on LD_LIBRARY_PATH (it
+# The CUDA tests on the emulated GPU (driver.cpp: the driver API, cuBLAS and NCCL on the
+# host), so that the CUDA backend's code runs where no GPU is: every test that needs CUDA,
+# with TRAINER_REQUIRE_CUDA=1 so that none of them skips. Needs libnvrtc on LD_LIBRARY_PATH (it
 # compiles the kernels, whose image the emulator then ignores; .ci/run installs one), a C++
 # compiler and python3. Extra arguments go to the test binaries (a name filter, say).
 #
