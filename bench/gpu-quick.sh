@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Short device calls with gpu.sh's helpers: `gemm` (default) puts the cuBLAS-bound MLP in
-# fp32 and bf16 beside PyTorch, steady state; `nccl` alternates 1 replica through NCCL with
-# no data parallelism, 3 times, on the launch-bound MLP 784-1024-1024-10 and on the
-# cuBLAS-bound one (issue 7's overhead).
+# fp32 and bf16 beside PyTorch, steady state, with and without cuBLASLt's epilogues; `nccl`
+# alternates 1 replica through NCCL with no data parallelism, 3 times, on the launch-bound
+# MLP 784-1024-1024-10 and on the cuBLAS-bound one (issue 7's overhead).
 set -uo pipefail
 source .gpu/nccl.sh
 eval "$(sed -n '/^out=/,/^pytorch()/p' bench/gpu.sh)"
@@ -23,5 +23,6 @@ for mode in fp32 bf16; do
   amp=$([ $mode = bf16 ] && echo "--amp bf16" || echo "")
   log "== MLP 784-4096x3-10 batch 4096 Adam $mode, 200 steps"
   log "trainer: $(trainer bench/mlp4096.toml "${big[@]}" --set precision.mode=\"$mode\")"
+  log "trainer, bias and ReLU in passes of their own: $(trainer bench/mlp4096.toml "${big[@]}" --set precision.mode=\"$mode\" --set device.fused_epilogues=false)"
   log "pytorch: $(pytorch --data synthetic --layers 784,4096,4096,4096,10 --batch 4096 --steps 200 $amp)"
 done

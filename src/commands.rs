@@ -307,6 +307,7 @@ pub fn run(args: &RunArgs) -> Result<Option<PathBuf>> {
             let spec = precision_on_gpu(&spec, &backend)?;
             check_device_memory(&spec, &graph, &data, &backend, ordinal)?;
             backend.set_half_matmuls(train::half_kind(spec.precision.mode));
+            backend.set_fused_epilogues(spec.device.fused_epilogues);
             let Some(start) = start else {
                 return train::serve(&backend, &spec, graph, data).map(|()| None);
             };

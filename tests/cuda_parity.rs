@@ -110,15 +110,21 @@ fn linear_forward_and_backward_match_the_cpu() {
             let grads0 = stale_grads(random_vec(params.len(), 4), written, dw_write);
             let what = format!("linear {half:?} n={n} in={inp} out={out} bias={bias} {dw_write:?}");
 
-            let mut y_cpu = vec![f32::NAN; n * out];
-            CPU.linear_forward(&x, &params, 0, b, &mut y_cpu, n, inp, out);
-            let mut y_gpu = poisoned(&g, n * out);
-            g.linear_forward(&up(&g, &x), &up(&g, &params), 0, b, &mut y_gpu, n, inp, out);
-            assert_close(
-                &down(&g, &y_gpu, n * out),
-                &y_cpu,
-                &format!("{what} forward"),
-            );
+            // With the ReLU after it too, which fp32 applies in cuBLASLt's epilogue where the
+            // bias's address allows (shape 2: 16-byte aligned; 1 and 3 not).
+            let mut linear = Vec::new();
+            for then in [None, Some(Activation::Relu)] {
+                let mut y_cpu = vec![f32::NAN; n * out];
+                CPU.linear_forward(&x, &params, 0, b, &mut y_cpu, n, inp, out, then);
+                let mut y_gpu = poisoned(&g, n * out);
+                let (xg, pg) = (up(&g, &x), up(&g, &params));
+                g.linear_forward(&xg, &pg, 0, b, &mut y_gpu, n, inp, out, then);
+                let what = format!("{what} forward, then {then:?}");
+                assert_close(&down(&g, &y_gpu, n * out), &y_cpu, &what);
+                linear.push(y_cpu);
+            }
+            let relu: Vec<f32> = linear[0].iter().map(|v| v.max(0.0)).collect();
+            assert_eq!(linear[1], relu, "{what}: the CPU's ReLU after the product");
 
             let (mut grads_cpu, mut dx_cpu) = (grads0.clone(), vec![f32::NAN; n * inp]);
             CPU.linear_backward(
@@ -607,27 +613,30 @@ fn half_width_buffers_hold_what_rounded_f32_buffers_hold() {
             rounded(kind, &random_vec(n * out, 26)),
         );
         let b = Some(out * inp);
-        let mut y_cpu = vec![0.0; n * out];
-        CPU.linear_forward(&px, &params, 0, b, &mut y_cpu, n, inp, out);
-        let mut yh = poisoned_half(&g, kind, n * out);
         let params_gpu = up(&g, &params);
-        g.linear_forward(
-            &up_half(&g, kind, &px),
-            &params_gpu,
-            0,
-            b,
-            &mut yh,
-            n,
-            inp,
-            out,
-        );
         let scale = 2.0 * ulp;
-        assert_within(
-            &down(&g, &yh, n * out),
-            &rounded(kind, &y_cpu),
-            scale,
-            "linear forward",
-        );
+        // The weights f32 (converted for the product), or the half copy as mixed precision
+        // keeps them: then the bias and ReLU are applied in cuBLASLt's epilogue, the bias in
+        // the half format, as autocast adds it.
+        let params_half = up_half(&g, kind, &params);
+        for (weights, then) in [
+            (&params_gpu, None),
+            (&params_half, None),
+            (&params_half, Some(Activation::Relu)),
+        ] {
+            let mut y_cpu = vec![0.0; n * out];
+            CPU.linear_forward(&px, &params, 0, b, &mut y_cpu, n, inp, out, then);
+            let mut yh = poisoned_half(&g, kind, n * out);
+            let xh = up_half(&g, kind, &px);
+            g.linear_forward(&xh, weights, 0, b, &mut yh, n, inp, out, then);
+            let what = format!("linear forward, then {then:?}");
+            assert_within(
+                &down(&g, &yh, n * out),
+                &rounded(kind, &y_cpu),
+                scale,
+                &what,
+            );
+        }
         // As a step's first backward pass writes them.
         let overwrite = GradWrite::Overwrite;
         let grads0 = stale_grads(random_vec(params.len(), 27), params.len(), overwrite);
@@ -1636,8 +1645,8 @@ fn a_device_fault_fails_the_run_and_its_checkpoints_resume() {
     ]);
     args.extend(["--set", "train.log_every=1"]);
     args.extend(keep);
-    // The 1000th kernel runs in step 60-something.
-    let fault = [("TRAINER_EMULATED_FAULT", "1000")];
+    // The 999th kernel runs between steps 60 and 90.
+    let fault = [("TRAINER_EMULATED_FAULT", "999")];
     let failed = common::trainer_with_env(&args, &fault);
     let err = common::stderr(&failed);
     assert_eq!(failed.status.code(), Some(1), "{err}");
@@ -1680,13 +1689,74 @@ fn a_device_fault_fails_the_run_and_its_checkpoints_resume() {
     let failed = common::trainer_with_env(&args, &[fault[0], ("CUDA_LAUNCH_BLOCKING", "1")]);
     let err = common::stderr(&failed);
     assert_eq!(failed.status.code(), Some(1), "{err}");
-    // Op by op, the 1000th kernel is the loss's.
+    // Op by op, the 999th kernel is the loss's.
     assert!(
         err.contains("kernel cross_entropy: an illegal address (injected"),
         "{err}"
     );
     assert!(err.contains("error: CUDA: cross-entropy failed"), "{err}");
     assert!(!err.contains("rerun with"), "{err}");
+}
+
+/// A linear layer's product adds its bias, and applies the ReLU after it, in cuBLASLt's
+/// epilogue: the forward pass queues no bias fill and no ReLU pass, in fp32 and bf16, and
+/// `device.fused_epilogues = false` queues them again, with the same losses. The emulated
+/// GPU's trace (TRAINER_EMULATED_TRACE) shows what a job queues; on a real GPU this skips
+/// (there `bench/gpu.sh` measures the difference).
+#[test]
+fn linear_layers_add_their_bias_and_relu_in_the_products_epilogue() {
+    if gpu().is_none() {
+        return;
+    }
+    if !emulated_gpu() {
+        eprintln!("skipped: the trace of queued work is the emulated GPU's");
+        return;
+    }
+    for mode in ["fp32", "bf16"] {
+        let run = |fused: bool| {
+            let runs = tempfile::tempdir().unwrap();
+            let trace = runs.path().join("trace");
+            let precision = format!("precision.mode=\"{mode}\"");
+            let fused = format!("device.fused_epilogues={fused}");
+            let mut args = vec!["run", "jobs/mlp.toml", "-q"];
+            args.extend(["--runs-dir", runs.path().to_str().unwrap()]);
+            args.extend([
+                "--set",
+                "device.type=\"cuda\"",
+                "--set",
+                "train.max_steps=20",
+            ]);
+            args.extend([
+                "--set",
+                "train.log_every=1",
+                "--set",
+                &precision,
+                "--set",
+                &fused,
+            ]);
+            let env = [("TRAINER_EMULATED_TRACE", trace.to_str().unwrap())];
+            let out = common::trainer_with_env(&args, &env);
+            assert!(out.status.success(), "{}", common::stderr(&out));
+            let run = String::from_utf8(out.stdout).unwrap();
+            let losses = train_rows(std::path::Path::new(run.trim()));
+            (std::fs::read_to_string(trace).unwrap(), losses)
+        };
+        let ((fused, losses), (plain, plain_losses)) = (run(true), run(false));
+        let count = |trace: &str, what: &str| trace.lines().filter(|l| l.starts_with(what)).count();
+        // The hidden layer's product with its bias and the ReLU, the output layer's with its bias.
+        assert!(
+            count(&fused, "cublasLtMatmul RELU_BIAS") > 0,
+            "{mode}: {fused}"
+        );
+        assert!(count(&fused, "cublasLtMatmul BIAS") > 0, "{mode}: {fused}");
+        for pass in ["kernel broadcast_rows", "kernel activation_in_place"] {
+            assert_eq!(count(&fused, pass), 0, "{mode}: {pass} queued");
+            assert!(count(&plain, pass) > 0, "{mode}, not fused: no {pass}");
+        }
+        assert_eq!(count(&plain, "cublasLtMatmul"), 0, "{mode}, not fused");
+        assert_eq!(losses.len(), 20);
+        assert_eq!(losses, plain_losses, "{mode}: the losses");
+    }
 }
 
 /// Issue 4's activation checkpointing on CUDA: recomputing the segments in the backward pass

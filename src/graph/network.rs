@@ -103,18 +103,25 @@ struct Recorded {
     dw_write: GradWrite,
 }
 
-/// Mixed precision rounds each op's output (and in backward its input gradient) in a pass of
-/// its own. Where that value's only reader is the in-place activation beside it, the
-/// activation rounds it in its own pass instead (`Backend::activation_in_place_rounding`,
-/// `activation_backward_rounding`): the same values, one pass over the buffer fewer (on an
-/// H100, 0.3 ms of the bf16 4096-MLP's 3.3 ms step went to such passes). Flags of an
-/// activation layer; both false elsewhere.
+/// Passes an in-place activation saves its neighbours. Mixed precision rounds each op's
+/// output (and in backward its input gradient) in a pass of its own. Where that value's only
+/// reader is the in-place activation beside it, the activation rounds it in its own pass
+/// instead (`Backend::activation_in_place_rounding`, `activation_backward_rounding`): the same
+/// values, one pass over the buffer fewer (on an H100, 0.3 ms of the bf16 4096-MLP's 3.3 ms
+/// step went to such passes). And a ReLU that is the only reader of a linear layer's output
+/// is applied by that layer's product (`Backend::linear_forward`'s `then`: on CUDA in
+/// cuBLASLt's epilogue, with the bias), in any precision. Flags of an activation layer; all
+/// false elsewhere.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Fusion {
     /// Forward: it rounds its input, which the layer before leaves unrounded.
     input: bool,
     /// Backward: it rounds its output's gradient, which the layer after leaves unrounded.
     grad: bool,
+    /// Forward: the linear layer before it applies it (and this layer does nothing). Its
+    /// input is then rounded by that layer's own rounding, after the ReLU: the same values,
+    /// as ReLU keeps a half value one.
+    by_product: bool,
 }
 
 /// `Fusion` for every layer of `graph` laid out by `plan`.
@@ -141,8 +148,11 @@ fn fusions(graph: &Graph, plan: &BufferPlan) -> Vec<Fusion> {
                 return Fusion::default();
             }
             // Node j is layer j - 1's output; node j + 1 this layer's.
-            let input =
-                j >= 1 && l.inputs[0] == j && readers(j) == 1 && rounds_output(&layers[j - 1]);
+            let beside = j >= 1 && l.inputs[0] == j && readers(j) == 1;
+            let by_product = beside
+                && l.op == Op::Activation(Activation::Relu)
+                && matches!(layers[j - 1].op, Op::Linear { .. });
+            let input = beside && !by_product && rounds_output(&layers[j - 1]);
             let grad = j + 1 < layers.len()
                 && !plan.through_relu[j + 1]
                 && readers(j + 1) == 1
@@ -150,7 +160,11 @@ fn fusions(graph: &Graph, plan: &BufferPlan) -> Vec<Fusion> {
                 && rounds_dx(j + 1)
                 && !plan.accumulate[j][0]
                 && !plan.is_data[j][0];
-            Fusion { input, grad }
+            Fusion {
+                input,
+                grad,
+                by_product,
+            }
         })
         .collect()
 }
@@ -336,15 +350,20 @@ impl<B: Backend> Network<B> {
     }
 
     /// The layers whose rounding an in-place activation does in its own pass, forward and
-    /// backward (`Fusion`; counted in any precision, used in mixed precision).
-    pub fn fused_roundings(&self) -> (usize, usize) {
+    /// backward (counted in any precision, used in mixed precision), and the ReLUs that the
+    /// linear layer before applies (`Fusion`).
+    pub fn fusions(&self) -> (usize, usize, usize) {
         let count = |pick: fn(&Fusion) -> bool| self.fused.iter().filter(|f| pick(f)).count();
-        (count(|f| f.input), count(|f| f.grad))
+        (
+            count(|f| f.input),
+            count(|f| f.grad),
+            count(|f| f.by_product),
+        )
     }
 
-    /// Every rounding in a pass of its own, as before the fusion: for comparing (the values
-    /// are the same either way).
-    pub fn without_rounding_fusion(mut self) -> Self {
+    /// Every rounding and activation in a pass of its own, as before the fusions: for
+    /// comparing (the values are the same either way).
+    pub fn without_fusion(mut self) -> Self {
         self.fused.fill(Fusion::default());
         self
     }
@@ -574,6 +593,7 @@ impl<B: Backend> Network<B> {
         match &layer.op {
             // Written over the input, which is in `dst` already (see `BufferPlan::in_place`).
             _ if self.plan.in_place[i] && layer.op != Op::Add => match layer.op {
+                Op::Activation(_) if self.fused[i].by_product => {}
                 Op::Activation(f) => match (self.half, self.fused[i].input) {
                     (Some(kind), true) => {
                         backend.activation_in_place_rounding(kind, f, &mut self.acts[dst], len)
@@ -593,8 +613,12 @@ impl<B: Backend> Network<B> {
                 weight,
                 bias,
             } => {
+                // The ReLU after it, which it applies (`Fusion::by_product`).
+                let then = (self.fused.get(i + 1))
+                    .is_some_and(|f| f.by_product)
+                    .then_some(Activation::Relu);
                 let (x, y) = matmul_operands(&mut self.acts, self.rounded_data.as_ref(), src, dst);
-                backend.linear_forward(x, weights, weight, bias, y, n, inp, out);
+                backend.linear_forward(x, weights, weight, bias, y, n, inp, out, then);
             }
             &Op::Activation(f) => {
                 let (x, y) = read_write(&mut self.acts, src, dst);

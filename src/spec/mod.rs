@@ -726,6 +726,10 @@ pub struct DeviceSpec {
     /// replay it, where nothing in the step changes from step to step (no dropout).
     #[serde(default = "yes")]
     pub cuda_graphs: bool,
+    /// CUDA: a linear layer's product adds its bias, and applies the ReLU after it, as it
+    /// writes its output (cuBLASLt's epilogue), instead of in passes of their own.
+    #[serde(default = "yes")]
+    pub fused_epilogues: bool,
     /// Where the data set lives on a GPU: "resident" (uploaded once; a batch is gathered on
     /// the device), "streamed" (kept in host memory; each batch is gathered on the host into
     /// pinned memory and copied asynchronously), or "auto" (the default): resident when it
@@ -741,6 +745,7 @@ impl Default for DeviceSpec {
             kind: default_device(),
             allow_tf32: false,
             cuda_graphs: true,
+            fused_epilogues: true,
             data: DataPlacement::Auto,
         }
     }

@@ -362,18 +362,19 @@ impl Backend for CpuBackend {
         n: usize,
         inp: usize,
         out: usize,
+        then: Option<Activation>,
     ) {
-        let y = &mut y[..n * out];
+        let values = &mut y[..n * out];
         if let Some(b) = b {
             let bias = &params[b..b + out];
-            for row in y.chunks_exact_mut(out) {
+            for row in values.chunks_exact_mut(out) {
                 row.copy_from_slice(bias);
             }
         }
         let weight = &params[w..w + out * inp];
         // y[n, out] (+)= x[n, inp] · Wᵀ, Wᵀ[k, j] = W[j·inp + k]
         self.matmul(
-            y,
+            values,
             b.is_some(),
             &x[..n * inp],
             (inp, 1),
@@ -383,6 +384,9 @@ impl Backend for CpuBackend {
             out,
             inp,
         );
+        if let Some(f) = then {
+            self.activation_in_place(f, y, n * out);
+        }
     }
 
     fn linear_backward(

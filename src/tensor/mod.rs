@@ -193,8 +193,9 @@ pub trait Backend: Capture {
         None
     }
 
-    /// y[n, out] = x[n, inp] · Wᵀ (+ b), with W = params[w..] as [out, inp] row-major and
-    /// b = params[b..] of length out.
+    /// y[n, out] = then(x[n, inp] · Wᵀ (+ b)), with W = params[w..] as [out, inp] row-major,
+    /// b = params[b..] of length out, and `then` an activation applied in place afterwards
+    /// (`activation_in_place`), or in the product's own pass where the backend can.
     #[allow(clippy::too_many_arguments)]
     fn linear_forward(
         &self,
@@ -206,6 +207,7 @@ pub trait Backend: Capture {
         n: usize,
         inp: usize,
         out: usize,
+        then: Option<Activation>,
     );
     /// grads[W] += dyᵀ·x, grads[b] += Σₙ dy (both = with `GradWrite::Overwrite`), and
     /// dx = dy·W when `dx` is given.

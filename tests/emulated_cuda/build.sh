@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the emulated GPU (tests/emulated_cuda/driver.cpp) into DIR as libcuda.so, with
-# libcublas.so and libnccl.so naming the same library: put DIR first on LD_LIBRARY_PATH (with
-# a real libnvrtc after it) and the CUDA tests run on the host. Usage: build.sh DIR
+# libcublas.so, libcublasLt.so and libnccl.so naming the same library: put DIR first on
+# LD_LIBRARY_PATH (with a real libnvrtc after it) and the CUDA tests run on the host.
+# Usage: build.sh DIR
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/../.." && pwd)
@@ -13,4 +14,5 @@ files=$(grep -o 'kernels/[a-z_]*\.cu"' "$top/src/tensor/cuda/kernels.rs" | tr -d
 python3 "$here/kernel_table.py" < "$out/kernels.cu" > "$out/kernel_table.inc"
 ${CXX:-c++} -std=c++17 -O2 -g -w -fPIC -shared -I "$out" "$here/driver.cpp" -o "$out/libcuda.so"
 ln -sf libcuda.so "$out/libcublas.so"
+ln -sf libcuda.so "$out/libcublasLt.so"
 ln -sf libcuda.so "$out/libnccl.so"

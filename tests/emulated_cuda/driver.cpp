@@ -2,7 +2,7 @@
 // and NCCL that src/tensor/cuda calls (through cudarc), implemented on the host, so that the
 // CUDA backend's own code (buffer sizes and storages, launch arguments, cuBLAS parameters,
 // stream capture and replay, the all-reduce's streams and events) runs in CI without a GPU.
-// Built as libcuda.so, libcublas.so and libnccl.so by tests/emulated_cuda/build.sh.
+// Built as libcuda.so, libcublas.so, libcublasLt.so and libnccl.so by tests/emulated_cuda/build.sh.
 //
 // - Device memory is host memory: every allocation ends at a guard page, so a kernel or a
 //   copy that runs past a buffer's end faults (reported with the kernel's name); copies,
@@ -16,7 +16,12 @@
 //   captured (and any stream that waits on an event recorded in it) records its work, which
 //   a graph launch replays with the argument values of the capture, as CUDA does.
 // - cuBLAS products are loops accumulating in double, inputs and output in f32, f16 or bf16
-//   (rounded to nearest even on store, as cuBLAS rounds its f32 result once).
+//   (rounded to nearest even on store, as cuBLAS rounds its f32 result once); cuBLASLt's too,
+//   with its bias and ReLU epilogues, and the descriptors, preferences and heuristic that
+//   lead to one.
+// - TRAINER_EMULATED_TRACE=FILE appends a line per kernel launch ("kernel NAME") and per
+//   product ("cublasGemmEx", "cublasLtMatmul EPILOGUE"), in the order they are queued (a
+//   replayed graph adds none): for tests of which work a job queues.
 //
 // - NCCL's all-reduce between processes goes through files (see the NCCL section below).
 //
@@ -60,6 +65,18 @@ enum : int {
 namespace emu {
 std::recursive_mutex lock;
 #define LOCKED std::lock_guard<std::recursive_mutex> guard(emu::lock)
+
+// TRAINER_EMULATED_TRACE's file, if any: one line per queued kernel or product.
+void trace(const char* fmt, const char* what) {
+    static FILE* out = [] {
+        const char* path = getenv("TRAINER_EMULATED_TRACE");
+        return path && *path ? fopen(path, "a") : nullptr;
+    }();
+    if (!out) return;
+    fprintf(out, fmt, what);
+    fputc('\n', out);
+    fflush(out);
+}
 
 // A failure that CUDA makes sticky (an illegal address, a failed launch): every later call
 // returns it, as a real context does.
@@ -669,6 +686,7 @@ CUresult cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned
         args.insert(args.end(), v, v + k->sizes[i]);
     }
     Dim3 block = {bx, by, bz};
+    emu::trace("kernel %s", k->name);
     return emu::submit(stream, [=] { emu::run_kernel(k, gx, block, args); });
 }
 
@@ -706,8 +724,171 @@ int cublasGemmEx(void* handle, int transa, int transb, int m, int n, int k, cons
     if (emu::sticky != SUCCESS) return 14;
     const int COMPUTE_32F = 68, COMPUTE_32F_FAST_TF32 = 77;
     if (compute != COMPUTE_32F && compute != COMPUTE_32F_FAST_TF32) return 15;  // NOT_SUPPORTED
+    emu::trace("%s", "cublasGemmEx");
     return emu::gemm((emu::Blas*)handle, transa, transb, m, n, k, *(const float*)alpha, a, atype, lda, b, btype, ldb,
                      *(const float*)beta, c, ctype, ldc);
+}
+
+// ---- cuBLASLt: the descriptors keep what was set; the heuristic offers one algorithm (which
+// remembers the alignments it was asked for) for the epilogues emulated: none, bias, ReLU,
+// bias then ReLU.
+
+namespace emu {
+struct LtDesc {
+    int compute, scale;
+    int transa = 0, transb = 0;
+    unsigned epilogue = 1;  // CUBLASLT_EPILOGUE_DEFAULT
+    unsigned long long bias = 0;
+    int bias_type = -1;  // the output's
+};
+struct LtLayout {
+    int type;
+    unsigned long long rows, cols;
+    long long ld;
+};
+struct LtPref {
+    unsigned long long workspace = 0;
+    unsigned alignment[4] = {256, 256, 256, 256};  // A, B, C, D: cuBLASLt's default
+};
+struct LtAlgo {
+    unsigned magic, epilogue;
+    unsigned alignment[4];
+    char unused[64 - 24];
+};
+struct LtHeuristic {
+    LtAlgo algo;
+    size_t workspace;
+    int state;
+    float waves;
+    int reserved[4];
+};
+const unsigned LT_ALGO = 0x4c54414c;
+const int LT_INVALID = 7, LT_NOT_SUPPORTED = 15, LT_INTERNAL = 14;
+bool lt_epilogue(unsigned e) { return e == 1 || e == 2 || e == 4 || e == 6; }
+bool lt_type(int t) { return t == 0 || t == 2 || t == 14; }
+unsigned alignment_of(const void* p) {
+    unsigned a = 1;
+    while (a < 256 && ((uintptr_t)p & a) == 0) a <<= 1;
+    return a;
+}
+}  // namespace emu
+
+int cublasLtCreate(void** handle) { return *handle = new int(0), 0; }
+int cublasLtDestroy(void* handle) { return delete (int*)handle, 0; }
+int cublasLtMatmulDescCreate(void** desc, int compute, int scale) {
+    return *desc = new emu::LtDesc{compute, scale}, 0;
+}
+int cublasLtMatmulDescDestroy(void* desc) { return delete (emu::LtDesc*)desc, 0; }
+int cublasLtMatmulDescSetAttribute(void* d, int attr, const void* buf, size_t size) {
+    emu::LtDesc* desc = (emu::LtDesc*)d;
+    auto take = [&](auto& field) {
+        if (size != sizeof field) return emu::LT_INVALID;
+        memcpy(&field, buf, size);
+        return 0;
+    };
+    switch (attr) {
+        case 3: return take(desc->transa);
+        case 4: return take(desc->transb);
+        case 7: return take(desc->epilogue);
+        case 8: return take(desc->bias);
+        case 26: return take(desc->bias_type);
+        default: return emu::LT_INVALID;  // not one src/tensor/cuda sets
+    }
+}
+int cublasLtMatrixLayoutCreate(void** layout, int type, unsigned long long rows, unsigned long long cols, long long ld) {
+    if (!emu::lt_type(type) || ld < (long long)(rows > 1 ? rows : 1)) return emu::LT_INVALID;
+    return *layout = new emu::LtLayout{type, rows, cols, ld}, 0;
+}
+int cublasLtMatrixLayoutDestroy(void* layout) { return delete (emu::LtLayout*)layout, 0; }
+int cublasLtMatmulPreferenceCreate(void** pref) { return *pref = new emu::LtPref(), 0; }
+int cublasLtMatmulPreferenceDestroy(void* pref) { return delete (emu::LtPref*)pref, 0; }
+int cublasLtMatmulPreferenceSetAttribute(void* p, int attr, const void* buf, size_t size) {
+    emu::LtPref* pref = (emu::LtPref*)p;
+    if (attr == 1 && size == 8) return memcpy(&pref->workspace, buf, 8), 0;
+    if (attr >= 5 && attr <= 8 && size == 4) return memcpy(&pref->alignment[attr - 5], buf, 4), 0;
+    return emu::LT_INVALID;
+}
+
+namespace emu {
+// Whether the layouts make a product D[m, n] = op(A)[m, k]·op(B)[k, n] with C = D.
+bool lt_shape(const LtDesc* d, const LtLayout* a, const LtLayout* b, const LtLayout* c, const LtLayout* out) {
+    unsigned long long m = out->rows, n = out->cols, k = d->transa ? a->rows : a->cols;
+    bool a_ok = d->transa ? a->cols == m : a->rows == m;
+    bool b_ok = d->transb ? (b->rows == n && b->cols == k) : (b->rows == k && b->cols == n);
+    return a_ok && b_ok && a->type == b->type && c->type == out->type && c->rows == m && c->cols == n &&
+           (a->type != 0 || out->type == 0);
+}
+}  // namespace emu
+
+int cublasLtMatmulAlgoGetHeuristic(void*, void* d, void* a, void* b, void* c, void* out, void* p, int requested,
+                                   emu::LtHeuristic* results, int* count) {
+    emu::LtDesc* desc = (emu::LtDesc*)d;
+    emu::LtPref* pref = (emu::LtPref*)p;
+    *count = 0;
+    if (requested < 1) return emu::LT_INVALID;
+    if ((desc->compute != 68 && desc->compute != 77) || desc->scale != 0) return emu::LT_NOT_SUPPORTED;
+    if (!emu::lt_shape(desc, (emu::LtLayout*)a, (emu::LtLayout*)b, (emu::LtLayout*)c, (emu::LtLayout*)out))
+        return emu::LT_INVALID;
+    if (!emu::lt_epilogue(desc->epilogue)) return 0;  // no algorithm
+    memset(results, 0, sizeof *results);
+    results->algo.magic = emu::LT_ALGO;
+    results->algo.epilogue = desc->epilogue;
+    memcpy(results->algo.alignment, pref->alignment, sizeof pref->alignment);
+    *count = 1;
+    return 0;
+}
+
+int cublasLtMatmul(void*, void* d, const void* alpha_p, const void* a, void* al, const void* b, void* bl,
+                   const void* beta_p, const void* c, void* cl, void* dp, void* dl, const emu::LtAlgo* algo,
+                   void* workspace, size_t workspace_bytes, void* stream) {
+    LOCKED;
+    if (emu::sticky != SUCCESS) return emu::LT_INTERNAL;
+    const emu::LtDesc* desc = (const emu::LtDesc*)d;
+    const emu::LtLayout *la = (emu::LtLayout*)al, *lb = (emu::LtLayout*)bl, *lc = (emu::LtLayout*)cl,
+                        *ld = (emu::LtLayout*)dl;
+    if (!algo || algo->magic != emu::LT_ALGO || algo->epilogue != desc->epilogue || !emu::lt_shape(desc, la, lb, lc, ld))
+        return emu::LT_INVALID;
+    if (c != dp || lc->ld != ld->ld) return emu::LT_NOT_SUPPORTED;  // C in place of D only, as we use it
+    // An algorithm runs only on pointers as aligned as the heuristic was told they would be.
+    const void* pointers[4] = {a, b, c, dp};
+    for (int i = 0; i < 4; i++)
+        if (emu::alignment_of(pointers[i]) < algo->alignment[i]) return emu::LT_NOT_SUPPORTED;
+    bool has_bias = desc->epilogue & 4, relu = desc->epilogue & 2;
+    int bias_type = desc->bias_type >= 0 ? desc->bias_type : ld->type;
+    const void* bias = (const void*)desc->bias;
+    if (has_bias && (!bias || (uintptr_t)bias % 16 != 0)) return emu::LT_NOT_SUPPORTED;
+    int m = (int)ld->rows, n = (int)ld->cols, k = (int)(desc->transa ? la->rows : la->cols);
+    auto extent = [](const emu::LtLayout* l) {
+        return l->rows == 0 || l->cols == 0 ? 0 : ((size_t)(l->cols - 1) * l->ld + l->rows) * emu::type_bytes(l->type);
+    };
+    if ((k > 0 && (!emu::check_range((uintptr_t)a, extent(la), "cuBLASLt product, A") ||
+                   !emu::check_range((uintptr_t)b, extent(lb), "cuBLASLt product, B"))) ||
+        !emu::check_range((uintptr_t)dp, extent(ld), "cuBLASLt product, D") ||
+        (has_bias && !emu::check_range((uintptr_t)bias, m * emu::type_bytes(bias_type), "cuBLASLt bias")) ||
+        (workspace_bytes && !emu::check_range((uintptr_t)workspace, workspace_bytes, "cuBLASLt workspace")))
+        return emu::LT_INVALID;
+    float alpha = *(const float*)alpha_p, beta = *(const float*)beta_p;
+    int transa = desc->transa, transb = desc->transb, at = la->type, bt = lb->type, dt = ld->type;
+    long long lda = la->ld, ldb = lb->ld, ldd = ld->ld;
+    static const char* names[] = {"", "DEFAULT", "RELU", "", "BIAS", "", "RELU_BIAS"};
+    emu::trace("cublasLtMatmul %s", names[desc->epilogue]);
+    return emu::submit(stream, [=] {
+        for (int j = 0; j < n; j++)
+            for (int i = 0; i < m; i++) {
+                double sum = 0;
+                for (int l = 0; l < k; l++) {
+                    double x = emu::element(a, at, transa ? l + (size_t)i * lda : i + (size_t)l * lda);
+                    double y = emu::element(b, bt, transb ? j + (size_t)l * ldb : l + (size_t)j * ldb);
+                    sum += x * y;
+                }
+                size_t at_d = i + (size_t)j * ldd;
+                double out = (double)alpha * sum;
+                if (beta != 0.0f) out += (double)beta * emu::element(dp, dt, at_d);
+                if (has_bias) out += emu::element(bias, bias_type, i);
+                if (relu && !(out > 0)) out = 0;
+                emu::set_element(dp, dt, at_d, out);
+            }
+    });
 }
 
 // ---- NCCL: the ranks are processes of this machine; a communicator is a directory (its

@@ -1,10 +1,12 @@
 //! The CUDA backend: the same ops as the CPU backend on one GPU, through cudarc with dynamic
 //! loading (no CUDA toolkit at build time; libcuda, libnvrtc and libcublas found at run time).
 //! GEMMs go through cuBLAS, in fp32 (TF32 with `device.allow_tf32`) or in mixed precision on
-//! tensor cores (`set_half_matmuls`); everything else is our own
+//! tensor cores (`set_half_matmuls`), linear layers' forward products through cuBLASLt with
+//! their bias and ReLU in its epilogue (`epilogue`); everything else is our own
 //! kernels (kernels/*.cu). All work is queued on one stream; a failed call is recorded and
 //! reported by `status()` (checked after every step), as CUDA's own errors are sticky.
 
+mod epilogue;
 pub mod kernels;
 
 use super::{
@@ -345,8 +347,16 @@ pub struct CudaBackend {
     retired_halves: RefCell<Vec<CudaSlice<u16>>>,
     /// The NCCL communicator of a multi-process run, once joined (`join_collective`).
     collective: RefCell<Option<Collective>>,
-    /// The cuBLAS workspace, kept alive for the handle's lifetime.
-    _workspace: CudaSlice<u8>,
+    /// The cuBLAS workspace, kept alive for the handle's lifetime; cuBLASLt's too (the same
+    /// stream orders their uses).
+    workspace: CudaSlice<u8>,
+    /// Products whose bias and ReLU cuBLASLt applies (`epilogue`); None without cuBLASLt.
+    /// Dropped by hand, as `blas`.
+    epilogues: std::mem::ManuallyDrop<Option<epilogue::Epilogues>>,
+    /// `device.fused_epilogues`: whether linear layers use `epilogues`.
+    fused_epilogues: Cell<bool>,
+    /// `device.allow_tf32`, which cuBLASLt's descriptors take per product.
+    allow_tf32: bool,
     allocated: Cell<usize>,
     peak: Cell<usize>,
     error: RefCell<Option<String>>,
@@ -451,6 +461,37 @@ fn finished_within(
 
 fn cuda_err(what: &str, e: impl std::fmt::Debug) -> Error {
     Error::Runtime(format!("CUDA: {what} failed: {e:?}"))
+}
+
+/// The column-major cuBLAS product for row-major C[m, n] (+)= op(A)·op(B), where `a_t`/`b_t`
+/// say whether A is stored as [k, m] / B as [n, k]: it computes Cᵀ = op(B)ᵀ·op(A)ᵀ, so
+/// cuBLAS's A is our B (see `CudaBackend::gemm`).
+fn column_major(
+    (m, n, k): (usize, usize, usize),
+    a_t: bool,
+    b_t: bool,
+    accumulate: bool,
+) -> GemmConfig<f32> {
+    let op = |t: bool| {
+        if t {
+            cublasOperation_t::CUBLAS_OP_T
+        } else {
+            cublasOperation_t::CUBLAS_OP_N
+        }
+    };
+    // Column-major view: C' [n, m] = B' [n, k] · A' [k, m], with B' = B row-major as stored.
+    GemmConfig {
+        transa: op(b_t),
+        transb: op(a_t),
+        m: n as i32,
+        n: m as i32,
+        k: k as i32,
+        alpha: 1.0f32,
+        lda: if b_t { k } else { n } as i32,
+        ldb: if a_t { m } else { k } as i32,
+        beta: if accumulate { 1.0 } else { 0.0 },
+        ldc: n as i32,
+    }
 }
 
 /// For the kernels that go through `map_values` (kernels/cast.cu): a thread for every VEC
@@ -589,6 +630,15 @@ impl CudaBackend {
                 .map_err(|e| cuda_err("cublasSetWorkspace", e))?;
             }
         }
+        let epilogues = match epilogue::Epilogues::new() {
+            Ok(epilogues) => Some(epilogues),
+            Err(why) => {
+                tracing::info!(
+                    "{why}: linear layers add their bias and ReLU in passes of their own"
+                );
+                None
+            }
+        };
         let rows = stream
             .alloc_zeros::<u32>(1)
             .map_err(|e| cuda_err("allocating", e))?;
@@ -630,7 +680,10 @@ impl CudaBackend {
             collective: RefCell::new(None),
             partials: RefCell::new(partials),
             norm: RefCell::new(norm),
-            _workspace: workspace,
+            workspace,
+            epilogues: std::mem::ManuallyDrop::new(epilogues),
+            fused_epilogues: Cell::new(true),
+            allow_tf32,
             allocated: Cell::new(CUBLAS_WORKSPACE),
             peak: Cell::new(CUBLAS_WORKSPACE),
             compute_capability: (major, minor),
@@ -645,6 +698,12 @@ impl CudaBackend {
     /// exactly) converted into scratch; the output is f32, or half-width rounded once.
     pub fn set_half_matmuls(&self, kind: Option<HalfKind>) {
         self.half_matmuls.set(kind);
+    }
+
+    /// `device.fused_epilogues`: whether a linear layer's bias, and the ReLU after it, are
+    /// applied by its product (cuBLASLt's epilogue) rather than in passes of their own.
+    pub fn set_fused_epilogues(&self, on: bool) {
+        self.fused_epilogues.set(on);
     }
 
     /// Remembers the first failure; later calls keep going (the stream is likely broken) and
@@ -818,26 +877,7 @@ impl CudaBackend {
         c: Output,
         accumulate: bool,
     ) {
-        let op = |t: bool| {
-            if t {
-                cublasOperation_t::CUBLAS_OP_T
-            } else {
-                cublasOperation_t::CUBLAS_OP_N
-            }
-        };
-        // Column-major view: C' [n, m] = B' [n, k] · A' [k, m], with B' = B row-major as stored.
-        let cfg = GemmConfig {
-            transa: op(b_t),
-            transb: op(a_t),
-            m: n as i32,
-            n: m as i32,
-            k: k as i32,
-            alpha: 1.0f32,
-            lda: if b_t { k } else { n } as i32,
-            ldb: if a_t { m } else { k } as i32,
-            beta: if accumulate { 1.0 } else { 0.0 },
-            ldc: n as i32,
-        };
+        let cfg = column_major((m, n, k), a_t, b_t, accumulate);
         if let Some(kind) = self.half_matmuls.get() {
             return self.gemm_half(what, kind, &cfg, [b, a], c);
         }
@@ -876,48 +916,9 @@ impl CudaBackend {
         if formats.chain(out_format).any(|format| format != kind) {
             return self.launch_error(what, "a half-width buffer in another half format");
         }
-        let mut halves = self.half_inputs.borrow_mut();
-        let mut hold = self.half_inputs_hold.get();
-        let mut pointers = [0u64; 2];
-        for (slot, input) in inputs.into_iter().enumerate() {
-            let (src, operand) = match input {
-                Input::Half(ptr, _) => {
-                    pointers[slot] = ptr;
-                    continue;
-                }
-                Input::F32(src, operand) => (src, operand),
-            };
-            let source = (self.address(&src), src.len());
-            let dst = &mut halves[slot];
-            pointers[slot] = match operand {
-                HalfOperand::Again if hold[slot] == Some(source) => self.address(&*dst),
-                HalfOperand::Again | HalfOperand::Convert => {
-                    if dst.len() < src.len() {
-                        match self.stream.alloc_zeros::<u16>(src.len()) {
-                            Ok(grown) => {
-                                self.count(grown.len() * 2);
-                                // A recorded graph may still read the old one.
-                                let old = std::mem::replace(dst, grown);
-                                self.retired_halves.borrow_mut().push(old);
-                            }
-                            Err(e) => return self.launch("allocating half matmul inputs", Err(e)),
-                        }
-                    }
-                    let n = src.len() as u64;
-                    let (from, to) = (storage_id(None), storage_id(Some(kind)));
-                    let mut l = self.stream.launch_builder(&self.f.convert_values);
-                    l.arg(&src).arg(&from).arg(&mut *dst).arg(&to).arg(&n);
-                    // SAFETY: reads n floats of src, writes n halves of dst (at least n long).
-                    self.launch(
-                        "half cast",
-                        unsafe { l.launch(grid_vec(n as usize)) }.map(|_| ()),
-                    );
-                    hold[slot] = Some(source);
-                    self.address(&*dst)
-                }
-            };
-        }
-        self.half_inputs_hold.set(hold);
+        let Some(pointers) = self.half_pointers(kind, inputs) else {
+            return;
+        };
         let dtype = match kind {
             HalfKind::F16 => cudaDataType::CUDA_R_16F,
             HalfKind::Bf16 => cudaDataType::CUDA_R_16BF,
@@ -956,6 +957,145 @@ impl CudaBackend {
         }
         .result();
         self.record(what, r);
+    }
+
+    /// The device addresses of a half product's two inputs: a half-width input where it is,
+    /// an f32 one converted into `half_inputs` (unless its `HalfOperand` says that is done).
+    /// None after a failed allocation (recorded).
+    fn half_pointers(&self, kind: HalfKind, inputs: [Input; 2]) -> Option<[u64; 2]> {
+        let mut halves = self.half_inputs.borrow_mut();
+        let mut hold = self.half_inputs_hold.get();
+        let mut pointers = [0u64; 2];
+        for (slot, input) in inputs.into_iter().enumerate() {
+            let (src, operand) = match input {
+                Input::Half(ptr, _) => {
+                    pointers[slot] = ptr;
+                    continue;
+                }
+                Input::F32(src, operand) => (src, operand),
+            };
+            let source = (self.address(&src), src.len());
+            let dst = &mut halves[slot];
+            pointers[slot] = match operand {
+                HalfOperand::Again if hold[slot] == Some(source) => self.address(&*dst),
+                HalfOperand::Again | HalfOperand::Convert => {
+                    if dst.len() < src.len() {
+                        match self.stream.alloc_zeros::<u16>(src.len()) {
+                            Ok(grown) => {
+                                self.count(grown.len() * 2);
+                                // A recorded graph may still read the old one.
+                                let old = std::mem::replace(dst, grown);
+                                self.retired_halves.borrow_mut().push(old);
+                            }
+                            Err(e) => {
+                                self.launch("allocating half matmul inputs", Err(e));
+                                return None;
+                            }
+                        }
+                    }
+                    let n = src.len() as u64;
+                    let (from, to) = (storage_id(None), storage_id(Some(kind)));
+                    let mut l = self.stream.launch_builder(&self.f.convert_values);
+                    l.arg(&src).arg(&from).arg(&mut *dst).arg(&to).arg(&n);
+                    // SAFETY: reads n floats of src, writes n halves of dst (at least n long).
+                    self.launch(
+                        "half cast",
+                        unsafe { l.launch(grid_vec(n as usize)) }.map(|_| ()),
+                    );
+                    hold[slot] = Some(source);
+                    self.address(&*dst)
+                }
+            };
+        }
+        self.half_inputs_hold.set(hold);
+        Some(pointers)
+    }
+
+    /// `linear_forward` as one cuBLASLt product with the bias and the ReLU in its epilogue
+    /// (`epilogue`), where that can run: true when it was queued (or failed, recorded).
+    #[allow(clippy::too_many_arguments)]
+    fn linear_by_epilogue(
+        &self,
+        x: &CudaBuf,
+        params: &CudaBuf,
+        w: usize,
+        b: Option<usize>,
+        y: &mut CudaBuf,
+        (n, inp, out): (usize, usize, usize),
+        then: Option<Activation>,
+    ) -> bool {
+        let relu = then == Some(Activation::Relu);
+        let Some(epilogues) = self.epilogues.as_ref() else {
+            return false;
+        };
+        if !self.fused_epilogues.get() || (then.is_some() && !relu) || (b.is_none() && !relu) {
+            return false;
+        }
+        // The bias is read in the output's format: mixed precision's half copy with a
+        // half-width output (autocast adds a bf16 bias too), f32 with f32 in fp32. Other
+        // mixes take the other way.
+        let half = self.half_matmuls.get();
+        if params.half != half || y.half != half {
+            return false;
+        }
+        let bytes = if half.is_some() { 2 } else { 4 };
+        let bias = b.map_or(0, |b| self.address(&params.mem) + (bytes * b) as u64);
+        if !bias.is_multiple_of(epilogue::BIAS_ALIGNMENT) {
+            return false;
+        }
+        let cfg = column_major((n, out, inp), false, true, false);
+        let inputs = [
+            self.input(params, w..w + out * inp, HalfOperand::Convert),
+            self.input(x, 0..n * inp, HalfOperand::Convert),
+        ];
+        let pointers = match half {
+            Some(kind) => match self.half_pointers(kind, inputs) {
+                Some(pointers) => pointers,
+                None => return true,
+            },
+            None => inputs.map(|input| match input {
+                Input::F32(view, _) => self.address(&view),
+                Input::Half(at, _) => at,
+            }),
+        };
+        let d = self.address(&y.mem);
+        use cudarc::cublaslt::sys::cudaDataType_t as T;
+        let format = match half {
+            None => T::CUDA_R_32F,
+            Some(HalfKind::F16) => T::CUDA_R_16F,
+            Some(HalfKind::Bf16) => T::CUDA_R_16BF,
+        };
+        let product = epilogue::Product {
+            transa: cfg.transa == cublasOperation_t::CUBLAS_OP_T,
+            transb: cfg.transb == cublasOperation_t::CUBLAS_OP_T,
+            m: cfg.m as u64,
+            n: cfg.n as u64,
+            k: cfg.k as u64,
+            lda: cfg.lda as i64,
+            ldb: cfg.ldb as i64,
+            ldd: cfg.ldc as i64,
+            inputs: format,
+            output: format,
+            tf32: half.is_none() && self.allow_tf32,
+            bias: b.is_some(),
+            relu,
+            alignment: [pointers[0], pointers[1], d].map(epilogue::alignment),
+        };
+        let operands = epilogue::Operands {
+            a: pointers[0],
+            b: pointers[1],
+            d,
+            bias,
+        };
+        let workspace = (self.address(&self.workspace), CUBLAS_WORKSPACE);
+        let stream = self.stream.cu_stream() as _;
+        match epilogues.matmul(&product, &operands, workspace, stream) {
+            Ok(queued) => queued,
+            Err(e) => {
+                self.record::<()>("linear forward (cuBLASLt)", Err(e));
+                true
+            }
+        }
     }
 
     fn launch_error(&self, what: &str, why: &str) {
@@ -1013,8 +1153,11 @@ impl Drop for CudaBackend {
         let collective = self.collective.borrow_mut().take();
         if healthy {
             drop(collective);
-            // SAFETY: `blas` is not used after this.
-            unsafe { std::mem::ManuallyDrop::drop(&mut self.blas) };
+            // SAFETY: `blas` and `epilogues` are not used after this.
+            unsafe {
+                std::mem::ManuallyDrop::drop(&mut self.blas);
+                std::mem::ManuallyDrop::drop(&mut self.epilogues);
+            }
         } else {
             std::mem::forget(collective);
         }
@@ -1761,7 +1904,11 @@ impl Backend for CudaBackend {
         n: usize,
         inp: usize,
         out: usize,
+        then: Option<Activation>,
     ) {
+        if self.linear_by_epilogue(x, params, w, b, y, (n, inp, out), then) {
+            return;
+        }
         if let Some(b) = b {
             let (at, rows, width) = (b as u64, n as u64, out as u64);
             let (ps, ys) = (params.storage(), y.storage());
@@ -1782,6 +1929,9 @@ impl Backend for CudaBackend {
             self.output(y, 0..n * out),
             b.is_some(),
         );
+        if let Some(f) = then {
+            self.activation_in_place(f, y, n * out);
+        }
     }
 
     fn linear_backward(
