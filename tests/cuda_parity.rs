@@ -1700,9 +1700,11 @@ fn a_device_fault_fails_the_run_and_its_checkpoints_resume() {
 
 /// A linear layer's product adds its bias, and applies the ReLU after it, in cuBLASLt's
 /// epilogue: the forward pass queues no bias fill and no ReLU pass, in fp32 and bf16, and
-/// `device.fused_epilogues = false` queues them again, with the same losses. The emulated
-/// GPU's trace (TRAINER_EMULATED_TRACE) shows what a job queues; on a real GPU this skips
-/// (there `bench/gpu.sh` measures the difference).
+/// `device.fused_epilogues = false` queues them again, with the same losses; so does a
+/// cuBLASLt that has no algorithm for a product, or refuses the one it offered (a warning
+/// says so). The emulated GPU's trace (TRAINER_EMULATED_TRACE) shows what a job queues, and
+/// TRAINER_EMULATED_CUBLASLT makes its cuBLASLt fail; on a real GPU this skips (there
+/// `bench/gpu.sh` measures the difference).
 #[test]
 fn linear_layers_add_their_bias_and_relu_in_the_products_epilogue() {
     if gpu().is_none() {
@@ -1713,7 +1715,8 @@ fn linear_layers_add_their_bias_and_relu_in_the_products_epilogue() {
         return;
     }
     for mode in ["fp32", "bf16"] {
-        let run = |fused: bool| {
+        // The queued work, the losses and stderr of 20 steps of jobs/mlp.toml.
+        let run = |fused: bool, cublaslt: &str| {
             let runs = tempfile::tempdir().unwrap();
             let trace = runs.path().join("trace");
             let precision = format!("precision.mode=\"{mode}\"");
@@ -1734,28 +1737,41 @@ fn linear_layers_add_their_bias_and_relu_in_the_products_epilogue() {
                 "--set",
                 &fused,
             ]);
-            let env = [("TRAINER_EMULATED_TRACE", trace.to_str().unwrap())];
+            let env = [
+                ("TRAINER_EMULATED_TRACE", trace.to_str().unwrap()),
+                ("TRAINER_EMULATED_CUBLASLT", cublaslt),
+            ];
             let out = common::trainer_with_env(&args, &env);
-            assert!(out.status.success(), "{}", common::stderr(&out));
+            let err = common::stderr(&out);
+            assert!(out.status.success(), "{err}");
             let run = String::from_utf8(out.stdout).unwrap();
             let losses = train_rows(std::path::Path::new(run.trim()));
-            (std::fs::read_to_string(trace).unwrap(), losses)
+            (std::fs::read_to_string(trace).unwrap(), losses, err)
         };
-        let ((fused, losses), (plain, plain_losses)) = (run(true), run(false));
         let count = |trace: &str, what: &str| trace.lines().filter(|l| l.starts_with(what)).count();
+        let passes = ["kernel broadcast_rows", "kernel activation_in_place"];
+        let (fused, losses, _) = run(true, "");
         // The hidden layer's product with its bias and the ReLU, the output layer's with its bias.
         assert!(
             count(&fused, "cublasLtMatmul RELU_BIAS") > 0,
             "{mode}: {fused}"
         );
         assert!(count(&fused, "cublasLtMatmul BIAS") > 0, "{mode}: {fused}");
-        for pass in ["kernel broadcast_rows", "kernel activation_in_place"] {
+        for pass in passes {
             assert_eq!(count(&fused, pass), 0, "{mode}: {pass} queued");
-            assert!(count(&plain, pass) > 0, "{mode}, not fused: no {pass}");
         }
-        assert_eq!(count(&plain, "cublasLtMatmul"), 0, "{mode}, not fused");
         assert_eq!(losses.len(), 20);
-        assert_eq!(losses, plain_losses, "{mode}: the losses");
+        for (fused, cublaslt) in [(false, ""), (true, "no-algorithm"), (true, "refuses")] {
+            let case = format!("{mode}, fused_epilogues = {fused}, cuBLASLt {cublaslt:?}");
+            let (plain, plain_losses, err) = run(fused, cublaslt);
+            assert_eq!(count(&plain, "cublasLtMatmul"), 0, "{case}");
+            for pass in passes {
+                assert!(count(&plain, pass) > 0, "{case}: no {pass}");
+            }
+            assert_eq!(losses, plain_losses, "{case}: the losses");
+            let warned = err.contains("cuBLASLt refused the product it planned");
+            assert_eq!(warned, cublaslt == "refuses", "{case}: {err}");
+        }
     }
 }
 

@@ -19,6 +19,9 @@
 //   (rounded to nearest even on store, as cuBLAS rounds its f32 result once); cuBLASLt's too,
 //   with its bias and ReLU epilogues, and the descriptors, preferences and heuristic that
 //   lead to one.
+// - TRAINER_EMULATED_CUBLASLT=no-algorithm makes cuBLASLt's heuristic find no algorithm, and
+//   =refuses makes cublasLtMatmul refuse every product (CUBLAS_STATUS_NOT_SUPPORTED): what
+//   a real one may do for a shape or a pointer, which the backend must survive.
 // - TRAINER_EMULATED_TRACE=FILE appends a line per kernel launch ("kernel NAME") and per
 //   product ("cublasGemmEx", "cublasLtMatmul EPILOGUE"), in the order they are queued (a
 //   replayed graph adds none): for tests of which work a job queues.
@@ -765,6 +768,11 @@ struct LtHeuristic {
 const unsigned LT_ALGO = 0x4c54414c;
 const int LT_INVALID = 7, LT_NOT_SUPPORTED = 15, LT_INTERNAL = 14;
 bool lt_epilogue(unsigned e) { return e == 1 || e == 2 || e == 4 || e == 6; }
+// TRAINER_EMULATED_CUBLASLT is `what`.
+bool lt_knob(const char* what) {
+    const char* knob = getenv("TRAINER_EMULATED_CUBLASLT");
+    return knob && strcmp(knob, what) == 0;
+}
 bool lt_type(int t) { return t == 0 || t == 2 || t == 14; }
 unsigned alignment_of(const void* p) {
     unsigned a = 1;
@@ -829,7 +837,7 @@ int cublasLtMatmulAlgoGetHeuristic(void*, void* d, void* a, void* b, void* c, vo
     if ((desc->compute != 68 && desc->compute != 77) || desc->scale != 0) return emu::LT_NOT_SUPPORTED;
     if (!emu::lt_shape(desc, (emu::LtLayout*)a, (emu::LtLayout*)b, (emu::LtLayout*)c, (emu::LtLayout*)out))
         return emu::LT_INVALID;
-    if (!emu::lt_epilogue(desc->epilogue)) return 0;  // no algorithm
+    if (!emu::lt_epilogue(desc->epilogue) || emu::lt_knob("no-algorithm")) return 0;  // no algorithm
     memset(results, 0, sizeof *results);
     results->algo.magic = emu::LT_ALGO;
     results->algo.epilogue = desc->epilogue;
@@ -849,6 +857,7 @@ int cublasLtMatmul(void*, void* d, const void* alpha_p, const void* a, void* al,
     if (!algo || algo->magic != emu::LT_ALGO || algo->epilogue != desc->epilogue || !emu::lt_shape(desc, la, lb, lc, ld))
         return emu::LT_INVALID;
     if (c != dp || lc->ld != ld->ld) return emu::LT_NOT_SUPPORTED;  // C in place of D only, as we use it
+    if (emu::lt_knob("refuses")) return emu::LT_NOT_SUPPORTED;
     // An algorithm runs only on pointers as aligned as the heuristic was told they would be.
     const void* pointers[4] = {a, b, c, dp};
     for (int i = 0; i < 4; i++)

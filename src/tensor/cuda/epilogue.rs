@@ -109,7 +109,9 @@ impl Epilogues {
     }
 
     /// Queues `product` on `stream`, using `workspace` (bytes at a device address). Ok(false):
-    /// cuBLASLt has no algorithm for it, and nothing was queued.
+    /// cuBLASLt has no algorithm for it, or refused the one its heuristic offered
+    /// (CUBLAS_STATUS_NOT_SUPPORTED, which queues nothing): nothing was queued, and the
+    /// caller computes the product its own way, as it will every later time.
     pub fn matmul(
         &self,
         product: &Product,
@@ -129,7 +131,7 @@ impl Epilogues {
         // SAFETY: the plan's descriptors are live; the caller vouches for the addresses
         // (each holds the elements the layouts describe) and the workspace; alpha, beta and
         // the bias address are read during the calls.
-        unsafe {
+        let status = unsafe {
             if product.bias {
                 set_desc(
                     plan.desc,
@@ -156,9 +158,19 @@ impl Epilogues {
                 workspace.1,
                 stream,
             )
-            .result()?;
+            .result()
+        };
+        match status {
+            Err(CublasError(sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED)) => {
+                tracing::warn!(
+                    "cuBLASLt refused the product it planned for {product:?}; it runs \
+                     through cuBLAS and a bias pass from now on"
+                );
+                plans.insert(*product, None);
+                Ok(false)
+            }
+            status => status.map(|()| true),
         }
-        Ok(true)
     }
 }
 
