@@ -188,7 +188,8 @@ unsafe fn set_desc<T>(
 }
 
 impl Plan {
-    /// Descriptors and the heuristic's first algorithm for `p`; None if it has none.
+    /// Descriptors and the heuristic's first algorithm for `p`; None if it has none (or
+    /// fails, with a warning). Err: a descriptor could not be made.
     fn new(
         handle: sys::cublasLtHandle_t,
         p: &Product,
@@ -271,10 +272,20 @@ impl Plan {
                     found.as_mut_ptr(),
                     &mut count,
                 );
-                // NOT_SUPPORTED, or no algorithm: this product runs the other way.
+                // No algorithm, or none that can run: this product runs the other way. A
+                // failure is said (NOT_SUPPORTED is cuBLASLt's answer for shapes it lacks).
                 let found = found.assume_init();
-                (status.result().is_ok() && count > 0 && found.state.result().is_ok())
-                    .then_some(found.algo)
+                match status.result().and_then(|()| found.state.result()) {
+                    Ok(()) => (count > 0).then_some(found.algo),
+                    Err(CublasError(sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED)) => None,
+                    Err(e) => {
+                        tracing::warn!(
+                            "cuBLASLt's heuristic failed ({e:?}) for {p:?}; that product \
+                             runs through cuBLAS and a bias pass"
+                        );
+                        None
+                    }
+                }
             });
             let _ = result::destroy_matmul_pref(pref);
             outcome?
