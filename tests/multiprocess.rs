@@ -74,11 +74,23 @@ every_steps = 25
 
 /// `trainer run JOB ARGS` as `rank` of `world` ranks meeting on `port`.
 fn spawn_rank(rank: usize, world: usize, port: u16, args: &[&str]) -> Child {
+    spawn_rank_with(rank, world, port, args, &[])
+}
+
+/// `spawn_rank` with more environment variables.
+fn spawn_rank_with(
+    rank: usize,
+    world: usize,
+    port: u16,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Child {
     Command::new(trainer_bin())
         .arg("run")
         .args(args)
         .current_dir(common::root())
         .env_remove("RUST_LOG")
+        .envs(env.iter().copied())
         .env("RANK", rank.to_string())
         .env("WORLD_SIZE", world.to_string())
         .env("LOCAL_RANK", rank.to_string())
@@ -744,6 +756,63 @@ fn two_gpus_through_nccl_follow_the_cpu_ranks() {
     for (g, c) in gpu.iter().zip(&cpu) {
         assert!((g - c).abs() <= 1e-4 * c.abs(), "cuda {g} vs cpu {c}");
     }
+}
+
+/// An all-reduce that never comes (a rank's GPU or network stuck) fails the ranks through
+/// NCCL after parallel.timeout, where NCCL itself would wait forever: the host polls the
+/// all-reduce, then aborts the communicator, and the run's checkpoints stay. The stall is
+/// the emulated GPU's (TRAINER_EMULATED_NCCL_STALL: rank 1's 60th all-reduce never
+/// happens); elsewhere this skips.
+#[test]
+fn a_stalled_all_reduce_fails_the_ranks_after_parallel_timeout() {
+    let _turn = one_at_a_time();
+    if !common::gpu_present() || !nccl_present() {
+        return;
+    }
+    let (gpus, name) = trainer::tensor::cuda::probe().map_or((0, String::new()), |(d, _)| {
+        (
+            d.len(),
+            d.first().map(|d| d.name.clone()).unwrap_or_default(),
+        )
+    });
+    if gpus < 2 || !name.starts_with("Emulated GPU") {
+        eprintln!("skipped: the stall is injected on two emulated GPUs");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), LONG_JOB);
+    let runs = tmp.path().join("runs");
+    let mut args = vec![job.to_str().unwrap(), "--runs-dir", runs.to_str().unwrap()];
+    args.extend([
+        "--set",
+        "device.type=\"cuda\"",
+        "--set",
+        "parallel.timeout=\"2s\"",
+    ]);
+    args.extend(["--set", "checkpoint.every_steps=10"]);
+    let port = free_port();
+    let stall = [("TRAINER_EMULATED_NCCL_STALL", "1:60")];
+    let ranks: Vec<Child> = (0..2)
+        .map(|r| spawn_rank_with(r, 2, port, &args, &stall))
+        .collect();
+    let ended: Vec<Ended> = ranks
+        .into_iter()
+        .map(|child| finish(child, Duration::from_secs(120)))
+        .collect();
+    let timeout =
+        "NCCL: an all-reduce of the gradients did not finish within parallel.timeout (2s)";
+    for (rank, e) in ended.iter().enumerate() {
+        assert_eq!(e.code, Some(1), "rank {rank}: {}", e.stderr);
+    }
+    // Rank 0 waits for rank 1's buffer; rank 1 for its own all-reduce (or it hears rank 0 end).
+    assert!(
+        ended[0].stderr.contains(&format!("rank 0: {timeout}")),
+        "{}",
+        ended[0].stderr
+    );
+    let dir = only_run_dir(&runs);
+    assert_eq!(summary(&dir)["status"], "failed");
+    assert!(std::fs::read_dir(dir.join("checkpoints")).unwrap().count() > 0);
 }
 
 /// Whether libnccl loads (the GPU machine needs libnccl.so on LD_LIBRARY_PATH: see

@@ -26,7 +26,9 @@
 //   product ("cublasGemmEx", "cublasLtMatmul EPILOGUE"), in the order they are queued (a
 //   replayed graph adds none): for tests of which work a job queues.
 //
-// - NCCL's all-reduce between processes goes through files (see the NCCL section below).
+// - NCCL's all-reduce between processes goes through files (see the NCCL section below); one
+//   waiting for its peers leaves its stream not ready (cuEventQuery says so) until they come,
+//   so the host's timeout on it runs. TRAINER_EMULATED_NCCL_STALL=RANK:N stalls one.
 //
 // One lock serialises every call: tests drive several contexts from several threads.
 #include "../kernels_on_host/cuda_on_host.h"
@@ -60,6 +62,7 @@ enum : int {
     SUCCESS = 0,
     INVALID_VALUE = 1,
     NOT_FOUND = 500,
+    NOT_READY = 600,
     ILLEGAL_ADDRESS = 700,
     LAUNCH_FAILED = 719,
     CAPTURE_UNSUPPORTED = 900,
@@ -233,26 +236,52 @@ struct Graph {
 
 Stream* stream_of(void* handle) { return handle ? (Stream*)handle : &legacy_stream; }
 
-// Runs `s`'s queue until `position` entries have run.
-void run_until(Stream* s, unsigned long long position) {
-    if (s->ran >= position) return;
+// Thrown by an operation that waits for another process (an NCCL all-reduce whose peers'
+// buffers are not all there yet): it stays queued, and runs again when the host next waits.
+struct NotReady {};
+
+// Runs `s`'s queue until `position` entries have run, or until an operation is not ready
+// (then returns false: what CUDA's queries call not ready, where the host may poll).
+bool advance(Stream* s, unsigned long long position) {
+    if (s->ran >= position) return true;
     if (s->running) {  // it waits (further down) for what waits for this
         fail(LAUNCH_FAILED, "%s", "streams waiting on each other's events (a deadlock on a GPU)");
-        return;
+        return true;
     }
     s->running = true;
     size_t done = 0;
+    bool ready = true;
     while (s->ran < position && done < s->queue.size()) {
-        Entry& e = s->queue[done++];
+        Entry& e = s->queue[done];
         if (e.op) {
-            if (sticky == SUCCESS) e.op();
-        } else {
-            run_until(e.stream, e.position);
+            if (sticky == SUCCESS) {
+                try {
+                    e.op();
+                } catch (const NotReady&) {
+                    ready = false;
+                    break;
+                }
+            }
+        } else if (!advance(e.stream, e.position)) {
+            ready = false;
+            break;
         }
+        done++;
         s->ran++;
     }
     s->queue.erase(s->queue.begin(), s->queue.begin() + done);
     s->running = false;
+    return ready;
+}
+
+// The host waiting for `s`'s first `position` entries, as a synchronising call does: an
+// operation waiting for another process is retried every millisecond. NCCL waits for a
+// missing peer forever; this gives up after ten minutes so that a broken test ends.
+void run_until(Stream* s, unsigned long long position) {
+    for (long waited_ms = 0; !advance(s, position); waited_ms++) {
+        if (waited_ms == 600000) fail(LAUNCH_FAILED, "%s", "an operation waited ten minutes for another process");
+        usleep(1000);
+    }
 }
 
 void run_all(Stream* s) { run_until(s, s->queued); }
@@ -560,15 +589,23 @@ CUresult cuEventRecord(void* event, void* stream) {
     e->position = s->queued;
     return SUCCESS;
 }
-// The event's work is run (the host is waiting for it): it is complete.
+// The event's work is run (the host is asking for it): complete, unless an operation in it
+// waits for another process.
 CUresult cuEventQuery(void* event) {
+    LOCKED;
+    auto e = (emu::Event*)event;
+    if (e->capture) return CAPTURE_UNSUPPORTED;
+    if (e->stream && emu::streams.count(e->stream) && !emu::advance(e->stream, e->position))
+        return emu::sticky != SUCCESS ? emu::sticky : NOT_READY;
+    return emu::sticky;
+}
+CUresult cuEventSynchronize(void* event) {
     LOCKED;
     auto e = (emu::Event*)event;
     if (e->capture) return CAPTURE_UNSUPPORTED;
     if (e->stream && emu::streams.count(e->stream)) emu::run_until(e->stream, e->position);
     return emu::sticky;
 }
-CUresult cuEventSynchronize(void* event) { return cuEventQuery(event); }
 CUresult cuEventElapsedTime(float* ms, void*, void*) { return *ms = 0.0f, SUCCESS; }
 CUresult cuEventElapsedTime_v2(float* ms, void* a, void* b) { return cuEventElapsedTime(ms, a, b); }
 // A stream that waits on an event recorded in a capturing stream joins that capture;
@@ -641,10 +678,12 @@ CUresult cuGraphLaunch(void* exec, void* stream) {
     LOCKED;
     CHECK_STICKY;
     emu::Graph* g = (emu::Graph*)exec;
-    return emu::submit(stream, [g] {
-        for (auto& op : g->ops) {
+    // Where a replay stopped for an operation that was not ready, it goes on next time.
+    auto next = std::make_shared<size_t>(0);
+    return emu::submit(stream, [g, next] {
+        for (; *next < g->ops.size(); ++*next) {
             if (emu::sticky != SUCCESS) return;
-            op();
+            g->ops[*next]();
         }
     });
 }
@@ -929,39 +968,60 @@ void write_file(const std::string& path, const void* data, size_t bytes) {
     rename(partial.c_str(), path.c_str());  // the others see it whole or not at all
 }
 
-// Reads `bytes` of the file at `path` once it exists. NCCL waits for a missing peer forever;
-// this gives up after ten minutes so that a broken test ends.
+// Reads `bytes` of the file at `path`; false if it is not there yet.
+bool read_if_there(const std::string& path, void* data, size_t bytes) {
+    FILE* f = fopen(path.c_str(), "rb");
+    if (!f) return false;
+    size_t got = fread(data, 1, bytes, f);
+    fclose(f);
+    if (got != bytes)
+        fail(LAUNCH_FAILED, "NCCL: %s is shorter than this rank's buffer (ranks reducing different lengths)",
+             path.c_str());
+    return true;
+}
+
+// `read_if_there`, waiting for the file (joining a communicator waits for every rank, as
+// NCCL's does; this gives up after ten minutes so that a broken test ends).
 bool read_when_there(const std::string& path, void* data, size_t bytes) {
     for (int waited_ms = 0; waited_ms < 600000; waited_ms++) {
-        if (FILE* f = fopen(path.c_str(), "rb")) {
-            size_t got = fread(data, 1, bytes, f);
-            fclose(f);
-            if (got == bytes) return true;
-            fail(LAUNCH_FAILED, "NCCL: %s is shorter than this rank's buffer (ranks reducing different lengths)",
-                 path.c_str());
-            return false;
-        }
+        if (read_if_there(path, data, bytes)) return sticky == SUCCESS;
         usleep(1000);
     }
     fail(LAUNCH_FAILED, "NCCL: no peer wrote %s within ten minutes", path.c_str());
     return false;
 }
 
+// TRAINER_EMULATED_NCCL_STALL=RANK:N: that rank's Nth all-reduce never happens (a GPU or a
+// network stuck), so that its peers wait for it, as NCCL's do, without a timeout of their own.
+bool stalls(const Comm* c, unsigned long long id) {
+    const char* knob = getenv("TRAINER_EMULATED_NCCL_STALL");
+    int rank;
+    unsigned long long n;
+    return knob && sscanf(knob, "%d:%llu", &rank, &n) == 2 && rank == c->rank && id == n;
+}
+
 // Sums (or averages) the ranks' float buffers in rank order: the same bits on every rank.
-void all_reduce(Comm* c, const float* send, float* recv, size_t count, bool average) {
+// `id` is this all-reduce's number while it waits for its peers (0 before it starts): it
+// throws NotReady until every peer's buffer is there, and runs again when the host waits.
+void all_reduce(Comm* c, const float* send, float* recv, size_t count, bool average, unsigned long long& id) {
     if (c->ended) return;
-    std::string name = std::to_string(++c->done);
-    write_file(file(c, name, c->rank), send, count * 4);
+    if (id == 0) {
+        id = ++c->done;
+        if (!stalls(c, id)) write_file(file(c, std::to_string(id), c->rank), send, count * 4);
+    }
+    if (stalls(c, id)) throw NotReady();
+    std::string name = std::to_string(id);
     std::vector<float> sum(count, 0.0f), peer(count);
     for (int r = 0; r < c->ranks && sticky == SUCCESS; r++) {
-        if (!read_when_there(file(c, name, r), peer.data(), count * 4)) return;
+        if (!read_if_there(file(c, name, r), peer.data(), count * 4)) throw NotReady();
         for (size_t i = 0; i < count; i++) sum[i] += peer[i];
     }
     if (average)
         for (float& v : sum) v /= (float)c->ranks;
     memcpy(recv, sum.data(), count * 4);
     // Every rank has written this one, so every rank has read the one before.
-    if (c->done > 1) unlink(file(c, std::to_string(c->done - 1), c->rank).c_str());
+    if (id > 1) unlink(file(c, std::to_string(id - 1), c->rank).c_str());
+    id = 0;
 }
 }  // namespace emu
 
@@ -1021,7 +1081,8 @@ int ncclAllReduce(const void* send, void* recv, size_t count, int datatype, int 
         !emu::check_range((uintptr_t)recv, count * 4, "NCCL all-reduce, receive"))
         return 5;
     auto c = (emu::Comm*)comm;
-    CUresult r = emu::submit(stream, [=] { emu::all_reduce(c, (const float*)send, (float*)recv, count, op == AVG); });
+    auto id = std::make_shared<unsigned long long>(0);  // kept by a recording, for each replay
+    CUresult r = emu::submit(stream, [=] { emu::all_reduce(c, (const float*)send, (float*)recv, count, op == AVG, *id); });
     return r == SUCCESS ? 0 : 1;  // ncclUnhandledCudaError
 }
 
