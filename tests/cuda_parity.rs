@@ -1645,8 +1645,30 @@ fn a_device_fault_fails_the_run_and_its_checkpoints_resume() {
     ]);
     args.extend(["--set", "train.log_every=1"]);
     args.extend(keep);
-    // The 999th kernel runs between steps 60 and 90.
-    let fault = [("TRAINER_EMULATED_FAULT", "999")];
+    // The fault hits step 75's loss kernel: found in the trace of a run op by op, whose
+    // kernels are the ones a run with CUDA graphs executes, in the same order.
+    let traced = tempfile::tempdir().unwrap();
+    let trace = traced.path().join("trace");
+    let mut op_by_op = args.clone();
+    let at = args.iter().position(|a| *a == runs_dir).unwrap();
+    op_by_op[at] = traced.path().to_str().unwrap();
+    op_by_op.extend(["--set", "device.cuda_graphs=false"]);
+    let out = common::trainer_with_env(
+        &op_by_op,
+        &[("TRAINER_EMULATED_TRACE", trace.to_str().unwrap())],
+    );
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let trace = std::fs::read_to_string(trace).unwrap();
+    let kernels = trace.lines().filter(|l| l.starts_with("kernel "));
+    let losses = kernels
+        .enumerate()
+        .filter(|(_, l)| *l == "kernel cross_entropy");
+    let nth = losses
+        .map(|(at, _)| at + 1)
+        .nth(74)
+        .expect("100 steps of losses")
+        .to_string();
+    let fault = [("TRAINER_EMULATED_FAULT", nth.as_str())];
     let failed = common::trainer_with_env(&args, &fault);
     let err = common::stderr(&failed);
     assert_eq!(failed.status.code(), Some(1), "{err}");
@@ -1683,13 +1705,12 @@ fn a_device_fault_fails_the_run_and_its_checkpoints_resume() {
     // Every call waiting for its work, op by op: the error names the op that faulted.
     let blocking = tempfile::tempdir().unwrap();
     let mut args: Vec<&str> = args.clone();
-    let at = args.iter().position(|a| *a == runs_dir).unwrap();
     args[at] = blocking.path().to_str().unwrap();
     args.extend(["--set", "device.cuda_graphs=false"]);
     let failed = common::trainer_with_env(&args, &[fault[0], ("CUDA_LAUNCH_BLOCKING", "1")]);
     let err = common::stderr(&failed);
     assert_eq!(failed.status.code(), Some(1), "{err}");
-    // Op by op, the 999th kernel is the loss's.
+    // Op by op, the faulting kernel is the loss's.
     assert!(
         err.contains("kernel cross_entropy: an illegal address (injected"),
         "{err}"
