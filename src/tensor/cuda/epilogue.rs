@@ -40,6 +40,21 @@ pub struct Product {
     pub alignment: [u32; 3],
 }
 
+impl std::fmt::Display for Product {
+    /// "the [4096 x 784]·[784 x 256] CUDA_R_16BF product (bias, ReLU)", for warnings.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (m, n, k) = (self.m, self.n, self.k);
+        let format = self.inputs;
+        write!(f, "the [{m} x {k}]·[{k} x {n}] {format:?} product")?;
+        match (self.bias, self.relu) {
+            (true, true) => write!(f, " (bias, ReLU)"),
+            (true, false) => write!(f, " (bias)"),
+            (false, true) => write!(f, " (ReLU)"),
+            (false, false) => Ok(()),
+        }
+    }
+}
+
 /// Device addresses of a product's operands.
 pub struct Operands {
     pub a: u64,
@@ -163,8 +178,9 @@ impl Epilogues {
         match status {
             Err(CublasError(sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED)) => {
                 tracing::warn!(
-                    "cuBLASLt refused the product it planned for {product:?}; it runs \
-                     through cuBLAS and a bias pass from now on"
+                    "cuBLASLt refused {product}, which it had planned (alignments \
+                     {:?}); it runs through cuBLAS and a bias pass from now on",
+                    product.alignment
                 );
                 plans.insert(*product, None);
                 Ok(false)
@@ -280,8 +296,8 @@ impl Plan {
                     Err(CublasError(sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED)) => None,
                     Err(e) => {
                         tracing::warn!(
-                            "cuBLASLt's heuristic failed ({e:?}) for {p:?}; that product \
-                             runs through cuBLAS and a bias pass"
+                            "cuBLASLt's heuristic failed ({e:?}) for {p}; it runs \
+                             through cuBLAS and a bias pass"
                         );
                         None
                     }
