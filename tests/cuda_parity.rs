@@ -8,8 +8,8 @@ mod common;
 
 use common::random_vec;
 use trainer::tensor::cpu::CpuBackend;
+use trainer::tensor::cuda::CudaBackend;
 use trainer::tensor::cuda::CudaBuf;
-use trainer::tensor::cuda::{probe, CudaBackend};
 use trainer::tensor::{
     Activation, AdamStep, Backend, GradWrite, HalfKind, LossFn, SgdStep, UpdatedParams,
 };
@@ -1614,11 +1614,7 @@ fn a_resumed_cuda_run_gives_the_uninterrupted_run_exactly() {
 /// The older GPU is the emulated one (TRAINER_EMULATED_CC); a real one skips.
 #[test]
 fn half_precision_on_an_older_gpu_is_refused_or_falls_back_to_fp32() {
-    if gpu().is_none() {
-        return;
-    }
-    if !emulated_gpu() {
-        eprintln!("skipped: the older GPU is emulated");
+    if !common::on_emulated_gpu("a GPU posing as compute capability 7.5") {
         return;
     }
     let runs = tempfile::tempdir().unwrap();
@@ -1667,11 +1663,6 @@ fn half_precision_on_an_older_gpu_is_refused_or_falls_back_to_fp32() {
     assert!(fp16.status.success(), "{}", common::stderr(&fp16));
 }
 
-/// Whether the GPU is tests/emulated_cuda's, which can inject faults and pose as another GPU.
-fn emulated_gpu() -> bool {
-    probe().is_ok_and(|(devices, _)| devices[0].name.starts_with("Emulated GPU"))
-}
-
 /// A device fault mid-run (an illegal address, which CUDA makes sticky) fails the run with
 /// exit 1, an error that says the fault is earlier work's and how to find the culprit, and
 /// how to continue: the checkpoints remain, and resuming from them gives the uninterrupted
@@ -1680,11 +1671,7 @@ fn emulated_gpu() -> bool {
 /// real one this test skips.
 #[test]
 fn a_device_fault_fails_the_run_and_its_checkpoints_resume() {
-    if gpu().is_none() {
-        return;
-    }
-    if !emulated_gpu() {
-        eprintln!("skipped: faults are injected on the emulated GPU only");
+    if !common::on_emulated_gpu("injected device faults") {
         return;
     }
     let keep = [
@@ -1788,11 +1775,7 @@ fn a_device_fault_fails_the_run_and_its_checkpoints_resume() {
 /// `bench/gpu.sh` measures the difference).
 #[test]
 fn linear_layers_add_their_bias_and_relu_in_the_products_epilogue() {
-    if gpu().is_none() {
-        return;
-    }
-    if !emulated_gpu() {
-        eprintln!("skipped: the trace of queued work is the emulated GPU's");
+    if !common::on_emulated_gpu("a trace of the work queued and a failing cuBLASLt") {
         return;
     }
     for mode in ["fp32", "bf16"] {

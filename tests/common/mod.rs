@@ -235,6 +235,21 @@ pub fn gpu_present() -> bool {
     }
 }
 
+/// Whether the GPU is tests/emulated_cuda's (which injects faults, poses as another GPU,
+/// traces what a job queues, stalls an all-reduce): a test of what only it can do runs
+/// there. Elsewhere it skips, saying it needs `what`, or as every GPU test does without one.
+pub fn on_emulated_gpu(what: &str) -> bool {
+    if !gpu_present() {
+        return false;
+    }
+    let emulated = trainer::tensor::cuda::probe()
+        .is_ok_and(|(devices, _)| devices[0].name.starts_with("Emulated GPU"));
+    if !emulated {
+        eprintln!("skipped: {what}, which only the emulated GPU has");
+    }
+    emulated
+}
+
 /// Skips a GPU test that cannot run here (`reason`), or fails it under TRAINER_REQUIRE_CUDA=1.
 /// Returns false, for `if !gpu_present() { return; }`.
 pub fn skip_without_gpu(reason: &str) -> bool {

@@ -351,9 +351,19 @@ struct Blas {
     void* stream = nullptr;
 };
 
-// Column-major C = alpha·op(A)·op(B) + beta·C, as cublasGemmEx.
-CUresult gemm(Blas* h, int transa, int transb, int m, int n, int k, float alpha, const void* a, int atype, int lda,
-              const void* b, int btype, int ldb, float beta, void* c, int ctype, int ldc) {
+// What cuBLASLt's epilogue does after the product: adds bias[i] (of storage `type`) to row i,
+// then applies ReLU; none by default, as cublasGemmEx.
+struct Epilogue {
+    const void* bias = nullptr;
+    int type = 0;
+    bool relu = false;
+};
+
+// Column-major C = alpha·op(A)·op(B) + beta·C (then the epilogue), queued on `stream`, as
+// cublasGemmEx and cublasLtMatmul.
+CUresult gemm(void* stream, int transa, int transb, int m, int n, int k, float alpha, const void* a, int atype,
+              int lda, const void* b, int btype, int ldb, float beta, void* c, int ctype, int ldc,
+              Epilogue epilogue = {}) {
     const int INVALID = 7;  // CUBLAS_STATUS_INVALID_VALUE
     int a_rows = transa ? k : m, a_cols = transa ? m : k;
     int b_rows = transb ? n : k, b_cols = transb ? k : n;
@@ -370,7 +380,9 @@ CUresult gemm(Blas* h, int transa, int transb, int m, int n, int k, float alpha,
                   !check_range((uintptr_t)b, extent(b_rows, b_cols, ldb, btype), "cuBLAS product, B")))
         return INVALID;
     if (!check_range((uintptr_t)c, extent(m, n, ldc, ctype), "cuBLAS product, C")) return INVALID;
-    return submit(h->stream, [=] {
+    if (epilogue.bias && !check_range((uintptr_t)epilogue.bias, m * type_bytes(epilogue.type), "cuBLASLt bias"))
+        return INVALID;
+    return submit(stream, [=] {
         for (int j = 0; j < n; j++)
             for (int i = 0; i < m; i++) {
                 double sum = 0;
@@ -382,6 +394,8 @@ CUresult gemm(Blas* h, int transa, int transb, int m, int n, int k, float alpha,
                 size_t at = i + (size_t)j * ldc;
                 double out = (double)alpha * sum;
                 if (beta != 0.0f) out += (double)beta * element(c, ctype, at);
+                if (epilogue.bias) out += element(epilogue.bias, epilogue.type, i);
+                if (epilogue.relu && !(out > 0)) out = 0;
                 set_element(c, ctype, at, out);
             }
     });
@@ -756,7 +770,7 @@ int cublasSgemm_v2(void* handle, int transa, int transb, int m, int n, int k, co
                    int lda, const float* b, int ldb, const float* beta, float* c, int ldc) {
     LOCKED;
     if (emu::sticky != SUCCESS) return 14;  // CUBLAS_STATUS_INTERNAL_ERROR
-    return emu::gemm((emu::Blas*)handle, transa, transb, m, n, k, *alpha, a, 0, lda, b, 0, ldb, *beta, c, 0, ldc);
+    return emu::gemm(((emu::Blas*)handle)->stream, transa, transb, m, n, k, *alpha, a, 0, lda, b, 0, ldb, *beta, c, 0, ldc);
 }
 
 int cublasGemmEx(void* handle, int transa, int transb, int m, int n, int k, const void* alpha, const void* a,
@@ -767,7 +781,7 @@ int cublasGemmEx(void* handle, int transa, int transb, int m, int n, int k, cons
     const int COMPUTE_32F = 68, COMPUTE_32F_FAST_TF32 = 77;
     if (compute != COMPUTE_32F && compute != COMPUTE_32F_FAST_TF32) return 15;  // NOT_SUPPORTED
     emu::trace("%s", "cublasGemmEx");
-    return emu::gemm((emu::Blas*)handle, transa, transb, m, n, k, *(const float*)alpha, a, atype, lda, b, btype, ldb,
+    return emu::gemm(((emu::Blas*)handle)->stream, transa, transb, m, n, k, *(const float*)alpha, a, atype, lda, b, btype, ldb,
                      *(const float*)beta, c, ctype, ldc);
 }
 
@@ -906,37 +920,13 @@ int cublasLtMatmul(void*, void* d, const void* alpha_p, const void* a, void* al,
     const void* bias = (const void*)desc->bias;
     if (has_bias && (!bias || (uintptr_t)bias % 16 != 0)) return emu::LT_NOT_SUPPORTED;
     int m = (int)ld->rows, n = (int)ld->cols, k = (int)(desc->transa ? la->rows : la->cols);
-    auto extent = [](const emu::LtLayout* l) {
-        return l->rows == 0 || l->cols == 0 ? 0 : ((size_t)(l->cols - 1) * l->ld + l->rows) * emu::type_bytes(l->type);
-    };
-    if ((k > 0 && (!emu::check_range((uintptr_t)a, extent(la), "cuBLASLt product, A") ||
-                   !emu::check_range((uintptr_t)b, extent(lb), "cuBLASLt product, B"))) ||
-        !emu::check_range((uintptr_t)dp, extent(ld), "cuBLASLt product, D") ||
-        (has_bias && !emu::check_range((uintptr_t)bias, m * emu::type_bytes(bias_type), "cuBLASLt bias")) ||
-        (workspace_bytes && !emu::check_range((uintptr_t)workspace, workspace_bytes, "cuBLASLt workspace")))
+    if (workspace_bytes && !emu::check_range((uintptr_t)workspace, workspace_bytes, "cuBLASLt workspace"))
         return emu::LT_INVALID;
-    float alpha = *(const float*)alpha_p, beta = *(const float*)beta_p;
-    int transa = desc->transa, transb = desc->transb, at = la->type, bt = lb->type, dt = ld->type;
-    long long lda = la->ld, ldb = lb->ld, ldd = ld->ld;
     static const char* names[] = {"", "DEFAULT", "RELU", "", "BIAS", "", "RELU_BIAS"};
     emu::trace("cublasLtMatmul %s", names[desc->epilogue]);
-    return emu::submit(stream, [=] {
-        for (int j = 0; j < n; j++)
-            for (int i = 0; i < m; i++) {
-                double sum = 0;
-                for (int l = 0; l < k; l++) {
-                    double x = emu::element(a, at, transa ? l + (size_t)i * lda : i + (size_t)l * lda);
-                    double y = emu::element(b, bt, transb ? j + (size_t)l * ldb : l + (size_t)j * ldb);
-                    sum += x * y;
-                }
-                size_t at_d = i + (size_t)j * ldd;
-                double out = (double)alpha * sum;
-                if (beta != 0.0f) out += (double)beta * emu::element(dp, dt, at_d);
-                if (has_bias) out += emu::element(bias, bias_type, i);
-                if (relu && !(out > 0)) out = 0;
-                emu::set_element(dp, dt, at_d, out);
-            }
-    });
+    emu::Epilogue epilogue = {has_bias ? bias : nullptr, bias_type, relu};
+    return emu::gemm(stream, desc->transa, desc->transb, m, n, k, *(const float*)alpha_p, a, la->type, (int)la->ld,
+                     b, lb->type, (int)lb->ld, *(const float*)beta_p, dp, ld->type, (int)ld->ld, epilogue);
 }
 
 // ---- NCCL: the ranks are processes of this machine; a communicator is a directory (its
