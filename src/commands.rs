@@ -296,7 +296,7 @@ pub fn run(args: &RunArgs) -> Result<Option<PathBuf>> {
                             format!("{threads} thread{}", if threads == 1 { "" } else { "s" });
                         Some(process_replicas(&backend, &spec, &data, &graph, each)?)
                     }
-                    None => cpu_replicas(&spec, threads, graph.param_count)?,
+                    None => cpu_replicas(&spec, threads, graph.param_len)?,
                 };
                 run_on(args, &spec, data, graph, &backend, start, parallel).map(Some)
             })
@@ -344,7 +344,7 @@ fn process_replicas<B: Backend + 'static>(
     graph: &Graph,
     each: String,
 ) -> Result<Box<dyn DataParallel<B>>> {
-    let replicas = ProcessReplicas::connect(backend, spec, data, graph.param_count, each)?;
+    let replicas = ProcessReplicas::connect(backend, spec, data, graph.param_len, each)?;
     Ok(Box::new(replicas))
 }
 
@@ -353,7 +353,7 @@ fn process_replicas<B: Backend + 'static>(
 fn cpu_replicas(
     spec: &JobSpec,
     threads: usize,
-    param_count: usize,
+    param_len: usize,
 ) -> Result<Option<Box<dyn DataParallel<CpuBackend>>>> {
     let Some(replicas) = spec.parallel.replicas() else {
         return Ok(None);
@@ -365,9 +365,7 @@ fn cpu_replicas(
         );
     }
     Ok(Some(Box::new(CpuReplicas::new(
-        replicas,
-        threads,
-        param_count,
+        replicas, threads, param_len,
     )?)))
 }
 
@@ -499,11 +497,25 @@ fn plan_start(args: &RunArgs, spec: &JobSpec, graph: &Graph, train_len: usize) -
             changes.join("; ")
         );
     }
-    if c.params.len() != graph.param_count {
+    if c.params.len() != graph.param_len {
+        // Written before each parameter tensor was aligned in the flat buffer: the same
+        // values, back to back.
+        if let Some(params) = graph.from_packed_layout(&c.params) {
+            c.params = params;
+            for (_, state) in &mut c.optimizer {
+                if let Some(aligned) = graph.from_packed_layout(state) {
+                    *state = aligned;
+                }
+            }
+        }
+    }
+    if c.params.len() != graph.param_len {
         return Err(Error::Job(format!(
-            "cannot resume from {name}: it holds {} parameters, the job's model has {}",
+            "cannot resume from {name}: it holds {} parameter values, the job's model needs {} \
+             ({} parameters)",
             c.params.len(),
-            graph.param_count
+            graph.param_len,
+            graph.parameter_count()
         )));
     }
     if c.running_stats.len() != graph.running_stats_len() {
@@ -567,7 +579,7 @@ fn run_in<B: Backend>(
          planned memory {}{}",
         run.path.display(),
         spec.name(),
-        graph.param_count,
+        graph.parameter_count(),
         data.train.len,
         bytes(memory.total()),
         if parallel.is_some() {
@@ -800,7 +812,7 @@ fn all_replicas_memory(spec: &JobSpec, graph: &Graph, one: &MemoryPlan) -> usize
         .thread_replicas(&spec.device.kind)
         .unwrap_or(1);
     (one.total().saturating_mul(replicas))
-        .saturating_add(4 * CpuAllReduce::exchange_len(replicas, graph.param_count))
+        .saturating_add(4 * CpuAllReduce::exchange_len(replicas, graph.param_len))
 }
 
 /// Refuses a CPU job that plans more memory than this machine has free, before anything is
@@ -969,7 +981,10 @@ pub fn check(job: &Path, sets: &[String]) -> Result<String> {
             &group_digits(layer.param_count),
         );
     }
-    out += &format!("total parameters: {}\n", group_digits(graph.param_count));
+    out += &format!(
+        "total parameters: {}\n",
+        group_digits(graph.parameter_count())
+    );
     if in_place.contains(&true) {
         out += "* in place: writes its output over its input, which no other layer needs\n";
     }

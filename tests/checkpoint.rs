@@ -589,3 +589,73 @@ every_steps = 30
         "model.safetensors differs"
     );
 }
+
+/// Checkpoints written before each parameter tensor was aligned in the flat buffer hold the
+/// tensors back to back. A resume from one puts every value in its place and continues
+/// exactly as from the checkpoint of today's layout.
+#[test]
+fn a_checkpoint_in_the_earlier_packed_layout_resumes_the_same_run() {
+    use trainer::checkpoint::file::{self, TensorOut, Values};
+    // Width 30: the next tensors start 2 and 4 values past where the last one ended.
+    let text = SMALL_JOB.replace("out = 32", "out = 30");
+    let job = write_job(&text);
+    let dir = run_dir(&job.run(&[]));
+    let (want_metrics, want_weights) = (metrics(&dir), weights(&dir));
+    let shape = trainer::graph::DataShape {
+        sample_shape: vec![1, 8, 8],
+        classes: Some(10),
+        target_dim: 1,
+    };
+    let graph = trainer::graph::Graph::build(&common::spec(&text), &shape).unwrap();
+    assert_eq!(graph.param_len - graph.parameter_count(), 6, "the gaps");
+    let mut entries = graph.state_dict_entries();
+    entries.sort_by_key(|e| e.offset);
+    let packed = |aligned: &[f32]| -> Vec<f32> {
+        let tensor = |e: &trainer::graph::StateDictEntry| {
+            aligned[e.offset..][..e.shape.iter().product::<usize>()].to_vec()
+        };
+        entries.iter().flat_map(tensor).collect()
+    };
+
+    // The run as a crash at step 20 would leave it, its checkpoint rewritten packed.
+    std::fs::remove_file(dir.join("summary.json")).unwrap();
+    for name in checkpoints(&dir) {
+        if name.as_str() > "step-00000020.safetensors" {
+            std::fs::remove_file(dir.join("checkpoints").join(name)).unwrap();
+        }
+    }
+    let path = dir.join("checkpoints").join("step-00000020.safetensors");
+    let f = file::read(&path).unwrap();
+    let stats = f.f64s("window.loss_stats").unwrap();
+    let f32_tensors: Vec<(String, Vec<f32>)> = (f.names().into_iter())
+        .filter(|name| name != "window.loss_stats")
+        .map(|name| {
+            let v = f.f32s(&name).unwrap();
+            if name == "params" || name.starts_with("optimizer.") {
+                assert_eq!(v.len(), graph.param_len, "{name}");
+                (name, packed(&v))
+            } else {
+                (name, v)
+            }
+        })
+        .collect();
+    let mut tensors = vec![TensorOut {
+        name: "window.loss_stats".into(),
+        shape: vec![3],
+        values: Values::F64(&stats),
+    }];
+    tensors.extend(f32_tensors.iter().map(|(name, v)| TensorOut {
+        name: name.clone(),
+        shape: vec![v.len()],
+        values: Values::F32(v),
+    }));
+    file::write(&path, &tensors, f.metadata().into_iter().collect()).unwrap();
+    assert_eq!(
+        trainer::checkpoint::load(&path).unwrap().params.len(),
+        graph.parameter_count()
+    );
+
+    run_dir(&job.run(&["--resume", path.to_str().unwrap()]));
+    assert_eq!(metrics(&dir), want_metrics);
+    assert!(weights(&dir) == want_weights, "final weights differ");
+}

@@ -1780,7 +1780,7 @@ fn linear_layers_add_their_bias_and_relu_in_the_products_epilogue() {
     }
     for mode in ["fp32", "bf16"] {
         // The queued work, the losses and stderr of 20 steps of jobs/mlp.toml.
-        let run = |fused: bool, cublaslt: &str| {
+        let run_model = |layers: Option<&str>, fused: bool, cublaslt: &str| {
             let runs = tempfile::tempdir().unwrap();
             let trace = runs.path().join("trace");
             let precision = format!("precision.mode=\"{mode}\"");
@@ -1801,6 +1801,9 @@ fn linear_layers_add_their_bias_and_relu_in_the_products_epilogue() {
                 "--set",
                 &fused,
             ]);
+            if let Some(layers) = layers {
+                args.extend(["--set", layers]);
+            }
             let env = [
                 ("TRAINER_EMULATED_TRACE", trace.to_str().unwrap()),
                 ("TRAINER_EMULATED_CUBLASLT", cublaslt),
@@ -1812,6 +1815,7 @@ fn linear_layers_add_their_bias_and_relu_in_the_products_epilogue() {
             let losses = train_rows(std::path::Path::new(run.trim()));
             (std::fs::read_to_string(trace).unwrap(), losses, err)
         };
+        let run = |fused: bool, cublaslt: &str| run_model(None, fused, cublaslt);
         let count = |trace: &str, what: &str| trace.lines().filter(|l| l.starts_with(what)).count();
         let passes = ["kernel broadcast_rows", "kernel activation_in_place"];
         let (fused, losses, err) = run(true, "");
@@ -1836,6 +1840,16 @@ fn linear_layers_add_their_bias_and_relu_in_the_products_epilogue() {
             assert_eq!(losses, plain_losses, "{case}: the losses");
             let warned = err.contains("cuBLASLt refused the [128 x 64]·[64 x ");
             assert_eq!(warned, cublaslt == "refuses", "{case}: {err}");
+        }
+        // Widths that are not multiples of 8: packed back to back, the second layer's
+        // bias would sit 8 bytes past a 16-byte boundary in bf16 and take the old passes;
+        // each parameter tensor starts aligned, so every layer gets its epilogue.
+        let odd = "model.layers=[{type=\"flatten\"},{type=\"linear\",out=100},{type=\"relu\"},\
+            {type=\"linear\",out=30},{type=\"relu\"},{type=\"linear\",out=10}]";
+        let (fused, _, err) = run_model(Some(odd), true, "");
+        assert!(!err.contains("cuBLASLt"), "{mode}: {err}");
+        for pass in passes {
+            assert_eq!(count(&fused, pass), 0, "{mode}, odd widths: {pass} queued");
         }
     }
 }

@@ -30,7 +30,7 @@ fn train(spec: &JobSpec, replicas: Option<usize>) -> Outcome {
     let mut metrics = MetricsWriter::create(&dir.path().join("metrics.csv")).unwrap();
     let mut session = Session::default();
     if let Some(n) = replicas {
-        session.parallel = Some(Box::new(CpuReplicas::new(n, 1, graph.param_count).unwrap()));
+        session.parallel = Some(Box::new(CpuReplicas::new(n, 1, graph.param_len).unwrap()));
     }
     train_session(
         &CpuBackend::new(1),
@@ -216,7 +216,7 @@ fn the_backward_pass_hands_over_each_bucket_once_its_gradients_are_final() {
         let ranges: Vec<_> = handed.buckets.iter().map(|(r, _)| r.clone()).collect();
         assert_eq!(ranges, expected, "cap {cap_bytes} bytes");
         assert_eq!(ranges.last().unwrap().start, 0);
-        assert_eq!(ranges[0].end, net.graph.param_count);
+        assert_eq!(ranges[0].end, net.graph.param_len);
         for (bucket, values) in &handed.buckets {
             assert_eq!(
                 values,

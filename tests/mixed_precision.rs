@@ -73,7 +73,7 @@ fn a_step_with_an_inf_gradient_is_skipped_leaving_parameters_and_optimizer_state
     let spec = spec(SMALL_NET);
     let n = 16;
     let mut net = network_in(&spec, &shape(), n, 3, half_kind(spec.precision.mode));
-    let mut optimizer = Optimizer::new(&b, &spec, net.graph.param_count).unwrap();
+    let mut optimizer = Optimizer::new(&b, &spec, net.graph.param_len).unwrap();
     let x = common::random_vec(n * 6, 4);
     let y: Vec<f32> = (0..n).map(|i| (i % 5) as f32).collect();
     let samples = Samples::Resident { x, y };
@@ -593,11 +593,15 @@ fn a_linear_layer_reading_token_ids_multiplies_them_rounded() {
     let alone_graph = trainer::graph::Graph::build(&alone, &shape).unwrap();
     let weights = alone_graph.init_params(7);
     let ids_graph = trainer::graph::Graph::build(&with_ids, &shape).unwrap();
-    let mut params = vec![0.0; ids_graph.param_count];
-    let direct = ids_graph.state_dict_entries();
-    let at = |name: &str| direct.iter().find(|e| e.name == name).unwrap().offset;
+    let mut params = vec![0.0; ids_graph.param_len];
+    let offset = |g: &trainer::graph::Graph, name: &str| {
+        let entries = g.state_dict_entries();
+        entries.iter().find(|e| e.name == name).unwrap().offset
+    };
+    let at = |name: &str| offset(&ids_graph, name);
+    let alone_bias = offset(&alone_graph, "0.bias");
     params[at("direct.weight")..][..12].copy_from_slice(&weights[..12]);
-    params[at("direct.bias")..][..3].copy_from_slice(&weights[12..15]);
+    params[at("direct.bias")..][..3].copy_from_slice(&weights[alone_bias..][..3]);
     // A zero table: the branch adds zeros, and still sends gradients to the rows it read.
     params[at("from_ids.weight")..][..36].fill(0.5);
 
@@ -626,9 +630,14 @@ fn a_linear_layer_reading_token_ids_multiplies_them_rounded() {
     let (with_ids, alone) = (&results[0], &results[1]);
     assert_eq!(with_ids.0, alone.0, "outputs");
     assert_eq!(
-        with_ids.1[at("direct.weight")..][..15],
-        alone.1[..15],
-        "the linear layer's gradients"
+        with_ids.1[at("direct.weight")..][..12],
+        alone.1[..12],
+        "the linear layer's weight gradient"
+    );
+    assert_eq!(
+        with_ids.1[at("direct.bias")..][..3],
+        alone.1[alone_bias..][..3],
+        "the linear layer's bias gradient"
     );
     // The ids themselves stay whole: the embedding's gradient lands on rows 257 and 999.
     let embedding = &with_ids.1[at("0.weight")..][..1000 * 3];

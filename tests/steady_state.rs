@@ -215,7 +215,7 @@ fn multi_process_steps_allocate_nothing_but_gemm_scratch_on_either_rank() {
     one_thread().install(|| {
         let data = data();
         let mut replicas =
-            ProcessReplicas::connect(&backend, &spec, &data, graph.param_count, "1 thread".into())
+            ProcessReplicas::connect(&backend, &spec, &data, graph.param_len, "1 thread".into())
                 .unwrap();
         let params = graph.init_params(1);
         let mut net = Network::new(&backend, graph.clone(), &params, batch / 2, 1).unwrap();

@@ -5,8 +5,9 @@
 //! A training checkpoint is `<run>/checkpoints/step-NNNNNNNN.safetensors` (the optimizer
 //! step, zero-padded to 8 digits) holding the tensors
 //!
-//! - `params` [P]: the flat parameter buffer (the engine's layout; see `weights` for
-//!   PyTorch's),
+//! - `params` [P]: the flat parameter buffer (the engine's layout, each tensor aligned
+//!   by `graph::PARAM_ALIGN`; earlier versions wrote the tensors back to back, which a
+//!   resume converts; see `weights` for PyTorch's),
 //! - `optimizer.momentum_buffer` or `optimizer.exp_avg` and `optimizer.exp_avg_sq` [P]:
 //!   the optimizer's state buffers (PyTorch's names), when it has any,
 //! - `window.loss_stats` [3] (f64): the loss sum, correct count and samples of the train

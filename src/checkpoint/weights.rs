@@ -124,7 +124,7 @@ pub fn read(path: &Path, graph: &Graph) -> Result<Weights> {
         Ok(())
     };
     let mut weights = Weights {
-        params: vec![0.0; graph.param_count],
+        params: vec![0.0; graph.param_len],
         running_stats: vec![0.0; graph.running_stats_len()],
     };
     fill(&params, &mut weights.params)?;

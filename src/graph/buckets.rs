@@ -35,8 +35,8 @@ impl GradBuckets {
             end = end.max(span.as_ref().map_or(0, |s| s.end));
         }
         let mut after_layer = vec![None; spans.len()];
-        let (mut top, mut cap) = (graph.param_count, values(FIRST_BUCKET_BYTES.min(cap_bytes)));
-        let mut final_from = graph.param_count;
+        let (mut top, mut cap) = (graph.param_len, values(FIRST_BUCKET_BYTES.min(cap_bytes)));
+        let mut final_from = graph.param_len;
         for i in (0..spans.len()).rev() {
             if let Some(span) = &spans[i] {
                 final_from = final_from.min(span.start);
@@ -105,7 +105,7 @@ mod tests {
     #[test]
     fn buckets_tile_the_buffer_from_its_end_at_layer_boundaries() {
         let g = mlp();
-        let n = g.param_count;
+        let n = g.param_len;
         assert_eq!(n, 803_840 + 1_049_600 + 10_250);
         // DDP's defaults: the first bucket fills at 1 MiB (262,144 values), so it takes the
         // last two linear layers; the rest fits in 25 MiB and ends at the first layer.
@@ -137,8 +137,8 @@ mod tests {
         );
         for cap in [4, 64, 1 << 20] {
             let b = GradBuckets::new(&g, cap);
-            let mut covered = vec![0u8; g.param_count];
-            let mut previous_start = g.param_count;
+            let mut covered = vec![0u8; g.param_len];
+            let mut previous_start = g.param_len;
             for r in b.in_backward_order() {
                 assert_eq!(
                     r.end, previous_start,

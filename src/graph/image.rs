@@ -1,7 +1,7 @@
 //! Building the image layers: shape inference and parameter layout for conv2d, pooling,
 //! layer norm and reshape. Errors name the layer, its input shape and what it needs.
 
-use super::{numel, shape_str, values, Op, MAX_SAMPLE_VALUES};
+use super::{numel, reserve, shape_str, values, Op, MAX_SAMPLE_VALUES};
 use crate::error::{Error, Result};
 use crate::spec::{BatchNormSpec, Conv2dSpec, LayerNormSpec, PoolSpec, ReshapeSpec};
 use crate::tensor::{Conv2d, Pool2d, PoolKind};
@@ -71,12 +71,8 @@ pub(super) fn conv2d(
              kernel x {oh}x{ow} outputs); at most {MAX_SAMPLE_VALUES} are allowed"
         ));
     }
-    let weight = *offset;
-    *offset += geom.weight_len();
-    let bias = l.bias.then(|| {
-        *offset += l.out;
-        *offset - l.out
-    });
+    let weight = reserve(offset, geom.weight_len());
+    let bias = l.bias.then(|| reserve(offset, l.out));
     Ok((Op::Conv2d { geom, weight, bias }, vec![l.out, oh, ow]))
 }
 
@@ -145,8 +141,7 @@ pub(super) fn layernorm(
     offset: &mut usize,
 ) -> (Op, Vec<usize>) {
     let width = *in_shape.last().unwrap_or(&1);
-    let gamma = *offset;
-    *offset += 2 * width;
+    let gamma = reserve(offset, 2 * width);
     (
         Op::LayerNorm {
             width,
@@ -217,8 +212,7 @@ pub(super) fn batchnorm(
             )))
         }
     };
-    let gamma = *offset;
-    *offset += 2 * channels;
+    let gamma = reserve(offset, 2 * channels);
     let op = Op::BatchNorm {
         channels,
         spatial,

@@ -132,7 +132,9 @@ pub struct Objective {
 pub struct Graph {
     pub input_shape: Vec<usize>,
     pub layers: Vec<Layer>,
-    pub param_count: usize,
+    /// Values in the flat parameter buffer: every parameter, and the gaps that align each
+    /// tensor (`PARAM_ALIGN`).
+    pub param_len: usize,
     pub objective: Objective,
     /// Activation checkpointing: the number of segments, or None for none.
     pub checkpoint_segments: Option<usize>,
@@ -158,6 +160,22 @@ pub(crate) const MAX_SAMPLE_VALUES: u128 = 1 << 32;
 
 /// The most parameters a model may have (256 GiB of f32).
 const MAX_PARAMS: u128 = 1 << 36;
+
+/// Each layer's parameters, and every weight and bias of a linear, conv or embedding layer,
+/// start at a multiple of this many values in the flat buffer: 16 bytes in half precision,
+/// 32 in f32. cuBLAS uses its vectorised tensor-core kernels, and cuBLASLt's epilogue takes
+/// a bias, only at 16-byte aligned addresses; PyTorch's tensors, each an allocation of its
+/// own, always are. (A norm layer's β follows its γ directly: its kernels find both from one
+/// offset, and read them one value at a time.) The gaps hold zeros that no layer reads;
+/// the step's first backward pass zeroes their gradient, so no optimizer moves them.
+pub const PARAM_ALIGN: usize = 8;
+
+/// Reserves `len` values of the flat parameter buffer at its next aligned offset.
+fn reserve(offset: &mut usize, len: usize) -> usize {
+    let at = offset.next_multiple_of(PARAM_ALIGN);
+    *offset = at + len;
+    at
+}
 
 /// A shape's number of values, without overflow for shapes no job may have.
 fn values(shape: &[usize]) -> u128 {
@@ -216,12 +234,8 @@ impl Graph {
                             )));
                         }
                     }
-                    let weight = offset;
-                    offset += inp * l.out;
-                    let bias = l.bias.then(|| {
-                        offset += l.out;
-                        offset - l.out
-                    });
+                    let weight = reserve(&mut offset, inp * l.out);
+                    let bias = l.bias.then(|| reserve(&mut offset, l.out));
                     (
                         Op::Linear {
                             inp,
@@ -273,8 +287,7 @@ impl Graph {
                              [\"input\"])"
                         )));
                     }
-                    let weight = offset;
-                    offset += e.num_embeddings * e.embedding_dim;
+                    let weight = reserve(&mut offset, e.num_embeddings * e.embedding_dim);
                     let mut out = in_shape.clone();
                     out.push(e.embedding_dim);
                     let (vocab, dim) = (e.num_embeddings, e.embedding_dim);
@@ -343,7 +356,7 @@ impl Graph {
         Ok(Graph {
             input_shape,
             layers,
-            param_count: offset,
+            param_len: offset,
             objective,
             checkpoint_segments,
         })
@@ -556,10 +569,32 @@ impl Graph {
             .map_or(&self.input_shape, |l| &l.out_shape)
     }
 
+    /// The model's number of parameters (`param_len` less the alignment gaps).
+    pub fn parameter_count(&self) -> usize {
+        self.layers.iter().map(|l| l.param_count).sum()
+    }
+
+    /// A flat buffer written before parameters were aligned (`PARAM_ALIGN`: checkpoints of
+    /// earlier versions, whose tensors lie back to back in the same order) in this layout;
+    /// None if `packed` is not of that length.
+    pub fn from_packed_layout(&self, packed: &[f32]) -> Option<Vec<f32>> {
+        if packed.len() != self.parameter_count() {
+            return None;
+        }
+        let mut aligned = vec![0.0; self.param_len];
+        let mut from = 0;
+        for t in self.parameter_tensors() {
+            let len = numel(&t.shape);
+            aligned[t.offset..t.offset + len].copy_from_slice(&packed[from..from + len]);
+            from += len;
+        }
+        Some(aligned)
+    }
+
     /// PyTorch's default initialisation for every parameter, from the job's seed (a stream
     /// per layer, so adding a layer does not change the others' initial values).
     pub fn init_params(&self, seed: u64) -> Vec<f32> {
-        let mut params = vec![0.0f32; self.param_count];
+        let mut params = vec![0.0f32; self.param_len];
         let mut rngs: Vec<Option<Rng>> = vec![None; self.layers.len()];
         for t in self.parameter_tensors() {
             let values = &mut params[t.offset..t.offset + numel(&t.shape)];
@@ -742,9 +777,9 @@ impl MemoryPlan {
         let (input, activations, activation_grads) =
             graph.activation_bytes(graph.checkpoint_segments, storage);
         MemoryPlan {
-            params: graph.param_count * f,
-            grads: graph.param_count * f,
-            optimizer_state: graph.param_count * f * optimizer_buffers,
+            params: graph.param_len * f,
+            grads: graph.param_len * f,
+            optimizer_state: graph.param_len * f * optimizer_buffers,
             activations: batch_size * activations,
             activation_grads: batch_size * activation_grads,
             batch: batch_size * (input + graph.objective.target_dim * f),

@@ -307,12 +307,12 @@ impl<B: Backend> Network<B> {
         } else {
             0
         };
-        let mut param_buf = backend.alloc(graph.param_count)?;
+        let mut param_buf = backend.alloc(graph.param_len)?;
         backend.upload(params, &mut param_buf);
         let fused = fusions(&graph, &plan);
         // Only ever holds half values: a backend may store it in the half format.
         let half_params = match half {
-            Some(kind) => Some(backend.alloc_half(kind, graph.param_count)?),
+            Some(kind) => Some(backend.alloc_half(kind, graph.param_len)?),
             None => None,
         };
         let rounded_data = match graph.rounded_data_len() {
@@ -325,7 +325,7 @@ impl<B: Backend> Network<B> {
             other_grads,
             fresh_grads: false,
             fused,
-            grads: backend.alloc(graph.param_count)?,
+            grads: backend.alloc(graph.param_len)?,
             params: param_buf,
             acts,
             dacts,
@@ -387,8 +387,8 @@ impl<B: Backend> Network<B> {
     fn refresh_half_params(&mut self, backend: &B) {
         if let (Some(kind), Some(half)) = (self.half, self.half_params.as_mut()) {
             // Into a half-width buffer the copy itself rounds; round_to_half is then nothing.
-            backend.copy(&self.params, half, self.graph.param_count);
-            backend.round_to_half(kind, half, self.graph.param_count);
+            backend.copy(&self.params, half, self.graph.param_len);
+            backend.round_to_half(kind, half, self.graph.param_len);
         }
     }
 
@@ -827,7 +827,7 @@ impl<B: Backend> Network<B> {
                 }
                 self.buckets = Some(buckets);
             }
-            None => sync.ready(backend, &mut self.grads, 0..self.graph.param_count),
+            None => sync.ready(backend, &mut self.grads, 0..self.graph.param_len),
         }
         sync.finished(backend, &mut self.grads);
     }
@@ -970,7 +970,9 @@ impl<B: Backend> Network<B> {
 
 /// The gradient buffer's ranges that a step's first backward pass writes
 /// (`Op::written_params`), and the ranges between them, each in order and merged where they
-/// touch.
+/// touch. The ranges between include the alignment padding between tensors (`PARAM_ALIGN`):
+/// zeroed each step like the rest, as a non-finite step's scaling (0 · inf) could have
+/// left NaN there, which the next step's inf/NaN check would see.
 fn split_gradients(graph: &Graph) -> (Vec<Range<usize>>, Vec<Range<usize>>) {
     let mut written: Vec<Range<usize>> = graph
         .layers
@@ -988,7 +990,7 @@ fn split_gradients(graph: &Graph) -> (Vec<Range<usize>>, Vec<Range<usize>>) {
     let mut at = 0;
     for r in merged
         .iter()
-        .chain(std::iter::once(&(graph.param_count..graph.param_count)))
+        .chain(std::iter::once(&(graph.param_len..graph.param_len)))
     {
         if r.start > at {
             others.push(at..r.start);

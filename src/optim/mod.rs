@@ -91,9 +91,9 @@ pub fn state_names(spec: &JobSpec) -> &'static [&'static str] {
 }
 
 impl<B: Backend> Optimizer<B> {
-    pub fn new(backend: &B, spec: &JobSpec, param_count: usize) -> Result<Self> {
+    pub fn new(backend: &B, spec: &JobSpec, param_len: usize) -> Result<Self> {
         let buffers = state_buffers(spec);
-        let size = |i: usize| if buffers > i { param_count } else { 0 };
+        let size = |i: usize| if buffers > i { param_len } else { 0 };
         Ok(Optimizer {
             kind: spec.optimizer.kind,
             spec: spec.optimizer.clone(),
@@ -127,7 +127,7 @@ impl<B: Backend> Optimizer<B> {
         backend: &B,
         state: &[(String, Vec<f32>)],
         steps: u64,
-        param_count: usize,
+        param_len: usize,
     ) -> std::result::Result<(), String> {
         let given: Vec<&str> = state.iter().map(|(n, _)| n.as_str()).collect();
         if given != self.names {
@@ -138,9 +138,9 @@ impl<B: Backend> Optimizer<B> {
             ));
         }
         for ((name, values), buf) in state.iter().zip([&mut self.state1, &mut self.state2]) {
-            if values.len() != param_count {
+            if values.len() != param_len {
                 return Err(format!(
-                    "optimizer state `{name}` has {} values, the model {param_count} parameters",
+                    "optimizer state `{name}` has {} values, the model's parameter buffer {param_len}",
                     values.len()
                 ));
             }

@@ -157,7 +157,7 @@ pub fn train_session<B: Backend>(
     let row_len = data.row_len();
     let target_dim = data.target_dim;
     let has_accuracy = graph.objective.has_accuracy;
-    let param_count = graph.param_count;
+    let param_len = graph.param_len;
     let (params, running_stats, resume) = match resume {
         Some(mut c) => (
             std::mem::take(&mut c.params),
@@ -169,9 +169,10 @@ pub fn train_session<B: Backend>(
             None => (graph.init_params(spec.job.seed), None, None),
         },
     };
-    if params.len() != param_count {
+    if params.len() != param_len {
         return Err(Error::Job(format!(
-            "the starting parameters have {} values but the model has {param_count} parameters",
+            "the starting parameters have {} values but the model's parameter buffer has \
+             {param_len}",
             params.len()
         )));
     }
@@ -184,7 +185,7 @@ pub fn train_session<B: Backend>(
     if let Some(stats) = running_stats {
         net.set_running_stats(backend, &stats)?;
     }
-    let mut optimizer = Optimizer::new(backend, spec, param_count)?;
+    let mut optimizer = Optimizer::new(backend, spec, param_len)?;
 
     let train_len = data.train.len;
     if spec.data.drop_last && train_len < batch_size {
@@ -208,7 +209,7 @@ pub fn train_session<B: Backend>(
     let mut st = TrainState::start(spec.job.seed);
     if let Some(c) = resume {
         optimizer
-            .restore(backend, &c.optimizer, c.state.optimizer_steps, param_count)
+            .restore(backend, &c.optimizer, c.state.optimizer_steps, param_len)
             .map_err(|e| Error::Job(format!("{}: {e}", c.path.display())))?;
         backend.set_stats(&mut train_stats, c.window);
         st = c.state;
@@ -485,7 +486,7 @@ pub fn train_session<B: Backend>(
         p.verify(backend, &net.params)?;
         p.finish(None);
     }
-    let mut params = vec![0.0; param_count];
+    let mut params = vec![0.0; param_len];
     backend.download(&net.params, &mut params);
     let weights = Weights {
         params,
@@ -562,7 +563,7 @@ impl Saver<'_> {
         metrics: &MetricsWriter,
     ) -> Result<PathBuf> {
         let started = Instant::now();
-        let n = net.graph.param_count;
+        let n = net.graph.param_len;
         let mut params = vec![0.0; n];
         backend.download(&net.params, &mut params);
         let optimizer_state: Vec<(&'static str, Vec<f32>)> = optimizer

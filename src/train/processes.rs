@@ -52,7 +52,7 @@ struct Greeting {
     /// The resolved job, as checkpoints keep it (`checkpoint::spec_json`).
     job: serde_json::Value,
     data_hash: String,
-    param_count: usize,
+    param_len: usize,
     /// The NCCL id every rank joins when gradients are averaged on the GPUs; None when they
     /// travel through rank 0's links.
     collective: Option<Vec<u8>>,
@@ -102,7 +102,7 @@ impl<B: Backend> ProcessReplicas<B> {
         backend: &B,
         spec: &JobSpec,
         data: &Data,
-        param_count: usize,
+        param_len: usize,
         device: String,
     ) -> Result<Self> {
         let world = spec.parallel.world.clone().expect("a multi-process run");
@@ -113,7 +113,7 @@ impl<B: Backend> ProcessReplicas<B> {
             world_size: world.world_size,
             job: checkpoint::spec_json(spec).0,
             data_hash: data_hash(data),
-            param_count,
+            param_len,
             collective,
         };
         tracing::info!(
@@ -141,13 +141,13 @@ impl<B: Backend> ProcessReplicas<B> {
         );
         // Through the links, rank 0 sums in host memory; NCCL needs no room for another
         // rank's gradients here.
-        let incoming = if on_devices { 0 } else { param_count };
+        let incoming = if on_devices { 0 } else { param_len };
         Ok(ProcessReplicas {
             world,
             device,
             links,
             on_devices,
-            mean: vec![0.0; param_count],
+            mean: vec![0.0; param_len],
             incoming: vec![0.0; incoming],
             message: Vec::new(),
             stop: None,
@@ -357,7 +357,7 @@ impl<B: Backend> DataParallel<B> for ProcessReplicas<B> {
         optimizer: &Optimizer<B>,
         backend: &B,
     ) -> Result<()> {
-        let n = net.graph.param_count;
+        let n = net.graph.param_len;
         let mut state: Vec<(&str, Vec<f32>)> = Vec::new();
         for (name, buf) in optimizer.state() {
             let mut values = vec![0.0; n];
@@ -639,7 +639,7 @@ fn check_greeting(
                 .replace(" now", " here")
         )));
     }
-    if g.param_count != graph.param_count || g.data_hash != data_hash(data) {
+    if g.param_len != graph.param_len || g.data_hash != data_hash(data) {
         return Err(Error::Job(format!(
             "rank {}'s training data differ from rank 0's ({} samples here): every rank must \
              read the same data",
@@ -662,7 +662,7 @@ fn follow<B: Backend>(
     stop: &Stop,
     on_devices: bool,
 ) -> Result<()> {
-    let n = graph.param_count;
+    let n = graph.param_len;
     let bad = |what: &str| {
         Error::Runtime(format!(
             "rank {}: rank 0 sent a malformed {what} message",

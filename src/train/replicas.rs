@@ -121,9 +121,9 @@ pub struct CpuReplicas {
 }
 
 impl CpuReplicas {
-    /// `replicas` replicas (rank 0 included) of `threads` threads each, for a model of
-    /// `param_count` parameters.
-    pub fn new(replicas: usize, threads: usize, param_count: usize) -> Result<Self> {
+    /// `replicas` replicas (rank 0 included) of `threads` threads each, for a parameter
+    /// buffer of `param_len` values.
+    pub fn new(replicas: usize, threads: usize, param_len: usize) -> Result<Self> {
         let pools = (1..replicas)
             .map(|rank| {
                 rayon::ThreadPoolBuilder::new()
@@ -141,7 +141,7 @@ impl CpuReplicas {
             threads,
             pools,
             others: Vec::new(),
-            all_reduce: CpuAllReduce::new(replicas, param_count),
+            all_reduce: CpuAllReduce::new(replicas, param_len),
         })
     }
 }
@@ -176,7 +176,7 @@ impl DataParallel<CpuBackend> for CpuReplicas {
         optimizer: &Optimizer<CpuBackend>,
         _: &CpuBackend,
     ) -> Result<()> {
-        let n = net.graph.param_count;
+        let n = net.graph.param_len;
         if self.all_reduce.buffer_len() != n {
             return Err(Error::Runtime(format!(
                 "data parallelism was set up for {} parameters, the model has {n}",
@@ -285,7 +285,7 @@ impl DataParallel<CpuBackend> for CpuReplicas {
                     "data parallelism: replica {} holds {differ} of {} parameters different \
                      from rank 0's; the replicas no longer train one model",
                     i + 1,
-                    params.len()
+                    r.net.graph.parameter_count()
                 )));
             }
         }
@@ -393,7 +393,7 @@ mod tests {
         };
         let graph = Graph::build(&spec, &shape).unwrap();
         let backend = CpuBackend::new(1);
-        let n = graph.param_count;
+        let n = graph.param_len;
         let net = Network::new(&backend, graph.clone(), &graph.init_params(4), 8, 0).unwrap();
         let optimizer = Optimizer::new(&backend, &spec, n).unwrap();
         let mut replicas = CpuReplicas::new(3, 1, n).unwrap();
