@@ -760,10 +760,9 @@ fn memory_plan(
     };
     let (data_bytes, workspace) = if on_gpu {
         let conv = graph.conv_workspace(|s| cuda::conv_workspace_len(s, batch));
-        (
-            data.bytes(),
-            cuda::CUBLAS_WORKSPACE + 4 * conv + rounded_data,
-        )
+        // With the row indices of a resident data set; taken out below if it is streamed.
+        let own = cuda::own_bytes(batch, true);
+        (data.bytes(), own + 4 * conv + rounded_data)
     } else {
         let conv = graph.conv_workspace(|s| spatial::conv_workspace_len(s, threads, batch));
         (0, 4 * conv + rounded_data)
@@ -790,6 +789,7 @@ fn memory_plan(
     };
     if !resident {
         plan.data = 0;
+        plan.workspace -= cuda::own_bytes(batch, true) - cuda::own_bytes(batch, false);
     }
     plan
 }
@@ -1027,7 +1027,7 @@ pub fn check(job: &Path, sets: &[String]) -> Result<String> {
         ("activation gradients", m.activation_grads),
         ("batch (inputs, targets)", m.batch),
         ("layer state", m.layer_state),
-        ("scratch (conv, cuBLAS)", m.workspace),
+        ("scratch (conv, cuBLAS, statistics)", m.workspace),
     ];
     if m.data > 0 {
         rows.push(("data set on the device", m.data));

@@ -748,7 +748,8 @@ pub struct MemoryPlan {
     pub batch: usize,
     /// The data set, when it is held in device memory (GPU).
     pub data: usize,
-    /// Scratch: the conv2d workspace (im2col), and cuBLAS's on a GPU.
+    /// Scratch: the conv2d workspace (im2col), and on a GPU the backend's own (cuBLAS's
+    /// workspace, the loss and gradient-norm statistics, row indices: `cuda::own_bytes`).
     pub workspace: usize,
     /// What layers keep from forward for backward besides activations (layer-norm statistics).
     pub layer_state: usize,
@@ -779,7 +780,8 @@ impl MemoryPlan {
         MemoryPlan {
             params: graph.param_len * f,
             grads: graph.param_len * f,
-            optimizer_state: graph.param_len * f * optimizer_buffers,
+            // With the step's values the update reads (learning rate, bias corrections).
+            optimizer_state: (graph.param_len * optimizer_buffers + crate::optim::STEP_ARGS) * f,
             activations: batch_size * activations,
             activation_grads: batch_size * activation_grads,
             batch: batch_size * (input + graph.objective.target_dim * f),

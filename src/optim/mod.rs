@@ -52,6 +52,10 @@ pub fn unscale_and_clip<B: Backend>(
     norm
 }
 
+/// The values of a step that the update reads from device memory (`AdamStep::args`, the
+/// longest; SGD's use the first two).
+pub const STEP_ARGS: usize = 3;
+
 pub struct Optimizer<B: Backend> {
     kind: OptimizerKind,
     spec: crate::spec::OptimizerSpec,
@@ -102,7 +106,7 @@ impl<B: Backend> Optimizer<B> {
             state2: backend.alloc(size(1))?,
             steps: 0,
             names: state_names(spec),
-            args: backend.alloc(3)?,
+            args: backend.alloc(STEP_ARGS)?,
             updates: Recorder::new(spec.device.cuda_graphs),
         })
     }

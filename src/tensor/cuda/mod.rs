@@ -42,6 +42,29 @@ const DEVICE_FAULTS: [&str; 6] = [
 ];
 /// Most blocks of the first pass of the gradient norm (its partials buffer's length).
 const NORM_BLOCKS: u32 = 1024;
+/// The bytes a backend allocates for itself as it starts, besides cuBLAS's workspace: the
+/// gradient norm's per-block partials and its total, and the one-value buffers that the
+/// batch's row indices (u32), the loss's per-row statistics (2 f64) and the two converted
+/// inputs of a matrix product (u16 each) grow from.
+const START_BYTES: usize = NORM_BLOCKS as usize * 8 + 8 + 4 + 2 * 8 + 2 * 2;
+
+/// The device memory a backend holds besides the buffers it is asked for, in a run of
+/// batches of up to `batch` samples (a replica's micro-batch) gathered on the device from a
+/// resident data set when `gathers`: cuBLAS's workspace, what it starts with
+/// (`START_BYTES`), the row indices grown to the batch (replacing the first), the loss's
+/// per-row statistics grown to it (a recorded step may still read the first, which stays),
+/// and the loss statistics of the training and evaluation rows. `trainer check` plans
+/// these bytes and a run counts them (`gpu_mem_*`), so the two can agree to the byte.
+pub fn own_bytes(batch: usize, gathers: bool) -> usize {
+    let row_indices = if gathers {
+        4 * batch.saturating_sub(1)
+    } else {
+        0
+    };
+    let row_stats = if batch > 1 { 16 * batch } else { 0 };
+    CUBLAS_WORKSPACE + START_BYTES + row_indices + row_stats + 2 * 24
+}
+
 /// Values per thread below which the gradient norm's first pass uses fewer blocks: a small
 /// model's norm is not spread over 262,144 mostly idle threads.
 const NORM_VALUES_PER_THREAD: usize = 16;
@@ -684,8 +707,8 @@ impl CudaBackend {
             epilogues: std::mem::ManuallyDrop::new(epilogues),
             fused_epilogues: Cell::new(true),
             allow_tf32,
-            allocated: Cell::new(CUBLAS_WORKSPACE),
-            peak: Cell::new(CUBLAS_WORKSPACE),
+            allocated: Cell::new(CUBLAS_WORKSPACE + START_BYTES),
+            peak: Cell::new(CUBLAS_WORKSPACE + START_BYTES),
             compute_capability: (major, minor),
             error: RefCell::new(None),
             description,
@@ -826,7 +849,9 @@ impl CudaBackend {
                     self.description
                 ))
             })?;
-        self.count(mem.len() * 4);
+        // An empty buffer holds one placeholder value (CUDA allocates no 0 bytes); it is
+        // counted as the nothing it was asked for, as the memory plan counts it.
+        self.count(if len == 0 { 0 } else { mem.len() * 4 });
         Ok(CudaBuf { mem, len, half })
     }
 
