@@ -19,9 +19,12 @@
 //   (rounded to nearest even on store, as cuBLAS rounds its f32 result once); cuBLASLt's too,
 //   with its bias and ReLU epilogues, and the descriptors, preferences and heuristic that
 //   lead to one.
-// - TRAINER_EMULATED_CUBLASLT=no-algorithm makes cuBLASLt's heuristic find no algorithm, and
-//   =refuses makes cublasLtMatmul refuse every product (CUBLAS_STATUS_NOT_SUPPORTED): what
-//   a real one may do for a shape or a pointer, which the backend must survive.
+// - TRAINER_EMULATED_CUBLASLT=no-algorithm makes cuBLASLt's heuristic find no algorithm,
+//   =refuses makes cublasLtMatmul refuse every product (CUBLAS_STATUS_NOT_SUPPORTED),
+//   =invalid makes it call every product invalid (CUBLAS_STATUS_INVALID_VALUE), and
+//   =bad-attribute makes setting a descriptor's epilogue fail (INVALID_VALUE): what a real
+//   one may do for a shape, a pointer or an attribute it lacks, which the backend must
+//   survive.
 // - TRAINER_EMULATED_TRACE=FILE appends a line per kernel launch ("kernel NAME") and per
 //   product ("cublasGemmEx", "cublasLtMatmul EPILOGUE"), in the order they are queued (a
 //   replayed graph adds none): for tests of which work a job queues.
@@ -850,7 +853,7 @@ int cublasLtMatmulDescSetAttribute(void* d, int attr, const void* buf, size_t si
     switch (attr) {
         case 3: return take(desc->transa);
         case 4: return take(desc->transb);
-        case 7: return take(desc->epilogue);
+        case 7: return emu::lt_knob("bad-attribute") ? emu::LT_INVALID : take(desc->epilogue);
         case 8: return take(desc->bias);
         case 26: return take(desc->bias_type);
         default: return emu::LT_INVALID;  // not one src/tensor/cuda sets
@@ -911,6 +914,7 @@ int cublasLtMatmul(void*, void* d, const void* alpha_p, const void* a, void* al,
         return emu::LT_INVALID;
     if (c != dp || lc->ld != ld->ld) return emu::LT_NOT_SUPPORTED;  // C in place of D only, as we use it
     if (emu::lt_knob("refuses")) return emu::LT_NOT_SUPPORTED;
+    if (emu::lt_knob("invalid")) return emu::LT_INVALID;
     // An algorithm runs only on pointers as aligned as the heuristic was told they would be.
     const void* pointers[4] = {a, b, c, dp};
     for (int i = 0; i < 4; i++)

@@ -78,6 +78,8 @@ pub struct Epilogues {
     handle: sys::cublasLtHandle_t,
     /// None: cuBLASLt has no algorithm for the product.
     plans: RefCell<HashMap<Product, Option<Plan>>>,
+    /// Whether a product it turned down has been warned of.
+    warned: std::cell::Cell<bool>,
 }
 
 /// What `cublasLtMatmul` needs besides the operands' addresses.
@@ -120,13 +122,15 @@ impl Epilogues {
         Ok(Epilogues {
             handle,
             plans: RefCell::new(HashMap::new()),
+            warned: std::cell::Cell::new(false),
         })
     }
 
     /// Queues `product` on `stream`, using `workspace` (bytes at a device address). Ok(false):
-    /// cuBLASLt has no algorithm for it, or refused the one its heuristic offered
-    /// (CUBLAS_STATUS_NOT_SUPPORTED, which queues nothing): nothing was queued, and the
-    /// caller computes the product its own way, as it will every later time.
+    /// cuBLASLt could not describe it, has no algorithm for it, or refused the one its
+    /// heuristic offered (NOT_SUPPORTED or INVALID_VALUE, answers it gives before queuing
+    /// anything): nothing was queued, and the caller computes the product its own way, as it
+    /// will every later time. Err: a failure after cuBLASLt accepted the product.
     pub fn matmul(
         &self,
         product: &Product,
@@ -136,7 +140,10 @@ impl Epilogues {
     ) -> Result<bool, CublasError> {
         let mut plans = self.plans.borrow_mut();
         if !plans.contains_key(product) {
-            let plan = Plan::new(self.handle, product, workspace.1)?;
+            let plan = Plan::new(self.handle, product, workspace.1).unwrap_or_else(|e| {
+                self.fall_back(format!("could not plan {product} ({:?})", e.0));
+                None
+            });
             plans.insert(*product, plan);
         }
         let Some(plan) = &plans[product] else {
@@ -175,17 +182,34 @@ impl Epilogues {
             )
             .result()
         };
+        use sys::cublasStatus_t::{CUBLAS_STATUS_INVALID_VALUE, CUBLAS_STATUS_NOT_SUPPORTED};
         match status {
-            Err(CublasError(sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED)) => {
-                tracing::warn!(
-                    "cuBLASLt refused {product}, which it had planned (alignments \
-                     {:?}); it runs through cuBLAS and a bias pass from now on",
+            Err(CublasError(why @ (CUBLAS_STATUS_NOT_SUPPORTED | CUBLAS_STATUS_INVALID_VALUE))) => {
+                self.fall_back(format!(
+                    "refused {product} ({why:?}), which it had planned (alignments {:?})",
                     product.alignment
-                );
+                ));
                 plans.insert(*product, None);
                 Ok(false)
             }
             status => status.map(|()| true),
+        }
+    }
+}
+
+impl Epilogues {
+    /// Says why cuBLASLt does not compute a product (`what` it did): a warning the first
+    /// time, then at debug level, since a cause such as a missing feature refuses every
+    /// shape alike.
+    fn fall_back(&self, what: String) {
+        let consequence = "it runs through cuBLAS and a bias pass from now on";
+        if self.warned.replace(true) {
+            tracing::debug!("cuBLASLt {what}; {consequence}");
+        } else {
+            tracing::warn!(
+                "cuBLASLt {what}; {consequence} (other products it turns down are logged at \
+                 debug level)"
+            );
         }
     }
 }
@@ -204,8 +228,8 @@ unsafe fn set_desc<T>(
 }
 
 impl Plan {
-    /// Descriptors and the heuristic's first algorithm for `p`; None if it has none (or
-    /// fails, with a warning). Err: a descriptor could not be made.
+    /// Descriptors and the heuristic's first algorithm for `p`; None if it has none. Err: a
+    /// descriptor could not be made or set, or the heuristic failed.
     fn new(
         handle: sys::cublasLtHandle_t,
         p: &Product,
@@ -272,7 +296,7 @@ impl Plan {
                 }
                 Ok(())
             };
-            let outcome = set().map(|()| {
+            let outcome = set().and_then(|()| {
                 let mut found =
                     std::mem::MaybeUninit::<sys::cublasLtMatmulHeuristicResult_t>::zeroed();
                 let mut count = 0;
@@ -288,19 +312,13 @@ impl Plan {
                     found.as_mut_ptr(),
                     &mut count,
                 );
-                // No algorithm, or none that can run: this product runs the other way. A
-                // failure is said (NOT_SUPPORTED is cuBLASLt's answer for shapes it lacks).
+                // No algorithm, or none that can run: this product runs the other way
+                // (NOT_SUPPORTED is cuBLASLt's answer for shapes it lacks).
                 let found = found.assume_init();
                 match status.result().and_then(|()| found.state.result()) {
-                    Ok(()) => (count > 0).then_some(found.algo),
-                    Err(CublasError(sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED)) => None,
-                    Err(e) => {
-                        tracing::warn!(
-                            "cuBLASLt's heuristic failed ({e:?}) for {p}; it runs \
-                             through cuBLAS and a bias pass"
-                        );
-                        None
-                    }
+                    Ok(()) => Ok((count > 0).then_some(found.algo)),
+                    Err(CublasError(sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED)) => Ok(None),
+                    Err(e) => Err(e),
                 }
             });
             let _ = result::destroy_matmul_pref(pref);
