@@ -515,6 +515,20 @@ fn set_of_an_unknown_key_is_refused() {
 }
 
 #[test]
+fn a_setting_given_to_a_layer_kind_without_settings_names_the_kind() {
+    let says = "a flatten layer has no settings besides `type`, `name` and `inputs`";
+    let in_file = GOOD_JOB.replacen(
+        "{ type = \"flatten\" }",
+        "{ type = \"flatten\", out = 3 }",
+        1,
+    );
+    assert_ne!(in_file, GOOD_JOB);
+    expect_failure(&in_file, &[], &[], 2, &["key `model.layers[0].out`", says]);
+    let set = ["--set", "model.layers[0].out=3"];
+    expect_failure(GOOD_JOB, &[], &set, 2, &["--set model.layers[0].out", says]);
+}
+
+#[test]
 fn picking_an_element_of_a_list_the_file_does_not_set_says_how_to_set_it() {
     expect_failure(
         GOOD_JOB,

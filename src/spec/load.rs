@@ -528,7 +528,10 @@ fn layered_error(file: &str, sets: &toml::Table, errors: figment::Error) -> Erro
                             Some(rest) if rest.starts_with("expected") => {
                                 format!("unknown key, {rest}{}", did_you_mean(message))
                             }
-                            _ => "unknown key: nothing may be set here".to_string(),
+                            _ => match rest.strip_prefix(": ") {
+                                Some(why) => format!("unknown key: {why}"),
+                                None => "unknown key: nothing may be set here".to_string(),
+                            },
                         }
                     } else if message.starts_with("expected ") {
                         let given = lookup_table(sets, &path_steps(&path));

@@ -261,7 +261,13 @@ impl<'de> Deserialize<'de> for ModelLayer {
                     let e = format!("unknown variant `{kind}`, expected one of {known}");
                     return Err(keyed("type", e));
                 }
-                Err(Some(e)) => return Err(D::Error::custom(e)),
+                Err(Some(e)) => {
+                    // serde's words for a kind without settings of its own.
+                    let none = format!(
+                        ": a {kind} layer has no settings besides `type`, `name` and `inputs`"
+                    );
+                    return Err(D::Error::custom(e.replace(", there are no fields", &none)));
+                }
             },
         })
     }
