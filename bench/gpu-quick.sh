@@ -5,7 +5,7 @@
 # MLP 784-1024-1024-10 and on the cuBLAS-bound one (issue 7's overhead).
 set -uo pipefail
 source .gpu/nccl.sh
-eval "$(sed -n '/^out=/,/^pytorch()/p' bench/gpu.sh)"
+eval "$(sed -n '/^out=/,/^}$/p' bench/gpu.sh)"
 big=(--set device.type=\"cuda\" --set data.samples=40960 --set train.epochs=20)
 if [ "${1:-gemm}" = nccl ]; then
   mid=(--set device.type=\"cuda\" --set data.samples=25600 --set train.epochs=10 --set train.log_every=100)
@@ -20,9 +20,11 @@ if [ "${1:-gemm}" = nccl ]; then
   exit 0
 fi
 for mode in fp32 bf16; do
+  log "check $mode 4096: $(check4096 "$mode")"
   amp=$([ $mode = bf16 ] && echo "--amp bf16" || echo "")
   log "== MLP 784-4096x3-10 batch 4096 Adam $mode, 200 steps"
   log "trainer: $(trainer bench/mlp4096.toml "${big[@]}" --set precision.mode=\"$mode\")"
   log "trainer, bias and ReLU in passes of their own: $(trainer bench/mlp4096.toml "${big[@]}" --set precision.mode=\"$mode\" --set device.fused_epilogues=false)"
   log "pytorch: $(pytorch --data synthetic --layers 784,4096,4096,4096,10 --batch 4096 --steps 200 $amp)"
 done
+python3 bench/issue5_summary.py "$out" | tee -a "$out"

@@ -34,6 +34,11 @@ PY
 summary() { python3 "$runs/summary.py" "$1"; }
 trainer() { local dir; dir=$($bin run "$@" --runs-dir "$runs" --quiet) && summary "$dir"; }
 pytorch() { python3 bench/pytorch_mlp.py --device cuda "$@" | tail -1; }
+# `trainer check`'s activation memory of the cuBLAS-bound MLP in a precision, on one line.
+check4096() {
+  $bin check bench/mlp4096.toml --set device.type=\"cuda\" --set precision.mode=\"$1\" \
+    | grep -E '^  activation' | tr -s ' ' | paste -sd ';'
+}
 
 log "== devices"; $bin devices | tee -a "$out"
 export TRAINER_CACHE_DIR=$(mktemp -d)
@@ -48,6 +53,9 @@ small=("${cuda[@]}" --set 'model.layers=[{type="linear",out=256},{type="relu"},{
 mid=("${cuda[@]}" --set data.samples=25600 --set train.epochs=10 --set train.log_every=100)
 # cuBLAS-bound: 200 steps.
 big=("${cuda[@]}" --set data.samples=40960 --set train.epochs=20)
+for mode in fp32 bf16; do
+  log "check $mode 4096: $(check4096 "$mode")"
+done
 for rep in 1 2; do
   log "== MLP 784-256-128-10 batch 64 Adam fp32, 2000 steps (repeat $rep)"
   log "trainer: $(trainer bench/mlp1024.toml "${small[@]}")"
@@ -102,3 +110,5 @@ if [ -f .gpu/data/train-images-idx3-ubyte.gz ]; then
 else
   log "== Fashion-MNIST not carried (.gpu/data): skipped"
 fi
+log "== issue 5's figures (bench/issue5_summary.py)"
+python3 bench/issue5_summary.py "$out" | tee -a "$out"

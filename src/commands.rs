@@ -1027,7 +1027,7 @@ pub fn check(job: &Path, sets: &[String]) -> Result<String> {
         ("activation gradients", m.activation_grads),
         ("batch (inputs, targets)", m.batch),
         ("layer state", m.layer_state),
-        ("scratch (conv, cuBLAS, statistics)", m.workspace),
+        ("scratch and statistics", m.workspace),
     ];
     if m.data > 0 {
         rows.push(("data set on the device", m.data));
