@@ -195,9 +195,7 @@ impl Epilogues {
             status => status.map(|()| true),
         }
     }
-}
 
-impl Epilogues {
     /// Says why cuBLASLt does not compute a product (`what` it did): a warning the first
     /// time, then at debug level, since a cause such as a missing feature refuses every
     /// shape alike.

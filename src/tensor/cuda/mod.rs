@@ -62,8 +62,11 @@ pub fn own_bytes(batch: usize, gathers: bool) -> usize {
         0
     };
     let row_stats = if batch > 1 { 16 * batch } else { 0 };
-    CUBLAS_WORKSPACE + START_BYTES + row_indices + row_stats + 2 * 24
+    CUBLAS_WORKSPACE + START_BYTES + row_indices + row_stats + 2 * 8 * LOSS_STATS
 }
+
+/// A loss statistics buffer's values (`Backend::new_stats`): loss sum, hits, samples.
+const LOSS_STATS: usize = 3;
 
 /// Values per thread below which the gradient norm's first pass uses fewer blocks: a small
 /// model's norm is not spread over 262,144 mostly idle threads.
@@ -2251,9 +2254,9 @@ impl Backend for CudaBackend {
     fn new_stats(&self) -> Result<CudaSlice<f64>> {
         let s = self
             .stream
-            .alloc_zeros::<f64>(3)
+            .alloc_zeros::<f64>(LOSS_STATS)
             .map_err(|e| cuda_err("allocating", e))?;
-        self.count(24);
+        self.count(8 * LOSS_STATS);
         Ok(s)
     }
 
