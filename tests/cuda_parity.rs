@@ -1859,6 +1859,43 @@ fn linear_layers_add_their_bias_and_relu_in_the_products_epilogue() {
     }
 }
 
+/// A convolution's products read and write 16-byte aligned operands at any batch size: its
+/// workspace holds the im2col matrix, then the products' output, and at an odd batch of an odd
+/// plane the second would start off 16 bytes unless the first is padded; cuBLAS then runs its
+/// kernels for unaligned data. The emulated GPU's trace marks such a product.
+#[test]
+fn conv_products_read_aligned_operands_at_an_odd_batch() {
+    if !common::on_emulated_gpu("a trace of the operands' alignment") {
+        return;
+    }
+    // 63 rows of 3 channels of 7x7 into a 3x3 kernel: 63 · 49 · 27 values of im2col, an odd
+    // count, in fp32 and bf16.
+    let odd = "model.layers=[{type=\"conv2d\",out=3,kernel_size=2},{type=\"relu\"},\
+        {type=\"conv2d\",out=4,kernel_size=3,padding=1},{type=\"relu\"},{type=\"flatten\"},\
+        {type=\"linear\",out=10}]";
+    for mode in ["fp32", "bf16"] {
+        let runs = tempfile::tempdir().unwrap();
+        let trace = runs.path().join("trace");
+        let precision = format!("precision.mode=\"{mode}\"");
+        let mut args = vec!["run", "jobs/mlp.toml", "-q"];
+        args.extend(["--runs-dir", runs.path().to_str().unwrap()]);
+        args.extend(["--set", "device.type=\"cuda\"", "--set", odd]);
+        args.extend(["--set", "data.batch_size=63", "--set", "train.max_steps=24"]);
+        args.extend(["--set", &precision]);
+        let env = [("TRAINER_EMULATED_TRACE", trace.to_str().unwrap())];
+        let out = common::trainer_with_env(&args, &env);
+        assert!(out.status.success(), "{}", common::stderr(&out));
+        let trace = std::fs::read_to_string(trace).unwrap();
+        let products = trace.lines().filter(|l| l.starts_with("cublas"));
+        let unaligned = products
+            .clone()
+            .filter(|l| l.ends_with(" unaligned"))
+            .count();
+        assert!(products.count() > 0, "{mode}: {trace}");
+        assert_eq!(unaligned, 0, "{mode}: products on unaligned operands");
+    }
+}
+
 /// Issue 4's activation checkpointing on CUDA: recomputing the segments in the backward pass
 /// gives the same bits as keeping every activation (same kernels on the same inputs), with
 /// dropout's masks replayed.

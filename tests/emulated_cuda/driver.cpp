@@ -26,8 +26,10 @@
 //   one may do for a shape, a pointer or an attribute it lacks, which the backend must
 //   survive.
 // - TRAINER_EMULATED_TRACE=FILE appends a line per kernel launch ("kernel NAME") and per
-//   product ("cublasGemmEx", "cublasLtMatmul EPILOGUE"), in the order they are queued (a
-//   replayed graph adds none): for tests of which work a job queues.
+//   product ("cublasSgemm", "cublasGemmEx", "cublasLtMatmul EPILOGUE"), in the order they
+//   are queued (a replayed graph adds none): for tests of which work a job queues. A cuBLAS
+//   product with an operand off 16 bytes, which a real cuBLAS runs on its slower kernels for
+//   unaligned data, is "cublasSgemm unaligned" or "cublasGemmEx unaligned".
 //
 // - NCCL's all-reduce between processes goes through files (see the NCCL section below); one
 //   waiting for its peers leaves its stream not ready (cuEventQuery says so) until they come,
@@ -85,6 +87,12 @@ void trace(const char* fmt, const char* what) {
     fprintf(out, fmt, what);
     fputc('\n', out);
     fflush(out);
+}
+
+// A cuBLAS product in the trace, marked "unaligned" where an operand is off 16 bytes.
+void trace_product(const char* name, const void* a, const void* b, const void* c) {
+    bool aligned = ((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) % 16 == 0;
+    trace(aligned ? "%s" : "%s unaligned", name);
 }
 
 // A failure that CUDA makes sticky (an illegal address, a failed launch): every later call
@@ -773,6 +781,7 @@ int cublasSgemm_v2(void* handle, int transa, int transb, int m, int n, int k, co
                    int lda, const float* b, int ldb, const float* beta, float* c, int ldc) {
     LOCKED;
     if (emu::sticky != SUCCESS) return 14;  // CUBLAS_STATUS_INTERNAL_ERROR
+    emu::trace_product("cublasSgemm", a, b, c);
     return emu::gemm(((emu::Blas*)handle)->stream, transa, transb, m, n, k, *alpha, a, 0, lda, b, 0, ldb, *beta, c, 0, ldc);
 }
 
@@ -783,7 +792,7 @@ int cublasGemmEx(void* handle, int transa, int transb, int m, int n, int k, cons
     if (emu::sticky != SUCCESS) return 14;
     const int COMPUTE_32F = 68, COMPUTE_32F_FAST_TF32 = 77;
     if (compute != COMPUTE_32F && compute != COMPUTE_32F_FAST_TF32) return 15;  // NOT_SUPPORTED
-    emu::trace("%s", "cublasGemmEx");
+    emu::trace_product("cublasGemmEx", a, b, c);
     return emu::gemm(((emu::Blas*)handle)->stream, transa, transb, m, n, k, *(const float*)alpha, a, atype, lda, b, btype, ldb,
                      *(const float*)beta, c, ctype, ldc);
 }

@@ -331,7 +331,15 @@ impl PoolGeom {
 /// its output in GEMM layout [o, n·p].
 pub fn conv_workspace_len(s: &Conv2d, max_batch: usize) -> usize {
     let (oh, ow) = s.out_hw().expect("validated geometry");
-    (s.c * s.kh * s.kw + s.o) * max_batch * oh * ow
+    im2col_region(s.c * s.kh * s.kw * max_batch * oh * ow) + s.o * max_batch * oh * ow
+}
+
+/// The f32 values a conv workspace gives its im2col matrix of `len` values: rounded up to 256
+/// bytes, so the [o, n·p] region after it starts as aligned as the allocation whatever the
+/// batch (an odd last batch of an odd plane would put it off 16 bytes, and cuBLAS then runs
+/// its kernels for unaligned operands).
+fn im2col_region(len: usize) -> usize {
+    len.next_multiple_of(64)
 }
 
 /// One block per item (channel or row), 256 threads reducing together.
@@ -1406,7 +1414,7 @@ impl Backend for CudaBackend {
         let geom = ConvGeom::new(s, n);
         let (plane, ckk) = ((geom.oh * geom.ow) as usize, s.c * s.kh * s.kw);
         let cols = n * plane;
-        let (mut col, mut ycn) = workspace.mem.split_at_mut(ckk * cols);
+        let (mut col, mut ycn) = workspace.mem.split_at_mut(im2col_region(ckk * cols));
         let mut l = self.stream.launch_builder(&self.f.im2col);
         l.arg(&x.mem).arg(&xs).arg(&geom).arg(&mut col).arg(&cs);
         // SAFETY: reads x [n, c, h, w], writes ckk·cols values of col (at most as many bytes
@@ -1474,7 +1482,7 @@ impl Backend for CudaBackend {
         let (plane, ckk) = ((geom.oh * geom.ow) as usize, s.c * s.kh * s.kw);
         let cols = n * plane;
         let (n64, o64, p64) = (n as u64, s.o as u64, plane as u64);
-        let (mut col, mut dycn) = workspace.mem.split_at_mut(ckk * cols);
+        let (mut col, mut dycn) = workspace.mem.split_at_mut(im2col_region(ckk * cols));
         let mut l = self.stream.launch_builder(&self.f.nchw_to_cn);
         l.arg(&dy.mem).arg(&dys).arg(&n64).arg(&o64).arg(&p64);
         l.arg(&mut dycn).arg(&ws);
