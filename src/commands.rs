@@ -486,10 +486,9 @@ fn plan_start(args: &RunArgs, spec: &JobSpec, graph: &Graph, train_len: usize) -
         if !args.force {
             return Err(Error::Job(format!(
                 "cannot resume from {name}: the job differs from the checkpoint's in keys that \
-                 change training:\n  {}\n(only train.epochs, train.max_steps, train.log_every, \
-                 train.eval_every_epochs, train.threads, device.*, parallel.*, checkpoint.* and \
-                 job.name may change; pass --force to resume anyway)",
-                changes.join("\n  ")
+                 change training:\n  {}\n(only {} may change; pass --force to resume anyway)",
+                changes.join("\n  "),
+                checkpoint::changeable_keys()
             )));
         }
         tracing::warn!(

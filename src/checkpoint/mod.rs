@@ -21,7 +21,7 @@ pub mod file;
 mod resume;
 pub mod weights;
 
-pub use resume::{find_auto_resume, incompatible_changes, locate, ResumePoint};
+pub use resume::{changeable_keys, find_auto_resume, incompatible_changes, locate, ResumePoint};
 
 use crate::error::{Error, Result};
 use crate::spec::{BestMode, CheckpointSpec, JobSpec};

@@ -146,6 +146,20 @@ const SAFE_TO_CHANGE: [&str; 10] = [
     "model.init_from",
 ];
 
+/// The keys a resume may change, for the message that refuses the others: "train.epochs,
+/// ..., device.*, ..." (a section stands for every key in it).
+pub fn changeable_keys() -> String {
+    let key = |k: &&str| match k.contains('.') {
+        true => k.to_string(),
+        false => format!("{k}.*"),
+    };
+    SAFE_TO_CHANGE
+        .iter()
+        .map(key)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn is_safe(key: &str) -> bool {
     SAFE_TO_CHANGE.iter().any(|s| {
         key == *s
