@@ -23,6 +23,7 @@ CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols "$top/../share
 for t in .gpu/tests/*; do
   case "$(basename "$t")" in
     cuda_kernels-test | cuda_parity-test | multiprocess-test | training_reference-test) ;;
+    steady_state-test) ;;
     *) rm "$t" ;;
   esac
 done
@@ -66,7 +67,9 @@ for what in ${@:-kernels parity multiprocess}; do
       run parity .gpu/tests/cuda_parity-test
       # Whole runs on the GPU against PyTorch's (tests/fixtures/training_reference.json), and
       # in bf16 and fp16 against the CPU.
-      run reference .gpu/tests/training_reference-test on_cuda ;;
+      run reference .gpu/tests/training_reference-test on_cuda
+      # No host allocation in a CUDA step, through the real driver.
+      run steady .gpu/tests/steady_state-test cuda ;;
     # Its GPU tests (the others are CPU tests, run by CI).
     multiprocess) run multiprocess .gpu/tests/multiprocess-test gpu nccl streamed refused ;;
     *) echo "unknown: $what"; fail=1 ;;

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use trainer::graph::{DataShape, Graph, Network};
 use trainer::optim::Optimizer;
 use trainer::tensor::cpu::CpuBackend;
-use trainer::tensor::Backend;
+use trainer::tensor::{Backend, HalfKind};
 use trainer::train::{optimizer_step, Batch, DataParallel, ProcessReplicas, Samples, StepSettings};
 
 struct Counting;
@@ -281,34 +281,41 @@ fn multi_process_steps_allocate_nothing_but_gemm_scratch_on_either_rank() {
 }
 
 /// A residual conv net (conv, batch norm, ReLU, add, pooling, layer norm, dropout) and a
-/// graph of branches (concat, tanh, sigmoid, softmax layers), each in fp32, in bf16, in fp16
-/// with loss scaling, and with activation checkpointing: no allocation of ours in a step,
-/// nothing retained.
-#[test]
-fn conv_nets_and_graphs_in_every_precision_allocate_nothing_of_their_own() {
-    use trainer::tensor::HalfKind;
-    let _turn = common::one_at_a_time();
-    let conv_net = r#"[
-      { type = "conv2d", out = 4, kernel_size = 3, padding = 1 }, { type = "batchnorm2d" },
-      { type = "relu", name = "r1" },
-      { type = "conv2d", out = 4, kernel_size = 3, padding = 1, bias = false },
-      { type = "batchnorm2d", name = "b2" }, { type = "add", inputs = ["b2", "r1"] },
-      { type = "relu" }, { type = "maxpool2d", kernel_size = 2 },
-      { type = "conv2d", out = 8, kernel_size = 3, stride = 2, padding = 1 },
-      { type = "layernorm" }, { type = "gelu" }, { type = "dropout", p = 0.1 },
-      { type = "avgpool2d", kernel_size = 3 }, { type = "flatten" },
-      { type = "linear", out = 10 },
-    ]"#;
-    let branches = r#"[
-      { type = "linear", out = 16, name = "a" }, { type = "tanh", name = "t" },
-      { type = "linear", out = 8, inputs = ["t"] }, { type = "sigmoid", name = "s" },
-      { type = "concat", inputs = ["t", "s"] }, { type = "softmax" },
-      { type = "linear", out = 12 }, { type = "log_softmax" }, { type = "linear", out = 10 },
-    ]"#;
+/// graph of branches (concat, tanh, sigmoid, softmax layers).
+const CONV_NET: &str = r#"[
+  { type = "conv2d", out = 4, kernel_size = 3, padding = 1 }, { type = "batchnorm2d" },
+  { type = "relu", name = "r1" },
+  { type = "conv2d", out = 4, kernel_size = 3, padding = 1, bias = false },
+  { type = "batchnorm2d", name = "b2" }, { type = "add", inputs = ["b2", "r1"] },
+  { type = "relu" }, { type = "maxpool2d", kernel_size = 2 },
+  { type = "conv2d", out = 8, kernel_size = 3, stride = 2, padding = 1 },
+  { type = "layernorm" }, { type = "gelu" }, { type = "dropout", p = 0.1 },
+  { type = "avgpool2d", kernel_size = 3 }, { type = "flatten" },
+  { type = "linear", out = 10 },
+]"#;
+const BRANCHES: &str = r#"[
+  { type = "linear", out = 16, name = "a" }, { type = "tanh", name = "t" },
+  { type = "linear", out = 8, inputs = ["t"] }, { type = "sigmoid", name = "s" },
+  { type = "concat", inputs = ["t", "s"] }, { type = "softmax" },
+  { type = "linear", out = 12 }, { type = "log_softmax" }, { type = "linear", out = 10 },
+]"#;
+
+/// Each model in fp32, in bf16, in fp16 with loss scaling, and with activation
+/// checkpointing: (what, layers, sample shape, half format, loss scale, extra job text).
+#[allow(clippy::type_complexity)]
+fn model_variants() -> Vec<(
+    String,
+    &'static str,
+    Vec<usize>,
+    Option<HalfKind>,
+    Option<f64>,
+    &'static str,
+)> {
     let models = [
-        ("conv net", conv_net, vec![1, 12, 12]),
-        ("branches", branches, vec![24]),
+        ("conv net", CONV_NET, vec![1, 12, 12]),
+        ("branches", BRANCHES, vec![24]),
     ];
+    let checkpointing = "[checkpoint]\nactivations = { segments = 3 }\n";
     let variants = [
         ("fp32", None, None, ""),
         ("bf16", Some(HalfKind::Bf16), None, ""),
@@ -318,73 +325,127 @@ fn conv_nets_and_graphs_in_every_precision_allocate_nothing_of_their_own() {
             Some(1024.0),
             "",
         ),
-        (
-            "activation checkpointing",
-            None,
-            None,
-            "[checkpoint]\nactivations = { segments = 3 }\n",
-        ),
+        ("activation checkpointing", None, None, checkpointing),
     ];
+    let mut all = Vec::new();
+    for (model, layers, shape) in &models {
+        for (variant, half, loss_scale, extra) in variants {
+            let what = format!("{model}, {variant}");
+            all.push((what, *layers, shape.clone(), half, loss_scale, extra));
+        }
+    }
+    all
+}
+
+/// Adam steps of 2 micro-batches of 16 over 64 random samples on `backend`, counted as
+/// `counted_epochs` does; returns the allocations counted. `step_graphs`: record the
+/// micro-step and replay it (CUDA graphs, where the model allows).
+#[allow(clippy::too_many_arguments)]
+fn counted_steps<B: Backend>(
+    backend: &B,
+    what: &str,
+    layers: &str,
+    shape: &[usize],
+    half: Option<HalfKind>,
+    loss_scale: Option<f64>,
+    extra: &str,
+    step_graphs: bool,
+) -> usize {
     let (batch, samples) = (16, 64);
+    let spec = common::spec(&format!(
+        "[data]\nsource = \"synthetic\"\n[model]\nlayers = {layers}\n\
+         [optimizer]\ntype = \"adam\"\nlr = 1e-3\n{extra}"
+    ));
+    let data = DataShape {
+        sample_shape: shape.to_vec(),
+        classes: Some(10),
+        target_dim: 1,
+    };
+    let graph = Graph::build(&spec, &data).unwrap();
+    let params = graph.init_params(1);
+    let mut net = Network::with_precision(backend, graph, &params, batch, 1, half).unwrap();
+    if step_graphs {
+        // A model with dropout runs op by op (a new mask every step).
+        let _ = net.enable_step_graphs();
+    }
+    let mut optimizer = Optimizer::new(backend, &spec, params.len()).unwrap();
+    let row_len = shape.iter().product();
+    let samples_in = Samples::Resident {
+        x: backend
+            .upload_vec(common::random_vec(samples * row_len, 3))
+            .unwrap(),
+        y: backend
+            .upload_vec((0..samples).map(|i| (i % 10) as f32).collect())
+            .unwrap(),
+    };
+    let input = Batch::<B> {
+        samples: &samples_in,
+        row_len,
+        target_dim: 1,
+    };
+    let order: Vec<u32> = (0..samples as u32).collect();
+    let groups: Vec<&[u32]> = order.chunks(batch).collect();
+    let mut stats = backend.new_stats().unwrap();
+    let mut micro_step = 0;
+    let settings = StepSettings {
+        loss_scale,
+        ..SETTINGS
+    };
+    let epoch = || {
+        for pair in groups.chunks(2) {
+            optimizer_step(
+                backend,
+                &mut net,
+                &mut optimizer,
+                &input,
+                pair,
+                &mut micro_step,
+                &mut stats,
+                settings,
+            );
+        }
+    };
+    let allocations = counted_epochs(what, epoch);
+    assert!(backend.take_stats(&mut stats).samples > 0.0, "{what}");
+    allocations
+}
+
+/// The conv net and the branches in every precision and with activation checkpointing: no
+/// allocation of ours in a step, nothing retained.
+#[test]
+fn conv_nets_and_graphs_in_every_precision_allocate_nothing_of_their_own() {
+    let _turn = common::one_at_a_time();
     let backend = CpuBackend::new(1);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(1)
         .build()
         .unwrap();
-    for ((model, layers, shape), (variant, half, loss_scale, extra)) in models
-        .iter()
-        .flat_map(|m| variants.iter().map(move |v| (m, v)))
-    {
-        let what = format!("{model}, {variant}");
-        let spec = common::spec(&format!(
-            "[data]\nsource = \"synthetic\"\n[model]\nlayers = {layers}\n\
-             [optimizer]\ntype = \"adam\"\nlr = 1e-3\n{extra}"
-        ));
-        let data = DataShape {
-            sample_shape: shape.clone(),
-            classes: Some(10),
-            target_dim: 1,
-        };
+    for (what, layers, shape, half, loss_scale, extra) in model_variants() {
         pool.install(|| {
-            let graph = Graph::build(&spec, &data).unwrap();
-            let params = graph.init_params(1);
-            let mut net =
-                Network::with_precision(&backend, graph, &params, batch, 1, *half).unwrap();
-            let mut optimizer = Optimizer::new(&backend, &spec, params.len()).unwrap();
-            let row_len = shape.iter().product();
-            let samples_in = Samples::Resident {
-                x: common::random_vec(samples * row_len, 3),
-                y: (0..samples).map(|i| (i % 10) as f32).collect(),
-            };
-            let input = Batch::<CpuBackend> {
-                samples: &samples_in,
-                row_len,
-                target_dim: 1,
-            };
-            let order: Vec<u32> = (0..samples as u32).collect();
-            let groups: Vec<&[u32]> = order.chunks(batch).collect();
-            let mut stats = backend.new_stats().unwrap();
-            let mut micro_step = 0;
-            let settings = StepSettings {
-                loss_scale: *loss_scale,
-                ..SETTINGS
-            };
-            let epoch = || {
-                for pair in groups.chunks(2) {
-                    optimizer_step(
-                        &backend,
-                        &mut net,
-                        &mut optimizer,
-                        &input,
-                        pair,
-                        &mut micro_step,
-                        &mut stats,
-                        settings,
-                    );
-                }
-            };
-            counted_epochs(&what, epoch);
-            assert!(backend.take_stats(&mut stats).samples > 0.0, "{what}");
+            counted_steps(
+                &backend, &what, layers, &shape, half, loss_scale, extra, false,
+            );
         });
+    }
+}
+
+/// The same on CUDA: no host allocation at all in a step (there is no gemm crate), whether
+/// the step is replayed from a CUDA graph or runs op by op; nothing retained.
+#[test]
+fn cuda_steps_allocate_nothing_on_the_host() {
+    let _turn = common::one_at_a_time();
+    if !common::gpu_present() {
+        return;
+    }
+    let backend = trainer::tensor::cuda::CudaBackend::new(0, false).unwrap();
+    for (what, layers, shape, half, loss_scale, extra) in model_variants() {
+        backend.set_half_matmuls(half);
+        for graphs in [true, false] {
+            let what = format!("{what}, CUDA graphs {graphs}");
+            let allocations = counted_steps(
+                &backend, &what, layers, &shape, half, loss_scale, extra, graphs,
+            );
+            assert_eq!(allocations, 0, "{what}: host allocations in a step");
+        }
     }
 }

@@ -8,6 +8,7 @@
 
 mod epilogue;
 pub mod kernels;
+mod launch;
 
 use super::{
     cast, Activation, AdamStep, Backend, Capture, Conv2d, GradWrite, HalfKind, LossFn, LossStats,
@@ -19,8 +20,9 @@ use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaSlice, CudaStream, CudaView, CudaViewMut,
-    DevicePtrMut, DeviceRepr, LaunchConfig, PinnedHostSlice, PushKernelArg,
+    DevicePtrMut, LaunchConfig, PinnedHostSlice,
 };
+use launch::Launch;
 use std::cell::{Cell, RefCell};
 use std::ops::Range;
 use std::sync::Arc;
@@ -258,9 +260,6 @@ struct ConvGeom {
     ow: u64,
 }
 
-// SAFETY: plain u64 fields, #[repr(C)], matching the kernel's struct.
-unsafe impl DeviceRepr for ConvGeom {}
-
 impl ConvGeom {
     fn new(s: &Conv2d, n: usize) -> Self {
         let (oh, ow) = s.out_hw().expect("validated geometry");
@@ -302,9 +301,6 @@ struct PoolGeom {
     oh: u64,
     ow: u64,
 }
-
-// SAFETY: plain u64 fields, #[repr(C)], matching the kernel's struct.
-unsafe impl DeviceRepr for PoolGeom {}
 
 impl PoolGeom {
     fn new(s: &Pool2d, n: usize) -> Self {
@@ -775,7 +771,7 @@ impl CudaBackend {
             .len()
             .div_ceil(THREADS as usize * NORM_VALUES_PER_THREAD) as u32)
             .clamp(1, NORM_BLOCKS);
-        let mut l = self.stream.launch_builder(&self.f.sum_squares_partial);
+        let mut l = Launch::new(&self.stream, &self.f.sum_squares_partial);
         l.arg(buf).arg(&n).arg(&mut *partials);
         let cfg = LaunchConfig {
             grid_dim: (blocks, 1, 1),
@@ -783,9 +779,9 @@ impl CudaBackend {
             shared_mem_bytes: 0,
         };
         // SAFETY: reads n elements; block b writes partials[b], b < NORM_BLOCKS = its length.
-        self.launch("gradient norm", unsafe { l.launch(cfg) }.map(|_| ()));
+        self.launch("gradient norm", unsafe { l.launch(cfg) });
         let count = blocks as u64;
-        let mut l = self.stream.launch_builder(&self.f.sum_partials);
+        let mut l = Launch::new(&self.stream, &self.f.sum_partials);
         l.arg(&*partials).arg(&count).arg(&mut *norm);
         let one_block = LaunchConfig {
             grid_dim: (1, 1, 1),
@@ -793,7 +789,7 @@ impl CudaBackend {
             shared_mem_bytes: 0,
         };
         // SAFETY: reads `blocks` doubles (at most NORM_BLOCKS), writes one.
-        self.launch("gradient norm", unsafe { l.launch(one_block) }.map(|_| ()));
+        self.launch("gradient norm", unsafe { l.launch(one_block) });
     }
 
     /// Reads the sum `sum_squares_on_device` left (waits for the stream to get there).
@@ -1031,13 +1027,10 @@ impl CudaBackend {
                     }
                     let n = src.len() as u64;
                     let (from, to) = (storage_id(None), storage_id(Some(kind)));
-                    let mut l = self.stream.launch_builder(&self.f.convert_values);
+                    let mut l = Launch::new(&self.stream, &self.f.convert_values);
                     l.arg(&src).arg(&from).arg(&mut *dst).arg(&to).arg(&n);
                     // SAFETY: reads n floats of src, writes n halves of dst (at least n long).
-                    self.launch(
-                        "half cast",
-                        unsafe { l.launch(grid_vec(n as usize)) }.map(|_| ()),
-                    );
+                    self.launch("half cast", unsafe { l.launch(grid_vec(n as usize)) });
                     hold[slot] = Some(source);
                     self.address(&*dst)
                 }
@@ -1415,11 +1408,11 @@ impl Backend for CudaBackend {
         let (plane, ckk) = ((geom.oh * geom.ow) as usize, s.c * s.kh * s.kw);
         let cols = n * plane;
         let (mut col, mut ycn) = workspace.mem.split_at_mut(im2col_region(ckk * cols));
-        let mut l = self.stream.launch_builder(&self.f.im2col);
+        let mut l = Launch::new(&self.stream, &self.f.im2col);
         l.arg(&x.mem).arg(&xs).arg(&geom).arg(&mut col).arg(&cs);
         // SAFETY: reads x [n, c, h, w], writes ckk·cols values of col (at most as many bytes
         // as ckk·cols f32).
-        self.launch("im2col", unsafe { l.launch(grid(ckk * cols)) }.map(|_| ()));
+        self.launch("im2col", unsafe { l.launch(grid(ckk * cols)) });
         let col = col.slice(..);
         let (og, rows) = (s.o / s.groups, ckk / s.groups);
         for g in 0..s.groups {
@@ -1440,7 +1433,7 @@ impl Backend for CudaBackend {
         let has_bias = i32::from(b.is_some());
         let (bias_at, ps) = (b.unwrap_or(0) as u64, params.storage());
         let ycn = ycn.slice(..);
-        let mut l = self.stream.launch_builder(&self.f.cn_to_nchw);
+        let mut l = Launch::new(&self.stream, &self.f.cn_to_nchw);
         l.arg(&ycn)
             .arg(&params.mem)
             .arg(&ps)
@@ -1452,10 +1445,7 @@ impl Backend for CudaBackend {
             .arg(&mut y.mem)
             .arg(&ys);
         // SAFETY: reads o·n·p of ycn (and o biases when has_bias), writes n·o·p of y.
-        self.launch(
-            "conv layout",
-            unsafe { l.launch(grid(n * s.o * plane)) }.map(|_| ()),
-        );
+        self.launch("conv layout", unsafe { l.launch(grid(n * s.o * plane)) });
     }
 
     fn conv2d_backward(
@@ -1483,20 +1473,17 @@ impl Backend for CudaBackend {
         let cols = n * plane;
         let (n64, o64, p64) = (n as u64, s.o as u64, plane as u64);
         let (mut col, mut dycn) = workspace.mem.split_at_mut(im2col_region(ckk * cols));
-        let mut l = self.stream.launch_builder(&self.f.nchw_to_cn);
+        let mut l = Launch::new(&self.stream, &self.f.nchw_to_cn);
         l.arg(&dy.mem).arg(&dys).arg(&n64).arg(&o64).arg(&p64);
         l.arg(&mut dycn).arg(&ws);
         // SAFETY: reads n·o·p of dy, writes o·n·p values of dycn.
-        self.launch(
-            "conv layout",
-            unsafe { l.launch(grid(n * s.o * plane)) }.map(|_| ()),
-        );
+        self.launch("conv layout", unsafe { l.launch(grid(n * s.o * plane)) });
         let dycn = dycn.slice(..);
         let add = i32::from(dw_write == GradWrite::Add);
         if let Some(b) = b {
             let cols64 = cols as u64;
             let mut db = grads.slice_mut(b..b + s.o);
-            let mut l = self.stream.launch_builder(&self.f.row_sums_add);
+            let mut l = Launch::new(&self.stream, &self.f.row_sums_add);
             l.arg(&dycn)
                 .arg(&ws)
                 .arg(&o64)
@@ -1504,15 +1491,14 @@ impl Backend for CudaBackend {
                 .arg(&mut db)
                 .arg(&add);
             // SAFETY: reads o rows of cols values, adds into (or writes) o biases.
-            self.launch(
-                "conv bias gradient",
-                unsafe { l.launch(per_item(s.o.min(65_535))) }.map(|_| ()),
-            );
+            self.launch("conv bias gradient", unsafe {
+                l.launch(per_item(s.o.min(65_535)))
+            });
         }
-        let mut l = self.stream.launch_builder(&self.f.im2col);
+        let mut l = Launch::new(&self.stream, &self.f.im2col);
         l.arg(&x.mem).arg(&xs).arg(&geom).arg(&mut col).arg(&ws);
         // SAFETY: as in the forward pass.
-        self.launch("im2col", unsafe { l.launch(grid(ckk * cols)) }.map(|_| ()));
+        self.launch("im2col", unsafe { l.launch(grid(ckk * cols)) });
         let (og, rows) = (s.o / s.groups, ckk / s.groups);
         let dy_g = |g: usize| self.workspace_input(&dycn, g * og * cols..(g + 1) * og * cols);
         {
@@ -1551,19 +1537,16 @@ impl Backend for CudaBackend {
             );
         }
         let (col, dxs) = (col.slice(..), dx.storage());
-        let mut l = self.stream.launch_builder(&self.f.col2im);
+        let mut l = Launch::new(&self.stream, &self.f.col2im);
         l.arg(&col).arg(&geom).arg(&mut dx.mem).arg(&dxs);
         // SAFETY: reads col, writes every element of dx [n, c, h, w].
-        self.launch(
-            "col2im",
-            unsafe { l.launch(grid(n * s.c * s.h * s.w)) }.map(|_| ()),
-        );
+        self.launch("col2im", unsafe { l.launch(grid(n * s.c * s.h * s.w)) });
     }
 
     fn pool2d_forward(&self, kind: PoolKind, s: &Pool2d, x: &CudaBuf, y: &mut CudaBuf, n: usize) {
         let (geom, kind) = (PoolGeom::new(s, n), i32::from(kind == PoolKind::Avg));
         let (xs, ys) = (x.storage(), y.storage());
-        let mut l = self.stream.launch_builder(&self.f.pool2d_forward);
+        let mut l = Launch::new(&self.stream, &self.f.pool2d_forward);
         l.arg(&kind)
             .arg(&x.mem)
             .arg(&xs)
@@ -1572,7 +1555,7 @@ impl Backend for CudaBackend {
             .arg(&ys);
         let outputs = (geom.n * geom.c * geom.oh * geom.ow) as usize;
         // SAFETY: one thread per output reads its window.
-        self.launch("pooling", unsafe { l.launch(grid(outputs)) }.map(|_| ()));
+        self.launch("pooling", unsafe { l.launch(grid(outputs)) });
     }
 
     fn pool2d_backward(
@@ -1589,7 +1572,7 @@ impl Backend for CudaBackend {
         let (geom, kind) = (PoolGeom::new(s, n), i32::from(kind == PoolKind::Avg));
         let [xs, ys, dys, dxs] = [x, y, dy, &*dx].map(CudaBuf::storage);
         let relu = i32::from(through_relu);
-        let mut l = self.stream.launch_builder(&self.f.pool2d_backward);
+        let mut l = Launch::new(&self.stream, &self.f.pool2d_backward);
         l.arg(&kind).arg(&x.mem).arg(&xs).arg(&y.mem).arg(&ys);
         l.arg(&dy.mem)
             .arg(&dys)
@@ -1598,10 +1581,9 @@ impl Backend for CudaBackend {
             .arg(&mut dx.mem)
             .arg(&dxs);
         // SAFETY: one thread per input element gathers from the windows containing it.
-        self.launch(
-            "pooling backward",
-            unsafe { l.launch(grid(n * s.c * s.h * s.w)) }.map(|_| ()),
-        );
+        self.launch("pooling backward", unsafe {
+            l.launch(grid(n * s.c * s.h * s.w))
+        });
     }
 
     fn batchnorm_forward(
@@ -1627,13 +1609,13 @@ impl Backend for CudaBackend {
             params.slice(gamma..gamma + c),
             params.slice(gamma + c..gamma + 2 * c),
         );
-        let mut l = self.stream.launch_builder(&self.f.batchnorm_forward);
+        let mut l = Launch::new(&self.stream, &self.f.batchnorm_forward);
         l.arg(&x.mem).arg(&xs).arg(&mut y.mem).arg(&ys);
         l.arg(&n64).arg(&c64).arg(&s64).arg(&g).arg(&b);
         l.arg(&mut state.mem).arg(&train).arg(&momentum).arg(&eps);
         // SAFETY: one block per channel reads/writes that channel's n·spatial values and its
         // four state entries.
-        self.launch("batch norm", unsafe { l.launch(per_item(c)) }.map(|_| ()));
+        self.launch("batch norm", unsafe { l.launch(per_item(c)) });
     }
 
     fn batchnorm_backward(
@@ -1661,16 +1643,13 @@ impl Backend for CudaBackend {
         // Without dx the kernel never writes it; it still needs a valid pointer.
         let dx_arg = dx.map_or(x, |d| &*d);
         let [xs, dys, dxs] = [x, dy, dx_arg].map(CudaBuf::storage);
-        let mut l = self.stream.launch_builder(&self.f.batchnorm_backward);
+        let mut l = Launch::new(&self.stream, &self.f.batchnorm_backward);
         l.arg(&x.mem).arg(&xs).arg(&dy.mem).arg(&dys);
         l.arg(&dx_arg.mem).arg(&dxs).arg(&write_dx);
         l.arg(&n64).arg(&c64).arg(&s64);
         l.arg(&g).arg(&state.mem).arg(&mut dg).arg(&mut db);
         // SAFETY: one block per channel; writes dx only when write_dx.
-        self.launch(
-            "batch norm backward",
-            unsafe { l.launch(per_item(c)) }.map(|_| ()),
-        );
+        self.launch("batch norm backward", unsafe { l.launch(per_item(c)) });
     }
 
     fn layernorm_forward(
@@ -1694,15 +1673,12 @@ impl Backend for CudaBackend {
             params.slice(gamma..gamma + width),
             params.slice(gamma + width..gamma + 2 * width),
         );
-        let mut l = self.stream.launch_builder(&self.f.layernorm_forward);
+        let mut l = Launch::new(&self.stream, &self.f.layernorm_forward);
         l.arg(&x.mem).arg(&xs).arg(&mut y.mem).arg(&ys);
         l.arg(&r64).arg(&w64).arg(&g).arg(&b);
         l.arg(&mut saved.mem).arg(&eps);
         // SAFETY: one block per row.
-        self.launch(
-            "layer norm",
-            unsafe { l.launch(per_item(rows)) }.map(|_| ()),
-        );
+        self.launch("layer norm", unsafe { l.launch(per_item(rows)) });
     }
 
     fn layernorm_backward(
@@ -1727,19 +1703,16 @@ impl Backend for CudaBackend {
         let g = params.slice(gamma..gamma + width);
         if let Some(dx) = dx {
             let dxs = dx.storage();
-            let mut l = self.stream.launch_builder(&self.f.layernorm_backward);
+            let mut l = Launch::new(&self.stream, &self.f.layernorm_backward);
             l.arg(&x.mem).arg(&xs).arg(&dy.mem).arg(&dys);
             l.arg(&mut dx.mem).arg(&dxs);
             l.arg(&r64).arg(&w64).arg(&g).arg(&saved.mem);
             // SAFETY: one block per row writes its dx.
-            self.launch(
-                "layer norm backward",
-                unsafe { l.launch(per_item(rows)) }.map(|_| ()),
-            );
+            self.launch("layer norm backward", unsafe { l.launch(per_item(rows)) });
         }
         let mut both = grads.slice_mut(gamma..gamma + 2 * width);
         let (mut dg, mut db) = both.split_at_mut(width);
-        let mut l = self.stream.launch_builder(&self.f.layernorm_param_grads);
+        let mut l = Launch::new(&self.stream, &self.f.layernorm_param_grads);
         l.arg(&x.mem).arg(&xs).arg(&dy.mem).arg(&dys);
         l.arg(&r64)
             .arg(&w64)
@@ -1747,10 +1720,9 @@ impl Backend for CudaBackend {
             .arg(&mut dg)
             .arg(&mut db);
         // SAFETY: one thread per column.
-        self.launch(
-            "layer norm parameter gradients",
-            unsafe { l.launch(grid(width)) }.map(|_| ()),
-        );
+        self.launch("layer norm parameter gradients", unsafe {
+            l.launch(grid(width))
+        });
     }
 
     fn describe(&self) -> String {
@@ -1808,13 +1780,10 @@ impl Backend for CudaBackend {
 
     fn fill(&self, buf: &mut CudaBuf, value: f32) {
         let (n, storage) = (buf.len as u64, buf.storage());
-        let mut b = self.stream.launch_builder(&self.f.fill);
+        let mut b = Launch::new(&self.stream, &self.f.fill);
         b.arg(&mut buf.mem).arg(&storage).arg(&n).arg(&value);
         // SAFETY: writes the n values of buf in its storage.
-        self.launch(
-            "fill",
-            unsafe { b.launch(grid_vec(n as usize)) }.map(|_| ()),
-        );
+        self.launch("fill", unsafe { b.launch(grid_vec(n as usize)) });
     }
 
     fn fill_range(&self, buf: &mut CudaBuf, range: Range<usize>, value: f32) {
@@ -1823,13 +1792,10 @@ impl Backend for CudaBackend {
         }
         let (n, storage) = (range.len() as u64, storage_id(None));
         let mut part = buf.mem.slice_mut(range);
-        let mut b = self.stream.launch_builder(&self.f.fill);
+        let mut b = Launch::new(&self.stream, &self.f.fill);
         b.arg(&mut part).arg(&storage).arg(&n).arg(&value);
         // SAFETY: writes the n f32 values of the view.
-        self.launch(
-            "fill",
-            unsafe { b.launch(grid_vec(n as usize)) }.map(|_| ()),
-        );
+        self.launch("fill", unsafe { b.launch(grid_vec(n as usize)) });
     }
 
     fn copy(&self, src: &CudaBuf, dst: &mut CudaBuf, len: usize) {
@@ -1838,10 +1804,10 @@ impl Backend for CudaBackend {
         }
         if src.half.is_some() || dst.half.is_some() {
             let (n, ss, ds) = (len as u64, src.storage(), dst.storage());
-            let mut l = self.stream.launch_builder(&self.f.convert_values);
+            let mut l = Launch::new(&self.stream, &self.f.convert_values);
             l.arg(&src.mem).arg(&ss).arg(&mut dst.mem).arg(&ds).arg(&n);
             // SAFETY: len <= both lengths (the trait's contract).
-            return self.launch("convert", unsafe { l.launch(grid_vec(len)) }.map(|_| ()));
+            return self.launch("convert", unsafe { l.launch(grid_vec(len)) });
         }
         let r = (self.stream).memcpy_dtod(&src.mem.slice(..len), &mut dst.mem.slice_mut(..len));
         self.record("device copy", r);
@@ -1871,7 +1837,7 @@ impl Backend for CudaBackend {
             return;
         }
         let (n_rows, row_len, ds) = (rows.len() as u64, row_len as u64, dst.storage());
-        let mut b = self.stream.launch_builder(&self.f.gather_rows);
+        let mut b = Launch::new(&self.stream, &self.f.gather_rows);
         b.arg(&src.mem)
             .arg(&*index)
             .arg(&n_rows)
@@ -1880,10 +1846,9 @@ impl Backend for CudaBackend {
             .arg(&ds);
         // SAFETY: reads src rows named by index (validated < dataset length by the loader),
         // writes n_rows·row_len elements of dst.
-        self.launch(
-            "gather",
-            unsafe { b.launch(grid((n_rows * row_len) as usize)) }.map(|_| ()),
-        );
+        self.launch("gather", unsafe {
+            b.launch(grid((n_rows * row_len) as usize))
+        });
     }
 
     fn upload_rows(&self, src: &[f32], rows: &[u32], row_len: usize, dst: &mut CudaBuf) {
@@ -1948,11 +1913,11 @@ impl Backend for CudaBackend {
         if let Some(b) = b {
             let (at, rows, width) = (b as u64, n as u64, out as u64);
             let (ps, ys) = (params.storage(), y.storage());
-            let mut l = self.stream.launch_builder(&self.f.broadcast_rows);
+            let mut l = Launch::new(&self.stream, &self.f.broadcast_rows);
             l.arg(&params.mem).arg(&ps).arg(&at).arg(&rows).arg(&width);
             l.arg(&mut y.mem).arg(&ys);
             // SAFETY: reads `out` bias values, writes n·out values of y.
-            self.launch("bias", unsafe { l.launch(grid_vec(n * out)) }.map(|_| ()));
+            self.launch("bias", unsafe { l.launch(grid_vec(n * out)) });
         }
         // y[n, out] = x[n, inp] · Wᵀ, W stored [out, inp] (so Wᵀ is "transposed storage").
         self.gemm(
@@ -2000,7 +1965,7 @@ impl Backend for CudaBackend {
             let (rows, width, dys) = (n as u64, out as u64, dy.storage());
             let mut db = grads.slice_mut(b..b + out);
             let add = i32::from(dw_write == GradWrite::Add);
-            let mut l = self.stream.launch_builder(&self.f.bias_grad);
+            let mut l = Launch::new(&self.stream, &self.f.bias_grad);
             l.arg(&dy.mem)
                 .arg(&dys)
                 .arg(&rows)
@@ -2014,7 +1979,7 @@ impl Backend for CudaBackend {
                 shared_mem_bytes: 0,
             };
             // SAFETY: reads n·out values of dy, adds into (or writes) `out` elements of db.
-            self.launch("bias gradient", unsafe { l.launch(tiles) }.map(|_| ()));
+            self.launch("bias gradient", unsafe { l.launch(tiles) });
         }
         if let Some(dx) = dx {
             // dx[n, inp] = dy[n, out] · W[out, inp]. In mixed precision an f32 dy is where
@@ -2035,7 +2000,7 @@ impl Backend for CudaBackend {
     fn activation_forward(&self, f: Activation, x: &CudaBuf, y: &mut CudaBuf, len: usize) {
         let (id, n) = (activation_id(f), len as u64);
         let (xs, ys) = (x.storage(), y.storage());
-        let mut l = self.stream.launch_builder(&self.f.activation_forward);
+        let mut l = Launch::new(&self.stream, &self.f.activation_forward);
         l.arg(&id)
             .arg(&x.mem)
             .arg(&xs)
@@ -2043,15 +2008,15 @@ impl Backend for CudaBackend {
             .arg(&ys)
             .arg(&n);
         // SAFETY: reads and writes len values.
-        self.launch("activation", unsafe { l.launch(grid_vec(len)) }.map(|_| ()));
+        self.launch("activation", unsafe { l.launch(grid_vec(len)) });
     }
 
     fn activation_in_place(&self, f: Activation, buf: &mut CudaBuf, len: usize) {
         let (id, n, s) = (activation_id(f), len as u64, buf.storage());
-        let mut l = self.stream.launch_builder(&self.f.activation_in_place);
+        let mut l = Launch::new(&self.stream, &self.f.activation_in_place);
         l.arg(&id).arg(&mut buf.mem).arg(&s).arg(&n);
         // SAFETY: reads and writes len values.
-        self.launch("activation", unsafe { l.launch(grid_vec(len)) }.map(|_| ()));
+        self.launch("activation", unsafe { l.launch(grid_vec(len)) });
     }
 
     fn activation_backward(
@@ -2065,14 +2030,11 @@ impl Backend for CudaBackend {
     ) {
         let (id, n) = (activation_id(f), len as u64);
         let [xs, ys, dys, dxs] = [x, y, dy, &*dx].map(CudaBuf::storage);
-        let mut l = self.stream.launch_builder(&self.f.activation_backward);
+        let mut l = Launch::new(&self.stream, &self.f.activation_backward);
         l.arg(&id).arg(&x.mem).arg(&xs).arg(&y.mem).arg(&ys);
         l.arg(&dy.mem).arg(&dys).arg(&mut dx.mem).arg(&dxs).arg(&n);
         // SAFETY: reads and writes len values.
-        self.launch(
-            "activation backward",
-            unsafe { l.launch(grid_vec(len)) }.map(|_| ()),
-        );
+        self.launch("activation backward", unsafe { l.launch(grid_vec(len)) });
     }
 
     /// One pass (kernels/elementwise.cu) for the default's three.
@@ -2084,12 +2046,10 @@ impl Backend for CudaBackend {
         len: usize,
     ) {
         let (id, kind, n, s) = (activation_id(f), half_id(kind), len as u64, buf.storage());
-        let mut l = self
-            .stream
-            .launch_builder(&self.f.activation_in_place_rounding);
+        let mut l = Launch::new(&self.stream, &self.f.activation_in_place_rounding);
         l.arg(&id).arg(&kind).arg(&mut buf.mem).arg(&s).arg(&n);
         // SAFETY: reads and writes len values.
-        self.launch("activation", unsafe { l.launch(grid_vec(len)) }.map(|_| ()));
+        self.launch("activation", unsafe { l.launch(grid_vec(len)) });
     }
 
     /// One pass for the default's three; dy is left as it was.
@@ -2105,9 +2065,7 @@ impl Backend for CudaBackend {
     ) {
         let (id, kind, n) = (activation_id(f), half_id(kind), len as u64);
         let [xs, ys, dys, dxs] = [x, y, &*dy, &*dx].map(CudaBuf::storage);
-        let mut l = self
-            .stream
-            .launch_builder(&self.f.activation_backward_rounding);
+        let mut l = Launch::new(&self.stream, &self.f.activation_backward_rounding);
         l.arg(&id)
             .arg(&kind)
             .arg(&x.mem)
@@ -2116,10 +2074,7 @@ impl Backend for CudaBackend {
             .arg(&ys);
         l.arg(&dy.mem).arg(&dys).arg(&mut dx.mem).arg(&dxs).arg(&n);
         // SAFETY: reads len values of x, y and dy, writes len of dx.
-        self.launch(
-            "activation backward",
-            unsafe { l.launch(grid_vec(len)) }.map(|_| ()),
-        );
+        self.launch("activation backward", unsafe { l.launch(grid_vec(len)) });
     }
 
     fn dropout_forward(
@@ -2132,11 +2087,11 @@ impl Backend for CudaBackend {
         len: usize,
     ) {
         let (n, xs, ys) = (len as u64, x.storage(), y.storage());
-        let mut l = self.stream.launch_builder(&self.f.dropout);
+        let mut l = Launch::new(&self.stream, &self.f.dropout);
         l.arg(&p).arg(&key).arg(&first);
         l.arg(&x.mem).arg(&xs).arg(&mut y.mem).arg(&ys).arg(&n);
         // SAFETY: reads and writes len values.
-        self.launch("dropout", unsafe { l.launch(grid_vec(len)) }.map(|_| ()));
+        self.launch("dropout", unsafe { l.launch(grid_vec(len)) });
     }
 
     fn dropout_backward(
@@ -2153,7 +2108,7 @@ impl Backend for CudaBackend {
 
     fn dropout_in_place(&self, p: f32, key: u64, first: u64, buf: &mut CudaBuf, len: usize) {
         let (n, s) = (len as u64, buf.storage());
-        let mut l = self.stream.launch_builder(&self.f.dropout_in_place);
+        let mut l = Launch::new(&self.stream, &self.f.dropout_in_place);
         l.arg(&p)
             .arg(&key)
             .arg(&first)
@@ -2161,7 +2116,7 @@ impl Backend for CudaBackend {
             .arg(&s)
             .arg(&n);
         // SAFETY: reads and writes len values.
-        self.launch("dropout", unsafe { l.launch(grid_vec(len)) }.map(|_| ()));
+        self.launch("dropout", unsafe { l.launch(grid_vec(len)) });
     }
 
     fn loss(
@@ -2199,7 +2154,7 @@ impl Backend for CudaBackend {
         }
         match f {
             LossFn::CrossEntropy { label_smoothing } => {
-                let mut l = self.stream.launch_builder(&self.f.cross_entropy);
+                let mut l = Launch::new(&self.stream, &self.f.cross_entropy);
                 l.arg(&out.mem)
                     .arg(&os)
                     .arg(targets)
@@ -2219,11 +2174,11 @@ impl Backend for CudaBackend {
                 };
                 // SAFETY: one warp per row reads `dim` logits and a label, writes `dim`
                 // gradients when asked, and two doubles of row_stats.
-                self.launch("cross-entropy", unsafe { l.launch(cfg) }.map(|_| ()));
+                self.launch("cross-entropy", unsafe { l.launch(cfg) });
             }
             LossFn::Mse | LossFn::BceWithLogits => {
                 let kind = i32::from(f == LossFn::BceWithLogits);
-                let mut l = self.stream.launch_builder(&self.f.elementwise_loss);
+                let mut l = Launch::new(&self.stream, &self.f.elementwise_loss);
                 l.arg(&kind)
                     .arg(&out.mem)
                     .arg(&os)
@@ -2242,10 +2197,10 @@ impl Backend for CudaBackend {
                 };
                 // SAFETY: one thread per sample reads/writes its `dim` values and two doubles
                 // of row_stats.
-                self.launch("loss", unsafe { l.launch(cfg) }.map(|_| ()));
+                self.launch("loss", unsafe { l.launch(cfg) });
             }
         }
-        let mut l = self.stream.launch_builder(&self.f.reduce_stats);
+        let mut l = Launch::new(&self.stream, &self.f.reduce_stats);
         l.arg(&*row_stats).arg(&rows).arg(&mut *stats);
         let one_block = LaunchConfig {
             grid_dim: (1, 1, 1),
@@ -2253,10 +2208,7 @@ impl Backend for CudaBackend {
             shared_mem_bytes: 0,
         };
         // SAFETY: reads 2n doubles of row_stats, adds to the three of stats.
-        self.launch(
-            "loss statistics",
-            unsafe { l.launch(one_block) }.map(|_| ()),
-        );
+        self.launch("loss statistics", unsafe { l.launch(one_block) });
     }
 
     fn new_stats(&self) -> Result<CudaSlice<f64>> {
@@ -2305,13 +2257,10 @@ impl Backend for CudaBackend {
         {
             let sum_sq = self.norm.borrow();
             let n = grads.len() as u64;
-            let mut l = self.stream.launch_builder(&self.f.clip_by_norm);
+            let mut l = Launch::new(&self.stream, &self.f.clip_by_norm);
             l.arg(&mut *grads).arg(&n).arg(&*sum_sq).arg(&max_norm);
             // SAFETY: scales n elements of grads in place; reads one double.
-            self.launch(
-                "clipping",
-                unsafe { l.launch(grid(n as usize)) }.map(|_| ()),
-            );
+            self.launch("clipping", unsafe { l.launch(grid(n as usize)) });
         }
         if let Some(out) = read {
             *out = self.read_sum_squares().sqrt();
@@ -2328,21 +2277,18 @@ impl Backend for CudaBackend {
         }
         let buf = &mut buf.mem;
         let n = buf.len() as u64;
-        let mut l = self.stream.launch_builder(&self.f.scale);
+        let mut l = Launch::new(&self.stream, &self.f.scale);
         l.arg(&mut *buf).arg(&n).arg(&factor);
         // SAFETY: scales n elements in place.
-        self.launch(
-            "scale",
-            unsafe { l.launch(grid_vec(n as usize)) }.map(|_| ()),
-        );
+        self.launch("scale", unsafe { l.launch(grid_vec(n as usize)) });
     }
 
     fn add_assign(&self, src: &CudaBuf, dst: &mut CudaBuf, len: usize) {
         let (n, ss, ds) = (len as u64, src.storage(), dst.storage());
-        let mut l = self.stream.launch_builder(&self.f.add_assign);
+        let mut l = Launch::new(&self.stream, &self.f.add_assign);
         l.arg(&src.mem).arg(&ss).arg(&mut dst.mem).arg(&ds).arg(&n);
         // SAFETY: n <= both lengths.
-        self.launch("add", unsafe { l.launch(grid_vec(len)) }.map(|_| ()));
+        self.launch("add", unsafe { l.launch(grid_vec(len)) });
     }
 
     fn copy_rows(
@@ -2358,15 +2304,12 @@ impl Backend for CudaBackend {
         let [ss, so, ds, dof, w, r] =
             [src_stride, src_offset, dst_stride, dst_offset, width, rows].map(|v| v as u64);
         let (add, src_storage, dst_storage) = (i32::from(add), src.storage(), dst.storage());
-        let mut l = self.stream.launch_builder(&self.f.copy_rows);
+        let mut l = Launch::new(&self.stream, &self.f.copy_rows);
         l.arg(&src.mem).arg(&src_storage).arg(&ss).arg(&so);
         l.arg(&mut dst.mem).arg(&dst_storage).arg(&ds).arg(&dof);
         l.arg(&w).arg(&r).arg(&add);
         // SAFETY: the rows lie inside both buffers (the graph's shapes).
-        self.launch(
-            "copy rows",
-            unsafe { l.launch(grid(rows * width)) }.map(|_| ()),
-        );
+        self.launch("copy rows", unsafe { l.launch(grid(rows * width)) });
     }
 
     fn embedding_forward(
@@ -2387,14 +2330,11 @@ impl Backend for CudaBackend {
         }
         let (c, d, ys) = (count as u64, dim as u64, y.storage());
         let table = params.mem.slice(w..);
-        let mut l = self.stream.launch_builder(&self.f.embedding_forward);
+        let mut l = Launch::new(&self.stream, &self.f.embedding_forward);
         l.arg(&ids.mem).arg(&table).arg(&mut y.mem).arg(&ys);
         l.arg(&c).arg(&d);
         // SAFETY: ids were checked to lie in [0, vocab) before training.
-        self.launch(
-            "embedding",
-            unsafe { l.launch(grid(count * dim)) }.map(|_| ()),
-        );
+        self.launch("embedding", unsafe { l.launch(grid(count * dim)) });
     }
 
     fn embedding_backward(
@@ -2414,24 +2354,21 @@ impl Backend for CudaBackend {
         }
         let (c, d, dys) = (count as u64, dim as u64, dy.storage());
         let mut table = grads.mem.slice_mut(w..);
-        let mut l = self.stream.launch_builder(&self.f.embedding_backward);
+        let mut l = Launch::new(&self.stream, &self.f.embedding_backward);
         l.arg(&ids.mem).arg(&dy.mem).arg(&dys).arg(&mut table);
         l.arg(&c).arg(&d);
         // SAFETY: as in embedding_forward.
-        self.launch(
-            "embedding backward",
-            unsafe { l.launch(grid(dim)) }.map(|_| ()),
-        );
+        self.launch("embedding backward", unsafe { l.launch(grid(dim)) });
     }
 
     fn softmax_forward(&self, x: &CudaBuf, y: &mut CudaBuf, rows: usize, width: usize, log: bool) {
         let (xs, ys) = (x.storage(), y.storage());
         let (r, w, log) = (rows as u64, width as u64, i32::from(log));
-        let mut l = self.stream.launch_builder(&self.f.softmax_forward);
+        let mut l = Launch::new(&self.stream, &self.f.softmax_forward);
         l.arg(&x.mem).arg(&xs).arg(&mut y.mem).arg(&ys);
         l.arg(&r).arg(&w).arg(&log);
         // SAFETY: one block per row of width values.
-        self.launch("softmax", unsafe { l.launch(per_item(rows)) }.map(|_| ()));
+        self.launch("softmax", unsafe { l.launch(per_item(rows)) });
     }
 
     fn softmax_backward(
@@ -2445,14 +2382,11 @@ impl Backend for CudaBackend {
     ) {
         let [ys, dys, dxs] = [y, dy, &*dx].map(CudaBuf::storage);
         let (r, w, log) = (rows as u64, width as u64, i32::from(log));
-        let mut l = self.stream.launch_builder(&self.f.softmax_backward);
+        let mut l = Launch::new(&self.stream, &self.f.softmax_backward);
         l.arg(&y.mem).arg(&ys).arg(&dy.mem).arg(&dys);
         l.arg(&mut dx.mem).arg(&dxs).arg(&r).arg(&w).arg(&log);
         // SAFETY: one block per row of width values.
-        self.launch(
-            "softmax backward",
-            unsafe { l.launch(per_item(rows)) }.map(|_| ()),
-        );
+        self.launch("softmax backward", unsafe { l.launch(per_item(rows)) });
     }
 
     fn round_to_half(&self, kind: HalfKind, buf: &mut CudaBuf, len: usize) {
@@ -2464,13 +2398,10 @@ impl Backend for CudaBackend {
             return;
         }
         let (n, kind) = (len as u64, half_id(kind));
-        let mut l = self.stream.launch_builder(&self.f.round_to_half);
+        let mut l = Launch::new(&self.stream, &self.f.round_to_half);
         l.arg(&mut buf.mem).arg(&n).arg(&kind);
         // SAFETY: rounds the first len <= buf.len() elements in place.
-        self.launch(
-            "round_to_half",
-            unsafe { l.launch(grid_vec(len)) }.map(|_| ()),
-        );
+        self.launch("round_to_half", unsafe { l.launch(grid_vec(len)) });
     }
 
     fn sgd_step(
@@ -2493,7 +2424,7 @@ impl Backend for CudaBackend {
         let args = &args.mem;
         let n = params.len() as u64;
         let nesterov = i32::from(h.nesterov);
-        let mut l = self.stream.launch_builder(&self.f.sgd_step);
+        let mut l = Launch::new(&self.stream, &self.f.sgd_step);
         l.arg(&mut *params)
             .arg(grads)
             .arg(&mut *momentum)
@@ -2507,10 +2438,7 @@ impl Backend for CudaBackend {
             .arg(&half_s);
         // SAFETY: updates n parameters; the momentum buffer (n long when momentum != 0) is only
         // touched when momentum != 0; the half copy (n long) only when half_s != 0.
-        self.launch(
-            "sgd step",
-            unsafe { l.launch(grid(n as usize)) }.map(|_| ()),
-        );
+        self.launch("sgd step", unsafe { l.launch(grid(n as usize)) });
     }
 
     fn adam_step(
@@ -2535,7 +2463,7 @@ impl Backend for CudaBackend {
         let args = &args.mem;
         let n = params.len() as u64;
         let l2 = h.l2();
-        let mut l = self.stream.launch_builder(&self.f.adam_step);
+        let mut l = Launch::new(&self.stream, &self.f.adam_step);
         l.arg(&mut *params)
             .arg(grads)
             .arg(&mut *exp_avg)
@@ -2549,10 +2477,7 @@ impl Backend for CudaBackend {
             .arg(&half_copy)
             .arg(&half_s);
         // SAFETY: updates n elements of each buffer (of the half copy only when half_s != 0).
-        self.launch(
-            "adam step",
-            unsafe { l.launch(grid(n as usize)) }.map(|_| ()),
-        );
+        self.launch("adam step", unsafe { l.launch(grid(n as usize)) });
     }
 
     fn status(&self) -> Result<()> {
