@@ -55,7 +55,7 @@ extern "C" __global__ void bias_grad(const void* dy, int dys, u64 n, u64 width, 
 
 __device__ __forceinline__ float act(int f, float x) {
     switch (f) {
-        case 0: return fmaxf(x, 0.0f);
+        case 0: return x > 0.0f || x != x ? x : 0.0f;  // NaN passes, as PyTorch's ReLU
         case 1: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
         case 2: return 0.5f * x * (1.0f + tanhf(SQRT_2_OVER_PI * (x + GELU_COEF * x * x * x)));
         case 3: return tanhf(x);

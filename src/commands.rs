@@ -307,7 +307,7 @@ pub fn run(args: &RunArgs) -> Result<Option<PathBuf>> {
             let spec = precision_on_gpu(&spec, &backend)?;
             check_device_memory(&spec, &graph, &data, &backend, ordinal)?;
             backend.set_half_matmuls(train::half_kind(spec.precision.mode));
-            backend.set_fused_epilogues(spec.device.fused_epilogues);
+            backend.set_fused_epilogues(fused_epilogues(&spec, &data));
             let Some(start) = start else {
                 return train::serve(&backend, &spec, graph, data).map(|()| None);
             };
@@ -367,6 +367,25 @@ fn cpu_replicas(
     Ok(Some(Box::new(CpuReplicas::new(
         replicas, threads, param_len,
     )?)))
+}
+
+/// Whether linear layers add their bias and apply their ReLU in cuBLASLt's epilogue
+/// (`device.fused_epilogues`). Not where the data holds a NaN: PyTorch's ReLU passes NaN on,
+/// so the loss of the steps that read it is NaN (and they fail or are skipped), but an
+/// epilogue's ReLU, like CUTLASS's, may clip it to 0, and those steps would then quietly
+/// turn the weights to NaN through their gradient (0 · NaN).
+fn fused_epilogues(spec: &JobSpec, data: &Data) -> bool {
+    if !spec.device.fused_epilogues {
+        return false;
+    }
+    let finite = data.features_are_finite();
+    if !finite {
+        tracing::info!(
+            "the data holds values that are not finite numbers: linear layers' bias and ReLU \
+             run as passes of their own, which pass NaN on as PyTorch's do"
+        );
+    }
+    finite
 }
 
 /// Mixed precision on a GPU needs tensor cores for the format: fp16 from compute capability

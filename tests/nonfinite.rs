@@ -138,45 +138,82 @@ fn skipped_steps_leave_the_model_as_if_the_bad_batch_were_not_there() {
     assert_eq!((last.0, last.2.as_str()), (23, "2"));
 }
 
+/// A NaN feature spoils only the steps that read it (skipped, or the run ends as diverged at
+/// the first), through a linear layer and through a
+/// ReLU (which passes NaN on, as PyTorch's does: clipped to 0 it would hide the NaN from
+/// the loss while the weight gradient, 0 · NaN, turned the weights to NaN), on the CPU and,
+/// where there is one, the GPU (whose linear layers then apply the ReLU in a pass of their
+/// own, not in cuBLASLt's epilogue).
 #[test]
 fn a_nan_feature_spoils_only_its_own_steps_even_when_standardised() {
-    let tmp = tempfile::tempdir().unwrap();
-    let runs = tmp.path().join("runs");
-    let job = regression_job(tmp.path(), 32, None, "skip");
-    // Row 30 (line 32, in the last batch) gets a NaN feature, and the features are
-    // standardised: statistics over finite values keep the NaN out of every other sample.
-    let text = std::fs::read_to_string(&job).unwrap();
-    std::fs::write(
-        &job,
-        text.replace("normalize = \"none\"", "normalize = \"standardize\""),
-    )
-    .unwrap();
-    let csv_path = tmp.path().join("data-32.csv");
-    let csv = std::fs::read_to_string(&csv_path).unwrap();
-    let mut lines: Vec<String> = csv.lines().map(String::from).collect();
-    let rest = lines[31].split_once(',').unwrap().1.to_string();
-    lines[31] = format!("nan,{rest}");
-    std::fs::write(&csv_path, lines.join("\n") + "\n").unwrap();
-
-    let out = ok(run(&job, &runs));
-    let log = stderr(&out);
-    assert!(
-        log.contains("data-32.csv: 1 value is not a finite number, the first at line 32, column 0 (`a`): `nan`"),
-        "{log}"
-    );
-    let dir = PathBuf::from(stdout(&out).trim());
-    assert_eq!(summary(&dir)["status"], "completed");
-    let rows = train_rows(&dir);
-    assert!(rows.iter().all(|r| r.1.parse::<f64>().unwrap().is_finite()));
-    assert_eq!(
-        rows.last().unwrap().2,
-        "2",
-        "steps 8 and 16 skipped before the last row"
-    );
-    for step in [8, 16, 24] {
-        assert!(log.contains(&format!("step {step} skipped")), "{log}");
+    let hidden = "layers = [{ type = \"linear\", out = 8 }, { type = \"relu\" }, \
+                  { type = \"linear\", out = 1 }]";
+    let mut cases = vec![("cpu", None), ("cpu", Some(hidden))];
+    if common::gpu_present() {
+        cases.extend([("cuda", None), ("cuda", Some(hidden))]);
     }
-    assert!(!log.contains("step 7 skipped"), "{log}");
+    for (device, layers) in cases {
+        let case = format!("{device}, {}", layers.unwrap_or("one linear layer"));
+        let tmp = tempfile::tempdir().unwrap();
+        let runs = tmp.path().join("runs");
+        let job = regression_job(tmp.path(), 32, None, "skip");
+        // Row 30 (line 32, in the last batch) gets a NaN feature, and the features are
+        // standardised: statistics over finite values keep the NaN out of every other sample.
+        let mut text = std::fs::read_to_string(&job).unwrap();
+        text = text.replace("normalize = \"none\"", "normalize = \"standardize\"");
+        if let Some(layers) = layers {
+            text = text.replace("layers = [{ type = \"linear\", out = 1 }]", layers);
+        }
+        text += &format!("[device]\ntype = \"{device}\"\n");
+        std::fs::write(&job, text).unwrap();
+        let csv_path = tmp.path().join("data-32.csv");
+        let csv = std::fs::read_to_string(&csv_path).unwrap();
+        let mut lines: Vec<String> = csv.lines().map(String::from).collect();
+        let rest = lines[31].split_once(',').unwrap().1.to_string();
+        lines[31] = format!("nan,{rest}");
+        std::fs::write(&csv_path, lines.join("\n") + "\n").unwrap();
+
+        let out = ok(run(&job, &runs));
+        let log = stderr(&out);
+        assert!(
+            log.contains("data-32.csv: 1 value is not a finite number, the first at line 32, column 0 (`a`): `nan`"),
+            "{case}: {log}"
+        );
+        let dir = PathBuf::from(stdout(&out).trim());
+        assert_eq!(summary(&dir)["status"], "completed", "{case}");
+        let rows = train_rows(&dir);
+        assert!(
+            rows.iter().all(|r| r.1.parse::<f64>().unwrap().is_finite()),
+            "{case}"
+        );
+        assert_eq!(
+            rows.last().unwrap().2,
+            "2",
+            "{case}: steps 8 and 16 skipped before the last row"
+        );
+        for step in [8, 16, 24] {
+            assert!(
+                log.contains(&format!("step {step} skipped")),
+                "{case}: {log}"
+            );
+        }
+        assert!(!log.contains("step 7 skipped"), "{case}: {log}");
+        let weights = std::fs::read(dir.join("model.safetensors")).unwrap();
+        let file = safetensors::SafeTensors::deserialize(&weights).unwrap();
+        for (name, tensor) in file.tensors() {
+            let mut values = tensor.data().chunks_exact(4);
+            let finite = values.all(|b| f32::from_le_bytes(b.try_into().unwrap()).is_finite());
+            assert!(finite, "{case}: {name} holds NaN");
+        }
+        // Without skipping, the first step that reads the NaN ends the run as diverged.
+        let text = std::fs::read_to_string(&job).unwrap();
+        std::fs::write(&job, text.replace("\"skip\"", "\"error\"")).unwrap();
+        let out = run(&job, &runs);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{case}: {err}");
+        let diverged = "training diverged: the loss is NaN at step 8 (epoch 1)";
+        assert!(err.contains(diverged), "{case}: {err}");
+    }
 }
 
 #[test]

@@ -65,6 +65,12 @@ impl Data {
         self.sample_shape.iter().product()
     }
 
+    /// Whether every feature of every split is a finite number (loading warns of the others).
+    pub fn features_are_finite(&self) -> bool {
+        let splits = std::iter::once(&self.train).chain(self.eval.iter().map(|(_, d)| d));
+        splits.flat_map(|d| &d.features).all(|v| v.is_finite())
+    }
+
     /// The f32 bytes of every split, features and targets.
     pub fn bytes(&self) -> usize {
         let sets = std::iter::once(&self.train).chain(self.eval.iter().map(|(_, d)| d));

@@ -441,7 +441,7 @@ impl Backend for CpuBackend {
         if f == Activation::Relu {
             return map2(&mut y[..len], &x[..len], |y, x, _| {
                 for (y, &x) in y.iter_mut().zip(x) {
-                    *y = x.max(0.0);
+                    *y = relu(x);
                 }
             });
         }
@@ -456,7 +456,7 @@ impl Backend for CpuBackend {
         if f == Activation::Relu {
             return map1(&mut buf[..len], |y, _| {
                 for y in y {
-                    *y = y.max(0.0);
+                    *y = relu(*y);
                 }
             });
         }
@@ -849,10 +849,22 @@ fn refresh_half_copy(params: &[f32], half_copy: Option<(&mut Vec<f32>, HalfKind)
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 const GELU_COEF: f32 = 0.044_715;
 
+/// max(x, 0) that passes NaN on, as PyTorch's ReLU does (`f32::max` would return 0): a NaN
+/// from bad data then reaches the loss, which fails or skips its step, instead of vanishing
+/// here while the weight gradient (0 · NaN) quietly turns the weights to NaN.
+#[inline]
+pub fn relu(x: f32) -> f32 {
+    if x > 0.0 || x.is_nan() {
+        x
+    } else {
+        0.0
+    }
+}
+
 #[inline]
 pub fn activation(f: Activation, x: f32) -> f32 {
     match f {
-        Activation::Relu => x.max(0.0),
+        Activation::Relu => relu(x),
         Activation::Gelu => 0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2)),
         Activation::GeluTanh => {
             0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + GELU_COEF * x * x * x)).tanh())

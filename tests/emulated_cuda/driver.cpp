@@ -406,6 +406,8 @@ CUresult gemm(void* stream, int transa, int transb, int m, int n, int k, float a
                 double out = (double)alpha * sum;
                 if (beta != 0.0f) out += (double)beta * element(c, ctype, at);
                 if (epilogue.bias) out += element(epilogue.bias, epilogue.type, i);
+                // NaN becomes 0, as CUTLASS's ReLU (fmaxf) makes it: what cuBLASLt's does is
+                // unknown, so the backend must not depend on its passing NaN on.
                 if (epilogue.relu && !(out > 0)) out = 0;
                 set_element(c, ctype, at, out);
             }

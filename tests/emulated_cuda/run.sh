@@ -15,4 +15,5 @@ export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export TRAINER_REQUIRE_CUDA=1 TRAINER_CACHE_DIR="$dir/kernel-cache" TRAINER_EMULATED_GPUS=2
 # The test binaries with GPU tests (the others are the same with or without a GPU).
 cargo test --test cuda_parity --test training_reference --test multiprocess --test cli --test steady_state \
+  --test nonfinite \
   -- "$@"
