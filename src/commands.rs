@@ -568,6 +568,9 @@ fn plan_start(args: &RunArgs, spec: &JobSpec, graph: &Graph, train_len: usize) -
                 .map_or(String::new(), |m| format!(", train.max_steps = {m}"))
         )));
     }
+    // Its rows up to the checkpoint must be there before anything of the run is rewritten.
+    let metrics = point.run_dir.join("metrics.csv");
+    MetricsWriter::resumable_len(&metrics, c.state.metrics_rows)?;
     tracing::info!(
         "resuming {} from {name} (step {step})",
         point.run_dir.display()

@@ -468,6 +468,37 @@ fn safe_changes_are_allowed_and_a_finished_run_can_train_further() {
     assert_eq!(seen.len(), n);
 }
 
+/// A finished run whose metrics.csv lost rows (or the whole file) cannot be continued: the
+/// resume is refused with exit 2 before anything in the run directory is touched, so the run
+/// still reads as it was (its summary.json, config.toml and provenance.json unchanged).
+#[test]
+fn a_resume_whose_metrics_lost_rows_is_refused_leaving_the_run_as_it_was() {
+    let job = write_job(SMALL_JOB);
+    let dir = run_dir(&job.run(&[]));
+    let d = dir.to_str().unwrap();
+    let files = [
+        "summary.json",
+        "config.toml",
+        "provenance.json",
+        "train.log",
+    ];
+    let read = |dir: &Path| files.map(|f| std::fs::read(dir.join(f)).unwrap());
+    let before = read(&dir);
+    let metrics_path = dir.join("metrics.csv");
+    let text = std::fs::read_to_string(&metrics_path).unwrap();
+    let more = ["--resume", d, "--set", "train.epochs=6"];
+    let first_rows: String = text.lines().take(3).map(|l| format!("{l}\n")).collect();
+    std::fs::write(&metrics_path, first_rows).unwrap();
+    expect_exit_2(
+        &job.run(&more),
+        &["metrics.csv has 2 rows", "cannot be continued"],
+    );
+    assert_eq!(read(&dir), before, "the run directory was changed");
+    std::fs::remove_file(&metrics_path).unwrap();
+    expect_exit_2(&job.run(&more), &["metrics.csv to resume its run"]);
+    assert_eq!(read(&dir), before, "the run directory was changed");
+}
+
 #[test]
 fn nonexistent_resume_path_and_a_run_without_checkpoints_are_named() {
     let job = write_job(SMALL_JOB);

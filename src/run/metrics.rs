@@ -67,15 +67,16 @@ impl MetricsWriter {
         Ok(w)
     }
 
-    /// Reopens a resumed run's metrics.csv: keeps the header and the first `keep_rows`
-    /// rows (those written before the checkpoint), drops the rest, and appends after them.
-    pub fn resume(path: &Path, keep_rows: u64) -> Result<Self> {
+    /// The length of a resumed run's metrics.csv up to its first `keep_rows` rows (those
+    /// written before the checkpoint), or why it cannot be continued (a bad resume, exit 2:
+    /// checked before the run directory is touched).
+    pub fn resumable_len(path: &Path, keep_rows: u64) -> Result<u64> {
         let name = path.display().to_string();
         let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::Runtime(format!("cannot read {name} to resume it: {e}")))?;
+            .map_err(|e| Error::Job(format!("cannot read {name} to resume its run: {e}")))?;
         let header = METRICS_COLUMNS.join(",");
         if text.lines().next() != Some(header.as_str()) {
-            return Err(Error::Runtime(format!(
+            return Err(Error::Job(format!(
                 "{name} does not start with the header `{header}`; it is not this run's metrics"
             )));
         }
@@ -85,17 +86,25 @@ impl MetricsWriter {
             match text[end..].find('\n') {
                 Some(i) => end += i + 1,
                 None => {
-                    return Err(Error::Runtime(format!(
+                    return Err(Error::Job(format!(
                         "{name} has {row} rows but the checkpoint was written after row \
                          {keep_rows}: rows are missing, so it cannot be continued"
                     )))
                 }
             }
         }
+        Ok(end as u64)
+    }
+
+    /// Reopens a resumed run's metrics.csv: keeps the header and the first `keep_rows`
+    /// rows, drops the rest, and appends after them.
+    pub fn resume(path: &Path, keep_rows: u64) -> Result<Self> {
+        let end = Self::resumable_len(path, keep_rows)?;
+        let name = path.display().to_string();
         let file = std::fs::OpenOptions::new()
             .append(true)
             .open(path)
-            .and_then(|f| f.set_len(end as u64).map(|()| f))
+            .and_then(|f| f.set_len(end).map(|()| f))
             .map_err(|e| Error::Runtime(format!("cannot reopen {name}: {e}")))?;
         Ok(MetricsWriter {
             writer: csv::Writer::from_writer(file),
