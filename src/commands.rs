@@ -637,7 +637,6 @@ fn run_in<B: Backend>(
     };
     let weights_graph = graph.clone();
     let mut result = train::train_session(backend, spec, graph, data, &mut metrics, session);
-    drop(stop);
     if let Ok(outcome) = &result {
         if outcome.interrupted.is_none() {
             let path = run.path.join(weights::MODEL_FILE);

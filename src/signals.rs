@@ -6,42 +6,46 @@
 //! nothing, only notes them to pass them on (`Received`).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 pub use signal_hook::consts::{SIGINT, SIGTERM};
 
-/// The handlers of one run; they are removed when this is dropped.
+/// Whether SIGINT or SIGTERM asked this process to stop, and which.
 pub struct Stop {
     requested: Arc<AtomicBool>,
     signal: Arc<AtomicUsize>,
-    ids: Vec<signal_hook::SigId>,
 }
 
+/// The process's stop flags, once `Stop::install` registered them.
+static FLAGS: Mutex<Option<(Arc<AtomicBool>, Arc<AtomicUsize>)>> = Mutex::new(None);
+
 impl Stop {
+    /// Registers the handlers the first time; later calls share them. They stay for the
+    /// rest of the process: a signal handler once installed stays installed, so removing
+    /// its actions would leave a signal that comes between two runs (a sweep's points, or
+    /// the next one loading its data) caught and forgotten. Kept, it stops the next check.
     pub fn install() -> std::io::Result<Stop> {
-        let requested = Arc::new(AtomicBool::new(false));
-        let signal = Arc::new(AtomicUsize::new(0));
-        let mut ids = Vec::new();
-        for sig in [SIGINT, SIGTERM] {
-            // Order matters: the exit is armed by the flag that the first signal sets, so it
-            // must be registered before the action that sets it.
-            ids.push(signal_hook::flag::register_conditional_shutdown(
-                sig,
-                128 + sig,
-                Arc::clone(&requested),
-            )?);
-            ids.push(signal_hook::flag::register_usize(
-                sig,
-                Arc::clone(&signal),
-                sig as usize,
-            )?);
-            ids.push(signal_hook::flag::register(sig, Arc::clone(&requested))?);
+        let mut flags = FLAGS
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if flags.is_none() {
+            let requested = Arc::new(AtomicBool::new(false));
+            let signal = Arc::new(AtomicUsize::new(0));
+            for sig in [SIGINT, SIGTERM] {
+                // Order matters: the exit is armed by the flag that the first signal sets,
+                // so it must be registered before the action that sets it.
+                signal_hook::flag::register_conditional_shutdown(
+                    sig,
+                    128 + sig,
+                    Arc::clone(&requested),
+                )?;
+                signal_hook::flag::register_usize(sig, Arc::clone(&signal), sig as usize)?;
+                signal_hook::flag::register(sig, Arc::clone(&requested))?;
+            }
+            *flags = Some((requested, signal));
         }
-        Ok(Stop {
-            requested,
-            signal,
-            ids,
-        })
+        let (requested, signal) = flags.clone().expect("registered above");
+        Ok(Stop { requested, signal })
     }
 
     /// The signal that asked to stop, if one did.
@@ -50,14 +54,6 @@ impl Stop {
             Some(self.signal.load(Ordering::SeqCst) as i32)
         } else {
             None
-        }
-    }
-}
-
-impl Drop for Stop {
-    fn drop(&mut self) {
-        for id in self.ids.drain(..) {
-            signal_hook::low_level::unregister(id);
         }
     }
 }

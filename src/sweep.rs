@@ -15,6 +15,7 @@ use crate::commands::{self, RunArgs};
 use crate::error::{Error, Result};
 use crate::results::table::{Cell, Format, Table};
 use crate::results::{RunRecord, Status};
+use crate::signals::Stop;
 use crate::spec::{check_run_name, load_job, parse_set_arg, JobSpec};
 use crate::{job_err, provenance, runtime_err};
 use std::path::{Path, PathBuf};
@@ -250,10 +251,16 @@ fn plan(sweep: &Sweep) -> Result<Plan> {
 /// Trains the points one after another in this process; returns how many failed. A bad job
 /// or a stop signal ends the sweep there.
 fn run_here(sweep: &Sweep, todo: &[Pending]) -> Result<usize> {
+    let stop = Stop::install()
+        .map_err(|e| runtime_err!("cannot install the SIGINT/SIGTERM handlers: {e}"))?;
     let mut failed = 0;
     for pending in todo {
         let (index, args) = (pending.index, sweep.args);
         let label = sweep.label(index);
+        // A signal after the last point's training (or before the first's) stops here.
+        if let Some(signal) = stop.requested() {
+            return Err(interrupted(signal, &format!("{label} was not started")));
+        }
         let point_dir = &sweep.point_dirs[index];
         tracing::info!("{label}: {}", point_dir.display());
         sweep.write_index(&[index])?;

@@ -187,6 +187,72 @@ fn a_2x2_sweep_makes_four_runs_and_an_index_and_a_rerun_redoes_nothing() {
     assert!(text.contains("\nepoch\n"), "the x axis is named");
 }
 
+/// SIGINT between a sweep's points, or while the next point loads its data (a large data
+/// set here), stops the sweep with exit 130, as it does during training: it was caught by a
+/// handler with nothing left to do and lost, and the sweep went on to the end.
+#[test]
+fn a_signal_between_sweep_points_stops_the_sweep() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(
+        tmp.path(),
+        r#"
+[job]
+name = "slow_start"
+[device]
+type = "cpu"
+[data]
+source = "synthetic"
+num_features = 8
+classes = 4
+batch_size = 64
+[model]
+layers = [{ type = "linear", out = 4 }]
+[optimizer]
+type = "sgd"
+lr = 0.1
+[train]
+epochs = 1
+threads = 1
+"#,
+    );
+    let runs = tmp.path().join("runs");
+    let mut child = Command::new(trainer_bin())
+        .args(["sweep", job.to_str().unwrap(), "--quiet", "--sweep-id", "s"])
+        .args(["--grid", "data.samples=64,3000000", "--runs-dir"])
+        .arg(&runs)
+        .current_dir(root())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sweep = runs.join("slow_start/s");
+    let first_done = || {
+        let dirs = std::fs::read_dir(&sweep).into_iter().flatten().flatten();
+        dirs.into_iter().any(|e| {
+            e.file_name().to_string_lossy().starts_with("000-")
+                && e.path().join("summary.json").exists()
+        })
+    };
+    let started = Instant::now();
+    while !first_done() {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no first point"
+        );
+        assert!(child.try_wait().unwrap().is_none(), "the sweep ended early");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // SAFETY: kill(2) on our own child, not yet reaped.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(err.contains("sweep stopped by a signal"), "{err}");
+    let (header, rows) = read_csv(&sweep.join("sweep.csv"));
+    assert_eq!(column(&header, &rows[0], "status"), "completed");
+    assert_ne!(column(&header, &rows[1], "status"), "completed");
+}
+
 #[test]
 fn a_killed_sweep_finishes_when_run_again_without_redoing_finished_points() {
     let tmp = tempfile::tempdir().unwrap();
