@@ -97,7 +97,17 @@ fn prepare(job: &Path, sets: &[String], name: Option<&str>) -> Result<Prepared> 
         classes: data.classes,
         target_dim: data.target_dim,
     };
-    let graph = Graph::build(&spec, &shape)?;
+    // The model's errors say which layer; this says where the layers came from.
+    let graph = Graph::build(&spec, &shape).map_err(|e| match e {
+        Error::Job(m) => {
+            let source = spec::KeySources::new(job, sets).map(|s| s.of("model.layers"));
+            Error::Job(format!(
+                "{}: {m}",
+                source.unwrap_or_else(|_| job.display().to_string())
+            ))
+        }
+        e => e,
+    })?;
     check_token_ids(&graph, &data)?;
     Ok(Prepared { spec, data, graph })
 }

@@ -405,6 +405,19 @@ fn output_width_must_match_the_classes() {
     expect_failure(&job, &[], &[], 2, &["outputs [7]", "10 classes"]);
 }
 
+/// A layer named with a number would be taken for a position, and its tensors in
+/// model.safetensors ("3.weight") for the unnamed layer 3's (which overwrote them); the error
+/// says where the layers came from.
+#[test]
+fn a_layer_name_that_reads_as_a_position_is_refused() {
+    let job = GOOD_JOB.replace(
+        r#"{ type = "linear", out = 10 }"#,
+        r#"{ type = "linear", out = 32, name = "3" }, { type = "relu" }, { type = "linear", out = 10 }"#,
+    );
+    let needles = ["bad.toml: model.layers[1] (linear \"3\"): the name \"3\" is a number"];
+    expect_failure(&job, &[], &[], 2, &needles);
+}
+
 #[test]
 fn missing_data_file_is_named() {
     let job = GOOD_JOB.replace(
@@ -641,6 +654,17 @@ fn unwritable_runs_directory_fails_at_run_time() {
     );
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(stderr(&out).contains("cannot create runs directory"));
+}
+
+#[test]
+fn a_run_dir_that_exists_is_a_usage_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("job.toml");
+    std::fs::write(&job, GOOD_JOB).unwrap();
+    let taken = dir.path().to_str().unwrap();
+    let out = trainer(&["run", job.to_str().unwrap(), "--run-dir", taken], &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("already exists; name a new one"));
 }
 
 #[test]

@@ -16,6 +16,25 @@ fn label(i: usize, l: &ModelLayer) -> String {
     }
 }
 
+/// Why a layer cannot have this name, if it cannot: the name is used in `model.layers[NAME]`
+/// (`--set`) and, as PyTorch's module names are, in model.safetensors' tensor names
+/// ("NAME.weight"), where an unnamed layer's is its position.
+fn unusable(name: &str) -> Option<&'static str> {
+    if name.bytes().all(|b| b.is_ascii_digit()) {
+        Some(
+            "is a number: it would be taken for a position (model.layers[N]), and its \
+             tensors' names (\"N.weight\") for those of the unnamed layer at that position",
+        )
+    } else if name.contains(['.', '[', ']']) {
+        Some(
+            "holds `.`, `[` or `]`, which model.layers[NAME] and the tensor names in \
+             model.safetensors (\"NAME.weight\", as PyTorch's modules) use as separators",
+        )
+    } else {
+        None
+    }
+}
+
 /// The input nodes of every layer.
 pub fn resolve(layers: &[ModelLayer]) -> Result<Vec<Vec<usize>>> {
     let mut problems = Vec::new();
@@ -27,6 +46,8 @@ pub fn resolve(layers: &[ModelLayer]) -> Result<Vec<Vec<usize>>> {
                     "{}: the name \"{name}\" is reserved; choose another",
                     label(i, l)
                 ));
+            } else if let Some(why) = unusable(name) {
+                problems.push(format!("{}: the name \"{name}\" {why}", label(i, l)));
             } else if let Some(&first) = layer_of.get(name) {
                 problems.push(format!(
                     "{}: the name \"{name}\" is already model.layers[{first}]'s",
@@ -149,6 +170,29 @@ mod tests {
             resolve(&l).unwrap(),
             vec![vec![0], vec![1], vec![2], vec![3, 1]]
         );
+    }
+
+    #[test]
+    fn names_that_read_as_positions_or_hold_separators_are_refused() {
+        for (name, why) in [
+            ("3", "is a number"),
+            ("0", "is a number"),
+            ("fc.1", "holds `.`, `[` or `]`"),
+            ("a[0]", "holds `.`, `[` or `]`"),
+        ] {
+            let text = format!(
+                r#"layers = [{{ type = "linear", out = 4 }}, {{ type = "relu", name = "{name}" }}]"#
+            );
+            let e = resolve(&layers(&text)).unwrap_err().to_string();
+            let want = format!("model.layers[1] (relu \"{name}\"): the name \"{name}\" {why}");
+            assert!(e.contains(&want), "{want}\nnot in\n{e}");
+        }
+        for name in ["fc1", "block-2_out", "3a"] {
+            let text = format!(
+                r#"layers = [{{ type = "linear", out = 4 }}, {{ type = "relu", name = "{name}" }}]"#
+            );
+            assert!(resolve(&layers(&text)).is_ok(), "{name}");
+        }
     }
 
     #[test]

@@ -87,7 +87,15 @@ impl RunDir {
         if let Some(parent) = path.parent() {
             fs::create_dir_all(parent).map_err(io)?;
         }
-        fs::create_dir(path).map_err(io)?;
+        fs::create_dir(path).map_err(|e| match e.kind() {
+            // The caller (`--run-dir`, a sweep's point) names a directory to make, not one to use.
+            std::io::ErrorKind::AlreadyExists => Error::Job(format!(
+                "run directory {} already exists; name a new one (or continue that run with \
+                 --resume)",
+                path.display()
+            )),
+            _ => io(e),
+        })?;
         let id = path
             .file_name()
             .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
