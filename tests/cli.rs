@@ -501,6 +501,25 @@ fn ragged_csv_row_names_the_line() {
     );
 }
 
+/// The label as a feature would give the model the answer (100% accuracy, exit 0); a
+/// column listed twice is a slip; one class has nothing to learn (and gave a message with
+/// an underflowed range).
+#[test]
+fn csv_features_that_hold_the_label_or_repeat_and_a_single_class_are_refused() {
+    let csv: &[u8] = b"a,b,label\n1,2,0\n3,4,2\n5,6,1\n";
+    let files = [("data.csv", csv)];
+    let with = |key: &str| CSV_JOB.replace("classes = 3", &format!("classes = 3\n{key}"));
+    let leak = with(r#"features = ["a", "label"]"#);
+    let needle = "data.csv: data.features: column `label` is the label (data.label)";
+    expect_failure(&leak, &files, &[], 2, &[needle]);
+    let twice = with(r#"features = ["a", "b", "a"]"#);
+    let needle = "data.csv: data.features: column `a` is listed twice (at 0 and 2)";
+    expect_failure(&twice, &files, &[], 2, &[needle]);
+    let one_class = CSV_JOB.replace("classes = 3", "classes = 0");
+    let needle = "bad.toml: key `data.classes`: must be at least 2";
+    expect_failure(&one_class, &files, &[], 2, &[needle]);
+}
+
 #[test]
 fn csv_that_is_not_utf8_names_the_line() {
     let csv = b"a,b,label\n1,2,0\n3,\xff,1\n";

@@ -254,6 +254,26 @@ fn resolve_columns(
             "{name}: no feature columns besides the label"
         )));
     }
+    let column = |c: usize| headers.get(c).map_or(format!("{c}"), |h| format!("`{h}`"));
+    if features.contains(&label) {
+        // The model would read the answer it is asked for.
+        return Err(Error::Job(format!(
+            "{name}: data.features: column {} is the label (data.label); a feature cannot be the \
+             label",
+            column(label)
+        )));
+    }
+    if let Some((i, &c)) = features
+        .iter()
+        .enumerate()
+        .find(|(i, c)| features[..*i].contains(c))
+    {
+        return Err(Error::Job(format!(
+            "{name}: data.features: column {} is listed twice (at {} and {i})",
+            column(c),
+            features.iter().position(|&f| f == c).unwrap_or(0)
+        )));
+    }
     Ok((label, features))
 }
 

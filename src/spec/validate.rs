@@ -143,6 +143,12 @@ fn validate_data(d: &DataSpec, p: &mut Problems) {
     only(d.classes.is_some(), "classes", &[Csv, Idx, Synthetic]);
     only(d.targets.is_some(), "targets", &[Synthetic]);
     only(d.noise.is_some(), "noise", &[Synthetic]);
+    // (A single class has nothing to learn, and labels are checked against 0..classes.)
+    p.check(
+        d.classes.unwrap_or(2) >= 2,
+        "data.classes",
+        "must be at least 2",
+    );
 
     match source {
         Csv => p.check(
@@ -188,11 +194,6 @@ fn validate_data(d: &DataSpec, p: &mut Problems) {
                 task == Task::Regression || d.targets.is_none(),
                 "data.targets",
                 "only applies to task = \"regression\"",
-            );
-            p.check(
-                d.classes.unwrap_or(2) >= 2,
-                "data.classes",
-                "must be at least 2",
             );
             p.check(
                 d.targets.unwrap_or(1) >= 1,
