@@ -92,6 +92,14 @@ fn prepare(job: &Path, sets: &[String], name: Option<&str>) -> Result<Prepared> 
         spec::validate(&spec, &spec::KeySources::new(job, sets)?)?;
     }
     let data = data::load(&spec.data, spec.job.seed)?;
+    let (batch_size, train_len) = (spec.batch_size(), data.train.len);
+    if spec.data.drop_last && train_len < batch_size {
+        return Err(Error::Job(format!(
+            "{}: data.drop_last = true with batch_size {batch_size} leaves no batch: the \
+             training split has only {train_len} samples",
+            job.display()
+        )));
+    }
     let shape = DataShape {
         sample_shape: data.sample_shape.clone(),
         classes: data.classes,
@@ -937,6 +945,10 @@ fn gradient_averaging(spec: &JobSpec, graph: &Graph, on_gpus: bool) -> Option<St
 /// Validates a job and describes its graph, shapes, parameters and memory.
 pub fn check(job: &Path, sets: &[String]) -> Result<String> {
     let Prepared { spec, data, graph } = prepare(job, sets, None)?;
+    // What `run` reads before it trains: a bad file is the job's fault.
+    if let Some(path) = &spec.model.init_from {
+        weights::read(path, &graph)?;
+    }
     let mut out = String::new();
     let eval: Vec<String> = data
         .eval

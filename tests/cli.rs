@@ -418,6 +418,46 @@ fn a_layer_name_that_reads_as_a_position_is_refused() {
     expect_failure(&job, &[], &[], 2, &needles);
 }
 
+/// What `run` refuses before training, `check` refuses too, and `run` makes no run
+/// directory for it.
+#[test]
+fn check_refuses_what_run_refuses_before_training() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = common::write_job(tmp.path(), GOOD_JOB);
+    let job = job.to_str().unwrap();
+    let runs = tmp.path().join("runs");
+    let no_batch = [
+        "--set",
+        "data.batch_size=100000",
+        "--set",
+        "data.drop_last=true",
+    ];
+    let missing = ["--set", "model.init_from=\"/no/such/weights.safetensors\""];
+    for (sets, needle) in [
+        (
+            &no_batch[..],
+            "drop_last = true with batch_size 100000 leaves no batch",
+        ),
+        (
+            &missing[..],
+            "/no/such/weights.safetensors\": cannot read it",
+        ),
+    ] {
+        for command in ["check", "run"] {
+            let mut args = vec![command, job, "--runs-dir", runs.to_str().unwrap()];
+            if command == "check" {
+                args.truncate(2);
+            }
+            args.extend(sets);
+            let out = trainer(&args, &[]);
+            let err = stderr(&out);
+            assert_eq!(out.status.code(), Some(2), "{command}: {err}");
+            assert!(err.contains(needle), "{command}: {err}");
+        }
+    }
+    assert!(!runs.exists(), "a run directory was made");
+}
+
 #[test]
 fn missing_data_file_is_named() {
     let job = GOOD_JOB.replace(

@@ -188,12 +188,6 @@ pub fn train_session<B: Backend>(
     let mut optimizer = Optimizer::new(backend, spec, param_len)?;
 
     let train_len = data.train.len;
-    if spec.data.drop_last && train_len < batch_size {
-        return Err(Error::Job(format!(
-            "data.drop_last = true with batch_size {batch_size} leaves no batch: the training split \
-             has only {train_len} samples"
-        )));
-    }
     let total = total_steps(spec, train_len);
     let schedule = Schedule::new(spec.optimizer.lr, &spec.optimizer.schedule, total);
     let resident = samples::resident(backend, spec.device.data, data.bytes());
