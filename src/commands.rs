@@ -117,7 +117,56 @@ fn prepare(job: &Path, sets: &[String], name: Option<&str>) -> Result<Prepared> 
         e => e,
     })?;
     check_token_ids(&graph, &data)?;
+    check_batch_norm_batches(job, &spec, &graph, data.train.len)?;
     Ok(Prepared { spec, data, graph })
+}
+
+/// A batch norm over one value per channel (batchnorm1d of [features], or of 1x1 planes)
+/// cannot train on a single sample: its variance is 0 and its output β alone, which PyTorch
+/// refuses ("Expected more than 1 value per channel when training"). A training batch, or a
+/// data-parallel replica's share of one, of a single sample is refused before training.
+fn check_batch_norm_batches(
+    job: &Path,
+    spec: &JobSpec,
+    graph: &Graph,
+    train_len: usize,
+) -> Result<()> {
+    let one_per_channel = graph
+        .layers
+        .iter()
+        .enumerate()
+        .find(|(_, l)| matches!(l.op, crate::graph::Op::BatchNorm { spatial: 1, .. }));
+    let Some((i, layer)) = one_per_channel else {
+        return Ok(());
+    };
+    let (batch, replicas) = (spec.batch_size(), spec.parallel.replicas().unwrap_or(1));
+    let last = train_len % batch;
+    let larger = "choose a larger data.batch_size";
+    let mut batches = vec![(batch.min(train_len), "every training batch", larger)];
+    if last > 0 && !spec.data.drop_last && train_len > batch {
+        let fix = "set data.drop_last = true or choose another data.batch_size";
+        batches.push((last, "the last training batch of each epoch", fix));
+    }
+    // Rows are shared out in parts that differ by at most one, so some replica gets exactly
+    // one row of n when 0 < n < 2 · replicas.
+    let Some((n, which, fix)) = batches
+        .into_iter()
+        .find(|&(n, ..)| n > 0 && n < 2 * replicas)
+    else {
+        return Ok(());
+    };
+    let share = match replicas {
+        1 => String::new(),
+        r => format!(" split among {r} replicas, one of which gets 1"),
+    };
+    Err(Error::Job(format!(
+        "{}: model.layers[{i}] ({}) would train on {which}, {n} sample{}{share}: one value per \
+         channel, whose variance is 0 (PyTorch refuses to train on it); {fix} ({train_len} \
+         training samples)",
+        job.display(),
+        layer.kind,
+        if n == 1 { "" } else { "s" }
+    )))
 }
 
 /// This process's place in a multi-process run, from RANK and WORLD_SIZE (or SLURM's

@@ -458,6 +458,28 @@ fn check_refuses_what_run_refuses_before_training() {
     assert!(!runs.exists(), "a run directory was made");
 }
 
+/// PyTorch refuses to train a batch norm on one value per channel; so does trainer, before
+/// training, for every batch or only the last of each epoch (1,797 = 4 · 449 + 1 digits).
+#[test]
+fn a_batch_norm_over_a_single_sample_is_refused_before_training() {
+    let job = GOOD_JOB.replace(
+        r#"{ type = "linear", out = 10 }"#,
+        r#"{ type = "linear", out = 16 }, { type = "batchnorm1d" }, { type = "linear", out = 10 }"#,
+    );
+    let every = ["--set", "data.batch_size=1"];
+    let needle = "model.layers[2] (batchnorm1d) would train on every training batch, 1 sample";
+    expect_failure(
+        &job,
+        &[],
+        &every,
+        2,
+        &[needle, "choose a larger data.batch_size"],
+    );
+    let last = ["--set", "data.batch_size=449"];
+    let needle = "the last training batch of each epoch, 1 sample";
+    expect_failure(&job, &[], &last, 2, &[needle, "set data.drop_last = true"]);
+}
+
 #[test]
 fn missing_data_file_is_named() {
     let job = GOOD_JOB.replace(

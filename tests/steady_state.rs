@@ -10,6 +10,7 @@
 mod common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use trainer::graph::{DataShape, Graph, Network};
 use trainer::optim::Optimizer;
@@ -24,19 +25,49 @@ static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
 static OURS: AtomicUsize = AtomicUsize::new(0);
 static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
 
+thread_local! {
+    /// Whether this thread's allocations count: the threads doing a test's steps (the one
+    /// calling `counted_epochs`, the pools' workers), not the test harness's, which records
+    /// another test's result whenever it ends.
+    static COUNTED: Cell<bool> = const { Cell::new(false) };
+}
+
+fn count_this_thread() {
+    COUNTED.with(|c| c.set(true));
+}
+
+/// A pool of one thread whose allocations count.
+fn one_thread_pool() -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .start_handler(|_| count_this_thread())
+        .build()
+        .unwrap()
+}
+
+fn counted_thread() -> bool {
+    COUNTED.try_with(Cell::get).unwrap_or(false)
+}
+
+// LIVE_BYTES wraps where a counted thread frees what another allocated: only its change
+// over the counted epochs is compared.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if COUNTING.load(Ordering::Relaxed) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-            if layout.align() > 1 && layout.align() < 64 {
-                OURS.fetch_add(1, Ordering::Relaxed);
+        if counted_thread() {
+            if COUNTING.load(Ordering::Relaxed) {
+                ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+                if layout.align() > 1 && layout.align() < 64 {
+                    OURS.fetch_add(1, Ordering::Relaxed);
+                }
             }
+            LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
         }
-        LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
         unsafe { System.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
+        if counted_thread() {
+            LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
+        }
         unsafe { System.dealloc(ptr, layout) }
     }
 }
@@ -57,6 +88,7 @@ const SETTINGS: StepSettings = StepSettings {
 /// counted: asserts that none of the allocations were ours and nothing was retained, and
 /// returns how many there were (gemm's).
 fn counted_epochs(what: &str, mut epoch: impl FnMut()) -> usize {
+    count_this_thread();
     epoch();
     let live_before = LIVE_BYTES.load(Ordering::SeqCst);
     ALLOCATIONS.store(0, Ordering::SeqCst);
@@ -101,10 +133,7 @@ fn training_steps_allocate_nothing_but_gemm_scratch_and_retain_nothing() {
     };
     // One thread: the count is then deterministic (threaded gemm takes a scratch per thread).
     let backend = CpuBackend::new(1);
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(1)
-        .build()
-        .unwrap();
+    let pool = one_thread_pool();
     pool.install(|| {
         let graph = Graph::build(&spec, &data).unwrap();
         let params = graph.init_params(1);
@@ -196,23 +225,17 @@ fn multi_process_steps_allocate_nothing_but_gemm_scratch_on_either_rank() {
         target_dim: 1,
     };
     let graph = Graph::build(&spec, &shape).unwrap();
-    let one_thread = move || {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(1)
-            .build()
-            .unwrap()
-    };
-
     let mut spec1 = spec.clone();
     spec1.parallel.world = Some(world(1));
     let graph1 = graph.clone();
     let rank1 = std::thread::spawn(move || {
-        one_thread().install(|| trainer::train::serve(&CpuBackend::new(1), &spec1, graph1, data()))
+        one_thread_pool()
+            .install(|| trainer::train::serve(&CpuBackend::new(1), &spec1, graph1, data()))
     });
 
     spec.parallel.world = Some(world(0));
     let backend = CpuBackend::new(1);
-    one_thread().install(|| {
+    one_thread_pool().install(|| {
         let data = data();
         let mut replicas =
             ProcessReplicas::connect(&backend, &spec, &data, graph.param_len, "1 thread".into())
@@ -416,10 +439,7 @@ fn counted_steps<B: Backend>(
 fn conv_nets_and_graphs_in_every_precision_allocate_nothing_of_their_own() {
     let _turn = common::one_at_a_time();
     let backend = CpuBackend::new(1);
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(1)
-        .build()
-        .unwrap();
+    let pool = one_thread_pool();
     for (what, layers, shape, half, loss_scale, extra) in model_variants() {
         pool.install(|| {
             counted_steps(
