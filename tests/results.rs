@@ -804,6 +804,15 @@ fn bad_results_arguments_are_usage_errors() {
         stderr(&bad)
     );
     assert!(!png.exists());
+    let nowhere = tmp.path().join("no/such/dir/x.png");
+    let bad = trainer(&["plot", &dir, "-o", nowhere.to_str().unwrap()], &[]);
+    assert_eq!(bad.status.code(), Some(2));
+    let err = stderr(&bad);
+    assert!(err.contains("no/such/dir does not exist"), "{err}");
+    let job_file = job.to_str().unwrap();
+    let bad = trainer(&["ls", job_file], &[]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(stderr(&bad).contains("job.toml: not a directory"));
 }
 
 #[test]

@@ -220,8 +220,13 @@ fn read_metrics(path: &Path) -> Vec<MetricsPoint> {
 /// directory), sorted by path, which sorts runs by start time and sweep points by index.
 pub fn find_runs(path: &Path) -> Result<Vec<PathBuf>> {
     if !path.is_dir() {
+        let what = if path.exists() {
+            "not a directory"
+        } else {
+            "no such directory"
+        };
         return Err(job_err!(
-            "{}: no such directory (expected a run directory, a sweep or a runs directory)",
+            "{}: {what} (expected a run directory, a sweep or a runs directory)",
             path.display()
         ));
     }

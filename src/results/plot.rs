@@ -54,6 +54,15 @@ pub fn plot(runs: &[RunRecord], metrics: &[String], x: XAxis, out: &Path) -> Res
         .extension()
         .and_then(|e| e.to_str())
         .map(str::to_ascii_lowercase);
+    // plotters would only say so after drawing, in its Debug form.
+    let dir = out.parent().filter(|d| !d.as_os_str().is_empty());
+    if let Some(dir) = dir.filter(|d| !d.is_dir()) {
+        return Err(job_err!(
+            "-o {}: the directory {} does not exist",
+            out.display(),
+            dir.display()
+        ));
+    }
     let draw_err = |e: String| runtime_err!("cannot draw {}: {e}", out.display());
     match extension.as_deref() {
         Some("png") => {

@@ -609,7 +609,8 @@ pub(crate) fn did_you_mean(message: &str) -> String {
         .map(|candidate| (edit_distance(given, candidate), candidate))
         .min();
     match best {
-        Some((d, candidate)) if d <= (given.len() / 3).max(2) => {
+        // Close, and not a rewrite of the whole word (`p` is not a typo of `in`).
+        Some((d, candidate)) if d <= (given.len() / 3).max(2) && d < given.len() => {
             format!(" (did you mean `{candidate}`?)")
         }
         _ => String::new(),
@@ -665,6 +666,11 @@ mod tests {
         let m = "unknown variant `lienar`, expected one of `linear`, `relu`";
         assert_eq!(did_you_mean(m), " (did you mean `linear`?)");
         assert_eq!(did_you_mean("unknown field `zzzzzz`, expected `lr`"), "");
+        // A key that shares nothing with the closest one is not a typo of it.
+        let m = "unknown field `p`, expected one of `out`, `in`, `bias`";
+        assert_eq!(did_you_mean(m), "");
+        let m = "unknown field `ot`, expected one of `out`, `in`, `bias`";
+        assert_eq!(did_you_mean(m), " (did you mean `out`?)");
     }
 
     #[test]
