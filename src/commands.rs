@@ -85,7 +85,8 @@ fn prepare(job: &Path, sets: &[String], name: Option<&str>) -> Result<Prepared> 
     spec.parallel.world = world_from_env(&spec)?;
     let all_gpus = matches!(spec.parallel.devices, Some(ParallelDevices::All(_)));
     if all_gpus {
-        spec.parallel.devices = Some(ParallelDevices::List(every_gpu(job)?));
+        let source = spec::KeySources::new(job, sets)?.of("parallel.devices");
+        spec.parallel.devices = Some(ParallelDevices::List(every_gpu(&source)?));
     }
     if spec.parallel.world.is_some() || all_gpus {
         // Batches must now divide among the processes or the GPUs found.
@@ -186,12 +187,11 @@ fn world_from_env(spec: &JobSpec) -> Result<Option<Rendezvous>> {
 }
 
 /// parallel.devices = "all": every GPU the driver shows (CUDA_VISIBLE_DEVICES applies).
-fn every_gpu(job: &Path) -> Result<Vec<String>> {
+fn every_gpu(source: &str) -> Result<Vec<String>> {
     let no_gpu = |why: &str| {
         Error::Job(format!(
-            "{}: key `parallel.devices`: \"all\" given, but {why}; list the devices, or train \
-             on the CPU",
-            job.display()
+            "{source}: key `parallel.devices`: \"all\" given, but {why}; list the devices, or \
+             train on the CPU"
         ))
     };
     match cuda::probe() {

@@ -658,6 +658,14 @@ fn a_bad_value_is_blamed_on_the_layer_that_gave_it() {
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     let says = "environment TRAINER_TRAIN__EPOCHS: key `train.epochs`: 0 given";
     assert!(stderr(&out).contains(says), "{}", stderr(&out));
+    // A key left out of a table that --set gave is that --set's fault, not the file's.
+    expect_failure(
+        GOOD_JOB,
+        &[],
+        &["--set", "optimizer.schedule={type=\"step\"}"],
+        2,
+        &["--set optimizer.schedule: key `optimizer.schedule.step_size`"],
+    );
 }
 
 #[test]

@@ -47,7 +47,7 @@ pub fn load_job(path: &Path, sets: &[String]) -> Result<JobSpec> {
     warn_about_ignored_env();
     let mut spec: JobSpec = layers(path, &set_table)
         .extract()
-        .map_err(|e| layered_error(&file, &set_table, e))?;
+        .map_err(|e| layered_error(&file, &file_table, &set_table, e))?;
 
     if spec.job.name.is_none() {
         let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("job");
@@ -59,6 +59,7 @@ pub fn load_job(path: &Path, sets: &[String]) -> Result<JobSpec> {
         &spec,
         &KeySources {
             file,
+            file_keys: file_table,
             sets: set_table,
         },
     )?;
@@ -444,14 +445,17 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
 /// variable or the job file.
 pub struct KeySources {
     file: String,
+    file_keys: toml::Table,
     sets: toml::Table,
 }
 
 impl KeySources {
     pub fn new(file: &Path, sets: &[String]) -> Result<Self> {
+        let file_keys = file_table(file)?;
         Ok(KeySources {
             file: file.display().to_string(),
-            sets: parse_sets(sets, &file_table(file)?)?,
+            sets: parse_sets(sets, &file_keys)?,
+            file_keys,
         })
     }
 
@@ -467,18 +471,33 @@ impl KeySources {
 
     fn of_path(&self, path: &[String], key: &str) -> String {
         if set_contains(&self.sets, path) {
-            format!("--set {key}")
-        } else if let Some((var, _)) = std::env::vars().find(|(k, _)| env_matches(k, path)) {
-            format!("environment {var}")
-        } else {
-            self.file.clone()
+            return format!("--set {key}");
         }
+        if let Some((var, _)) = std::env::vars().find(|(k, _)| env_matches(k, path)) {
+            return format!("environment {var}");
+        }
+        if !set_contains(&self.file_keys, path) {
+            // A key no layer holds (a required one left out) is the fault of the --set that
+            // gave its table, if one did: `--set 'optimizer.schedule={type="step"}'`.
+            for len in (2..path.len()).rev() {
+                if set_contains(&self.sets, &path[..len]) {
+                    return format!("--set {}", path[..len].join("."));
+                }
+            }
+        }
+        self.file.clone()
     }
 }
 
-fn layered_error(file: &str, sets: &toml::Table, errors: figment::Error) -> Error {
+fn layered_error(
+    file: &str,
+    file_keys: &toml::Table,
+    sets: &toml::Table,
+    errors: figment::Error,
+) -> Error {
     let sources = KeySources {
         file: file.to_string(),
+        file_keys: file_keys.clone(),
         sets: sets.clone(),
     };
     let lines: Vec<String> = errors
