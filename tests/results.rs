@@ -627,6 +627,12 @@ fn a_sweep_over_one_layers_width_edits_that_layer_only() {
         assert_eq!(layers[3]["out"].as_integer(), Some(10));
         assert_eq!(summary(&run_dir)["status"], "completed");
     }
+    // compare shows the one key that differs, not the whole list of layers.
+    let sweep_s = sweep_dir.to_str().unwrap();
+    let table = stdout(&ok(trainer(&["compare", sweep_s, "--format", "csv"], &[])));
+    let header = table.lines().next().unwrap();
+    assert!(header.contains(",model.layers[1].out,"), "{header}");
+    assert!(!header.contains(",model.layers,"), "{header}");
 }
 
 #[test]
@@ -855,4 +861,22 @@ fn a_damaged_run_is_skipped_in_a_listing_and_refused_when_named() {
     let named = trainer(&["compare", &good, &damaged], &[]);
     assert_eq!(named.status.code(), Some(2), "{}", stderr(&named));
     assert!(stderr(&named).contains("config.toml"), "{}", stderr(&named));
+
+    // A damaged summary.json or metrics.csv still lists the run, with a warning naming it.
+    let (no_summary, no_metrics) = (run(), run());
+    let summary = Path::new(&no_summary).join("summary.json");
+    std::fs::write(&summary, "{\"status\": \"compl").unwrap();
+    let metrics = Path::new(&no_metrics).join("metrics.csv");
+    std::fs::write(&metrics, "garbage\n1,2,3\n").unwrap();
+    let listed = ok(trainer(&["ls", runs.to_str().unwrap()], &[]));
+    let warning = stderr(&listed);
+    let says = format!("{}: not JSON", summary.display());
+    assert!(warning.contains(&says), "{warning}");
+    let says = format!(
+        "{}: its header has no step, epoch and split",
+        metrics.display()
+    );
+    assert!(warning.contains(&says), "{warning}");
+    assert!(stdout(&listed).contains(&name(&no_summary)));
+    assert!(stdout(&listed).contains(&name(&no_metrics)));
 }

@@ -74,9 +74,19 @@ impl RunRecord {
         })?;
         let config: toml::Table = toml::from_str(&text)
             .map_err(|e| job_err!("{}: {}", config_path.display(), e.message()))?;
-        let summary: Option<serde_json::Value> = std::fs::read_to_string(dir.join("summary.json"))
-            .ok()
-            .and_then(|s| serde_json::from_str(&s).ok());
+        let summary_path = dir.join("summary.json");
+        let summary: Option<serde_json::Value> =
+            std::fs::read_to_string(&summary_path).ok().and_then(|s| {
+                // Written atomically: one that does not parse was damaged afterwards.
+                serde_json::from_str(&s)
+                    .map_err(|e| {
+                        tracing::warn!(
+                            "{}: not JSON ({e}); the run is shown as if it had no summary",
+                            summary_path.display()
+                        )
+                    })
+                    .ok()
+            });
         let status = match summary.as_ref().and_then(|s| s["status"].as_str()) {
             Some("completed") => Status::Completed,
             Some("interrupted") => Status::Interrupted,
@@ -185,6 +195,18 @@ fn read_metrics(path: &Path) -> Vec<MetricsPoint> {
     let Ok(header) = reader.headers().cloned() else {
         return Vec::new();
     };
+    if ["step", "epoch", "split"]
+        .iter()
+        .any(|c| !header.iter().any(|h| h == *c))
+    {
+        // (A cut last row, from a crash mid-write, is only skipped: that is normal.)
+        tracing::warn!(
+            "{}: its header has no step, epoch and split columns: not a metrics file of \
+             trainer's; its rows are left out",
+            path.display()
+        );
+        return Vec::new();
+    }
     let mut points = Vec::new();
     for record in reader.records().map_while(|r| r.ok()) {
         let field = |name: &str| {
@@ -288,8 +310,9 @@ pub fn list(paths: &[PathBuf], format: table::Format) -> Result<String> {
     Ok(compare_table(&runs).render(format))
 }
 
-/// The resolved config as dotted keys and inline TOML values; tables are walked into,
-/// arrays (model.layers) are one value.
+/// The resolved config as dotted keys and inline TOML values; tables are walked into, and
+/// so are lists of tables (model.layers: `model.layers[1].out`, so that a sweep over one
+/// layer's width shows that key, as sweep.csv does); other lists are one value.
 fn flat_config(table: &toml::Table) -> BTreeMap<String, String> {
     fn walk(prefix: &str, table: &toml::Table, out: &mut BTreeMap<String, String>) {
         for (k, v) in table {
@@ -300,6 +323,15 @@ fn flat_config(table: &toml::Table) -> BTreeMap<String, String> {
             };
             match v {
                 toml::Value::Table(t) => walk(&key, t, out),
+                toml::Value::Array(items)
+                    if !items.is_empty() && items.iter().all(|i| i.is_table()) =>
+                {
+                    for (i, item) in items.iter().enumerate() {
+                        if let toml::Value::Table(t) = item {
+                            walk(&format!("{key}[{i}]"), t, out);
+                        }
+                    }
+                }
                 v => {
                     out.insert(key, v.to_string());
                 }
