@@ -681,6 +681,13 @@ fn environment_variable_of_an_unknown_key_is_named() {
 }
 
 #[test]
+fn a_key_set_twice_is_refused() {
+    let sets = ["--set", "train.epochs=3", "--set", "train.epochs=5"];
+    let needle = "--set train.epochs is given twice (`train.epochs=3`, then `train.epochs=5`)";
+    expect_failure(GOOD_JOB, &[], &sets, 2, &[needle]);
+}
+
+#[test]
 fn set_without_a_value_is_a_usage_error() {
     expect_failure(
         GOOD_JOB,

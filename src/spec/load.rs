@@ -152,7 +152,20 @@ pub fn parse_set_arg(arg: &str) -> Result<(Vec<KeyStep>, toml::Value)> {
         )
     })?;
     let raw = raw.trim();
-    let value = toml::from_str::<toml::Table>(&format!("v = {raw}"))
+    let parsed = toml::from_str::<toml::Table>(&format!("v = {raw}"));
+    if let Err(e) = &parsed {
+        // A number TOML cannot hold would otherwise become a string, and then "a string
+        // given" where a number was meant.
+        let digits = raw.strip_prefix(['-', '+']).unwrap_or(raw);
+        if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit() || b == b'_') {
+            return Err(job_err!(
+                "--set {arg}: `{raw}` is not a number TOML can hold ({}); quote it for text: \
+                 \"{raw}\"",
+                e.message()
+            ));
+        }
+    }
+    let value = parsed
         .ok()
         .and_then(|mut t| t.remove("v"))
         .unwrap_or_else(|| toml::Value::String(raw.to_string()));
@@ -206,8 +219,17 @@ fn parse_key(key: &str) -> Option<Vec<KeyStep>> {
 /// from an earlier `--set` or else from the job file (`file`), and edits the copy.
 pub(super) fn parse_sets(sets: &[String], file: &toml::Table) -> Result<toml::Table> {
     let mut root = toml::Value::Table(toml::Table::new());
+    let mut given: Vec<(String, &String)> = Vec::new();
     for arg in sets {
         let (steps, value) = parse_set_arg(arg)?;
+        // Twice is a slip in a sweep script more often than a wish for the last one.
+        let key = dotted(&steps);
+        if let Some((_, first)) = given.iter().find(|(k, _)| *k == key) {
+            return Err(job_err!(
+                "--set {key} is given twice (`{first}`, then `{arg}`); give it once"
+            ));
+        }
+        given.push((key, arg));
         let fail = |why: String| job_err!("--set {arg}: {why}");
         if let Some(first) = steps.iter().position(|s| !matches!(s, KeyStep::Key(_))) {
             let array = &steps[..first];
@@ -707,6 +729,12 @@ mod tests {
         );
         assert!(parse_set_arg("optimizer.lr").is_err());
         assert!(parse_set_arg("optimizer..lr=1").is_err());
+        // Digits TOML cannot hold are not quietly taken as text.
+        let e = parse_set_arg("data.batch_size=99999999999999999999").unwrap_err();
+        assert!(
+            e.to_string().contains("is not a number TOML can hold"),
+            "{e}"
+        );
     }
 
     fn key(k: &str) -> KeyStep {
