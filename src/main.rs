@@ -46,7 +46,7 @@ enum Command {
         job: PathBuf,
         /// Override a key of the job, e.g. --set optimizer.lr=3e-4 or, for one layer,
         /// --set model.layers[1].out=256 (by position from 0, or [NAME] by its name).
-        /// Repeatable; values are TOML.
+        /// Repeatable, each key once; values are TOML.
         #[arg(long = "set", value_name = "KEY=VALUE")]
         sets: Vec<String>,
         /// Run name (default: job.name, else the job file's stem).
