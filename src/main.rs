@@ -46,7 +46,8 @@ enum Command {
         job: PathBuf,
         /// Override a key of the job, e.g. --set optimizer.lr=3e-4 or, for one layer,
         /// --set model.layers[1].out=256 (by position from 0, or [NAME] by its name).
-        /// Repeatable, each key once; values are TOML.
+        /// Repeatable (a key given again takes the later value, so scripts can append
+        /// overrides); values are TOML.
         #[arg(long = "set", value_name = "KEY=VALUE")]
         sets: Vec<String>,
         /// Run name (default: job.name, else the job file's stem).

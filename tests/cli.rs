@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{stderr, trainer_with_env as trainer};
+use common::{stderr, stdout, trainer_with_env as trainer};
 
 use common::root;
 use std::path::Path;
@@ -680,11 +680,23 @@ fn environment_variable_of_an_unknown_key_is_named() {
     assert!(err.contains(says), "{err}");
 }
 
+/// Scripts append overrides to a base list: a key given again takes the later value.
 #[test]
-fn a_key_set_twice_is_refused() {
+fn a_key_set_again_takes_the_later_value() {
     let sets = ["--set", "train.epochs=3", "--set", "train.epochs=5"];
-    let needle = "--set train.epochs is given twice (`train.epochs=3`, then `train.epochs=5`)";
-    expect_failure(GOOD_JOB, &[], &sets, 2, &[needle]);
+    let out = trainer(
+        &[&["check", "jobs/mlp.toml", "--explain"][..], &sets].concat(),
+        &[],
+    );
+    let text = stdout(&out);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("train.epochs "))
+        .unwrap();
+    assert!(
+        line.contains(" 5 ") && line.ends_with("--set train.epochs"),
+        "{line}"
+    );
 }
 
 #[test]

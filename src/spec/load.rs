@@ -219,17 +219,8 @@ fn parse_key(key: &str) -> Option<Vec<KeyStep>> {
 /// from an earlier `--set` or else from the job file (`file`), and edits the copy.
 pub(super) fn parse_sets(sets: &[String], file: &toml::Table) -> Result<toml::Table> {
     let mut root = toml::Value::Table(toml::Table::new());
-    let mut given: Vec<(String, &String)> = Vec::new();
     for arg in sets {
         let (steps, value) = parse_set_arg(arg)?;
-        // Twice is a slip in a sweep script more often than a wish for the last one.
-        let key = dotted(&steps);
-        if let Some((_, first)) = given.iter().find(|(k, _)| *k == key) {
-            return Err(job_err!(
-                "--set {key} is given twice (`{first}`, then `{arg}`); give it once"
-            ));
-        }
-        given.push((key, arg));
         let fail = |why: String| job_err!("--set {arg}: {why}");
         if let Some(first) = steps.iter().position(|s| !matches!(s, KeyStep::Key(_))) {
             let array = &steps[..first];

@@ -247,12 +247,6 @@ fn launch(
     // The job's own thread count stands when it fits the slot's share of the cores.
     if let Some(share) = on.threads {
         if spec.train.threads.is_none_or(|own| own > share) {
-            // In place of a --set train.threads larger than the share (a key is set once).
-            let threads = |s: &String| {
-                s.split_once('=')
-                    .is_some_and(|(k, _)| k.trim() == "train.threads")
-            };
-            sets.retain(|s| !threads(s));
             sets.push(format!("train.threads={share}"));
         }
     }
