@@ -509,6 +509,15 @@ fn run_on<B: Backend>(
             let run = RunDir::open(&point.run_dir)?;
             // Until this attempt finishes, the run must not look finished.
             let _ = std::fs::remove_file(run.path.join("summary.json"));
+            let (dir, step) = (run.path.join(checkpoint::DIR), point.checkpoint.state.step);
+            let moved = checkpoint::set_aside_after(&dir, step)?;
+            if moved > 0 {
+                tracing::info!(
+                    "{moved} checkpoint(s) after step {step}, of the continuation this resume \
+                     replaces, moved to {}",
+                    dir.join(checkpoint::SUPERSEDED_DIR).display()
+                );
+            }
             run
         }
     };
@@ -797,11 +806,9 @@ fn run_in<B: Backend>(
             Err(Error::Interrupted {
                 signal,
                 message: format!(
-                    "stopped by {name} after step {}; {checkpoint} written; continue with: \
-                     trainer run {} --resume {}",
+                    "stopped by {name} after step {}; {checkpoint} written; continue with: {}",
                     outcome.steps,
-                    args.job.display(),
-                    run.path.display()
+                    resume_command(args, run)
                 ),
             })
         }
@@ -818,11 +825,30 @@ fn with_resume_hint(e: Error, args: &RunArgs, run: &RunDir) -> Error {
         return Error::Runtime(message);
     };
     Error::Runtime(format!(
-        "{message}\nthe run's checkpoints remain (the newest at step {step}); continue with: \
-         trainer run {} --resume {}",
-        args.job.display(),
-        run.path.display()
+        "{message}\nthe run's checkpoints remain (the newest at step {step}); continue with: {}",
+        resume_command(args, run)
     ))
+}
+
+/// The command that continues `run`: the job and its `--set` overrides (without them the
+/// resume would be refused, or quietly train another length), shell-quoted.
+fn resume_command(args: &RunArgs, run: &RunDir) -> String {
+    let quote = |s: &str| match s
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"._-/=:".contains(&b))
+    {
+        true => s.to_string(),
+        false => format!("'{}'", s.replace('\'', r"'\''")),
+    };
+    let mut command = format!(
+        "trainer run {} --resume {}",
+        quote(&args.job.display().to_string()),
+        quote(&run.path.display().to_string())
+    );
+    for set in &args.sets {
+        command += &format!(" --set {}", quote(set));
+    }
+    command
 }
 
 /// What the run (one replica of it, with data parallelism) will hold: the graph's buffers,
@@ -1245,6 +1271,33 @@ fn group_digits(n: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The command an interrupted or failed run prints keeps the job's overrides, quoted
+    /// for a shell: without them the resume would be refused or train another length.
+    #[test]
+    fn the_resume_command_keeps_the_overrides_quoted() {
+        let args = RunArgs {
+            job: "jobs/mlp.toml".into(),
+            sets: vec![
+                "train.epochs=30".into(),
+                r#"optimizer.schedule={type="step", step_size=5}"#.into(),
+                "job.name='x'".into(),
+            ],
+            name: None,
+            runs_dir: "runs".into(),
+            resume: None,
+            resume_fallback: false,
+            force: false,
+            dir: None,
+            quiet: false,
+        };
+        let run = RunDir {
+            path: "runs/mlp/20261124-1".into(),
+            id: "20261124-1".into(),
+        };
+        let want = r#"trainer run jobs/mlp.toml --resume runs/mlp/20261124-1 --set train.epochs=30 --set 'optimizer.schedule={type="step", step_size=5}' --set 'job.name='\''x'\'''"#;
+        assert_eq!(resume_command(&args, &run), want);
+    }
 
     /// `check` predicts where a GPU run keeps its data set: "auto" streams it exactly when it
     /// does not fit beside the run's buffers, as the run decides.

@@ -499,6 +499,57 @@ fn a_resume_whose_metrics_lost_rows_is_refused_leaving_the_run_as_it_was() {
     assert_eq!(read(&dir), before, "the run directory was changed");
 }
 
+/// A resume from an earlier checkpoint replaces the continuation after it: that
+/// continuation's checkpoints move to checkpoints/superseded/, so the next resume of the run
+/// directory takes this timeline's newest (it took the abandoned one's, by step number).
+#[test]
+fn a_resume_from_an_earlier_checkpoint_sets_the_later_ones_aside() {
+    let job = write_job(SMALL_JOB);
+    let dir = run_dir(&job.run(&[]));
+    let d = dir.to_str().unwrap();
+    let first = checkpoints(&dir);
+    assert!(
+        first.contains(&"step-00000090.safetensors".to_string()),
+        "{first:?}"
+    );
+    let early = dir.join("checkpoints/step-00000030.safetensors");
+    let out = job.run(&[
+        "--resume",
+        early.to_str().unwrap(),
+        "--set",
+        "train.max_steps=45",
+    ]);
+    assert_eq!(run_dir(&out), dir);
+    let now: Vec<String> = checkpoints(&dir)
+        .into_iter()
+        .filter(|n| n.starts_with("step-"))
+        .collect();
+    assert_eq!(now.last().unwrap(), "step-00000045.safetensors", "{now:?}");
+    let aside = std::fs::read_dir(dir.join("checkpoints/superseded"))
+        .unwrap()
+        .count();
+    assert_eq!(
+        aside,
+        first
+            .iter()
+            .filter(|n| n.as_str() > "step-00000030.safetensors")
+            .count()
+    );
+    let out = job.run(&["--resume", d, "--set", "train.max_steps=60"]);
+    assert_eq!(run_dir(&out), dir);
+    let resumed = summary(&dir)["resumed_from"].as_str().unwrap().to_string();
+    assert!(resumed.ends_with("step-00000045.safetensors"), "{resumed}");
+    let steps: Vec<u64> = metrics(&dir)
+        .iter()
+        .filter(|r| r.contains(",train,"))
+        .map(|r| r.split(',').next().unwrap().parse().unwrap())
+        .collect();
+    assert!(
+        steps.windows(2).all(|w| w[0] < w[1]),
+        "one timeline: {steps:?}"
+    );
+}
+
 #[test]
 fn nonexistent_resume_path_and_a_run_without_checkpoints_are_named() {
     let job = write_job(SMALL_JOB);

@@ -24,6 +24,7 @@ pub mod weights;
 pub use resume::{changeable_keys, find_auto_resume, incompatible_changes, locate, ResumePoint};
 
 use crate::error::{Error, Result};
+use crate::runtime_err;
 use crate::spec::{BestMode, CheckpointSpec, JobSpec};
 use crate::tensor::LossStats;
 use file::{TensorOut, Values};
@@ -239,6 +240,32 @@ pub fn list(dir: &Path) -> Vec<(u64, PathBuf)> {
         .collect();
     found.sort();
     found
+}
+
+/// Where a resume from an earlier checkpoint moves the later ones: they belong to the
+/// continuation it abandons, and left in place the next `--resume RUN_DIR` (or resume =
+/// "auto"), which takes the newest, would jump back into that timeline.
+pub const SUPERSEDED_DIR: &str = "superseded";
+
+/// Moves the checkpoints in `dir` written after `step` into `dir/superseded/` (kept, not
+/// deleted: they are a user's data); returns how many.
+pub fn set_aside_after(dir: &Path, step: u64) -> Result<usize> {
+    let later: Vec<PathBuf> = list(dir)
+        .into_iter()
+        .filter(|(s, _)| *s > step)
+        .map(|(_, path)| path)
+        .collect();
+    if later.is_empty() {
+        return Ok(0);
+    }
+    let aside = dir.join(SUPERSEDED_DIR);
+    let io = |e: std::io::Error| runtime_err!("cannot set aside {}: {e}", aside.display());
+    std::fs::create_dir_all(&aside).map_err(io)?;
+    for path in &later {
+        let name = path.file_name().expect("a checkpoint file");
+        std::fs::rename(path, aside.join(name)).map_err(io)?;
+    }
+    Ok(later.len())
 }
 
 /// Deletes the checkpoints `keep_last` and `keep_best` do not keep, and temporary files a
