@@ -550,6 +550,38 @@ fn a_resume_from_an_earlier_checkpoint_sets_the_later_ones_aside() {
     );
 }
 
+/// Early stopping's count of evaluations without improvement and its best value are in
+/// the checkpoints: a resumed run stops at the epoch the uninterrupted one stopped at (it
+/// counted from zero again, and trained two epochs longer).
+#[test]
+fn a_resumed_run_stops_early_where_the_uninterrupted_one_did() {
+    // min_delta = 1.0: no accuracy beats the first evaluation's by more, so with patience 2
+    // the run stops after epoch 3's evaluation, at step 69 (23 steps an epoch).
+    let job = write_job(&SMALL_JOB.replace(
+        "epochs = 4",
+        "epochs = 10\nearly_stopping = { metric = \"val_accuracy\", patience = 2, min_delta = 1.0 }",
+    ).replace("every_steps = 10", "every_steps = 10\nevery_epochs = 1"));
+    let whole = run_dir(&job.run(&[]));
+    assert_eq!(summary(&whole)["end_reason"], "early_stopped");
+    assert_eq!(summary(&whole)["steps"], 69, "{}", summary(&whole));
+    // At epoch 2's end (one evaluation without improvement), and mid-epoch 3 after it.
+    for name in ["step-00000046.safetensors", "step-00000050.safetensors"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("run");
+        std::fs::create_dir_all(dir.join("checkpoints")).unwrap();
+        for file in ["metrics.csv", "config.toml"] {
+            std::fs::copy(whole.join(file), dir.join(file)).unwrap();
+        }
+        let from = whole.join("checkpoints").join(name);
+        let checkpoint = dir.join("checkpoints").join(name);
+        std::fs::copy(from, &checkpoint).unwrap();
+        run_dir(&job.run(&["--resume", checkpoint.to_str().unwrap()]));
+        assert_eq!(summary(&dir)["end_reason"], "early_stopped", "from {name}");
+        assert_eq!(metrics(&dir), metrics(&whole), "from {name}");
+        assert_eq!(weights(&dir), weights(&whole), "from {name}");
+    }
+}
+
 #[test]
 fn nonexistent_resume_path_and_a_run_without_checkpoints_are_named() {
     let job = write_job(SMALL_JOB);

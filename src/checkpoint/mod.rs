@@ -77,6 +77,10 @@ pub struct TrainState {
     /// the steps taken.
     #[serde(default)]
     pub skipped_steps: u64,
+    /// Early stopping's best value and evaluations without improvement (absent without
+    /// early stopping, and in checkpoints from before it was kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub early_stopping: Option<crate::train::StoppingProgress>,
 }
 
 impl TrainState {

@@ -31,7 +31,7 @@ pub use processes::{serve, ProcessReplicas};
 pub(crate) use replicas::DeviceSync;
 pub use replicas::{CpuReplicas, DataParallel, OneDeviceCollective};
 pub use samples::Samples;
-pub use stopping::EndReason;
+pub use stopping::{EndReason, StoppingProgress};
 
 use crate::checkpoint::weights::Weights;
 use crate::checkpoint::{self, Checkpoint, Saving, TrainState};
@@ -239,7 +239,7 @@ pub fn train_session<B: Backend>(
     let epoch_steps = batches_per_epoch(train_len, batch_size, spec.data.drop_last).div_ceil(accum)
         * spec.train.epochs;
     let deadline = stopping::deadline(spec, start);
-    let mut early_stopping = stopping::EarlyStopping::new(spec);
+    let mut early_stopping = stopping::EarlyStopping::new(spec, st.early_stopping.as_ref());
     let skip_nonfinite = spec.train.on_nonfinite == OnNonFinite::Skip;
     // Not in checkpoints: a resumed run starts counting again.
     let mut skipped_in_a_row = 0u64;
@@ -406,7 +406,9 @@ pub fn train_session<B: Backend>(
                 &mut outcome,
             )?;
             if let Some(es) = early_stopping.as_mut() {
-                if es.should_stop(&outcome.last_eval) {
+                let stop = es.should_stop(&outcome.last_eval);
+                st.early_stopping = Some(es.progress().clone());
+                if stop {
                     outcome.end_reason = EndReason::EarlyStopped;
                     break 'epochs;
                 }
