@@ -833,12 +833,13 @@ fn with_resume_hint(e: Error, args: &RunArgs, run: &RunDir) -> Error {
 /// The command that continues `run`: the job and its `--set` overrides (without them the
 /// resume would be refused, or quietly train another length), shell-quoted.
 fn resume_command(args: &RunArgs, run: &RunDir) -> String {
-    let quote = |s: &str| match s
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || b"._-/=:".contains(&b))
-    {
-        true => s.to_string(),
-        false => format!("'{}'", s.replace('\'', r"'\''")),
+    let quote = |s: &str| {
+        let plain = |b: u8| b.is_ascii_alphanumeric() || b"._-/=:".contains(&b);
+        if !s.is_empty() && s.bytes().all(plain) {
+            s.to_string()
+        } else {
+            format!("'{}'", s.replace('\'', r"'\''"))
+        }
     };
     let mut command = format!(
         "trainer run {} --resume {}",

@@ -340,10 +340,31 @@ fn parse_axis(flag: &str, arg: &str) -> Result<Axis> {
     if values.is_empty() || values.iter().any(|v| v.is_empty()) {
         return Err(job_err!("{flag} {arg}: an empty value; {usage}"));
     }
+    let mut parsed = Vec::with_capacity(values.len());
     for v in &values {
-        parse_set_arg(&format!("{key}={v}")).map_err(|e| job_err!("{flag} {arg}: {e}"))?;
+        let (_, value) =
+            parse_set_arg(&format!("{key}={v}")).map_err(|e| job_err!("{flag} {arg}: {e}"))?;
+        parsed.push(value);
+    }
+    // A --grid value given twice (1e-3 and 0.001 are one value) would train the same job
+    // twice; zipped keys may repeat a value, as long as no two rows are the same.
+    if flag == "--grid" {
+        if let Some((i, j)) = first_repeat(&parsed) {
+            return Err(job_err!(
+                "{flag} {arg}: the value {} is given twice ({} and {}); each point would \
+                 train the same job",
+                parsed[i],
+                values[i],
+                values[j]
+            ));
+        }
     }
     Ok(Axis { key, values })
+}
+
+/// The first pair of equal items, by position.
+fn first_repeat<T: PartialEq>(items: &[T]) -> Option<(usize, usize)> {
+    (0..items.len()).find_map(|j| (0..j).find(|&i| items[i] == items[j]).map(|i| (i, j)))
 }
 
 /// Splits on commas that are not inside brackets, braces or quotes, so values can be TOML
@@ -405,6 +426,22 @@ fn check_axes(grid: &[Axis], zip: &[Axis], sets: &[String]) -> Result<()> {
                     other.values.len()
                 ));
             }
+        }
+        let rows: Vec<Vec<toml::Value>> = (0..first.values.len())
+            .map(|i| {
+                zip.iter()
+                    .filter_map(|a| parse_set_arg(&format!("{}={}", a.key, a.values[i])).ok())
+                    .map(|(_, v)| v)
+                    .collect()
+            })
+            .collect();
+        if let Some((i, j)) = first_repeat(&rows) {
+            return Err(job_err!(
+                "--zip: points {} and {} give every zipped key the same value; each would \
+                 train the same job",
+                i + 1,
+                j + 1
+            ));
         }
     }
     Ok(())

@@ -843,7 +843,7 @@ fn a_bad_value_inside_a_layer_names_its_key_and_what_is_allowed() {
             r#"{ type = "conv2d", out = -4, kernel_size = 3 }"#,
             &[
                 "key `model.layers[0].out`",
-                "integer `-4`, expected a whole number, at least 0",
+                "integer `-4`, expected a whole number, not negative",
             ],
         ),
         (

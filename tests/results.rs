@@ -694,6 +694,23 @@ fn bad_sweeps_are_refused_before_anything_trains() {
     );
     expect_error(
         TINY_JOB,
+        &sweep(&["--grid", "optimizer.lr=1e-3,0.01,0.001"]),
+        2,
+        &["the value 0.001 is given twice (1e-3 and 0.001)"],
+    );
+    expect_error(
+        TINY_JOB,
+        &sweep(&[
+            "--zip",
+            "optimizer.lr=0.1,0.2,0.1",
+            "--zip",
+            "data.batch_size=8,16,8",
+        ]),
+        2,
+        &["points 1 and 3 give every zipped key the same value"],
+    );
+    expect_error(
+        TINY_JOB,
         &sweep(&[
             "--grid",
             "optimizer.lr=0.1,0.2",

@@ -117,6 +117,8 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         return Err(format!("\"{text}\" given; {allowed}"));
     }
     let mut seconds = 0.0;
+    // Units in falling order, each once ("1h30m"); "1m1h" or "5m5m" is a typo.
+    let mut previous_scale = f64::INFINITY;
     while !rest.is_empty() {
         let split = rest
             .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -132,6 +134,12 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             "h" => 3600.0,
             _ => return Err(format!("\"{text}\" given; {allowed}")),
         };
+        if scale >= previous_scale {
+            return Err(format!(
+                "\"{text}\" given; the units must come in the order h, m, s, each once"
+            ));
+        }
+        previous_scale = scale;
         let value: f64 = number
             .parse()
             .map_err(|_| format!("\"{text}\" given; {allowed}"))?;
@@ -205,7 +213,8 @@ mod tests {
         assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
         assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
         assert_eq!(parse_duration("1.5h"), Ok(Duration::from_secs(5400)));
-        for bad in ["", "2", "2 hours", "h", "0s", "1d"] {
+        assert_eq!(parse_duration("1h 5m 30s"), Ok(Duration::from_secs(3930)));
+        for bad in ["", "2", "2 hours", "h", "0s", "1d", "1m1h", "5m5m", "30s1m"] {
             assert!(parse_duration(bad).is_err(), "{bad:?}");
         }
     }

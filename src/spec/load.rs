@@ -414,9 +414,9 @@ fn toml_error(
 /// serde's type names in the words of a job file.
 fn plain(message: &str) -> String {
     let message = [
-        ("expected usize", "expected a whole number, at least 0"),
-        ("expected u64", "expected a whole number, at least 0"),
-        ("expected u32", "expected a whole number, at least 0"),
+        ("expected usize", "expected a whole number, not negative"),
+        ("expected u64", "expected a whole number, not negative"),
+        ("expected u32", "expected a whole number, not negative"),
         ("expected i64", "expected a whole number"),
         ("expected f64", "expected a number"),
         ("expected f32", "expected a number"),
