@@ -328,6 +328,7 @@ fn pick_device(job: &Path, spec: &JobSpec) -> Result<Device> {
 /// Trains a job, or continues one from a checkpoint; returns the run directory (None on the
 /// ranks but 0 of a multi-process run: rank 0 writes the run directory).
 pub fn run(args: &RunArgs) -> Result<Option<PathBuf>> {
+    let began = run_began();
     let Prepared { spec, data, graph } = prepare(&args.job, &args.sets, args.name.as_deref())?;
     if spec.parallel.launches_processes(&spec.device.kind) {
         // This process only starts and watches the replicas' processes.
@@ -365,7 +366,7 @@ pub fn run(args: &RunArgs) -> Result<Option<PathBuf>> {
                     }
                     None => cpu_replicas(&spec, threads, graph.param_len)?,
                 };
-                run_on(args, &spec, data, graph, &backend, start, parallel).map(Some)
+                run_on(args, began, &spec, data, graph, &backend, start, parallel).map(Some)
             })
         }
         Device::Cuda(ordinal) => {
@@ -398,8 +399,20 @@ pub fn run(args: &RunArgs) -> Result<Option<PathBuf>> {
                 },
                 None => None,
             };
-            run_on(args, &spec, data, graph, &backend, start, parallel).map(Some)
+            run_on(args, began, &spec, data, graph, &backend, start, parallel).map(Some)
         }
+    }
+}
+
+/// When this run began, for the start-up time in summary.json: the process start for a
+/// process's first run (start-up then includes loading the program and its libraries), the
+/// call itself for the later ones (a sweep's points trained in this process).
+fn run_began() -> Instant {
+    static FIRST: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+    if FIRST.swap(false, std::sync::atomic::Ordering::Relaxed) {
+        crate::process_start()
+    } else {
+        Instant::now()
     }
 }
 
@@ -491,8 +504,10 @@ fn precision_on_gpu(spec: &JobSpec, backend: &CudaBackend) -> Result<JobSpec> {
 
 /// Opens the run directory (new, or the resumed run's) and trains in it (with the other
 /// data-parallel replicas when `parallel` is given).
+#[allow(clippy::too_many_arguments)]
 fn run_on<B: Backend>(
     args: &RunArgs,
+    began: Instant,
     spec: &JobSpec,
     data: Data,
     graph: Graph,
@@ -545,7 +560,9 @@ fn run_on<B: Backend>(
     let log = run.path.join("train.log");
     crate::logging::attach_run_log(&log)
         .map_err(|e| Error::Runtime(format!("cannot create {}: {e}", log.display())))?;
-    let result = run_in(&run, args, spec, data, graph, backend, start, parallel);
+    let result = run_in(
+        &run, args, began, spec, data, graph, backend, start, parallel,
+    );
     crate::logging::detach_run_log();
     result.map(|()| run.path)
 }
@@ -658,6 +675,7 @@ fn plan_start(args: &RunArgs, spec: &JobSpec, graph: &Graph, train_len: usize) -
 fn run_in<B: Backend>(
     run: &RunDir,
     args: &RunArgs,
+    began: Instant,
     spec: &JobSpec,
     data: Data,
     graph: Graph,
@@ -769,7 +787,9 @@ fn run_in<B: Backend>(
                 "wall_s": wall,
                 "train_s": outcome.train_seconds,
                 "samples_per_sec": outcome.samples_per_sec(),
-                "startup_s": outcome.startup_s,
+                "startup_s": outcome
+                    .first_step_at
+                    .map(|at| at.saturating_duration_since(began).as_secs_f64()),
                 "cuda_graph_recordings": outcome.step_recordings,
                 "cuda_graph_update_recordings": outcome.update_recordings,
                 "memory_planned_bytes": all_replicas_memory(spec, &weights_graph, &memory),

@@ -302,6 +302,9 @@ fn resuming_from_any_checkpoint_gives_the_same_run() {
         }
         run_dir(&r.job.run(&["--resume", checkpoint.to_str().unwrap()]));
         assert_same_as_reference(&dir);
+        // The resumed session's own start-up (it was 0: only a run's step 0 measured it).
+        let startup = summary(&dir)["startup_s"].as_f64().unwrap();
+        assert!(startup > 0.0 && startup < 30.0, "{startup}");
     }
 }
 

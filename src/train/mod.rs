@@ -63,8 +63,8 @@ pub struct Outcome {
     pub final_weights: Weights,
     /// Training forward passes (micro-batches) so far: batch norm's num_batches_tracked.
     pub batches_tracked: u64,
-    /// Seconds from process start to the first training step (start-up: data, kernels...).
-    pub startup_s: f64,
+    /// When this session's first training step began (start-up ends: data, kernels...).
+    pub first_step_at: Option<Instant>,
     /// On devices that record (CUDA graphs): how many times the training step was recorded
     /// (0: never, every step ran op by op).
     pub step_recordings: Option<u64>,
@@ -257,9 +257,7 @@ pub fn train_session<B: Backend>(
                 break 'epochs;
             }
             let step_start = Instant::now();
-            if st.step == 0 && outcome.startup_s == 0.0 {
-                outcome.startup_s = crate::process_start().elapsed().as_secs_f64();
-            }
+            outcome.first_step_at.get_or_insert(step_start);
             let step = st.step + 1;
             // Past the deadline, this step is the last one (and is logged).
             let out_of_time = deadline.is_some_and(|d| Instant::now() >= d);
