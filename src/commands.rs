@@ -734,8 +734,7 @@ fn run_in<B: Backend>(
     if let Ok(outcome) = &result {
         if outcome.interrupted.is_none() {
             let path = run.path.join(weights::MODEL_FILE);
-            let (w, tracked) = (&outcome.final_weights, outcome.batches_tracked);
-            if let Err(e) = weights::write(&path, &weights_graph, w, tracked) {
+            if let Err(e) = weights::write(&path, &weights_graph, &outcome.final_weights) {
                 result = Err(e);
             }
         }

@@ -131,6 +131,21 @@ fn batch_norm_buffers_and_named_layers_use_pytorch_names() {
     // The running variance has moved from its initial 1.
     let var: Vec<f32> = bytemuck::pod_collect_to_vec(file.tensor("bn.running_var").unwrap().data());
     assert!(var.iter().all(|&v| v > 0.0) && var.iter().any(|&v| (v - 1.0).abs() > 1e-3));
+
+    // A run from these weights counts on from them, as PyTorch after load_state_dict does.
+    let init = format!(
+        "init_from = \"{}\"",
+        dir.join("model.safetensors").display()
+    );
+    let next = run_dir(&run(
+        tmp.path(),
+        "next.toml",
+        &job_text(RESIDUAL_LAYERS, &init),
+    ));
+    let bytes = std::fs::read(next.join("model.safetensors")).unwrap();
+    let file = SafeTensors::deserialize(&bytes).unwrap();
+    let tracked = file.tensor("bn.num_batches_tracked").unwrap();
+    assert_eq!(i64::from_le_bytes(tracked.data().try_into().unwrap()), 92);
 }
 
 /// Each layer's parameters, and every weight and bias a matrix product reads, start 16-byte
@@ -200,8 +215,9 @@ fn written_weights_read_back_bit_identical() {
     let w = weights::Weights {
         params: params.clone(),
         running_stats: Vec::new(),
+        batches_tracked: Vec::new(),
     };
-    weights::write(&path, &graph, &w, 0).unwrap();
+    weights::write(&path, &graph, &w).unwrap();
     let back = weights::read(&path, &graph).unwrap().params;
     assert!(back
         .iter()
@@ -283,6 +299,21 @@ fn init_from_files_that_do_not_fit_are_refused_with_the_names() {
             assert!(err.contains(n), "message lacks {n:?}:\n{err}");
         }
     }
+    // A NaN in the file: refused by its tensor, not left to show as a diverged loss.
+    let (_, graph) = digits_graph(small);
+    let mut w = weights::read(Path::new(&file), &graph).unwrap();
+    let second_layer = graph.state_dict_entries()[2].offset;
+    w.params[second_layer + 5] = f32::NAN;
+    let poisoned = tmp.path().join("nan.safetensors");
+    weights::write(&poisoned, &graph, &w).unwrap();
+    let init = format!("init_from = \"{}\"", poisoned.display());
+    let out = run(tmp.path(), "nan.toml", &job_text(small, &init));
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("tensor `3.weight` holds NaN (at flat index 5); every value must be finite"),
+        "{err}"
+    );
 }
 
 /// A Python that has torch and safetensors: $TRAINER_TORCH_PYTHON, the development

@@ -282,6 +282,25 @@ impl TensorFile {
         }
     }
 
+    /// A scalar count such as batch norm's `num_batches_tracked` (PyTorch saves int64).
+    pub fn count(&self, name: &str) -> Result<u64, String> {
+        let value = match self.raw(name) {
+            Some((Dtype::I64, [], b)) => i64::from_le_bytes(b.try_into().unwrap_or_default()),
+            Some((Dtype::I32, [], b)) => {
+                i64::from(i32::from_le_bytes(b.try_into().unwrap_or_default()))
+            }
+            Some((dtype, shape, _)) => {
+                return Err(format!(
+                    "tensor `{name}` is {dtype:?} of shape {shape:?}; a count is an integer \
+                     scalar (PyTorch's int64, shape [])"
+                ))
+            }
+            None => return Err(format!("it has no tensor `{name}`")),
+        };
+        u64::try_from(value)
+            .map_err(|_| format!("tensor `{name}` is {value}; a count is at least 0"))
+    }
+
     pub fn f64s(&self, name: &str) -> Result<Vec<f64>, String> {
         match self.raw(name) {
             Some((Dtype::F64, _, b)) => Ok(values_from(b)),

@@ -81,6 +81,10 @@ pub struct TrainState {
     /// early stopping, and in checkpoints from before it was kept).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub early_stopping: Option<crate::train::StoppingProgress>,
+    /// Each batch-norm layer's num_batches_tracked at the run's start (`model.init_from`'s;
+    /// empty: 0): the exported count is this plus `micro_step`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub batches_tracked_before: Vec<u64>,
 }
 
 impl TrainState {

@@ -7,7 +7,8 @@
 //! them; `load_state_dict` (or safetensors.torch.load_model) reads the file as it is.
 //! `model.init_from` reads such a file back, checking every name and shape. A layer with a
 //! `name` uses it instead of its index (`block1.weight`). Batch norm also has PyTorch's
-//! buffers: `running_mean`, `running_var` and `num_batches_tracked` (int64, a scalar).
+//! buffers: `running_mean`, `running_var` and `num_batches_tracked` (int64, a scalar; a run
+//! from `init_from` counts on from the file's).
 
 use super::file::{self, TensorOut, Values};
 use crate::error::{Error, Result};
@@ -18,18 +19,22 @@ use std::path::Path;
 /// The file a finished run writes its final weights to, in the run directory.
 pub const MODEL_FILE: &str = "model.safetensors";
 
-/// A model's state: the parameters and batch norm's running statistics.
+/// A model's state: the parameters and batch norm's running statistics and counts.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Weights {
     pub params: Vec<f32>,
     /// `Network::running_stats` (empty without batch norm).
     pub running_stats: Vec<f32>,
+    /// Each batch-norm layer's `num_batches_tracked` (training forward passes), in
+    /// `Graph::batchnorm_prefixes` order; empty: all 0.
+    pub batches_tracked: Vec<u64>,
 }
 
-/// Writes the parameters and buffers under their PyTorch names; `batches_tracked` is batch
-/// norm's `num_batches_tracked` (training forward passes). Returns the file's size.
-pub fn write(path: &Path, graph: &Graph, weights: &Weights, batches_tracked: u64) -> Result<u64> {
-    let tracked = [batches_tracked as i64];
+/// Writes the parameters and buffers under their PyTorch names. Returns the file's size.
+pub fn write(path: &Path, graph: &Graph, weights: &Weights) -> Result<u64> {
+    let tracked: Vec<[i64; 1]> = (0..graph.batchnorm_prefixes().len())
+        .map(|i| [weights.batches_tracked.get(i).copied().unwrap_or(0) as i64])
+        .collect();
     let entries = graph.state_dict_entries();
     let stats = graph.running_stat_entries();
     let mut tensors: Vec<TensorOut> = entries
@@ -45,11 +50,17 @@ pub fn write(path: &Path, graph: &Graph, weights: &Weights, batches_tracked: u64
         name: e.name,
         shape: e.shape,
     }));
-    tensors.extend(graph.batchnorm_prefixes().into_iter().map(|p| TensorOut {
-        name: format!("{p}.num_batches_tracked"),
-        shape: vec![],
-        values: Values::I64(&tracked),
-    }));
+    tensors.extend(
+        graph
+            .batchnorm_prefixes()
+            .into_iter()
+            .zip(&tracked)
+            .map(|(p, count)| TensorOut {
+                name: format!("{p}.num_batches_tracked"),
+                shape: vec![],
+                values: Values::I64(count),
+            }),
+    );
     // "format": "pt" is what Hugging Face's loaders look for in a PyTorch state_dict file.
     let metadata = BTreeMap::from([
         ("format".to_string(), "pt".to_string()),
@@ -119,6 +130,13 @@ pub fn read(path: &Path, graph: &Graph) -> Result<Weights> {
                 )));
             }
             let values = f.f32s(&e.name).map_err(bad)?;
+            // A NaN would only show as a diverged loss or a NaN evaluation, far from its cause.
+            if let Some((i, v)) = values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+                return Err(bad(format!(
+                    "tensor `{}` holds {v} (at flat index {i}); every value must be finite",
+                    e.name
+                )));
+            }
             out[e.offset..e.offset + e.len()].copy_from_slice(&values);
         }
         Ok(())
@@ -126,6 +144,10 @@ pub fn read(path: &Path, graph: &Graph) -> Result<Weights> {
     let mut weights = Weights {
         params: vec![0.0; graph.param_len],
         running_stats: vec![0.0; graph.running_stats_len()],
+        batches_tracked: tracked
+            .iter()
+            .map(|n| f.count(n).map_err(bad))
+            .collect::<Result<_>>()?,
     };
     fill(&params, &mut weights.params)?;
     fill(&stats, &mut weights.running_stats)?;

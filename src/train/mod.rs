@@ -61,8 +61,6 @@ pub struct Outcome {
     pub last_eval: Vec<MetricsRow>,
     /// The final parameters and batch-norm running statistics.
     pub final_weights: Weights,
-    /// Training forward passes (micro-batches) so far: batch norm's num_batches_tracked.
-    pub batches_tracked: u64,
     /// When this session's first training step began (start-up ends: data, kernels...).
     pub first_step_at: Option<Instant>,
     /// On devices that record (CUDA graphs): how many times the training step was recorded
@@ -158,6 +156,8 @@ pub fn train_session<B: Backend>(
     let target_dim = data.target_dim;
     let has_accuracy = graph.objective.has_accuracy;
     let param_len = graph.param_len;
+    // init_from's num_batches_tracked, which this run counts on from.
+    let mut tracked_before = Vec::new();
     let (params, running_stats, resume) = match resume {
         Some(mut c) => (
             std::mem::take(&mut c.params),
@@ -165,7 +165,10 @@ pub fn train_session<B: Backend>(
             Some(c),
         ),
         None => match initial {
-            Some(w) => (w.params, Some(w.running_stats), None),
+            Some(w) => {
+                tracked_before = w.batches_tracked;
+                (w.params, Some(w.running_stats), None)
+            }
             None => (graph.init_params(spec.job.seed), None, None),
         },
     };
@@ -201,6 +204,7 @@ pub fn train_session<B: Backend>(
     let mut train_stats = backend.new_stats()?;
     let mut eval_stats = backend.new_stats()?;
     let mut st = TrainState::start(spec.job.seed);
+    st.batches_tracked_before = tracked_before;
     if let Some(c) = resume {
         optimizer
             .restore(backend, &c.optimizer, c.state.optimizer_steps, param_len)
@@ -482,9 +486,14 @@ pub fn train_session<B: Backend>(
     }
     let mut params = vec![0.0; param_len];
     backend.download(&net.params, &mut params);
+    // Every training forward pass counts, as in PyTorch (micro-batches, skipped steps too).
+    let batches_tracked = (0..net.graph.batchnorm_prefixes().len())
+        .map(|i| st.batches_tracked_before.get(i).copied().unwrap_or(0) + st.micro_step)
+        .collect();
     let weights = Weights {
         params,
         running_stats: net.running_stats(backend),
+        batches_tracked,
     };
     // The last steps, the evaluations and these downloads ran without a check since the
     // last step's: a device fault there fails the run rather than report garbage weights.
@@ -535,7 +544,6 @@ fn finish(mut outcome: Outcome, st: &TrainState, final_weights: Option<Weights>)
     outcome.train_samples = st.train_samples;
     outcome.train_seconds = st.train_seconds;
     outcome.final_weights = final_weights.unwrap_or_default();
-    outcome.batches_tracked = st.micro_step;
     outcome
 }
 
