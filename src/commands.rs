@@ -250,7 +250,7 @@ enum Device {
 /// `device.type`. `auto` takes cuda:0 when a usable GPU (driver, device, NVRTC, cuBLAS) is
 /// present, else the CPU, and logs why; replicas in threads (`parallel.replicas`) are CPU
 /// replicas, since one process drives one GPU.
-fn pick_device(job: &Path, spec: &JobSpec) -> Result<Device> {
+fn pick_device(job: &Path, sets: &[String], spec: &JobSpec) -> Result<Device> {
     let threaded = spec.parallel.thread_replicas(&spec.device.kind);
     let kind = match spec.parallel.listed_device() {
         Some(listed) => {
@@ -306,7 +306,7 @@ fn pick_device(job: &Path, spec: &JobSpec) -> Result<Device> {
         return Err(Error::Job(format!(
             "{}: key `parallel.backend`: \"nccl\" given, but this run is on the CPU; NCCL \
              averages gradients on CUDA devices: use \"tcp\" or \"auto\"",
-            job.display()
+            spec::KeySources::new(job, sets)?.of("parallel.backend")
         )));
     }
     if device == Device::Cpu && spec.device.allow_tf32 {
@@ -341,7 +341,7 @@ pub fn run(args: &RunArgs) -> Result<Option<PathBuf>> {
         0 => Some(plan_start(args, &spec, &graph, data.train.len)?),
         _ => None,
     };
-    match pick_device(&args.job, &spec)? {
+    match pick_device(&args.job, &args.sets, &spec)? {
         Device::Cpu => {
             check_host_memory(&spec, &graph, &data)?;
             // With data parallelism every replica gets a pool of its own part of the threads
@@ -1126,7 +1126,7 @@ pub fn check(job: &Path, sets: &[String]) -> Result<String> {
         out += "* in place: writes its output over its input, which no other layer needs\n";
     }
     // Predict for the device the job names; `auto` is resolved as `run` would resolve it.
-    let gpu = match pick_device(job, &spec)? {
+    let gpu = match pick_device(job, sets, &spec)? {
         Device::Cpu => None,
         Device::Cuda(n) => Some(n),
     };

@@ -182,9 +182,11 @@ fn watch(ranks: &mut [Rank], signals: &Received) {
                 Some(_) => stop_all(ranks),
             }
         }
+        // One time for the round: ranks found ended together are told apart by their cause.
+        let now = Instant::now();
         for rank in ranks.iter_mut().filter(|r| r.ended.is_none()) {
             match rank.child.try_wait() {
-                Ok(Some(status)) => rank.ended = Some((status, Instant::now())),
+                Ok(Some(status)) => rank.ended = Some((status, now)),
                 Ok(None) => {}
                 Err(e) => tracing::warn!("cannot wait for rank process {}: {e}", rank.child.id()),
             }
@@ -237,8 +239,8 @@ fn signal_name(signal: i32) -> &'static str {
 }
 
 /// What the run's end means: None when every rank completed; else the error of the rank
-/// that failed first (a rank failing after another is usually the consequence), with that
-/// rank's exit code class.
+/// that failed first (a rank failing after another is usually the consequence; among ranks
+/// found ended in the same poll, one killed by a signal), with that rank's exit code class.
 fn outcome(ranks: &mut [Rank]) -> Option<Error> {
     let mut failures: Vec<(Instant, usize, ExitStatus, Option<String>)> = Vec::new();
     for (index, rank) in ranks.iter_mut().enumerate() {
@@ -249,19 +251,21 @@ fn outcome(ranks: &mut [Rank]) -> Option<Error> {
             }
         }
     }
-    failures.sort_by_key(|f| (f.0, f.1));
+    // Found ended in the same round, a rank killed by a signal is the cause: the others
+    // failed because they lost it.
+    failures.sort_by_key(|f| (f.0, f.2.signal().is_none(), f.1));
     let (_, index, status, error) = failures.into_iter().next()?;
     let device = &ranks[index].device;
-    let what = error.unwrap_or_else(|| "no error message".into());
+    let what = error.map_or_else(String::new, |e| format!(": {e}"));
     Some(match (status.code(), status.signal()) {
-        (Some(2), _) => Error::Job(format!("rank {index} ({device}): {what}")),
+        (Some(2), _) => Error::Job(format!("rank {index} ({device}){what}")),
         (Some(code), _) if code == 128 + SIGINT || code == 128 + SIGTERM => Error::Interrupted {
             signal: code - 128,
             message: format!("the ranks were stopped by {}", signal_name(code - 128)),
         },
-        (Some(code), _) => runtime_err!("rank {index} ({device}) failed (exit {code}): {what}"),
+        (Some(code), _) => runtime_err!("rank {index} ({device}) failed (exit {code}){what}"),
         (None, signal) => runtime_err!(
-            "rank {index} ({device}) was killed (signal {}): {what}",
+            "rank {index} ({device}) was killed (signal {}){what}",
             signal.map_or("unknown".into(), |s| s.to_string())
         ),
     })

@@ -456,7 +456,7 @@ fn ranks_with_different_jobs_are_refused_before_anything_is_written() {
             ended.stderr.contains("rank 1's job differs from rank 0's")
                 && ended
                     .stderr
-                    .contains("optimizer.lr: 0.003 on rank 0, 0.5 here"),
+                    .contains("optimizer.lr: 0.003 on rank 0, 0.5 on rank 1"),
             "{}",
             ended.stderr
         );
@@ -965,6 +965,45 @@ fn a_signal_to_a_launching_run_stops_every_rank_with_a_checkpoint_to_resume() {
     let resumed = finish(launch(&again), Duration::from_secs(120));
     assert_eq!(run_dir_of(&resumed), dir);
     assert_trains_like_two_threaded_replicas(job, tmp.path(), &dir);
+}
+
+/// A rank killed from outside is named as the cause, with its signal; rank 0, which failed
+/// because it lost that rank, ends in the same moment (it was reported instead).
+#[test]
+fn a_launching_run_names_the_rank_that_was_killed() {
+    let _turn = one_at_a_time();
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), LONG_JOB);
+    let runs = tmp.path().join("runs");
+    let launcher = launch(&[
+        job.to_str().unwrap(),
+        "--runs-dir",
+        runs.to_str().unwrap(),
+        "--set",
+        "parallel.replicas=2",
+        "--set",
+        "parallel.launch=\"processes\"",
+    ]);
+    wait_for_checkpoint(&runs);
+    let id = launcher.id();
+    let children = std::fs::read_to_string(format!("/proc/{id}/task/{id}/children")).unwrap();
+    let rank_one = children
+        .split_whitespace()
+        .map(|p| p.parse::<i32>().unwrap())
+        .find(|p| {
+            std::fs::read(format!("/proc/{p}/environ"))
+                .is_ok_and(|env| env.split(|&b| b == 0).any(|v| v == b"RANK=1"))
+        })
+        .expect("the launcher's rank-1 process");
+    unsafe { libc::kill(rank_one, libc::SIGKILL) };
+    let ended = finish(launcher, Duration::from_secs(60));
+    assert_eq!(ended.code, Some(1), "{}", ended.stderr);
+    let last = ended.stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("rank 1 (cpu) was killed (signal 9)"),
+        "{}",
+        ended.stderr
+    );
 }
 
 #[test]

@@ -24,7 +24,15 @@ pub struct Rendezvous {
     pub timeout: Duration,
 }
 
-const MAGIC: &[u8; 8] = b"trainer1";
+/// Opens every message of the rendezvous both ways, so that anything else listening on (or
+/// connecting to) the port is told apart from a rank. "2": rank 0's answer says whether it
+/// accepts the rank.
+const MAGIC: &[u8; 8] = b"trainer2";
+/// Rank 0's answer: the payload follows, or a refusal (UTF-8 text) does.
+const ACCEPTED: u8 = 0;
+const REFUSED: u8 = 1;
+/// Far above any payload (the job as JSON, an NCCL id): a length beyond it is not ours.
+const MAX_PAYLOAD: u64 = 256 << 20;
 
 impl Rendezvous {
     /// From torchrun's / SLURM's variables; None when RANK and WORLD_SIZE are not set, or
@@ -98,60 +106,102 @@ pub fn exchange(r: &Rendezvous, payload: Vec<u8>) -> Result<Vec<u8>> {
 /// Connects the ranks: rank 0 greets each other rank with `payload` as it arrives and gets
 /// links to ranks 1.. (in rank order); another rank gets one link, to rank 0, and the payload.
 pub fn connect(r: &Rendezvous, payload: Vec<u8>) -> Result<(Vec<Link>, Vec<u8>)> {
-    let deadline = Instant::now() + r.timeout;
-    let where_ = format!("{}:{}", r.master_addr, r.master_port);
-    if r.rank == 0 {
-        let listener = TcpListener::bind(&where_)
-            .map_err(|e| Error::Runtime(format!("rank 0 cannot listen on {where_}: {e}")))?;
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| Error::Runtime(format!("{where_}: {e}")))?;
-        let mut seen = vec![false; r.world_size];
-        seen[0] = true;
-        let mut links: Vec<Option<Link>> = (0..r.world_size).map(|_| None).collect();
-        while seen.iter().any(|s| !s) {
-            if Instant::now() > deadline {
-                let missing: Vec<String> = (0..r.world_size)
-                    .filter(|&i| !seen[i])
-                    .map(|i| i.to_string())
-                    .collect();
-                return Err(Error::Runtime(format!(
-                    "rendezvous on {where_}: rank(s) {} did not connect within {:?}",
-                    missing.join(", "),
-                    r.timeout
-                )));
-            }
-            match listener.accept() {
-                Ok((mut stream, peer)) => {
-                    stream.set_nonblocking(false).ok();
-                    stream.set_read_timeout(Some(Duration::from_secs(10))).ok();
-                    let mut hello = [0u8; 12];
-                    stream.read_exact(&mut hello).map_err(|e| {
-                        Error::Runtime(format!("rendezvous: {peer} sent no greeting: {e}"))
-                    })?;
-                    let rank =
-                        u32::from_be_bytes([hello[8], hello[9], hello[10], hello[11]]) as usize;
-                    if &hello[..8] != MAGIC || rank == 0 || rank >= r.world_size || seen[rank] {
-                        return Err(Error::Runtime(format!(
-                            "rendezvous: unexpected greeting from {peer} (rank {rank})"
-                        )));
-                    }
-                    seen[rank] = true;
-                    let mut msg = (payload.len() as u64).to_be_bytes().to_vec();
-                    msg.extend_from_slice(&payload);
-                    stream.write_all(&msg).map_err(|e| {
-                        Error::Runtime(format!("rendezvous: rank {rank} left: {e}"))
-                    })?;
-                    links[rank] = Some(Link::new(stream, 0, rank, r.timeout)?);
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
-                Err(e) => return Err(Error::Runtime(format!("rendezvous on {where_}: {e}"))),
-            }
-        }
-        return Ok((links.into_iter().flatten().collect(), payload));
+    match r.rank {
+        0 => accept_ranks(r, payload),
+        _ => join_rank_zero(r),
     }
+}
+
+fn where_(r: &Rendezvous) -> String {
+    format!("{}:{}", r.master_addr, r.master_port)
+}
+
+/// Rank 0: waits for every other rank, greets it, and returns the links in rank order.
+/// A connection that does not greet as a trainer rank (a port scanner, a health check) is
+/// ignored; a rank out of range or joining twice is a broken launch (exit 2), and that rank
+/// is told why.
+fn accept_ranks(r: &Rendezvous, payload: Vec<u8>) -> Result<(Vec<Link>, Vec<u8>)> {
+    let deadline = Instant::now() + r.timeout;
+    let where_ = where_(r);
+    let listener = TcpListener::bind(&where_)
+        .map_err(|e| Error::Runtime(format!("rank 0 cannot listen on {where_}: {e}")))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| Error::Runtime(format!("{where_}: {e}")))?;
+    let mut links: Vec<Option<(Link, std::net::SocketAddr)>> =
+        (0..r.world_size).map(|_| None).collect();
+    while links[1..].iter().any(Option::is_none) {
+        if Instant::now() > deadline {
+            let missing: Vec<String> = (1..r.world_size)
+                .filter(|&i| links[i].is_none())
+                .map(|i| i.to_string())
+                .collect();
+            return Err(Error::Runtime(format!(
+                "rendezvous on {where_}: rank(s) {} did not connect within {:?} (a rank that \
+                 stopped before training says why in its own output)",
+                missing.join(", "),
+                r.timeout
+            )));
+        }
+        let (mut stream, peer) = match listener.accept() {
+            Ok(accepted) => accepted,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            }
+            Err(e) => return Err(Error::Runtime(format!("rendezvous on {where_}: {e}"))),
+        };
+        stream.set_nonblocking(false).ok();
+        stream.set_read_timeout(Some(Duration::from_secs(10))).ok();
+        let mut hello = [0u8; 12];
+        if stream.read_exact(&mut hello).is_err() || &hello[..8] != MAGIC {
+            tracing::warn!("rendezvous on {where_}: ignored a connection from {peer} that is not a trainer rank");
+            continue;
+        }
+        let rank = u32::from_be_bytes([hello[8], hello[9], hello[10], hello[11]]) as usize;
+        let refusal = match links.get(rank) {
+            _ if rank == 0 => Some(format!(
+                "a second rank 0 joined from {peer}: every process needs its own RANK"
+            )),
+            None => Some(format!(
+                "rank {rank} joined from {peer}, but WORLD_SIZE is {} on rank 0 (ranks 0 to {}): \
+                 every process needs the same WORLD_SIZE",
+                r.world_size,
+                r.world_size - 1
+            )),
+            Some(Some((_, first))) => Some(format!(
+                "rank {rank} joined twice, from {first} and from {peer}: every process needs \
+                 its own RANK"
+            )),
+            Some(None) => None,
+        };
+        if let Some(why) = refusal {
+            let _ = stream.write_all(&answer(REFUSED, why.as_bytes()));
+            return Err(Error::Job(format!("rendezvous on {where_}: {why}")));
+        }
+        stream
+            .write_all(&answer(ACCEPTED, &payload))
+            .map_err(|e| Error::Runtime(format!("rendezvous: rank {rank} left: {e}")))?;
+        links[rank] = Some((Link::new(stream, 0, rank, r.timeout)?, peer));
+    }
+    let links = links.into_iter().flatten().map(|(link, _)| link).collect();
+    Ok((links, payload))
+}
+
+/// Rank 0's answer: MAGIC, ACCEPTED or REFUSED, the length and the bytes.
+fn answer(kind: u8, bytes: &[u8]) -> Vec<u8> {
+    let mut msg = MAGIC.to_vec();
+    msg.push(kind);
+    msg.extend_from_slice(&(bytes.len() as u64).to_be_bytes());
+    msg.extend_from_slice(bytes);
+    msg
+}
+
+/// Another rank: connects to rank 0 (retrying until the timeout: rank 0 may start later),
+/// greets it, and reads its answer.
+fn join_rank_zero(r: &Rendezvous) -> Result<(Vec<Link>, Vec<u8>)> {
+    let deadline = Instant::now() + r.timeout;
+    let where_ = where_(r);
     let addr = where_
         .to_socket_addrs()
         .map_err(|e| Error::Job(format!("MASTER_ADDR:MASTER_PORT = {where_}: {e}")))?
@@ -162,7 +212,9 @@ pub fn connect(r: &Rendezvous, payload: Vec<u8>) -> Result<(Vec<Link>, Vec<u8>)>
             Ok(s) => break s,
             Err(e) if Instant::now() > deadline => {
                 return Err(Error::Runtime(format!(
-                    "rank {}: rank 0 did not answer on {where_} within {:?}: {e}",
+                    "rank {}: rank 0 did not answer on {where_} within {:?}: {e} (rank 0 may \
+                     have stopped before training, its own output says why; or MASTER_ADDR and \
+                     MASTER_PORT do not lead to it)",
                     r.rank, r.timeout
                 )))
             }
@@ -176,14 +228,40 @@ pub fn connect(r: &Rendezvous, payload: Vec<u8>) -> Result<(Vec<Link>, Vec<u8>)>
     let mut hello = MAGIC.to_vec();
     hello.extend_from_slice(&(r.rank as u32).to_be_bytes());
     let lost = |e: std::io::Error| {
-        Error::Runtime(format!("rank {}: lost rank 0 at {where_}: {e}", r.rank))
+        let e = match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                format!("no answer within {:?}", r.timeout)
+            }
+            std::io::ErrorKind::UnexpectedEof => "it closed the connection".to_string(),
+            _ => e.to_string(),
+        };
+        Error::Runtime(format!(
+            "rank {}: lost rank 0 at {where_} during the rendezvous: {e}",
+            r.rank
+        ))
     };
     stream.write_all(&hello).map_err(lost)?;
-    let mut len = [0u8; 8];
-    stream.read_exact(&mut len).map_err(lost)?;
-    let mut payload = vec![0u8; u64::from_be_bytes(len) as usize];
-    stream.read_exact(&mut payload).map_err(lost)?;
-    Ok((vec![Link::new(stream, r.rank, 0, r.timeout)?], payload))
+    let mut head = [0u8; 17];
+    stream.read_exact(&mut head).map_err(lost)?;
+    let len = u64::from_be_bytes(head[9..17].try_into().unwrap_or_default());
+    if &head[..8] != MAGIC || head[8] > REFUSED || len > MAX_PAYLOAD {
+        return Err(Error::Job(format!(
+            "rank {}: {where_} answered, but not as a trainer rank 0 (it sent {:?}); \
+             MASTER_ADDR and MASTER_PORT must lead to rank 0",
+            r.rank,
+            String::from_utf8_lossy(&head)
+        )));
+    }
+    let mut bytes = vec![0u8; len as usize];
+    stream.read_exact(&mut bytes).map_err(lost)?;
+    if head[8] == REFUSED {
+        return Err(Error::Job(format!(
+            "rank {}: rank 0 refused this rank: {}",
+            r.rank,
+            String::from_utf8_lossy(&bytes)
+        )));
+    }
+    Ok((vec![Link::new(stream, r.rank, 0, r.timeout)?], bytes))
 }
 
 #[cfg(test)]
@@ -233,6 +311,54 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("rank 0 did not answer"), "{e}");
+    }
+
+    #[test]
+    fn a_server_that_is_not_rank_zero_is_named_not_trusted() {
+        // An HTTP server on the port: its reply read as a length was an 5e18-byte allocation.
+        let server = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = server.local_addr().unwrap().port();
+        let http = std::thread::spawn(move || {
+            let (mut c, _) = server.accept().unwrap();
+            c.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n").unwrap();
+            std::thread::sleep(Duration::from_millis(500));
+        });
+        let e = exchange(&at(1, 2, port, 3000), vec![]).unwrap_err();
+        assert!(matches!(e, Error::Job(_)), "{e}");
+        assert!(
+            e.to_string()
+                .contains("answered, but not as a trainer rank 0 (it sent \"HTTP/1.1 400 Bad"),
+            "{e}"
+        );
+        http.join().unwrap();
+    }
+
+    #[test]
+    fn a_stray_connection_is_ignored_and_a_rank_joining_twice_is_refused() {
+        let port = free_port();
+        let rank_zero = std::thread::spawn(move || exchange(&at(0, 3, port, 5000), b"id".to_vec()));
+        std::thread::sleep(Duration::from_millis(200));
+        // A health check: connects, sends something else, leaves.
+        let mut stray = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        stray.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+        drop(stray);
+        let first = std::thread::spawn(move || exchange(&at(1, 3, port, 5000), vec![]));
+        std::thread::sleep(Duration::from_millis(300));
+        let second = exchange(&at(1, 3, port, 5000), vec![]).unwrap_err();
+        assert!(
+            second
+                .to_string()
+                .contains("rank 0 refused this rank: rank 1 joined twice"),
+            "{second}"
+        );
+        let e = rank_zero.join().unwrap().unwrap_err();
+        assert!(matches!(e, Error::Job(_)), "{e}");
+        assert!(e.to_string().contains("rank 1 joined twice"), "{e}");
+        assert!(
+            e.to_string().contains("every process needs its own RANK"),
+            "{e}"
+        );
+        assert_eq!(first.join().unwrap().unwrap(), b"id");
     }
 
     #[test]

@@ -623,7 +623,7 @@ fn check_greeting(
     }
     if g.world_size != world.world_size {
         return Err(Error::Job(format!(
-            "rank {}: WORLD_SIZE is {} here and {} on rank 0",
+            "rank {0}: WORLD_SIZE is {1} on rank {0} and {2} on rank 0",
             world.rank, world.world_size, g.world_size
         )));
     }
@@ -636,13 +636,13 @@ fn check_greeting(
             changes
                 .join("\n  ")
                 .replace(" in the checkpoint, ", " on rank 0, ")
-                .replace(" now", " here")
+                .replace(" now", &format!(" on rank {}", world.rank))
         )));
     }
     if g.param_len != graph.param_len || g.data_hash != data_hash(data) {
         return Err(Error::Job(format!(
-            "rank {}'s training data differ from rank 0's ({} samples here): every rank must \
-             read the same data",
+            "rank {0}'s training data differ from rank 0's ({1} samples on rank {0}): every \
+             rank must read the same data",
             world.rank, data.train.len
         )));
     }
