@@ -384,6 +384,13 @@ fn early_stopping_ends_at_the_expected_epoch_on_a_plateau() {
         .collect();
     assert_eq!(val_epochs, ["1", "2", "3"]);
     assert!(stderr(&out).contains("early stopping: val_loss has not improved"));
+    // The last train row covers the last step (69, where log_every = 5 wrote 65 last).
+    let last_train = rows
+        .iter()
+        .rfind(|r| column(&header, r, "split") == "train")
+        .unwrap();
+    assert_eq!(column(&header, last_train, "step"), "69");
+    assert_eq!(s["steps"], 69);
 
     // A learning model is not stopped: accuracy keeps improving for a while at lr 0.1.
     let job = write_job(

@@ -244,6 +244,11 @@ pub fn train_session<B: Backend>(
         * spec.train.epochs;
     let deadline = stopping::deadline(spec, start);
     let mut early_stopping = stopping::EarlyStopping::new(spec, st.early_stopping.as_ref());
+    // Evaluations between epochs (the final one follows the loop).
+    let evaluates_after = |epoch: usize| {
+        let every = spec.train.eval_every_epochs;
+        every > 0 && epoch.is_multiple_of(every) && epoch < spec.train.epochs
+    };
     let skip_nonfinite = spec.train.on_nonfinite == OnNonFinite::Skip;
     // Not in checkpoints: a resumed run starts counting again.
     let mut skipped_in_a_row = 0u64;
@@ -255,6 +260,10 @@ pub fn train_session<B: Backend>(
         if spec.data.drop_last && !train_len.is_multiple_of(batch_size) {
             batches.pop();
         }
+        let steps_in_this_epoch = batches.len().div_ceil(accum);
+        // Early stopping may end the run at this epoch's evaluation: its last step then
+        // writes a train row, so that the rows cover every step trained.
+        let may_stop_here = early_stopping.is_some() && evaluates_after(epoch);
         // A resumed run continues where the checkpoint stood in this epoch's order.
         for group in batches.chunks(accum).skip(st.steps_in_epoch) {
             if st.step as usize >= total {
@@ -265,7 +274,11 @@ pub fn train_session<B: Backend>(
             let step = st.step + 1;
             // Past the deadline, this step is the last one (and is logged).
             let out_of_time = deadline.is_some_and(|d| Instant::now() >= d);
-            let logging = step.is_multiple_of(log_every) || step as usize == total || out_of_time;
+            let epoch_ends = st.steps_in_epoch + 1 == steps_in_this_epoch;
+            let logging = step.is_multiple_of(log_every)
+                || step as usize == total
+                || out_of_time
+                || (may_stop_here && epoch_ends);
             // Skipped steps (mixed precision) do not advance the schedule, as with GradScaler.
             let lr = schedule.lr((st.step - st.skipped_steps) as usize);
             let batch = Batch {
@@ -393,9 +406,8 @@ pub fn train_session<B: Backend>(
         if st.step as usize >= total {
             break 'epochs;
         }
-        let eval_every = spec.train.eval_every_epochs;
         let mut evaluation = BTreeMap::new();
-        if eval_every > 0 && epoch % eval_every == 0 && epoch < spec.train.epochs {
+        if evaluates_after(epoch) {
             evaluation = evaluate(
                 backend,
                 &mut net,
