@@ -297,6 +297,48 @@ on_nonfinite = "skip"
         .all(|r| r.1.parse::<f64>().unwrap().is_finite()));
 }
 
+/// A test set whose loss is inf (a target of inf in it): the run warns, and its
+/// checkpoints, whose state holds the evaluation, still read back (the inf was written as
+/// JSON null, and the checkpoint could not be resumed).
+#[test]
+fn a_nonfinite_evaluation_is_warned_and_its_checkpoint_resumes() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(
+        tmp.path().join("test.csv"),
+        "a,b,c,y\n0.1,0.2,0.3,inf\n1,2,3,4\n",
+    )
+    .unwrap();
+    let job = regression_job(tmp.path(), 16, None, "error");
+    let text = std::fs::read_to_string(&job)
+        .unwrap()
+        .replace("eval_every_epochs = 0", "eval_every_epochs = 1")
+        .replace("task = ", "test_path = \"test.csv\"\ntask = ")
+        .replace("every_steps = 2", "every_epochs = 1");
+    std::fs::write(&job, text).unwrap();
+    let runs = tmp.path().join("runs");
+    let out = ok(run(&job, &runs));
+    assert!(
+        stderr(&out).contains("the test loss is inf at step 4"),
+        "{}",
+        stderr(&out)
+    );
+    let dir = PathBuf::from(stdout(&out).trim());
+    let early = dir.join("checkpoints/step-00000004.safetensors");
+    let resumed = trainer(
+        &[
+            "run",
+            job.to_str().unwrap(),
+            "--runs-dir",
+            runs.to_str().unwrap(),
+            "--resume",
+            early.to_str().unwrap(),
+        ],
+        &[],
+    );
+    ok(resumed);
+    assert_eq!(summary(&dir)["status"], "completed");
+}
+
 #[test]
 fn a_bad_on_nonfinite_names_the_key_and_the_choices() {
     expect_error(

@@ -873,7 +873,17 @@ fn evaluate<B: Backend>(
             gpu_mem: backend.memory(),
             ..Default::default()
         };
-        evaluation.insert(format!("{}_loss", set.name), row.loss);
+        // Only finite values: the checkpoint's JSON would hold a NaN as null, which does not
+        // read back as a number (the checkpoint was unreadable), and keep_best cannot rank it.
+        if row.loss.is_finite() {
+            evaluation.insert(format!("{}_loss", set.name), row.loss);
+        } else {
+            tracing::warn!(
+                "the {} loss is {} at step {step}: the model's outputs are not finite there",
+                set.name,
+                row.loss
+            );
+        }
         if let Some(a) = row.accuracy {
             evaluation.insert(format!("{}_accuracy", set.name), a);
         }
