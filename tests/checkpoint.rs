@@ -425,8 +425,8 @@ fn resuming_a_changed_model_is_refused_naming_the_keys_unless_forced() {
         &[
             "model.layers[1].out: 32 in the checkpoint, 64 now",
             "optimizer.lr: 0.001 in the checkpoint, 0.01 now",
-            "only job.name, train.epochs, train.max_steps, train.log_every, \
-             train.eval_every_epochs, train.threads, device.*, checkpoint.*, parallel.*, \
+            "only job.name, train.epochs, train.max_steps, train.max_time, \
+             train.early_stopping, train.log_every, train.eval_every_epochs, train.threads, device.*, checkpoint.*, parallel.*, \
              model.init_from may change",
             "--force",
         ],
@@ -447,7 +447,7 @@ fn safe_changes_are_allowed_and_a_finished_run_can_train_further() {
     // Finished, and nothing more asked for.
     let out = job.run(&["--resume", dir.to_str().unwrap()]);
     expect_exit_2(&out, &["raise train.epochs or train.max_steps"]);
-    // More epochs, other log interval, checkpoint settings: allowed.
+    // More epochs, other log interval, checkpoint settings, a time budget: allowed.
     let out = job.run(&[
         "--resume",
         dir.to_str().unwrap(),
@@ -457,6 +457,8 @@ fn safe_changes_are_allowed_and_a_finished_run_can_train_further() {
         "train.log_every=5",
         "--set",
         "checkpoint.keep_last=2",
+        "--set",
+        "train.max_time=\"1h\"",
     ]);
     assert_eq!(run_dir(&out), dir);
     let s = summary(&dir);

@@ -132,10 +132,14 @@ pub fn find_auto_resume(runs_dir: &Path, name: &str) -> Option<PathBuf> {
 /// data-parallel replicas (replicas split the same micro-batches, so their number changes
 /// rounding only). Any other change (model, data, loss, optimizer, seed, accumulation,
 /// clipping, precision) would make the result something no single run produces.
-const SAFE_TO_CHANGE: [&str; 10] = [
+const SAFE_TO_CHANGE: [&str; 12] = [
     "job.name",
     "train.epochs",
     "train.max_steps",
+    // From this session's start; like epochs, how long to go on.
+    "train.max_time",
+    // When to stop going on: its progress continues if the metric and mode stay.
+    "train.early_stopping",
     "train.log_every",
     "train.eval_every_epochs",
     "train.threads",
@@ -149,9 +153,12 @@ const SAFE_TO_CHANGE: [&str; 10] = [
 /// The keys a resume may change, for the message that refuses the others: "train.epochs,
 /// ..., device.*, ..." (a section stands for every key in it).
 pub fn changeable_keys() -> String {
-    let key = |k: &&str| match k.contains('.') {
-        true => k.to_string(),
-        false => format!("{k}.*"),
+    let key = |k: &&str| {
+        if k.contains('.') {
+            k.to_string()
+        } else {
+            format!("{k}.*")
+        }
     };
     SAFE_TO_CHANGE
         .iter()

@@ -39,8 +39,23 @@ impl Rendezvous {
     /// describe one process (an ordinary run: srun with one task sets them too, and needs no
     /// MASTER_ADDR).
     pub fn from_env(get: impl Fn(&str) -> Option<String>) -> Option<Result<Rendezvous>> {
-        let rank = get("RANK").or_else(|| get("SLURM_PROCID"))?;
-        let world = get("WORLD_SIZE").or_else(|| get("SLURM_NTASKS"))?;
+        let rank = get("RANK").or_else(|| get("SLURM_PROCID"));
+        let world = get("WORLD_SIZE").or_else(|| get("SLURM_NTASKS"));
+        let (rank, world) = match (rank, world) {
+            (Some(rank), Some(world)) => (rank, world),
+            (None, None) => return None,
+            (rank, _) => {
+                let (set, unset) = match rank {
+                    Some(_) => ("RANK", "WORLD_SIZE"),
+                    None => ("WORLD_SIZE", "RANK"),
+                };
+                tracing::warn!(
+                    "{set} is set but {unset} is not: this process trains alone (a \
+                     multi-process run needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT)"
+                );
+                return None;
+            }
+        };
         let parse = |name: &str, v: &str| -> Result<usize> {
             v.trim()
                 .parse()
@@ -372,6 +387,8 @@ mod tests {
             }
         };
         assert!(Rendezvous::from_env(env(&[])).is_none());
+        // Half of the pair: one process (with a warning), not an error.
+        assert!(Rendezvous::from_env(env(&[("RANK", "1")])).is_none());
         // One SLURM task: an ordinary run, without MASTER_ADDR.
         let one_task = env(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "1")]);
         assert!(Rendezvous::from_env(one_task).is_none());
