@@ -227,17 +227,42 @@ pub(super) fn batchnorm(
 pub(super) fn concat(i: usize, in_shapes: &[&[usize]]) -> Result<(Op, Vec<usize>)> {
     let first = in_shapes[0];
     for s in &in_shapes[1..] {
-        if s.len() != first.len() || s[1..] != first[1..] {
-            return Err(Error::Job(format!(
-                "model.layers[{i}] (concat): its inputs {} and {} differ in more than their first \
-                 dimension, the one concat joins",
-                shape_str(first),
-                shape_str(s)
-            )));
-        }
+        let how = if s.len() != first.len() {
+            "have different numbers of dimensions; concat joins inputs of the same rank (a \
+             flatten or reshape first makes them so)"
+        } else if s[1..] != first[1..] {
+            "differ in more than their first dimension, the one concat joins"
+        } else {
+            continue;
+        };
+        return Err(Error::Job(format!(
+            "model.layers[{i}] (concat): its inputs {} and {} {how}",
+            shape_str(first),
+            shape_str(s)
+        )));
     }
     let mut out = first.to_vec();
     out[0] = in_shapes.iter().map(|s| s[0]).sum();
     let widths = in_shapes.iter().map(|s| numel(s)).collect();
     Ok((Op::Concat { widths }, out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::concat;
+
+    #[test]
+    fn concat_joins_the_first_dimension_and_names_what_else_differs() {
+        let (_, out) = concat(3, &[&[2, 4, 4], &[5, 4, 4]]).unwrap();
+        assert_eq!(out, [7, 4, 4]);
+        let e = concat(3, &[&[2, 4, 4], &[2, 4, 5]])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("differ in more than their first dimension"),
+            "{e}"
+        );
+        let e = concat(3, &[&[3, 1, 1], &[3]]).unwrap_err().to_string();
+        assert!(e.contains("have different numbers of dimensions"), "{e}");
+    }
 }

@@ -84,9 +84,20 @@ pub fn resolve(layers: &[ModelLayer]) -> Result<Vec<Vec<usize>>> {
                                 l.name.as_deref().filter(|n| layer_of.get(n) == Some(&j))
                             });
                             let known: Vec<&str> = std::iter::once(INPUT).chain(earlier).collect();
+                            // `check` shows unnamed layers by their index; only a name wires.
+                            let unnamed = name
+                                .parse::<usize>()
+                                .ok()
+                                .filter(|&j| j < i && layers[j].name.is_none())
+                                .map_or(String::new(), |j| {
+                                    format!(
+                                        " (model.layers[{j}] has no name: give it one, e.g. \
+                                         name = \"layer{j}\", and use that)"
+                                    )
+                                });
                             problems.push(format!(
                                 "{}: input \"{name}\" is not the name of an earlier layer; \
-                                 known: {}",
+                                 known: {}{unnamed}",
                                 label(i, l),
                                 known.join(", ")
                             ));
@@ -212,5 +223,12 @@ mod tests {
         ] {
             assert!(e.contains(needle), "{needle}\nnot in\n{e}");
         }
+        // `check` shows an unnamed layer by its index, which does not wire it.
+        let l =
+            layers(r#"layers = [{ type = "linear", out = 4 }, { type = "relu", inputs = ["0"] }]"#);
+        let e = resolve(&l).unwrap_err().to_string();
+        let want = "input \"0\" is not the name of an earlier layer; known: input \
+                    (model.layers[0] has no name: give it one, e.g. name = \"layer0\", and use that)";
+        assert!(e.contains(want), "{e}");
     }
 }

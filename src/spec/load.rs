@@ -634,10 +634,15 @@ pub(crate) fn did_you_mean(message: &str) -> String {
     let Some((_, allowed)) = message.split_once("expected") else {
         return String::new();
     };
-    let best = allowed
-        .split('`')
-        .skip(1)
-        .step_by(2)
+    let candidates = || allowed.split('`').skip(1).step_by(2);
+    // A word cut short or run on (`kernel` for `kernel_size`) is far in edits but plain.
+    let extends = candidates()
+        .filter(|c| given.len() >= 3 && (c.starts_with(given) || given.starts_with(c)))
+        .min_by_key(|c| c.len());
+    if let Some(candidate) = extends {
+        return format!(" (did you mean `{candidate}`?)");
+    }
+    let best = candidates()
         .map(|candidate| (edit_distance(given, candidate), candidate))
         .min();
     match best {
@@ -703,6 +708,9 @@ mod tests {
         assert_eq!(did_you_mean(m), "");
         let m = "unknown field `ot`, expected one of `out`, `in`, `bias`";
         assert_eq!(did_you_mean(m), " (did you mean `out`?)");
+        // A word cut short.
+        let m = "unknown field `kernel`, expected one of `out`, `kernel_size`, `stride`";
+        assert_eq!(did_you_mean(m), " (did you mean `kernel_size`?)");
     }
 
     #[test]
