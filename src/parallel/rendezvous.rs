@@ -87,10 +87,18 @@ impl Rendezvous {
                 .ok_or_else(|| Error::Job("MASTER_ADDR is not set (rank 0's host)".into()))?;
             let port =
                 get("MASTER_PORT").ok_or_else(|| Error::Job("MASTER_PORT is not set".into()))?;
-            let mut master_port: u16 = port
-                .trim()
-                .parse()
-                .map_err(|_| Error::Job(format!("MASTER_PORT={port:?} is not a port")))?;
+            let mut master_port: u16 =
+                port.trim().parse().ok().filter(|&p| p > 0).ok_or_else(|| {
+                    Error::Job(format!("MASTER_PORT={port:?} is not a port (1 to 65535)"))
+                })?;
+            let local_world_given =
+                get("LOCAL_WORLD_SIZE").is_some() || get("SLURM_NTASKS_PER_NODE").is_some();
+            if local_rank >= local_world_size && local_world_given {
+                return Err(Error::Job(format!(
+                    "LOCAL_RANK={local_rank} must be below LOCAL_WORLD_SIZE={local_world_size} \
+                     (the processes on this machine)"
+                )));
+            }
             // torchrun's agent keeps its own store listening on MASTER_PORT: meet on the next.
             if get("TORCHELASTIC_USE_AGENT_STORE").is_some_and(|v| v == "True") {
                 master_port = master_port.checked_add(1).ok_or_else(|| {
@@ -425,5 +433,28 @@ mod tests {
             ("MASTER_PORT", "1"),
         ]);
         assert!(Rendezvous::from_env(bad).unwrap().is_err());
+        let port_zero = env(&[
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "n"),
+            ("MASTER_PORT", "0"),
+        ]);
+        assert!(Rendezvous::from_env(port_zero).unwrap().is_err());
+        let local = env(&[
+            ("RANK", "1"),
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_RANK", "2"),
+            ("LOCAL_WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "n"),
+            ("MASTER_PORT", "1"),
+        ]);
+        let e = Rendezvous::from_env(local)
+            .unwrap()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("LOCAL_RANK=2 must be below LOCAL_WORLD_SIZE=2"),
+            "{e}"
+        );
     }
 }
