@@ -1,7 +1,8 @@
 //! The multi-process rendezvous (parallel::exchange) between real processes on loopback:
 //! this test binary runs itself as the other rank (the ignored test `rendezvous_rank`,
 //! configured by the variables torchrun sets). A rank that is killed, or a peer that
-//! vanishes mid-greeting, makes the others fail with an error naming it, in bounded time.
+//! vanishes, makes the others fail with an error naming it, in bounded time; a connection
+//! that is not a rank is ignored.
 
 mod common;
 
@@ -143,8 +144,10 @@ fn a_killed_rank_zero_fails_the_ranks_that_had_not_joined_within_their_timeout()
     assert!(started.elapsed() < Duration::from_secs(10));
 }
 
+/// A connection that leaves mid-greeting (a port scanner, a health check) is not a rank:
+/// rank 0 ignores it and still serves the real rank 1.
 #[test]
-fn a_peer_that_vanishes_mid_greeting_stops_rank_zero_with_an_error() {
+fn a_peer_that_vanishes_mid_greeting_is_ignored_and_the_real_rank_still_joins() {
     let _turn = one_at_a_time();
     let port = free_port();
     let master = spawn_rank(0, 2, port, 0, "id");
@@ -160,11 +163,8 @@ fn a_peer_that_vanishes_mid_greeting_stops_rank_zero_with_an_error() {
     };
     peer.write_all(b"trai").unwrap();
     drop(peer);
+    let r1 = at(1, 2, port, Duration::from_secs(20));
+    assert_eq!(exchange(&r1, vec![]).unwrap(), b"id");
     let (ok, out, err) = finish(master, Duration::from_secs(20));
-    assert!(!ok, "{out}");
-    assert!(
-        err.contains("rendezvous error: rendezvous: 127.0.0.1:")
-            && err.contains("sent no greeting"),
-        "{err}"
-    );
+    assert!(ok && out.contains("payload=id"), "{out}\n{err}");
 }
