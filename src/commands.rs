@@ -328,6 +328,25 @@ fn pick_device(job: &Path, sets: &[String], spec: &JobSpec) -> Result<Device> {
 /// Trains a job, or continues one from a checkpoint; returns the run directory (None on the
 /// ranks but 0 of a multi-process run: rank 0 writes the run directory).
 pub fn run(args: &RunArgs) -> Result<Option<PathBuf>> {
+    let result = run_job(args);
+    if let Err(e) = &result {
+        tell_waiting_ranks(e);
+    }
+    result
+}
+
+/// A rank of a multi-process run that stopped before meeting the others tells them why,
+/// so that they end now with its error instead of at their timeout with none.
+fn tell_waiting_ranks(error: &Error) {
+    if matches!(error, Error::Interrupted { .. }) {
+        return; // a launcher stopping ranks that never met expects them to end at once
+    }
+    if let Some(Ok(world)) = Rendezvous::from_env(|k| std::env::var(k).ok()) {
+        crate::parallel::tell_stopped(&world, error);
+    }
+}
+
+fn run_job(args: &RunArgs) -> Result<Option<PathBuf>> {
     let began = run_began();
     let Prepared { spec, data, graph } = prepare(&args.job, &args.sets, args.name.as_deref())?;
     if spec.parallel.launches_processes(&spec.device.kind) {

@@ -464,6 +464,60 @@ fn ranks_with_different_jobs_are_refused_before_anything_is_written() {
     assert!(!runs.exists(), "nothing is written for a refused run");
 }
 
+/// A rank that stops before the ranks meet (a bad --resume on rank 0, a bad --set on rank
+/// 1) tells the others why: every rank ends at once with its error (they waited out
+/// parallel.timeout and then blamed the connection).
+#[test]
+fn a_rank_that_stops_before_the_rendezvous_tells_the_others_why() {
+    let _turn = one_at_a_time();
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), JOB);
+    let runs = tmp.path().join("runs");
+    let (job, runs) = (job.to_str().unwrap(), runs.to_str().unwrap());
+    let base = [job, "--runs-dir", runs, "--set", "parallel.timeout=\"60s\""];
+    let with = |extra: &[&'static str]| [&base[..], extra].concat();
+    let cases: [(usize, &[&str], &str); 2] = [
+        (
+            0,
+            &["--resume", "no/such/run"],
+            "rank 0 stopped before training: --resume no/such/run",
+        ),
+        (
+            1,
+            &["--set", "train.epochs=0"],
+            "rank 1 stopped before training: --set train.epochs",
+        ),
+    ];
+    for (failing, extra, needle) in cases {
+        let port = free_port();
+        let started = Instant::now();
+        let ranks: Vec<Child> = (0..2)
+            .map(|rank| {
+                let args = if rank == failing {
+                    with(extra)
+                } else {
+                    base.to_vec()
+                };
+                spawn_rank(rank, 2, port, &args)
+            })
+            .collect();
+        // The failing rank prints its own error; the other, that error as the cause.
+        let own_error = &needle[needle.find(": ").unwrap() + 2..];
+        for (rank, child) in ranks.into_iter().enumerate() {
+            let ended = finish(child, Duration::from_secs(30));
+            assert_eq!(ended.code, Some(2), "{}", ended.stderr);
+            let want = if rank == failing { own_error } else { needle };
+            assert!(ended.stderr.contains(want), "{want}\n{}", ended.stderr);
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+    assert!(!Path::new(runs).exists(), "nothing is written");
+}
+
 #[test]
 fn bad_multi_process_settings_exit_2_naming_the_key() {
     let _turn = one_at_a_time();

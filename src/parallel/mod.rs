@@ -11,4 +11,4 @@ mod rendezvous;
 pub use allreduce::CpuAllReduce;
 pub use layout::{share, BatchLayout};
 pub use link::{Link, Tag};
-pub use rendezvous::{connect, exchange, Rendezvous};
+pub use rendezvous::{connect, exchange, tell_stopped, Rendezvous};

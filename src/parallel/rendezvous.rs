@@ -8,6 +8,7 @@ use super::link::Link;
 use crate::error::{Error, Result};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// A process's place in a multi-process run.
@@ -25,14 +26,23 @@ pub struct Rendezvous {
 }
 
 /// Opens every message of the rendezvous both ways, so that anything else listening on (or
-/// connecting to) the port is told apart from a rank. "2": rank 0's answer says whether it
-/// accepts the rank.
+/// connecting to) the port is told apart from a rank.
 const MAGIC: &[u8; 8] = b"trainer2";
-/// Rank 0's answer: the payload follows, or a refusal (UTF-8 text) does.
-const ACCEPTED: u8 = 0;
-const REFUSED: u8 = 1;
+/// A message's kind. A rank's greeting: JOIN (the payload is its rank); rank 0's answer:
+/// JOIN (the payload follows). Either way, a process that stopped before training (or rank 0
+/// refusing a rank) sends its error: JOB_ERROR (a bad job or launch, exit 2) or
+/// RUNTIME_ERROR (exit 1); a rank's error follows its rank.
+const JOIN: u8 = 0;
+const JOB_ERROR: u8 = 1;
+const RUNTIME_ERROR: u8 = 2;
 /// Far above any payload (the job as JSON, an NCCL id): a length beyond it is not ours.
 const MAX_PAYLOAD: u64 = 256 << 20;
+/// How long a process that stopped before the rendezvous stays to tell the others (see
+/// `tell_stopped`).
+pub const TELL_WINDOW: Duration = Duration::from_secs(5);
+
+/// Set once this process has begun the rendezvous: after that, its links carry a failure.
+static BEGUN: AtomicBool = AtomicBool::new(false);
 
 impl Rendezvous {
     /// From torchrun's / SLURM's variables; None when RANK and WORLD_SIZE are not set, or
@@ -49,10 +59,13 @@ impl Rendezvous {
                     Some(_) => ("RANK", "WORLD_SIZE"),
                     None => ("WORLD_SIZE", "RANK"),
                 };
-                tracing::warn!(
-                    "{set} is set but {unset} is not: this process trains alone (a \
-                     multi-process run needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT)"
-                );
+                static ONCE: std::sync::Once = std::sync::Once::new();
+                ONCE.call_once(|| {
+                    tracing::warn!(
+                        "{set} is set but {unset} is not: this process trains alone (a \
+                         multi-process run needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT)"
+                    )
+                });
                 return None;
             }
         };
@@ -129,6 +142,7 @@ pub fn exchange(r: &Rendezvous, payload: Vec<u8>) -> Result<Vec<u8>> {
 /// Connects the ranks: rank 0 greets each other rank with `payload` as it arrives and gets
 /// links to ranks 1.. (in rank order); another rank gets one link, to rank 0, and the payload.
 pub fn connect(r: &Rendezvous, payload: Vec<u8>) -> Result<(Vec<Link>, Vec<u8>)> {
+    BEGUN.store(true, Ordering::Relaxed);
     match r.rank {
         0 => accept_ranks(r, payload),
         _ => join_rank_zero(r),
@@ -139,10 +153,58 @@ fn where_(r: &Rendezvous) -> String {
     format!("{}:{}", r.master_addr, r.master_port)
 }
 
+fn frame(kind: u8, parts: &[&[u8]]) -> Vec<u8> {
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    let mut msg = MAGIC.to_vec();
+    msg.push(kind);
+    msg.extend_from_slice(&(len as u64).to_be_bytes());
+    for part in parts {
+        msg.extend_from_slice(part);
+    }
+    msg
+}
+
+/// One message; an InvalidData error (holding the first bytes) when what arrived is not a
+/// trainer rank's: another program on the port.
+fn read_frame(stream: &mut TcpStream) -> std::io::Result<(u8, Vec<u8>)> {
+    let mut head = [0u8; 17];
+    stream.read_exact(&mut head)?;
+    let len = u64::from_be_bytes(head[9..17].try_into().unwrap_or_default());
+    if &head[..8] != MAGIC || head[8] > RUNTIME_ERROR || len > MAX_PAYLOAD {
+        let shown = String::from_utf8_lossy(&head).into_owned();
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, shown));
+    }
+    let mut bytes = vec![0u8; len as usize];
+    stream.read_exact(&mut bytes)?;
+    Ok((head[8], bytes))
+}
+
+/// A greeting's rank and, for a rank that stopped, its error.
+fn greeting(kind: u8, bytes: &[u8]) -> Option<(usize, Option<Error>)> {
+    let rank = u32::from_be_bytes(bytes.get(..4)?.try_into().ok()?) as usize;
+    let text = String::from_utf8_lossy(&bytes[4..]).into_owned();
+    Some((rank, error_of(kind, text)))
+}
+
+fn error_of(kind: u8, text: String) -> Option<Error> {
+    match kind {
+        JOB_ERROR => Some(Error::Job(text)),
+        RUNTIME_ERROR => Some(Error::Runtime(text)),
+        _ => None,
+    }
+}
+
+fn kind_of(error: &Error) -> u8 {
+    match error {
+        Error::Job(_) => JOB_ERROR,
+        _ => RUNTIME_ERROR,
+    }
+}
+
 /// Rank 0: waits for every other rank, greets it, and returns the links in rank order.
 /// A connection that does not greet as a trainer rank (a port scanner, a health check) is
 /// ignored; a rank out of range or joining twice is a broken launch (exit 2), and that rank
-/// is told why.
+/// is told why; a rank that stopped before training ends the wait with its error.
 fn accept_ranks(r: &Rendezvous, payload: Vec<u8>) -> Result<(Vec<Link>, Vec<u8>)> {
     let deadline = Instant::now() + r.timeout;
     let where_ = where_(r);
@@ -166,22 +228,12 @@ fn accept_ranks(r: &Rendezvous, payload: Vec<u8>) -> Result<(Vec<Link>, Vec<u8>)
                 r.timeout
             )));
         }
-        let (mut stream, peer) = match listener.accept() {
-            Ok(accepted) => accepted,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(20));
-                continue;
-            }
-            Err(e) => return Err(Error::Runtime(format!("rendezvous on {where_}: {e}"))),
-        };
-        stream.set_nonblocking(false).ok();
-        stream.set_read_timeout(Some(Duration::from_secs(10))).ok();
-        let mut hello = [0u8; 12];
-        if stream.read_exact(&mut hello).is_err() || &hello[..8] != MAGIC {
-            tracing::warn!("rendezvous on {where_}: ignored a connection from {peer} that is not a trainer rank");
+        let Some((mut stream, peer, rank, stopped)) = next_greeting(&listener, &where_)? else {
             continue;
+        };
+        if let Some(e) = stopped {
+            return Err(e);
         }
-        let rank = u32::from_be_bytes([hello[8], hello[9], hello[10], hello[11]]) as usize;
         let refusal = match links.get(rank) {
             _ if rank == 0 => Some(format!(
                 "a second rank 0 joined from {peer}: every process needs its own RANK"
@@ -199,11 +251,12 @@ fn accept_ranks(r: &Rendezvous, payload: Vec<u8>) -> Result<(Vec<Link>, Vec<u8>)
             Some(None) => None,
         };
         if let Some(why) = refusal {
-            let _ = stream.write_all(&answer(REFUSED, why.as_bytes()));
+            let told = format!("rank 0 refused this rank: {why}");
+            let _ = stream.write_all(&frame(JOB_ERROR, &[told.as_bytes()]));
             return Err(Error::Job(format!("rendezvous on {where_}: {why}")));
         }
         stream
-            .write_all(&answer(ACCEPTED, &payload))
+            .write_all(&frame(JOIN, &[&payload]))
             .map_err(|e| Error::Runtime(format!("rendezvous: rank {rank} left: {e}")))?;
         links[rank] = Some((Link::new(stream, 0, rank, r.timeout)?, peer));
     }
@@ -211,13 +264,34 @@ fn accept_ranks(r: &Rendezvous, payload: Vec<u8>) -> Result<(Vec<Link>, Vec<u8>)
     Ok((links, payload))
 }
 
-/// Rank 0's answer: MAGIC, ACCEPTED or REFUSED, the length and the bytes.
-fn answer(kind: u8, bytes: &[u8]) -> Vec<u8> {
-    let mut msg = MAGIC.to_vec();
-    msg.push(kind);
-    msg.extend_from_slice(&(bytes.len() as u64).to_be_bytes());
-    msg.extend_from_slice(bytes);
-    msg
+type Greeted = (TcpStream, std::net::SocketAddr, usize, Option<Error>);
+
+/// The next rank's greeting on `listener`, if one has arrived; None while none has, or for
+/// a connection that is not a trainer rank (ignored, with a warning).
+fn next_greeting(listener: &TcpListener, where_: &str) -> Result<Option<Greeted>> {
+    let (mut stream, peer) = match listener.accept() {
+        Ok(accepted) => accepted,
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+            std::thread::sleep(Duration::from_millis(20));
+            return Ok(None);
+        }
+        Err(e) => return Err(Error::Runtime(format!("rendezvous on {where_}: {e}"))),
+    };
+    stream.set_nonblocking(false).ok();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    let greeted = read_frame(&mut stream)
+        .ok()
+        .and_then(|(kind, bytes)| greeting(kind, &bytes));
+    match greeted {
+        Some((rank, stopped)) => Ok(Some((stream, peer, rank, stopped))),
+        None => {
+            tracing::warn!(
+                "rendezvous on {where_}: ignored a connection from {peer} that is not a \
+                 trainer rank"
+            );
+            Ok(None)
+        }
+    }
 }
 
 /// Another rank: connects to rank 0 (retrying until the timeout: rank 0 may start later),
@@ -225,66 +299,107 @@ fn answer(kind: u8, bytes: &[u8]) -> Vec<u8> {
 fn join_rank_zero(r: &Rendezvous) -> Result<(Vec<Link>, Vec<u8>)> {
     let deadline = Instant::now() + r.timeout;
     let where_ = where_(r);
-    let addr = where_
-        .to_socket_addrs()
-        .map_err(|e| Error::Job(format!("MASTER_ADDR:MASTER_PORT = {where_}: {e}")))?
-        .next()
-        .ok_or_else(|| Error::Job(format!("{where_} resolves to no address")))?;
-    let mut stream = loop {
-        match TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
-            Ok(s) => break s,
-            Err(e) if Instant::now() > deadline => {
-                return Err(Error::Runtime(format!(
-                    "rank {}: rank 0 did not answer on {where_} within {:?}: {e} (rank 0 may \
-                     have stopped before training, its own output says why; or MASTER_ADDR and \
-                     MASTER_PORT do not lead to it)",
-                    r.rank, r.timeout
-                )))
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(100)),
-        }
-    };
+    let mut stream = reach_rank_zero(r, deadline).map_err(|e| {
+        Error::Runtime(format!(
+            "rank {}: rank 0 did not answer on {where_} within {:?}: {e} (rank 0 may have \
+             stopped before training, its own output says why; or MASTER_ADDR and MASTER_PORT \
+             do not lead to it)",
+            r.rank, r.timeout
+        ))
+    })?;
     let left = deadline
         .saturating_duration_since(Instant::now())
         .max(Duration::from_millis(1));
     stream.set_read_timeout(Some(left)).ok();
-    let mut hello = MAGIC.to_vec();
-    hello.extend_from_slice(&(r.rank as u32).to_be_bytes());
-    let lost = |e: std::io::Error| {
-        let e = match e.kind() {
-            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
-                format!("no answer within {:?}", r.timeout)
-            }
-            std::io::ErrorKind::UnexpectedEof => "it closed the connection".to_string(),
-            _ => e.to_string(),
-        };
-        Error::Runtime(format!(
-            "rank {}: lost rank 0 at {where_} during the rendezvous: {e}",
-            r.rank
-        ))
-    };
-    stream.write_all(&hello).map_err(lost)?;
-    let mut head = [0u8; 17];
-    stream.read_exact(&mut head).map_err(lost)?;
-    let len = u64::from_be_bytes(head[9..17].try_into().unwrap_or_default());
-    if &head[..8] != MAGIC || head[8] > REFUSED || len > MAX_PAYLOAD {
-        return Err(Error::Job(format!(
+    let lost = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::InvalidData => Error::Job(format!(
             "rank {}: {where_} answered, but not as a trainer rank 0 (it sent {:?}); \
              MASTER_ADDR and MASTER_PORT must lead to rank 0",
             r.rank,
-            String::from_utf8_lossy(&head)
-        )));
-    }
-    let mut bytes = vec![0u8; len as usize];
-    stream.read_exact(&mut bytes).map_err(lost)?;
-    if head[8] == REFUSED {
-        return Err(Error::Job(format!(
-            "rank {}: rank 0 refused this rank: {}",
-            r.rank,
-            String::from_utf8_lossy(&bytes)
-        )));
+            e.to_string()
+        )),
+        kind => {
+            let e = match kind {
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                    format!("no answer within {:?}", r.timeout)
+                }
+                std::io::ErrorKind::UnexpectedEof => "it closed the connection".to_string(),
+                _ => e.to_string(),
+            };
+            Error::Runtime(format!(
+                "rank {}: lost rank 0 at {where_} during the rendezvous: {e}",
+                r.rank
+            ))
+        }
+    };
+    let rank = (r.rank as u32).to_be_bytes();
+    stream.write_all(&frame(JOIN, &[&rank])).map_err(lost)?;
+    let (kind, bytes) = read_frame(&mut stream).map_err(lost)?;
+    let text = || format!("rank {}: {}", r.rank, String::from_utf8_lossy(&bytes));
+    if let Some(e) = error_of(kind, text()) {
+        return Err(e);
     }
     Ok((vec![Link::new(stream, r.rank, 0, r.timeout)?], bytes))
+}
+
+fn reach_rank_zero(r: &Rendezvous, deadline: Instant) -> std::io::Result<TcpStream> {
+    let where_ = where_(r);
+    let addr = where_
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| std::io::Error::other(format!("{where_} resolves to no address")))?;
+    loop {
+        match TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
+            Ok(s) => return Ok(s),
+            Err(e) if Instant::now() > deadline => return Err(e),
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
+
+/// This process stopped on `error` before the rendezvous began: it stays up to TELL_WINDOW
+/// (never past `r.timeout`) to tell the ranks that would otherwise wait for it until their
+/// timeout. Rank 0 answers each rank that greets it with the error; another rank sends it
+/// to rank 0 (both may have stopped: rank 0 then also hears the other's). Best effort,
+/// and nothing once the rendezvous has begun (the links carry failures from there).
+pub fn tell_stopped(r: &Rendezvous, error: &Error) {
+    if BEGUN.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    let deadline = Instant::now() + TELL_WINDOW.min(r.timeout);
+    let where_ = where_(r);
+    tracing::info!(
+        "telling the other ranks at {where_} why this rank stopped (up to {:?})",
+        TELL_WINDOW.min(r.timeout)
+    );
+    if r.rank != 0 {
+        let text = format!("rank {} stopped before training: {error}", r.rank);
+        let rank = (r.rank as u32).to_be_bytes();
+        if let Ok(mut stream) = reach_rank_zero(r, deadline) {
+            let _ = stream.write_all(&frame(kind_of(error), &[&rank, text.as_bytes()]));
+        }
+        return;
+    }
+    let Ok(listener) = TcpListener::bind(&where_) else {
+        return;
+    };
+    if listener.set_nonblocking(true).is_err() {
+        return;
+    }
+    let text = format!("rank 0 stopped before training: {error}");
+    let mut told = vec![false; r.world_size];
+    told[0] = true;
+    while told.iter().any(|t| !t) && Instant::now() < deadline {
+        let Ok(Some((mut stream, _, rank, stopped))) = next_greeting(&listener, &where_) else {
+            continue;
+        };
+        if stopped.is_none() {
+            let _ = stream.write_all(&frame(kind_of(error), &[text.as_bytes()]));
+        }
+        if let Some(t) = told.get_mut(rank) {
+            *t = true;
+        }
+    }
 }
 
 #[cfg(test)]
