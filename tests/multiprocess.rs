@@ -464,8 +464,8 @@ fn ranks_with_different_jobs_are_refused_before_anything_is_written() {
     assert!(!runs.exists(), "nothing is written for a refused run");
 }
 
-/// A rank that stops before the ranks meet (a bad --resume on rank 0, a bad --set on rank
-/// 1) tells the others why: every rank ends at once with its error (they waited out
+/// A rank that stops before the ranks meet (a bad --resume on rank 0, a bad --set on the
+/// other) tells the others why: every rank ends at once with its error (they waited out
 /// parallel.timeout and then blamed the connection).
 #[test]
 fn a_rank_that_stops_before_the_rendezvous_tells_the_others_why() {
