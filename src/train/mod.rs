@@ -341,7 +341,9 @@ pub fn train_session<B: Backend>(
             } else {
                 skipped_in_a_row = 0;
             }
-            st.window_samples += group.iter().map(|rows| rows.len() as u64).sum::<u64>();
+            // All replicas' and micro-batches' samples: fewer on an epoch's short last step.
+            let step_samples: usize = group.iter().map(|rows| rows.len()).sum();
+            st.window_samples += step_samples as u64;
             st.step = step;
             st.steps_in_epoch += 1;
             st.window_seconds += step_start.elapsed().as_secs_f64();
@@ -363,7 +365,7 @@ pub fn train_session<B: Backend>(
                     gpu_mem: backend.memory(),
                     loss_scale: st.loss_scaler.as_ref().map(|s| s.scale),
                     skipped_steps: Some(st.skipped_steps),
-                    global_batch: Some(batch_size * accum),
+                    global_batch: Some(step_samples),
                 };
                 check_finite(&row)?;
                 tracing::info!("{}", progress_line(&row, total));
