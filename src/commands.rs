@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 use crate::graph::{ActivationStorage, DataShape, GradBuckets, Graph, MemoryPlan};
 use crate::optim;
 use crate::parallel::{BatchLayout, CpuAllReduce, Rendezvous};
-use crate::run::{MetricsWriter, RunDir};
+use crate::run::{MetricsRow, MetricsWriter, RunDir};
 use crate::signals::Stop;
 use crate::spec::{
     self, parse_device, CollectiveBackend, DataPlacement, DeviceChoice, JobSpec, ParallelDevices,
@@ -665,15 +665,31 @@ fn plan_start(args: &RunArgs, spec: &JobSpec, graph: &Graph, train_len: usize) -
     }
     let total = train::total_steps(spec, train_len) as u64;
     let step = c.state.step;
-    if step > total || (c.state.finished && step == total) {
+    let finishing = nothing_left_to_train(c, spec, total);
+    if finishing && run_completed(&point.run_dir) {
+        let why = if c.state.end_reason == Some(train::EndReason::EarlyStopped) {
+            "early stopping ended it there; change train.early_stopping (its patience, say) or \
+             remove it to train further"
+                .to_string()
+        } else {
+            format!(
+                "this job trains {total} steps (train.epochs = {}{}); raise train.epochs or \
+                 train.max_steps to train further",
+                spec.train.epochs,
+                spec.train
+                    .max_steps
+                    .map_or(String::new(), |m| format!(", train.max_steps = {m}"))
+            )
+        };
         return Err(Error::Job(format!(
-            "cannot resume from {name}: it is at step {step}{} and this job trains {total} steps \
+            "cannot resume from {name}: it is at step {step}, where the run completed, and \
+             {why}"
+        )));
+    }
+    if step > total && !c.state.finished {
+        return Err(Error::Job(format!(
+            "cannot resume from {name}: it is at step {step} and this job trains {total} steps \
              (train.epochs = {}{}); raise train.epochs or train.max_steps to train further",
-            if c.state.finished {
-                ", where the run finished,"
-            } else {
-                ""
-            },
             spec.train.epochs,
             spec.train
                 .max_steps
@@ -683,11 +699,69 @@ fn plan_start(args: &RunArgs, spec: &JobSpec, graph: &Graph, train_len: usize) -
     // Its rows up to the checkpoint must be there before anything of the run is rewritten.
     let metrics = point.run_dir.join("metrics.csv");
     MetricsWriter::resumable_len(&metrics, c.state.metrics_rows)?;
-    tracing::info!(
-        "resuming {} from {name} (step {step})",
-        point.run_dir.display()
-    );
+    if finishing {
+        tracing::info!(
+            "{name} is the final checkpoint of {}, which stopped before it completed: writing \
+             its weights and summary (nothing is trained)",
+            point.run_dir.display()
+        );
+    } else {
+        tracing::info!(
+            "resuming {} from {name} (step {step})",
+            point.run_dir.display()
+        );
+    }
     Ok(Start::Resume(Box::new(point)))
+}
+
+/// A final checkpoint (`finished`) with nothing left to train for `spec`: its run ended
+/// at the job's last step, or early stopping ended it and the job stops early as it did.
+fn nothing_left_to_train(c: &checkpoint::Checkpoint, spec: &JobSpec, total: u64) -> bool {
+    let same_early_stopping =
+        || c.spec["train"]["early_stopping"] == serde_json::json!(spec.train.early_stopping);
+    c.state.finished
+        && (c.state.step >= total
+            || (c.state.end_reason == Some(train::EndReason::EarlyStopped)
+                && same_early_stopping()))
+}
+
+/// Whether the run in `dir` completed: its summary says so and its final weights are there
+/// (a run stopped while writing them has its final checkpoint, but not these).
+fn run_completed(dir: &Path) -> bool {
+    let summary = std::fs::read_to_string(dir.join("summary.json"))
+        .ok()
+        .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok());
+    summary.is_some_and(|s| s["status"] == "completed") && dir.join(weights::MODEL_FILE).is_file()
+}
+
+/// The rows a finished run ended with, read back from its metrics.csv (for a run that is
+/// only finishing): its last train row and each evaluated split's last row.
+fn final_rows(metrics: &Path) -> (Option<MetricsRow>, Vec<MetricsRow>) {
+    let mut last_train = None;
+    let mut last_eval: Vec<MetricsRow> = Vec::new();
+    for point in crate::results::read_metrics(metrics) {
+        let split = match point.split.as_str() {
+            "train" => "train",
+            "val" => "val",
+            "test" => "test",
+            _ => continue,
+        };
+        let row = MetricsRow {
+            step: point.step,
+            epoch: point.epoch,
+            split,
+            loss: point.values.get("loss").copied().unwrap_or(f64::NAN),
+            accuracy: point.values.get("accuracy").copied(),
+            ..Default::default()
+        };
+        if split == "train" {
+            last_train = Some(row);
+        } else {
+            last_eval.retain(|r| r.split != split);
+            last_eval.push(row);
+        }
+    }
+    (last_train, last_eval)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -723,6 +797,11 @@ fn run_in<B: Backend>(
         }
     );
     let metrics_path = run.path.join("metrics.csv");
+    let total = train::total_steps(spec, data.train.len) as u64;
+    let finishing = match &start {
+        Start::Resume(point) => nothing_left_to_train(&point.checkpoint, spec, total),
+        Start::Fresh { .. } => false,
+    };
     let (mut metrics, session) = match start {
         Start::Fresh { initial } => (
             MetricsWriter::create(&metrics_path)?,
@@ -746,10 +825,14 @@ fn run_in<B: Backend>(
         checkpoint_dir: Some(run.path.join(checkpoint::DIR)),
         stop: Some(&stop),
         parallel,
+        finishing,
         ..session
     };
     let weights_graph = graph.clone();
     let mut result = train::train_session(backend, spec, graph, data, &mut metrics, session);
+    if let (Ok(outcome), true) = (result.as_mut(), finishing) {
+        (outcome.last_train, outcome.last_eval) = final_rows(&metrics_path);
+    }
     if let Ok(outcome) = &result {
         if outcome.interrupted.is_none() {
             let path = run.path.join(weights::MODEL_FILE);

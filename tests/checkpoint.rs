@@ -284,7 +284,8 @@ fn resuming_from_any_checkpoint_gives_the_same_run() {
     let r = reference();
     // 563 training batches per epoch in steps of 2: 282 steps per epoch, 846 in all.
     assert!(checkpoints(&r.dir).contains(&"step-00000282.safetensors".to_string()));
-    // Mid-epoch; at an epoch's end (written after its evaluation); the run's last step.
+    // Mid-epoch; at an epoch's end (written after its evaluation); the run's last step, a
+    // crash while it wrote its weights.
     for name in [
         "step-00000550.safetensors",
         "step-00000564.safetensors",
@@ -293,18 +294,16 @@ fn resuming_from_any_checkpoint_gives_the_same_run() {
         let (_tmp, dir) = crashed_copy(name);
         std::fs::remove_file(dir.join("summary.json")).ok();
         let checkpoint = dir.join("checkpoints").join(name);
-        if name.ends_with("846.safetensors") {
-            // The final checkpoint: that run finished; nothing is left to train.
-            let out = r.job.run(&["--resume", checkpoint.to_str().unwrap()]);
-            assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-            assert!(stderr(&out).contains("raise train.epochs or train.max_steps"));
-            continue;
-        }
+        // The final checkpoint too: that run stopped while writing its weights and summary,
+        // which the resume writes, training nothing.
         run_dir(&r.job.run(&["--resume", checkpoint.to_str().unwrap()]));
         assert_same_as_reference(&dir);
-        // The resumed session's own start-up (it was 0: only a run's step 0 measured it).
-        let startup = summary(&dir)["startup_s"].as_f64().unwrap();
-        assert!(startup > 0.0 && startup < 30.0, "{startup}");
+        // The resumed session's own start-up (it was 0: only a run's step 0 measured it);
+        // none when it only finished the run.
+        match summary(&dir)["startup_s"].as_f64() {
+            Some(startup) => assert!(startup > 0.0 && startup < 30.0, "{startup}"),
+            None => assert!(name.ends_with("846.safetensors"), "{name}"),
+        }
     }
 }
 
@@ -555,6 +554,30 @@ fn a_resume_from_an_earlier_checkpoint_sets_the_later_ones_aside() {
     );
 }
 
+/// A run stopped after its final checkpoint, while writing its weights or summary, is
+/// finished by a resume: the same weights, rows and summary, nothing trained (the resume was
+/// refused as finished, so the run, `resume = "auto"` and a sweep holding it were stuck).
+#[test]
+fn a_run_stopped_after_its_final_checkpoint_is_finished_by_a_resume() {
+    let job = write_job(SMALL_JOB);
+    let dir = run_dir(&job.run(&[]));
+    let (weights_before, rows_before, summary_before) =
+        (weights(&dir), metrics(&dir), summary(&dir));
+    std::fs::remove_file(dir.join("summary.json")).unwrap();
+    std::fs::remove_file(dir.join("model.safetensors")).unwrap();
+    let out = job.run(&["--resume", dir.to_str().unwrap()]);
+    assert_eq!(run_dir(&out), dir);
+    assert_eq!(weights(&dir), weights_before);
+    assert_eq!(metrics(&dir), rows_before);
+    let s = summary(&dir);
+    for key in ["status", "end_reason", "steps", "epochs", "final"] {
+        assert_eq!(s[key], summary_before[key], "{key}");
+    }
+    // Completed now: a further resume is refused, as for any completed run.
+    let out = job.run(&["--resume", dir.to_str().unwrap()]);
+    expect_exit_2(&out, &["where the run completed", "raise train.epochs"]);
+}
+
 /// Early stopping's count of evaluations without improvement and its best value are in
 /// the checkpoints: a resumed run stops at the epoch the uninterrupted one stopped at (it
 /// counted from zero again, and trained two epochs longer).
@@ -569,8 +592,19 @@ fn a_resumed_run_stops_early_where_the_uninterrupted_one_did() {
     let whole = run_dir(&job.run(&[]));
     assert_eq!(summary(&whole)["end_reason"], "early_stopped");
     assert_eq!(summary(&whole)["steps"], 69, "{}", summary(&whole));
+    // The run completed: resuming it would train on past where early stopping ended it.
+    let out = job.run(&["--resume", whole.to_str().unwrap()]);
+    expect_exit_2(
+        &out,
+        &["where the run completed", "change train.early_stopping"],
+    );
     // At epoch 2's end (one evaluation without improvement), and mid-epoch 3 after it.
-    for name in ["step-00000046.safetensors", "step-00000050.safetensors"] {
+    // And from the final checkpoint, as a crash while writing the weights leaves the run.
+    for name in [
+        "step-00000046.safetensors",
+        "step-00000050.safetensors",
+        "step-00000069.safetensors",
+    ] {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("run");
         std::fs::create_dir_all(dir.join("checkpoints")).unwrap();

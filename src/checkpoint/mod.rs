@@ -85,6 +85,9 @@ pub struct TrainState {
     /// empty: 0): the exported count is this plus `micro_step`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub batches_tracked_before: Vec<u64>,
+    /// Why the run ended, in its final checkpoint (`finished`); absent before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_reason: Option<crate::train::EndReason>,
 }
 
 impl TrainState {

@@ -188,7 +188,7 @@ fn liveness(dir: &Path) -> Status {
 
 /// metrics.csv as points; a missing or partly written file gives what could be read (a
 /// killed run's last line may be cut).
-fn read_metrics(path: &Path) -> Vec<MetricsPoint> {
+pub(crate) fn read_metrics(path: &Path) -> Vec<MetricsPoint> {
     let Ok(mut reader) = csv::Reader::from_path(path) else {
         return Vec::new();
     };

@@ -97,6 +97,10 @@ pub struct Session<'a, B: Backend> {
     /// Data parallelism: the replicas besides this thread's (rank 0). None trains on one
     /// device, without any all-reduce.
     pub parallel: Option<Box<dyn DataParallel<B>>>,
+    /// `resume` is the final checkpoint of a run that ended there but did not complete (it
+    /// was stopped while writing its weights or summary): train and evaluate nothing, only
+    /// give its outcome (the caller adds the final rows, which metrics.csv holds).
+    pub finishing: bool,
 }
 
 impl<B: Backend> Default for Session<'_, B> {
@@ -107,6 +111,7 @@ impl<B: Backend> Default for Session<'_, B> {
             checkpoint_dir: None,
             stop: None,
             parallel: None,
+            finishing: false,
         }
     }
 }
@@ -150,6 +155,7 @@ pub fn train_session<B: Backend>(
         checkpoint_dir,
         stop,
         mut parallel,
+        finishing,
     } = session;
     let batch_size = spec.batch_size();
     let row_len = data.row_len();
@@ -253,7 +259,16 @@ pub fn train_session<B: Backend>(
     // Not in checkpoints: a resumed run starts counting again.
     let mut skipped_in_a_row = 0u64;
 
-    'epochs: for epoch in st.epoch..=spec.train.epochs {
+    if finishing {
+        outcome.end_reason = st.end_reason.unwrap_or_default();
+    }
+    // Finishing, the loop has nothing to do: the run ended at this checkpoint.
+    let first_epoch = if finishing {
+        spec.train.epochs + 1
+    } else {
+        st.epoch
+    };
+    'epochs: for epoch in first_epoch..=spec.train.epochs {
         st.epoch = epoch;
         let order = epoch_order(train_len, spec.data.shuffle, spec.job.seed, epoch);
         let mut batches: Vec<&[u32]> = order.chunks(batch_size).collect();
@@ -466,7 +481,10 @@ pub fn train_session<B: Backend>(
     };
     // The final evaluation, always (also when max_steps ended the run mid-epoch).
     // Early stopping has just evaluated.
-    if spec.train.eval_every_epochs > 0 && outcome.end_reason != EndReason::EarlyStopped {
+    if spec.train.eval_every_epochs > 0
+        && outcome.end_reason != EndReason::EarlyStopped
+        && !finishing
+    {
         st.evaluation = evaluate(
             backend,
             &mut net,
@@ -484,8 +502,9 @@ pub fn train_session<B: Backend>(
     st.window_samples = 0;
     st.window_seconds = 0.0;
     let checkpointing = policy.every_steps.is_some() || policy.every_epochs.is_some();
-    if let Some(saver) = saver.as_mut().filter(|_| checkpointing) {
+    if let Some(saver) = saver.as_mut().filter(|_| checkpointing && !finishing) {
         st.finished = true;
+        st.end_reason = Some(outcome.end_reason);
         if st.steps_in_epoch == steps_per_epoch(spec, train_len) {
             st.epoch += 1;
             st.steps_in_epoch = 0;

@@ -7,8 +7,10 @@ use crate::spec::{parse_duration, JobSpec, StopMode};
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
 
-/// The reason a run ended, written to summary.json as `end_reason`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// The reason a run ended, written to summary.json as `end_reason` (and to the final
+/// checkpoint's state).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum EndReason {
     /// Every epoch ran.
     #[default]
