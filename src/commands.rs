@@ -929,7 +929,7 @@ fn run_in<B: Backend>(
                 message: format!(
                     "stopped by {name} after step {}; {checkpoint} written; continue with: {}",
                     outcome.steps,
-                    resume_command(args, run)
+                    resume_command(args, &run.path)
                 ),
             })
         }
@@ -947,13 +947,13 @@ fn with_resume_hint(e: Error, args: &RunArgs, run: &RunDir) -> Error {
     };
     Error::Runtime(format!(
         "{message}\nthe run's checkpoints remain (the newest at step {step}); continue with: {}",
-        resume_command(args, run)
+        resume_command(args, &run.path)
     ))
 }
 
 /// The command that continues `run`: the job and its `--set` overrides (without them the
 /// resume would be refused, or quietly train another length), shell-quoted.
-fn resume_command(args: &RunArgs, run: &RunDir) -> String {
+fn resume_command(args: &RunArgs, run: &Path) -> String {
     let quote = |s: &str| {
         let plain = |b: u8| b.is_ascii_alphanumeric() || b"._-/=:".contains(&b);
         if !s.is_empty() && s.bytes().all(plain) {
@@ -965,7 +965,7 @@ fn resume_command(args: &RunArgs, run: &RunDir) -> String {
     let mut command = format!(
         "trainer run {} --resume {}",
         quote(&args.job.display().to_string()),
-        quote(&run.path.display().to_string())
+        quote(&run.display().to_string())
     );
     for set in &args.sets {
         command += &format!(" --set {}", quote(set));
@@ -1413,12 +1413,9 @@ mod tests {
             dir: None,
             quiet: false,
         };
-        let run = RunDir {
-            path: "runs/mlp/20261124-1".into(),
-            id: "20261124-1".into(),
-        };
+        let run = Path::new("runs/mlp/20261124-1");
         let want = r#"trainer run jobs/mlp.toml --resume runs/mlp/20261124-1 --set train.epochs=30 --set 'optimizer.schedule={type="step", step_size=5}' --set 'job.name='\''x'\'''"#;
-        assert_eq!(resume_command(&args, &run), want);
+        assert_eq!(resume_command(&args, run), want);
     }
 
     /// `check` predicts where a GPU run keeps its data set: "auto" streams it exactly when it

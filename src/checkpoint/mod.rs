@@ -274,7 +274,19 @@ pub fn set_aside_after(dir: &Path, step: u64) -> Result<usize> {
     std::fs::create_dir_all(&aside).map_err(io)?;
     for path in &later {
         let name = path.file_name().expect("a checkpoint file");
-        std::fs::rename(path, aside.join(name)).map_err(io)?;
+        // An earlier set-aside timeline may hold the same step: keep both.
+        let mut target = aside.join(name);
+        for n in 1.. {
+            if !target.exists() {
+                break;
+            }
+            let stem = Path::new(name)
+                .file_stem()
+                .unwrap_or_default()
+                .to_string_lossy();
+            target = aside.join(format!("{stem}.{n}.safetensors"));
+        }
+        std::fs::rename(path, target).map_err(io)?;
     }
     Ok(later.len())
 }

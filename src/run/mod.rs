@@ -18,6 +18,43 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub struct RunDir {
     pub path: PathBuf,
     pub id: String,
+    /// `.lock` in the directory, locked while this process trains in it (the OS releases it
+    /// when the process ends, however it ends): a second process resuming the same run is
+    /// refused instead of interleaving its rows and checkpoints with this one's.
+    _lock: fs::File,
+}
+
+/// The lock file of a run directory.
+const LOCK_FILE: &str = ".lock";
+
+/// Takes `dir`'s lock, or says which process holds it.
+fn lock(dir: &Path) -> Result<fs::File> {
+    let path = dir.join(LOCK_FILE);
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| Error::Runtime(format!("cannot create {}: {e}", path.display())))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(fs::TryLockError::WouldBlock) => {
+            let pid = fs::read_to_string(dir.join("provenance.json"))
+                .ok()
+                .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
+                .and_then(|p| p["pid"].as_u64())
+                .map_or(String::new(), |pid| format!(" (pid {pid})"));
+            Err(Error::Job(format!(
+                "run directory {} is being trained by another process{pid}; wait for it to \
+                 end, or stop it (Ctrl-C or SIGTERM checkpoints it) and resume then",
+                dir.display()
+            )))
+        }
+        Err(fs::TryLockError::Error(e)) => Err(Error::Runtime(format!(
+            "cannot lock {}: {e}",
+            path.display()
+        ))),
+    }
 }
 
 impl RunDir {
@@ -42,7 +79,10 @@ impl RunDir {
             let id = format!("{stamp}-{suffix:04x}");
             let path = parent.join(&id);
             match fs::create_dir(&path) {
-                Ok(()) => return Ok(RunDir { path, id }),
+                Ok(()) => {
+                    let _lock = lock(&path)?;
+                    return Ok(RunDir { path, id, _lock });
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
                 Err(e) => {
                     return Err(Error::Runtime(format!(
@@ -73,6 +113,7 @@ impl RunDir {
         Ok(RunDir {
             path: path.to_path_buf(),
             id,
+            _lock: lock(path)?,
         })
     }
 
@@ -102,6 +143,7 @@ impl RunDir {
         Ok(RunDir {
             path: path.to_path_buf(),
             id,
+            _lock: lock(path)?,
         })
     }
 
