@@ -912,7 +912,19 @@ fn run_in<B: Backend>(
             "wall_s": wall,
         }),
     };
-    run.write_summary(&summary)?;
+    if let Err(summary_error) = run.write_summary(&summary) {
+        // The run's own error (a full disk writing metrics.csv, say) is the cause to show.
+        return Err(match result {
+            Ok(_) => summary_error,
+            Err(e) => with_resume_hint(
+                e.with_note(&format!(
+                    "summary.json could not be written either: {summary_error}"
+                )),
+                args,
+                run,
+            ),
+        });
+    }
     let outcome = result.map_err(|e| with_resume_hint(e, args, run))?;
     match outcome.interrupted {
         Some(signal) => {

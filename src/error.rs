@@ -19,6 +19,20 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// The same error, its message followed by `note` on a line of its own.
+    pub fn with_note(self, note: &str) -> Error {
+        let add = |m: String| format!("{m}\n{note}");
+        match self {
+            Error::Job(m) => Error::Job(add(m)),
+            Error::Runtime(m) => Error::Runtime(add(m)),
+            Error::Diverged(m) => Error::Diverged(add(m)),
+            Error::Interrupted { signal, message } => Error::Interrupted {
+                signal,
+                message: add(message),
+            },
+        }
+    }
+
     pub fn exit_code(&self) -> i32 {
         match self {
             Error::Job(_) => 2,

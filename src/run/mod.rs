@@ -166,10 +166,15 @@ impl RunDir {
         let target = self.path.join(name);
         let io =
             |e: std::io::Error| Error::Runtime(format!("cannot write {}: {e}", target.display()));
-        let mut f = fs::File::create(&tmp).map_err(io)?;
-        f.write_all(bytes).map_err(io)?;
-        f.sync_all().map_err(io)?;
-        fs::rename(&tmp, &target).map_err(io)
+        let written = fs::File::create(&tmp).and_then(|mut f| {
+            f.write_all(bytes)?;
+            f.sync_all()?;
+            fs::rename(&tmp, &target)
+        });
+        if written.is_err() {
+            let _ = fs::remove_file(&tmp); // a full disk leaves no empty .tmp behind
+        }
+        written.map_err(io)
     }
 }
 
@@ -196,6 +201,23 @@ pub fn utc_stamp(secs: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::RunDir;
+
+    #[test]
+    fn a_failed_write_leaves_no_temporary_file_and_a_second_process_is_locked_out() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = RunDir::create_at(&tmp.path().join("run")).unwrap();
+        // A directory where summary.json goes: the rename fails, as a full disk fails a write.
+        std::fs::create_dir_all(run.path.join("summary.json/x")).unwrap();
+        assert!(run.write_summary(&serde_json::json!({})).is_err());
+        assert!(!run.path.join(".summary.json.tmp").exists());
+        // The lock is per open file: a second opening (as another process's) is refused.
+        let e = RunDir::open(&run.path).err().unwrap().to_string();
+        assert!(e.contains("is being trained by another process"), "{e}");
+        drop(run);
+        assert!(RunDir::open(&tmp.path().join("run")).is_ok());
+    }
+
     #[test]
     fn stamps_are_utc_calendar_times() {
         assert_eq!(super::utc_stamp(0), "19700101-000000");
