@@ -914,16 +914,15 @@ fn run_in<B: Backend>(
     };
     if let Err(summary_error) = run.write_summary(&summary) {
         // The run's own error (a full disk writing metrics.csv, say) is the cause to show.
-        return Err(match result {
+        // Either way the resume hint applies: a resume completes a run from its final
+        // checkpoint.
+        let error = match result {
             Ok(_) => summary_error,
-            Err(e) => with_resume_hint(
-                e.with_note(&format!(
-                    "summary.json could not be written either: {summary_error}"
-                )),
-                args,
-                run,
-            ),
-        });
+            Err(e) => e.with_note(&format!(
+                "summary.json could not be written either: {summary_error}"
+            )),
+        };
+        return Err(with_resume_hint(error, args, run));
     }
     let outcome = result.map_err(|e| with_resume_hint(e, args, run))?;
     match outcome.interrupted {

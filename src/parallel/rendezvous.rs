@@ -390,8 +390,13 @@ pub fn tell_stopped(r: &Rendezvous, error: &Error) {
     let mut told = vec![false; r.world_size];
     told[0] = true;
     while told.iter().any(|t| !t) && Instant::now() < deadline {
-        let Ok(Some((mut stream, _, rank, stopped))) = next_greeting(&listener, &where_) else {
-            continue;
+        let (mut stream, _, rank, stopped) = match next_greeting(&listener, &where_) {
+            Ok(Some(greeted)) => greeted,
+            Ok(None) => continue, // it waited a moment itself
+            Err(_) => {
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            }
         };
         if stopped.is_none() {
             let _ = stream.write_all(&frame(kind_of(error), &[text.as_bytes()]));

@@ -75,13 +75,17 @@ impl EarlyStopping {
         let progress = match saved {
             Some(s) if s.metric == fresh.metric && s.mode == fresh.mode => s.clone(),
             Some(s) => {
+                let mode = |m: StopMode| match m {
+                    StopMode::Min => "min",
+                    StopMode::Max => "max",
+                };
                 tracing::info!(
-                    "early stopping: the checkpoint counted {} ({:?}), this job monitors {} \
-                     ({:?}): counting starts again",
+                    "early stopping: the checkpoint counted {} ({}), this job monitors {} ({}): \
+                     counting starts again",
                     s.metric,
-                    s.mode,
+                    mode(s.mode),
                     fresh.metric,
-                    fresh.mode
+                    mode(fresh.mode)
                 );
                 fresh
             }
