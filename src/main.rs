@@ -162,6 +162,7 @@ enum Command {
 
 fn main() -> ExitCode {
     trainer::process_start();
+    trainer::signals::report_file_size_limit_as_error();
     let cli = Cli::parse();
     let quiet = matches!(
         cli.command,

@@ -92,3 +92,14 @@ impl Drop for Received {
         }
     }
 }
+
+/// A write beyond the file-size limit (`ulimit -f`) raises SIGXFSZ, whose default action
+/// ends the process without a word, leaving a run marked "running". Ignored, the write fails
+/// with EFBIG instead, and the run fails as for a full disk: the file named, the run's
+/// summary written when it can be, the resume command given.
+pub fn report_file_size_limit_as_error() {
+    // SAFETY: setting a signal's disposition to SIG_IGN installs no handler code.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
+}

@@ -866,3 +866,47 @@ fn a_checkpoint_in_the_earlier_packed_layout_resumes_the_same_run() {
     assert_eq!(metrics(&dir), want_metrics);
     assert!(weights(&dir) == want_weights, "final weights differ");
 }
+
+#[test]
+fn a_file_size_limit_fails_the_run_with_a_message_instead_of_killing_it() {
+    use std::os::unix::process::CommandExt;
+    let job = write_job(LONG_JOB);
+    let mut command = Command::new(trainer_bin());
+    command
+        .args(job.args(&["--set", "train.epochs=1"]))
+        .current_dir(root());
+    // `ulimit -f 256`: the run directory's small files fit, the first checkpoint (about
+    // 1.4 MiB of weights and Adam's moments) does not.
+    unsafe {
+        command.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: 256 * 1024,
+                rlim_max: 256 * 1024,
+            };
+            match libc::setrlimit(libc::RLIMIT_FSIZE, &limit) {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            }
+        });
+    }
+    let out = command.output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{:?}: {}",
+        out.status,
+        stderr(&out)
+    );
+    let err = stderr(&out);
+    assert!(err.contains("File too large"), "{err}");
+    let dir = job
+        .runs
+        .join("long")
+        .read_dir()
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    assert_eq!(summary(&dir)["status"], "failed");
+}

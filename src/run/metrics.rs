@@ -117,6 +117,16 @@ impl MetricsWriter {
         self.rows
     }
 
+    /// Puts the rows written so far on disk. A checkpoint records how many rows there are,
+    /// so it is taken only after they are durable: after a power loss, a resume from it
+    /// would otherwise find fewer rows than it expects and be refused.
+    pub fn sync(&self) -> Result<()> {
+        self.writer
+            .get_ref()
+            .sync_data()
+            .map_err(|e| Error::Runtime(format!("cannot write {} to disk: {e}", self.path)))
+    }
+
     pub fn write(&mut self, row: &MetricsRow) -> Result<()> {
         let opt = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v}"));
         self.write_record(vec![

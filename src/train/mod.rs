@@ -615,6 +615,7 @@ impl Saver<'_> {
         // A device fault makes downloads fail (CUDA records the error and leaves the host
         // buffers as they were): such a checkpoint must not be written.
         backend.status()?;
+        metrics.sync()?;
         let state = TrainState {
             optimizer_steps: optimizer.steps(),
             metrics_rows: metrics.rows(),
