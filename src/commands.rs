@@ -47,6 +47,12 @@ enum Start {
     Resume(Box<ResumePoint>),
 }
 
+impl Start {
+    fn resumes(&self) -> bool {
+        matches!(self, Start::Resume(_))
+    }
+}
+
 /// A job loaded, with its data and graph: everything `check` shows and `run` needs.
 struct Prepared {
     spec: JobSpec,
@@ -375,13 +381,21 @@ fn run_job(args: &RunArgs) -> Result<Option<PathBuf>> {
             let backend = CpuBackend::new(threads);
             pool.install(|| {
                 let Some(start) = start else {
-                    return train::serve(&backend, &spec, graph, data).map(|()| None);
+                    return train::serve(&backend, &spec, graph, data, args.resume.as_deref())
+                        .map(|()| None);
                 };
                 let parallel = match &spec.parallel.world {
                     Some(_) => {
                         let each =
                             format!("{threads} thread{}", if threads == 1 { "" } else { "s" });
-                        Some(process_replicas(&backend, &spec, &data, &graph, each)?)
+                        Some(process_replicas(
+                            &backend,
+                            &spec,
+                            &data,
+                            &graph,
+                            each,
+                            start.resumes(),
+                        )?)
                     }
                     None => cpu_replicas(&spec, threads, graph.param_len)?,
                 };
@@ -396,12 +410,20 @@ fn run_job(args: &RunArgs) -> Result<Option<PathBuf>> {
             backend.set_half_matmuls(train::half_kind(spec.precision.mode));
             backend.set_fused_epilogues(fused_epilogues(&spec, &data));
             let Some(start) = start else {
-                return train::serve(&backend, &spec, graph, data).map(|()| None);
+                return train::serve(&backend, &spec, graph, data, args.resume.as_deref())
+                    .map(|()| None);
             };
             let parallel: Option<Box<dyn DataParallel<CudaBackend>>> = match &spec.parallel.world {
                 Some(_) => {
                     let each = format!("1 GPU (rank 0 on cuda:{ordinal})");
-                    Some(process_replicas(&backend, &spec, &data, &graph, each)?)
+                    Some(process_replicas(
+                        &backend,
+                        &spec,
+                        &data,
+                        &graph,
+                        each,
+                        start.resumes(),
+                    )?)
                 }
                 // parallel.replicas = 1 (more are refused above): through a 1-rank NCCL
                 // communicator, unless tcp is asked for or NCCL is missing and not asked for.
@@ -442,8 +464,9 @@ fn process_replicas<B: Backend + 'static>(
     data: &Data,
     graph: &Graph,
     each: String,
+    resumes: bool,
 ) -> Result<Box<dyn DataParallel<B>>> {
-    let replicas = ProcessReplicas::connect(backend, spec, data, graph.param_len, each)?;
+    let replicas = ProcessReplicas::connect(backend, spec, data, graph.param_len, each, resumes)?;
     Ok(Box::new(replicas))
 }
 
@@ -596,6 +619,20 @@ fn plan_start(args: &RunArgs, spec: &JobSpec, graph: &Graph, train_len: usize) -
         _ => None,
     };
     let Some(target) = target else {
+        let resumes_auto = spec.checkpoint.resume == Some(ResumeMode::Auto);
+        if (args.force || args.resume_fallback) && !resumes_auto {
+            // Without anything to resume, the flag would be ignored: likely a script that
+            // lost its --resume, about to start over instead of continuing.
+            let flag = if args.force {
+                "--force"
+            } else {
+                "--resume-fallback"
+            };
+            return Err(Error::Job(format!(
+                "{flag} applies to a resumed run: give --resume RUN_DIR|CHECKPOINT (or set \
+                 checkpoint.resume = \"auto\"), or leave {flag} out to start afresh"
+            )));
+        }
         let initial = match &spec.model.init_from {
             Some(path) => Some(weights::read(path, graph)?),
             None => None,

@@ -335,6 +335,19 @@ fn unknown_key_suggests_the_right_one() {
 }
 
 #[test]
+fn force_or_resume_fallback_without_a_resume_is_refused() {
+    for flag in ["--force", "--resume-fallback"] {
+        expect_failure(
+            GOOD_JOB,
+            &[],
+            &[flag],
+            2,
+            &[&format!("{flag} applies to a resumed run: give --resume")],
+        );
+    }
+}
+
+#[test]
 fn wrong_type_names_the_key() {
     let job = GOOD_JOB.replace("lr = 0.1", "lr = \"fast\"");
     expect_failure(

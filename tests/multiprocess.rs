@@ -464,6 +464,72 @@ fn ranks_with_different_jobs_are_refused_before_anything_is_written() {
     assert!(!runs.exists(), "nothing is written for a refused run");
 }
 
+#[test]
+fn a_resume_given_to_another_rank_but_not_rank_zero_is_refused() {
+    let _turn = one_at_a_time();
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), JOB);
+    let job = job.to_str().unwrap();
+    let runs = tmp.path().join("runs");
+    let runs_arg = runs.to_str().unwrap();
+    let port = free_port();
+    let rank0 = spawn_rank(0, 2, port, &[job, "--runs-dir", runs_arg]);
+    let rank1 = spawn_rank(
+        1,
+        2,
+        port,
+        &[job, "--runs-dir", runs_arg, "--resume", "runs/mp/earlier"],
+    );
+    let (zero, one) = (
+        finish(rank0, Duration::from_secs(30)),
+        finish(rank1, Duration::from_secs(30)),
+    );
+    for ended in [&zero, &one] {
+        assert_eq!(ended.code, Some(2), "{}", ended.stderr);
+        assert!(
+            ended
+                .stderr
+                .contains("rank 1 was given --resume runs/mp/earlier, but rank 0 starts a new run"),
+            "{}",
+            ended.stderr
+        );
+    }
+    assert!(!runs.exists(), "nothing is written for a refused run");
+}
+
+#[test]
+fn a_rank_told_to_train_longer_than_rank_zero_warns_that_rank_zero_decides() {
+    let _turn = one_at_a_time();
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), JOB);
+    let job = job.to_str().unwrap();
+    let runs = tmp.path().join("runs");
+    let runs_arg = runs.to_str().unwrap();
+    let port = free_port();
+    let rank0 = spawn_rank(0, 2, port, &[job, "--runs-dir", runs_arg]);
+    let rank1 = spawn_rank(
+        1,
+        2,
+        port,
+        &[job, "--runs-dir", runs_arg, "--set", "train.epochs=5"],
+    );
+    let (zero, one) = (
+        finish(rank0, Duration::from_secs(60)),
+        finish(rank1, Duration::from_secs(60)),
+    );
+    assert_eq!(zero.code, Some(0), "{}", zero.stderr);
+    assert_eq!(one.code, Some(0), "{}", one.stderr);
+    assert!(
+        one.stderr.contains(
+            "rank 1: train.epochs is 5 here and 3 on rank 0; rank 0 decides how long to train"
+        ),
+        "{}",
+        one.stderr
+    );
+    let dir = only_run_dir(&runs);
+    assert_eq!(summary(&dir)["epochs"], 3, "rank 0's epochs are used");
+}
+
 /// A rank that stops before the ranks meet (a bad --resume on rank 0, a bad --set on the
 /// other) tells the others why: every rank ends at once with its error (they waited out
 /// parallel.timeout and then blamed the connection).

@@ -21,7 +21,10 @@ pub mod file;
 mod resume;
 pub mod weights;
 
-pub use resume::{changeable_keys, find_auto_resume, incompatible_changes, locate, ResumePoint};
+pub use resume::{
+    changeable_keys, differences_in, find_auto_resume, incompatible_changes, locate, ResumePoint,
+    DECIDED_BY_RANK_ZERO,
+};
 
 use crate::error::{Error, Result};
 use crate::runtime_err;

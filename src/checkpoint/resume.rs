@@ -168,12 +168,58 @@ pub fn changeable_keys() -> String {
 }
 
 fn is_safe(key: &str) -> bool {
-    SAFE_TO_CHANGE.iter().any(|s| {
+    is_under(key, &SAFE_TO_CHANGE)
+}
+
+/// Whether `key` is one of `keys` or inside one of them (a section or a list).
+fn is_under(key: &str, keys: &[&str]) -> bool {
+    keys.iter().any(|s| {
         key == *s
             || key
                 .strip_prefix(s)
                 .is_some_and(|rest| rest.starts_with('.') || rest.starts_with('['))
     })
+}
+
+/// Keys that only rank 0 of a multi-process run acts on: how long to train, when to log,
+/// evaluate and checkpoint. Other ranks may differ in them (they may also differ in the
+/// rest of SAFE_TO_CHANGE, which is theirs: device, threads), but their values go unused.
+pub const DECIDED_BY_RANK_ZERO: [&str; 7] = [
+    "train.epochs",
+    "train.max_steps",
+    "train.max_time",
+    "train.early_stopping",
+    "train.log_every",
+    "train.eval_every_epochs",
+    "checkpoint",
+];
+
+/// The keys among (or inside) `keys` whose values differ between two jobs: (key, first
+/// job's value, second job's value).
+pub fn differences_in(
+    keys: &[&str],
+    first: &Value,
+    second: &Value,
+) -> Vec<(String, String, String)> {
+    differences(first, second)
+        .into_iter()
+        .filter(|(k, _, _)| is_under(k, keys))
+        .collect()
+}
+
+fn differences(first: &Value, second: &Value) -> Vec<(String, String, String)> {
+    let (mut old, mut new) = (BTreeMap::new(), BTreeMap::new());
+    flatten(String::new(), first, &mut old);
+    flatten(String::new(), second, &mut new);
+    let keys: std::collections::BTreeSet<&String> = old.keys().chain(new.keys()).collect();
+    let unset = "(not set)".to_string();
+    keys.into_iter()
+        .filter(|k| old.get(*k) != new.get(*k))
+        .map(|k| {
+            let value = |map: &BTreeMap<String, String>| map.get(k).unwrap_or(&unset).clone();
+            (k.clone(), value(&old), value(&new))
+        })
+        .collect()
 }
 
 fn flatten(prefix: String, value: &Value, out: &mut BTreeMap<String, String>) {
@@ -204,20 +250,10 @@ fn flatten(prefix: String, value: &Value, out: &mut BTreeMap<String, String>) {
 /// The keys (dotted paths, e.g. `model.layers[1].out`) whose values differ between the
 /// checkpoint's job and this one and may not change, each with both values.
 pub fn incompatible_changes(checkpoint: &Value, job: &Value) -> Vec<String> {
-    let (mut old, mut new) = (BTreeMap::new(), BTreeMap::new());
-    flatten(String::new(), checkpoint, &mut old);
-    flatten(String::new(), job, &mut new);
-    let keys: std::collections::BTreeSet<&String> = old.keys().chain(new.keys()).collect();
-    let unset = "(not set)".to_string();
-    keys.into_iter()
-        .filter(|k| old.get(*k) != new.get(*k) && !is_safe(k))
-        .map(|k| {
-            format!(
-                "{k}: {} in the checkpoint, {} now",
-                old.get(k).unwrap_or(&unset),
-                new.get(k).unwrap_or(&unset)
-            )
-        })
+    differences(checkpoint, job)
+        .into_iter()
+        .filter(|(k, _, _)| !is_safe(k))
+        .map(|(k, old, new)| format!("{k}: {old} in the checkpoint, {new} now"))
         .collect()
 }
 

@@ -43,6 +43,7 @@ use crate::tensor::{Backend, LossStats};
 use serde::{Deserialize, Serialize};
 use std::marker::PhantomData;
 use std::ops::Range;
+use std::path::Path;
 
 /// What rank 0 greets the other ranks with, for them to compare with their own job.
 #[derive(Serialize, Deserialize)]
@@ -56,6 +57,9 @@ struct Greeting {
     /// The NCCL id every rank joins when gradients are averaged on the GPUs; None when they
     /// travel through rank 0's links.
     collective: Option<Vec<u8>>,
+    /// Whether rank 0 continues from a checkpoint (it alone reads it and sends its state).
+    #[serde(default)]
+    resumes: bool,
 }
 
 /// How the run ended, as rank 0 tells the others.
@@ -104,6 +108,7 @@ impl<B: Backend> ProcessReplicas<B> {
         data: &Data,
         param_len: usize,
         device: String,
+        resumes: bool,
     ) -> Result<Self> {
         let world = spec.parallel.world.clone().expect("a multi-process run");
         let collective = collective_id(backend, spec, &world)?;
@@ -115,6 +120,7 @@ impl<B: Backend> ProcessReplicas<B> {
             data_hash: data_hash(data),
             param_len,
             collective,
+            resumes,
         };
         tracing::info!(
             "rank 0 of {}: waiting for the other ranks on {}:{}",
@@ -565,7 +571,14 @@ impl<B: Backend> GradientSync<B> for SendOverLink<'_> {
 /// A rank other than 0: joins the run, checks that its job and data are rank 0's, then
 /// trains its share of every step rank 0 sends until rank 0 says the run is over. Returns
 /// Ok when the run completed; an interrupted or failed run is the matching error.
-pub fn serve<B: Backend>(backend: &B, spec: &JobSpec, graph: Graph, data: Data) -> Result<()> {
+/// `resume` is this rank's --resume, which only rank 0's decides.
+pub fn serve<B: Backend>(
+    backend: &B,
+    spec: &JobSpec,
+    graph: Graph,
+    data: Data,
+    resume: Option<&Path>,
+) -> Result<()> {
     let world = spec.parallel.world.clone().expect("a multi-process run");
     tracing::info!(
         "rank {} of {}: joining rank 0 at {}:{}",
@@ -583,7 +596,7 @@ pub fn serve<B: Backend>(backend: &B, spec: &JobSpec, graph: Graph, data: Data) 
     let stop = &stop;
     let link = &mut links[0];
     let result = (|| {
-        let collective = check_greeting(spec, &data, &graph, &world, &greeting)?;
+        let collective = check_greeting(spec, &data, &graph, &world, &greeting, resume)?;
         link.send(Tag::Ready, &[])?;
         if let Some(id) = &collective {
             join_collective(backend, id, &world)?;
@@ -606,6 +619,7 @@ fn check_greeting(
     graph: &Graph,
     world: &Rendezvous,
     greeting: &[u8],
+    resume: Option<&Path>,
 ) -> Result<Option<Vec<u8>>> {
     let g: Greeting = serde_json::from_slice(greeting).map_err(|e| {
         Error::Runtime(format!(
@@ -638,6 +652,28 @@ fn check_greeting(
                 .replace(" in the checkpoint, ", " on rank 0, ")
                 .replace(" now", &format!(" on rank {}", world.rank))
         )));
+    }
+    if let (Some(path), false) = (resume, g.resumes) {
+        return Err(Error::Job(format!(
+            "rank {} was given --resume {}, but rank 0 starts a new run: only rank 0 reads \
+             the checkpoint (and sends the others its state), so give --resume to rank 0 too",
+            world.rank,
+            path.display()
+        )));
+    }
+    // Rank 0 alone decides when to stop, log, evaluate and checkpoint: a different value
+    // here is not an error (as on a resume), but it is not this rank's to use.
+    let ignored = checkpoint::differences_in(
+        &checkpoint::DECIDED_BY_RANK_ZERO,
+        &g.job,
+        &checkpoint::spec_json(spec).0,
+    );
+    for (key, zero, here) in ignored {
+        tracing::warn!(
+            "rank {0}: {key} is {here} here and {zero} on rank 0; rank 0 decides how long to \
+             train and when to log, evaluate and checkpoint, so its value is used",
+            world.rank
+        );
     }
     if g.param_len != graph.param_len || g.data_hash != data_hash(data) {
         return Err(Error::Job(format!(
