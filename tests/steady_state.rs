@@ -230,16 +230,22 @@ fn multi_process_steps_allocate_nothing_but_gemm_scratch_on_either_rank() {
     let graph1 = graph.clone();
     let rank1 = std::thread::spawn(move || {
         one_thread_pool()
-            .install(|| trainer::train::serve(&CpuBackend::new(1), &spec1, graph1, data()))
+            .install(|| trainer::train::serve(&CpuBackend::new(1), &spec1, graph1, data(), None))
     });
 
     spec.parallel.world = Some(world(0));
     let backend = CpuBackend::new(1);
     one_thread_pool().install(|| {
         let data = data();
-        let mut replicas =
-            ProcessReplicas::connect(&backend, &spec, &data, graph.param_len, "1 thread".into())
-                .unwrap();
+        let mut replicas = ProcessReplicas::connect(
+            &backend,
+            &spec,
+            &data,
+            graph.param_len,
+            "1 thread".into(),
+            false,
+        )
+        .unwrap();
         let params = graph.init_params(1);
         let mut net = Network::new(&backend, graph.clone(), &params, batch / 2, 1).unwrap();
         let mut optimizer = Optimizer::new(&backend, &spec, params.len()).unwrap();
