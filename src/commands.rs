@@ -115,11 +115,19 @@ fn prepare(job: &Path, sets: &[String], name: Option<&str>) -> Result<Prepared> 
     // The model's errors say which layer; this says where the layers came from.
     let graph = Graph::build(&spec, &shape).map_err(|e| match e {
         Error::Job(m) => {
-            let source = spec::KeySources::new(job, sets).map(|s| s.of("model.layers"));
-            Error::Job(format!(
-                "{}: {m}",
-                source.unwrap_or_else(|_| job.display().to_string())
-            ))
+            let Ok(sources) = spec::KeySources::new(job, sets) else {
+                return Error::Job(format!("{}: {m}", job.display()));
+            };
+            let layers = sources.of("model.layers");
+            // The shape the layers are given may come from elsewhere (a --set).
+            let shape_from = sources.of("model.input_shape");
+            let note = match &spec.model.input_shape {
+                Some(shape) if shape_from != layers => {
+                    format!(" (model.input_shape = {shape:?} is from {shape_from})")
+                }
+                _ => String::new(),
+            };
+            Error::Job(format!("{layers}: {m}{note}"))
         }
         e => e,
     })?;

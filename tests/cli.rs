@@ -419,6 +419,24 @@ fn shape_that_cannot_be_inferred_says_how_to_fix_it() {
 }
 
 #[test]
+fn a_shape_error_names_the_set_that_gave_the_input_shape() {
+    let job = GOOD_JOB.replace(
+        "{ type = \"flatten\" }",
+        "{ type = \"maxpool2d\", kernel_size = 2 }",
+    );
+    expect_failure(
+        &job,
+        &[],
+        &["--set", "model.input_shape=[64]"],
+        2,
+        &[
+            "bad.toml: model.layers[0] (maxpool2d)",
+            "(model.input_shape = [64] is from --set model.input_shape)",
+        ],
+    );
+}
+
+#[test]
 fn output_width_must_match_the_classes() {
     let job = GOOD_JOB.replace("out = 10", "out = 7");
     expect_failure(&job, &[], &[], 2, &["outputs [7]", "10 classes"]);
