@@ -14,8 +14,9 @@ pub fn fnv1a64(bytes: &[u8]) -> u64 {
     })
 }
 
-/// A hash of the resolved spec: of the TOML body of config.toml, so two runs with the same
-/// hash trained the same job, however it was spelled (file, environment, --set).
+/// A hash of the resolved spec (as TOML, without the defaults config.toml adds: those follow
+/// from the rest), so two runs with the same hash trained the same job, however it was
+/// spelled (file, environment, --set).
 pub fn spec_hash(spec: &JobSpec) -> Result<String> {
     let body = toml::to_string(spec).map_err(|e| runtime_err!("cannot serialise the spec: {e}"))?;
     Ok(format!("fnv1a64:{:016x}", fnv1a64(body.as_bytes())))

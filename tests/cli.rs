@@ -7,7 +7,7 @@ mod common;
 use common::{stderr, stdout, trainer_with_env as trainer};
 
 use common::root;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Output;
 
 fn finished_runs(runs: &Path) -> usize {
@@ -146,6 +146,48 @@ fn same_job_twice_gives_identical_metrics_in_distinct_directories() {
             .collect()
     };
     assert_eq!(numbers(&a), numbers(&b));
+}
+
+#[test]
+fn config_toml_shows_every_default_and_trains_the_same_job_again() {
+    let runs = tempfile::tempdir().unwrap();
+    let r = runs.path().to_str().unwrap();
+    let run = |job: &str| {
+        let out = trainer(
+            &[
+                "run",
+                job,
+                "--set",
+                "train.epochs=2",
+                "--runs-dir",
+                r,
+                "--quiet",
+            ],
+            &[],
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+        PathBuf::from(stdout(&out).trim())
+    };
+    let first = run("jobs/mlp.toml");
+    let config = std::fs::read_to_string(first.join("config.toml")).unwrap();
+    // jobs/mlp.toml sets a cosine schedule with warm-up and leaves these to their defaults.
+    for line in [
+        "warmup_start_factor = 0.0",
+        "min_lr = 0.0",
+        "on_nonfinite = \"error\"",
+        "loss_scale = \"none\"",
+        "activations = \"none\"",
+    ] {
+        assert!(config.contains(line), "config.toml lacks {line}:\n{config}");
+    }
+    let again = run(first.join("config.toml").to_str().unwrap());
+    let numbers = |dir: &Path| -> Vec<String> {
+        let text = std::fs::read_to_string(dir.join("metrics.csv")).unwrap();
+        text.lines()
+            .map(|l| l.split(',').take(7).collect::<Vec<_>>().join(","))
+            .collect()
+    };
+    assert_eq!(numbers(&first), numbers(&again));
 }
 
 #[test]

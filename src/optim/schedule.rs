@@ -26,11 +26,11 @@ impl Schedule {
         let s = &self.spec;
         let warmup = s.warmup_steps;
         if step < warmup {
-            let start = s.warmup_start_factor.unwrap_or(0.0);
+            let start = s.warmup_start_factor();
             return self.base_lr * (start + (1.0 - start) * step as f64 / warmup as f64);
         }
         let t = step - warmup;
-        let gamma = s.gamma.unwrap_or(0.1);
+        let gamma = s.gamma();
         let factor = match s.kind {
             ScheduleKind::Constant => 1.0,
             ScheduleKind::Step => gamma.powi((t / s.step_size.unwrap_or(1).max(1)) as i32),
@@ -46,7 +46,7 @@ impl Schedule {
             }
             ScheduleKind::Exponential => gamma.powi(t as i32),
             ScheduleKind::Cosine => {
-                let min = s.min_lr.unwrap_or(0.0);
+                let min = s.min_lr();
                 let length = self.total_steps.saturating_sub(warmup).max(1);
                 let progress = t.min(length) as f64 / length as f64;
                 let lr = min

@@ -149,7 +149,9 @@ impl RunDir {
 
     /// Writes the fully resolved spec, which reproduces the run with `trainer run config.toml`.
     pub fn write_config(&self, spec: &JobSpec, header: &str) -> Result<()> {
-        let body = toml::to_string(spec)
+        let body = spec
+            .recorded()
+            .and_then(|table| toml::to_string(&table))
             .map_err(|e| Error::Runtime(format!("cannot serialise the spec: {e}")))?;
         let text = format!("{header}\n{body}");
         self.write_atomic("config.toml", text.as_bytes())

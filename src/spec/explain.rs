@@ -13,11 +13,13 @@ pub fn explain(path: &Path, sets: &[String]) -> Result<String> {
     let spec = super::load_job(path, sets)?;
     let file = file_table(path)?;
     let figment = layers(path, &parse_sets(sets, &file)?);
-    let resolved = toml::Value::try_from(&spec)
+    let resolved = spec
+        .recorded()
+        .map(toml::Value::Table)
         .map_err(|e| runtime_err!("cannot serialise the resolved spec: {e}"))?;
     let mut leaves = Vec::new();
     flatten(&mut Vec::new(), &resolved, &mut leaves);
-    // Sections in file order (job, data, model, ...); the serialised table sorts them.
+    // Sections in file order (job, data, model, ...).
     let section = |path: &[KeyStep]| match path.first() {
         Some(KeyStep::Key(k)) => super::SECTIONS.iter().position(|s| s == k),
         _ => None,

@@ -1218,7 +1218,100 @@ fn default_device() -> String {
     "auto".into()
 }
 
+impl ScheduleSpec {
+    /// step, multistep: the decay factor (exponential's has no default: validation requires it).
+    pub fn gamma(&self) -> f64 {
+        self.gamma.unwrap_or(0.1)
+    }
+
+    /// cosine: the final learning rate.
+    pub fn min_lr(&self) -> f64 {
+        self.min_lr.unwrap_or(0.0)
+    }
+
+    /// The fraction of lr the warm-up starts from.
+    pub fn warmup_start_factor(&self) -> f64 {
+        self.warmup_start_factor.unwrap_or(0.0)
+    }
+}
+
 impl JobSpec {
+    /// config.toml's body: the spec with the defaults it leaves unset filled in, so that the
+    /// file says every value the run used. They stay unset in the spec itself because they
+    /// depend on other keys (gamma on the schedule, a mode on the metric), or because its
+    /// serialised form is what checkpoints compare, and a key that appears would refuse the
+    /// resume of a checkpoint written before it existed. The machine's own values (threads)
+    /// stay out: a config.toml must train the same job on another machine.
+    pub fn recorded(&self) -> Result<toml::Table, toml::ser::Error> {
+        let mut table = toml::Table::try_from(self)?;
+        let mut fill = |path: &[&str], value: toml::Value| {
+            let (key, sections) = path.split_last().expect("a key");
+            let mut at = &mut table;
+            for section in sections {
+                let entry = at
+                    .entry(section.to_string())
+                    .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+                let Some(inner) = entry.as_table_mut() else {
+                    return;
+                };
+                at = inner;
+            }
+            at.entry(key.to_string()).or_insert(value);
+        };
+        let schedule = &self.optimizer.schedule;
+        if schedule.warmup_steps > 0 {
+            fill(
+                &["optimizer", "schedule", "warmup_start_factor"],
+                schedule.warmup_start_factor().into(),
+            );
+        }
+        match schedule.kind {
+            ScheduleKind::Step | ScheduleKind::Multistep => {
+                fill(&["optimizer", "schedule", "gamma"], schedule.gamma().into())
+            }
+            ScheduleKind::Cosine => fill(
+                &["optimizer", "schedule", "min_lr"],
+                schedule.min_lr().into(),
+            ),
+            ScheduleKind::Constant | ScheduleKind::Exponential => {}
+        }
+        let on_nonfinite = match self.train.on_nonfinite {
+            OnNonFinite::Error => "error",
+            OnNonFinite::Skip => "skip",
+        };
+        fill(&["train", "on_nonfinite"], on_nonfinite.into());
+        if let Some(stopping) = &self.train.early_stopping {
+            let mode = match stopping.effective_mode() {
+                StopMode::Min => "min",
+                StopMode::Max => "max",
+            };
+            fill(&["train", "early_stopping", "mode"], mode.into());
+        }
+        let loss_scale = match self.precision.scaling() {
+            Scaling::None => "none".into(),
+            Scaling::Dynamic => "dynamic".into(),
+            Scaling::Fixed(scale) => scale.into(),
+        };
+        fill(&["precision", "loss_scale"], loss_scale);
+        if let Some(best) = &self.checkpoint.keep_best {
+            let mode = match best.mode() {
+                BestMode::Min => "min",
+                BestMode::Max => "max",
+            };
+            fill(&["checkpoint", "keep_best", "mode"], mode.into());
+        }
+        fill(&["checkpoint", "activations"], "none".into());
+        fill(&["checkpoint", "resume"], "never".into());
+        if self.parallel.replicas().is_some() || self.parallel.devices.is_some() {
+            fill(&["parallel", "timeout"], DEFAULT_PARALLEL_TIMEOUT.into());
+            fill(
+                &["parallel", "bucket_mb"],
+                crate::graph::DEFAULT_BUCKET_MB.into(),
+            );
+        }
+        Ok(table)
+    }
+
     /// The run name: `job.name`, set from the file stem at load time when absent.
     pub fn name(&self) -> &str {
         self.job.name.as_deref().unwrap_or("job")
