@@ -604,6 +604,19 @@ fn truncated_idx_file_says_how_much_is_missing() {
         2,
         &["images.idx", "truncated", "promises 8 bytes", "has 5"],
     );
+    // Dimensions whose product does not fit in a usize (it wrapped to a small promise).
+    let mut huge = vec![0, 0, 8, 3, 0x80, 0, 0, 0, 0x80, 0, 0, 0, 0x80, 0, 0, 0];
+    huge.extend([7u8; 5]);
+    expect_failure(
+        &IDX_JOB.replace("images.gz", "images.idx"),
+        &[("images.idx", &huge), ("labels.idx", labels)],
+        &[],
+        2,
+        &[
+            "images.idx: the IDX header's dimensions",
+            "promise more data than any file holds",
+        ],
+    );
 }
 
 const CSV_JOB: &str = r#"
@@ -627,6 +640,88 @@ fn label_out_of_range_names_the_sample() {
         &[],
         2,
         &["label 5 is out of range", "classes = 3", "sample 1"],
+    );
+}
+
+#[test]
+fn a_label_out_of_range_in_the_test_file_names_the_test_file() {
+    let job = CSV_JOB.replace(
+        "path = \"data.csv\"",
+        "path = \"data.csv\"\ntest_path = \"test.csv\"",
+    );
+    expect_failure(
+        &job,
+        &[
+            ("data.csv", b"a,b,label\n1,2,0\n3,4,2\n5,6,1\n"),
+            ("test.csv", b"a,b,label\n1,2,0\n3,4,7\n"),
+        ],
+        &[],
+        2,
+        &["test.csv (test sample 1): label 7 is out of range"],
+    );
+}
+
+#[test]
+fn a_label_that_is_not_exactly_a_class_index_is_refused_as_written() {
+    // 1e20 made the class count wrap (a panic in training); 2.00000001 read as an f32 is 2.
+    for label in ["1e20", "2.00000001", "16777217"] {
+        let csv = format!("a,b,label\n1,2,0\n3,4,{label}\n5,6,1\n");
+        expect_failure(
+            CSV_JOB,
+            &[("data.csv", csv.as_bytes())],
+            &[],
+            2,
+            &[&format!(
+                "data.csv: line 3, column 2 (`label`): label `{label}` is not a class index"
+            )],
+        );
+    }
+}
+
+#[test]
+fn a_test_file_with_its_columns_in_another_order_is_refused() {
+    let job = CSV_JOB.replace(
+        "path = \"data.csv\"",
+        "path = \"data.csv\"\ntest_path = \"test.csv\"",
+    );
+    expect_failure(
+        &job,
+        &[
+            ("data.csv", b"a,b,label\n1,2,0\n3,4,2\n5,6,1\n"),
+            ("test.csv", b"b,a,label\n2,1,0\n4,3,2\n"),
+        ],
+        &[],
+        2,
+        &["test.csv: its header gives the columns read (features, then the label) as `b`, `a`, `label`"],
+    );
+}
+
+#[test]
+fn a_header_of_numbers_is_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("data.csv"), "1,2,0\n3,4,2\n5,6,1\n").unwrap();
+    let job = dir.path().join("job.toml");
+    std::fs::write(&job, CSV_JOB).unwrap();
+    let out = trainer(&["check", job.to_str().unwrap()], &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(
+            "data.csv: its first line (1,2,0) holds only numbers but is read as the header"
+        ),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn infinite_synthetic_noise_is_refused() {
+    let job = "[data]\nsource = \"synthetic\"\nnoise = inf\n[model]\nlayers = [{ type = \"linear\", out = 4 }]\n[optimizer]\ntype = \"sgd\"\nlr = 0.1\n";
+    expect_failure(
+        job,
+        &[],
+        &[],
+        2,
+        &["data.noise", "inf given; must be a finite number"],
     );
 }
 

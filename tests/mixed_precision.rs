@@ -432,6 +432,35 @@ fn fp16_and_bf16_train_the_fashion_mnist_mlp_to_the_fp32_accuracy() {
 }
 
 #[test]
+fn a_fixed_loss_scale_that_overflows_every_step_ends_the_run_as_diverged() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), SCALING_JOB);
+    let out = run_job(
+        &job,
+        &tmp.path().join("runs"),
+        &[
+            "--set",
+            "precision.loss_scale=1e30",
+            // The dynamic scaler's settings would now be refused as doing nothing.
+            "--set",
+            "precision.init_scale=65536",
+            "--set",
+            "precision.growth_interval=2000",
+            "--set",
+            "train.epochs=5",
+        ],
+    );
+    // It completed with exit 0, its weights never changed, before 100 in a row ended it.
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("training diverged: 100 steps in a row (steps 1..=100, epoch 4)")
+            && err.contains("at loss scale 1e30"),
+        "{err}"
+    );
+}
+
+#[test]
 fn bad_precision_settings_are_named() {
     let out = trainer(&[
         "check",
@@ -464,6 +493,38 @@ fn bad_precision_settings_are_named() {
     assert!(
         err.contains("precision.loss_scale") && err.contains("-4 given"),
         "{err}"
+    );
+    let out = trainer(&[
+        "check",
+        "jobs/mlp.toml",
+        "--set",
+        "precision.mode=\"fp16\"",
+        "--set",
+        "precision.growth_factor=1",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("key `precision.growth_factor`: 1 given; must be greater than 1"),
+        "{}",
+        stderr(&out)
+    );
+    // bf16 scales nothing unless asked: the scaler's settings would do nothing.
+    let out = trainer(&[
+        "check",
+        "jobs/mlp.toml",
+        "--set",
+        "precision.mode=\"bf16\"",
+        "--set",
+        "precision.init_scale=1024",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains(
+            "`precision.init_scale`: 1024 given, but it only applies to dynamic loss scaling, and \
+             this job has precision.mode = \"bf16\", which scales no loss unless asked"
+        ),
+        "{}",
+        stderr(&out)
     );
     let out = trainer(&["check", "jobs/mlp.toml", "--set", "precision.mode=\"fp8\""]);
     assert_eq!(out.status.code(), Some(2));

@@ -7,6 +7,7 @@ mod sources;
 use crate::error::{Error, Result};
 use crate::spec::{DataSource, DataSpec, Normalize, Task};
 use crate::tensor::rng::{derive, Rng};
+use sources::MAX_CLASS_INDEX;
 
 /// Samples as flat rows: `features` is [len, numel(shape)], `targets` is [len, target_dim]
 /// (a class index stored as f32 for classification).
@@ -56,8 +57,9 @@ pub(crate) struct Raw {
     pub task: Task,
     pub train: Dataset,
     pub test: Option<Dataset>,
-    /// Where the labels came from, for range errors.
+    /// Where the labels came from, for range errors: the training and the test split's.
     pub label_origin: String,
+    pub test_label_origin: String,
 }
 
 impl Data {
@@ -138,23 +140,22 @@ pub fn load(spec: &DataSpec, seed: u64) -> Result<Data> {
 /// Class labels must be whole numbers in 0..classes; returns the number of classes.
 fn check_labels(raw: &Raw, classes: Option<usize>) -> Result<usize> {
     let mut largest = 0usize;
-    let splits =
-        std::iter::once(("training", &raw.train)).chain(raw.test.iter().map(|t| ("test", t)));
-    for (split, set) in splits {
+    let splits = std::iter::once(("training", &raw.train, &raw.label_origin))
+        .chain(raw.test.iter().map(|t| ("test", t, &raw.test_label_origin)));
+    for (split, set, origin) in splits {
         for (row, &label) in set.targets.iter().enumerate() {
-            if label < 0.0 || label.fract() != 0.0 || !label.is_finite() {
+            if !(label >= 0.0 && label.fract() == 0.0 && f64::from(label) <= MAX_CLASS_INDEX) {
                 return Err(Error::Job(format!(
-                    "{} ({split} sample {row}): label {label} is not a class index (a whole number >= 0)",
-                    raw.label_origin
+                    "{origin} ({split} sample {row}): label {label} is not a class index (a whole \
+                     number from 0 to {MAX_CLASS_INDEX})"
                 )));
             }
             let label = label as usize;
             if let Some(c) = classes {
                 if label >= c {
                     return Err(Error::Job(format!(
-                        "{} ({split} sample {row}): label {label} is out of range for data.classes = {c} \
-                         (allowed: 0..{})",
-                        raw.label_origin,
+                        "{origin} ({split} sample {row}): label {label} is out of range for \
+                         data.classes = {c} (allowed: 0..{})",
                         c - 1
                     )));
                 }

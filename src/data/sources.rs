@@ -28,6 +28,7 @@ pub(crate) fn digits() -> Result<Raw> {
         train,
         test: None,
         label_origin: "bundled digits".into(),
+        test_label_origin: String::new(),
     })
 }
 
@@ -35,7 +36,7 @@ pub(crate) fn csv(spec: &DataSpec) -> Result<Raw> {
     let path = spec.path.as_deref().expect("validated: csv has a path");
     let task = spec.task.unwrap_or(Task::Classification);
     let header = spec.header.unwrap_or(true);
-    let read = |p: &Path| -> Result<(Dataset, usize)> {
+    let read = |p: &Path| -> Result<(Dataset, Vec<String>)> {
         let name = p.display().to_string();
         let bytes = read_file(p)?;
         let text = gunzip_if_needed(bytes, &name)?;
@@ -48,15 +49,31 @@ pub(crate) fn csv(spec: &DataSpec) -> Result<Raw> {
             task,
         )
     };
-    let (train, width) = read(path)?;
+    let (train, columns) = read(path)?;
+    let width = columns.len() - 1;
     let test = match &spec.test_path {
         Some(p) => {
-            let (test, test_width) = read(p)?;
+            let (test, test_columns) = read(p)?;
+            let test_width = test_columns.len() - 1;
             if test_width != width {
                 return Err(Error::Job(format!(
                     "{}: {test_width} feature columns, but {} has {width}",
                     p.display(),
                     path.display()
+                )));
+            }
+            if header && test_columns != columns {
+                // Read by position, a test file whose columns are in another order (or are
+                // other columns) would be evaluated on the wrong features without a word.
+                return Err(Error::Job(format!(
+                    "{}: its header gives the columns read (features, then the label) as {}, \
+                     where {} has {}: the test file needs the same columns in the same order \
+                     (or name the columns in data.features and data.label, which are found by \
+                     name in each file)",
+                    p.display(),
+                    columns_list(&test_columns),
+                    path.display(),
+                    columns_list(&columns)
                 )));
             }
             Some(test)
@@ -69,6 +86,10 @@ pub(crate) fn csv(spec: &DataSpec) -> Result<Raw> {
         train,
         test,
         label_origin: path.display().to_string(),
+        test_label_origin: spec
+            .test_path
+            .as_ref()
+            .map_or(String::new(), |p| p.display().to_string()),
     })
 }
 
@@ -90,8 +111,20 @@ fn gunzip_if_needed(bytes: Vec<u8>, name: &str) -> Result<Vec<u8>> {
     }
 }
 
-/// Parses CSV rows into features and one target per row; returns the data and the number of
-/// feature columns.
+fn columns_list(columns: &[String]) -> String {
+    columns
+        .iter()
+        .map(|c| format!("`{c}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The largest class index: targets are f32, which hold every whole number up to 2^24
+/// exactly (a larger label would be read as a neighbouring class).
+pub(crate) const MAX_CLASS_INDEX: f64 = 16_777_216.0;
+
+/// Parses CSV rows into features and one target per row; returns the data and the columns
+/// read, features then the label (their header names, or their indices without a header).
 fn parse_csv(
     text: &[u8],
     name: &str,
@@ -99,7 +132,7 @@ fn parse_csv(
     label: Option<&Column>,
     features: Option<&[Column]>,
     task: Task,
-) -> Result<(Dataset, usize)> {
+) -> Result<(Dataset, Vec<String>)> {
     let mut reader = csv::ReaderBuilder::new()
         .has_headers(has_header)
         .from_reader(text);
@@ -113,6 +146,14 @@ fn parse_csv(
     } else {
         Vec::new()
     };
+    if !headers.is_empty() && headers.iter().all(|h| h.parse::<f64>().is_ok()) {
+        tracing::warn!(
+            "{name}: its first line ({}) holds only numbers but is read as the header \
+             (data.header = true, the default), so it is not trained on; set data.header = \
+             false if it is a data row",
+            headers.join(",")
+        );
+    }
     let mut data = Dataset::default();
     let mut columns: Option<(usize, Vec<usize>)> = None;
     // Values that parse but are not finite (nan, inf, 1e39 beyond f32): the first one's place.
@@ -154,19 +195,34 @@ fn parse_csv(
         for &c in feature_cols.iter() {
             data.features.push(value(c)?);
         }
-        let target = value(*label_col)?;
-        if task == Task::Classification && (target < 0.0 || target.fract() != 0.0) {
-            return Err(Error::Job(format!(
-                "{name}: line {line}: label `{target}` is not a class index (a whole number >= 0)"
-            )));
-        }
+        let target = match task {
+            Task::Regression => value(*label_col)?,
+            Task::Classification => {
+                // Checked as written: as an f32, 2.00000001 would pass for class 2.
+                let field = record.get(*label_col).unwrap_or("").trim();
+                match field.parse::<f64>() {
+                    Ok(v) if v >= 0.0 && v.fract() == 0.0 && v <= MAX_CLASS_INDEX => v as f32,
+                    _ => {
+                        return Err(Error::Job(format!(
+                            "{name}: line {line}, column {}: label `{field}` is not a class \
+                             index (a whole number from 0 to {MAX_CLASS_INDEX})",
+                            column(*label_col)
+                        )))
+                    }
+                }
+            }
+        };
         data.targets.push(target);
         data.len += 1;
     }
-    let width = columns.map_or(0, |(_, f)| f.len());
-    if data.len == 0 {
+    let Some((label_col, feature_cols)) = columns else {
         return Err(Error::Job(format!("{name}: no data rows")));
-    }
+    };
+    let read: Vec<String> = feature_cols
+        .iter()
+        .chain([&label_col])
+        .map(|&c| headers.get(c).cloned().unwrap_or_else(|| c.to_string()))
+        .collect();
     if let Some(first) = first_not_finite {
         tracing::warn!(
             "{name}: {not_finite} value{}, the first at {first}; the \
@@ -180,7 +236,7 @@ fn parse_csv(
             if not_finite == 1 { "it" } else { "them" },
         );
     }
-    Ok((data, width))
+    Ok((data, read))
 }
 
 /// A CSV reader's error in the file's terms: the line, and what is wrong there.
@@ -330,6 +386,10 @@ pub(crate) fn idx(spec: &DataSpec) -> Result<Raw> {
             .expect("validated")
             .display()
             .to_string(),
+        test_label_origin: spec
+            .test_labels
+            .as_ref()
+            .map_or(String::new(), |p| p.display().to_string()),
     })
 }
 
@@ -355,8 +415,13 @@ fn read_idx(path: &Path, dims: usize) -> Result<(Vec<usize>, Vec<u8>)> {
         )));
     }
     let shape: Vec<usize> = (0..dims).map(|d| word(4 + 4 * d) as usize).collect();
-    let need: usize = shape.iter().product();
     let have = bytes.len() - header_len;
+    let Some(need) = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) else {
+        return Err(Error::Job(format!(
+            "{name}: the IDX header's dimensions {shape:?} promise more data than any file \
+             holds; the file has {have} bytes after the header"
+        )));
+    };
     if have != need {
         return Err(Error::Job(format!(
             "{name}: {} IDX file: the header ({shape:?}) promises {need} bytes of data after \
@@ -417,5 +482,6 @@ pub(crate) fn synthetic(spec: &DataSpec, seed: u64) -> Raw {
         train: data,
         test: None,
         label_origin: "synthetic data".into(),
+        test_label_origin: String::new(),
     }
 }

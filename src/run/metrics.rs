@@ -46,6 +46,16 @@ pub struct MetricsRow {
     pub global_batch: Option<usize>,
 }
 
+/// A value as the shortest text that reads back to it; from 1e16 up in exponent form (a
+/// loss scale of 1e300 would otherwise be written out in 301 digits).
+fn number(v: f64) -> String {
+    if v.abs() >= 1e16 && v.is_finite() {
+        format!("{v:e}")
+    } else {
+        format!("{v}")
+    }
+}
+
 pub struct MetricsWriter {
     writer: csv::Writer<File>,
     path: String,
@@ -128,12 +138,12 @@ impl MetricsWriter {
     }
 
     pub fn write(&mut self, row: &MetricsRow) -> Result<()> {
-        let opt = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v}"));
+        let opt = |v: Option<f64>| v.map_or(String::new(), number);
         self.write_record(vec![
             row.step.to_string(),
             row.epoch.to_string(),
             row.split.to_string(),
-            format!("{}", row.loss),
+            number(row.loss),
             opt(row.accuracy),
             opt(row.lr),
             opt(row.grad_norm),
@@ -154,5 +164,31 @@ impl MetricsWriter {
             |e: &dyn std::fmt::Display| Error::Runtime(format!("cannot write {}: {e}", self.path));
         self.writer.write_record(&fields).map_err(|e| err(&e))?;
         self.writer.flush().map_err(|e| err(&e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::number;
+
+    #[test]
+    fn numbers_read_back_exactly_and_huge_ones_stay_short() {
+        for v in [
+            0.1,
+            65536.0,
+            2.5e-9,
+            1e30,
+            1e300,
+            -3e17,
+            f64::INFINITY,
+            f64::NAN,
+        ] {
+            let text = number(v);
+            assert!(text.len() <= 24, "{text}");
+            let back: f64 = text.parse().unwrap();
+            assert!(back == v || (v.is_nan() && back.is_nan()), "{v} -> {text}");
+        }
+        assert_eq!(number(65536.0), "65536");
+        assert_eq!(number(1e300), "1e300");
     }
 }

@@ -50,8 +50,9 @@ pub enum OnNonFinite {
     Skip,
 }
 
-/// With on_nonfinite = "skip", this many skipped steps in a row end the run as diverged:
-/// by then the parameters are beyond repair, and going on would only waste the budget.
+/// This many skipped steps in a row (on_nonfinite = "skip", or loss scaling's overflow
+/// checks) end the run as diverged: by then the parameters are beyond repair, or a fixed loss
+/// scale overflows every step, and going on would only waste the budget.
 pub const MAX_SKIPPED_IN_A_ROW: u64 = 100;
 
 impl OnNonFinite {

@@ -234,9 +234,12 @@ fn validate_data(d: &DataSpec, p: &mut Problems) {
                 ),
             );
             p.check(
-                d.noise.unwrap_or(0.0) >= 0.0,
+                d.noise.unwrap_or(0.0) >= 0.0 && d.noise.unwrap_or(0.0).is_finite(),
                 "data.noise",
-                format!("{} given; must be at least 0", d.noise.unwrap_or(0.0)),
+                format!(
+                    "{} given; must be a finite number, at least 0",
+                    d.noise.unwrap_or(0.0)
+                ),
             );
         }
         Digits => {}
@@ -592,9 +595,10 @@ fn validate_precision(s: &PrecisionSpec, p: &mut Problems) {
         format!("{} given; must be a positive number", s.init_scale),
     );
     p.check(
-        s.growth_factor.is_finite() && s.growth_factor >= 1.0,
+        // As GradScaler: a factor of 1 would never grow the scale back after a backoff.
+        s.growth_factor.is_finite() && s.growth_factor > 1.0,
         "precision.growth_factor",
-        format!("{} given; must be at least 1", s.growth_factor),
+        format!("{} given; must be greater than 1", s.growth_factor),
     );
     p.check(
         s.backoff_factor > 0.0 && s.backoff_factor < 1.0,
@@ -612,6 +616,41 @@ fn validate_precision(s: &PrecisionSpec, p: &mut Problems) {
             "loss scaling only applies to precision.mode = \"fp16\" or \"bf16\"; fp32 \
              gradients do not underflow",
         );
+    }
+    if s.scaling() != Scaling::Dynamic {
+        // The dynamic scaler's settings would be ignored: a user who sets them believes
+        // the scale moves. (At their defaults they are what config.toml records.)
+        let defaults = PrecisionSpec::default();
+        let scaler_keys = [
+            ("init_scale", s.init_scale, defaults.init_scale),
+            ("growth_factor", s.growth_factor, defaults.growth_factor),
+            ("backoff_factor", s.backoff_factor, defaults.backoff_factor),
+            (
+                "growth_interval",
+                s.growth_interval as f64,
+                defaults.growth_interval as f64,
+            ),
+        ];
+        for (key, value, default) in scaler_keys {
+            if value != default {
+                let scaling = match s.loss_scale {
+                    Some(LossScale::Fixed(v)) => format!("a fixed precision.loss_scale = {v}"),
+                    Some(_) => "precision.loss_scale = \"none\"".to_string(),
+                    None => format!(
+                        "precision.mode = \"{}\", which scales no loss unless asked",
+                        format!("{:?}", s.mode).to_lowercase()
+                    ),
+                };
+                p.add(
+                    &format!("precision.{key}"),
+                    format!(
+                        "{value} given, but it only applies to dynamic loss scaling, and this \
+                         job has {scaling}: set precision.loss_scale = \"dynamic\", or leave \
+                         {key} out"
+                    ),
+                );
+            }
+        }
     }
 }
 

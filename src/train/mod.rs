@@ -338,11 +338,12 @@ pub fn train_session<B: Backend>(
             }
             if result.skipped {
                 st.skipped_steps += 1;
+                skipped_in_a_row += 1;
                 if let Some(before) = window_before {
                     backend.set_stats(&mut train_stats, before);
-                    skipped_in_a_row += 1;
-                    check_skipped_in_a_row(skipped_in_a_row, step, epoch)?;
                 }
+                let scale = st.loss_scaler.as_ref().map(|s| s.scale);
+                check_skipped_in_a_row(skipped_in_a_row, step, epoch, scale)?;
                 // With a loss scaler, skipping is how the scale finds its level: routine.
                 if st.loss_scaler.is_some() {
                     tracing::debug!("step {step} skipped: inf/NaN gradients");
@@ -926,17 +927,35 @@ fn peek_stats<B: Backend>(backend: &B, stats: &mut B::Stats) -> LossStats {
 }
 
 /// With on_nonfinite = "skip": too many skipped steps in a row is divergence after all.
-fn check_skipped_in_a_row(in_a_row: u64, step: u64, epoch: usize) -> Result<()> {
+/// Skipped steps leave the parameters as they were: many in a row mean the run is no longer
+/// training (diverged, or a loss scale every gradient overflows at), however it skips them
+/// (train.on_nonfinite = "skip", or mixed precision's loss scaling).
+fn check_skipped_in_a_row(
+    in_a_row: u64,
+    step: u64,
+    epoch: usize,
+    loss_scale: Option<f64>,
+) -> Result<()> {
     if in_a_row < MAX_SKIPPED_IN_A_ROW {
         return Ok(());
     }
-    Err(Error::Diverged(format!(
-        "training diverged: {in_a_row} steps in a row (steps {}..={step}, epoch {epoch}) had an \
-         inf/NaN loss or gradients and were skipped; train.on_nonfinite = \"skip\" gives up \
-         after {MAX_SKIPPED_IN_A_ROW} in a row; try a lower optimizer.lr or \
-         train.clip_grad_norm",
+    let steps = format!(
+        "{in_a_row} steps in a row (steps {}..={step}, epoch {epoch})",
         step + 1 - in_a_row
-    )))
+    );
+    Err(Error::Diverged(match loss_scale {
+        Some(scale) => format!(
+            "training diverged: {steps} had inf/NaN gradients at loss scale {scale:e} and were \
+             skipped, so the parameters stopped changing; a fixed precision.loss_scale may be \
+             too large (\"dynamic\" finds one), else try a lower optimizer.lr or \
+             train.clip_grad_norm"
+        ),
+        None => format!(
+            "training diverged: {steps} had an inf/NaN loss or gradients and were skipped; \
+             train.on_nonfinite = \"skip\" gives up after {MAX_SKIPPED_IN_A_ROW} in a row; try \
+             a lower optimizer.lr or train.clip_grad_norm"
+        ),
+    }))
 }
 
 fn check_finite(row: &MetricsRow) -> Result<()> {
