@@ -406,6 +406,24 @@ fn wrong_type_names_the_key() {
 }
 
 #[test]
+fn betas_must_be_exactly_two_numbers() {
+    let job = GOOD_JOB.replace(
+        "type = \"sgd\"",
+        "type = \"adam\"\nbetas = [0.9, 0.99, 0.5]",
+    );
+    expect_failure(
+        &job,
+        &[],
+        &[],
+        2,
+        &[
+            "optimizer.betas",
+            "[0.9, 0.99, 0.5] given; expected a list of exactly 2 numbers",
+        ],
+    );
+}
+
+#[test]
 fn zero_batch_size_is_refused() {
     let job = GOOD_JOB.replace("source = \"digits\"", "source = \"digits\"\nbatch_size = 0");
     expect_failure(

@@ -611,7 +611,7 @@ pub struct OptimizerSpec {
     #[serde(default)]
     pub nesterov: bool,
     /// adam, adamw: coefficients of the running averages of the gradient and its square.
-    #[serde(default = "default_betas")]
+    #[serde(default = "default_betas", deserialize_with = "exactly_two")]
     pub betas: [f64; 2],
     /// adam, adamw: added to the denominator for numerical stability.
     #[serde(default = "default_eps")]
@@ -1204,6 +1204,17 @@ fn default_dropout() -> f64 {
 }
 fn default_betas() -> [f64; 2] {
     [0.9, 0.999]
+}
+
+/// A pair given as a list. serde reads a fixed-size array's first elements and leaves the
+/// rest to the format, and figment ignores them: [0.9, 0.99, 0.5] would pass as [0.9, 0.99].
+fn exactly_two<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<[f64; 2], D::Error> {
+    let values = Vec::<f64>::deserialize(deserializer)?;
+    <[f64; 2]>::try_from(values.as_slice()).map_err(|_| {
+        serde::de::Error::custom(format!(
+            "{values:?} given; expected a list of exactly 2 numbers"
+        ))
+    })
 }
 fn default_eps() -> f64 {
     1e-8
