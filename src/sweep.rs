@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::results::table::{Cell, Format, Table};
 use crate::results::{RunRecord, Status};
 use crate::signals::Stop;
-use crate::spec::{check_run_name, load_job, parse_set_arg, JobSpec};
+use crate::spec::{canonical_key, check_run_name, load_job, parse_set_arg, JobSpec};
 use crate::{job_err, provenance, runtime_err};
 use std::path::{Path, PathBuf};
 
@@ -114,7 +114,7 @@ pub fn sweep(args: &SweepArgs) -> Result<PathBuf> {
         .iter()
         .map(|a| parse_axis("--zip", a))
         .collect::<Result<Vec<_>>>()?;
-    check_axes(&grid, &zip, &args.sets)?;
+    check_axes(&args.job, &grid, &zip, &args.sets)?;
     if slots.is_some() {
         devices::check_keys(grid.iter().chain(&zip).map(|a| a.key.as_str()), &args.sets)?;
     }
@@ -372,8 +372,13 @@ fn first_repeat<T: PartialEq>(items: &[T]) -> Option<(usize, usize)> {
 fn split_values(raw: &str) -> Vec<String> {
     let mut values = Vec::new();
     let (mut depth, mut quote, mut current) = (0i32, None, String::new());
+    let mut escaped = false;
     for c in raw.chars() {
         match (quote, c) {
+            // In a TOML basic string (double quotes) a backslash escapes the next character:
+            // `"a\",b"` is one value.
+            (Some('"'), _) if escaped => escaped = false,
+            (Some('"'), '\\') => escaped = true,
             (Some(q), c) if c == q => quote = None,
             (Some(_), _) => {}
             (None, '"' | '\'') => quote = Some(c),
@@ -392,28 +397,48 @@ fn split_values(raw: &str) -> Vec<String> {
     values
 }
 
-fn check_axes(grid: &[Axis], zip: &[Axis], sets: &[String]) -> Result<()> {
+fn check_axes(job: &Path, grid: &[Axis], zip: &[Axis], sets: &[String]) -> Result<()> {
     if grid.is_empty() && zip.is_empty() {
         return Err(job_err!(
             "trainer sweep needs at least one --grid KEY=V1,V2,... (or --zip)"
         ));
     }
-    let set_keys = sets
+    // Keys compared as the job file resolves them (a layer by name, by position, from the
+    // end), and a key against the tables holding it: each pair would have one value
+    // silently override the other while sweep.csv records both.
+    let mut given: Vec<(&str, String, Vec<String>)> = Vec::new();
+    let axes = grid
         .iter()
-        .filter_map(|s| s.split_once('=').map(|(k, _)| k.trim().to_string()));
-    let mut seen: Vec<String> = Vec::new();
-    for key in grid
-        .iter()
-        .chain(zip)
-        .map(|a| a.key.clone())
-        .chain(set_keys)
-    {
-        if seen.contains(&key) {
+        .map(|a| ("--grid", a.key.clone()))
+        .chain(zip.iter().map(|a| ("--zip", a.key.clone())));
+    let set_keys = sets.iter().filter_map(|s| {
+        s.split_once('=')
+            .map(|(k, _)| ("--set", k.trim().to_string()))
+    });
+    for (flag, key) in axes.chain(set_keys) {
+        let path = canonical_key(job, &key)?;
+        for (other_flag, other, other_path) in &given {
+            // A later --set of a --set's key replaces it, as for `trainer run`.
+            if flag == "--set" && *other_flag == "--set" {
+                continue;
+            }
+            let overlap = path.starts_with(other_path) || other_path.starts_with(&path);
+            if !overlap {
+                continue;
+            }
+            let how = if path == *other_path {
+                "set the same key".to_string()
+            } else if path.len() < other_path.len() {
+                format!("overlap: {key} holds {other}")
+            } else {
+                format!("overlap: {other} holds {key}")
+            };
             return Err(job_err!(
-                "{key} is given twice (in --grid, --zip or --set); give each key once"
+                "{other_flag} {other} and {flag} {key} {how}, so one would override the \
+                 other; give each key once"
             ));
         }
-        seen.push(key);
+        given.push((flag, key, path));
     }
     if let Some(first) = zip.first() {
         for other in &zip[1..] {
@@ -658,6 +683,9 @@ mod tests {
         assert_eq!(split_values("1e-4, 3e-4"), ["1e-4", "3e-4"]);
         assert_eq!(split_values("[1,64],[64]"), ["[1,64]", "[64]"]);
         assert_eq!(split_values("\"a,b\",c"), ["\"a,b\"", "c"]);
+        // An escaped quote does not end a basic string; a literal string has no escapes.
+        assert_eq!(split_values(r#""a\",b","c""#), [r#""a\",b""#, r#""c""#]);
+        assert_eq!(split_values(r"'a\',b"), [r"'a\'", "b"]);
         assert_eq!(split_values(""), [""]);
     }
 

@@ -725,7 +725,41 @@ fn bad_sweeps_are_refused_before_anything_trains() {
             "optimizer.lr=0.3",
         ]),
         2,
-        &["optimizer.lr is given twice"],
+        &["--grid optimizer.lr and --set optimizer.lr set the same key"],
+    );
+    // One key spelled two ways (by position, by name, from the end; or inside a table
+    // another axis sets): one value silently won, and sweep.csv recorded both.
+    let named = TINY_JOB.replace(
+        "{ type = \"linear\", out = ",
+        "{ type = \"linear\", name = \"fc\", out = ",
+    );
+    expect_error(
+        &named,
+        &sweep(&[
+            "--grid",
+            "model.layers[-1].out=3,4",
+            "--grid",
+            "model.layers[fc].out=5,6",
+        ]),
+        2,
+        &["--grid model.layers[-1].out and --grid model.layers[fc].out set the same key"],
+    );
+    expect_error(
+        TINY_JOB,
+        &sweep(&[
+            "--grid",
+            "optimizer.lr=0.1,0.2",
+            "--grid",
+            "optimizer={ type = \"sgd\", lr = 0.5 },{ type = \"adam\", lr = 0.5 }",
+        ]),
+        2,
+        &["--grid optimizer.lr and --grid optimizer overlap: optimizer holds optimizer.lr"],
+    );
+    expect_error(
+        TINY_JOB,
+        &sweep(&["--grid", "optimizer.lr=0.1,\"0.2"]),
+        2,
+        &["`\"0.2` is not a valid TOML value"],
     );
     expect_error(TINY_JOB, &sweep(&[]), 2, &["at least one --grid"]);
     expect_error(

@@ -154,6 +154,15 @@ pub fn parse_set_arg(arg: &str) -> Result<(Vec<KeyStep>, toml::Value)> {
     let raw = raw.trim();
     let parsed = toml::from_str::<toml::Table>(&format!("v = {raw}"));
     if let Err(e) = &parsed {
+        // Meant as TOML (a string, list or table) but malformed: taken as text it would be
+        // a value with the quotes or brackets in it.
+        if raw.starts_with(['"', '\'', '[', '{']) {
+            return Err(job_err!(
+                "--set {arg}: `{raw}` is not a valid TOML value ({}); e.g. \"text\", [1, 2], \
+                 {{ key = 1 }}",
+                e.message().trim().replace('\n', ": ")
+            ));
+        }
         // A number TOML cannot hold would otherwise become a string, and then "a string
         // given" where a number was meant.
         let digits = raw.strip_prefix(['-', '+']).unwrap_or(raw);
@@ -170,6 +179,51 @@ pub fn parse_set_arg(arg: &str) -> Result<(Vec<KeyStep>, toml::Value)> {
         .and_then(|mut t| t.remove("v"))
         .unwrap_or_else(|| toml::Value::String(raw.to_string()));
     Ok((steps, value))
+}
+
+/// A key's path with every list element picked by its position from the start, as the job
+/// file's lists stand: `model.layers[hidden].out` and `model.layers[-3].out` are both
+/// `["model", "layers", "1", "out"]`, so that two spellings of one key compare equal. A
+/// selector the file cannot resolve stays as written (setting it fails later, with its own
+/// message), and so does a key that is not a key path.
+pub fn canonical_key(file: &Path, key: &str) -> Result<Vec<String>> {
+    let table = file_table(file)?;
+    let Some(steps) = parse_key(key.trim()) else {
+        return Ok(vec![key.trim().to_string()]);
+    };
+    let Some((KeyStep::Key(first), rest)) = steps.split_first() else {
+        return Ok(vec![key.trim().to_string()]);
+    };
+    // Where the path has got to in the file; None once the file has nothing there.
+    let mut at: Option<&toml::Value> = table.get(first);
+    let mut path = vec![first.clone()];
+    for step in rest {
+        let (part, next) = match step {
+            KeyStep::Key(k) => (k.clone(), at.and_then(|v| v.get(k.as_str()))),
+            KeyStep::Index(i) => (i.to_string(), at.and_then(|v| v.get(*i))),
+            KeyStep::FromEnd(n) => {
+                let array = at.and_then(toml::Value::as_array);
+                match array.and_then(|a| a.len().checked_sub(*n)) {
+                    Some(i) => (i.to_string(), array.and_then(|a| a.get(i))),
+                    None => (format!("-{n}"), None),
+                }
+            }
+            KeyStep::Named(name) => {
+                let array = at.and_then(toml::Value::as_array);
+                let found = array.and_then(|a| {
+                    a.iter()
+                        .position(|e| element_name(e) == Some(name.as_str()))
+                });
+                match found {
+                    Some(i) => (i.to_string(), array.and_then(|a| a.get(i))),
+                    None => (name.clone(), None),
+                }
+            }
+        };
+        path.push(part);
+        at = next;
+    }
+    Ok(path)
 }
 
 /// `a.b[2].c[name]` into steps; None when a name or a selector is empty or a bracket is

@@ -10,7 +10,7 @@ pub use controls::{
     parse_duration, EarlyStoppingSpec, OnNonFinite, StopMode, MAX_SKIPPED_IN_A_ROW,
 };
 pub use explain::explain;
-pub use load::{load_job, parse_set_arg, JobSource, KeySources};
+pub use load::{canonical_key, load_job, parse_set_arg, JobSource, KeySources};
 pub use validate::{check_run_name, parse_device, validate, DeviceChoice};
 
 use schemars::JsonSchema;
