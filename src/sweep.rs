@@ -84,6 +84,31 @@ struct Pending {
     resume: Option<PathBuf>,
 }
 
+impl Pending {
+    /// Whether another copy of this sweep started the point after it was planned here (it
+    /// had no directory then): it is that process's to train, as in `plan`.
+    fn taken_since_planned(&self, sweep: &Sweep) -> bool {
+        let dir = &sweep.point_dirs[self.index];
+        let taken = self.resume.is_none() && dir.exists();
+        if taken {
+            tracing::warn!(
+                "{}: another process started it ({}), left alone",
+                sweep.label(self.index),
+                dir.display()
+            );
+        }
+        taken
+    }
+}
+
+/// What training the planned points came to.
+#[derive(Default)]
+struct Trained {
+    failed: usize,
+    /// Points another process started meanwhile (the same sweep run twice at once).
+    taken: usize,
+}
+
 /// A sweep is one process that writes its own directory (and starts its points' processes):
 /// started once per rank by torchrun or srun, every rank would write the same sweep. Each
 /// point of a multi-process sweep is a `trainer run` launched per rank.
@@ -178,13 +203,14 @@ pub fn sweep(args: &SweepArgs) -> Result<PathBuf> {
         Some(slots) => devices::run_side_by_side(&sweep, plan.todo, slots, &specs),
     };
     sweep.write_index(&[])?;
-    let failed = plan.failed_before + trained?;
+    let trained = trained?;
+    let failed = plan.failed_before + trained.failed;
     let index = sweep.dir.join("sweep.csv");
-    if plan.running_elsewhere > 0 {
+    let elsewhere = plan.running_elsewhere + trained.taken;
+    if elsewhere > 0 {
         return Err(runtime_err!(
-            "{} of {} sweep points are being trained by another process and were left alone; \
-             run the sweep again once they have finished; see {}",
-            plan.running_elsewhere,
+            "{elsewhere} of {} sweep points are being trained by another process and were left \
+             alone; run the sweep again once they have finished; see {}",
             sweep.points.len(),
             index.display()
         ));
@@ -248,18 +274,22 @@ fn plan(sweep: &Sweep) -> Result<Plan> {
     Ok(plan)
 }
 
-/// Trains the points one after another in this process; returns how many failed. A bad job
-/// or a stop signal ends the sweep there.
-fn run_here(sweep: &Sweep, todo: &[Pending]) -> Result<usize> {
+/// Trains the points one after another in this process. A bad job or a stop signal ends the
+/// sweep there.
+fn run_here(sweep: &Sweep, todo: &[Pending]) -> Result<Trained> {
     let stop = Stop::install()
         .map_err(|e| runtime_err!("cannot install the SIGINT/SIGTERM handlers: {e}"))?;
-    let mut failed = 0;
+    let mut trained = Trained::default();
     for pending in todo {
         let (index, args) = (pending.index, sweep.args);
         let label = sweep.label(index);
         // A signal after the last point's training (or before the first's) stops here.
         if let Some(signal) = stop.requested() {
             return Err(interrupted(signal, &format!("{label} was not started")));
+        }
+        if pending.taken_since_planned(sweep) {
+            trained.taken += 1;
+            continue;
         }
         let point_dir = &sweep.point_dirs[index];
         tracing::info!("{label}: {}", point_dir.display());
@@ -285,11 +315,11 @@ fn run_here(sweep: &Sweep, todo: &[Pending]) -> Result<usize> {
             }
             Err(e) => {
                 tracing::warn!("{label} failed: {e}");
-                failed += 1;
+                trained.failed += 1;
             }
         }
     }
-    Ok(failed)
+    Ok(trained)
 }
 
 /// A sweep stopped by SIGINT or SIGTERM (exit 128 + signal); `what` says where it stood.

@@ -770,6 +770,53 @@ fn bad_sweeps_are_refused_before_anything_trains() {
     );
 }
 
+/// The same sweep started twice at once: a point the other copy started after this one
+/// planned it is left to that copy (this one stopped with "already exists", exit 2).
+#[test]
+fn a_point_another_copy_of_the_sweep_started_meanwhile_is_left_to_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), &TINY_JOB.replace("epochs = 1", "epochs = 3000"));
+    let runs = tmp.path().join("runs");
+    let mut sweep = std::process::Command::new(common::trainer_bin())
+        .args([
+            "sweep",
+            job.to_str().unwrap(),
+            "--grid",
+            "optimizer.lr=0.05,0.2",
+            "-q",
+        ])
+        .args(["--runs-dir", runs.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // While point 0 trains, "another copy" takes point 1.
+    let started = std::time::Instant::now();
+    let first = loop {
+        let found = std::fs::read_dir(runs.join("tiny"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|sweep_dir| sweep_dir.path().join("000-lr=0.05"))
+            .find(|p| p.exists());
+        if let Some(point) = found {
+            break point;
+        }
+        assert!(started.elapsed().as_secs() < 30, "point 0 never started");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    std::fs::create_dir(first.with_file_name("001-lr=0.2")).unwrap();
+    let out = sweep.wait_with_output().unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("another process started it")
+            && err.contains("1 of 2 sweep points are being trained by another process"),
+        "{err}"
+    );
+    assert_eq!(summary(&first)["status"], "completed");
+}
+
 #[test]
 fn bad_training_controls_name_the_key_and_what_is_allowed() {
     let run = ["run", "JOB", "--runs-dir", "RUNS"];

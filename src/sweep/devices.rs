@@ -16,7 +16,7 @@
 //! running ones finish. Killing this process (SIGKILL) leaves the running points to finish:
 //! a re-run of the sweep leaves points that are still training alone.
 
-use super::{interrupted, Pending, Sweep};
+use super::{interrupted, Pending, Sweep, Trained};
 use crate::error::{Error, Result};
 use crate::launch;
 use crate::signals::{Stop, SIGINT, SIGTERM};
@@ -130,17 +130,18 @@ enum Ended {
     Interrupted(i32, String),
 }
 
-/// Trains `todo` with one point per slot at a time; returns how many failed. A bad job, a
-/// stop signal or a point that cannot be started stops the launching of points; the running
-/// ones are waited for, then the sweep ends with that error.
+/// Trains `todo` with one point per slot at a time. A bad job, a stop signal or a point that
+/// cannot be started stops the launching of points; the running ones are waited for, then
+/// the sweep ends with that error.
 pub(super) fn run_side_by_side(
     sweep: &Sweep,
     todo: Vec<Pending>,
     slots: &[Slot],
     specs: &[JobSpec],
-) -> Result<usize> {
+) -> Result<Trained> {
+    let mut trained = Trained::default();
     if todo.is_empty() {
-        return Ok(0);
+        return Ok(trained);
     }
     if let Some(share) = slots.iter().find_map(|s| s.threads) {
         tracing::info!(
@@ -154,7 +155,6 @@ pub(super) fn run_side_by_side(
         .map_err(|e| runtime_err!("cannot install the SIGINT/SIGTERM handlers: {e}"))?;
     let mut queue: VecDeque<Pending> = todo.into();
     let mut running: Vec<Option<Running>> = slots.iter().map(|_| None).collect();
-    let mut failed = 0;
     // Why no more points start.
     let mut halt: Option<Error> = None;
     loop {
@@ -184,7 +184,7 @@ pub(super) fn run_side_by_side(
                 Ended::Completed => {}
                 Ended::Failed(why) => {
                     tracing::warn!("{why}");
-                    failed += 1;
+                    trained.failed += 1;
                 }
                 Ended::BadJob(why) => {
                     halt.get_or_insert(job_err!("{why}"));
@@ -204,6 +204,10 @@ pub(super) fn run_side_by_side(
                 let Some(pending) = queue.pop_front() else {
                     break;
                 };
+                if pending.taken_since_planned(sweep) {
+                    trained.taken += 1;
+                    continue;
+                }
                 let index = pending.index;
                 match launch(sweep, &program, pending, slot, &slots[slot], &specs[index]) {
                     Ok(point) => *place = Some(point),
@@ -226,7 +230,7 @@ pub(super) fn run_side_by_side(
     }
     match halt {
         Some(e) => Err(e),
-        None => Ok(failed),
+        None => Ok(trained),
     }
 }
 
