@@ -60,6 +60,8 @@ struct Sweep<'a> {
     keys: Vec<String>,
     points: Vec<Point>,
     point_dirs: Vec<PathBuf>,
+    /// sweep.csv's metric columns, known from the points' jobs before any has run.
+    metric_columns: Vec<String>,
 }
 
 impl Sweep<'_> {
@@ -195,6 +197,7 @@ pub fn sweep(args: &SweepArgs) -> Result<PathBuf> {
         keys: grid.iter().chain(&zip).map(|a| a.key.clone()).collect(),
         points,
         point_dirs,
+        metric_columns: metric_columns(&specs),
     };
     let plan = plan(&sweep)?;
     sweep.write_index(&[])?;
@@ -636,8 +639,22 @@ fn restart_or_resume(point_dir: &Path) -> Result<Option<PathBuf>> {
     Ok(None)
 }
 
+/// The metric columns of the points' runs, each once, in the order the first job that has
+/// it gives them.
+fn metric_columns(specs: &[JobSpec]) -> Vec<String> {
+    let mut columns: Vec<String> = Vec::new();
+    for column in specs.iter().flat_map(crate::results::metric_columns) {
+        if !columns.contains(&column) {
+            columns.push(column);
+        }
+    }
+    columns
+}
+
 impl Sweep<'_> {
     /// Rebuilds sweep.csv from the point directories; `running` are the points being trained.
+    /// Its columns are the same from the first writing to the last (a pending point's cells
+    /// are empty), so a script reading it mid-sweep sees the final layout.
     fn write_index(&self, running: &[usize]) -> Result<()> {
         let (dir, keys, points, point_dirs) =
             (&self.dir, &self.keys, &self.points, &self.point_dirs);
@@ -647,7 +664,8 @@ impl Sweep<'_> {
             .iter()
             .map(|r| r.as_ref().map(|r| r.final_and_best()).unwrap_or_default())
             .collect();
-        let mut metric_columns: Vec<String> = Vec::new();
+        // (A run's own columns are the job's; one from an older version may have others.)
+        let mut metric_columns = self.metric_columns.clone();
         for (name, _) in metrics.iter().flatten() {
             if !metric_columns.contains(name) {
                 metric_columns.push(name.clone());
@@ -659,6 +677,11 @@ impl Sweep<'_> {
         columns.extend(metric_columns.iter().cloned());
 
         let text = |s: &str| Cell::Text(s.to_string());
+        // A swept value as `--set` reads it, written as compare writes config values (`sgd`,
+        // not TOML's `"sgd"`; 1e-3 as 0.001); the directory names keep the text as given.
+        let value = |key: &str, v: &str| {
+            parse_set_arg(&format!("{key}={v}")).map_or_else(|_| text(v), |(_, v)| Cell::Setting(v))
+        };
         let rows = (0..points.len())
             .map(|i| {
                 let record = records[i].as_ref();
@@ -668,7 +691,7 @@ impl Sweep<'_> {
                     (false, None) => "pending",
                 };
                 let mut row = vec![Cell::Int(i as i64)];
-                row.extend(points[i].iter().map(|(_, v)| text(v)));
+                row.extend(points[i].iter().map(|(k, v)| value(k, v)));
                 row.push(text(status));
                 row.push(
                     record

@@ -12,6 +12,16 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+/// TINY_JOB with a hidden layer: `optimizer.lr=1e30` makes its outputs NaN (TINY_JOB's
+/// single linear layer only grows huge).
+fn hidden_layer_job() -> String {
+    TINY_JOB.replace(
+        "layers = [{ type = \"flatten\" }, { type = \"linear\", out = 10 }]",
+        "layers = [{ type = \"flatten\" }, { type = \"linear\", out = 16 },\n\
+         { type = \"relu\" }, { type = \"linear\", out = 10 }]",
+    )
+}
+
 fn sweep_args<'a>(job: &'a str, runs: &'a str) -> Vec<&'a str> {
     vec![
         "sweep",
@@ -120,7 +130,15 @@ fn a_2x2_sweep_makes_four_runs_and_an_index_and_a_rerun_redoes_nothing() {
     assert_eq!(array.len(), 4);
     assert_eq!(array[0]["status"], "completed");
     assert!(array[0]["val_accuracy"].as_f64().unwrap() > 0.5);
-    assert_eq!(array[3]["optimizer.lr"], "0.2");
+    // Keys in column order, config values as JSON numbers.
+    let text = stdout(&json_out);
+    let keys: Vec<usize> = header
+        .iter()
+        .map(|c| text.find(&format!("\"{c}\":")).unwrap())
+        .collect();
+    assert!(keys.windows(2).all(|w| w[0] < w[1]), "{header:?}\n{text}");
+    assert_eq!(array[3]["optimizer.lr"], 0.2);
+    assert_eq!(array[3]["data.batch_size"], 64);
 
     let md = stdout(&ok(trainer(
         &[
@@ -181,7 +199,7 @@ fn a_2x2_sweep_makes_four_runs_and_an_index_and_a_rerun_redoes_nothing() {
     let text = std::fs::read_to_string(&svg).unwrap();
     assert!(text.starts_with("<svg"), "{}", &text[..100]);
     assert!(
-        text.contains("batch_size=64 lr=0.2 val"),
+        text.contains("batch_size=64 lr=0.2"),
         "legend names the runs"
     );
     assert!(text.contains("\nepoch\n"), "the x axis is named");
@@ -984,4 +1002,330 @@ fn a_damaged_run_is_skipped_in_a_listing_and_refused_when_named() {
     assert!(warning.contains(&says), "{warning}");
     assert!(stdout(&listed).contains(&name(&no_summary)));
     assert!(stdout(&listed).contains(&name(&no_metrics)));
+}
+
+/// A run whose every evaluation is NaN has no best value: NaN in CSV and the table, null in
+/// JSON (it was the search's starting value, inf, in the text formats).
+#[test]
+fn a_best_value_is_over_finite_values_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), &hidden_layer_job());
+    let runs = tmp.path().join("runs");
+    let (job, runs_s) = (job.to_str().unwrap(), runs.to_str().unwrap());
+    let nan = [
+        "--set",
+        "optimizer.lr=1e30",
+        "--set",
+        "train.on_nonfinite=\"skip\"",
+    ];
+    ok(trainer(
+        &[&["run", job, "--runs-dir", runs_s, "-q"][..], &nan].concat(),
+        &[],
+    ));
+    let csv = stdout(&ok(trainer(&["ls", runs_s, "--format", "csv"], &[])));
+    let mut reader = csv::Reader::from_reader(csv.as_bytes());
+    let header: Vec<String> = reader.headers().unwrap().iter().map(String::from).collect();
+    let row: Vec<String> = reader
+        .records()
+        .next()
+        .unwrap()
+        .unwrap()
+        .iter()
+        .map(String::from)
+        .collect();
+    assert_eq!(column(&header, &row, "val_loss"), "NaN", "{csv}");
+    assert_eq!(column(&header, &row, "best_val_loss"), "NaN", "{csv}");
+    let json = stdout(&ok(trainer(&["ls", runs_s, "--format", "json"], &[])));
+    let json: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert!(json[0]["best_val_loss"].is_null(), "{json}");
+    let table = stdout(&ok(trainer(&["ls", runs_s], &[])));
+    assert!(!table.contains("inf"), "{table}");
+}
+
+/// A completed run's final metrics are its summary.json's, whatever happened to its
+/// metrics.csv since, and ls/compare say when that file is missing or lost rows; numbers
+/// read from summary.json are the values written, to the last bit.
+#[test]
+fn final_metrics_come_from_the_summary_and_a_damaged_metrics_file_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), &TINY_JOB.replace("epochs = 1", "epochs = 3"));
+    let runs = tmp.path().join("runs");
+    let run = |name: &str| {
+        let args = ["run", job.to_str().unwrap(), "--name", name, "--runs-dir"];
+        let out = ok(trainer(
+            &[&args[..], &[runs.to_str().unwrap(), "-q"]].concat(),
+            &[],
+        ));
+        PathBuf::from(stdout(&out).trim())
+    };
+    let (intact, cut, gone) = (run("intact"), run("cut"), run("gone"));
+    // The last row of each split, as written.
+    let last_rows = |dir: &Path| {
+        let (header, rows) = read_csv(&dir.join("metrics.csv"));
+        let last = |split: &str| {
+            let row = rows
+                .iter()
+                .rev()
+                .find(|r| column(&header, r, "split") == split)
+                .unwrap();
+            column(&header, row, "loss").parse::<f64>().unwrap()
+        };
+        (last("train"), last("val"))
+    };
+    let expected: Vec<(f64, f64)> = [&intact, &cut, &gone].map(|d| last_rows(d)).to_vec();
+    // summary.json's wall_s as written (serde_json, in these tests, may read it 1 ulp off).
+    let wall = |dir: &Path| {
+        let text = std::fs::read_to_string(dir.join("summary.json")).unwrap();
+        let at = text.find("\"wall_s\": ").unwrap() + "\"wall_s\": ".len();
+        let end = at + text[at..].find([',', '\n']).unwrap();
+        text[at..end].parse::<f64>().unwrap()
+    };
+    let walls: Vec<f64> = [&intact, &cut, &gone].map(|d| wall(d)).to_vec();
+
+    // Cut: the last rows gone (the final evaluation with them) and half a row left.
+    let metrics = std::fs::read_to_string(cut.join("metrics.csv")).unwrap();
+    let lines: Vec<&str> = metrics.lines().collect();
+    let kept = lines[..lines.len() - 4].join("\n") + "\n" + &lines[lines.len() - 4][..12];
+    std::fs::write(cut.join("metrics.csv"), kept).unwrap();
+    std::fs::remove_file(gone.join("metrics.csv")).unwrap();
+
+    let out = ok(trainer(
+        &["compare", runs.to_str().unwrap(), "--format", "csv"],
+        &[],
+    ));
+    let warnings = stderr(&out);
+    let (header, rows) = {
+        let text = stdout(&out);
+        let mut reader = csv::Reader::from_reader(text.as_bytes());
+        let header: Vec<String> = reader.headers().unwrap().iter().map(String::from).collect();
+        let rows: Vec<Vec<String>> = reader
+            .records()
+            .map(|r| r.unwrap().iter().map(String::from).collect())
+            .collect();
+        (header, rows)
+    };
+    assert_eq!(rows.len(), 3);
+    for (i, name) in ["cut", "gone", "intact"].iter().enumerate() {
+        let row = &rows[i];
+        assert!(column(&header, row, "run").starts_with(name), "{rows:?}");
+        let at = ["intact", "cut", "gone"]
+            .iter()
+            .position(|n| n == name)
+            .unwrap();
+        let value = |c: &str| column(&header, row, c).parse::<f64>().unwrap();
+        assert_eq!(value("train_loss"), expected[at].0, "{name}");
+        assert_eq!(value("val_loss"), expected[at].1, "{name}");
+        assert!(value("best_val_loss") <= value("val_loss"), "{name}");
+        assert_eq!(value("wall_s"), walls[at], "{name}");
+    }
+    let says = |dir: &Path, what: &str| {
+        let path = dir.join("metrics.csv").display().to_string();
+        warnings
+            .lines()
+            .any(|l| l.contains(&path) && l.contains(what))
+    };
+    assert!(
+        says(&cut, "last rows do not hold the run's final"),
+        "{warnings}"
+    );
+    assert!(
+        says(&gone, "no metrics rows in a completed run"),
+        "{warnings}"
+    );
+    assert!(
+        !warnings.contains(&intact.display().to_string()),
+        "{warnings}"
+    );
+}
+
+/// sweep.csv's columns are the same from its first writing: here no point writes a row
+/// (both diverge at their first log row), and the metric columns are there all the same.
+/// Swept values are written as compare writes config values. A plot of runs that ended
+/// without rows does not say "yet".
+#[test]
+fn sweep_csv_has_its_columns_before_any_point_has_rows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), &hidden_layer_job());
+    let runs = tmp.path().join("runs");
+    let (job, runs_s) = (job.to_str().unwrap(), runs.to_str().unwrap());
+    let out = trainer(
+        &[
+            "sweep",
+            job,
+            "--grid",
+            "optimizer.lr=1e30,1e31",
+            "--runs-dir",
+            runs_s,
+            "-q",
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let sweep_dir = std::fs::read_dir(runs.join("tiny"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let (header, rows) = read_csv(&sweep_dir.join("sweep.csv"));
+    let expected = [
+        "point",
+        "optimizer.lr",
+        "status",
+        "end_reason",
+        "run_dir",
+        "wall_s",
+        "train_loss",
+        "train_accuracy",
+        "val_loss",
+        "best_val_loss",
+        "val_accuracy",
+        "best_val_accuracy",
+    ];
+    assert_eq!(header, expected);
+    assert_eq!(column(&header, &rows[0], "status"), "failed");
+    assert_eq!(column(&header, &rows[0], "optimizer.lr"), "1e30");
+    assert_eq!(column(&header, &rows[0], "val_loss"), "");
+
+    let png = tmp.path().join("none.png");
+    let sweep_s = sweep_dir.to_str().unwrap();
+    let out = trainer(&["plot", sweep_s, "-o", png.to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(
+        err.contains("no metrics rows") && !err.contains("yet"),
+        "{err}"
+    );
+    for empty in ["", "loss,,accuracy"] {
+        let out = trainer(&["plot", sweep_s, "--metric", empty, "-o", "x.png"], &[]);
+        assert_eq!(out.status.code(), Some(2));
+        assert!(
+            stderr(&out).contains("of the list is empty"),
+            "{}",
+            stderr(&out)
+        );
+    }
+}
+
+/// Config values in CSV and JSON are plain values (a string without TOML's quotes), and a
+/// newline in one (a layer's name) stays inside its cell in the table and Markdown.
+#[test]
+fn config_strings_are_plain_values_and_a_newline_stays_in_its_cell() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), TINY_JOB);
+    let runs = tmp.path().join("runs");
+    let (job, runs_s) = (job.to_str().unwrap(), runs.to_str().unwrap());
+    for name in ["\"h\\nx\"", "\"y|z\""] {
+        let set = format!("model.layers[1].name={name}");
+        ok(trainer(
+            &["run", job, "--set", &set, "--runs-dir", runs_s, "-q"],
+            &[],
+        ));
+    }
+    let key = "model.layers[1].name";
+    let csv = stdout(&ok(trainer(&["ls", runs_s, "--format", "csv"], &[])));
+    let mut reader = csv::Reader::from_reader(csv.as_bytes());
+    let header: Vec<String> = reader.headers().unwrap().iter().map(String::from).collect();
+    let mut names: Vec<String> = reader
+        .records()
+        .map(|r| {
+            column(
+                &header,
+                &r.unwrap().iter().map(String::from).collect::<Vec<_>>(),
+                key,
+            )
+            .to_string()
+        })
+        .collect();
+    names.sort();
+    assert_eq!(names, ["h\nx", "y|z"]);
+    let json = stdout(&ok(trainer(&["ls", runs_s, "--format", "json"], &[])));
+    let json: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let names: Vec<&serde_json::Value> = json.as_array().unwrap().iter().map(|r| &r[key]).collect();
+    assert!(names.contains(&&serde_json::Value::from("h\nx")), "{json}");
+    for format in ["table", "markdown"] {
+        let text = stdout(&ok(trainer(&["ls", runs_s, "--format", format], &[])));
+        let lines: Vec<&str> = text.lines().collect();
+        let header_lines = if format == "markdown" { 2 } else { 1 };
+        assert_eq!(lines.len(), header_lines + 2, "{text}");
+        // (Markdown escapes the backslash too.)
+        let escaped = if format == "markdown" {
+            "h\\\\nx"
+        } else {
+            "h\\nx"
+        };
+        assert!(text.contains(escaped), "{text}");
+    }
+}
+
+/// The legend tells every run apart: keys that share a last part are named in full
+/// (`job.name`, `layers[1].name`), nothing is cut off, and with many runs it stays inside
+/// the image.
+#[test]
+fn plot_legends_tell_runs_apart_and_fit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let named = TINY_JOB.replace(
+        "{ type = \"linear\", out = 10 }",
+        "{ type = \"linear\", out = 10, name = \"out\" }",
+    );
+    let job = write_job(tmp.path(), &named);
+    let runs = tmp.path().join("runs");
+    let (job, runs_s) = (job.to_str().unwrap(), runs.to_str().unwrap());
+    let long = "\"a_layer_name_long_enough_to_have_been_cut_off\"";
+    let grid = format!("model.layers[1].name=\"out\",{long}");
+    let args = [
+        "sweep",
+        job,
+        "--grid",
+        "optimizer.lr=0.01,0.02,0.03,0.04",
+        "--grid",
+        &grid,
+    ];
+    let out = trainer(&[&args[..], &["--runs-dir", runs_s, "-q"]].concat(), &[]);
+    ok(out);
+    let set = [
+        "--set",
+        "job.name=\"other\"",
+        "--set",
+        "model.layers[1].name=\"o\"",
+    ];
+    ok(trainer(
+        &[&["run", job, "--runs-dir", runs_s, "-q"][..], &set].concat(),
+        &[],
+    ));
+    let svg = tmp.path().join("legend.svg");
+    ok(trainer(&["plot", runs_s, "-o", svg.to_str().unwrap()], &[]));
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.contains("job.name=other"), "job.name in full");
+    assert!(
+        text.contains("layers[1].name=o "),
+        "the layer's name in full, unquoted"
+    );
+    assert!(text.contains("a_layer_name_long_enough_to_have_been_cut_off"));
+    assert!(!text.contains('…'));
+    // Each run named once: the figure has one legend, its names all different (a long one
+    // wraps, with lr on its last line).
+    let legend: Vec<&str> = text.lines().filter(|l| l.contains("lr=")).collect();
+    assert_eq!(legend.len(), 9, "{legend:?}");
+    let mut unique = legend.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), 9, "{legend:?}");
+    // Every line of the legend inside the image (a text's y is its top).
+    let number = |tag: &str, attribute: &str| -> f64 {
+        let at = tag.find(&format!(" {attribute}=\"")).unwrap() + attribute.len() + 3;
+        tag[at..at + tag[at..].find('"').unwrap()].parse().unwrap()
+    };
+    let svg_tag = text.lines().find(|l| l.starts_with("<svg")).unwrap();
+    let (width, height) = (number(svg_tag, "width"), number(svg_tag, "height"));
+    let lines: Vec<&str> = text.lines().collect();
+    let mut checked = 0;
+    for pair in lines.windows(2) {
+        if pair[0].starts_with("<text") && (pair[1].contains('=') || pair[1] == "val") {
+            let (x, y) = (number(pair[0], "x"), number(pair[0], "y"));
+            assert!(x < width && y + 20.0 < height, "{pair:?}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 10, "{checked}");
 }

@@ -7,6 +7,7 @@ pub mod table;
 
 use crate::error::Result;
 use crate::job_err;
+use crate::spec::{DataSource, JobSpec, LossKind};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use table::{Cell, Table};
@@ -78,7 +79,7 @@ impl RunRecord {
         let summary: Option<serde_json::Value> =
             std::fs::read_to_string(&summary_path).ok().and_then(|s| {
                 // Written atomically: one that does not parse was damaged afterwards.
-                serde_json::from_str(&s)
+                parse_json_exact(&s)
                     .map_err(|e| {
                         tracing::warn!(
                             "{}: not JSON ({e}); the run is shown as if it had no summary",
@@ -120,36 +121,209 @@ impl RunRecord {
         names
     }
 
+    /// summary.json's `final`: a completed run's last value of each `<split>_<column>`,
+    /// written once when it ended. JSON has no NaN: serde_json writes one as null.
+    fn summary_finals(&self) -> Option<BTreeMap<String, f64>> {
+        let finals = self.summary.as_ref()?.get("final")?.as_object()?;
+        Some(
+            finals
+                .iter()
+                .map(|(name, v)| (name.clone(), v.as_f64().unwrap_or(f64::NAN)))
+                .collect(),
+        )
+    }
+
     /// The scored metrics (loss, accuracy): the last value of each split's series, and for
     /// evaluation splits the best, as (`val_loss`, x) and (`best_val_loss`, y).
+    ///
+    /// A completed run's final values are summary.json's (metrics.csv can have lost rows
+    /// since: cut short, deleted; `metrics_warning` says so). The best is over the finite
+    /// values (the rows' and the final one): NaN when there are none, as for a run whose
+    /// every evaluation was NaN, rather than the starting value of the search (inf).
     pub fn final_and_best(&self) -> Vec<(String, f64)> {
+        let finals = self.summary_finals().unwrap_or_default();
         let mut out = Vec::new();
-        let splits: BTreeSet<&str> = self.points.iter().map(|p| p.split.as_str()).collect();
+        let mut splits: BTreeSet<&str> = self.points.iter().map(|p| p.split.as_str()).collect();
+        for name in finals.keys() {
+            if let Some((split, _)) = SCORED
+                .iter()
+                .find_map(|(c, _)| name.strip_suffix(&format!("_{c}")).map(|split| (split, c)))
+            {
+                splits.insert(split);
+            }
+        }
         for split in order_splits(splits) {
             for (column, higher_is_better) in SCORED {
+                let name = format!("{split}_{column}");
                 let series: Vec<f64> = self
                     .points
                     .iter()
                     .filter(|p| p.split == split)
                     .filter_map(|p| p.values.get(column).copied())
                     .collect();
-                let Some(&last) = series.last() else { continue };
-                out.push((format!("{split}_{column}"), last));
+                let last_row = series.last().copied();
+                let last = match finals.get(&name) {
+                    // null: a NaN or an infinity, which JSON cannot hold; the row says which.
+                    Some(f) if f.is_nan() => last_row.filter(|r| !r.is_finite()).unwrap_or(*f),
+                    Some(&f) => f,
+                    None => match last_row {
+                        Some(r) => r,
+                        None => continue,
+                    },
+                };
+                out.push((name.clone(), last));
                 if split != "train" {
-                    let best = series.iter().copied().fold(
-                        if higher_is_better {
-                            f64::NEG_INFINITY
-                        } else {
-                            f64::INFINITY
-                        },
-                        |a, b| if higher_is_better { a.max(b) } else { a.min(b) },
-                    );
-                    out.push((format!("best_{split}_{column}"), best));
+                    let best = series
+                        .iter()
+                        .chain([&last])
+                        .copied()
+                        .filter(|v| v.is_finite())
+                        .reduce(|a, b| if higher_is_better { a.max(b) } else { a.min(b) })
+                        .unwrap_or(f64::NAN);
+                    out.push((format!("best_{name}"), best));
                 }
             }
         }
         out
     }
+
+    /// Why this run's metrics.csv cannot be trusted for its best values, when it is a
+    /// completed run whose summary.json says how it ended: the file is missing, or its last
+    /// rows are not the final values (rows lost, a line cut short). The final columns then
+    /// come from summary.json alone.
+    pub fn metrics_warning(&self) -> Option<String> {
+        let finals = self.summary_finals()?;
+        let metrics = self.dir.join("metrics.csv");
+        if self.points.is_empty() && !finals.is_empty() {
+            return Some(format!(
+                "{}: no metrics rows in a completed run (missing or damaged); its final \
+                 metrics are summary.json's, and its best_* only those final values",
+                metrics.display()
+            ));
+        }
+        // (A final null, read as NaN, stands for any non-finite value.)
+        let same = |row: f64, last: f64| row == last || (last.is_nan() && !row.is_finite());
+        let differing: Vec<&str> = finals
+            .iter()
+            .filter(|(name, &value)| {
+                let (split, column) = name.rsplit_once('_').unwrap_or((name, ""));
+                let last = self
+                    .points
+                    .iter()
+                    .rev()
+                    .find(|p| p.split == split && p.values.contains_key(column))
+                    .map(|p| p.values[column]);
+                !last.is_some_and(|last| same(last, value))
+            })
+            .map(|(name, _)| name.as_str())
+            .collect();
+        (!differing.is_empty()).then(|| {
+            format!(
+                "{}: its last rows do not hold the run's final {} (rows lost or cut short?); \
+                 the final metrics are summary.json's, and the best_* are over the rows it has",
+                metrics.display(),
+                differing.join(", ")
+            )
+        })
+    }
+}
+
+/// Parses JSON keeping each number exactly the value written. serde_json without its
+/// float_roundtrip feature may read a float one unit in the last place off (summary.json's
+/// wall_s 1.2965268939999999 came back as 1.296526894), while CSV and JSON output promise
+/// full precision and final metrics are compared with metrics.csv's. Rust's own float
+/// parsing is exact: each number goes through serde_json as a marked string, converted here.
+fn parse_json_exact(text: &str) -> serde_json::Result<serde_json::Value> {
+    // (A control character, which a JSON string holds only escaped: `\u0001`.)
+    const MARK: &str = "\u{1}number:";
+    let mut marked = String::with_capacity(text.len() + text.len() / 4);
+    let (mut in_string, mut escaped, mut in_number) = (false, false, false);
+    for c in text.chars() {
+        if in_string {
+            in_string = escaped || c != '"';
+            escaped = !escaped && c == '\\';
+            marked.push(c);
+            continue;
+        }
+        if in_number && !(c.is_ascii_digit() || "+-.eE".contains(c)) {
+            marked.push('"');
+            in_number = false;
+        }
+        if !in_number && (c.is_ascii_digit() || c == '-') {
+            marked.push_str("\"\\u0001number:");
+            in_number = true;
+        }
+        in_string = c == '"';
+        marked.push(c);
+    }
+    if in_number {
+        marked.push('"');
+    }
+    fn unmark(value: &mut serde_json::Value) -> Option<()> {
+        match value {
+            serde_json::Value::String(s) if s.starts_with(MARK) => {
+                let text = &s[MARK.len()..];
+                *value = match text.parse::<i64>() {
+                    Ok(i) => i.into(),
+                    Err(_) => match text.parse::<u64>() {
+                        Ok(u) => u.into(),
+                        Err(_) => serde_json::Number::from_f64(text.parse().ok()?)?.into(),
+                    },
+                };
+            }
+            serde_json::Value::Array(items) => items.iter_mut().try_for_each(unmark)?,
+            serde_json::Value::Object(map) => map.values_mut().try_for_each(unmark)?,
+            _ => {}
+        }
+        Some(())
+    }
+    let exact = serde_json::from_str::<serde_json::Value>(&marked)
+        .ok()
+        .and_then(|mut value| unmark(&mut value).map(|()| value));
+    match exact {
+        Some(value) => Ok(value),
+        // Not JSON (or a number that is not, `1.2.3`): serde_json's error, at its place in
+        // the file as written.
+        None => serde_json::from_str(text),
+    }
+}
+
+/// The columns `final_and_best` will give a run of `spec`, in its order, known before the run
+/// has a row: sweep.csv has them from its first writing, so its header does not grow as
+/// points finish. The splits and columns are those `spec::controls::eval_metrics` checks
+/// early stopping against (train's, then val when part of the data is held out, test when
+/// the data has a test set; accuracy for the classification losses).
+pub fn metric_columns(spec: &JobSpec) -> Vec<String> {
+    let d = &spec.data;
+    let mut splits = vec!["train"];
+    if d.val_fraction > 0.0 {
+        splits.push("val");
+    }
+    let has_test = match d.source {
+        DataSource::Csv => d.test_path.is_some(),
+        DataSource::Idx => d.test_images.is_some(),
+        DataSource::Digits | DataSource::Synthetic => false,
+    };
+    if has_test {
+        splits.push("test");
+    }
+    let accuracy = matches!(
+        spec.loss.kind,
+        LossKind::CrossEntropy | LossKind::BceWithLogits
+    );
+    let mut columns = Vec::new();
+    for split in splits {
+        for (column, _) in SCORED {
+            if column == "accuracy" && !accuracy {
+                continue;
+            }
+            columns.push(format!("{split}_{column}"));
+            if split != "train" {
+                columns.push(format!("best_{split}_{column}"));
+            }
+        }
+    }
+    columns
 }
 
 /// train first, then val, then test, then anything else.
@@ -303,6 +477,7 @@ pub fn load_runs(paths: &[PathBuf]) -> Result<Vec<RunRecord>> {
 /// The table of every run at or under `paths`, rendered.
 pub fn list(paths: &[PathBuf], format: table::Format) -> Result<String> {
     let runs = load_runs(paths)?;
+    warn_about_metrics(&runs);
     if runs.is_empty() {
         let dirs: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
         tracing::warn!("no runs under {}", dirs.join(", "));
@@ -310,11 +485,19 @@ pub fn list(paths: &[PathBuf], format: table::Format) -> Result<String> {
     Ok(compare_table(&runs).render(format))
 }
 
-/// The resolved config as dotted keys and inline TOML values; tables are walked into, and
-/// so are lists of tables (model.layers: `model.layers[1].out`, so that a sweep over one
-/// layer's width shows that key, as sweep.csv does); other lists are one value.
-fn flat_config(table: &toml::Table) -> BTreeMap<String, String> {
-    fn walk(prefix: &str, table: &toml::Table, out: &mut BTreeMap<String, String>) {
+/// Says which completed runs' metrics.csv lost rows (their final metrics then come from
+/// summary.json, their best ones from what is left).
+pub fn warn_about_metrics(runs: &[RunRecord]) {
+    for warning in runs.iter().filter_map(RunRecord::metrics_warning) {
+        tracing::warn!("{warning}");
+    }
+}
+
+/// The resolved config as dotted keys and their values; tables are walked into, and so are
+/// lists of tables (model.layers: `model.layers[1].out`, so that a sweep over one layer's
+/// width shows that key, as sweep.csv does); other lists are one value.
+fn flat_config(table: &toml::Table) -> BTreeMap<String, toml::Value> {
+    fn walk(prefix: &str, table: &toml::Table, out: &mut BTreeMap<String, toml::Value>) {
         for (k, v) in table {
             let key = if prefix.is_empty() {
                 k.clone()
@@ -333,7 +516,7 @@ fn flat_config(table: &toml::Table) -> BTreeMap<String, String> {
                     }
                 }
                 v => {
-                    out.insert(key, v.to_string());
+                    out.insert(key, v.clone());
                 }
             }
         }
@@ -345,7 +528,7 @@ fn flat_config(table: &toml::Table) -> BTreeMap<String, String> {
 
 /// The config keys whose values are not the same in every run, in key order.
 pub fn differing_keys(runs: &[RunRecord]) -> Vec<String> {
-    let flats: Vec<BTreeMap<String, String>> =
+    let flats: Vec<BTreeMap<String, toml::Value>> =
         runs.iter().map(|r| flat_config(&r.config)).collect();
     let keys: BTreeSet<&String> = flats.iter().flat_map(|f| f.keys()).collect();
     keys.into_iter()
@@ -409,10 +592,10 @@ pub fn compare_table(runs: &[RunRecord]) -> Table {
                 run.end_reason()
                     .map_or(Cell::Empty, |r| Cell::Text(r.into())),
             ];
-            row.extend(
-                keys.iter()
-                    .map(|k| flat.get(k).map_or(Cell::Empty, |v| Cell::Text(v.clone()))),
-            );
+            row.extend(keys.iter().map(|k| {
+                flat.get(k)
+                    .map_or(Cell::Empty, |v| Cell::Setting(v.clone()))
+            }));
             let int = |key: &str, fallback: Option<u64>| {
                 summary
                     .and_then(|s| s[key].as_u64())
@@ -436,4 +619,26 @@ pub fn compare_table(runs: &[RunRecord]) -> Table {
         })
         .collect();
     Table { columns, rows }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_numbers_read_back_exactly() {
+        // A wall_s that serde_json's own float parsing reads one unit in the last place off.
+        let text = r#"{"wall_s": 1.2965268939999999, "steps": 46, "final": {"val_loss": null,
+            "x": -2.5e-7}, "s": "a \"1.5\" \\", "ok": [true, false, 0]}"#;
+        let value = parse_json_exact(text).unwrap();
+        assert_eq!(value["wall_s"].as_f64(), Some(1.2965268939999999));
+        assert_eq!(value["wall_s"].to_string(), "1.2965268939999999");
+        assert_eq!(value["steps"].as_u64(), Some(46));
+        assert_eq!(value["final"]["x"].as_f64(), Some(-2.5e-7));
+        assert!(value["final"]["val_loss"].is_null());
+        assert_eq!(value["s"], "a \"1.5\" \\");
+        assert_eq!(value["ok"], serde_json::json!([true, false, 0]));
+        assert!(parse_json_exact(r#"{"status": "compl"#).is_err());
+        assert!(parse_json_exact(r#"{"n": 1.2.3}"#).is_err());
+    }
 }

@@ -5,7 +5,8 @@
 //! Text is drawn with a font embedded in the binary (DejaVu Sans, through plotters' ab_glyph
 //! feature), so plotting needs no system font libraries.
 
-use super::{differing_keys, labels, RunRecord};
+use super::table::plain;
+use super::{differing_keys, flat_config, labels, RunRecord, Status};
 use crate::error::Result;
 use crate::{job_err, runtime_err};
 use plotters::coord::Shift;
@@ -47,9 +48,12 @@ pub fn plot(runs: &[RunRecord], metrics: &[String], x: XAxis, out: &Path) -> Res
         return Err(job_err!("no runs to plot"));
     }
     let panels = choose_panels(runs, metrics)?;
-    let names = run_names(runs);
-    let height = PANEL_HEIGHT * panels.len() as u32;
     register_font()?;
+    let legend = Legend::new(&run_names(runs), runs)?;
+    let size = (
+        WIDTH + legend.width,
+        (PANEL_HEIGHT * panels.len() as u32).max(legend.height),
+    );
     let extension = out
         .extension()
         .and_then(|e| e.to_str())
@@ -66,13 +70,13 @@ pub fn plot(runs: &[RunRecord], metrics: &[String], x: XAxis, out: &Path) -> Res
     let draw_err = |e: String| runtime_err!("cannot draw {}: {e}", out.display());
     match extension.as_deref() {
         Some("png") => {
-            let root = BitMapBackend::new(out, (WIDTH, height)).into_drawing_area();
-            draw(&root, runs, &panels, &names, x).map_err(draw_err)?;
+            let root = BitMapBackend::new(out, size).into_drawing_area();
+            draw(&root, runs, &panels, &legend, x).map_err(draw_err)?;
             root.present().map_err(|e| draw_err(e.to_string()))
         }
         Some("svg") => {
-            let root = SVGBackend::new(out, (WIDTH, height)).into_drawing_area();
-            draw(&root, runs, &panels, &names, x).map_err(draw_err)?;
+            let root = SVGBackend::new(out, size).into_drawing_area();
+            draw(&root, runs, &panels, &legend, x).map_err(draw_err)?;
             root.present().map_err(|e| draw_err(e.to_string()))
         }
         _ => Err(job_err!(
@@ -107,6 +111,17 @@ fn choose_panels(runs: &[RunRecord], metrics: &[String]) -> Result<Vec<Panel>> {
             .iter()
             .any(|a| a == name || a.ends_with(&format!("_{name}")))
     };
+    if let Some(i) = metrics.iter().position(|m| m.trim().is_empty()) {
+        return Err(job_err!(
+            "--metric {:?}: metric {} of the list is empty; give names separated by commas, \
+             e.g. --metric loss,val_accuracy",
+            metrics.join(","),
+            i + 1
+        ));
+    }
+    if available.is_empty() {
+        return Err(no_rows(runs));
+    }
     let wanted: Vec<String> = if metrics.is_empty() {
         ["loss", "accuracy"]
             .into_iter()
@@ -149,36 +164,199 @@ fn choose_panels(runs: &[RunRecord], metrics: &[String]) -> Result<Vec<Panel>> {
         panels.push(panel);
     }
     if panels.is_empty() {
-        return Err(job_err!("the runs have no metrics rows yet"));
+        return Err(no_rows(runs));
     }
     Ok(panels)
 }
 
-/// Legend names: the keys that differ between the runs (`lr=0.001 batch_size=64`), else the
-/// run directories.
+/// Nothing to plot: "yet" only when a run may still write rows.
+fn no_rows(runs: &[RunRecord]) -> crate::error::Error {
+    let still = runs
+        .iter()
+        .any(|r| matches!(r.status, Status::Running | Status::Unfinished));
+    if still {
+        job_err!("the runs have no metrics rows yet")
+    } else {
+        job_err!(
+            "the runs have no metrics rows: they ended before their first logged step (`trainer \
+             ls` shows how each ended, its summary.json why)"
+        )
+    }
+}
+
+/// Legend names: the keys that differ between the runs and their values (`lr=0.001
+/// batch_size=64`), else the run directories. Every key is named in full enough to tell it
+/// from the others (`job.name` and `layers[1].name`, not two `name`s), nothing is cut off,
+/// and two runs whose values are all the same (a job run twice) are told apart by their
+/// directories.
 fn run_names(runs: &[RunRecord]) -> Vec<String> {
     let keys = differing_keys(runs);
+    let paths = labels(runs);
     if keys.is_empty() || runs.len() == 1 {
-        return labels(runs);
+        return paths;
     }
-    runs.iter()
+    let short = short_keys(&keys);
+    let names: Vec<String> = runs
+        .iter()
         .map(|run| {
-            let flat = super::flat_config(&run.config);
+            let flat = flat_config(&run.config);
             let parts: Vec<String> = keys
                 .iter()
-                .map(|k| {
-                    let short = k.rsplit('.').next().unwrap_or(k);
-                    format!("{short}={}", flat.get(k).map_or("-", |v| v.as_str()))
-                })
+                .zip(&short)
+                .map(|(k, short)| format!("{short}={}", flat.get(k).map_or("-".into(), plain)))
                 .collect();
-            let name = parts.join(" ");
-            if name.chars().count() > 48 {
-                name.chars().take(47).collect::<String>() + "…"
+            parts.join(" ")
+        })
+        .collect();
+    names
+        .iter()
+        .zip(&paths)
+        .map(|(name, path)| {
+            if names.iter().filter(|n| *n == name).count() > 1 {
+                format!("{name} ({path})")
             } else {
-                name
+                name.clone()
             }
         })
         .collect()
+}
+
+/// Each dotted key by its shortest ending that is no other key's ending: `lr` for
+/// `optimizer.lr`, but `job.name` and `layers[1].name` for `job.name` and
+/// `model.layers[1].name`.
+fn short_keys(keys: &[String]) -> Vec<String> {
+    keys.iter()
+        .map(|key| {
+            let parts: Vec<&str> = key.split('.').collect();
+            (1..parts.len())
+                .map(|n| parts[parts.len() - n..].join("."))
+                .find(|ending| {
+                    let dotted = format!(".{ending}");
+                    keys.iter()
+                        .filter(|other| *other != key)
+                        .all(|other| other != ending && !other.ends_with(&dotted))
+                })
+                .unwrap_or_else(|| key.clone())
+        })
+        .collect()
+}
+
+/// The figure's legend: each run's colour and name (wrapped, not cut), then how each split
+/// is drawn. Sized to its text, so that it never runs past the image.
+struct Legend {
+    /// Per run, in the runs' order (the colours' order): its name in lines.
+    runs: Vec<Vec<String>>,
+    /// The splits that have rows, train first.
+    splits: Vec<String>,
+    width: u32,
+    height: u32,
+}
+
+const LEGEND_FONT: u32 = 17;
+const LEGEND_LINE: u32 = 22;
+/// Characters on a legend line before a name wraps at a space.
+const LEGEND_WRAP: usize = 44;
+/// Left of the text: the line sample.
+const SAMPLE: u32 = 44;
+const LEGEND_TOP: u32 = 48;
+
+impl Legend {
+    fn new(names: &[String], runs: &[RunRecord]) -> Result<Legend> {
+        let runs_lines: Vec<Vec<String>> = names.iter().map(|n| wrap(n, LEGEND_WRAP)).collect();
+        let mut splits: Vec<String> = Vec::new();
+        for p in runs.iter().flat_map(|r| &r.points) {
+            if !splits.contains(&p.split) {
+                splits.push(p.split.clone());
+            }
+        }
+        let rank = |split: &String| ["train", "val", "test"].iter().position(|s| s == split);
+        splits.sort_by_key(|s| (rank(s).unwrap_or(3), s.clone()));
+        let font: FontDesc = (FAMILY, LEGEND_FONT).into_font();
+        let mut text_width = 0;
+        for line in runs_lines.iter().flatten().chain(&splits) {
+            let (w, _) = font
+                .box_size(line)
+                .map_err(|e| runtime_err!("cannot measure the legend's text: {e}"))?;
+            text_width = text_width.max(w);
+        }
+        let lines = runs_lines.iter().map(Vec::len).sum::<usize>() + splits.len();
+        let gaps = runs_lines.len() + splits.len() + 2;
+        Ok(Legend {
+            width: SAMPLE + text_width + 24,
+            height: LEGEND_TOP + LEGEND_LINE * lines as u32 + 6 * gaps as u32 + 24,
+            runs: runs_lines,
+            splits,
+        })
+    }
+
+    fn draw<DB: DrawingBackend>(
+        &self,
+        area: &DrawingArea<DB, Shift>,
+    ) -> std::result::Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+        enum Sample {
+            Run(RGBColor),
+            Split(String),
+        }
+        let entries = self
+            .runs
+            .iter()
+            .enumerate()
+            .map(|(run, lines)| (lines.clone(), Sample::Run(COLOURS[run % COLOURS.len()])))
+            .chain(
+                self.splits
+                    .iter()
+                    .map(|split| (vec![split.clone()], Sample::Split(split.clone()))),
+            );
+        let font = (FAMILY, LEGEND_FONT).into_font().color(&BLACK);
+        let grey = BLACK.mix(0.6);
+        let mut y = LEGEND_TOP as i32;
+        for (i, (lines, sample)) in entries.enumerate() {
+            if i == self.runs.len() {
+                y += 12; // the runs, then the key to the splits
+            }
+            let at = y + LEGEND_LINE as i32 / 2;
+            let line = |from: i32, to: i32, style: ShapeStyle| {
+                PathElement::new(vec![(from, at), (to, at)], style)
+            };
+            match sample {
+                Sample::Run(colour) => area.draw(&line(8, 36, colour.stroke_width(3)))?,
+                Sample::Split(split) if split == "train" => {
+                    area.draw(&line(8, 36, grey.stroke_width(1)))?
+                }
+                Sample::Split(split) if split == "test" => {
+                    area.draw(&line(8, 18, grey.stroke_width(3)))?;
+                    area.draw(&line(26, 36, grey.stroke_width(3)))?;
+                }
+                // Other evaluation splits: thick, with a marker on each evaluation.
+                Sample::Split(_) => {
+                    area.draw(&line(8, 36, grey.stroke_width(3)))?;
+                    area.draw(&Circle::new((22, at), 3, grey.filled()))?;
+                }
+            }
+            for text in lines {
+                area.draw(&Text::new(text, (SAMPLE as i32, y), font.clone()))?;
+                y += LEGEND_LINE as i32;
+            }
+            y += 6;
+        }
+        Ok(())
+    }
+}
+
+/// `text` in lines of at most `width` characters, broken at spaces (a longer word has a line
+/// of its own).
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    for word in text.split(' ') {
+        match lines.last_mut() {
+            Some(line) if line.chars().count() + 1 + word.chars().count() <= width => {
+                line.push(' ');
+                line.push_str(word);
+            }
+            _ => lines.push(word.to_string()),
+        }
+    }
+    lines
 }
 
 fn curves(runs: &[RunRecord], panel: &Panel, x: XAxis) -> Vec<Curve> {
@@ -243,16 +421,18 @@ fn draw<DB: DrawingBackend>(
     root: &DrawingArea<DB, Shift>,
     runs: &[RunRecord],
     panels: &[Panel],
-    names: &[String],
+    legend: &Legend,
     x: XAxis,
 ) -> std::result::Result<(), String> {
     let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
     root.fill(&WHITE).map_err(e)?;
+    let (charts, legend_area) = root.split_horizontally(WIDTH);
+    legend.draw(&legend_area).map_err(e)?;
     let x_name = match x {
         XAxis::Step => "step",
         XAxis::Epoch => "epoch",
     };
-    for (area, panel) in root.split_evenly((panels.len(), 1)).iter().zip(panels) {
+    for (area, panel) in charts.split_evenly((panels.len(), 1)).iter().zip(panels) {
         let curves = curves(runs, panel, x);
         let all = curves.iter().flat_map(|c| c.points.iter());
         let (x_max, y_min, y_max) = all.fold(
@@ -296,44 +476,23 @@ fn draw<DB: DrawingBackend>(
             .map_err(e)?;
         for c in &curves {
             let colour = COLOURS[c.run % COLOURS.len()];
-            let label = format!("{} {}", names[c.run], c.split);
             let points = c.points.iter().copied().filter(|(_, y)| y.is_finite());
             let (style, marker) = match c.split.as_str() {
                 "train" => (colour.mix(0.55).stroke_width(1), 0),
                 _ => (colour.stroke_width(3), 3),
             };
-            let drawn = if c.split == "test" {
+            if c.split == "test" {
                 chart
                     .draw_series(DashedLineSeries::new(points, 8, 5, style))
-                    .map_err(e)?
+                    .map_err(e)?;
             } else {
                 chart
                     .draw_series(LineSeries::new(points, style).point_size(marker))
-                    .map_err(e)?
-            };
-            drawn
-                .label(label)
-                .legend(move |(lx, ly)| PathElement::new(vec![(lx, ly), (lx + 24, ly)], style));
+                    .map_err(e)?;
+            }
         }
-        chart
-            .configure_series_labels()
-            .position(legend_position(&panel.column))
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK.mix(0.4))
-            .label_font((FAMILY, 17))
-            .draw()
-            .map_err(e)?;
     }
     Ok(())
-}
-
-/// Losses fall and accuracies rise: put the legend where the curves usually are not.
-fn legend_position(column: &str) -> SeriesLabelPosition {
-    if column == "accuracy" {
-        SeriesLabelPosition::LowerRight
-    } else {
-        SeriesLabelPosition::UpperRight
-    }
 }
 
 fn padded(lo: f64, hi: f64) -> (f64, f64) {
@@ -346,4 +505,24 @@ fn padded(lo: f64, hi: f64) -> (f64, f64) {
         lo.abs().max(1.0) * 0.1
     };
     (lo - 0.05 * span, hi + 0.05 * span)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn legend_keys_are_as_long_as_it_takes_to_tell_them_apart() {
+        let keys = ["job.name", "model.layers[1].name", "optimizer.lr"].map(String::from);
+        assert_eq!(short_keys(&keys), ["job.name", "layers[1].name", "lr"]);
+        let nested = ["a.b.c", "x.b.c", "y"].map(String::from);
+        assert_eq!(short_keys(&nested), ["a.b.c", "x.b.c", "y"]);
+    }
+
+    #[test]
+    fn long_names_wrap_at_spaces_and_lose_nothing() {
+        assert_eq!(wrap("ab cd ef", 5), ["ab cd", "ef"]);
+        assert_eq!(wrap("abcdefgh ij", 5), ["abcdefgh", "ij"]);
+        assert_eq!(wrap("ab", 5), ["ab"]);
+    }
 }
