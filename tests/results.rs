@@ -795,7 +795,7 @@ fn a_point_another_copy_of_the_sweep_started_meanwhile_is_left_to_it() {
     let tmp = tempfile::tempdir().unwrap();
     let job = write_job(tmp.path(), &TINY_JOB.replace("epochs = 1", "epochs = 3000"));
     let runs = tmp.path().join("runs");
-    let mut sweep = std::process::Command::new(common::trainer_bin())
+    let sweep = std::process::Command::new(common::trainer_bin())
         .args([
             "sweep",
             job.to_str().unwrap(),
