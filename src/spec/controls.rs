@@ -81,6 +81,14 @@ impl EarlyStoppingSpec {
     }
 }
 
+/// Whether the job's rows have an accuracy: the classification losses'.
+pub fn has_accuracy(spec: &JobSpec) -> bool {
+    matches!(
+        spec.loss.kind,
+        LossKind::CrossEntropy | LossKind::BceWithLogits
+    )
+}
+
 /// The `<split>_<column>` metrics evaluation rows of this job will carry.
 pub fn eval_metrics(spec: &JobSpec) -> Vec<String> {
     let d = &spec.data;
@@ -97,10 +105,7 @@ pub fn eval_metrics(spec: &JobSpec) -> Vec<String> {
         splits.push("test");
     }
     let mut columns = vec!["loss"];
-    if matches!(
-        spec.loss.kind,
-        LossKind::CrossEntropy | LossKind::BceWithLogits
-    ) {
+    if has_accuracy(spec) {
         columns.push("accuracy");
     }
     splits

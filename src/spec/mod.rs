@@ -7,7 +7,8 @@ mod load;
 mod validate;
 
 pub use controls::{
-    parse_duration, EarlyStoppingSpec, OnNonFinite, StopMode, MAX_SKIPPED_IN_A_ROW,
+    eval_metrics, has_accuracy, parse_duration, EarlyStoppingSpec, OnNonFinite, StopMode,
+    MAX_SKIPPED_IN_A_ROW,
 };
 pub use explain::explain;
 pub use load::{canonical_key, load_job, parse_set_arg, JobSource, KeySources};
