@@ -613,6 +613,10 @@ fn run_on<B: Backend>(
     let result = run_in(
         &run, args, began, spec, data, graph, backend, start, parallel,
     );
+    if let Err(e) = &result {
+        // The log of a failed run ends with why (summary.json has it too).
+        crate::logging::append_to_run_log(&format!("error: {e}\n"));
+    }
     crate::logging::detach_run_log();
     result.map(|()| run.path)
 }
@@ -993,8 +997,16 @@ fn run_in<B: Backend>(
     }
 }
 
-/// A run that failed after writing checkpoints says how to continue from the newest.
+/// A run that failed says where it is, and, after writing checkpoints, how to continue
+/// from the newest.
 fn with_resume_hint(e: Error, args: &RunArgs, run: &RunDir) -> Error {
+    let e = match e {
+        Error::Runtime(_) | Error::Diverged(_) => e.with_note(&format!(
+            "the run: {} (its summary.json and train.log say so too)",
+            run.path.display()
+        )),
+        other => return other,
+    };
     let Error::Runtime(message) = e else {
         return e;
     };

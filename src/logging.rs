@@ -69,6 +69,11 @@ pub fn attach_run_log(path: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Writes `text` to the current run's train.log only (not to stderr, which shows it anyway).
+pub fn append_to_run_log(text: &str) {
+    let _ = RunLog.write_all(text.as_bytes());
+}
+
 pub fn detach_run_log() {
     if let Ok(mut guard) = RUN_LOG.lock() {
         *guard = None;

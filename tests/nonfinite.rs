@@ -238,6 +238,13 @@ fn with_error_a_nonfinite_loss_fails_the_run_and_keeps_its_last_good_checkpoint(
     let s = summary(&dir);
     assert_eq!(s["status"], "failed");
     assert_eq!(s["end_reason"], "diverged");
+    // The error names the run, and its log ends with the error.
+    assert!(err.contains(&format!("the run: {}", dir.display())), "{err}");
+    let log = std::fs::read_to_string(dir.join("train.log")).unwrap();
+    assert!(
+        log.contains("error: training diverged: the loss is inf at step 8"),
+        "{log}"
+    );
     let mut checkpoints: Vec<String> = std::fs::read_dir(dir.join("checkpoints"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
