@@ -168,6 +168,9 @@ pub fn sweep(args: &SweepArgs) -> Result<PathBuf> {
             load_job(&args.job, &on_device).map_err(|e| invalid(e, &format!(" on {device}")))?;
         }
     }
+    if let (Some(slots), Some(value)) = (&slots, &args.devices) {
+        devices::check_present(slots, value)?;
+    }
 
     let definition = definition(&base, &grid, &zip)?;
     let sweep_id = match &args.sweep_id {

@@ -238,6 +238,23 @@ fn overrides_layer_file_then_environment_then_set() {
 }
 
 #[test]
+fn an_environment_variable_that_picks_a_layer_is_refused_naming_it() {
+    let out = trainer(
+        &["check", "jobs/mlp.toml"],
+        &[("TRAINER_MODEL__LAYERS[1]__OUT", "8")],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(
+            "environment variable TRAINER_MODEL__LAYERS[1]__OUT: a variable cannot pick a list \
+             element; use --set model.layers[1].out=VALUE"
+        ),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
 fn check_prints_layers_shapes_parameters_and_memory() {
     let out = trainer(&["check", "jobs/mlp.toml"], &[]);
     assert!(out.status.success(), "{}", stderr(&out));

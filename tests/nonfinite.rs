@@ -239,7 +239,10 @@ fn with_error_a_nonfinite_loss_fails_the_run_and_keeps_its_last_good_checkpoint(
     assert_eq!(s["status"], "failed");
     assert_eq!(s["end_reason"], "diverged");
     // The error names the run, and its log ends with the error.
-    assert!(err.contains(&format!("the run: {}", dir.display())), "{err}");
+    assert!(
+        err.contains(&format!("the run: {}", dir.display())),
+        "{err}"
+    );
     let log = std::fs::read_to_string(dir.join("train.log")).unwrap();
     assert!(
         log.contains("error: training diverged: the loss is inf at step 8"),

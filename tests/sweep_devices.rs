@@ -246,6 +246,13 @@ fn bad_device_lists_are_usage_errors() {
         &["--devices \"cpu,,cpu\"", "an empty device name", allowed],
     );
     expect_error(TINY_JOB, &sweep(""), 2, &["--devices \"\"", allowed]);
+    // A GPU this machine lacks (no driver, or fewer GPUs) is named before anything runs.
+    expect_error(
+        TINY_JOB,
+        &sweep("cpu,cuda:99"),
+        2,
+        &["--devices \"cpu,cuda:99\": cuda:99 requested, but"],
+    );
     let mut both = sweep("cpu,cpu");
     both.extend(["--set", "device.type=\"cpu\""]);
     expect_error(

@@ -44,7 +44,7 @@ pub fn load_job(path: &Path, sets: &[String]) -> Result<JobSpec> {
 
     // 3. The layers.
     let set_table = parse_sets(sets, &file_table)?;
-    warn_about_ignored_env();
+    check_env()?;
     let mut spec: JobSpec = layers(path, &set_table)
         .extract()
         .map_err(|e| layered_error(&file, &file_table, &set_table, e))?;
@@ -94,19 +94,40 @@ fn job_env() -> Env {
     })
 }
 
-fn warn_about_ignored_env() {
+/// Refuses a job variable that picks a list element (figment would take `LAYERS[1]` for a
+/// key of that name, and the error would blame the job file), and warns once of variables
+/// that look like job keys but are not.
+fn check_env() -> Result<()> {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    let mut warnings = Vec::new();
     for (name, _) in std::env::vars() {
         if let Some(rest) = name.strip_prefix("TRAINER_") {
             let first = rest.split("__").next().unwrap_or("").to_lowercase();
-            if rest.contains("__") && !SECTIONS.contains(&first.as_str()) {
-                tracing::warn!(
+            let is_job_key = SECTIONS.contains(&first.as_str());
+            if is_job_key && rest.contains(['[', ']']) {
+                let key = rest
+                    .split("__")
+                    .collect::<Vec<_>>()
+                    .join(".")
+                    .to_lowercase();
+                return Err(job_err!(
+                    "environment variable {name}: a variable cannot pick a list element; use \
+                     --set {key}=VALUE (or set the whole list, TRAINER_{}=[...])",
+                    rest.split('[').next().unwrap_or(rest)
+                ));
+            }
+            if rest.contains("__") && !is_job_key {
+                warnings.push(format!(
                     "environment variable {name} looks like a job key but `{first}` is not a section \
                      (sections: {}); it is ignored",
                     SECTIONS.join(", ")
-                );
+                ));
             }
         }
     }
+    // A process loads its job more than once (check, then --explain; a sweep's points).
+    WARNED.call_once(|| warnings.iter().for_each(|w| tracing::warn!("{w}")));
+    Ok(())
 }
 
 /// The `--set` overrides as one provider, so errors can say a value came from `--set`.

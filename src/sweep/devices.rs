@@ -20,7 +20,8 @@ use super::{interrupted, Pending, Sweep, Trained};
 use crate::error::{Error, Result};
 use crate::launch;
 use crate::signals::{Stop, SIGINT, SIGTERM};
-use crate::spec::{parse_device, JobSpec};
+use crate::spec::{parse_device, DeviceChoice, JobSpec};
+use crate::tensor::cuda;
 use crate::{job_err, runtime_err};
 use std::collections::VecDeque;
 use std::os::unix::process::ExitStatusExt;
@@ -59,6 +60,28 @@ pub(super) fn parse(value: &str) -> Result<Vec<Slot>> {
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     Ok(slots(names, cores))
+}
+
+/// Every CUDA device among the slots is on this machine: checked before the sweep's
+/// directory is made (a point would otherwise find out when it starts).
+pub(super) fn check_present(slots: &[Slot], value: &str) -> Result<()> {
+    for name in distinct(slots) {
+        let Some(DeviceChoice::Cuda(n)) = parse_device(name) else {
+            continue;
+        };
+        let gpus = cuda::probe().map(|(devices, _)| devices.len());
+        let why = match gpus {
+            Err(why) => why,
+            Ok(count) if n >= count => format!(
+                "this machine has {count} GPU{} (cuda:0 to cuda:{})",
+                if count == 1 { "" } else { "s" },
+                count.saturating_sub(1)
+            ),
+            Ok(_) => continue,
+        };
+        return Err(job_err!("--devices {value:?}: {name} requested, but {why}"));
+    }
+    Ok(())
 }
 
 /// The slots for `names` on a machine with `cores` CPU threads. `auto` counts as a CPU slot
