@@ -25,7 +25,7 @@ Overrides, lowest to highest: the job file, TRAINER_SECTION__KEY environment var
 
 Resuming:
   trainer run jobs/mlp.toml --resume runs/mlp/20261122-160622-ebbc
-  trainer run jobs/mlp.toml --resume runs/mlp/20261122-160622-ebbc/checkpoints/step-00000200.safetensors
+  trainer run jobs/mlp.toml --resume RUN_DIR/checkpoints/step-00000200.safetensors
 
 Exit codes: 0 success; 2 bad job spec, data, checkpoint or usage (nothing was trained); 1
 failure while running (the run directory's summary.json says \"failed\" and why); 130 / 143
@@ -78,7 +78,9 @@ enum Command {
     },
     /// Validate a job and print its layers, output shapes, parameter counts and memory.
     Check {
+        /// The job file (TOML).
         job: PathBuf,
+        /// Override a key of the job, as for `trainer run` (repeatable).
         #[arg(long = "set", value_name = "KEY=VALUE")]
         sets: Vec<String>,
         /// Print every resolved value instead, and where it came from (default, file,
@@ -91,6 +93,7 @@ enum Command {
     /// Running the same sweep again skips the points that finished and resumes (from their
     /// checkpoint) or restarts the others.
     Sweep {
+        /// The job file (TOML) every point starts from.
         job: PathBuf,
         /// Sweep a key over values (TOML, as for --set); every combination of the --grid keys
         /// is a point. Repeatable. Values split on commas outside brackets and quotes.
@@ -126,20 +129,25 @@ enum Command {
     },
     /// List the runs under a runs directory: keys that differ, status, final and best metrics.
     Ls {
+        /// The runs directory to list (every run and sweep under it).
         #[arg(default_value = "runs")]
         runs_dir: PathBuf,
+        /// table for people; csv, json and markdown for tools and reports.
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
     },
     /// Compare runs side by side; each argument is a run, a sweep, or a directory of runs.
     Compare {
+        /// Run directories, sweep directories, or directories of runs.
         #[arg(required = true, value_name = "RUN_OR_SWEEP")]
         runs: Vec<PathBuf>,
+        /// table for people; csv, json and markdown for tools and reports.
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
     },
     /// Plot learning curves of runs (train and evaluation splits) to a PNG or SVG file.
     Plot {
+        /// Run directories, sweep directories, or directories of runs.
         #[arg(required = true, value_name = "RUN_OR_SWEEP")]
         runs: Vec<PathBuf>,
         /// Metrics, one panel each: a column for every split (loss, accuracy, lr, grad_norm)

@@ -65,13 +65,10 @@ struct Sweep<'a> {
 }
 
 impl Sweep<'_> {
+    /// "sweep point 002 (optimizer.lr=0.1)": numbered as its directory, its sweep.csv row and
+    /// its log lines' `[002 cpu]` prefix are.
     fn label(&self, index: usize) -> String {
-        format!(
-            "sweep point {}/{} ({})",
-            index + 1,
-            self.points.len(),
-            describe(&self.points[index])
-        )
+        format!("sweep point {index:03} ({})", describe(&self.points[index]))
     }
 
     /// The point's `--set` overrides: the shared ones, then the point's own.
@@ -153,14 +150,8 @@ pub fn sweep(args: &SweepArgs) -> Result<PathBuf> {
     let mut specs: Vec<JobSpec> = Vec::with_capacity(points.len());
     for (i, point) in points.iter().enumerate() {
         let sets = point_sets(&args.sets, point);
-        let invalid = |e: Error, on: &str| {
-            job_err!(
-                "sweep point {} of {} ({}){on}: {e}",
-                i + 1,
-                points.len(),
-                describe(point)
-            )
-        };
+        let invalid =
+            |e: Error, on: &str| job_err!("sweep point {i:03} ({}){on}: {e}", describe(point));
         specs.push(load_job(&args.job, &sets).map_err(|e| invalid(e, ""))?);
         for device in slots.iter().flat_map(|s| devices::distinct(s)) {
             let mut on_device = sets.clone();

@@ -683,14 +683,18 @@ fn bad_sweeps_are_refused_before_anything_trains() {
         TINY_JOB,
         &sweep(&["--grid", "optimizer.lrr=0.1,0.2"]),
         2,
-        &["sweep point 1 of 2", "optimizer.lrr", "did you mean `lr`?"],
+        &[
+            "sweep point 000 (optimizer.lrr=0.1)",
+            "optimizer.lrr",
+            "did you mean `lr`?",
+        ],
     );
     expect_error(
         TINY_JOB,
         &sweep(&["--grid", "optimizer.lr=0.1,-1"]),
         2,
         &[
-            "sweep point 2 of 2 (optimizer.lr=-1)",
+            "sweep point 001 (optimizer.lr=-1)",
             "-1 given; must be a positive number",
         ],
     );
@@ -983,7 +987,12 @@ fn a_damaged_run_is_skipped_in_a_listing_and_refused_when_named() {
 
     let named = trainer(&["compare", &good, &damaged], &[]);
     assert_eq!(named.status.code(), Some(2), "{}", stderr(&named));
-    assert!(stderr(&named).contains("config.toml"), "{}", stderr(&named));
+    // Where in the file, as for a job file.
+    assert!(
+        stderr(&named).contains("config.toml:1:"),
+        "{}",
+        stderr(&named)
+    );
 
     // A damaged summary.json or metrics.csv still lists the run, with a warning naming it.
     let (no_summary, no_metrics) = (run(), run());

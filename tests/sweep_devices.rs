@@ -199,7 +199,7 @@ fn a_failing_point_leaves_the_others_running() {
     assert!(err.contains("1 of 3 sweep points failed"), "{err}");
     assert!(err.contains("[000 cpu] error: training diverged"), "{err}");
     assert!(
-        err.contains("sweep point 1/3 (optimizer.lr=1e38) failed on cpu (exit 1)"),
+        err.contains("sweep point 000 (optimizer.lr=1e38) failed on cpu (exit 1)"),
         "{err}"
     );
     let (header, rows) = read_csv(&runs.join("tiny/one-fails/sweep.csv"));
@@ -270,7 +270,7 @@ fn bad_device_lists_are_usage_errors() {
         &sweep("cpu,cuda:1"),
         2,
         &[
-            "sweep point 1 of 2 (optimizer.lr=0.1) on cuda:1",
+            "sweep point 000 (optimizer.lr=0.1) on cuda:1",
             "parallel.launch",
         ],
     );

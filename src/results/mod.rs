@@ -73,8 +73,10 @@ impl RunRecord {
                 job_err!("{} is not a run directory: {e}", dir.display())
             }
         })?;
-        let config: toml::Table = toml::from_str(&text)
-            .map_err(|e| job_err!("{}: {}", config_path.display(), e.message()))?;
+        let config: toml::Table = toml::from_str(&text).map_err(|e| {
+            let file = config_path.display().to_string();
+            job_err!("{}", crate::spec::toml_error(&file, &text, &e, None))
+        })?;
         let summary_path = dir.join("summary.json");
         let summary: Option<serde_json::Value> =
             std::fs::read_to_string(&summary_path).ok().and_then(|s| {

@@ -57,17 +57,28 @@ fn lock(dir: &Path) -> Result<fs::File> {
     }
 }
 
+/// Why a directory could not be made. A path that cannot be one (a file in the way, a name
+/// too long, no permission) is the command line's fault, found before anything trained:
+/// exit 2. A full disk or an I/O error is a failure while running: exit 1.
+fn create_dir_error(what: &str, path: &Path, e: std::io::Error) -> Error {
+    use std::io::ErrorKind::*;
+    let message = format!("cannot create {what} {}: {e}", path.display());
+    match e.kind() {
+        // create_dir_all reports a file where a directory should be as AlreadyExists.
+        NotADirectory | AlreadyExists => Error::Job(format!(
+            "{message}; a file is in the way of the path (--runs-dir, --run-dir, --name)"
+        )),
+        InvalidFilename | PermissionDenied | ReadOnlyFilesystem => Error::Job(message),
+        _ => Error::Runtime(message),
+    }
+}
+
 impl RunDir {
     /// Creates a new, unique run directory. The id is the UTC time plus a random suffix, so
     /// ids sort by start time and two runs never share a directory.
     pub fn create(runs_dir: &Path, name: &str) -> Result<RunDir> {
         let parent = runs_dir.join(name);
-        fs::create_dir_all(&parent).map_err(|e| {
-            Error::Runtime(format!(
-                "cannot create runs directory {}: {e}",
-                parent.display()
-            ))
-        })?;
+        fs::create_dir_all(&parent).map_err(|e| create_dir_error("runs directory", &parent, e))?;
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default();
@@ -84,12 +95,7 @@ impl RunDir {
                     return Ok(RunDir { path, id, _lock });
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(e) => {
-                    return Err(Error::Runtime(format!(
-                        "cannot create run directory {}: {e}",
-                        path.display()
-                    )))
-                }
+                Err(e) => return Err(create_dir_error("run directory", &path, e)),
             }
         }
         Err(Error::Runtime(format!(
@@ -119,14 +125,8 @@ impl RunDir {
 
     /// Creates exactly `path` (a sweep point's directory); its parents may exist already.
     pub fn create_at(path: &Path) -> Result<RunDir> {
-        let io = |e: std::io::Error| {
-            Error::Runtime(format!(
-                "cannot create run directory {}: {e}",
-                path.display()
-            ))
-        };
         if let Some(parent) = path.parent() {
-            fs::create_dir_all(parent).map_err(io)?;
+            fs::create_dir_all(parent).map_err(|e| create_dir_error("run directory", path, e))?;
         }
         fs::create_dir(path).map_err(|e| match e.kind() {
             // The caller (`--run-dir`, a sweep's point) names a directory to make, not one to use.
@@ -135,7 +135,7 @@ impl RunDir {
                  --resume)",
                 path.display()
             )),
-            _ => io(e),
+            _ => create_dir_error("run directory", path, e),
         })?;
         let id = path
             .file_name()

@@ -447,7 +447,7 @@ fn assign(
 /// Formats a TOML error as `file:line:col: key `a.b`: message` plus a suggestion.
 /// `key`: the key at fault, with the file's table to show its value where the message does
 /// not.
-fn toml_error(
+pub(crate) fn toml_error(
     file: &str,
     text: &str,
     e: &toml::de::Error,

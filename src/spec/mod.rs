@@ -11,6 +11,7 @@ pub use controls::{
     MAX_SKIPPED_IN_A_ROW,
 };
 pub use explain::explain;
+pub(crate) use load::toml_error;
 pub use load::{canonical_key, load_job, parse_set_arg, JobSource, KeySources};
 pub use validate::{check_run_name, parse_device, validate, DeviceChoice};
 
