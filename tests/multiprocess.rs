@@ -429,29 +429,28 @@ fn a_hung_rank_fails_rank_zero_after_parallel_timeout() {
     assert!(zero.after < Duration::from_secs(10), "{:?}", zero.after);
 }
 
-#[test]
-fn ranks_with_different_jobs_are_refused_before_anything_is_written() {
-    let _turn = one_at_a_time();
+/// JOB trained by two ranks, rank 1 given `rank_one_extra` besides what both get; their
+/// ends, and the runs directory.
+fn two_ranks(rank_one_extra: &[&str]) -> (Ended, Ended, PathBuf, tempfile::TempDir) {
     let tmp = tempfile::tempdir().unwrap();
     let job = write_job(tmp.path(), JOB);
     let job = job.to_str().unwrap();
     let runs = tmp.path().join("runs");
-    let runs_arg = runs.to_str().unwrap();
+    let common = [job, "--runs-dir", runs.to_str().unwrap()];
     let port = free_port();
-    let rank0 = spawn_rank(0, 2, port, &[job, "--runs-dir", runs_arg]);
-    let rank1 = spawn_rank(
-        1,
-        2,
-        port,
-        &[job, "--runs-dir", runs_arg, "--set", "optimizer.lr=0.5"],
-    );
-    let (zero, one) = (
-        finish(rank0, Duration::from_secs(30)),
-        finish(rank1, Duration::from_secs(30)),
-    );
-    assert_eq!(one.code, Some(2), "{}", one.stderr);
-    assert_eq!(zero.code, Some(2), "{}", zero.stderr);
+    let rank0 = spawn_rank(0, 2, port, &common);
+    let rank1 = spawn_rank(1, 2, port, &[&common[..], rank_one_extra].concat());
+    let limit = Duration::from_secs(60);
+    let (zero, one) = (finish(rank0, limit), finish(rank1, limit));
+    (zero, one, runs, tmp)
+}
+
+#[test]
+fn ranks_with_different_jobs_are_refused_before_anything_is_written() {
+    let _turn = one_at_a_time();
+    let (zero, one, runs, _tmp) = two_ranks(&["--set", "optimizer.lr=0.5"]);
     for ended in [&zero, &one] {
+        assert_eq!(ended.code, Some(2), "{}", ended.stderr);
         assert!(
             ended.stderr.contains("rank 1's job differs from rank 0's")
                 && ended
@@ -467,23 +466,7 @@ fn ranks_with_different_jobs_are_refused_before_anything_is_written() {
 #[test]
 fn a_resume_given_to_another_rank_but_not_rank_zero_is_refused() {
     let _turn = one_at_a_time();
-    let tmp = tempfile::tempdir().unwrap();
-    let job = write_job(tmp.path(), JOB);
-    let job = job.to_str().unwrap();
-    let runs = tmp.path().join("runs");
-    let runs_arg = runs.to_str().unwrap();
-    let port = free_port();
-    let rank0 = spawn_rank(0, 2, port, &[job, "--runs-dir", runs_arg]);
-    let rank1 = spawn_rank(
-        1,
-        2,
-        port,
-        &[job, "--runs-dir", runs_arg, "--resume", "runs/mp/earlier"],
-    );
-    let (zero, one) = (
-        finish(rank0, Duration::from_secs(30)),
-        finish(rank1, Duration::from_secs(30)),
-    );
+    let (zero, one, runs, _tmp) = two_ranks(&["--resume", "runs/mp/earlier"]);
     for ended in [&zero, &one] {
         assert_eq!(ended.code, Some(2), "{}", ended.stderr);
         assert!(
@@ -500,23 +483,7 @@ fn a_resume_given_to_another_rank_but_not_rank_zero_is_refused() {
 #[test]
 fn a_rank_told_to_train_longer_than_rank_zero_warns_that_rank_zero_decides() {
     let _turn = one_at_a_time();
-    let tmp = tempfile::tempdir().unwrap();
-    let job = write_job(tmp.path(), JOB);
-    let job = job.to_str().unwrap();
-    let runs = tmp.path().join("runs");
-    let runs_arg = runs.to_str().unwrap();
-    let port = free_port();
-    let rank0 = spawn_rank(0, 2, port, &[job, "--runs-dir", runs_arg]);
-    let rank1 = spawn_rank(
-        1,
-        2,
-        port,
-        &[job, "--runs-dir", runs_arg, "--set", "train.epochs=5"],
-    );
-    let (zero, one) = (
-        finish(rank0, Duration::from_secs(60)),
-        finish(rank1, Duration::from_secs(60)),
-    );
+    let (zero, one, runs, _tmp) = two_ranks(&["--set", "train.epochs=5"]);
     assert_eq!(zero.code, Some(0), "{}", zero.stderr);
     assert_eq!(one.code, Some(0), "{}", one.stderr);
     assert!(

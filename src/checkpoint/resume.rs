@@ -128,12 +128,24 @@ pub fn find_auto_resume(runs_dir: &Path, name: &str) -> Option<PathBuf> {
 }
 
 /// Keys that may change between a checkpoint and the job resuming from it: how long to
-/// train, how often to log, evaluate and checkpoint, where and with how many threads or
-/// data-parallel replicas (replicas split the same micro-batches, so their number changes
-/// rounding only). Any other change (model, data, loss, optimizer, seed, accumulation,
-/// clipping, precision) would make the result something no single run produces.
-const SAFE_TO_CHANGE: [&str; 12] = [
+/// train, how often to log, evaluate and checkpoint (`DECIDED_BY_RANK_ZERO`), and these:
+/// where, with how many threads or data-parallel replicas (replicas split the same
+/// micro-batches, so their number changes rounding only). Any other change (model, data,
+/// loss, optimizer, seed, accumulation, clipping, precision) would make the result
+/// something no single run produces.
+const ALSO_SAFE_TO_CHANGE: [&str; 5] = [
     "job.name",
+    "train.threads",
+    "device",
+    "parallel",
+    // Only the start of a fresh run reads it; a resumed run starts from the checkpoint.
+    "model.init_from",
+];
+
+/// How long to train and when to log, evaluate and checkpoint: a resume may change them,
+/// and in a multi-process run only rank 0's are used (another rank's differing values are
+/// warned about).
+pub const DECIDED_BY_RANK_ZERO: [&str; 7] = [
     "train.epochs",
     "train.max_steps",
     // From this session's start; like epochs, how long to go on.
@@ -142,33 +154,28 @@ const SAFE_TO_CHANGE: [&str; 12] = [
     "train.early_stopping",
     "train.log_every",
     "train.eval_every_epochs",
-    "train.threads",
-    "device",
     "checkpoint",
-    "parallel",
-    // Only the start of a fresh run reads it; a resumed run starts from the checkpoint.
-    "model.init_from",
 ];
+
+fn safe_to_change() -> impl Iterator<Item = &'static str> {
+    DECIDED_BY_RANK_ZERO.into_iter().chain(ALSO_SAFE_TO_CHANGE)
+}
 
 /// The keys a resume may change, for the message that refuses the others: "train.epochs,
 /// ..., device.*, ..." (a section stands for every key in it).
 pub fn changeable_keys() -> String {
-    let key = |k: &&str| {
+    let key = |k: &str| {
         if k.contains('.') {
             k.to_string()
         } else {
             format!("{k}.*")
         }
     };
-    SAFE_TO_CHANGE
-        .iter()
-        .map(key)
-        .collect::<Vec<_>>()
-        .join(", ")
+    safe_to_change().map(key).collect::<Vec<_>>().join(", ")
 }
 
 fn is_safe(key: &str) -> bool {
-    is_under(key, &SAFE_TO_CHANGE)
+    is_under(key, &safe_to_change().collect::<Vec<_>>())
 }
 
 /// Whether `key` is one of `keys` or inside one of them (a section or a list).
@@ -180,19 +187,6 @@ fn is_under(key: &str, keys: &[&str]) -> bool {
                 .is_some_and(|rest| rest.starts_with('.') || rest.starts_with('['))
     })
 }
-
-/// Keys that only rank 0 of a multi-process run acts on: how long to train, when to log,
-/// evaluate and checkpoint. Other ranks may differ in them (they may also differ in the
-/// rest of SAFE_TO_CHANGE, which is theirs: device, threads), but their values go unused.
-pub const DECIDED_BY_RANK_ZERO: [&str; 7] = [
-    "train.epochs",
-    "train.max_steps",
-    "train.max_time",
-    "train.early_stopping",
-    "train.log_every",
-    "train.eval_every_epochs",
-    "checkpoint",
-];
 
 /// The keys among (or inside) `keys` whose values differ between two jobs: (key, first
 /// job's value, second job's value).
