@@ -14,11 +14,20 @@ pub fn fnv1a64(bytes: &[u8]) -> u64 {
     })
 }
 
-/// A hash of the resolved spec (as TOML, without the defaults config.toml adds: those follow
-/// from the rest), so two runs with the same hash trained the same job, however it was
-/// spelled (file, environment, --set).
+/// A hash of the resolved spec as config.toml records it (every default filled in), so two
+/// runs with the same hash trained the same job, however it was spelled (file, environment,
+/// --set, a default written out or left implied).
 pub fn spec_hash(spec: &JobSpec) -> Result<String> {
-    let body = toml::to_string(spec).map_err(|e| runtime_err!("cannot serialise the spec: {e}"))?;
+    // As JSON, whose maps sort their keys: a default filled in comes last in its table,
+    // where the same value given explicitly has its own place.
+    let body = spec
+        .recorded()
+        .map_err(|e| runtime_err!("cannot serialise the spec: {e}"))
+        .and_then(|table| {
+            serde_json::to_value(&table)
+                .map(|sorted| sorted.to_string())
+                .map_err(|e| runtime_err!("cannot serialise the spec: {e}"))
+        })?;
     Ok(format!("fnv1a64:{:016x}", fnv1a64(body.as_bytes())))
 }
 

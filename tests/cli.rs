@@ -159,6 +159,8 @@ fn config_toml_shows_every_default_and_trains_the_same_job_again() {
                 job,
                 "--set",
                 "train.epochs=2",
+                "--set",
+                "checkpoint.every_epochs=1",
                 "--runs-dir",
                 r,
                 "--quiet",
@@ -188,6 +190,32 @@ fn config_toml_shows_every_default_and_trains_the_same_job_again() {
             .collect()
     };
     assert_eq!(numbers(&first), numbers(&again));
+    // The same job, however spelled: the same hash, and either resumes the other's run.
+    let hash = |dir: &Path| {
+        let text = std::fs::read_to_string(dir.join("provenance.json")).unwrap();
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()["spec_hash"].clone()
+    };
+    assert_eq!(hash(&first), hash(&again));
+    for (job, run) in [
+        (first.join("config.toml"), &first),
+        (PathBuf::from("jobs/mlp.toml"), &again),
+    ] {
+        let out = trainer(
+            &[
+                "run",
+                job.to_str().unwrap(),
+                "--resume",
+                run.to_str().unwrap(),
+                "--set",
+                "train.epochs=3",
+                "--set",
+                "checkpoint.every_epochs=1",
+                "--quiet",
+            ],
+            &[],
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
 }
 
 #[test]

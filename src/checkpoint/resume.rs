@@ -203,8 +203,8 @@ pub fn differences_in(
 
 fn differences(first: &Value, second: &Value) -> Vec<(String, String, String)> {
     let (mut old, mut new) = (BTreeMap::new(), BTreeMap::new());
-    flatten(String::new(), first, &mut old);
-    flatten(String::new(), second, &mut new);
+    flatten(String::new(), &with_defaults(first), &mut old);
+    flatten(String::new(), &with_defaults(second), &mut new);
     let keys: std::collections::BTreeSet<&String> = old.keys().chain(new.keys()).collect();
     let unset = "(not set)".to_string();
     keys.into_iter()
@@ -214,6 +214,18 @@ fn differences(first: &Value, second: &Value) -> Vec<(String, String, String)> {
             (k.clone(), value(&old), value(&new))
         })
         .collect()
+}
+
+/// A job as config.toml records it, every default it implies filled in: a value spelled
+/// out (a run's config.toml, `--set precision.loss_scale="none"`) and the same value left
+/// to its default are one job. A job JSON this version cannot read (written by an earlier
+/// one with keys since removed) is compared as it is.
+fn with_defaults(job: &Value) -> Value {
+    serde_json::from_value::<crate::spec::JobSpec>(job.clone())
+        .ok()
+        .and_then(|spec| spec.recorded().ok())
+        .and_then(|table| serde_json::to_value(table).ok())
+        .unwrap_or_else(|| job.clone())
 }
 
 fn flatten(prefix: String, value: &Value, out: &mut BTreeMap<String, String>) {

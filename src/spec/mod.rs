@@ -1271,6 +1271,7 @@ impl JobSpec {
             }
             at.entry(key.to_string()).or_insert(value);
         };
+        fill(&["optimizer", "weight_decay"], self.weight_decay().into());
         let schedule = &self.optimizer.schedule;
         if schedule.warmup_steps > 0 {
             fill(
