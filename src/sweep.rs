@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::results::table::{Cell, Format, Table};
 use crate::results::{RunRecord, Status};
 use crate::signals::Stop;
-use crate::spec::{canonical_key, check_run_name, load_job, parse_set_arg, JobSpec};
+use crate::spec::{canonical_keys, check_run_name, load_job, parse_set_arg, JobSpec};
 use crate::{job_err, provenance, runtime_err};
 use std::path::{Path, PathBuf};
 
@@ -433,17 +433,19 @@ fn check_axes(job: &Path, grid: &[Axis], zip: &[Axis], sets: &[String]) -> Resul
     // Keys compared as the job file resolves them (a layer by name, by position, from the
     // end), and a key against the tables holding it: each pair would have one value
     // silently override the other while sweep.csv records both.
-    let mut given: Vec<(&str, String, Vec<String>)> = Vec::new();
-    let axes = grid
+    let flagged: Vec<(&str, String)> = grid
         .iter()
         .map(|a| ("--grid", a.key.clone()))
-        .chain(zip.iter().map(|a| ("--zip", a.key.clone())));
-    let set_keys = sets.iter().filter_map(|s| {
-        s.split_once('=')
-            .map(|(k, _)| ("--set", k.trim().to_string()))
-    });
-    for (flag, key) in axes.chain(set_keys) {
-        let path = canonical_key(job, &key)?;
+        .chain(zip.iter().map(|a| ("--zip", a.key.clone())))
+        .chain(sets.iter().filter_map(|s| {
+            s.split_once('=')
+                .map(|(k, _)| ("--set", k.trim().to_string()))
+        }))
+        .collect();
+    let keys: Vec<String> = flagged.iter().map(|(_, k)| k.clone()).collect();
+    let paths = canonical_keys(job, &keys)?;
+    let mut given: Vec<(&str, String, Vec<String>)> = Vec::new();
+    for ((flag, key), path) in flagged.into_iter().zip(paths) {
         for (other_flag, other, other_path) in &given {
             // A later --set of a --set's key replaces it, as for `trainer run`.
             if flag == "--set" && *other_flag == "--set" {

@@ -175,13 +175,13 @@ pub fn changeable_keys() -> String {
 }
 
 fn is_safe(key: &str) -> bool {
-    is_under(key, &safe_to_change().collect::<Vec<_>>())
+    is_under(key, safe_to_change())
 }
 
 /// Whether `key` is one of `keys` or inside one of them (a section or a list).
-fn is_under(key: &str, keys: &[&str]) -> bool {
-    keys.iter().any(|s| {
-        key == *s
+fn is_under<'a>(key: &str, keys: impl IntoIterator<Item = &'a str>) -> bool {
+    keys.into_iter().any(|s| {
+        key == s
             || key
                 .strip_prefix(s)
                 .is_some_and(|rest| rest.starts_with('.') || rest.starts_with('['))
@@ -197,7 +197,7 @@ pub fn differences_in(
 ) -> Vec<(String, String, String)> {
     differences(first, second)
         .into_iter()
-        .filter(|(k, _, _)| is_under(k, keys))
+        .filter(|(k, _, _)| is_under(k, keys.iter().copied()))
         .collect()
 }
 

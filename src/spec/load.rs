@@ -202,18 +202,22 @@ pub fn parse_set_arg(arg: &str) -> Result<(Vec<KeyStep>, toml::Value)> {
     Ok((steps, value))
 }
 
-/// A key's path with every list element picked by its position from the start, as the job
+/// Each key's path with every list element picked by its position from the start, as the job
 /// file's lists stand: `model.layers[hidden].out` and `model.layers[-3].out` are both
 /// `["model", "layers", "1", "out"]`, so that two spellings of one key compare equal. A
 /// selector the file cannot resolve stays as written (setting it fails later, with its own
 /// message), and so does a key that is not a key path.
-pub fn canonical_key(file: &Path, key: &str) -> Result<Vec<String>> {
+pub fn canonical_keys(file: &Path, keys: &[String]) -> Result<Vec<Vec<String>>> {
     let table = file_table(file)?;
+    Ok(keys.iter().map(|key| canonical_key(&table, key)).collect())
+}
+
+fn canonical_key(table: &toml::Table, key: &str) -> Vec<String> {
     let Some(steps) = parse_key(key.trim()) else {
-        return Ok(vec![key.trim().to_string()]);
+        return vec![key.trim().to_string()];
     };
     let Some((KeyStep::Key(first), rest)) = steps.split_first() else {
-        return Ok(vec![key.trim().to_string()]);
+        return vec![key.trim().to_string()];
     };
     // Where the path has got to in the file; None once the file has nothing there.
     let mut at: Option<&toml::Value> = table.get(first);
@@ -244,7 +248,7 @@ pub fn canonical_key(file: &Path, key: &str) -> Result<Vec<String>> {
         path.push(part);
         at = next;
     }
-    Ok(path)
+    path
 }
 
 /// `a.b[2].c[name]` into steps; None when a name or a selector is empty or a bracket is

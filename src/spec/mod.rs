@@ -12,7 +12,7 @@ pub use controls::{
 };
 pub use explain::explain;
 pub(crate) use load::toml_error;
-pub use load::{canonical_key, load_job, parse_set_arg, JobSource, KeySources};
+pub use load::{canonical_keys, load_job, parse_set_arg, JobSource, KeySources};
 pub use validate::{check_run_name, parse_device, validate, DeviceChoice};
 
 use schemars::JsonSchema;

@@ -65,12 +65,13 @@ pub(super) fn parse(value: &str) -> Result<Vec<Slot>> {
 /// Every CUDA device among the slots is on this machine: checked before the sweep's
 /// directory is made (a point would otherwise find out when it starts).
 pub(super) fn check_present(slots: &[Slot], value: &str) -> Result<()> {
+    let mut gpus = None; // probed once, if a slot is a GPU
     for name in distinct(slots) {
         let Some(DeviceChoice::Cuda(n)) = parse_device(name) else {
             continue;
         };
-        let gpus = cuda::probe().map(|(devices, _)| devices.len());
-        let why = match gpus {
+        let found = gpus.get_or_insert_with(|| cuda::probe().map(|(devices, _)| devices.len()));
+        let why = match found.clone() {
             Err(why) => why,
             Ok(count) if n >= count => format!(
                 "this machine has {count} GPU{} (cuda:0 to cuda:{})",
