@@ -21,9 +21,8 @@ use crate::error::{Error, Result};
 use crate::runtime_err;
 use crate::signals::{Received, SIGINT, SIGTERM};
 use crate::spec::JobSpec;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -41,9 +40,9 @@ struct Rank {
     ended: Option<(ExitStatus, Instant)>,
 }
 
-/// Starts the job's replicas as processes and waits for them; returns rank 0's run
-/// directory.
-pub fn run(args: &RunArgs, spec: &JobSpec) -> Result<Option<PathBuf>> {
+/// Starts the job's replicas as processes and waits for them (rank 0 prints the run
+/// directory).
+pub fn run(args: &RunArgs, spec: &JobSpec) -> Result<()> {
     let world = spec.parallel.replicas().unwrap_or(1);
     let devices: Vec<String> = (0..world)
         .map(|rank| match &spec.parallel.devices {
@@ -61,7 +60,6 @@ pub fn run(args: &RunArgs, spec: &JobSpec) -> Result<Option<PathBuf>> {
     let signals =
         Received::install().map_err(|e| runtime_err!("cannot install the signal handlers: {e}"))?;
     let mut ranks = Vec::with_capacity(world);
-    let mut run_dir = None;
     for (rank, device) in devices.iter().enumerate() {
         let mut cmd = rank_command(&program, args, rank, world, port);
         let mut child = match cmd.spawn() {
@@ -74,16 +72,6 @@ pub fn run(args: &RunArgs, spec: &JobSpec) -> Result<Option<PathBuf>> {
                 ));
             }
         };
-        if rank == 0 {
-            let mut stdout = child.stdout.take();
-            run_dir = Some(std::thread::spawn(move || {
-                let mut text = String::new();
-                if let Some(out) = stdout.as_mut() {
-                    let _ = out.read_to_string(&mut text);
-                }
-                text
-            }));
-        }
         let prefix = format!("[rank {rank} {device}] ");
         let stderr = child.stderr.take();
         let relay = std::thread::spawn(move || stderr.and_then(|s| relay(s, &prefix)));
@@ -95,12 +83,8 @@ pub fn run(args: &RunArgs, spec: &JobSpec) -> Result<Option<PathBuf>> {
         });
     }
     watch(&mut ranks, &signals);
-    let run_dir = run_dir
-        .and_then(|t| t.join().ok())
-        .map(|text| PathBuf::from(text.trim()))
-        .filter(|p| !p.as_os_str().is_empty());
     match outcome(&mut ranks) {
-        None => Ok(run_dir),
+        None => Ok(()),
         Some(e) => Err(e),
     }
 }
@@ -148,8 +132,9 @@ fn rank_command(
         // Not under torchrun's agent, whatever our own environment says.
         .env_remove("TORCHELASTIC_USE_AGENT_STORE")
         .stdin(Stdio::null())
+        // Rank 0 prints the run directory, on this process's stdout as `trainer run` would.
         .stdout(if rank == 0 {
-            Stdio::piped()
+            Stdio::inherit()
         } else {
             Stdio::null()
         })

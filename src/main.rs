@@ -40,7 +40,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Train a job; writes <runs-dir>/<name>/<run-id>/ and prints its path on stdout.
+    /// Train a job; writes <runs-dir>/<name>/<run-id>/ and prints its path on stdout as soon
+    /// as it exists (a script has it however the run ends).
     Run {
         /// The job file (TOML).
         job: PathBuf,
@@ -198,25 +199,17 @@ fn main() -> ExitCode {
             force,
             dir: run_dir,
             quiet,
-        })
-        // Ranks but 0 of a multi-process run have no run directory to print.
-        .map(|dir| {
-            if let Some(dir) = dir {
-                println!("{}", dir.display())
-            }
+            print_run_dir: true,
         }),
-        Command::Check {
-            job,
-            sets,
-            explain: false,
-        } => commands::check(&job, &sets).map(|report| print!("{report}")),
-        Command::Check {
-            job,
-            sets,
-            explain: true,
-        } => commands::check(&job, &sets)
-            .and_then(|_| trainer::spec::explain(&job, &sets))
-            .map(|table| print!("{table}")),
+        // The report is printed even for a job too large for this machine, whose refusal
+        // (exit 1, as `run` would) follows it.
+        Command::Check { job, sets, explain } => commands::check(&job, &sets).and_then(|checked| {
+            match explain {
+                true => print!("{}", trainer::spec::explain(&job, &sets)?),
+                false => print!("{}", checked.report),
+            }
+            checked.runnable_here
+        }),
         Command::Sweep {
             job,
             grid,

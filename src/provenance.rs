@@ -39,7 +39,8 @@ pub fn command_line() -> String {
         .join(" ")
 }
 
-fn shell_quote(arg: &str) -> String {
+/// `arg` as a shell reads it back: plain, or single-quoted.
+pub(crate) fn shell_quote(arg: &str) -> String {
     let plain = |c: char| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c);
     if !arg.is_empty() && arg.chars().all(plain) {
         arg.to_string()

@@ -120,7 +120,13 @@ fn refuse_multi_process_environment() -> Result<()> {
             world.rank,
             world.world_size
         )),
-        _ => Ok(()),
+        // RANK and WORLD_SIZE without the rest (MASTER_ADDR...): still a launch by rank.
+        Some(Err(e)) => Err(job_err!(
+            "trainer sweep runs as one process, but the environment describes a \
+             multi-process launch ({e}); launch `trainer run` per rank for each point \
+             instead, or unset RANK and WORLD_SIZE"
+        )),
+        None => Ok(()),
     }
 }
 
@@ -301,6 +307,7 @@ fn run_here(sweep: &Sweep, todo: &[Pending]) -> Result<Trained> {
             resume: pending.resume.clone(),
             force: false,
             quiet: args.quiet,
+            print_run_dir: false,
         });
         sweep.write_index(&[])?;
         match result {
@@ -620,7 +627,8 @@ fn point_dir_name(index: usize, point: &Point) -> String {
 
 /// An unfinished (or failed, with --retry-failed) point continues from its newest intact
 /// checkpoint when it wrote one (the job has `[checkpoint]` settings); otherwise it starts
-/// again from scratch.
+/// again from scratch, and the earlier attempt (its train.log with the error, its metrics)
+/// is kept beside it as `<point>.attempt-N`.
 fn restart_or_resume(point_dir: &Path) -> Result<Option<PathBuf>> {
     if crate::checkpoint::locate(point_dir, true).is_ok() {
         tracing::info!(
@@ -629,9 +637,26 @@ fn restart_or_resume(point_dir: &Path) -> Result<Option<PathBuf>> {
         );
         return Ok(Some(point_dir.to_path_buf()));
     }
-    tracing::info!("{} did not finish; starting it again", point_dir.display());
-    std::fs::remove_dir_all(point_dir)
-        .map_err(|e| runtime_err!("cannot clear {}: {e}", point_dir.display()))?;
+    let kept = (1..)
+        .map(|n| {
+            let mut name = point_dir.as_os_str().to_owned();
+            name.push(format!(".attempt-{n}"));
+            PathBuf::from(name)
+        })
+        .find(|candidate| !candidate.exists())
+        .expect("a free name");
+    std::fs::rename(point_dir, &kept).map_err(|e| {
+        runtime_err!(
+            "cannot move {} aside to {}: {e}",
+            point_dir.display(),
+            kept.display()
+        )
+    })?;
+    tracing::info!(
+        "{} did not finish; starting it again (the earlier attempt is kept as {})",
+        point_dir.display(),
+        kept.display()
+    );
     Ok(None)
 }
 

@@ -163,14 +163,14 @@ fn start(job: &Job) -> std::process::Child {
         .args(job.args(&[]))
         .current_dir(root())
         .env_remove("RUST_LOG")
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .unwrap()
 }
 
 /// Starts LONG_JOB, waits until its checkpoint for `step` exists, then sends `signal`
-/// (`count` times). Returns the exit status and the run directory.
+/// (`count` times). Returns the exit status and the run directory, which the run printed.
 fn start_then_signal(
     job: &Job,
     step: u64,
@@ -193,7 +193,13 @@ fn start_then_signal(
             unsafe { libc::kill(child.id() as i32, signal) };
         }
     }
-    (child.wait().unwrap(), dir)
+    let ended = child.wait_with_output().unwrap();
+    // The run directory is on stdout from the start, for a script to resume it from.
+    assert_eq!(
+        String::from_utf8_lossy(&ended.stdout).trim(),
+        dir.to_str().unwrap()
+    );
+    (ended.status, dir)
 }
 
 /// The run directory of LONG_JOB's `child`, once its checkpoint for `step` exists.

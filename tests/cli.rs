@@ -172,6 +172,12 @@ fn config_toml_shows_every_default_and_trains_the_same_job_again() {
     };
     let first = run("jobs/mlp.toml");
     let config = std::fs::read_to_string(first.join("config.toml")).unwrap();
+    assert!(
+        config.starts_with(
+            "# trainer run jobs/mlp.toml --set train.epochs=2 --set checkpoint.every_epochs=1\n"
+        ),
+        "{config}"
+    );
     // jobs/mlp.toml sets a cosine schedule with warm-up and leaves these to their defaults.
     for line in [
         "warmup_start_factor = 0.0",
@@ -1211,6 +1217,19 @@ fn a_job_larger_than_the_machine_is_refused_before_it_starts() {
         &[],
         1,
         &["not enough memory", "`trainer check` shows"],
+    );
+    // check prints where the memory goes, and refuses the job as run does: a script can
+    // gate on its exit code.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big.toml");
+    std::fs::write(&path, &job).unwrap();
+    let out = trainer(&["check", path.to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stdout(&out).contains("`trainer run` would refuse it here"));
+    assert!(
+        stderr(&out).contains("not enough memory"),
+        "{}",
+        stderr(&out)
     );
 }
 

@@ -262,14 +262,15 @@ fn ranks_train_exactly_what_as_many_threaded_replicas_train() {
         assert_eq!(only_run_dir(&runs), dir);
         assert!(dir.join("checkpoints").exists());
 
+        // The run's config.toml records the ranks as replicas: run alone, it trains them as
+        // threads, to the same bits.
+        let config = std::fs::read_to_string(dir.join("config.toml")).unwrap();
+        assert!(config.contains(&format!("replicas = {world}")), "{config}");
         let threads = tmp.path().join(format!("threads-{world}"));
-        let replicas = format!("parallel.replicas={world}");
         let reference = run_alone(&[
-            job,
+            dir.join("config.toml").to_str().unwrap(),
             "--runs-dir",
             threads.to_str().unwrap(),
-            "--set",
-            &replicas,
         ]);
         assert_eq!(numbers(&dir), numbers(&reference), "{world} ranks");
         let (header, rows) = read_csv(&dir.join("metrics.csv"));
@@ -278,7 +279,6 @@ fn ranks_train_exactly_what_as_many_threaded_replicas_train() {
             assert_eq!(common::column(&header, row, "global_batch"), "48");
         }
         assert_eq!(model(&dir), model(&reference), "{world} ranks");
-        let config = std::fs::read_to_string(dir.join("config.toml")).unwrap();
         assert!(
             config.contains(&format!(
                 "# device: {world} processes (rank 0 of {world}) x 1 thread each"
@@ -620,6 +620,23 @@ fn bad_multi_process_settings_exit_2_naming_the_key() {
         "{}",
         common::stderr(&o)
     );
+    // RANK and WORLD_SIZE alone are a launch by rank too (the sweep made its directory and
+    // started a point before this was refused).
+    let runs = tempfile::tempdir().unwrap();
+    let o = trainer_with_env(
+        &[
+            "sweep",
+            job,
+            "--grid",
+            "optimizer.lr=0.1,0.2",
+            "--runs-dir",
+            runs.path().to_str().unwrap(),
+        ],
+        &[("RANK", "1"), ("WORLD_SIZE", "2")],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", common::stderr(&o));
+    assert!(common::stderr(&o).contains("trainer sweep runs as one process"));
+    assert_eq!(std::fs::read_dir(runs.path()).unwrap().count(), 0);
     let o = trainer_with_env(&["run", job], &[("RANK", "5"), ("WORLD_SIZE", "5")]);
     assert_eq!(o.status.code(), Some(2));
     assert!(common::stderr(&o).contains("RANK=5 must be below WORLD_SIZE=5"));

@@ -256,6 +256,66 @@ fn with_error_a_nonfinite_loss_fails_the_run_and_keeps_its_last_good_checkpoint(
     assert_eq!(checkpoints.last().unwrap(), "step-00000006.safetensors");
 }
 
+/// The loss is checked at train rows only: a checkpoint due between rows after an inf/NaN
+/// step is not written (its weights are already spoilt), so the newest checkpoint stays the
+/// last good state, and the README's way on from it (skip, --force) completes the run.
+#[test]
+fn no_checkpoint_is_written_after_a_nonfinite_step_and_the_last_good_one_goes_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let runs = tmp.path().join("runs");
+    let job = regression_job(tmp.path(), 32, Some(30), "error");
+    let text = std::fs::read_to_string(&job)
+        .unwrap()
+        .replace("log_every = 1", "log_every = 5");
+    std::fs::write(&job, text).unwrap();
+    let out = run(&job, &runs);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(
+            "training diverged: the loss since the last train row is inf at step 8, so no \
+             checkpoint was written there"
+        ),
+        "{err}"
+    );
+    let dir = std::fs::read_dir(runs.join("nonfinite"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    assert_eq!(summary(&dir)["end_reason"], "diverged");
+    let mut checkpoints: Vec<String> = std::fs::read_dir(dir.join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    checkpoints.sort();
+    assert_eq!(checkpoints.last().unwrap(), "step-00000006.safetensors");
+    assert!(
+        err.contains("the newest checkpoint, at step 6, is the last good state"),
+        "{err}"
+    );
+
+    let resumed = trainer(
+        &[
+            "run",
+            job.to_str().unwrap(),
+            "--resume",
+            dir.to_str().unwrap(),
+            "--set",
+            "train.on_nonfinite=\"skip\"",
+            "--force",
+        ],
+        &[],
+    );
+    ok(resumed);
+    assert_eq!(summary(&dir)["status"], "completed");
+    // Steps 8, 16 and 24 hold the bad row: skipped in each epoch.
+    let last = train_rows(&dir).pop().unwrap();
+    assert_eq!((last.0, last.2.as_str()), (24, "3"));
+    assert!(last.1.parse::<f64>().unwrap().is_finite());
+}
+
 #[test]
 fn too_many_skipped_steps_in_a_row_end_the_run_as_diverged() {
     let tmp = tempfile::tempdir().unwrap();

@@ -357,6 +357,10 @@ fn a_killed_sweep_finishes_when_run_again_without_redoing_finished_points() {
     let out = ok(trainer(&again, &[]));
     assert_eq!(stderr(&out).matches("completed before, skipped").count(), 1);
     assert!(stderr(&out).contains("did not finish; starting it again"));
+    // The killed attempt, which wrote no checkpoint, is kept beside the point it restarted.
+    let kept = PathBuf::from(format!("{}.attempt-1", second.display()));
+    assert!(kept.join("metrics.csv").is_file() && kept.join("train.log").is_file());
+    assert!(!kept.join("summary.json").exists());
     let (header, rows) = read_csv(&index);
     assert_eq!(rows.len(), 3);
     assert!(rows

@@ -146,6 +146,27 @@ fn batch_norm_buffers_and_named_layers_use_pytorch_names() {
     let file = SafeTensors::deserialize(&bytes).unwrap();
     let tracked = file.tensor("bn.num_batches_tracked").unwrap();
     assert_eq!(i64::from_le_bytes(tracked.data().try_into().unwrap()), 92);
+
+    // A negative running variance (a damaged file, or the mean and variance swapped) would
+    // make every evaluation NaN: refused by its tensor.
+    let (_, graph) = digits_graph(RESIDUAL_LAYERS);
+    let mut w = weights::read(&dir.join("model.safetensors"), &graph).unwrap();
+    let var = graph
+        .running_stat_entries()
+        .into_iter()
+        .find(|e| e.name == "bn.running_var")
+        .unwrap();
+    w.running_stats[var.offset + 2] = -0.5;
+    let negative = tmp.path().join("negative.safetensors");
+    weights::write(&negative, &graph, &w).unwrap();
+    let init = format!("init_from = \"{}\"", negative.display());
+    let out = run(tmp.path(), "neg.toml", &job_text(RESIDUAL_LAYERS, &init));
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("tensor `bn.running_var` holds -0.5 (at flat index 2); a variance cannot"),
+        "{err}"
+    );
 }
 
 /// Each layer's parameters, and every weight and bias a matrix product reads, start 16-byte
@@ -255,6 +276,29 @@ fn init_from_starts_a_job_from_a_previous_runs_weights() {
     let rel = file.strip_prefix(tmp.path()).unwrap().display().to_string();
     let init = format!("init_from = \"{rel}\"");
     run_dir(&run(tmp.path(), "c.toml", &job_text(LAYERS, &init)));
+
+    // The run says where its weights came from, and still does after a resume whose job
+    // leaves the key out (a resume reads the checkpoint, not the file).
+    let checkpointed =
+        |init: &str| format!("{}[checkpoint]\nevery_epochs = 1\n", job_text(LAYERS, init));
+    let init = format!("init_from = \"{}\"", file.display());
+    let started = run_dir(&run(tmp.path(), "d.toml", &checkpointed(&init)));
+    let log = std::fs::read_to_string(started.join("train.log")).unwrap();
+    assert!(log.contains("starting from the weights in"), "{log}");
+    let without = tmp.path().join("e.toml");
+    std::fs::write(&without, checkpointed("")).unwrap();
+    let resumed = trainer(&[
+        "run",
+        without.to_str().unwrap(),
+        "--resume",
+        started.to_str().unwrap(),
+        "--set",
+        "train.epochs=3",
+        "-q",
+    ]);
+    assert!(resumed.status.success(), "{}", stderr(&resumed));
+    let config = std::fs::read_to_string(started.join("config.toml")).unwrap();
+    assert!(config.contains(&init), "{config}");
 }
 
 #[test]
@@ -312,6 +356,36 @@ fn init_from_files_that_do_not_fit_are_refused_with_the_names() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
         err.contains("tensor `3.weight` holds NaN (at flat index 5); every value must be finite"),
+        "{err}"
+    );
+
+    // A run's training checkpoint is named as one, with what was likely meant.
+    let checkpointed = format!("{}[checkpoint]\nevery_epochs = 1\n", job_text(small, ""));
+    let checkpointed = run_dir(&run(tmp.path(), "ck.toml", &checkpointed));
+    let step = std::fs::read_dir(checkpointed.join("checkpoints"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .unwrap();
+    let init = format!("init_from = \"{}\"", step.display());
+    let out = run(tmp.path(), "from-ck.toml", &job_text(small, &init));
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("it is a training checkpoint") && err.contains("--resume"),
+        "{err}"
+    );
+    // An empty path would name the job file's directory.
+    let out = run(
+        tmp.path(),
+        "empty.toml",
+        &job_text(small, "init_from = \"\""),
+    );
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("model.init_from") && err.contains("is empty"),
         "{err}"
     );
 }

@@ -163,6 +163,22 @@ pub fn write(
     Ok((8 + header.len() + offset) as u64)
 }
 
+/// The format of a file that is not safetensors, by its first bytes, for the formats a
+/// model's weights are likely to be in instead.
+fn other_format(bytes: &[u8]) -> Option<&'static str> {
+    match bytes {
+        [b'P', b'K', 3, 4, ..] => Some("a zip archive (torch.save's format)"),
+        // Pickle protocols 2 and above begin with PROTO and an opcode; a safetensors
+        // header length of 640 to 1,408 bytes would have a 0 there.
+        [0x80, 2..=5, opcode, ..] if *opcode != 0 => {
+            Some("a Python pickle (torch.save's legacy format)")
+        }
+        [0x93, b'N', b'U', b'M', b'P', b'Y', ..] => Some("a NumPy .npy file"),
+        [0x89, b'H', b'D', b'F', ..] => Some("an HDF5 file (Keras' format)"),
+        _ => None,
+    }
+}
+
 /// A safetensors file read whole and checked.
 pub struct TensorFile {
     bytes: Vec<u8>,
@@ -173,12 +189,14 @@ pub struct TensorFile {
 /// Reads and checks a file; the error says what is wrong (the caller names the file).
 pub fn read(path: &Path) -> Result<TensorFile, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("cannot read it: {e}"))?;
-    let (header_len, metadata) = SafeTensors::read_metadata(&bytes).map_err(|e| {
-        format!(
-            "it is not a complete safetensors file ({} bytes; {e}): truncated or corrupt",
-            bytes.len()
-        )
-    })?;
+    let (header_len, metadata) =
+        SafeTensors::read_metadata(&bytes).map_err(|e| match other_format(&bytes) {
+            Some(format) => not_safetensors(format),
+            None => format!(
+                "it is not a complete safetensors file ({} bytes; {e}): truncated or corrupt",
+                bytes.len()
+            ),
+        })?;
     let file = TensorFile {
         data_start: 8 + header_len,
         bytes,
@@ -218,6 +236,50 @@ pub fn read(path: &Path) -> Result<TensorFile, String> {
         }
     }
     Ok(file)
+}
+
+/// Each tensor's shape, by name, from the file's header alone: enough to tell whether a file
+/// fits a model before reading what may be gigabytes of data. The error says what is wrong.
+pub fn tensor_shapes(path: &Path) -> Result<BTreeMap<String, Vec<usize>>, String> {
+    let mut f = File::open(path).map_err(|e| format!("cannot read it: {e}"))?;
+    let size = f
+        .metadata()
+        .map_err(|e| format!("cannot read it: {e}"))?
+        .len();
+    let mut start = [0u8; 8];
+    let read = f
+        .read(&mut start)
+        .map_err(|e| format!("cannot read it: {e}"))?;
+    let incomplete = |why: String| match other_format(&start[..read]) {
+        Some(format) => not_safetensors(format),
+        None => format!(
+            "it is not a complete safetensors file ({size} bytes; {why}): truncated or corrupt"
+        ),
+    };
+    if read < 8 {
+        return Err(incomplete("no header".into()));
+    }
+    let header_len = u64::from_le_bytes(start);
+    if header_len > size - 8 {
+        return Err(incomplete(format!("a header of {header_len} bytes")));
+    }
+    let mut header = vec![0u8; header_len as usize];
+    f.read_exact(&mut header)
+        .map_err(|e| format!("cannot read it: {e}"))?;
+    let metadata: Metadata =
+        serde_json::from_slice(&header).map_err(|e| incomplete(format!("its header: {e}")))?;
+    Ok(metadata
+        .tensors()
+        .into_iter()
+        .map(|(name, info)| (name, info.shape.clone()))
+        .collect())
+}
+
+fn not_safetensors(format: &str) -> String {
+    format!(
+        "it is not a safetensors file but {format} (PyTorch writes safetensors with \
+         safetensors.torch.save_file(model.state_dict(), path))"
+    )
 }
 
 /// Only the header metadata of a file (cheap: the tensors are not read); None when the file
@@ -320,6 +382,54 @@ mod tests {
             shape: vec![values.len()],
             values: Values::F32(values),
         }]
+    }
+
+    #[test]
+    fn a_file_in_another_weights_format_is_named_as_such() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.pt");
+        for (start, format) in [
+            (
+                &b"PK\x03\x04\0\0\x08\0archive/data.pkl"[..],
+                "a zip archive",
+            ),
+            (b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8", "a Python pickle"),
+            (
+                b"\x93NUMPY\x01\x00v\x00{'descr': '<f4'",
+                "a NumPy .npy file",
+            ),
+        ] {
+            std::fs::write(&path, start).unwrap();
+            for err in [
+                read(&path).err().unwrap(),
+                tensor_shapes(&path).unwrap_err(),
+            ] {
+                assert!(err.contains(format) && err.contains("save_file"), "{err}");
+            }
+        }
+        // A truncated safetensors file is still called one.
+        write(&path, &tensors(&[1.0, 2.0]), BTreeMap::new()).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..20]).unwrap();
+        for err in [
+            read(&path).err().unwrap(),
+            tensor_shapes(&path).unwrap_err(),
+        ] {
+            assert!(err.contains("truncated or corrupt"), "{err}");
+        }
+    }
+
+    /// init_from checks names and shapes before it reads a file's data, which may be large.
+    #[test]
+    fn shapes_are_read_from_the_header_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.safetensors");
+        write(&path, &tensors(&[1.0, 2.0, 3.0]), BTreeMap::new()).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() - 4]).unwrap();
+        let shapes = tensor_shapes(&path).unwrap();
+        assert_eq!(shapes, BTreeMap::from([("params".to_string(), vec![3])]));
+        assert!(read(&path).is_err(), "the data is cut short");
     }
 
     #[test]

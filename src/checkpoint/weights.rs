@@ -75,7 +75,9 @@ pub fn write(path: &Path, graph: &Graph, weights: &Weights) -> Result<u64> {
 pub fn read(path: &Path, graph: &Graph) -> Result<Weights> {
     let shown = path.display();
     let bad = |why: String| Error::Job(format!("model.init_from = \"{shown}\": {why}"));
-    let f = file::read(path).map_err(bad)?;
+    // Names and shapes first, from the header: a file that does not fit is refused without
+    // reading its data.
+    let shapes = file::tensor_shapes(path).map_err(bad)?;
     let params = graph.state_dict_entries();
     let stats = graph.running_stat_entries();
     let tracked: Vec<String> = graph
@@ -95,7 +97,7 @@ pub fn read(path: &Path, graph: &Graph) -> Result<Weights> {
         .map(|e| e.name.as_str())
         .chain(tracked.iter().map(String::as_str))
         .collect();
-    let names = f.names();
+    let names: Vec<&str> = shapes.keys().map(String::as_str).collect();
     let missing: Vec<&str> = wanted
         .iter()
         .copied()
@@ -103,7 +105,7 @@ pub fn read(path: &Path, graph: &Graph) -> Result<Weights> {
         .collect();
     let unexpected: Vec<&str> = names
         .iter()
-        .map(String::as_str)
+        .copied()
         .filter(|n| !wanted.contains(n))
         .collect();
     if !missing.is_empty() || !unexpected.is_empty() {
@@ -114,21 +116,31 @@ pub fn read(path: &Path, graph: &Graph) -> Result<Weights> {
         if !unexpected.is_empty() {
             why += &format!("unexpected tensors {}; ", unexpected.join(", "));
         }
+        if names.contains(&"params") && names.iter().any(|n| n.starts_with("window.")) {
+            return Err(bad(
+                "it is a training checkpoint (a run's checkpoints/), not a model's weights: \
+                 continue that run with --resume, or start from its model.safetensors"
+                    .into(),
+            ));
+        }
         return Err(bad(format!(
             "{why}the model needs exactly: {} (PyTorch state_dict names: the layer's name, else \
              its index in model.layers)",
             expected.join(", ")
         )));
     }
+    for e in params.iter().chain(&stats) {
+        let shape = &shapes[&e.name];
+        if *shape != e.shape {
+            return Err(bad(format!(
+                "tensor `{}` has shape {shape:?}, the model needs {:?}",
+                e.name, e.shape
+            )));
+        }
+    }
+    let f = file::read(path).map_err(bad)?;
     let fill = |entries: &[StateDictEntry], out: &mut [f32]| -> Result<()> {
         for e in entries {
-            let shape = f.shape(&e.name).unwrap_or_default();
-            if shape != e.shape.as_slice() {
-                return Err(bad(format!(
-                    "tensor `{}` has shape {shape:?}, the model needs {:?}",
-                    e.name, e.shape
-                )));
-            }
             let values = f.f32s(&e.name).map_err(bad)?;
             // A NaN would only show as a diverged loss or a NaN evaluation, far from its cause.
             if let Some((i, v)) = values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
@@ -136,6 +148,17 @@ pub fn read(path: &Path, graph: &Graph) -> Result<Weights> {
                     "tensor `{}` holds {v} (at flat index {i}); every value must be finite",
                     e.name
                 )));
+            }
+            // Below 0 it could only be a damaged file, or the mean and variance swapped; every
+            // evaluation would be NaN.
+            if e.name.ends_with(".running_var") {
+                if let Some((i, v)) = values.iter().enumerate().find(|(_, v)| **v < 0.0) {
+                    return Err(bad(format!(
+                        "tensor `{}` holds {v} (at flat index {i}); a variance cannot be \
+                         negative",
+                        e.name
+                    )));
+                }
             }
             out[e.offset..e.offset + e.len()].copy_from_slice(&values);
         }

@@ -34,8 +34,8 @@ pub(crate) fn digits() -> Result<Raw> {
 
 pub(crate) fn csv(spec: &DataSpec) -> Result<Raw> {
     let path = spec.path.as_deref().expect("validated: csv has a path");
-    let task = spec.task.unwrap_or(Task::Classification);
-    let header = spec.header.unwrap_or(true);
+    let task = spec.task();
+    let header = spec.header();
     let read = |p: &Path| -> Result<(Dataset, Vec<String>)> {
         let name = p.display().to_string();
         let bytes = read_file(p)?;
@@ -94,8 +94,17 @@ pub(crate) fn csv(spec: &DataSpec) -> Result<Raw> {
 }
 
 fn read_file(path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path)
-        .map_err(|e| Error::Job(format!("cannot read data file {}: {e}", path.display())))
+    std::fs::read(path).map_err(|e| {
+        // Where Debian's package puts it, as the bundled Fashion-MNIST jobs expect.
+        let hint = match path.starts_with("/usr/share/datasets/fashion-mnist") && !path.exists() {
+            true => " (Fashion-MNIST: `apt-get install dataset-fashion-mnist` puts it there)",
+            false => "",
+        };
+        Error::Job(format!(
+            "cannot read data file {}: {e}{hint}",
+            path.display()
+        ))
+    })
 }
 
 /// Decompresses gzip data (recognised by its magic bytes); other data is returned as is.
@@ -439,9 +448,8 @@ fn read_idx(path: &Path, dims: usize) -> Result<(Vec<usize>, Vec<u8>)> {
 /// Seeded generated data: Gaussian blobs around random class centres (classification), or
 /// a random linear map plus noise (regression).
 pub(crate) fn synthetic(spec: &DataSpec, seed: u64) -> Raw {
-    let task = spec.task.unwrap_or(Task::Classification);
-    let n = spec.samples.unwrap_or(1000);
-    let width = spec.num_features.unwrap_or(16);
+    let task = spec.task();
+    let (n, width, noise) = (spec.samples(), spec.num_features(), spec.noise());
     let mut rng = Rng::new(derive(seed, 13));
     let mut data = Dataset {
         len: n,
@@ -449,8 +457,7 @@ pub(crate) fn synthetic(spec: &DataSpec, seed: u64) -> Raw {
     };
     match task {
         Task::Classification => {
-            let classes = spec.classes.unwrap_or(4);
-            let noise = spec.noise.unwrap_or(1.0);
+            let classes = spec.synthetic_classes();
             let centres: Vec<f64> = (0..classes * width).map(|_| 2.0 * rng.normal()).collect();
             for i in 0..n {
                 let c = i % classes;
@@ -462,8 +469,7 @@ pub(crate) fn synthetic(spec: &DataSpec, seed: u64) -> Raw {
             }
         }
         Task::Regression => {
-            let targets = spec.targets.unwrap_or(1);
-            let noise = spec.noise.unwrap_or(0.1);
+            let targets = spec.targets();
             let scale = 1.0 / (width as f64).sqrt();
             let weights: Vec<f64> = (0..targets * width).map(|_| scale * rng.normal()).collect();
             for _ in 0..n {

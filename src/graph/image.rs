@@ -100,7 +100,7 @@ pub(super) fn pool(
         h,
         w,
         k,
-        stride: l.stride.unwrap_or(l.kernel_size).pair(),
+        stride: l.stride().pair(),
         pad,
     };
     match geom.out_hw() {

@@ -20,10 +20,18 @@ fn label(i: usize, l: &ModelLayer) -> String {
 /// (`--set`) and, as PyTorch's module names are, in model.safetensors' tensor names
 /// ("NAME.weight"), where an unnamed layer's is its position.
 fn unusable(name: &str) -> Option<&'static str> {
-    if name.bytes().all(|b| b.is_ascii_digit()) {
+    // model.layers[-1] is the last layer and [+1] the second, as `--set` reads them.
+    let unsigned = name.strip_prefix(['-', '+']).unwrap_or(name);
+    if !unsigned.is_empty() && unsigned.bytes().all(|b| b.is_ascii_digit()) {
         Some(
-            "is a number: it would be taken for a position (model.layers[N]), and its \
-             tensors' names (\"N.weight\") for those of the unnamed layer at that position",
+            "is a number: it would be taken for a position (model.layers[N], or [-N] from \
+             the end), and its tensors' names (\"N.weight\") for those of the unnamed layer \
+             at that position",
+        )
+    } else if name.trim().trim_matches('"') != name {
+        Some(
+            "starts or ends with a space or a quote, which model.layers[NAME] drops: the \
+             layer could not be named there",
         )
     } else if name.contains(['.', '[', ']']) {
         Some(
@@ -188,6 +196,11 @@ mod tests {
         for (name, why) in [
             ("3", "is a number"),
             ("0", "is a number"),
+            ("-1", "is a number"),
+            ("+1", "is a number"),
+            ("-0", "is a number"),
+            (" 1", "starts or ends with a space or a quote"),
+            ("fc ", "starts or ends with a space or a quote"),
             ("fc.1", "holds `.`, `[` or `]`"),
             ("a[0]", "holds `.`, `[` or `]`"),
         ] {
@@ -198,7 +211,7 @@ mod tests {
             let want = format!("model.layers[1] (relu \"{name}\"): the name \"{name}\" {why}");
             assert!(e.contains(&want), "{want}\nnot in\n{e}");
         }
-        for name in ["fc1", "block-2_out", "3a"] {
+        for name in ["fc1", "block-2_out", "3a", "-1a", "a b"] {
             let text = format!(
                 r#"layers = [{{ type = "linear", out = 4 }}, {{ type = "relu", name = "{name}" }}]"#
             );

@@ -764,7 +764,8 @@ fn resolve_paths(spec: &mut JobSpec, base: &Path) {
     .into_iter()
     .flatten()
     {
-        if p.is_relative() {
+        // An empty path stays empty, for validation to refuse.
+        if p.is_relative() && !p.as_os_str().is_empty() {
             let joined = base.join(&*p);
             *p = std::path::absolute(&joined).unwrap_or(joined);
         }

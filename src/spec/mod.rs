@@ -143,7 +143,7 @@ pub struct DataSpec {
     /// csv: the file with the training samples.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<PathBuf>,
-    /// csv: an explicit validation file with the same columns (reported as split "test").
+    /// csv: a test file with the same columns (reported as split "test").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub test_path: Option<PathBuf>,
     /// csv: whether the first row holds column names (default true).
@@ -192,6 +192,50 @@ pub struct DataSpec {
     /// synthetic: standard deviation of the noise added to each sample.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub noise: Option<f64>,
+}
+
+/// The data keys' defaults, in one place: the loaders, validation and config.toml read them
+/// here.
+impl DataSpec {
+    /// csv, synthetic: classification unless given.
+    pub fn task(&self) -> Task {
+        self.task.unwrap_or(Task::Classification)
+    }
+
+    /// csv: whether the first row holds column names.
+    pub fn header(&self) -> bool {
+        self.header.unwrap_or(true)
+    }
+
+    /// synthetic: samples to generate.
+    pub fn samples(&self) -> usize {
+        self.samples.unwrap_or(1000)
+    }
+
+    /// synthetic: features per sample.
+    pub fn num_features(&self) -> usize {
+        self.num_features.unwrap_or(16)
+    }
+
+    /// synthetic classification: the classes generated (csv and idx take theirs from the
+    /// labels).
+    pub fn synthetic_classes(&self) -> usize {
+        self.classes.unwrap_or(4)
+    }
+
+    /// synthetic regression: targets per sample.
+    pub fn targets(&self) -> usize {
+        self.targets.unwrap_or(1)
+    }
+
+    /// synthetic: the noise's standard deviation, wide blobs for classes and a small error
+    /// for regression.
+    pub fn noise(&self) -> f64 {
+        self.noise.unwrap_or(match self.task() {
+            Task::Classification => 1.0,
+            Task::Regression => 0.1,
+        })
+    }
 }
 
 /// The model graph: a list of layers, applied in order.
@@ -511,6 +555,13 @@ pub struct PoolSpec {
     /// Padding on each side (at most half the kernel).
     #[serde(default = "size_zero")]
     pub padding: Size2,
+}
+
+impl PoolSpec {
+    /// The window's step: the kernel size unless given, as in PyTorch.
+    pub fn stride(&self) -> Size2 {
+        self.stride.unwrap_or(self.kernel_size)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -1248,6 +1299,25 @@ impl ScheduleSpec {
     }
 }
 
+/// A pool's stride defaults to its kernel size: config.toml writes it into each pool layer.
+fn record_pool_strides(table: &mut toml::Table, layers: &[ModelLayer]) {
+    let Some(toml::Value::Array(recorded)) = table
+        .get_mut("model")
+        .and_then(|model| model.get_mut("layers"))
+    else {
+        return;
+    };
+    for (layer, recorded) in layers.iter().zip(recorded) {
+        if let (LayerSpec::Maxpool2d(pool) | LayerSpec::Avgpool2d(pool), Some(recorded)) =
+            (&layer.layer, recorded.as_table_mut())
+        {
+            if let Ok(stride) = toml::Value::try_from(pool.stride()) {
+                recorded.entry("stride").or_insert(stride);
+            }
+        }
+    }
+}
+
 impl JobSpec {
     /// config.toml's body: the spec with the defaults it leaves unset filled in, so that the
     /// file says every value the run used. They stay unset in the spec itself because they
@@ -1256,6 +1326,7 @@ impl JobSpec {
     /// resume of a checkpoint written before it existed. The machine's own values (threads)
     /// stay out: a config.toml must train the same job on another machine.
     pub fn recorded(&self) -> Result<toml::Table, toml::ser::Error> {
+        let count = |n: usize| toml::Value::Integer(n as i64);
         let mut table = toml::Table::try_from(self)?;
         let mut fill = |path: &[&str], value: toml::Value| {
             let (key, sections) = path.split_last().expect("a key");
@@ -1314,8 +1385,37 @@ impl JobSpec {
             };
             fill(&["checkpoint", "keep_best", "mode"], mode.into());
         }
+        let task = |task: Task| match task {
+            Task::Classification => "classification",
+            Task::Regression => "regression",
+        };
+        let data = &self.data;
+        match data.source {
+            DataSource::Csv => {
+                fill(&["data", "header"], data.header().into());
+                fill(&["data", "task"], task(data.task()).into());
+            }
+            DataSource::Synthetic => {
+                fill(&["data", "task"], task(data.task()).into());
+                fill(&["data", "samples"], count(data.samples()));
+                fill(&["data", "num_features"], count(data.num_features()));
+                match data.task() {
+                    Task::Classification => {
+                        fill(&["data", "classes"], count(data.synthetic_classes()))
+                    }
+                    Task::Regression => fill(&["data", "targets"], count(data.targets())),
+                }
+                fill(&["data", "noise"], data.noise().into());
+            }
+            DataSource::Digits | DataSource::Idx => {}
+        }
         fill(&["checkpoint", "activations"], "none".into());
         fill(&["checkpoint", "resume"], "never".into());
+        // Every process of a multi-process run is one replica: recorded, so that the run's
+        // config.toml run alone trains as many (in threads on the CPU).
+        if let (Some(world), None) = (&self.parallel.world, &self.parallel.devices) {
+            fill(&["parallel", "replicas"], count(world.world_size));
+        }
         if self.parallel.replicas().is_some() || self.parallel.devices.is_some() {
             fill(&["parallel", "timeout"], DEFAULT_PARALLEL_TIMEOUT.into());
             fill(
@@ -1323,6 +1423,7 @@ impl JobSpec {
                 crate::graph::DEFAULT_BUCKET_MB.into(),
             );
         }
+        record_pool_strides(&mut table, &self.model.layers);
         Ok(table)
     }
 
@@ -1405,6 +1506,55 @@ mod tests {
         }
         let written = toml::to_string(&Model { layers: &read }).unwrap();
         assert_eq!(layers(&written), read);
+    }
+
+    #[test]
+    fn the_recorded_job_writes_out_the_defaults_the_loaders_and_layers_use() {
+        let job = |text: &str| toml::from_str::<JobSpec>(text).unwrap().recorded().unwrap();
+        let model = r#"
+            [model]
+            layers = [{ type = "maxpool2d", kernel_size = [2, 3] },
+                      { type = "avgpool2d", kernel_size = 2, stride = 1 }, { type = "flatten" }]
+            [optimizer]
+            type = "sgd"
+            lr = 0.1"#;
+        let synthetic = job(&format!("[data]\nsource = \"synthetic\"\n{model}"));
+        let data = synthetic["data"].as_table().unwrap();
+        for (key, value) in [
+            ("task", "\"classification\""),
+            ("samples", "1000"),
+            ("num_features", "16"),
+            ("classes", "4"),
+            ("noise", "1.0"),
+        ] {
+            assert_eq!(data[key].to_string(), value, "data.{key}");
+        }
+        assert!(!data.contains_key("targets"));
+        let strides: Vec<String> = synthetic["model"]["layers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|layer| layer.get("stride").map_or("-".into(), |s| s.to_string()))
+            .collect();
+        assert_eq!(strides, ["[2, 3]", "1", "-"]);
+
+        let regression = job(&format!(
+            "[data]\nsource = \"synthetic\"\ntask = \"regression\"\n{model}"
+        ));
+        assert_eq!(regression["data"]["targets"].as_integer(), Some(1));
+        assert_eq!(regression["data"]["noise"].as_float(), Some(0.1));
+        assert!(!regression["data"]
+            .as_table()
+            .unwrap()
+            .contains_key("classes"));
+
+        let csv = job(&format!(
+            "[data]\nsource = \"csv\"\npath = \"a.csv\"\n{model}"
+        ));
+        assert_eq!(csv["data"]["header"].as_bool(), Some(true));
+        assert_eq!(csv["data"]["task"].as_str(), Some("classification"));
+        // The label's default, the last column, is the file's: not written.
+        assert!(!csv["data"].as_table().unwrap().contains_key("label"));
     }
 
     #[test]

@@ -74,6 +74,7 @@ pub fn validate(spec: &JobSpec, sources: &KeySources) -> Result<()> {
     }
     validate_data(&spec.data, &mut p);
     validate_model(&spec.model, &mut p);
+    validate_paths(spec, &mut p);
     validate_loss(spec, &mut p);
     validate_optimizer(&spec.optimizer, &mut p);
     validate_train(&spec.train, &mut p);
@@ -88,6 +89,28 @@ pub fn validate(spec: &JobSpec, sources: &KeySources) -> Result<()> {
         Ok(())
     } else {
         Err(Error::Job(p.lines.join("\n")))
+    }
+}
+
+/// A path given as "" would name the job file's directory.
+fn validate_paths(spec: &JobSpec, p: &mut Problems) {
+    let d = &spec.data;
+    for (key, path) in [
+        ("data.path", &d.path),
+        ("data.test_path", &d.test_path),
+        ("data.train_images", &d.train_images),
+        ("data.train_labels", &d.train_labels),
+        ("data.test_images", &d.test_images),
+        ("data.test_labels", &d.test_labels),
+        ("model.init_from", &spec.model.init_from),
+    ] {
+        p.check(
+            path.as_ref()
+                .is_none_or(|path| !path.as_os_str().is_empty()),
+            key,
+            "is empty; give a file's path (relative to the job file's directory), or leave \
+             the key out",
+        );
     }
 }
 
@@ -174,14 +197,10 @@ fn validate_data(d: &DataSpec, p: &mut Problems) {
             );
         }
         Synthetic => {
-            let task = d.task.unwrap_or(Task::Classification);
+            let task = d.task();
+            p.check(d.samples() >= 2, "data.samples", "must be at least 2");
             p.check(
-                d.samples.unwrap_or(1000) >= 2,
-                "data.samples",
-                "must be at least 2",
-            );
-            p.check(
-                d.num_features.unwrap_or(16) >= 1,
+                d.num_features() >= 1,
                 "data.num_features",
                 "must be at least 1",
             );
@@ -195,17 +214,13 @@ fn validate_data(d: &DataSpec, p: &mut Problems) {
                 "data.targets",
                 "only applies to task = \"regression\"",
             );
-            p.check(
-                d.targets.unwrap_or(1) >= 1,
-                "data.targets",
-                "must be at least 1",
-            );
+            p.check(d.targets() >= 1, "data.targets", "must be at least 1");
             // What generating the set allocates, in values.
-            let (n, width) = (d.samples.unwrap_or(1000), d.num_features.unwrap_or(16));
+            let (n, width) = (d.samples(), d.num_features());
             // Class centres or the regression's weights: one row of `width` each.
             let (rows, targets) = match task {
-                Task::Classification => (d.classes.unwrap_or(4), 1),
-                Task::Regression => (d.targets.unwrap_or(1), d.targets.unwrap_or(1)),
+                Task::Classification => (d.synthetic_classes(), 1),
+                Task::Regression => (d.targets(), d.targets()),
             };
             let (samples, centres) = (
                 n as u128 * (width as u128 + targets as u128),
@@ -234,12 +249,9 @@ fn validate_data(d: &DataSpec, p: &mut Problems) {
                 ),
             );
             p.check(
-                d.noise.unwrap_or(0.0) >= 0.0 && d.noise.unwrap_or(0.0).is_finite(),
+                d.noise() >= 0.0 && d.noise().is_finite(),
                 "data.noise",
-                format!(
-                    "{} given; must be a finite number, at least 0",
-                    d.noise.unwrap_or(0.0)
-                ),
+                format!("{} given; must be a finite number, at least 0", d.noise()),
             );
         }
         Digits => {}

@@ -20,6 +20,12 @@ pub struct CpuBackend {
     threads: usize,
 }
 
+/// "cpu (N threads)", for logs and config.toml.
+pub fn threads_label(threads: usize) -> String {
+    let plural = if threads == 1 { "" } else { "s" };
+    format!("cpu ({threads} thread{plural})")
+}
+
 impl CpuBackend {
     /// A backend using `threads` threads; rayon's global pool must have at least that many.
     pub const fn new(threads: usize) -> Self {
@@ -309,7 +315,7 @@ impl Backend for CpuBackend {
     }
 
     fn describe(&self) -> String {
-        format!("cpu ({} threads)", self.threads)
+        threads_label(self.threads)
     }
 
     fn alloc(&self, len: usize) -> Result<Vec<f32>> {

@@ -616,6 +616,16 @@ impl Saver<'_> {
         // A device fault makes downloads fail (CUDA records the error and leaves the host
         // buffers as they were): such a checkpoint must not be written.
         backend.status()?;
+        // Nor one that has gone inf/NaN since the last train row (where the loss is checked):
+        // the newest checkpoint is always a state to go back to.
+        if let Some(what) = nonfinite_state(&params, &optimizer_state, &running_stats, &window) {
+            return Err(Error::Diverged(format!(
+                "training diverged: {what} at step {}, so no checkpoint was written there; \
+                 try a lower optimizer.lr or train.clip_grad_norm, or train.on_nonfinite = \
+                 \"skip\" to skip such steps",
+                st.step
+            )));
+        }
         metrics.sync()?;
         let state = TrainState {
             optimizer_steps: optimizer.steps(),
@@ -641,6 +651,34 @@ impl Saver<'_> {
             started.elapsed().as_secs_f64()
         );
         Ok(path)
+    }
+}
+
+/// What in a checkpoint's state is inf/NaN, if anything.
+fn nonfinite_state(
+    params: &[f32],
+    optimizer: &[(&str, Vec<f32>)],
+    running_stats: &[f32],
+    window: &LossStats,
+) -> Option<String> {
+    let nonfinite = |values: &[f32]| values.iter().any(|v| !v.is_finite());
+    if !window.loss_sum.is_finite() {
+        Some(format!(
+            "the loss since the last train row is {}",
+            window.loss_sum
+        ))
+    } else if nonfinite(params) {
+        Some("the parameters hold inf/NaN".into())
+    } else if let Some((name, _)) = optimizer.iter().find(|(_, v)| nonfinite(v)) {
+        Some(format!("the optimizer's {name} holds inf/NaN"))
+    } else if nonfinite(running_stats) {
+        Some(
+            "batch norm's running statistics hold inf/NaN (a training batch holding inf/NaN \
+             updates them, even in a step that is then skipped)"
+                .into(),
+        )
+    } else {
+        None
     }
 }
 

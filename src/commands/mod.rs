@@ -1,4 +1,5 @@
-//! The CLI's commands as library functions: `run`, `check`, `devices`, `schema`.
+//! The CLI's commands as library functions: `run` here (a job prepared, its device picked,
+//! trained in its run directory), `check` and `devices` in check.rs.
 
 use crate::checkpoint::weights::{self, Weights};
 use crate::checkpoint::{self, ResumePoint};
@@ -10,8 +11,8 @@ use crate::parallel::{BatchLayout, CpuAllReduce, Rendezvous};
 use crate::run::{MetricsRow, MetricsWriter, RunDir};
 use crate::signals::Stop;
 use crate::spec::{
-    self, parse_device, CollectiveBackend, DataPlacement, DeviceChoice, JobSpec, ParallelDevices,
-    PrecisionFallback, PrecisionMode, ResumeMode,
+    self, parse_device, CollectiveBackend, DataPlacement, DeviceChoice, JobSpec, Normalize,
+    ParallelDevices, PrecisionFallback, PrecisionMode, ResumeMode,
 };
 use crate::tensor::cpu::CpuBackend;
 use crate::tensor::cuda::{self, CudaBackend};
@@ -21,6 +22,18 @@ use crate::train::{
 };
 use std::path::{Path, PathBuf};
 use std::time::Instant;
+
+mod check;
+mod memory;
+mod start;
+
+pub use check::{check, devices, Checked};
+pub use memory::bytes;
+use memory::{all_replicas_memory, check_device_memory, check_host_memory, memory_plan};
+use start::{
+    final_rows, job_command, nothing_left_to_train, plan_start, resume_command,
+    with_original_init_from, with_resume_hint,
+};
 
 pub struct RunArgs {
     pub job: PathBuf,
@@ -38,6 +51,9 @@ pub struct RunArgs {
     pub dir: Option<PathBuf>,
     /// Only warnings and errors are logged (passed on to the processes a launch starts).
     pub quiet: bool,
+    /// Print the run directory on stdout as soon as it exists (`trainer run`, so that a
+    /// script has it however the run ends; not a sweep's points, which sweep.csv names).
+    pub print_run_dir: bool,
 }
 
 /// How a run begins: fresh (from the seeded initialisation or model.init_from), or from a
@@ -131,9 +147,22 @@ fn prepare(job: &Path, sets: &[String], name: Option<&str>) -> Result<Prepared> 
         }
         e => e,
     })?;
-    check_token_ids(&graph, &data)?;
+    check_token_ids(job, &graph, &data, spec.data.normalize != Normalize::None)?;
     check_batch_norm_batches(job, &spec, &graph, data.train.len)?;
     Ok(Prepared { spec, data, graph })
+}
+
+/// model.init_from's weights, for a fresh run; an error says where the path came from (the
+/// job file, an environment variable, a --set).
+fn read_init_from(job: &Path, sets: &[String], path: &Path, graph: &Graph) -> Result<Weights> {
+    weights::read(path, graph).map_err(|e| match e {
+        Error::Job(message) => {
+            let source = spec::KeySources::new(job, sets)
+                .map_or_else(|_| job.display().to_string(), |s| s.of("model.init_from"));
+            Error::Job(format!("{source}: {message}"))
+        }
+        e => e,
+    })
 }
 
 /// A batch norm over one value per channel (batchnorm1d of [features], or of 1x1 planes)
@@ -221,7 +250,7 @@ fn every_gpu(source: &str) -> Result<Vec<String>> {
 
 /// An embedding reads token ids from the data: every feature must be a whole number in
 /// [0, num_embeddings), or the job is refused naming the layer, the value and where it is.
-fn check_token_ids(graph: &Graph, data: &Data) -> Result<()> {
+fn check_token_ids(job: &Path, graph: &Graph, data: &Data, normalized: bool) -> Result<()> {
     let embeddings = graph.embeddings();
     let Some(&(layer, vocab)) = embeddings.iter().min_by_key(|&&(_, v)| v) else {
         return Ok(());
@@ -237,13 +266,19 @@ fn check_token_ids(graph: &Graph, data: &Data) -> Result<()> {
             .find(|(_, v)| !(v.fract() == 0.0 && (0.0..vocab as f32).contains(*v)))
         {
             return Err(Error::Job(format!(
-                "model.layers[{layer}] (embedding): the {split} data holds {v} (sample {}, \
+                "{}: model.layers[{layer}] (embedding): the {split} data holds {v} (sample {}, \
                  feature {}), but token ids must be whole numbers in [0, {vocab}) \
-                 (num_embeddings{}); set data.normalize = \"none\" for token data",
+                 (num_embeddings{}){}",
+                job.display(),
                 i / row,
                 i % row,
                 if embeddings.len() > 1 {
                     ", the smallest of the embeddings'"
+                } else {
+                    ""
+                },
+                if normalized {
+                    "; set data.normalize = \"none\" for token data"
                 } else {
                     ""
                 }
@@ -339,9 +374,9 @@ fn pick_device(job: &Path, sets: &[String], spec: &JobSpec) -> Result<Device> {
     Ok(device)
 }
 
-/// Trains a job, or continues one from a checkpoint; returns the run directory (None on the
-/// ranks but 0 of a multi-process run: rank 0 writes the run directory).
-pub fn run(args: &RunArgs) -> Result<Option<PathBuf>> {
+/// Trains a job, or continues one from a checkpoint, in its run directory (rank 0's, in a
+/// multi-process run).
+pub fn run(args: &RunArgs) -> Result<()> {
     let result = run_job(args);
     if let Err(e) = &result {
         tell_waiting_ranks(e);
@@ -360,7 +395,7 @@ fn tell_waiting_ranks(error: &Error) {
     }
 }
 
-fn run_job(args: &RunArgs) -> Result<Option<PathBuf>> {
+fn run_job(args: &RunArgs) -> Result<()> {
     let began = run_began();
     let Prepared { spec, data, graph } = prepare(&args.job, &args.sets, args.name.as_deref())?;
     if spec.parallel.launches_processes(&spec.device.kind) {
@@ -373,6 +408,10 @@ fn run_job(args: &RunArgs) -> Result<Option<PathBuf>> {
     let start = match rank {
         0 => Some(plan_start(args, &spec, &graph, data.train.len)?),
         _ => None,
+    };
+    let spec = match &start {
+        Some(Start::Resume(point)) => with_original_init_from(spec, &point.checkpoint.spec),
+        _ => spec,
     };
     match pick_device(&args.job, &args.sets, &spec)? {
         Device::Cpu => {
@@ -389,8 +428,7 @@ fn run_job(args: &RunArgs) -> Result<Option<PathBuf>> {
             let backend = CpuBackend::new(threads);
             pool.install(|| {
                 let Some(start) = start else {
-                    return train::serve(&backend, &spec, graph, data, args.resume.as_deref())
-                        .map(|()| None);
+                    return train::serve(&backend, &spec, graph, data, args.resume.as_deref());
                 };
                 let parallel = match &spec.parallel.world {
                     Some(_) => {
@@ -407,7 +445,7 @@ fn run_job(args: &RunArgs) -> Result<Option<PathBuf>> {
                     }
                     None => cpu_replicas(&spec, threads, graph.param_len)?,
                 };
-                run_on(args, began, &spec, data, graph, &backend, start, parallel).map(Some)
+                run_on(args, began, &spec, data, graph, &backend, start, parallel)
             })
         }
         Device::Cuda(ordinal) => {
@@ -418,8 +456,7 @@ fn run_job(args: &RunArgs) -> Result<Option<PathBuf>> {
             backend.set_half_matmuls(train::half_kind(spec.precision.mode));
             backend.set_fused_epilogues(fused_epilogues(&spec, &data));
             let Some(start) = start else {
-                return train::serve(&backend, &spec, graph, data, args.resume.as_deref())
-                    .map(|()| None);
+                return train::serve(&backend, &spec, graph, data, args.resume.as_deref());
             };
             let parallel: Option<Box<dyn DataParallel<CudaBackend>>> = match &spec.parallel.world {
                 Some(_) => {
@@ -448,7 +485,7 @@ fn run_job(args: &RunArgs) -> Result<Option<PathBuf>> {
                 },
                 None => None,
             };
-            run_on(args, began, &spec, data, graph, &backend, start, parallel).map(Some)
+            run_on(args, began, &spec, data, graph, &backend, start, parallel)
         }
     }
 }
@@ -564,7 +601,7 @@ fn run_on<B: Backend>(
     backend: &B,
     start: Start,
     parallel: Option<Box<dyn DataParallel<B>>>,
-) -> Result<PathBuf> {
+) -> Result<()> {
     let run = match &start {
         Start::Fresh { .. } => match &args.dir {
             Some(dir) => RunDir::create_at(dir)?,
@@ -586,6 +623,10 @@ fn run_on<B: Backend>(
             run
         }
     };
+    if args.print_run_dir {
+        // Line-buffered: a script capturing stdout has it even if the run is killed.
+        println!("{}", run.path.display());
+    }
     let resumed = match &start {
         Start::Resume(point) => {
             format!(
@@ -600,9 +641,8 @@ fn run_on<B: Backend>(
         .as_ref()
         .map_or_else(|| backend.describe(), |p| p.describe());
     let header = format!(
-        "# trainer run {} {}\n# resolved spec: defaults filled in, overrides applied\n# device: {device}\n# batch: {}{resumed}",
-        args.job.display(),
-        args.sets.iter().map(|s| format!("--set {s}")).collect::<Vec<_>>().join(" "),
+        "# {}\n# resolved spec: defaults filled in, overrides applied\n# device: {device}\n# batch: {}{resumed}",
+        job_command(args, &[]),
         BatchLayout::of(spec),
     );
     run.write_config(spec, &header)?;
@@ -610,6 +650,12 @@ fn run_on<B: Backend>(
     let log = run.path.join("train.log");
     crate::logging::attach_run_log(&log)
         .map_err(|e| Error::Runtime(format!("cannot create {}: {e}", log.display())))?;
+    if let (Start::Fresh { initial: Some(_) }, Some(path)) = (&start, &spec.model.init_from) {
+        tracing::info!(
+            "starting from the weights in {} (model.init_from)",
+            path.display()
+        );
+    }
     let result = run_in(
         &run, args, began, spec, data, graph, backend, start, parallel,
     );
@@ -618,199 +664,7 @@ fn run_on<B: Backend>(
         crate::logging::append_to_run_log(&format!("error: {e}\n"));
     }
     crate::logging::detach_run_log();
-    result.map(|()| run.path)
-}
-
-/// Decides how the run begins, and checks everything about it that can be wrong before a
-/// run directory is touched: the checkpoint (found, intact, of this job, not past the end)
-/// or the model.init_from file.
-fn plan_start(args: &RunArgs, spec: &JobSpec, graph: &Graph, train_len: usize) -> Result<Start> {
-    let target = match (&args.resume, spec.checkpoint.resume) {
-        (Some(path), _) => Some(path.clone()),
-        (None, Some(ResumeMode::Auto)) => checkpoint::find_auto_resume(&args.runs_dir, spec.name()),
-        _ => None,
-    };
-    let Some(target) = target else {
-        let resumes_auto = spec.checkpoint.resume == Some(ResumeMode::Auto);
-        if (args.force || args.resume_fallback) && !resumes_auto {
-            // Without anything to resume, the flag would be ignored: likely a script that
-            // lost its --resume, about to start over instead of continuing.
-            let flag = if args.force {
-                "--force"
-            } else {
-                "--resume-fallback"
-            };
-            return Err(Error::Job(format!(
-                "{flag} applies to a resumed run: give --resume RUN_DIR|CHECKPOINT (or set \
-                 checkpoint.resume = \"auto\"), or leave {flag} out to start afresh"
-            )));
-        }
-        let initial = match &spec.model.init_from {
-            Some(path) => Some(weights::read(path, graph)?),
-            None => None,
-        };
-        return Ok(Start::Fresh { initial });
-    };
-    let loading = Instant::now();
-    let mut point = checkpoint::locate(&target, args.resume_fallback)?;
-    let c = &mut point.checkpoint;
-    let name = c.path.display().to_string();
-    tracing::info!(
-        "read and verified checkpoint {name} ({:.1} MiB) in {:.3} s",
-        std::fs::metadata(&c.path).map_or(0, |m| m.len()) as f64 / (1024.0 * 1024.0),
-        loading.elapsed().as_secs_f64()
-    );
-    let (job, _) = checkpoint::spec_json(spec);
-    let changes = checkpoint::incompatible_changes(&c.spec, &job);
-    if !changes.is_empty() {
-        if !args.force {
-            return Err(Error::Job(format!(
-                "cannot resume from {name}: the job differs from the checkpoint's in keys that \
-                 change training:\n  {}\n(only {} may change; pass --force to resume anyway)",
-                changes.join("\n  "),
-                checkpoint::changeable_keys()
-            )));
-        }
-        tracing::warn!(
-            "--force: resuming from {name} although the job changed: {}",
-            changes.join("; ")
-        );
-    }
-    if c.params.len() != graph.param_len {
-        // Written before each parameter tensor was aligned in the flat buffer: the same
-        // values, back to back.
-        if let Some(params) = graph.from_packed_layout(&c.params) {
-            c.params = params;
-            for (_, state) in &mut c.optimizer {
-                if let Some(aligned) = graph.from_packed_layout(state) {
-                    *state = aligned;
-                }
-            }
-        }
-    }
-    if c.params.len() != graph.param_len {
-        return Err(Error::Job(format!(
-            "cannot resume from {name}: it holds {} parameter values, the job's model needs {} \
-             ({} parameters)",
-            c.params.len(),
-            graph.param_len,
-            graph.parameter_count()
-        )));
-    }
-    if c.running_stats.len() != graph.running_stats_len() {
-        return Err(Error::Job(format!(
-            "cannot resume from {name}: it holds {} batch-norm running statistics, the job's \
-             model has {}",
-            c.running_stats.len(),
-            graph.running_stats_len()
-        )));
-    }
-    let kept: Vec<&str> = c.optimizer.iter().map(|(n, _)| n.as_str()).collect();
-    if kept != optim::state_names(spec) {
-        // Only reachable with --force: the optimizer changed kind.
-        tracing::warn!("--force: the optimizer changed; its state starts afresh");
-        c.optimizer.clear();
-        c.state.optimizer_steps = 0;
-    }
-    let total = train::total_steps(spec, train_len) as u64;
-    let step = c.state.step;
-    let finishing = nothing_left_to_train(c, spec, total);
-    if finishing && run_completed(&point.run_dir) {
-        let why = if c.state.end_reason == Some(train::EndReason::EarlyStopped) {
-            "early stopping ended it there; change train.early_stopping (its patience, say) or \
-             remove it to train further"
-                .to_string()
-        } else {
-            format!(
-                "this job trains {total} steps (train.epochs = {}{}); raise train.epochs or \
-                 train.max_steps to train further",
-                spec.train.epochs,
-                spec.train
-                    .max_steps
-                    .map_or(String::new(), |m| format!(", train.max_steps = {m}"))
-            )
-        };
-        return Err(Error::Job(format!(
-            "cannot resume from {name}: it is at step {step}, where the run completed, and \
-             {why}"
-        )));
-    }
-    if step > total && !c.state.finished {
-        return Err(Error::Job(format!(
-            "cannot resume from {name}: it is at step {step} and this job trains {total} steps \
-             (train.epochs = {}{}); raise train.epochs or train.max_steps to train further",
-            spec.train.epochs,
-            spec.train
-                .max_steps
-                .map_or(String::new(), |m| format!(", train.max_steps = {m}"))
-        )));
-    }
-    // Its rows up to the checkpoint must be there before anything of the run is rewritten.
-    let metrics = point.run_dir.join("metrics.csv");
-    MetricsWriter::resumable_len(&metrics, c.state.metrics_rows)?;
-    if finishing {
-        tracing::info!(
-            "{name} is the final checkpoint of {}, which stopped before it completed: writing \
-             its weights and summary (nothing is trained)",
-            point.run_dir.display()
-        );
-    } else {
-        tracing::info!(
-            "resuming {} from {name} (step {step})",
-            point.run_dir.display()
-        );
-    }
-    Ok(Start::Resume(Box::new(point)))
-}
-
-/// A final checkpoint (`finished`) with nothing left to train for `spec`: its run ended
-/// at the job's last step, or early stopping ended it and the job stops early as it did.
-fn nothing_left_to_train(c: &checkpoint::Checkpoint, spec: &JobSpec, total: u64) -> bool {
-    let same_early_stopping =
-        || c.spec["train"]["early_stopping"] == serde_json::json!(spec.train.early_stopping);
-    c.state.finished
-        && (c.state.step >= total
-            || (c.state.end_reason == Some(train::EndReason::EarlyStopped)
-                && same_early_stopping()))
-}
-
-/// Whether the run in `dir` completed: its summary says so and its final weights are there
-/// (a run stopped while writing them has its final checkpoint, but not these).
-fn run_completed(dir: &Path) -> bool {
-    let summary = std::fs::read_to_string(dir.join("summary.json"))
-        .ok()
-        .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok());
-    summary.is_some_and(|s| s["status"] == "completed") && dir.join(weights::MODEL_FILE).is_file()
-}
-
-/// The rows a finished run ended with, read back from its metrics.csv (for a run that is
-/// only finishing): its last train row and each evaluated split's last row.
-fn final_rows(metrics: &Path) -> (Option<MetricsRow>, Vec<MetricsRow>) {
-    let mut last_train = None;
-    let mut last_eval: Vec<MetricsRow> = Vec::new();
-    for point in crate::results::read_metrics(metrics) {
-        let split = match point.split.as_str() {
-            "train" => "train",
-            "val" => "val",
-            "test" => "test",
-            _ => continue,
-        };
-        let row = MetricsRow {
-            step: point.step,
-            epoch: point.epoch,
-            split,
-            loss: point.values.get("loss").copied().unwrap_or(f64::NAN),
-            accuracy: point.values.get("accuracy").copied(),
-            ..Default::default()
-        };
-        if split == "train" {
-            last_train = Some(row);
-        } else {
-            last_eval.retain(|r| r.split != split);
-            last_eval.push(row);
-        }
-    }
-    (last_train, last_eval)
+    result
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -994,533 +848,5 @@ fn run_in<B: Backend>(
             })
         }
         None => Ok(()),
-    }
-}
-
-/// A run that failed says where it is, and, after writing checkpoints, how to continue
-/// from the newest.
-fn with_resume_hint(e: Error, args: &RunArgs, run: &RunDir) -> Error {
-    let e = match e {
-        Error::Runtime(_) | Error::Diverged(_) => e.with_note(&format!(
-            "the run: {} (its summary.json and train.log say so too)",
-            run.path.display()
-        )),
-        other => return other,
-    };
-    let Error::Runtime(message) = e else {
-        return e;
-    };
-    let Some((step, _)) = checkpoint::list(&run.path.join(checkpoint::DIR)).pop() else {
-        return Error::Runtime(message);
-    };
-    Error::Runtime(format!(
-        "{message}\nthe run's checkpoints remain (the newest at step {step}); continue with: {}",
-        resume_command(args, &run.path)
-    ))
-}
-
-/// The command that continues `run`: the job and its `--set` overrides (without them the
-/// resume would be refused, or quietly train another length), shell-quoted.
-fn resume_command(args: &RunArgs, run: &Path) -> String {
-    let quote = |s: &str| {
-        let plain = |b: u8| b.is_ascii_alphanumeric() || b"._-/=:".contains(&b);
-        if !s.is_empty() && s.bytes().all(plain) {
-            s.to_string()
-        } else {
-            format!("'{}'", s.replace('\'', r"'\''"))
-        }
-    };
-    let mut command = format!(
-        "trainer run {} --resume {}",
-        quote(&args.job.display().to_string()),
-        quote(&run.display().to_string())
-    );
-    for set in &args.sets {
-        command += &format!(" --set {}", quote(set));
-    }
-    command
-}
-
-/// What the run (one replica of it, with data parallelism) will hold: the graph's buffers,
-/// and on a GPU (`gpu_memory`: the bytes it has for this run) also the cuBLAS workspace and
-/// the data set, unless it is streamed (device.data = "streamed", or "auto" with a data set
-/// that does not fit beside the rest: `samples::fits_on_device`).
-fn memory_plan(
-    spec: &JobSpec,
-    graph: &Graph,
-    data: &Data,
-    gpu_memory: Option<usize>,
-) -> MemoryPlan {
-    let on_gpu = gpu_memory.is_some();
-    let (batch, threads) = (BatchLayout::of(spec).per_replica(), replica_threads(spec));
-    let mixed = spec.precision.mode != PrecisionMode::Fp32;
-    // Mixed precision with token ids: the data's rounded copy (`Graph::rounded_data_len`),
-    // half-width on a GPU.
-    let rounded_data = if mixed {
-        batch * graph.rounded_data_len() * if on_gpu { 2 } else { 4 }
-    } else {
-        0
-    };
-    let (data_bytes, workspace) = if on_gpu {
-        let conv = graph.conv_workspace(|s| cuda::conv_workspace_len(s, batch));
-        // With the row indices of a resident data set; taken out below if it is streamed.
-        let own = cuda::own_bytes(batch, true);
-        (data.bytes(), own + 4 * conv + rounded_data)
-    } else {
-        let conv = graph.conv_workspace(|s| spatial::conv_workspace_len(s, threads, batch));
-        (0, 4 * conv + rounded_data)
-    };
-    let mut plan = MemoryPlan::new(
-        graph,
-        batch,
-        optim::state_buffers(spec),
-        data_bytes,
-        workspace,
-        activation_storage(spec, on_gpu),
-    );
-    // The half copy of the parameters: half-width on a GPU.
-    if mixed {
-        plan.half_params = if on_gpu { plan.params / 2 } else { plan.params };
-    }
-    let resident = match (spec.device.data, gpu_memory) {
-        (_, None) | (DataPlacement::Resident, _) => true,
-        (DataPlacement::Streamed, _) => false,
-        (DataPlacement::Auto, Some(memory)) => {
-            let rest = plan.total() - plan.data;
-            crate::train::fits_on_device(plan.data, memory.saturating_sub(rest))
-        }
-    };
-    if !resident {
-        plan.data = 0;
-        plan.workspace -= cuda::own_bytes(batch, true) - cuda::own_bytes(batch, false);
-    }
-    plan
-}
-
-/// How the run's backend stores activations: `Backend::alloc_half` stores half values in the
-/// half format on a GPU only.
-fn activation_storage(spec: &JobSpec, on_gpu: bool) -> ActivationStorage {
-    match (spec.precision.mode, on_gpu) {
-        (PrecisionMode::Fp32, _) => ActivationStorage::F32,
-        (_, false) => ActivationStorage::HalfValues,
-        (_, true) => ActivationStorage::HalfWidth,
-    }
-}
-
-/// A run's planned memory over all its data-parallel replicas: each holds its own buffers
-/// (the data set is shared), and the all-reduce its exchange buffers.
-fn all_replicas_memory(spec: &JobSpec, graph: &Graph, one: &MemoryPlan) -> usize {
-    let replicas = spec
-        .parallel
-        .thread_replicas(&spec.device.kind)
-        .unwrap_or(1);
-    (one.total().saturating_mul(replicas))
-        .saturating_add(4 * CpuAllReduce::exchange_len(replicas, graph.param_len))
-}
-
-/// Refuses a CPU job that plans more memory than this machine has free, before anything is
-/// allocated or a run directory made: the allocation would abort the process instead.
-fn check_host_memory(spec: &JobSpec, graph: &Graph, data: &Data) -> Result<()> {
-    let needed = all_replicas_memory(spec, graph, &memory_plan(spec, graph, data, None));
-    match host_memory_free() {
-        Some(free) => fits(needed, free, "this machine"),
-        None => Ok(()),
-    }
-}
-
-/// Refuses a GPU job (this process's replica) that plans more memory than the device has
-/// free, before a run directory is made, in the CPU's terms rather than as the first
-/// allocation that fails. The measured peak is the plan or slightly above it (BENCHMARKS.md),
-/// so nothing refused here would have fitted.
-fn check_device_memory(
-    spec: &JobSpec,
-    graph: &Graph,
-    data: &Data,
-    backend: &CudaBackend,
-    ordinal: usize,
-) -> Result<()> {
-    let Some(free) = backend.free_memory() else {
-        return Ok(());
-    };
-    let needed = memory_plan(spec, graph, data, Some(free)).total();
-    fits(needed, free, &format!("cuda:{ordinal}"))
-}
-
-fn fits(needed: usize, free: usize, place: &str) -> Result<()> {
-    if needed <= free {
-        return Ok(());
-    }
-    Err(Error::Runtime(format!(
-        "not enough memory: this job plans {} (`trainer check` shows where it goes) but \
-         {place} has {} free; lower data.batch_size or the model's sizes",
-        bytes(needed),
-        bytes(free)
-    )))
-}
-
-/// What the host can still allocate: available memory and free swap (/proc/meminfo); None
-/// where that cannot be read.
-fn host_memory_free() -> Option<usize> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kib = |key: &str| {
-        info.lines().find_map(|line| {
-            let rest = line.strip_prefix(key)?.trim().strip_suffix("kB")?;
-            rest.trim().parse::<usize>().ok()
-        })
-    };
-    Some((kib("MemAvailable:")? + kib("SwapFree:").unwrap_or(0)) * 1024)
-}
-
-/// How data parallelism averages the gradients on the resolved device (`on_gpus`): bucket by
-/// bucket during the backward pass (parallel.overlap) or after it. None without data
-/// parallelism.
-fn gradient_averaging(spec: &JobSpec, graph: &Graph, on_gpus: bool) -> Option<String> {
-    spec.parallel.replicas()?;
-    let processes =
-        spec.parallel.world.is_some() || spec.parallel.launches_processes(&spec.device.kind);
-    let through_links = spec.parallel.backend == CollectiveBackend::Tcp || (processes && !on_gpus);
-    let route = if through_links {
-        " through rank 0 over tcp"
-    } else {
-        ""
-    };
-    if !spec.parallel.overlap {
-        return Some(format!(
-            "averaged{route} after the backward pass (parallel.overlap = false)"
-        ));
-    }
-    if through_links && on_gpus {
-        return Some(format!(
-            "averaged{route} after the backward pass (a CUDA graph cannot wait for sockets)"
-        ));
-    }
-    let buckets = GradBuckets::new(graph, spec.parallel.bucket_bytes());
-    let sizes: Vec<String> = buckets
-        .in_backward_order()
-        .map(|b| bytes(4 * b.len()))
-        .collect();
-    let n = sizes.len();
-    Some(format!(
-        "averaged{route} in {n} bucket{} during the backward pass, from the last layers: {}",
-        if n == 1 { "" } else { "s" },
-        sizes.join(", ")
-    ))
-}
-
-/// Validates a job and describes its graph, shapes, parameters and memory.
-pub fn check(job: &Path, sets: &[String]) -> Result<String> {
-    let Prepared { spec, data, graph } = prepare(job, sets, None)?;
-    // What `run` reads before it trains: a bad file is the job's fault.
-    if let Some(path) = &spec.model.init_from {
-        weights::read(path, &graph)?;
-    }
-    let mut out = String::new();
-    let eval: Vec<String> = data
-        .eval
-        .iter()
-        .map(|(n, d)| format!("{n} {}", d.len))
-        .collect();
-    let processes = spec.parallel.world.as_ref().map_or(String::new(), |w| {
-        format!(
-            " (processes: this is rank {} of {}, meeting at {}:{})",
-            w.rank, w.world_size, w.master_addr, w.master_port
-        )
-    });
-    out += &format!(
-        "job {} ({}): ok\ndata: {:?}, train {}{}{}\nbatch: {}{processes}\n\n",
-        spec.name(),
-        job.display(),
-        spec.data.source,
-        data.train.len,
-        if eval.is_empty() {
-            String::new()
-        } else {
-            format!(", {}", eval.join(", "))
-        },
-        data.classes
-            .map_or(String::new(), |c| format!(", {c} classes")),
-        BatchLayout::of(&spec)
-    );
-    // The inputs column appears when some layer reads other than the previous output.
-    let sequential = graph
-        .layers
-        .iter()
-        .enumerate()
-        .all(|(i, l)| l.inputs == [i]);
-    let node_name = |n: usize| match n {
-        0 => "input".to_string(),
-        n => graph.layers[n - 1].prefix(n - 1),
-    };
-    let inputs: Vec<String> = graph
-        .layers
-        .iter()
-        .map(|l| {
-            let names: Vec<String> = l.inputs.iter().map(|&n| node_name(n)).collect();
-            names.join(", ")
-        })
-        .collect();
-    let name_width = (0..=graph.layers.len())
-        .map(|n| node_name(n).len())
-        .max()
-        .unwrap_or(0);
-    let inputs_width = inputs.iter().map(String::len).max().unwrap_or(0);
-    let row = |layer: &str, kind: &str, inputs: &str, shape: &str, params: &str| {
-        let inputs = if sequential {
-            String::new()
-        } else {
-            format!("{inputs:<inputs_width$}  ")
-        };
-        format!("{layer:<name_width$}  {kind:<15} {inputs}{shape:<16} {params:>10}\n")
-    };
-    out += &row("layer", "type", "inputs", "output", "params");
-    out += &row("input", "", "", &format!("{:?}", graph.input_shape), "");
-    let in_place = graph.buffer_plan().in_place;
-    for (i, layer) in graph.layers.iter().enumerate() {
-        let kind = match in_place[i] {
-            true => format!("{} *", layer.kind),
-            false => layer.kind.to_string(),
-        };
-        out += &row(
-            &layer.prefix(i),
-            &kind,
-            &inputs[i],
-            &format!("{:?}", layer.out_shape),
-            &group_digits(layer.param_count),
-        );
-    }
-    out += &format!(
-        "total parameters: {}\n",
-        group_digits(graph.parameter_count())
-    );
-    if in_place.contains(&true) {
-        out += "* in place: writes its output over its input, which no other layer needs\n";
-    }
-    // Predict for the device the job names; `auto` is resolved as `run` would resolve it.
-    let gpu = match pick_device(job, sets, &spec)? {
-        Device::Cpu => None,
-        Device::Cuda(n) => Some(n),
-    };
-    let on_gpu = gpu.is_some();
-    if let Some(how) = gradient_averaging(&spec, &graph, on_gpu) {
-        out += &format!("all-reduce: gradients {how}\n");
-    }
-    out += "\n";
-    // The GPU's whole memory: what "auto" would find free when nothing else runs there.
-    let gpu_memory = gpu.map(|n| match cuda::probe() {
-        Ok((devices, _)) => devices.get(n).map_or(usize::MAX, |d| d.memory_bytes),
-        Err(_) => usize::MAX,
-    });
-    let m = memory_plan(&spec, &graph, &data, gpu_memory);
-    let device = if on_gpu {
-        spec.device.kind.replace("auto", "cuda:0")
-    } else {
-        format!("cpu ({} threads)", replica_threads(&spec))
-    };
-    let layout = BatchLayout::of(&spec);
-    let replicas = match spec.parallel.replicas() {
-        Some(n) => format!(", per replica ({n} replicas)"),
-        None => String::new(),
-    };
-    out += &format!(
-        "memory on {device}, batch {}{replicas}:\n",
-        layout.per_replica()
-    );
-    let mut rows = vec![
-        ("parameters", m.params),
-        ("gradients", m.grads),
-        ("half-precision weights", m.half_params),
-        ("optimizer state", m.optimizer_state),
-        ("activations", m.activations),
-        ("activation gradients", m.activation_grads),
-        ("batch (inputs, targets)", m.batch),
-        ("layer state", m.layer_state),
-        ("scratch and statistics", m.workspace),
-    ];
-    if m.data > 0 {
-        rows.push(("data set on the device", m.data));
-    }
-    rows.retain(|&(what, b)| b > 0 || what != "half-precision weights");
-    for (what, b) in rows {
-        out += &format!("  {what:<24} {:>12}\n", bytes(b));
-    }
-    out += &format!("  {:<24} {:>12}\n", "total", bytes(m.total()));
-    if on_gpu && m.data == 0 {
-        let why = match spec.device.data {
-            DataPlacement::Streamed => "device.data = \"streamed\"",
-            _ => "device.data = \"auto\": it does not fit beside the rest",
-        };
-        out += &format!(
-            "  data set ({}) streamed from pinned host memory ({why})\n",
-            bytes(data.bytes())
-        );
-    }
-    if spec.parallel.launches_processes(&spec.device.kind) {
-        let n = spec.parallel.replicas().unwrap_or(1);
-        out += &format!("  (each of the {n} processes, one per replica)\n");
-    } else if let Some(replicas) = spec.parallel.thread_replicas(&spec.device.kind) {
-        out += &format!(
-            "  {:<24} {:>12}\n",
-            format!("{replicas} replicas + all-reduce"),
-            bytes(all_replicas_memory(&spec, &graph, &m))
-        );
-    }
-    if !on_gpu {
-        let needed = all_replicas_memory(&spec, &graph, &m);
-        if let Some(free) = host_memory_free().filter(|&free| needed > free) {
-            out += &format!(
-                "  more than the {} this machine has free: `trainer run` would refuse it here\n",
-                bytes(free)
-            );
-        }
-    }
-    if !on_gpu || spec.device.data == DataPlacement::Streamed {
-        let streamed = if on_gpu { ", streamed" } else { "" };
-        out += &format!(
-            "  {:<24} {:>12}\n",
-            format!("data set (host memory{streamed})"),
-            bytes(data.bytes())
-        );
-    }
-    match graph.checkpoint_segments {
-        Some(segments) => {
-            let saved = 1.0 - m.activations as f64 / m.activations_without_checkpointing as f64;
-            out += &format!(
-                "activation checkpointing: {segments} segments, {} layers recomputed in \
-                 backward; activations {} ({} without, {:.0}% less)\n",
-                m.recomputed_layers,
-                bytes(m.activations),
-                bytes(m.activations_without_checkpointing),
-                100.0 * saved
-            );
-        }
-        None => {
-            let best = crate::graph::BufferPlan::best_segments(&graph.input_shape, &graph.layers);
-            let storage = activation_storage(&spec, on_gpu);
-            let with = layout.per_replica() * graph.activation_bytes(Some(best), storage).1;
-            out += &format!(
-                "activation checkpointing: off; with checkpoint.activations = \"all\" ({} \
-                 segments) activations would take {}\n",
-                best,
-                bytes(with)
-            );
-        }
-    }
-    Ok(out)
-}
-
-/// What this machine can run on.
-pub fn devices() -> String {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let model = crate::provenance::cpu_model();
-    let mut out = format!("cpu: {model}, {threads} threads\n");
-    match cuda::probe() {
-        Ok((devices, versions)) if devices.is_empty() => {
-            out += &format!("cuda: no GPU ({versions})\n")
-        }
-        Ok((devices, versions)) => {
-            for d in devices {
-                let (major, minor) = d.compute_capability;
-                out += &format!(
-                    "cuda:{}: {}, compute capability {major}.{minor}, {}, {versions}\n",
-                    d.ordinal,
-                    d.name,
-                    bytes(d.memory_bytes)
-                );
-            }
-        }
-        Err(why) => out += &format!("cuda: not available ({why})\n"),
-    }
-    out
-}
-
-pub fn bytes(n: usize) -> String {
-    let n = n as f64;
-    if n < 1024.0 {
-        format!("{n} B")
-    } else if n < 1024.0 * 1024.0 {
-        format!("{:.1} KiB", n / 1024.0)
-    } else if n < 1024.0 * 1024.0 * 1024.0 {
-        format!("{:.1} MiB", n / (1024.0 * 1024.0))
-    } else {
-        format!("{:.2} GiB", n / (1024.0 * 1024.0 * 1024.0))
-    }
-}
-
-fn group_digits(n: usize) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The command an interrupted or failed run prints keeps the job's overrides, quoted
-    /// for a shell: without them the resume would be refused or train another length.
-    #[test]
-    fn the_resume_command_keeps_the_overrides_quoted() {
-        let args = RunArgs {
-            job: "jobs/mlp.toml".into(),
-            sets: vec![
-                "train.epochs=30".into(),
-                r#"optimizer.schedule={type="step", step_size=5}"#.into(),
-                "job.name='x'".into(),
-            ],
-            name: None,
-            runs_dir: "runs".into(),
-            resume: None,
-            resume_fallback: false,
-            force: false,
-            dir: None,
-            quiet: false,
-        };
-        let run = Path::new("runs/mlp/20261124-1");
-        let want = r#"trainer run jobs/mlp.toml --resume runs/mlp/20261124-1 --set train.epochs=30 --set 'optimizer.schedule={type="step", step_size=5}' --set 'job.name='\''x'\'''"#;
-        assert_eq!(resume_command(&args, run), want);
-    }
-
-    /// `check` predicts where a GPU run keeps its data set: "auto" streams it exactly when it
-    /// does not fit beside the run's buffers, as the run decides.
-    #[test]
-    fn gpu_memory_plan_keeps_the_data_set_only_where_it_fits() {
-        let job = Path::new("jobs/mlp.toml");
-        let Prepared {
-            mut spec,
-            data,
-            graph,
-        } = prepare(job, &[], None).unwrap();
-        let data_bytes = data.bytes();
-        let plan = |spec: &JobSpec, memory| memory_plan(spec, &graph, &data, memory);
-        assert_eq!(
-            plan(&spec, None).data,
-            0,
-            "the CPU holds the data set already"
-        );
-        let roomy = plan(&spec, Some(1 << 40));
-        assert_eq!(roomy.data, data_bytes);
-        let rest = roomy.total() - roomy.data;
-        // Just enough: the data set, the rest, and auto's margin.
-        let enough = rest + data_bytes + (256 << 20) + (data_bytes + (256 << 20)) / 9 + 1024;
-        assert_eq!(plan(&spec, Some(enough)).data, data_bytes);
-        assert_eq!(
-            plan(&spec, Some(rest + data_bytes)).data,
-            0,
-            "no margin left"
-        );
-        spec.device.data = DataPlacement::Resident;
-        assert_eq!(
-            plan(&spec, Some(rest)).data,
-            data_bytes,
-            "resident is obeyed"
-        );
-        spec.device.data = DataPlacement::Streamed;
-        assert_eq!(plan(&spec, Some(1 << 40)).data, 0, "streamed is obeyed");
     }
 }

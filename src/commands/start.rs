@@ -1,0 +1,320 @@
+//! How a run begins: fresh or from a checkpoint (found, intact, of this job, not past its
+//! end), and the command that continues a run.
+
+use super::*;
+
+/// A resumed run continues from its checkpoint, whatever model.init_from says now. It keeps
+/// recording the file it first started from (config.toml and its next checkpoints say where
+/// its weights came from), and a different file given now is named as not read.
+pub(super) fn with_original_init_from(
+    mut spec: JobSpec,
+    checkpoint_job: &serde_json::Value,
+) -> JobSpec {
+    let original = checkpoint_job
+        .pointer("/model/init_from")
+        .and_then(|v| v.as_str())
+        .map(PathBuf::from);
+    if let Some(given) = spec
+        .model
+        .init_from
+        .as_ref()
+        .filter(|&g| Some(g) != original.as_ref())
+    {
+        tracing::warn!(
+            "model.init_from = \"{}\" is not read: a resumed run continues from its checkpoint \
+             (the run started from {})",
+            given.display(),
+            original
+                .as_ref()
+                .map_or("the seeded initialisation".into(), |p| p
+                    .display()
+                    .to_string())
+        );
+    }
+    spec.model.init_from = original;
+    spec
+}
+
+/// Decides how the run begins, and checks everything about it that can be wrong before a
+/// run directory is touched: the checkpoint (found, intact, of this job, not past the end)
+/// or the model.init_from file.
+pub(super) fn plan_start(
+    args: &RunArgs,
+    spec: &JobSpec,
+    graph: &Graph,
+    train_len: usize,
+) -> Result<Start> {
+    let target = match (&args.resume, spec.checkpoint.resume) {
+        (Some(path), _) => Some(path.clone()),
+        (None, Some(ResumeMode::Auto)) => checkpoint::find_auto_resume(&args.runs_dir, spec.name()),
+        _ => None,
+    };
+    let Some(target) = target else {
+        let resumes_auto = spec.checkpoint.resume == Some(ResumeMode::Auto);
+        if (args.force || args.resume_fallback) && !resumes_auto {
+            // Without anything to resume, the flag would be ignored: likely a script that
+            // lost its --resume, about to start over instead of continuing.
+            let flag = if args.force {
+                "--force"
+            } else {
+                "--resume-fallback"
+            };
+            return Err(Error::Job(format!(
+                "{flag} applies to a resumed run: give --resume RUN_DIR|CHECKPOINT (or set \
+                 checkpoint.resume = \"auto\"), or leave {flag} out to start afresh"
+            )));
+        }
+        let initial = match &spec.model.init_from {
+            Some(path) => Some(read_init_from(&args.job, &args.sets, path, graph)?),
+            None => None,
+        };
+        return Ok(Start::Fresh { initial });
+    };
+    let loading = Instant::now();
+    let mut point = checkpoint::locate(&target, args.resume_fallback)?;
+    let c = &mut point.checkpoint;
+    let name = c.path.display().to_string();
+    tracing::info!(
+        "read and verified checkpoint {name} ({:.1} MiB) in {:.3} s",
+        std::fs::metadata(&c.path).map_or(0, |m| m.len()) as f64 / (1024.0 * 1024.0),
+        loading.elapsed().as_secs_f64()
+    );
+    let (job, _) = checkpoint::spec_json(spec);
+    let changes = checkpoint::incompatible_changes(&c.spec, &job);
+    if !changes.is_empty() {
+        if !args.force {
+            return Err(Error::Job(format!(
+                "cannot resume from {name}: the job differs from the checkpoint's in keys that \
+                 change training:\n  {}\n(only {} may change; pass --force to resume anyway)",
+                changes.join("\n  "),
+                checkpoint::changeable_keys()
+            )));
+        }
+        tracing::warn!(
+            "--force: resuming from {name} although the job changed: {}",
+            changes.join("; ")
+        );
+    }
+    if c.params.len() != graph.param_len {
+        // Written before each parameter tensor was aligned in the flat buffer: the same
+        // values, back to back.
+        if let Some(params) = graph.from_packed_layout(&c.params) {
+            c.params = params;
+            for (_, state) in &mut c.optimizer {
+                if let Some(aligned) = graph.from_packed_layout(state) {
+                    *state = aligned;
+                }
+            }
+        }
+    }
+    if c.params.len() != graph.param_len {
+        return Err(Error::Job(format!(
+            "cannot resume from {name}: it holds {} parameter values, the job's model needs {} \
+             ({} parameters)",
+            c.params.len(),
+            graph.param_len,
+            graph.parameter_count()
+        )));
+    }
+    if c.running_stats.len() != graph.running_stats_len() {
+        return Err(Error::Job(format!(
+            "cannot resume from {name}: it holds {} batch-norm running statistics, the job's \
+             model has {}",
+            c.running_stats.len(),
+            graph.running_stats_len()
+        )));
+    }
+    let kept: Vec<&str> = c.optimizer.iter().map(|(n, _)| n.as_str()).collect();
+    if kept != optim::state_names(spec) {
+        // Only reachable with --force: the optimizer changed kind.
+        tracing::warn!("--force: the optimizer changed; its state starts afresh");
+        c.optimizer.clear();
+        c.state.optimizer_steps = 0;
+    }
+    let total = train::total_steps(spec, train_len) as u64;
+    let step = c.state.step;
+    let finishing = nothing_left_to_train(c, spec, total);
+    if finishing && run_completed(&point.run_dir) {
+        let why = if c.state.end_reason == Some(train::EndReason::EarlyStopped) {
+            "early stopping ended it there; change train.early_stopping (its patience, say) or \
+             remove it to train further"
+                .to_string()
+        } else {
+            format!(
+                "this job trains {total} steps (train.epochs = {}{}); raise train.epochs or \
+                 train.max_steps to train further",
+                spec.train.epochs,
+                spec.train
+                    .max_steps
+                    .map_or(String::new(), |m| format!(", train.max_steps = {m}"))
+            )
+        };
+        return Err(Error::Job(format!(
+            "cannot resume from {name}: it is at step {step}, where the run completed, and \
+             {why}"
+        )));
+    }
+    if step > total && !c.state.finished {
+        return Err(Error::Job(format!(
+            "cannot resume from {name}: it is at step {step} and this job trains {total} steps \
+             (train.epochs = {}{}); raise train.epochs or train.max_steps to train further",
+            spec.train.epochs,
+            spec.train
+                .max_steps
+                .map_or(String::new(), |m| format!(", train.max_steps = {m}"))
+        )));
+    }
+    // Its rows up to the checkpoint must be there before anything of the run is rewritten.
+    let metrics = point.run_dir.join("metrics.csv");
+    MetricsWriter::resumable_len(&metrics, c.state.metrics_rows)?;
+    if finishing {
+        tracing::info!(
+            "{name} is the final checkpoint of {}, which stopped before it completed: writing \
+             its weights and summary (nothing is trained)",
+            point.run_dir.display()
+        );
+    } else {
+        tracing::info!(
+            "resuming {} from {name} (step {step})",
+            point.run_dir.display()
+        );
+    }
+    Ok(Start::Resume(Box::new(point)))
+}
+
+/// A final checkpoint (`finished`) with nothing left to train for `spec`: its run ended
+/// at the job's last step, or early stopping ended it and the job stops early as it did.
+pub(super) fn nothing_left_to_train(
+    c: &checkpoint::Checkpoint,
+    spec: &JobSpec,
+    total: u64,
+) -> bool {
+    let same_early_stopping =
+        || c.spec["train"]["early_stopping"] == serde_json::json!(spec.train.early_stopping);
+    c.state.finished
+        && (c.state.step >= total
+            || (c.state.end_reason == Some(train::EndReason::EarlyStopped)
+                && same_early_stopping()))
+}
+
+/// Whether the run in `dir` completed: its summary says so and its final weights are there
+/// (a run stopped while writing them has its final checkpoint, but not these).
+pub(super) fn run_completed(dir: &Path) -> bool {
+    let summary = std::fs::read_to_string(dir.join("summary.json"))
+        .ok()
+        .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok());
+    summary.is_some_and(|s| s["status"] == "completed") && dir.join(weights::MODEL_FILE).is_file()
+}
+
+/// The rows a finished run ended with, read back from its metrics.csv (for a run that is
+/// only finishing): its last train row and each evaluated split's last row.
+pub(super) fn final_rows(metrics: &Path) -> (Option<MetricsRow>, Vec<MetricsRow>) {
+    let mut last_train = None;
+    let mut last_eval: Vec<MetricsRow> = Vec::new();
+    for point in crate::results::read_metrics(metrics) {
+        let split = match point.split.as_str() {
+            "train" => "train",
+            "val" => "val",
+            "test" => "test",
+            _ => continue,
+        };
+        let row = MetricsRow {
+            step: point.step,
+            epoch: point.epoch,
+            split,
+            loss: point.values.get("loss").copied().unwrap_or(f64::NAN),
+            accuracy: point.values.get("accuracy").copied(),
+            ..Default::default()
+        };
+        if split == "train" {
+            last_train = Some(row);
+        } else {
+            last_eval.retain(|r| r.split != split);
+            last_eval.push(row);
+        }
+    }
+    (last_train, last_eval)
+}
+
+/// A run that failed says where it is, and, after writing checkpoints, how to continue
+/// from the newest.
+pub(super) fn with_resume_hint(e: Error, args: &RunArgs, run: &RunDir) -> Error {
+    let e = match e {
+        Error::Runtime(_) | Error::Diverged(_) => e.with_note(&format!(
+            "the run: {} (its summary.json and train.log say so too)",
+            run.path.display()
+        )),
+        other => return other,
+    };
+    let Some((step, _)) = checkpoint::list(&run.path.join(checkpoint::DIR)).pop() else {
+        return e;
+    };
+    let resume = resume_command(args, &run.path);
+    match e {
+        Error::Runtime(message) => Error::Runtime(format!(
+            "{message}\nthe run's checkpoints remain (the newest at step {step}); continue \
+             with: {resume}"
+        )),
+        // The same settings would diverge again: the resume needs a change, hence --force.
+        Error::Diverged(message) => Error::Diverged(format!(
+            "{message}\nthe newest checkpoint, at step {step}, is the last good state (none \
+             is written with inf/NaN in it); to go on from it with a change, add it and \
+             --force to: {resume}"
+        )),
+        e => e,
+    }
+}
+
+/// The command that continues `run`: the job and its `--set` overrides (without them the
+/// resume would be refused, or quietly train another length).
+pub(super) fn resume_command(args: &RunArgs, run: &Path) -> String {
+    job_command(args, &["--resume", &run.display().to_string()])
+}
+
+/// `trainer run` of the job (and its --name) with `extra` arguments and its `--set`
+/// overrides, shell-quoted.
+pub(super) fn job_command(args: &RunArgs, extra: &[&str]) -> String {
+    let quote = crate::provenance::shell_quote;
+    let mut command = format!("trainer run {}", quote(&args.job.display().to_string()));
+    if let Some(name) = &args.name {
+        command += &format!(" --name {}", quote(name));
+    }
+    for arg in extra {
+        command += &format!(" {}", quote(arg));
+    }
+    for set in &args.sets {
+        command += &format!(" --set {}", quote(set));
+    }
+    command
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The command an interrupted or failed run prints keeps the job's overrides and name,
+    /// quoted for a shell: without them the resume would be refused, train another length,
+    /// or rename the job.
+    #[test]
+    fn the_resume_command_keeps_the_overrides_quoted() {
+        let args = RunArgs {
+            job: "jobs/mlp.toml".into(),
+            sets: vec![
+                "train.epochs=30".into(),
+                r#"optimizer.schedule={type="step", step_size=5}"#.into(),
+                "job.name='x'".into(),
+            ],
+            name: Some("lr 3".into()),
+            runs_dir: "runs".into(),
+            resume: None,
+            resume_fallback: false,
+            force: false,
+            dir: None,
+            quiet: false,
+            print_run_dir: false,
+        };
+        let run = Path::new("runs/mlp/20261124-1");
+        let want = r#"trainer run jobs/mlp.toml --name 'lr 3' --resume runs/mlp/20261124-1 --set train.epochs=30 --set 'optimizer.schedule={type="step", step_size=5}' --set 'job.name='\''x'\'''"#;
+        assert_eq!(resume_command(&args, run), want);
+    }
+}
