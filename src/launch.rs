@@ -44,12 +44,7 @@ struct Rank {
 /// directory).
 pub fn run(args: &RunArgs, spec: &JobSpec) -> Result<()> {
     let world = spec.parallel.replicas().unwrap_or(1);
-    let devices: Vec<String> = (0..world)
-        .map(|rank| match &spec.parallel.devices {
-            Some(crate::spec::ParallelDevices::List(list)) => list[rank].clone(),
-            _ => spec.device.kind.clone(),
-        })
-        .collect();
+    let devices = rank_devices(spec, world);
     let program = std::env::current_exe()
         .map_err(|e| runtime_err!("cannot find this program to start the replicas: {e}"))?;
     let port = free_port()?;
@@ -87,6 +82,28 @@ pub fn run(args: &RunArgs, spec: &JobSpec) -> Result<()> {
         None => Ok(()),
         Some(e) => Err(e),
     }
+}
+
+/// Each rank's device, for its log prefix: its parallel.devices entry, else `device.type`
+/// as a rank resolves it (`commands::pick_device`): "cuda" and "auto" with a usable GPU are
+/// the rank's own GPU (LOCAL_RANK), "auto" without one is the CPU.
+fn rank_devices(spec: &JobSpec, world: usize) -> Vec<String> {
+    use crate::tensor::cuda;
+    if let Some(crate::spec::ParallelDevices::List(list)) = &spec.parallel.devices {
+        return list.clone();
+    }
+    let kind = spec.device.kind.as_str();
+    let own_gpu = kind == "cuda"
+        || kind == "auto"
+            && cuda::probe().is_ok_and(|(devices, _)| !devices.is_empty())
+            && cuda::libraries_missing().is_none();
+    (0..world)
+        .map(|rank| match kind {
+            _ if own_gpu => format!("cuda:{rank}"),
+            "auto" => "cpu".into(),
+            _ => kind.into(),
+        })
+        .collect()
 }
 
 /// `trainer run` with this run's arguments, as `rank` of `world`.
@@ -294,5 +311,26 @@ mod tests {
             relay(text.as_bytes(), "[000 cpu] "),
             Some("second".to_string())
         );
+    }
+
+    fn job_on(device: &str) -> JobSpec {
+        let mlp = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("jobs/mlp.toml");
+        let sets = [
+            format!("device.type=\"{device}\""),
+            "parallel.replicas=2".into(),
+        ];
+        crate::spec::load_job(&mlp, &sets).unwrap()
+    }
+
+    #[test]
+    fn each_rank_is_labelled_with_the_device_it_resolves() {
+        assert_eq!(rank_devices(&job_on("cpu"), 2), ["cpu", "cpu"]);
+        assert_eq!(rank_devices(&job_on("cuda"), 2), ["cuda:0", "cuda:1"]);
+        let auto = rank_devices(&job_on("auto"), 2);
+        if crate::tensor::cuda::probe().is_err() {
+            assert_eq!(auto, ["cpu", "cpu"], "no CUDA driver here");
+        } else {
+            println!("a CUDA driver is present: auto resolved to {auto:?}");
+        }
     }
 }

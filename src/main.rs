@@ -233,11 +233,13 @@ fn main() -> ExitCode {
             devices,
             quiet,
         })
-        .map(|dir| println!("{}", dir.display())),
+        .and_then(|dir| print_out(&format!("{}\n", dir.display()))),
         Command::Ls { runs_dir, format } => {
-            results::list(&[runs_dir], format).map(|t| print!("{t}"))
+            results::list(&[runs_dir], format).and_then(|t| print_out(&t))
         }
-        Command::Compare { runs, format } => results::list(&runs, format).map(|t| print!("{t}")),
+        Command::Compare { runs, format } => {
+            results::list(&runs, format).and_then(|t| print_out(&t))
+        }
         Command::Plot {
             runs,
             metric,
@@ -245,7 +247,7 @@ fn main() -> ExitCode {
             output,
         } => results::load_runs(&runs)
             .and_then(|r| results::plot::plot(&r, &metric, x, &output))
-            .map(|()| println!("{}", output.display())),
+            .and_then(|()| print_out(&format!("{}\n", output.display()))),
         Command::Completions { shell } => {
             clap_complete::generate(
                 shell,
@@ -255,14 +257,8 @@ fn main() -> ExitCode {
             );
             Ok(())
         }
-        Command::Schema => {
-            print!("{}", trainer::spec::json_schema());
-            Ok(())
-        }
-        Command::Devices => {
-            print!("{}", commands::devices());
-            Ok(())
-        }
+        Command::Schema => print_out(&trainer::spec::json_schema()),
+        Command::Devices => print_out(&commands::devices()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -274,5 +270,18 @@ fn main() -> ExitCode {
             eprintln!("error: {e}");
             ExitCode::from(e.exit_code() as u8)
         }
+    }
+}
+
+/// Writes a command's output to stdout. A reader that has gone (`trainer ls | head`) is no
+/// failure: Rust ignores SIGPIPE, so `print!` would panic there instead.
+fn print_out(text: &str) -> trainer::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(trainer::runtime_err!("cannot write to stdout: {e}"))
+        }
+        _ => Ok(()),
     }
 }

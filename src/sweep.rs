@@ -120,7 +120,8 @@ fn refuse_multi_process_environment() -> Result<()> {
             world.rank,
             world.world_size
         )),
-        // RANK and WORLD_SIZE without the rest (MASTER_ADDR...): still a launch by rank.
+        // RANK and WORLD_SIZE without the rest (MASTER_ADDR...), or with values that do not
+        // fit together (RANK >= WORLD_SIZE): still a launch by rank.
         Some(Err(e)) => Err(job_err!(
             "trainer sweep runs as one process, but the environment describes a \
              multi-process launch ({e}); launch `trainer run` per rank for each point \

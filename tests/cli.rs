@@ -614,7 +614,8 @@ fn check_refuses_what_run_refuses_before_training() {
         ),
         (
             &missing[..],
-            "/no/such/weights.safetensors\": cannot read it",
+            // Named by where the path came from, the --set, once.
+            "error: --set model.init_from = \"/no/such/weights.safetensors\": cannot read it",
         ),
     ] {
         for command in ["check", "run"] {
@@ -1367,4 +1368,39 @@ fn token_ids_outside_the_vocabulary_or_normalised_are_refused() {
         2,
         &["model.layers[1] (embedding): it reads token ids, which only the data holds"],
     );
+}
+
+/// The run directory is printed at the start, where a reader that has gone (`| head -c0`, a
+/// script that stopped reading) must not end the run; nor `trainer ls` into such a pipe.
+#[test]
+fn a_closed_stdout_stops_neither_a_run_nor_a_listing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = common::write_job(tmp.path(), GOOD_JOB);
+    let runs = tmp.path().join("runs");
+    let with_reader_gone = |args: &[&str]| {
+        let mut child = std::process::Command::new(common::trainer_bin())
+            .args(args)
+            .current_dir(root())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take()); // long before the run's first line
+        child.wait_with_output().unwrap()
+    };
+    let runs_arg = runs.to_str().unwrap();
+    let ran = with_reader_gone(&["run", job.to_str().unwrap(), "--runs-dir", runs_arg]);
+    assert_eq!(ran.status.code(), Some(0), "{}", stderr(&ran));
+    let dirs: Vec<_> = std::fs::read_dir(runs.join("job")) // runs/<job name>/<run id>
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    let [dir] = &dirs[..] else {
+        panic!("one run directory: {dirs:?}")
+    };
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["status"], "completed");
+    let listed = with_reader_gone(&["ls", runs_arg]);
+    assert_eq!(listed.status.code(), Some(0), "{}", stderr(&listed));
 }

@@ -620,8 +620,8 @@ fn bad_multi_process_settings_exit_2_naming_the_key() {
         "{}",
         common::stderr(&o)
     );
-    // RANK and WORLD_SIZE alone are a launch by rank too (the sweep made its directory and
-    // started a point before this was refused).
+    // RANK and WORLD_SIZE alone are a launch by rank too, refused before the sweep makes its
+    // directory (it used to start a point first).
     let runs = tempfile::tempdir().unwrap();
     let o = trainer_with_env(
         &[

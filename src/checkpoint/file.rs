@@ -238,6 +238,9 @@ pub fn read(path: &Path) -> Result<TensorFile, String> {
     Ok(file)
 }
 
+/// The largest header a safetensors file may have (the safetensors crate refuses more).
+const MAX_HEADER_BYTES: u64 = 100_000_000;
+
 /// Each tensor's shape, by name, from the file's header alone: enough to tell whether a file
 /// fits a model before reading what may be gigabytes of data. The error says what is wrong.
 pub fn tensor_shapes(path: &Path) -> Result<BTreeMap<String, Vec<usize>>, String> {
@@ -246,21 +249,24 @@ pub fn tensor_shapes(path: &Path) -> Result<BTreeMap<String, Vec<usize>>, String
         .metadata()
         .map_err(|e| format!("cannot read it: {e}"))?
         .len();
-    let mut start = [0u8; 8];
-    let read = f
-        .read(&mut start)
+    let mut start = Vec::with_capacity(8);
+    (&mut f)
+        .take(8)
+        .read_to_end(&mut start)
         .map_err(|e| format!("cannot read it: {e}"))?;
-    let incomplete = |why: String| match other_format(&start[..read]) {
+    let incomplete = |why: String| match other_format(&start) {
         Some(format) => not_safetensors(format),
         None => format!(
             "it is not a complete safetensors file ({size} bytes; {why}): truncated or corrupt"
         ),
     };
-    if read < 8 {
+    let Ok(start) = <[u8; 8]>::try_from(&start[..]) else {
         return Err(incomplete("no header".into()));
-    }
+    };
     let header_len = u64::from_le_bytes(start);
-    if header_len > size - 8 {
+    // The safetensors crate's own limit: a larger "header" is another format's bytes, and
+    // is not worth gigabytes of memory to find out.
+    if header_len > size - 8 || header_len > MAX_HEADER_BYTES {
         return Err(incomplete(format!("a header of {header_len} bytes")));
     }
     let mut header = vec![0u8; header_len as usize];
@@ -430,6 +436,22 @@ mod tests {
         let shapes = tensor_shapes(&path).unwrap();
         assert_eq!(shapes, BTreeMap::from([("params".to_string(), vec![3])]));
         assert!(read(&path).is_err(), "the data is cut short");
+    }
+
+    /// A large file of another format may begin with what reads as a header length of
+    /// gigabytes: it is refused, not allocated.
+    #[test]
+    fn a_header_beyond_the_safetensors_limit_is_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("weights.bin");
+        let f = std::fs::File::create(&path).unwrap();
+        (&f).write_all(&150_000_000u64.to_le_bytes()).unwrap();
+        f.set_len(200_000_000).unwrap(); // sparse: nothing is written
+        let err = tensor_shapes(&path).unwrap_err();
+        assert!(
+            err.contains("a header of 150000000 bytes") && err.contains("truncated or corrupt"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -1,12 +1,12 @@
 //! `trainer check` (a job's graph, shapes, parameters and memory) and `trainer devices`.
 
-use super::memory::{activation_storage, group_digits};
+use super::memory::{activation_storage, fits, group_digits};
 use super::*;
 
 /// How data parallelism averages the gradients on the resolved device (`on_gpus`): bucket by
 /// bucket during the backward pass (parallel.overlap) or after it. None without data
 /// parallelism.
-pub(super) fn gradient_averaging(spec: &JobSpec, graph: &Graph, on_gpus: bool) -> Option<String> {
+fn gradient_averaging(spec: &JobSpec, graph: &Graph, on_gpus: bool) -> Option<String> {
     spec.parallel.replicas()?;
     let processes =
         spec.parallel.world.is_some() || spec.parallel.launches_processes(&spec.device.kind);
@@ -203,12 +203,22 @@ pub fn check(job: &Path, sets: &[String]) -> Result<Checked> {
             bytes(all_replicas_memory(&spec, &graph, &m))
         );
     }
-    let runnable_here = match on_gpu {
-        false => check_host_memory(&spec, &graph, &data),
-        true => Ok(()),
+    let runnable_here = match (gpu, gpu_memory) {
+        (Some(n), Some(all)) if all != usize::MAX => fits(
+            m.total(),
+            all,
+            &format!("cuda:{n}, with nothing else on it,"),
+        ),
+        (Some(_), _) => Ok(()),
+        (None, _) => check_host_memory(&spec, &graph, &data),
     };
     if runnable_here.is_err() {
-        out += "  more than this machine has free: `trainer run` would refuse it here\n";
+        let place = if on_gpu {
+            "the GPU has"
+        } else {
+            "this machine has free"
+        };
+        out += &format!("  more than {place}: `trainer run` would refuse it here\n");
     }
     if !on_gpu || spec.device.data == DataPlacement::Streamed {
         let streamed = if on_gpu { ", streamed" } else { "" };

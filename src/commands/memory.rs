@@ -122,7 +122,7 @@ pub(super) fn fits(needed: usize, free: usize, place: &str) -> Result<()> {
 
 /// What the host can still allocate: available memory and free swap (/proc/meminfo); None
 /// where that cannot be read.
-pub(super) fn host_memory_free() -> Option<usize> {
+fn host_memory_free() -> Option<usize> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
     let kib = |key: &str| {
         info.lines().find_map(|line| {

@@ -20,6 +20,7 @@ use crate::tensor::{spatial, Backend};
 use crate::train::{
     self, CpuReplicas, DataParallel, OneDeviceCollective, ProcessReplicas, Session,
 };
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -159,7 +160,11 @@ fn read_init_from(job: &Path, sets: &[String], path: &Path, graph: &Graph) -> Re
         Error::Job(message) => {
             let source = spec::KeySources::new(job, sets)
                 .map_or_else(|_| job.display().to_string(), |s| s.of("model.init_from"));
-            Error::Job(format!("{source}: {message}"))
+            match source.as_str() {
+                // The message begins with the key: "--set model.init_from = ...".
+                "--set model.init_from" => Error::Job(format!("--set {message}")),
+                _ => Error::Job(format!("{source}: {message}")),
+            }
         }
         e => e,
     })
@@ -624,8 +629,9 @@ fn run_on<B: Backend>(
         }
     };
     if args.print_run_dir {
-        // Line-buffered: a script capturing stdout has it even if the run is killed.
-        println!("{}", run.path.display());
+        // Line-buffered: a script capturing stdout has it even if the run is killed. A
+        // closed stdout (`>&-`, a reader gone) must not stop the run, so errors are ignored.
+        let _ = writeln!(std::io::stdout(), "{}", run.path.display());
     }
     let resumed = match &start {
         Start::Resume(point) => {

@@ -199,7 +199,7 @@ pub(super) fn nothing_left_to_train(
 
 /// Whether the run in `dir` completed: its summary says so and its final weights are there
 /// (a run stopped while writing them has its final checkpoint, but not these).
-pub(super) fn run_completed(dir: &Path) -> bool {
+fn run_completed(dir: &Path) -> bool {
     let summary = std::fs::read_to_string(dir.join("summary.json"))
         .ok()
         .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok());

@@ -28,6 +28,11 @@ fn unusable(name: &str) -> Option<&'static str> {
              the end), and its tensors' names (\"N.weight\") for those of the unnamed layer \
              at that position",
         )
+    } else if name.starts_with('-') {
+        Some(
+            "starts with `-`, which model.layers[-N] reads as a position from the end: the \
+             layer could not be named there",
+        )
     } else if name.trim().trim_matches('"') != name {
         Some(
             "starts or ends with a space or a quote, which model.layers[NAME] drops: the \
@@ -199,6 +204,7 @@ mod tests {
             ("-1", "is a number"),
             ("+1", "is a number"),
             ("-0", "is a number"),
+            ("-1a", "starts with `-`"),
             (" 1", "starts or ends with a space or a quote"),
             ("fc ", "starts or ends with a space or a quote"),
             ("fc.1", "holds `.`, `[` or `]`"),
@@ -211,7 +217,7 @@ mod tests {
             let want = format!("model.layers[1] (relu \"{name}\"): the name \"{name}\" {why}");
             assert!(e.contains(&want), "{want}\nnot in\n{e}");
         }
-        for name in ["fc1", "block-2_out", "3a", "-1a", "a b"] {
+        for name in ["fc1", "block-2_out", "3a", "+1a", "a b"] {
             let text = format!(
                 r#"layers = [{{ type = "linear", out = 4 }}, {{ type = "relu", name = "{name}" }}]"#
             );

@@ -619,10 +619,17 @@ impl Saver<'_> {
         // Nor one that has gone inf/NaN since the last train row (where the loss is checked):
         // the newest checkpoint is always a state to go back to.
         if let Some(what) = nonfinite_state(&params, &optimizer_state, &running_stats, &window) {
+            let fix = if what.starts_with("batch norm") {
+                "remove the inf/NaN values from the data"
+            } else if self.spec.train.on_nonfinite == OnNonFinite::Skip {
+                "try a lower optimizer.lr or train.clip_grad_norm"
+            } else {
+                "try a lower optimizer.lr or train.clip_grad_norm, or train.on_nonfinite = \
+                 \"skip\" to skip such steps"
+            };
             return Err(Error::Diverged(format!(
                 "training diverged: {what} at step {}, so no checkpoint was written there; \
-                 try a lower optimizer.lr or train.clip_grad_norm, or train.on_nonfinite = \
-                 \"skip\" to skip such steps",
+                 {fix}",
                 st.step
             )));
         }
