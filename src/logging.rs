@@ -1,5 +1,6 @@
 //! Logging: tracing to stderr (RUST_LOG respected, `--quiet` keeps warnings and errors only)
-//! and, once a run directory exists, the same lines without colours to its train.log.
+//! and the same lines without colours to the run's train.log, those said before its run
+//! directory exists included.
 
 use std::fs::File;
 use std::io::Write;
@@ -8,23 +9,39 @@ use std::sync::Mutex;
 use tracing_subscriber::filter::{EnvFilter, LevelFilter};
 use tracing_subscriber::prelude::*;
 
-static RUN_LOG: Mutex<Option<File>> = Mutex::new(None);
+/// Where train.log lines go: kept until the run directory exists (so the log also has what
+/// was said while the job was being prepared: the device picked, warnings about the job),
+/// then the file.
+enum Target {
+    Pending(Vec<u8>),
+    File(File),
+}
 
-/// Writes to the current run's train.log, or nowhere before a run directory exists.
+/// The most kept before a run directory exists: a process that never makes one (`check`,
+/// `ls`) keeps no more than this.
+const PENDING_LIMIT: usize = 64 * 1024;
+
+static RUN_LOG: Mutex<Target> = Mutex::new(Target::Pending(Vec::new()));
+
+/// Writes to the current run's train.log, or keeps the lines for it until it exists.
 struct RunLog;
 
 impl Write for RunLog {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        if let Ok(mut guard) = RUN_LOG.lock() {
-            if let Some(file) = guard.as_mut() {
-                file.write_all(buf)?;
+        if let Ok(mut target) = RUN_LOG.lock() {
+            match &mut *target {
+                Target::File(file) => file.write_all(buf)?,
+                Target::Pending(kept) if kept.len() + buf.len() <= PENDING_LIMIT => {
+                    kept.extend_from_slice(buf)
+                }
+                Target::Pending(_) => {}
             }
         }
         Ok(buf.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {
-        if let Ok(mut guard) = RUN_LOG.lock() {
-            if let Some(file) = guard.as_mut() {
+        if let Ok(mut target) = RUN_LOG.lock() {
+            if let Target::File(file) = &mut *target {
                 file.flush()?;
             }
         }
@@ -57,14 +74,18 @@ pub fn init(quiet: bool) {
         .try_init();
 }
 
-/// From now on, log lines also go to `path` (appended: a resumed run continues its log).
+/// From now on, log lines also go to `path` (appended: a resumed run continues its log),
+/// after those said since the last run log was detached.
 pub fn attach_run_log(path: &Path) -> std::io::Result<()> {
-    let file = std::fs::OpenOptions::new()
+    let mut file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(path)?;
-    if let Ok(mut guard) = RUN_LOG.lock() {
-        *guard = Some(file);
+    if let Ok(mut target) = RUN_LOG.lock() {
+        if let Target::Pending(kept) = &*target {
+            file.write_all(kept)?;
+        }
+        *target = Target::File(file);
     }
     Ok(())
 }
@@ -75,7 +96,7 @@ pub fn append_to_run_log(text: &str) {
 }
 
 pub fn detach_run_log() {
-    if let Ok(mut guard) = RUN_LOG.lock() {
-        *guard = None;
+    if let Ok(mut target) = RUN_LOG.lock() {
+        *target = Target::Pending(Vec::new());
     }
 }

@@ -299,6 +299,32 @@ fn init_from_starts_a_job_from_a_previous_runs_weights() {
     assert!(resumed.status.success(), "{}", stderr(&resumed));
     let config = std::fs::read_to_string(started.join("config.toml")).unwrap();
     assert!(config.contains(&init), "{config}");
+
+    // Another file given on a resume is not read, and train.log says so (the warning comes
+    // before the run directory is opened again; the log keeps it).
+    let other = second.join("model.safetensors");
+    let resumed = trainer(&[
+        "run",
+        without.to_str().unwrap(),
+        "--resume",
+        started.to_str().unwrap(),
+        "--set",
+        "train.epochs=4",
+        "--set",
+        &format!("model.init_from=\"{}\"", other.display()),
+        "-q",
+    ]);
+    assert!(resumed.status.success(), "{}", stderr(&resumed));
+    let log = std::fs::read_to_string(started.join("train.log")).unwrap();
+    let warning = format!(
+        "model.init_from = \"{}\" is not read: a resumed run continues from its checkpoint \
+         (the run started from {})",
+        other.display(),
+        file.display()
+    );
+    assert!(log.contains(&warning), "{warning}\nnot in\n{log}");
+    let config = std::fs::read_to_string(started.join("config.toml")).unwrap();
+    assert!(config.contains(&init), "{config}");
 }
 
 #[test]
