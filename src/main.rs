@@ -232,8 +232,7 @@ fn main() -> ExitCode {
             retry_failed,
             devices,
             quiet,
-        })
-        .and_then(|dir| print_out(&format!("{}\n", dir.display()))),
+        }),
         Command::Ls { runs_dir, format } => {
             results::list(&[runs_dir], format).and_then(|t| print_out(&t))
         }

@@ -18,6 +18,7 @@ use crate::results::{RunRecord, Status};
 use crate::signals::Stop;
 use crate::spec::{canonical_keys, check_run_name, load_job, parse_set_arg, JobSpec};
 use crate::{job_err, provenance, runtime_err};
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 pub struct SweepArgs {
@@ -131,8 +132,8 @@ fn refuse_multi_process_environment() -> Result<()> {
     }
 }
 
-/// Runs (or completes) a sweep; returns its directory.
-pub fn sweep(args: &SweepArgs) -> Result<PathBuf> {
+/// Runs (or completes) a sweep; prints its directory on stdout as soon as it exists.
+pub fn sweep(args: &SweepArgs) -> Result<()> {
     refuse_multi_process_environment()?;
     let slots = args.devices.as_deref().map(devices::parse).transpose()?;
     let grid = args
@@ -151,21 +152,26 @@ pub fn sweep(args: &SweepArgs) -> Result<PathBuf> {
     }
     let points = expand(&grid, &zip);
 
-    // Every point must be a valid job, on every device it may run on, before the first one
-    // trains.
+    // Every point must be a valid job, on every device it may run on, with data its model
+    // fits, before the first one trains.
     let base = load_job(&args.job, &args.sets)?;
     let mut specs: Vec<JobSpec> = Vec::with_capacity(points.len());
+    let mut data = None;
     for (i, point) in points.iter().enumerate() {
         let sets = point_sets(&args.sets, point);
         let invalid =
             |e: Error, on: &str| job_err!("sweep point {i:03} ({}){on}: {e}", describe(point));
-        specs.push(load_job(&args.job, &sets).map_err(|e| invalid(e, ""))?);
+        let spec = load_job(&args.job, &sets).map_err(|e| invalid(e, ""))?;
+        crate::commands::check_sweep_point(&args.job, &sets, &spec, &mut data)
+            .map_err(|e| invalid(e, ""))?;
+        specs.push(spec);
         for device in slots.iter().flat_map(|s| devices::distinct(s)) {
             let mut on_device = sets.clone();
             on_device.push(devices::device_set(device));
             load_job(&args.job, &on_device).map_err(|e| invalid(e, &format!(" on {device}")))?;
         }
     }
+    drop(data);
     if let (Some(slots), Some(value)) = (&slots, &args.devices) {
         devices::check_present(slots, value)?;
     }
@@ -186,6 +192,9 @@ pub fn sweep(args: &SweepArgs) -> Result<PathBuf> {
     std::fs::create_dir_all(&dir)
         .map_err(|e| runtime_err!("cannot create sweep directory {}: {e}", dir.display()))?;
     record_definition(&dir, &definition, args)?;
+    // At once, as `trainer run` prints its run directory: a script has it however the sweep
+    // ends. A reader that has gone does not stop the sweep.
+    let _ = writeln!(std::io::stdout(), "{}", dir.display());
 
     let point_dirs: Vec<PathBuf> = points
         .iter()
@@ -226,7 +235,7 @@ pub fn sweep(args: &SweepArgs) -> Result<PathBuf> {
             index.display()
         ));
     }
-    Ok(sweep.dir)
+    Ok(())
 }
 
 /// What a (re-)run of a sweep has to do, from the point directories.

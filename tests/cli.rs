@@ -715,6 +715,41 @@ fn truncated_idx_file_says_how_much_is_missing() {
     );
 }
 
+#[test]
+fn idx_images_of_no_pixels_are_refused() {
+    let images: &[u8] = &[0, 0, 8, 3, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 2]; // 2 images of 0x2
+    let labels: &[u8] = &[0, 0, 8, 1, 0, 0, 0, 2, 1, 2];
+    expect_failure(
+        &IDX_JOB.replace("images.gz", "images.idx"),
+        &[("images.idx", images), ("labels.idx", labels)],
+        &[],
+        2,
+        &["images.idx: the IDX header says 2 images of 0x2 pixels"],
+    );
+}
+
+/// `cat a.gz b.gz`, `gzip >>` and bgzip write several gzip members: all of them are data.
+#[test]
+fn a_gzip_file_of_several_members_is_read_whole() {
+    use std::io::Write;
+    let member = |text: &str| {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(text.as_bytes()).unwrap();
+        gz.finish().unwrap()
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let mut bytes = member("a,b,y\n1,2,0\n3,4,1\n");
+    bytes.extend(member("5,6,2\n7,8,1\n9,9,0\n"));
+    std::fs::write(tmp.path().join("data.csv"), bytes).unwrap();
+    let job = common::write_job(
+        tmp.path(),
+        &format!("{CSV_JOB}[train]\nepochs = 1\n").replace("[data]", "[data]\nval_fraction = 0"),
+    );
+    let out = trainer(&["check", job.to_str().unwrap()], &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("train 5"), "{}", stdout(&out));
+}
+
 const CSV_JOB: &str = r#"
 [data]
 source = "csv"
@@ -726,6 +761,29 @@ layers = [{ type = "linear", out = 3 }]
 type = "sgd"
 lr = 0.1
 "#;
+
+#[test]
+fn a_column_name_the_header_gives_twice_is_refused() {
+    let csv = b"a,y,y\n1,0,1\n3,1,2\n5,2,0\n";
+    expect_failure(
+        &CSV_JOB.replace("classes = 3", "classes = 3\nlabel = \"y\""),
+        &[("data.csv", csv)],
+        &[],
+        2,
+        &["data.csv: the header names columns 1 and 2 `y`: give the column by index"],
+    );
+}
+
+#[test]
+fn classes_are_refused_for_regression_data() {
+    expect_failure(
+        &CSV_JOB.replace("classes = 3", "classes = 3\ntask = \"regression\""),
+        &[],
+        &[],
+        2,
+        &["data.classes", "only applies to task = \"classification\""],
+    );
+}
 
 #[test]
 fn label_out_of_range_names_the_sample() {

@@ -702,6 +702,34 @@ fn bad_sweeps_are_refused_before_anything_trains() {
             "-1 given; must be a positive number",
         ],
     );
+    // What only the data tells (a model that does not fit it, a data file missing) is
+    // checked for every point too, before the first trains.
+    expect_error(
+        TINY_JOB,
+        &sweep(&["--grid", "model.layers[1].out=10,5"]),
+        2,
+        &[
+            "sweep point 001 (model.layers[1].out=5)",
+            "outputs [5] (5 values per sample) but cross_entropy needs one logit per class",
+        ],
+    );
+    let digits = common::root().join("jobs/data/digits.csv.gz");
+    let csv_job = TINY_JOB.replace(
+        "source = \"digits\"",
+        &format!("source = \"csv\"\npath = \"{}\"", digits.display()),
+    );
+    let paths = format!("data.path=\"{}\",\"nowhere.csv\"", digits.display());
+    let mut args: Vec<&str> = sweep(&["--grid"]);
+    args.push(&paths);
+    expect_error(
+        &csv_job,
+        &args,
+        2,
+        &[
+            "sweep point 001 (data.path=\"nowhere.csv\")",
+            "cannot read data file",
+        ],
+    );
     expect_error(
         TINY_JOB,
         &sweep(&["--grid", "model.layers[2].out=8,16"]),

@@ -202,7 +202,10 @@ fn a_failing_point_leaves_the_others_running() {
         err.contains("sweep point 000 (optimizer.lr=1e38) failed on cpu (exit 1)"),
         "{err}"
     );
-    let (header, rows) = read_csv(&runs.join("tiny/one-fails/sweep.csv"));
+    // A script has the sweep's directory however it ended.
+    let dir = runs.join("tiny/one-fails");
+    assert_eq!(stdout(&out).trim(), dir.to_str().unwrap());
+    let (header, rows) = read_csv(&dir.join("sweep.csv"));
     let status: Vec<&str> = rows.iter().map(|r| column(&header, r, "status")).collect();
     assert_eq!(status, ["failed", "completed", "completed"]);
     assert_eq!(column(&header, &rows[0], "end_reason"), "diverged");

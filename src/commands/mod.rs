@@ -116,6 +116,31 @@ fn prepare(job: &Path, sets: &[String], name: Option<&str>) -> Result<Prepared> 
         spec::validate(&spec, &spec::KeySources::new(job, sets)?)?;
     }
     let data = data::load(&spec.data, spec.job.seed)?;
+    let graph = model_for(job, sets, &spec, &data)?;
+    Ok(Prepared { spec, data, graph })
+}
+
+/// What `trainer run` checks of a sweep point before anything trains, beyond its keys: its
+/// data loads and its model fits the data (shapes, token ids, batches). `last` keeps the
+/// data set of the previous point: points that differ in other keys load it once.
+pub fn check_sweep_point(
+    job: &Path,
+    sets: &[String],
+    spec: &JobSpec,
+    last: &mut Option<(String, Data)>,
+) -> Result<()> {
+    let key = serde_json::to_string(&(&spec.data, spec.job.seed)).expect("a spec serialises");
+    let data = match last.take() {
+        Some((k, data)) if k == key => data,
+        _ => data::load(&spec.data, spec.job.seed)?,
+    };
+    let fits = model_for(job, sets, spec, &data).map(drop);
+    *last = Some((key, data));
+    fits
+}
+
+/// The model of `spec` built for `data`, with what must hold between them before training.
+fn model_for(job: &Path, sets: &[String], spec: &JobSpec, data: &Data) -> Result<Graph> {
     let (batch_size, train_len) = (spec.batch_size(), data.train.len);
     if spec.data.drop_last && train_len < batch_size {
         return Err(Error::Job(format!(
@@ -130,7 +155,7 @@ fn prepare(job: &Path, sets: &[String], name: Option<&str>) -> Result<Prepared> 
         target_dim: data.target_dim,
     };
     // The model's errors say which layer; this says where the layers came from.
-    let graph = Graph::build(&spec, &shape).map_err(|e| match e {
+    let graph = Graph::build(spec, &shape).map_err(|e| match e {
         Error::Job(m) => {
             let Ok(sources) = spec::KeySources::new(job, sets) else {
                 return Error::Job(format!("{}: {m}", job.display()));
@@ -148,9 +173,9 @@ fn prepare(job: &Path, sets: &[String], name: Option<&str>) -> Result<Prepared> 
         }
         e => e,
     })?;
-    check_token_ids(job, &graph, &data, spec.data.normalize != Normalize::None)?;
-    check_batch_norm_batches(job, &spec, &graph, data.train.len)?;
-    Ok(Prepared { spec, data, graph })
+    check_token_ids(job, &graph, data, spec.data.normalize != Normalize::None)?;
+    check_batch_norm_batches(job, spec, &graph, data.train.len)?;
+    Ok(graph)
 }
 
 /// model.init_from's weights, for a fresh run; an error says where the path came from (the

@@ -111,7 +111,7 @@ fn read_file(path: &Path) -> Result<Vec<u8>> {
 fn gunzip_if_needed(bytes: Vec<u8>, name: &str) -> Result<Vec<u8>> {
     if bytes.starts_with(&[0x1f, 0x8b]) {
         let mut out = Vec::new();
-        flate2::read::GzDecoder::new(&bytes[..])
+        flate2::read::MultiGzDecoder::new(&bytes[..])
             .read_to_end(&mut out)
             .map_err(|e| Error::Job(format!("{name}: corrupt gzip data: {e}")))?;
         Ok(out)
@@ -291,6 +291,16 @@ fn resolve_columns(
                 "{name}: column index {i} does not exist (the file has {width} columns, 0..{})",
                 width.saturating_sub(1)
             ))),
+            Column::Name(n) if headers.iter().filter(|h| *h == n).count() > 1 => {
+                let at: Vec<String> = (headers.iter().enumerate())
+                    .filter(|(_, h)| *h == n)
+                    .map(|(i, _)| i.to_string())
+                    .collect();
+                Err(Error::Job(format!(
+                    "{name}: the header names columns {} `{n}`: give the column by index",
+                    at.join(" and ")
+                )))
+            }
             Column::Name(n) => headers.iter().position(|h| h == n).ok_or_else(|| {
                 Error::Job(format!(
                     "{name}: no column named `{n}`{}",
@@ -345,6 +355,16 @@ fn resolve_columns(
 pub(crate) fn idx(spec: &DataSpec) -> Result<Raw> {
     let pair = |images: &Path, labels: &Path| -> Result<(Dataset, Vec<usize>)> {
         let (shape, pixels) = read_idx(images, 3)?;
+        if shape.contains(&0) {
+            return Err(Error::Job(format!(
+                "{}: the IDX header says {} images of {}x{} pixels: a data set needs at least \
+                 one image of at least 1x1",
+                images.display(),
+                shape[0],
+                shape[1],
+                shape[2]
+            )));
+        }
         let (label_shape, labels_u8) = read_idx(labels, 1)?;
         if label_shape[0] != shape[0] {
             return Err(Error::Job(format!(

@@ -166,6 +166,11 @@ fn validate_data(d: &DataSpec, p: &mut Problems) {
     only(d.classes.is_some(), "classes", &[Csv, Idx, Synthetic]);
     only(d.targets.is_some(), "targets", &[Synthetic]);
     only(d.noise.is_some(), "noise", &[Synthetic]);
+    p.check(
+        d.task() == Task::Classification || d.classes.is_none(),
+        "data.classes",
+        "only applies to task = \"classification\"",
+    );
     // (A single class has nothing to learn, and labels are checked against 0..classes.)
     p.check(
         d.classes.unwrap_or(2) >= 2,
@@ -203,11 +208,6 @@ fn validate_data(d: &DataSpec, p: &mut Problems) {
                 d.num_features() >= 1,
                 "data.num_features",
                 "must be at least 1",
-            );
-            p.check(
-                task == Task::Classification || d.classes.is_none(),
-                "data.classes",
-                "only applies to task = \"classification\"",
             );
             p.check(
                 task == Task::Regression || d.targets.is_none(),
