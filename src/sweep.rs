@@ -190,7 +190,7 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
     }
     let dir = args.runs_dir.join(&name).join(&sweep_id);
     std::fs::create_dir_all(&dir)
-        .map_err(|e| runtime_err!("cannot create sweep directory {}: {e}", dir.display()))?;
+        .map_err(|e| crate::run::create_dir_error("sweep directory", &dir, e))?;
     record_definition(&dir, &definition, args)?;
     // At once, as `trainer run` prints its run directory: a script has it however the sweep
     // ends. A reader that has gone does not stop the sweep.

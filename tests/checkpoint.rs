@@ -534,7 +534,7 @@ fn a_resume_whose_metrics_lost_rows_is_refused_leaving_the_run_as_it_was() {
     let text = std::fs::read_to_string(&metrics_path).unwrap();
     let more = ["--resume", d, "--set", "train.epochs=6"];
     let first_rows: String = text.lines().take(3).map(|l| format!("{l}\n")).collect();
-    std::fs::write(&metrics_path, first_rows).unwrap();
+    std::fs::write(&metrics_path, &first_rows).unwrap();
     expect_exit_2(
         &job.run(&more),
         &["metrics.csv has 2 rows", "cannot be continued"],
@@ -543,6 +543,24 @@ fn a_resume_whose_metrics_lost_rows_is_refused_leaving_the_run_as_it_was() {
     std::fs::remove_file(&metrics_path).unwrap();
     expect_exit_2(&job.run(&more), &["metrics.csv to resume its run"]);
     assert_eq!(read(&dir), before, "the run directory was changed");
+
+    // --force goes on after the rows that are there, saying which are missing; the run
+    // then resumes as any other (its checkpoints count the rows it has).
+    std::fs::write(&metrics_path, &first_rows).unwrap();
+    let forced = job.run(&[&more[..], &["--force"]].concat());
+    assert!(forced.status.success(), "{}", stderr(&forced));
+    let err = stderr(&forced);
+    assert!(
+        err.contains("metrics.csv has 2 of the") && err.contains("stay missing"),
+        "{err}"
+    );
+    let now = std::fs::read_to_string(&metrics_path).unwrap();
+    assert!(
+        now.starts_with(&first_rows) && now.lines().count() > 3,
+        "{now}"
+    );
+    let again = job.run(&["--resume", d, "--set", "train.epochs=7"]);
+    assert!(again.status.success(), "{}", stderr(&again));
 }
 
 /// A resume from an earlier checkpoint replaces the continuation after it: that

@@ -293,18 +293,17 @@ fn a_runs_dir_that_is_a_file_is_a_usage_error() {
     let tmp = tempfile::tempdir().unwrap();
     let file = tmp.path().join("afile");
     std::fs::write(&file, "").unwrap();
-    for flag in ["--runs-dir", "--run-dir"] {
+    for (command, flag) in [
+        ("run", "--runs-dir"),
+        ("run", "--run-dir"),
+        ("sweep", "--runs-dir"),
+    ] {
         let target = file.join("x");
-        let out = trainer(
-            &[
-                "run",
-                "jobs/mlp.toml",
-                flag,
-                target.to_str().unwrap(),
-                "--quiet",
-            ],
-            &[],
-        );
+        let mut args = vec![command, "jobs/mlp.toml", flag, target.to_str().unwrap()];
+        if command == "sweep" {
+            args.extend(["--grid", "optimizer.lr=0.1,0.2"]);
+        }
+        let out = trainer(&[&args[..], &["--quiet"]].concat(), &[]);
         assert_eq!(out.status.code(), Some(2), "{flag}: {}", stderr(&out));
         assert!(
             stderr(&out).contains("a file is in the way of the path"),
@@ -1006,6 +1005,23 @@ fn environment_variable_of_an_unknown_key_is_named() {
     let err = stderr(&out);
     let says = "environment TRAINER_OPTIMIZER__LRR: key `optimizer.lrr`: unknown key";
     assert!(err.contains(says), "{err}");
+    // A variable nested below a key (two underscores too many) is named, not the job file.
+    let out = trainer(
+        &["check", "jobs/mlp.toml"],
+        &[("TRAINER_DATA__BATCH__SIZE", "2")],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let says = "environment TRAINER_DATA__BATCH__SIZE: key `data.batch`: unknown key";
+    assert!(stderr(&out).contains(says), "{}", stderr(&out));
+    // One underscore too few is not a job key: said, not silently ignored.
+    let out = trainer(
+        &["check", "jobs/mlp.toml"],
+        &[("TRAINER_TRAIN_EPOCHS", "1")],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let says = "environment variable TRAINER_TRAIN_EPOCHS is not read: a job key takes two \
+                underscores after its section (TRAINER_TRAIN__EPOCHS)";
+    assert!(stderr(&out).contains(says), "{}", stderr(&out));
 }
 
 /// Scripts append overrides to a base list: a key given again takes the later value.

@@ -367,6 +367,21 @@ on_nonfinite = "skip"
         .all(|r| r.1.parse::<f64>().unwrap().is_finite()));
 }
 
+/// Every batch holds the bad row: every step is skipped, and the run says that nothing was
+/// trained rather than pass as a quiet success.
+#[test]
+fn a_run_whose_every_step_was_skipped_warns_that_nothing_was_trained() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = regression_job(tmp.path(), 4, Some(0), "skip");
+    let out = run(&job, &tmp.path().join("runs"));
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("WARN all 3 steps were skipped") && err.contains("nothing was trained"),
+        "{err}"
+    );
+}
+
 /// A test set whose loss is inf (a target of inf in it): the run warns, and its
 /// checkpoints, whose state holds the evaluation, still read back (the inf was written as
 /// JSON null, and the checkpoint could not be resumed).

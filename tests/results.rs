@@ -1043,6 +1043,22 @@ fn a_damaged_run_is_skipped_in_a_listing_and_refused_when_named() {
     assert!(warning.contains(&says), "{warning}");
     assert!(stdout(&listed).contains(&name(&no_summary)));
     assert!(stdout(&listed).contains(&name(&no_metrics)));
+
+    // Valid files with nothing in them: an emptied config.toml is a damaged run (its blanks
+    // read as differences from every other run), a summary without a status is none.
+    let (emptied, statusless) = (run(), run());
+    std::fs::write(Path::new(&emptied).join("config.toml"), "").unwrap();
+    let summary = Path::new(&statusless).join("summary.json");
+    std::fs::write(&summary, "[]").unwrap();
+    let listed = ok(trainer(&["ls", runs.to_str().unwrap()], &[]));
+    let warning = stderr(&listed);
+    assert!(!stdout(&listed).contains(&name(&emptied)));
+    let says = "config.toml: incomplete, without `data.source`";
+    assert!(warning.contains(says), "{warning}");
+    let says = format!("{}: no \"status\" string in it", summary.display());
+    assert!(warning.contains(&says), "{warning}");
+    let named = trainer(&["compare", &emptied], &[]);
+    assert_eq!(named.status.code(), Some(2), "{}", stderr(&named));
 }
 
 /// A run whose every evaluation is NaN has no best value: NaN in CSV and the table, null in

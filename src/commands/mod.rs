@@ -745,7 +745,11 @@ fn run_in<B: Backend>(
             },
         ),
         Start::Resume(point) => (
-            MetricsWriter::resume(&metrics_path, point.checkpoint.state.metrics_rows)?,
+            MetricsWriter::resume(
+                &metrics_path,
+                point.checkpoint.state.metrics_rows,
+                args.force,
+            )?,
             Session {
                 resume: Some(point.checkpoint),
                 ..Session::default()

@@ -166,7 +166,17 @@ pub(super) fn plan_start(
     }
     // Its rows up to the checkpoint must be there before anything of the run is rewritten.
     let metrics = point.run_dir.join("metrics.csv");
-    MetricsWriter::resumable_len(&metrics, c.state.metrics_rows)?;
+    let (_, rows) = MetricsWriter::resumable_len(&metrics, c.state.metrics_rows, args.force)?;
+    if rows < c.state.metrics_rows {
+        tracing::warn!(
+            "--force: {} has {rows} of the {} rows written before the checkpoint; the run goes \
+             on after them, and rows {} to {} stay missing",
+            metrics.display(),
+            c.state.metrics_rows,
+            rows + 1,
+            c.state.metrics_rows
+        );
+    }
     if finishing {
         tracing::info!(
             "{name} is the final checkpoint of {}, which stopped before it completed: writing \

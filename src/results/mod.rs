@@ -77,18 +77,40 @@ impl RunRecord {
             let file = config_path.display().to_string();
             job_err!("{}", crate::spec::toml_error(&file, &text, &e, None))
         })?;
+        // config.toml is written whole (atomically) with every section: one without the job's
+        // required keys was cut short or emptied afterwards, and its blanks would read as
+        // differences from every other run.
+        let has = |section: &str, key: &str| {
+            config
+                .get(section)
+                .and_then(|t| t.as_table())
+                .is_some_and(|t| t.contains_key(key))
+        };
+        if let Some(key) = [("data", "source"), ("model", "layers"), ("optimizer", "lr")]
+            .iter()
+            .find(|(section, key)| !has(section, key))
+            .map(|(section, key)| format!("{section}.{key}"))
+        {
+            return Err(job_err!(
+                "{}: incomplete, without `{key}` (every run's config.toml has it): the file \
+                 was cut short or emptied",
+                config_path.display()
+            ));
+        }
         let summary_path = dir.join("summary.json");
         let summary: Option<serde_json::Value> =
             std::fs::read_to_string(&summary_path).ok().and_then(|s| {
                 // Written atomically: one that does not parse was damaged afterwards.
-                serde_json::from_str::<serde_json::Value>(&s)
-                    .map_err(|e| {
-                        tracing::warn!(
-                            "{}: not JSON ({e}); the run is shown as if it had no summary",
-                            summary_path.display()
-                        )
-                    })
-                    .ok()
+                let why = match serde_json::from_str::<serde_json::Value>(&s) {
+                    Ok(v) if v["status"].is_string() => return Some(v),
+                    Ok(_) => "no \"status\" string in it".to_string(),
+                    Err(e) => format!("not JSON: {e}"),
+                };
+                tracing::warn!(
+                    "{}: {why}; the run is shown as if it had no summary",
+                    summary_path.display()
+                );
+                None
             });
         let status = match summary.as_ref().and_then(|s| s["status"].as_str()) {
             Some("completed") => Status::Completed,

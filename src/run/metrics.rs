@@ -78,9 +78,11 @@ impl MetricsWriter {
     }
 
     /// The length of a resumed run's metrics.csv up to its first `keep_rows` rows (those
-    /// written before the checkpoint), or why it cannot be continued (a bad resume, exit 2:
-    /// checked before the run directory is touched).
-    pub fn resumable_len(path: &Path, keep_rows: u64) -> Result<u64> {
+    /// written before the checkpoint) and the rows it keeps, or why it cannot be continued (a
+    /// bad resume, exit 2: checked before the run directory is touched). Rows missing (the
+    /// file cut short by hand or by a disk) are an error, unless `force`: then the run goes
+    /// on after the rows that are there, and the missing ones stay missing.
+    pub fn resumable_len(path: &Path, keep_rows: u64, force: bool) -> Result<(u64, u64)> {
         let name = path.display().to_string();
         let text = std::fs::read_to_string(path)
             .map_err(|e| Error::Job(format!("cannot read {name} to resume its run: {e}")))?;
@@ -91,25 +93,27 @@ impl MetricsWriter {
             )));
         }
         // Cells are numbers and split names: a row never spans lines.
-        let mut end = header.len() + 1;
+        let mut end = (header.len() + 1).min(text.len());
         for row in 0..keep_rows {
             match text[end..].find('\n') {
                 Some(i) => end += i + 1,
+                None if force => return Ok((end as u64, row)),
                 None => {
                     return Err(Error::Job(format!(
                         "{name} has {row} rows but the checkpoint was written after row \
-                         {keep_rows}: rows are missing, so it cannot be continued"
+                         {keep_rows}: rows are missing, so it cannot be continued as it was \
+                         (restore the file, or pass --force to go on after the rows there are)"
                     )))
                 }
             }
         }
-        Ok(end as u64)
+        Ok((end as u64, keep_rows))
     }
 
     /// Reopens a resumed run's metrics.csv: keeps the header and the first `keep_rows`
-    /// rows, drops the rest, and appends after them.
-    pub fn resume(path: &Path, keep_rows: u64) -> Result<Self> {
-        let end = Self::resumable_len(path, keep_rows)?;
+    /// rows, drops the rest, and appends after them (`force`: see `resumable_len`).
+    pub fn resume(path: &Path, keep_rows: u64, force: bool) -> Result<Self> {
+        let (end, keep_rows) = Self::resumable_len(path, keep_rows, force)?;
         let name = path.display().to_string();
         let file = std::fs::OpenOptions::new()
             .append(true)

@@ -60,7 +60,7 @@ fn lock(dir: &Path) -> Result<fs::File> {
 /// Why a directory could not be made. A path that cannot be one (a file in the way, a name
 /// too long, no permission) is the command line's fault, found before anything trained:
 /// exit 2. A full disk or an I/O error is a failure while running: exit 1.
-fn create_dir_error(what: &str, path: &Path, e: std::io::Error) -> Error {
+pub(crate) fn create_dir_error(what: &str, path: &Path, e: std::io::Error) -> Error {
     use std::io::ErrorKind::*;
     let message = format!("cannot create {what} {}: {e}", path.display());
     match e.kind() {

@@ -116,6 +116,18 @@ fn check_env() -> Result<()> {
                     rest.split('[').next().unwrap_or(rest)
                 ));
             }
+            let lower = rest.to_lowercase();
+            let one_underscore = SECTIONS
+                .iter()
+                .find(|s| !rest.contains("__") && lower.starts_with(&format!("{s}_")));
+            if let Some(section) = one_underscore {
+                let key = &rest[section.len() + 1..];
+                warnings.push(format!(
+                    "environment variable {name} is not read: a job key takes two underscores \
+                     after its section (TRAINER_{}__{key})",
+                    section.to_uppercase()
+                ));
+            }
             if rest.contains("__") && !is_job_key {
                 warnings.push(format!(
                     "environment variable {name} looks like a job key but `{first}` is not a section \
@@ -568,6 +580,11 @@ impl KeySources {
         if let Some((var, _)) = std::env::vars().find(|(k, _)| env_matches(k, path)) {
             return format!("environment {var}");
         }
+        // A variable below the key (TRAINER_DATA__BATCH__SIZE for `data.batch`) made it a
+        // table: the key is that variable's fault, whatever the file says.
+        if let Some((var, _)) = std::env::vars().find(|(k, _)| env_below(k, path)) {
+            return format!("environment {var}");
+        }
         if !set_contains(&self.file_keys, path) {
             // A key no layer holds (a required one left out) is the fault of the --set that
             // gave its table, if one did: `--set 'optimizer.schedule={type="step"}'`.
@@ -695,6 +712,12 @@ fn set_contains(sets: &toml::Table, path: &[String]) -> bool {
 fn env_matches(var: &str, path: &[String]) -> bool {
     var.strip_prefix("TRAINER_")
         .is_some_and(|rest| rest.eq_ignore_ascii_case(&path.join("__")))
+}
+
+fn env_below(var: &str, path: &[String]) -> bool {
+    let below = format!("{}__", path.join("__")).to_ascii_uppercase();
+    var.strip_prefix("TRAINER_")
+        .is_some_and(|rest| rest.to_ascii_uppercase().starts_with(&below))
 }
 
 /// From serde's "unknown field `x`, expected one of `a`, `b`" (or "unknown variant"), the

@@ -466,7 +466,13 @@ pub fn train_session<B: Backend>(
         outcome.end_reason = EndReason::MaxSteps;
     }
     // The last skipped steps may be in no row (a window with no applied step writes none).
-    if skip_nonfinite && st.skipped_steps > 0 {
+    if skip_nonfinite && st.skipped_steps > 0 && st.skipped_steps == st.step {
+        tracing::warn!(
+            "all {} steps were skipped for an inf/NaN loss or gradients (train.on_nonfinite = \
+             \"skip\"): nothing was trained; look for inf/NaN values in the data",
+            st.step
+        );
+    } else if skip_nonfinite && st.skipped_steps > 0 {
         tracing::info!(
             "{} of {} steps were skipped for an inf/NaN loss or gradients \
              (train.on_nonfinite = \"skip\")",
