@@ -209,7 +209,7 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
         point_dirs,
         metric_columns: metric_columns(&specs),
     };
-    let plan = plan(&sweep)?;
+    let plan = plan(&sweep, &specs)?;
     sweep.write_index(&[])?;
     let trained = match &slots {
         None => run_here(&sweep, &plan.todo),
@@ -249,7 +249,7 @@ struct Plan {
 
 /// Skips the points that completed (or failed, without --retry-failed) or that another
 /// process is training; the others are to train, resumed or from scratch.
-fn plan(sweep: &Sweep) -> Result<Plan> {
+fn plan(sweep: &Sweep, specs: &[JobSpec]) -> Result<Plan> {
     let mut plan = Plan {
         todo: Vec::new(),
         failed_before: 0,
@@ -259,7 +259,11 @@ fn plan(sweep: &Sweep) -> Result<Plan> {
         let label = sweep.label(index);
         let mut resume = None;
         if point_dir.exists() {
-            match RunRecord::load(point_dir).map(|r| r.status) {
+            let record = RunRecord::load(point_dir);
+            if let Ok(record) = &record {
+                warn_if_changed(&label, record, &specs[index]);
+            }
+            match record.map(|r| r.status) {
                 Ok(Status::Completed) => {
                     tracing::info!("{label}: completed before, skipped");
                     continue;
@@ -285,6 +289,26 @@ fn plan(sweep: &Sweep) -> Result<Plan> {
         plan.todo.push(Pending { index, resume });
     }
     Ok(plan)
+}
+
+/// A point's run that trained something other than its point (resumed by hand with a
+/// change and --force, say): its metrics are not those of its sweep.csv values, so say so.
+fn warn_if_changed(label: &str, record: &RunRecord, point: &JobSpec) {
+    let Ok(run) = toml::Value::Table(record.config.clone()).try_into::<JobSpec>() else {
+        return;
+    };
+    let json = |spec: &JobSpec| crate::checkpoint::spec_json(spec).0;
+    let changes: Vec<String> = crate::checkpoint::training_differences(&json(point), &json(&run))
+        .into_iter()
+        .map(|(key, sweep, run)| format!("{key} = {run} (the sweep's is {sweep})"))
+        .collect();
+    if !changes.is_empty() {
+        tracing::warn!(
+            "{label}: its run trained with {}: its results in sweep.csv are not those of \
+             its sweep values",
+            changes.join(", ")
+        );
+    }
 }
 
 /// Trains the points one after another in this process. A bad job or a stop signal ends the

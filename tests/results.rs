@@ -94,6 +94,18 @@ fn a_2x2_sweep_makes_four_runs_and_an_index_and_a_rerun_redoes_nothing() {
         std::fs::read_to_string(first_run.join("summary.json")).unwrap(),
         first_summary
     );
+    assert!(!stderr(&again).contains("its run trained with"));
+
+    // A point resumed by hand with another learning rate (--force, which rewrites its
+    // config.toml) no longer holds what its sweep.csv values say: the sweep says so when it
+    // runs again.
+    let config = first_run.join("config.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, text.replace("lr = 0.05\n", "lr = 0.5\n")).unwrap();
+    let again = ok(trainer(&sweep_args(job, runs_s), &[]));
+    let says = "sweep point 000 (optimizer.lr=0.05 data.batch_size=32): its run trained with \
+                optimizer.lr = 0.5 (the sweep's is 0.05)";
+    assert!(stderr(&again).contains(says), "{}", stderr(&again));
 
     // compare and ls read the sweep back, in every format.
     let csv_out = ok(trainer(
@@ -1059,6 +1071,19 @@ fn a_damaged_run_is_skipped_in_a_listing_and_refused_when_named() {
     assert!(warning.contains(&says), "{warning}");
     let named = trainer(&["compare", &emptied], &[]);
     assert_eq!(named.status.code(), Some(2), "{}", stderr(&named));
+
+    // A damaged line inside metrics.csv is named, and the rows after it still count.
+    let damaged_line = run();
+    let metrics = Path::new(&damaged_line).join("metrics.csv");
+    let text = std::fs::read_to_string(&metrics).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines.insert(3, "junk");
+    std::fs::write(&metrics, lines.join("\n") + "\n").unwrap();
+    let listed = ok(trainer(&["ls", &damaged_line], &[]));
+    let warning = stderr(&listed);
+    let says = format!("{}: line(s) 4 are not metrics rows", metrics.display());
+    assert!(warning.contains(&says), "{warning}");
+    assert!(!warning.contains("do not hold"), "{warning}");
 }
 
 /// A run whose every evaluation is NaN has no best value: NaN in CSV and the table, null in

@@ -22,8 +22,8 @@ mod resume;
 pub mod weights;
 
 pub use resume::{
-    changeable_keys, differences_in, find_auto_resume, incompatible_changes, locate, ResumePoint,
-    DECIDED_BY_RANK_ZERO,
+    changeable_keys, differences_in, find_auto_resume, incompatible_changes, locate,
+    training_differences, ResumePoint, DECIDED_BY_RANK_ZERO,
 };
 
 use crate::error::{Error, Result};

@@ -256,10 +256,18 @@ fn flatten(prefix: String, value: &Value, out: &mut BTreeMap<String, String>) {
 /// The keys (dotted paths, e.g. `model.layers[1].out`) whose values differ between the
 /// checkpoint's job and this one and may not change, each with both values.
 pub fn incompatible_changes(checkpoint: &Value, job: &Value) -> Vec<String> {
-    differences(checkpoint, job)
+    training_differences(checkpoint, job)
+        .into_iter()
+        .map(|(k, old, new)| format!("{k}: {old} in the checkpoint, {new} now"))
+        .collect()
+}
+
+/// The keys that change training (not the changeable ones) whose values differ between two
+/// jobs: (key, first job's value, second job's value).
+pub fn training_differences(first: &Value, second: &Value) -> Vec<(String, String, String)> {
+    differences(first, second)
         .into_iter()
         .filter(|(k, _, _)| !is_safe(k))
-        .map(|(k, old, new)| format!("{k}: {old} in the checkpoint, {new} now"))
         .collect()
 }
 

@@ -325,7 +325,18 @@ pub(crate) fn read_metrics(path: &Path) -> Vec<MetricsPoint> {
         return Vec::new();
     }
     let mut points = Vec::new();
-    for record in reader.records().map_while(|r| r.ok()) {
+    // Lines that are not rows, and the last line that is: a bad line before a good one is
+    // damage in the file (said, and the rows after it still read); a cut last row is not.
+    let (mut bad_lines, mut last_good) = (Vec::new(), 0);
+    for record in reader.records() {
+        let record = match record {
+            Ok(record) => record,
+            Err(e) => {
+                bad_lines.push(e.position().map_or(0, |p| p.line()));
+                continue;
+            }
+        };
+        let line = record.position().map_or(0, |p| p.line());
         let field = |name: &str| {
             header
                 .iter()
@@ -337,8 +348,10 @@ pub(crate) fn read_metrics(path: &Path) -> Vec<MetricsPoint> {
             field("epoch").and_then(|s| s.parse().ok()),
             field("split"),
         ) else {
+            bad_lines.push(line);
             continue;
         };
+        last_good = line;
         let values = header
             .iter()
             .zip(record.iter())
@@ -351,6 +364,15 @@ pub(crate) fn read_metrics(path: &Path) -> Vec<MetricsPoint> {
             split: split.to_string(),
             values,
         });
+    }
+    bad_lines.retain(|&line| line < last_good);
+    if !bad_lines.is_empty() {
+        let lines: Vec<String> = bad_lines.iter().map(u64::to_string).collect();
+        tracing::warn!(
+            "{}: line(s) {} are not metrics rows (the file was damaged); they are left out",
+            path.display(),
+            lines.join(", ")
+        );
     }
     points
 }
