@@ -660,7 +660,8 @@ fn missing_data_file_is_named() {
         "source = \"digits\"",
         "source = \"csv\"\npath = \"nowhere.csv\"",
     );
-    expect_failure(&job, &[], &[], 2, &["cannot read data file", "nowhere.csv"]);
+    let says = "bad.toml: key `data.path`: cannot read data file";
+    expect_failure(&job, &[], &[], 2, &[says, "nowhere.csv"]);
 }
 
 const IDX_JOB: &str = r#"

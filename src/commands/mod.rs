@@ -115,9 +115,40 @@ fn prepare(job: &Path, sets: &[String], name: Option<&str>) -> Result<Prepared> 
         // Batches must now divide among the processes or the GPUs found.
         spec::validate(&spec, &spec::KeySources::new(job, sets)?)?;
     }
-    let data = data::load(&spec.data, spec.job.seed)?;
+    let data =
+        data::load(&spec.data, spec.job.seed).map_err(|e| with_data_key(job, sets, &spec, e))?;
     let graph = model_for(job, sets, &spec, &data)?;
     Ok(Prepared { spec, data, graph })
+}
+
+/// A data file that cannot be read, named with the key that gave it and where that key was
+/// set (the job file, an environment variable, a --set): a sweep over data.path, or a path
+/// from the environment, is otherwise hard to trace.
+fn with_data_key(job: &Path, sets: &[String], spec: &JobSpec, e: Error) -> Error {
+    let Error::Job(message) = e else {
+        return e;
+    };
+    let d = &spec.data;
+    let keys = [
+        ("data.path", &d.path),
+        ("data.test_path", &d.test_path),
+        ("data.train_images", &d.train_images),
+        ("data.train_labels", &d.train_labels),
+        ("data.test_images", &d.test_images),
+        ("data.test_labels", &d.test_labels),
+    ];
+    let unread = keys.iter().find_map(|(key, path)| {
+        let path = path.as_ref()?.display().to_string();
+        message
+            .starts_with(&format!("cannot read data file {path}:"))
+            .then_some(key)
+    });
+    match (unread, spec::KeySources::new(job, sets)) {
+        (Some(key), Ok(sources)) => {
+            Error::Job(format!("{}: key `{key}`: {message}", sources.of(key)))
+        }
+        _ => Error::Job(message),
+    }
 }
 
 /// What `trainer run` checks of a sweep point before anything trains, beyond its keys: its
@@ -132,7 +163,9 @@ pub fn check_sweep_point(
     let key = serde_json::to_string(&(&spec.data, spec.job.seed)).expect("a spec serialises");
     let data = match last.take() {
         Some((k, data)) if k == key => data,
-        _ => data::load(&spec.data, spec.job.seed)?,
+        _ => {
+            data::load(&spec.data, spec.job.seed).map_err(|e| with_data_key(job, sets, spec, e))?
+        }
     };
     let fits = model_for(job, sets, spec, &data).map(drop);
     *last = Some((key, data));

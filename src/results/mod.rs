@@ -491,15 +491,38 @@ fn flat_config(table: &toml::Table) -> BTreeMap<String, toml::Value> {
     out
 }
 
-/// The config keys whose values are not the same in every run, in key order.
+/// The config keys whose values are not the same in every run, in key order (positions as
+/// numbers: `model.layers[2]` before `model.layers[10]`).
 pub fn differing_keys(runs: &[RunRecord]) -> Vec<String> {
     let flats: Vec<BTreeMap<String, toml::Value>> =
         runs.iter().map(|r| flat_config(&r.config)).collect();
     let keys: BTreeSet<&String> = flats.iter().flat_map(|f| f.keys()).collect();
-    keys.into_iter()
+    let mut keys: Vec<String> = keys
+        .into_iter()
         .filter(|k| flats.iter().any(|f| f.get(*k) != flats[0].get(*k)))
         .cloned()
-        .collect()
+        .collect();
+    keys.sort_by_cached_key(|k| natural_order(k));
+    keys
+}
+
+/// A key's text with its runs of digits as numbers, to sort by.
+fn natural_order(key: &str) -> Vec<(String, Option<u64>)> {
+    let mut parts = Vec::new();
+    let mut rest = key;
+    while !rest.is_empty() {
+        let text_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let (text, after) = rest.split_at(text_len);
+        let digits_len = after
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(after.len());
+        let (digits, after) = after.split_at(digits_len);
+        parts.push((text.to_string(), digits.parse().ok()));
+        rest = after;
+    }
+    parts
 }
 
 /// A short label for each run: its path below the runs' common ancestor.
@@ -588,6 +611,24 @@ pub fn compare_table(runs: &[RunRecord]) -> Table {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn keys_sort_with_positions_as_numbers() {
+        let mut keys = [
+            "model.layers[10].out",
+            "model.layers[2].out",
+            "data.batch_size",
+        ];
+        keys.sort_by_cached_key(|k| super::natural_order(k));
+        assert_eq!(
+            keys,
+            [
+                "data.batch_size",
+                "model.layers[2].out",
+                "model.layers[10].out"
+            ]
+        );
+    }
+
     #[test]
     fn summary_numbers_read_back_exactly() {
         // serde_json without float_roundtrip read this wall_s one unit in the last place off.
