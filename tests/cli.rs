@@ -1277,16 +1277,11 @@ fn sizes_beyond_what_the_engine_can_hold_are_refused_not_crashed_on() {
 
 #[test]
 fn a_job_larger_than_the_machine_is_refused_before_it_starts() {
-    // Batches of 16,777,216 samples with a million activations each: petabytes.
-    let job = GOOD_JOB
-        .replace(
-            "source = \"digits\"",
-            "source = \"digits\"\nbatch_size = 16777216",
-        )
-        .replace(
-            r#"{ type = "linear", out = 10 }"#,
-            r#"{ type = "linear", out = 1000000 }, { type = "linear", out = 10 }"#,
-        );
+    // A layer of 2·10^8 outputs: its 1.28·10^10 weights alone are 51 GB.
+    let job = GOOD_JOB.replace(
+        r#"{ type = "linear", out = 10 }"#,
+        r#"{ type = "linear", out = 200000000 }, { type = "linear", out = 10 }"#,
+    );
     expect_failure(
         &job,
         &[],
@@ -1443,6 +1438,44 @@ fn token_ids_outside_the_vocabulary_or_normalised_are_refused() {
         2,
         &["model.layers[1] (embedding): it reads token ids, which only the data holds"],
     );
+}
+
+/// A batch larger than the data set is the whole set, once per epoch (as PyTorch's
+/// DataLoader gives it): the buffers and the memory plan hold the samples there are, not the
+/// batch asked for (it was refused for memory it would never use).
+#[test]
+fn a_batch_larger_than_the_data_set_plans_and_holds_the_data_set() {
+    let tmp = tempfile::tempdir().unwrap();
+    let planned = |batch: &str| {
+        let job = common::write_job(
+            tmp.path(),
+            &GOOD_JOB.replace(
+                "source = \"digits\"",
+                &format!("source = \"digits\"\nbatch_size = {batch}"),
+            ),
+        );
+        let out = trainer(&["check", job.to_str().unwrap()], &[]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let text = stdout(&out);
+        let total = text.lines().find(|l| l.starts_with("  total "));
+        (total.unwrap().to_string(), job)
+    };
+    // The digits: 1,797 samples, all for training (no val_fraction), all of them one batch.
+    let (whole, _) = planned("1797");
+    let (huge, job) = planned("16777216");
+    assert_eq!(huge, whole);
+    let runs = tmp.path().join("runs");
+    let out = trainer(
+        &[
+            "run",
+            job.to_str().unwrap(),
+            "--runs-dir",
+            runs.to_str().unwrap(),
+            "-q",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
 }
 
 /// The run directory is printed at the start, where a reader that has gone (`| head -c0`, a

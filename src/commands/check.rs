@@ -160,10 +160,12 @@ pub fn check(job: &Path, sets: &[String]) -> Result<Checked> {
         Some(n) => format!(", per replica ({n} replicas)"),
         None => String::new(),
     };
-    out += &format!(
-        "memory on {device}, batch {}{replicas}:\n",
-        layout.per_replica()
-    );
+    let buffer_rows = layout.buffer_rows(data.largest_split());
+    let batch = match buffer_rows < layout.per_replica() {
+        true => format!("{buffer_rows} (the largest split; batch_size is larger)"),
+        false => buffer_rows.to_string(),
+    };
+    out += &format!("memory on {device}, batch {batch}{replicas}:\n");
     let mut rows = vec![
         ("parameters", m.params),
         ("gradients", m.grads),
@@ -243,7 +245,7 @@ pub fn check(job: &Path, sets: &[String]) -> Result<Checked> {
         None => {
             let best = crate::graph::BufferPlan::best_segments(&graph.input_shape, &graph.layers);
             let storage = activation_storage(&spec, on_gpu);
-            let with = layout.per_replica() * graph.activation_bytes(Some(best), storage).1;
+            let with = buffer_rows * graph.activation_bytes(Some(best), storage).1;
             out += &format!(
                 "activation checkpointing: off; with checkpoint.activations = \"all\" ({} \
                  segments) activations would take {}\n",

@@ -14,7 +14,8 @@ pub(super) fn memory_plan(
     gpu_memory: Option<usize>,
 ) -> MemoryPlan {
     let on_gpu = gpu_memory.is_some();
-    let (batch, threads) = (BatchLayout::of(spec).per_replica(), replica_threads(spec));
+    let batch = BatchLayout::of(spec).buffer_rows(data.largest_split());
+    let threads = replica_threads(spec);
     let mixed = spec.precision.mode != PrecisionMode::Fp32;
     // Mixed precision with token ids: the data's rounded copy (`Graph::rounded_data_len`),
     // half-width on a GPU.

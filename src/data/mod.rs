@@ -67,6 +67,13 @@ impl Data {
         self.sample_shape.iter().product()
     }
 
+    /// The most samples of any split: no batch (training's or an evaluation's) holds more,
+    /// however large data.batch_size is (a larger one is the whole split, once per epoch).
+    pub fn largest_split(&self) -> usize {
+        let evals = self.eval.iter().map(|(_, d)| d.len);
+        evals.fold(self.train.len, usize::max).max(1)
+    }
+
     /// Whether every feature of every split is a finite number (loading warns of the others).
     pub fn features_are_finite(&self) -> bool {
         let splits = std::iter::once(&self.train).chain(self.eval.iter().map(|(_, d)| d));

@@ -26,9 +26,15 @@ impl BatchLayout {
         }
     }
 
-    /// The largest share of a micro-batch one replica computes (what its buffers hold).
+    /// The largest share of a micro-batch one replica computes.
     pub fn per_replica(&self) -> usize {
         self.micro_batch.div_ceil(self.replicas)
+    }
+
+    /// The samples a replica's buffers hold: its share of a micro-batch, or of the largest
+    /// split of the data (`Data::largest_split`) when the batch is larger than that.
+    pub fn buffer_rows(&self, largest_split: usize) -> usize {
+        self.micro_batch.min(largest_split).div_ceil(self.replicas)
     }
 
     /// Samples per optimizer step (a full one), over all replicas and micro-batches.

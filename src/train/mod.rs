@@ -185,10 +185,11 @@ pub fn train_session<B: Backend>(
             params.len()
         )));
     }
-    // A replica's buffers hold its share of a micro-batch.
+    // A replica's buffers hold its share of a micro-batch (`BatchLayout::buffer_rows`).
+    let rows = batch_size.min(data.largest_split());
     let replica_batch = parallel
         .as_ref()
-        .map_or(batch_size, |p| batch_size.div_ceil(p.replicas()));
+        .map_or(rows, |p| rows.div_ceil(p.replicas()));
     let mut net = training_network(backend, graph, &params, replica_batch, spec)?;
     drop(params);
     if let Some(stats) = running_stats {

@@ -748,7 +748,8 @@ fn follow<B: Backend>(
         .collect::<Result<Vec<_>>>()?;
     drop(bytes);
 
-    let replica_batch = spec.batch_size().div_ceil(world.world_size);
+    let rows = spec.batch_size().min(data.largest_split());
+    let replica_batch = rows.div_ceil(world.world_size);
     let mut net = super::training_network(backend, graph, &params, replica_batch, spec)?;
     let mut optimizer = Optimizer::new(backend, spec, n)?;
     optimizer
