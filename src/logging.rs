@@ -95,6 +95,15 @@ pub fn append_to_run_log(text: &str) {
     let _ = RunLog.write_all(text.as_bytes());
 }
 
+/// Drops the lines kept for a run log not attached yet (see `Target::Pending`).
+pub fn forget_pending() {
+    if let Ok(mut target) = RUN_LOG.lock() {
+        if let Target::Pending(kept) = &mut *target {
+            kept.clear();
+        }
+    }
+}
+
 pub fn detach_run_log() {
     if let Ok(mut target) = RUN_LOG.lock() {
         *target = Target::Pending(Vec::new());

@@ -64,6 +64,9 @@ fn a_2x2_sweep_makes_four_runs_and_an_index_and_a_rerun_redoes_nothing() {
         let run_dir = sweep_dir.join(column(&header, row, "run_dir"));
         let config = std::fs::read_to_string(run_dir.join("config.toml")).unwrap();
         assert!(config.contains(&format!("lr = {lr}")), "{config}");
+        // A point's log is its own run's, not the sweep's lines about other points.
+        let log = std::fs::read_to_string(run_dir.join("train.log")).unwrap();
+        assert!(!log.contains("sweep point"), "{log}");
         assert!(config.contains(&format!("batch_size = {bs}")), "{config}");
         let s = summary(&run_dir);
         let val_loss: f64 = column(&header, row, "val_loss").parse().unwrap();

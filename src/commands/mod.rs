@@ -440,6 +440,9 @@ fn pick_device(job: &Path, sets: &[String], spec: &JobSpec) -> Result<Device> {
 /// Trains a job, or continues one from a checkpoint, in its run directory (rank 0's, in a
 /// multi-process run).
 pub fn run(args: &RunArgs) -> Result<()> {
+    // train.log keeps what this run logs before its directory exists, not what the process
+    // logged before it (a sweep's lines about its other points).
+    crate::logging::forget_pending();
     let result = run_job(args);
     if let Err(e) = &result {
         tell_waiting_ranks(e);
