@@ -1025,6 +1025,40 @@ fn environment_variable_of_an_unknown_key_is_named() {
     assert!(stderr(&out).contains(says), "{}", stderr(&out));
 }
 
+/// A value of the wrong type for a key of fixed choices lists the choices, from the file, a
+/// --set or the environment (serde said "expected enum Normalize").
+#[test]
+fn a_wrong_type_for_a_choice_lists_the_choices() {
+    let normalize = "expected one of \"none\", \"scale\", \"standardize\"";
+    let job = GOOD_JOB.replace(
+        "source = \"digits\"",
+        "source = \"digits\"\nnormalize = true",
+    );
+    expect_failure(
+        &job,
+        &[],
+        &[],
+        2,
+        &["key `data.normalize`: true given;", normalize],
+    );
+    let out = trainer(
+        &["check", "jobs/mlp.toml", "--set", "data.normalize=true"],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains(normalize), "{}", stderr(&out));
+    let out = trainer(
+        &["check", "jobs/mlp.toml"],
+        &[("TRAINER_TRAIN__ON_NONFINITE", "1")],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("expected \"error\" or \"skip\""),
+        "{}",
+        stderr(&out)
+    );
+}
+
 /// Scripts append overrides to a base list: a key given again takes the later value.
 #[test]
 fn a_key_set_again_takes_the_later_value() {

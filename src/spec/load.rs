@@ -486,6 +486,8 @@ pub(crate) fn toml_error(
         (Some(k), None) => k.to_string(),
         (None, below) => below.unwrap_or_default().to_string(),
     };
+    let path: Vec<String> = key.split('.').map(String::from).collect();
+    let message = &with_enum_choices(message, &path);
     // A message that only says what is expected (an untagged enum's) shows the value.
     let given = table
         .filter(|_| message.starts_with("expected "))
@@ -500,6 +502,42 @@ pub(crate) fn toml_error(
         plain(message),
         did_you_mean(message)
     )
+}
+
+/// A wrong type given to a key of fixed choices says which they are, not serde's "expected
+/// enum Normalize" (or toml's "wanted string or table").
+fn with_enum_choices(message: &str, path: &[String]) -> String {
+    let start = match message.find("expected enum ") {
+        Some(at) => at,
+        None if message == "wanted string or table" => 0,
+        None => return message.to_string(),
+    };
+    match enum_choices(path) {
+        Some(choices) => format!("{}expected {choices}", &message[..start]),
+        None => message.to_string(),
+    }
+}
+
+/// The values a key of fixed choices allows, as serde lists them (`one of "a", "b", "c"`,
+/// `"a" or "b"`): read back from serde's error for a value that none of them is, at that key
+/// in an otherwise empty job.
+fn enum_choices(path: &[String]) -> Option<String> {
+    let (last, tables) = path.split_last()?;
+    if path
+        .iter()
+        .any(|p| p.is_empty() || p.parse::<usize>().is_ok())
+    {
+        return None;
+    }
+    let header = match tables.is_empty() {
+        true => String::new(),
+        false => format!("[{}]\n", tables.join(".")),
+    };
+    let probe = format!("{header}{last} = \"\\u0001\"\n");
+    let error = toml::from_str::<JobSpec>(&probe).err()?;
+    let message = error.message();
+    let choices = message.strip_prefix("unknown variant `\u{1}`, expected ")?;
+    Some(choices.trim_end().replace('`', "\""))
 }
 
 /// serde's type names in the words of a job file.
@@ -671,7 +709,7 @@ fn layered_error(
                         format!("{}{}", plain(message), did_you_mean(message))
                     }
                 }
-                kind => plain(&kind.to_string()),
+                kind => plain(&with_enum_choices(&kind.to_string(), &path)),
             };
             // Figment names an array element by its index as a key; print it as the user
             // writes it: model.layers[1].out.
