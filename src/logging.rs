@@ -21,6 +21,9 @@ enum Target {
 /// `ls`) keeps no more than this.
 const PENDING_LIMIT: usize = 64 * 1024;
 
+/// Where the kept lines stop when they reach `PENDING_LIMIT`.
+const NOT_KEPT: &[u8] = b"(later lines from before the run directory existed were not kept)\n";
+
 static RUN_LOG: Mutex<Target> = Mutex::new(Target::Pending(Vec::new()));
 
 /// Writes to the current run's train.log, or keeps the lines for it until it exists.
@@ -31,10 +34,12 @@ impl Write for RunLog {
         if let Ok(mut target) = RUN_LOG.lock() {
             match &mut *target {
                 Target::File(file) => file.write_all(buf)?,
+                // Past the limit, one marker and nothing after it: no silent holes.
+                Target::Pending(kept) if kept.ends_with(NOT_KEPT) => {}
                 Target::Pending(kept) if kept.len() + buf.len() <= PENDING_LIMIT => {
                     kept.extend_from_slice(buf)
                 }
-                Target::Pending(_) => {}
+                Target::Pending(kept) => kept.extend_from_slice(NOT_KEPT),
             }
         }
         Ok(buf.len())

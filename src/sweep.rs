@@ -16,7 +16,10 @@ use crate::error::{Error, Result};
 use crate::results::table::{Cell, Format, Table};
 use crate::results::{RunRecord, Status};
 use crate::signals::Stop;
-use crate::spec::{canonical_keys, check_run_name, load_job, parse_set_arg, JobSpec};
+use crate::spec::{
+    canonical_keys, check_run_name, load_job, parse_set_arg, JobSpec, PrecisionFallback,
+    PrecisionMode,
+};
 use crate::{job_err, provenance, runtime_err};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -162,8 +165,13 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
         let invalid =
             |e: Error, on: &str| job_err!("sweep point {i:03} ({}){on}: {e}", describe(point));
         let spec = load_job(&args.job, &sets).map_err(|e| invalid(e, ""))?;
-        crate::commands::check_sweep_point(&args.job, &sets, &spec, &mut data)
-            .map_err(|e| invalid(e, ""))?;
+        crate::commands::check_sweep_point(&args.job, &sets, &spec, &mut data).map_err(|e| {
+            match e {
+                // A failure to read (not a bad job) stays a failure while running, exit 1.
+                Error::Runtime(m) => runtime_err!("sweep point {i:03} ({}): {m}", describe(point)),
+                e => invalid(e, ""),
+            }
+        })?;
         specs.push(spec);
         for device in slots.iter().flat_map(|s| devices::distinct(s)) {
             let mut on_device = sets.clone();
@@ -298,8 +306,13 @@ fn warn_if_changed(label: &str, record: &RunRecord, point: &JobSpec) {
         return;
     };
     let json = |spec: &JobSpec| crate::checkpoint::spec_json(spec).0;
+    // A GPU without half-precision support trains the point in fp32 when the job allows it,
+    // and records that (`commands::precision_on_gpu`): no change by hand.
+    let fell_back = point.precision.fallback == PrecisionFallback::Fp32
+        && run.precision.mode == PrecisionMode::Fp32;
     let changes: Vec<String> = crate::checkpoint::training_differences(&json(point), &json(&run))
         .into_iter()
+        .filter(|(key, _, _)| !(fell_back && key.starts_with("precision.")))
         .map(|(key, sweep, run)| format!("{key} = {run} (the sweep's is {sweep})"))
         .collect();
     if !changes.is_empty() {

@@ -1499,17 +1499,25 @@ fn a_batch_larger_than_the_data_set_plans_and_holds_the_data_set() {
     let (huge, job) = planned("16777216");
     assert_eq!(huge, whole);
     let runs = tmp.path().join("runs");
-    let out = trainer(
-        &[
+    let run = |extra: &[&str]| {
+        let args = [
             "run",
             job.to_str().unwrap(),
             "--runs-dir",
             runs.to_str().unwrap(),
             "-q",
-        ],
-        &[],
-    );
-    assert!(out.status.success(), "{}", stderr(&out));
+        ];
+        let out = trainer(&[&args[..], extra].concat(), &[]);
+        assert!(out.status.success(), "{extra:?}: {}", stderr(&out));
+    };
+    run(&[]);
+    // Replicas' shares of an odd split (899 + 898 samples), micro-batches accumulated.
+    run(&[
+        "--set",
+        "parallel.replicas=2",
+        "--set",
+        "train.grad_accum_steps=2",
+    ]);
 }
 
 /// The run directory is printed at the start, where a reader that has gone (`| head -c0`, a

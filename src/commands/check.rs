@@ -162,6 +162,9 @@ pub fn check(job: &Path, sets: &[String]) -> Result<Checked> {
     };
     let buffer_rows = layout.buffer_rows(data.largest_split());
     let batch = match buffer_rows < layout.per_replica() {
+        true if layout.replicas > 1 => {
+            format!("{buffer_rows} (a share of the largest split; batch_size is larger)")
+        }
         true => format!("{buffer_rows} (the largest split; batch_size is larger)"),
         false => buffer_rows.to_string(),
     };

@@ -3,6 +3,7 @@
 
 use crate::error::{Error, Result};
 use std::fs::File;
+use std::io::Write;
 use std::path::Path;
 
 /// The columns, in order. Documented in README ("Reading metrics.csv"); new columns are only
@@ -115,10 +116,17 @@ impl MetricsWriter {
     pub fn resume(path: &Path, keep_rows: u64, force: bool) -> Result<Self> {
         let (end, keep_rows) = Self::resumable_len(path, keep_rows, force)?;
         let name = path.display().to_string();
+        // A header that lost its line end (the file cut right after it) gets it back, or the
+        // first row would join the header line.
+        let header_alone = end == METRICS_COLUMNS.join(",").len() as u64;
         let file = std::fs::OpenOptions::new()
             .append(true)
             .open(path)
             .and_then(|f| f.set_len(end).map(|()| f))
+            .and_then(|mut f| match header_alone {
+                true => f.write_all(b"\n").map(|()| f),
+                false => Ok(f),
+            })
             .map_err(|e| Error::Runtime(format!("cannot reopen {name}: {e}")))?;
         Ok(MetricsWriter {
             writer: csv::Writer::from_writer(file),
@@ -174,6 +182,19 @@ impl MetricsWriter {
 #[cfg(test)]
 mod tests {
     use super::number;
+
+    #[test]
+    fn a_header_cut_before_its_line_end_gets_it_back_on_resume() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.csv");
+        let header = super::METRICS_COLUMNS.join(",");
+        std::fs::write(&path, &header).unwrap();
+        drop(super::MetricsWriter::resume(&path, 0, false).unwrap());
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            format!("{header}\n")
+        );
+    }
 
     #[test]
     fn numbers_read_back_exactly_and_huge_ones_stay_short() {
