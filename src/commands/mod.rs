@@ -128,16 +128,7 @@ fn with_data_key(job: &Path, sets: &[String], spec: &JobSpec, e: Error) -> Error
     let Error::Job(message) = e else {
         return e;
     };
-    let d = &spec.data;
-    let keys = [
-        ("data.path", &d.path),
-        ("data.test_path", &d.test_path),
-        ("data.train_images", &d.train_images),
-        ("data.train_labels", &d.train_labels),
-        ("data.test_images", &d.test_images),
-        ("data.test_labels", &d.test_labels),
-    ];
-    let unread = keys.iter().find_map(|(key, path)| {
+    let unread = spec.data.path_keys().into_iter().find_map(|(key, path)| {
         let path = path.as_ref()?.display().to_string();
         message
             .starts_with(&format!("cannot read data file {path}:"))

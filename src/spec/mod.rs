@@ -197,6 +197,18 @@ pub struct DataSpec {
 /// The data keys' defaults, in one place: the loaders, validation and config.toml read them
 /// here.
 impl DataSpec {
+    /// The keys that name data files, with their values.
+    pub fn path_keys(&self) -> [(&'static str, &Option<PathBuf>); 6] {
+        [
+            ("data.path", &self.path),
+            ("data.test_path", &self.test_path),
+            ("data.train_images", &self.train_images),
+            ("data.train_labels", &self.train_labels),
+            ("data.test_images", &self.test_images),
+            ("data.test_labels", &self.test_labels),
+        ]
+    }
+
     /// csv, synthetic: classification unless given.
     pub fn task(&self) -> Task {
         self.task.unwrap_or(Task::Classification)

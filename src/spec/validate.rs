@@ -94,16 +94,8 @@ pub fn validate(spec: &JobSpec, sources: &KeySources) -> Result<()> {
 
 /// A path given as "" would name the job file's directory.
 fn validate_paths(spec: &JobSpec, p: &mut Problems) {
-    let d = &spec.data;
-    for (key, path) in [
-        ("data.path", &d.path),
-        ("data.test_path", &d.test_path),
-        ("data.train_images", &d.train_images),
-        ("data.train_labels", &d.train_labels),
-        ("data.test_images", &d.test_images),
-        ("data.test_labels", &d.test_labels),
-        ("model.init_from", &spec.model.init_from),
-    ] {
+    let init_from = [("model.init_from", &spec.model.init_from)];
+    for (key, path) in spec.data.path_keys().into_iter().chain(init_from) {
         p.check(
             path.as_ref()
                 .is_none_or(|path| !path.as_os_str().is_empty()),
