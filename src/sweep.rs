@@ -155,31 +155,22 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
     }
     let points = expand(&grid, &zip);
 
-    // Every point must be a valid job, on every device it may run on, with data its model
-    // fits, before the first one trains.
+    // Every point must be a valid job, on every device it may run on, before the first one
+    // trains.
     let base = load_job(&args.job, &args.sets)?;
+    let invalid = |i: usize, e: Error, on: &str| {
+        job_err!("sweep point {i:03} ({}){on}: {e}", describe(&points[i]))
+    };
     let mut specs: Vec<JobSpec> = Vec::with_capacity(points.len());
-    let mut data = None;
     for (i, point) in points.iter().enumerate() {
         let sets = point_sets(&args.sets, point);
-        let invalid =
-            |e: Error, on: &str| job_err!("sweep point {i:03} ({}){on}: {e}", describe(point));
-        let spec = load_job(&args.job, &sets).map_err(|e| invalid(e, ""))?;
-        crate::commands::check_sweep_point(&args.job, &sets, &spec, &mut data).map_err(|e| {
-            match e {
-                // A failure to read (not a bad job) stays a failure while running, exit 1.
-                Error::Runtime(m) => runtime_err!("sweep point {i:03} ({}): {m}", describe(point)),
-                e => invalid(e, ""),
-            }
-        })?;
-        specs.push(spec);
+        specs.push(load_job(&args.job, &sets).map_err(|e| invalid(i, e, ""))?);
         for device in slots.iter().flat_map(|s| devices::distinct(s)) {
             let mut on_device = sets.clone();
             on_device.push(devices::device_set(device));
-            load_job(&args.job, &on_device).map_err(|e| invalid(e, &format!(" on {device}")))?;
+            load_job(&args.job, &on_device).map_err(|e| invalid(i, e, &format!(" on {device}")))?;
         }
     }
-    drop(data);
     if let (Some(slots), Some(value)) = (&slots, &args.devices) {
         devices::check_present(slots, value)?;
     }
@@ -197,6 +188,51 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
         check_run_name(&name).map_err(|why| job_err!("--name: {why}"))?;
     }
     let dir = args.runs_dir.join(&name).join(&sweep_id);
+    let point_dirs: Vec<PathBuf> = points
+        .iter()
+        .enumerate()
+        .map(|(i, p)| dir.join(point_dir_name(i, p)))
+        .collect();
+
+    // The points still to train must also have data their model fits, and fit in memory
+    // where they will run. (A re-run does not load the data of the points that are done.)
+    let mut data = None;
+    for (i, point_dir) in point_dirs.iter().enumerate() {
+        if standing(point_dir, args.retry_failed).0 != Standing::ToTrain {
+            continue;
+        }
+        let sets = point_sets(&args.sets, &points[i]);
+        let mut runs = vec![(String::new(), sets.clone())];
+        if let Some(slots) = &slots {
+            runs = devices::distinct(slots)
+                .into_iter()
+                .map(|device| {
+                    let mut on_device = sets.clone();
+                    on_device.push(devices::device_set(device));
+                    (format!(" on {device}"), on_device)
+                })
+                .collect();
+        }
+        for (on, sets) in runs {
+            let spec = load_job(&args.job, &sets).map_err(|e| invalid(i, e, &on))?;
+            // Quietly: what loading the data and picking the device say, the point's run says
+            // again in its own log.
+            let quiet = tracing::subscriber::NoSubscriber::default();
+            let checked = tracing::subscriber::with_default(quiet, || {
+                commands::check_sweep_point(&args.job, &sets, &spec, &mut data)
+            });
+            checked.map_err(|e| match e {
+                // A failure to read, or a point too large for the machine (not a bad job),
+                // stays a failure while running, exit 1.
+                Error::Runtime(m) => {
+                    runtime_err!("sweep point {i:03} ({}){on}: {m}", describe(&points[i]))
+                }
+                e => invalid(i, e, &on),
+            })?;
+        }
+    }
+    drop(data);
+
     std::fs::create_dir_all(&dir)
         .map_err(|e| crate::run::create_dir_error("sweep directory", &dir, e))?;
     record_definition(&dir, &definition, args)?;
@@ -204,11 +240,6 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
     // ends. A reader that has gone does not stop the sweep.
     let _ = writeln!(std::io::stdout(), "{}", dir.display());
 
-    let point_dirs: Vec<PathBuf> = points
-        .iter()
-        .enumerate()
-        .map(|(i, p)| dir.join(point_dir_name(i, p)))
-        .collect();
     let sweep = Sweep {
         args,
         dir,
@@ -265,38 +296,60 @@ fn plan(sweep: &Sweep, specs: &[JobSpec]) -> Result<Plan> {
     };
     for (index, point_dir) in sweep.point_dirs.iter().enumerate() {
         let label = sweep.label(index);
-        let mut resume = None;
-        if point_dir.exists() {
-            let record = RunRecord::load(point_dir);
-            if let Ok(record) = &record {
-                warn_if_changed(&label, record, &specs[index]);
+        let (standing, record) = standing(point_dir, sweep.args.retry_failed);
+        if let Some(record) = &record {
+            warn_if_changed(&label, record, &specs[index]);
+        }
+        match standing {
+            Standing::Completed => tracing::info!("{label}: completed before, skipped"),
+            Standing::FailedBefore => {
+                tracing::info!("{label}: failed before, skipped (--retry-failed runs it again)");
+                plan.failed_before += 1;
             }
-            match record.map(|r| r.status) {
-                Ok(Status::Completed) => {
-                    tracing::info!("{label}: completed before, skipped");
-                    continue;
-                }
-                Ok(Status::Failed) if !sweep.args.retry_failed => {
-                    tracing::info!(
-                        "{label}: failed before, skipped (--retry-failed runs it again)"
-                    );
-                    plan.failed_before += 1;
-                    continue;
-                }
-                Ok(Status::Running) if running_elsewhere(point_dir) => {
-                    tracing::warn!(
-                        "{label}: another process is training it ({}), left alone",
-                        point_dir.display()
-                    );
-                    plan.running_elsewhere += 1;
-                    continue;
-                }
-                _ => resume = restart_or_resume(point_dir)?,
+            Standing::RunningElsewhere => {
+                tracing::warn!(
+                    "{label}: another process is training it ({}), left alone",
+                    point_dir.display()
+                );
+                plan.running_elsewhere += 1;
+            }
+            Standing::ToTrain => {
+                let resume = match point_dir.exists() {
+                    true => restart_or_resume(point_dir)?,
+                    false => None,
+                };
+                plan.todo.push(Pending { index, resume });
             }
         }
-        plan.todo.push(Pending { index, resume });
     }
     Ok(plan)
+}
+
+/// Where a point stands before this run of the sweep, from its directory.
+#[derive(Debug, PartialEq)]
+enum Standing {
+    /// No directory yet, a run that did not finish, or one that failed with --retry-failed.
+    ToTrain,
+    Completed,
+    /// Failed in an earlier run: final without --retry-failed.
+    FailedBefore,
+    /// Another live process is training it.
+    RunningElsewhere,
+}
+
+/// The point's standing, with its run's record where it has a readable one.
+fn standing(point_dir: &Path, retry_failed: bool) -> (Standing, Option<RunRecord>) {
+    if !point_dir.exists() {
+        return (Standing::ToTrain, None);
+    }
+    let record = RunRecord::load(point_dir).ok();
+    let standing = match record.as_ref().map(|r| r.status) {
+        Some(Status::Completed) => Standing::Completed,
+        Some(Status::Failed) if !retry_failed => Standing::FailedBefore,
+        Some(Status::Running) if running_elsewhere(point_dir) => Standing::RunningElsewhere,
+        _ => Standing::ToTrain,
+    };
+    (standing, record)
 }
 
 /// A point's run that trained something other than its point (resumed by hand with a

@@ -830,6 +830,21 @@ fn bad_sweeps_are_refused_before_anything_trains() {
         2,
         &["`\"0.2` is not a valid TOML value"],
     );
+    // What the device tells: NCCL averages gradients between GPUs, not CPU replicas.
+    expect_error(
+        TINY_JOB,
+        &sweep(&[
+            "--grid",
+            "parallel.backend=\"tcp\",\"nccl\"",
+            "--set",
+            "parallel.replicas=2",
+        ]),
+        2,
+        &[
+            "sweep point 001 (parallel.backend=\"nccl\")",
+            "this run is on the CPU",
+        ],
+    );
     expect_error(TINY_JOB, &sweep(&[]), 2, &["at least one --grid"]);
     expect_error(
         TINY_JOB,
@@ -837,6 +852,79 @@ fn bad_sweeps_are_refused_before_anything_trains() {
         2,
         &["--sweep-id \"../x\"", "allowed"],
     );
+}
+
+/// A point too large for this machine is refused (exit 1, as `trainer run` refuses it) before
+/// the first point trains, not when its turn comes.
+#[test]
+fn a_sweep_point_larger_than_the_machine_is_refused_before_anything_trains() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), &hidden_layer_job());
+    let runs = tmp.path().join("runs");
+    // 2·10^8 hidden units: 1.28·10^10 weights in the first layer alone, 51 GB.
+    let out = trainer(
+        &[
+            "sweep",
+            job.to_str().unwrap(),
+            "--grid",
+            "model.layers[1].out=16,200000000",
+            "--runs-dir",
+            runs.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("sweep point 001 (model.layers[1].out=200000000): not enough memory"),
+        "{err}"
+    );
+    assert!(!runs.exists(), "nothing was trained or made");
+}
+
+/// Running a finished sweep again reads nothing of its points' data: here the data file is
+/// gone, and every point is still skipped as completed. A point still to train does read it.
+#[test]
+fn a_finished_sweep_run_again_does_not_load_its_data() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("digits.csv.gz");
+    std::fs::copy(root().join("jobs/data/digits.csv.gz"), &data).unwrap();
+    let csv_job = TINY_JOB.replace(
+        "source = \"digits\"",
+        &format!("source = \"csv\"\npath = \"{}\"", data.display()),
+    );
+    let job = write_job(tmp.path(), &csv_job);
+    let runs = tmp.path().join("runs");
+    let (job, runs_s) = (job.to_str().unwrap(), runs.to_str().unwrap());
+    let grid = |seeds: &'static str| {
+        vec![
+            "sweep",
+            job,
+            "--grid",
+            seeds,
+            "--runs-dir",
+            runs_s,
+            "--sweep-id",
+            "s",
+        ]
+    };
+    ok(trainer(&grid("job.seed=1,2"), &[]));
+    std::fs::remove_file(&data).unwrap();
+    let again = ok(trainer(&grid("job.seed=1,2"), &[]));
+    assert_eq!(
+        stderr(&again).matches("completed before, skipped").count(),
+        2,
+        "{}",
+        stderr(&again)
+    );
+    // A point to train is still checked up front, with the data key named.
+    let sweep_csv = runs.join("tiny/s/sweep.csv");
+    std::fs::remove_dir_all(runs.join("tiny/s")).unwrap();
+    let out = trainer(&grid("job.seed=1,2"), &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("sweep point 000 (job.seed=1)"));
+    assert!(stderr(&out).contains("cannot read data file"));
+    assert!(!sweep_csv.exists());
 }
 
 /// The same sweep started twice at once: a point the other copy started after this one

@@ -1,6 +1,6 @@
 //! `trainer check` (a job's graph, shapes, parameters and memory) and `trainer devices`.
 
-use super::memory::{activation_storage, fits, group_digits};
+use super::memory::{activation_storage, fits_here, gpu_whole_memory, group_digits};
 use super::*;
 
 /// How data parallelism averages the gradients on the resolved device (`on_gpus`): bucket by
@@ -145,10 +145,7 @@ pub fn check(job: &Path, sets: &[String]) -> Result<Checked> {
     }
     out += "\n";
     // The GPU's whole memory: what "auto" would find free when nothing else runs there.
-    let gpu_memory = gpu.map(|n| match cuda::probe() {
-        Ok((devices, _)) => devices.get(n).map_or(usize::MAX, |d| d.memory_bytes),
-        Err(_) => usize::MAX,
-    });
+    let gpu_memory = gpu.map(gpu_whole_memory);
     let m = memory_plan(&spec, &graph, &data, gpu_memory);
     let device = if on_gpu {
         spec.device.kind.replace("auto", "cuda:0")
@@ -208,15 +205,7 @@ pub fn check(job: &Path, sets: &[String]) -> Result<Checked> {
             bytes(all_replicas_memory(&spec, &graph, &m))
         );
     }
-    let runnable_here = match (gpu, gpu_memory) {
-        (Some(n), Some(all)) if all != usize::MAX => fits(
-            m.total(),
-            all,
-            &format!("cuda:{n}, with nothing else on it,"),
-        ),
-        (Some(_), _) => Ok(()),
-        (None, _) => check_host_memory(&spec, &graph, &data),
-    };
+    let runnable_here = fits_here(&spec, &graph, &data, gpu);
     if runnable_here.is_err() {
         let place = if on_gpu {
             "the GPU has"

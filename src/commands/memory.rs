@@ -109,6 +109,37 @@ pub(super) fn check_device_memory(
     fits(needed, free, &format!("cuda:{ordinal}"))
 }
 
+/// Whether `run` would start the job here, predicted before anything is allocated: a CPU job
+/// (`gpu` None) against this machine's free memory, a GPU job against cuda:`gpu`'s whole
+/// memory (what a run finds free when nothing else runs there; not checked where the driver
+/// cannot say).
+pub(super) fn fits_here(
+    spec: &JobSpec,
+    graph: &Graph,
+    data: &Data,
+    gpu: Option<usize>,
+) -> Result<()> {
+    let Some(n) = gpu else {
+        return check_host_memory(spec, graph, data);
+    };
+    match gpu_whole_memory(n) {
+        usize::MAX => Ok(()),
+        all => fits(
+            memory_plan(spec, graph, data, Some(all)).total(),
+            all,
+            &format!("cuda:{n}, with nothing else on it,"),
+        ),
+    }
+}
+
+/// cuda:`n`'s whole memory; usize::MAX where the driver cannot say.
+pub(super) fn gpu_whole_memory(n: usize) -> usize {
+    match cuda::probe() {
+        Ok((devices, _)) => devices.get(n).map_or(usize::MAX, |d| d.memory_bytes),
+        Err(_) => usize::MAX,
+    }
+}
+
 pub(super) fn fits(needed: usize, free: usize, place: &str) -> Result<()> {
     if needed <= free {
         return Ok(());

@@ -30,7 +30,7 @@ mod start;
 
 pub use check::{check, devices, Checked};
 pub use memory::bytes;
-use memory::{all_replicas_memory, check_device_memory, check_host_memory, memory_plan};
+use memory::{all_replicas_memory, check_device_memory, check_host_memory, fits_here, memory_plan};
 use start::{
     final_rows, job_command, nothing_left_to_train, plan_start, resume_command,
     with_original_init_from, with_resume_hint,
@@ -143,8 +143,9 @@ fn with_data_key(job: &Path, sets: &[String], spec: &JobSpec, e: Error) -> Error
 }
 
 /// What `trainer run` checks of a sweep point before anything trains, beyond its keys: its
-/// data loads and its model fits the data (shapes, token ids, batches). `last` keeps the
-/// data set of the previous point: points that differ in other keys load it once.
+/// data loads, its model fits the data (shapes, token ids, batches), its device can run it
+/// and it fits in that device's memory (`memory::fits_here`). `last` keeps the data set of
+/// the previous point: points that differ in other keys load it once.
 pub fn check_sweep_point(
     job: &Path,
     sets: &[String],
@@ -158,9 +159,15 @@ pub fn check_sweep_point(
             data::load(&spec.data, spec.job.seed).map_err(|e| with_data_key(job, sets, spec, e))?
         }
     };
-    let fits = model_for(job, sets, spec, &data).map(drop);
+    let checked = model_for(job, sets, spec, &data).and_then(|graph| {
+        let gpu = match pick_device(job, sets, spec)? {
+            Device::Cpu => None,
+            Device::Cuda(n) => Some(n),
+        };
+        fits_here(spec, &graph, &data, gpu)
+    });
     *last = Some((key, data));
-    fits
+    checked
 }
 
 /// The model of `spec` built for `data`, with what must hold between them before training.
