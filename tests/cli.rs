@@ -994,6 +994,32 @@ fn a_bad_value_is_blamed_on_the_layer_that_gave_it() {
         2,
         &["--set optimizer.schedule: key `optimizer.schedule.step_size`"],
     );
+    // A --set into a list copies the list to edit one element: the keys of the element it
+    // did not touch are still the file's, and a key it left out is the --set's fault.
+    let relu = ["--set", "model.layers[1].type=\"relu\""];
+    expect_failure(
+        GOOD_JOB,
+        &[],
+        &relu,
+        2,
+        &["bad.toml: key `model.layers[1].out`: unknown key: a relu layer has no settings"],
+    );
+    let linear = ["--set", "model.layers[0].type=\"linear\""];
+    expect_failure(
+        GOOD_JOB,
+        &[],
+        &linear,
+        2,
+        &["--set model.layers[0].type: key `model.layers[0].out`: missing key"],
+    );
+    // A table given whole is blamed for the keys in it, as given.
+    expect_failure(
+        GOOD_JOB,
+        &[],
+        &["--set", "optimizer={ type = \"sgd\", lr = -1 }"],
+        2,
+        &["--set optimizer: key `optimizer.lr`: -1 given"],
+    );
 }
 
 #[test]

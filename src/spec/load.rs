@@ -47,7 +47,7 @@ pub fn load_job(path: &Path, sets: &[String]) -> Result<JobSpec> {
     check_env()?;
     let mut spec: JobSpec = layers(path, &set_table)
         .extract()
-        .map_err(|e| layered_error(&file, &file_table, &set_table, e))?;
+        .map_err(|e| layered_error(&file, &file_table, &set_table, sets, e))?;
 
     if spec.job.name.is_none() {
         let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("job");
@@ -55,14 +55,7 @@ pub fn load_job(path: &Path, sets: &[String]) -> Result<JobSpec> {
     }
     let base = path.parent().unwrap_or(Path::new("."));
     resolve_paths(&mut spec, base);
-    super::validate(
-        &spec,
-        &KeySources {
-            file,
-            file_keys: file_table,
-            sets: set_table,
-        },
-    )?;
+    super::validate(&spec, &KeySources::of_tables(file, sets, file_table))?;
     // The resolved spec names the batch size even when it is the default.
     if spec.data.global_batch_size.is_none() {
         spec.data.batch_size = Some(spec.batch_size());
@@ -588,32 +581,51 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
 pub struct KeySources {
     file: String,
     file_keys: toml::Table,
-    sets: toml::Table,
+    /// Each --set's key, as a path with positions for list elements (`canonical_key`), and
+    /// as given. A --set into a list copies the list to edit one element: the others'
+    /// keys still come from where the list did.
+    set_keys: Vec<(Vec<String>, String)>,
 }
 
 impl KeySources {
     pub fn new(file: &Path, sets: &[String]) -> Result<Self> {
         let file_keys = file_table(file)?;
-        Ok(KeySources {
-            file: file.display().to_string(),
-            sets: parse_sets(sets, &file_keys)?,
+        // The same refusals as loading the job, for a --set that is not a key path.
+        parse_sets(sets, &file_keys)?;
+        Ok(Self::of_tables(file.display().to_string(), sets, file_keys))
+    }
+
+    fn of_tables(file: String, args: &[String], file_keys: toml::Table) -> Self {
+        let set_keys = args
+            .iter()
+            .filter_map(|arg| arg.split_once('='))
+            .map(|(key, _)| (canonical_key(&file_keys, key), key.trim().to_string()))
+            .collect();
+        KeySources {
+            file,
             file_keys,
-        })
+            set_keys,
+        }
     }
 
     /// "--set KEY", "environment TRAINER_…" or the file, for a key such as `optimizer.lr` or
-    /// `model.layers[2].out` (an index names the array, which is what --set replaces).
+    /// `model.layers[2].out`.
     pub fn of(&self, key: &str) -> String {
-        let path: Vec<String> = key
-            .split('.')
-            .map(|part| part.split('[').next().unwrap_or(part).to_string())
-            .collect();
-        self.of_path(&path, key)
+        self.of_path(&canonical_key(&self.file_keys, key))
     }
 
-    fn of_path(&self, path: &[String], key: &str) -> String {
-        if set_contains(&self.sets, path) {
-            return format!("--set {key}");
+    /// `path`: the key's parts, with positions for list elements (`model`, `layers`, `2`,
+    /// `out`).
+    fn of_path(&self, path: &[String]) -> String {
+        // The --set of the key, of a table that holds it (`--set optimizer={...}` for
+        // `optimizer.lr`) or of a key it holds (`--set optimizer.lr=...` for `optimizer`).
+        let related = |part: &[String]| {
+            self.set_keys
+                .iter()
+                .find(|(set, _)| set.starts_with(part) || part.starts_with(set))
+        };
+        if let Some((_, given)) = related(path) {
+            return format!("--set {given}");
         }
         if let Some((var, _)) = std::env::vars().find(|(k, _)| env_matches(k, path)) {
             return format!("environment {var}");
@@ -623,12 +635,13 @@ impl KeySources {
         if let Some((var, _)) = std::env::vars().find(|(k, _)| env_below(k, path)) {
             return format!("environment {var}");
         }
-        if !set_contains(&self.file_keys, path) {
+        if !holds(&self.file_keys, path) {
             // A key no layer holds (a required one left out) is the fault of the --set that
-            // gave its table, if one did: `--set 'optimizer.schedule={type="step"}'`.
+            // gave or changed its table, if one did: `--set 'optimizer.schedule={type="step"}'`,
+            // `--set model.layers[1].type="linear"` (for the missing `out`).
             for len in (2..path.len()).rev() {
-                if set_contains(&self.sets, &path[..len]) {
-                    return format!("--set {}", path[..len].join("."));
+                if let Some((_, given)) = related(&path[..len]) {
+                    return format!("--set {given}");
                 }
             }
         }
@@ -640,13 +653,10 @@ fn layered_error(
     file: &str,
     file_keys: &toml::Table,
     sets: &toml::Table,
+    set_args: &[String],
     errors: figment::Error,
 ) -> Error {
-    let sources = KeySources {
-        file: file.to_string(),
-        file_keys: file_keys.clone(),
-        sets: sets.clone(),
-    };
+    let sources = KeySources::of_tables(file.to_string(), set_args, file_keys.clone());
     let lines: Vec<String> = errors
         .into_iter()
         .map(|e| {
@@ -720,7 +730,7 @@ fn layered_error(
                     Err(_) if key.is_empty() => part.clone(),
                     Err(_) => format!("{key}.{part}"),
                 });
-            format!("{}: key `{key}`: {message}", sources.of_path(&path, &key))
+            format!("{}: key `{key}`: {message}", sources.of_path(&path))
         })
         .collect();
     Error::Job(lines.join("\n"))
@@ -735,12 +745,24 @@ fn path_steps(path: &[String]) -> Vec<KeyStep> {
     path.iter().map(step).collect()
 }
 
-fn set_contains(sets: &toml::Table, path: &[String]) -> bool {
-    let mut table = sets;
-    for (i, part) in path.iter().enumerate() {
-        match table.get(part) {
-            Some(toml::Value::Table(t)) if i + 1 < path.len() => table = t,
-            Some(_) => return true,
+/// Whether `table` has the key at `path` (positions select list elements), or a value
+/// that is not a table or list at the start of it.
+fn holds(table: &toml::Table, path: &[String]) -> bool {
+    let Some((first, rest)) = path.split_first() else {
+        return true;
+    };
+    let mut at = match table.get(first) {
+        Some(value) => value,
+        None => return false,
+    };
+    for part in rest {
+        let next = match at {
+            toml::Value::Table(t) => t.get(part),
+            toml::Value::Array(a) => part.parse::<usize>().ok().and_then(|i| a.get(i)),
+            _ => return true,
+        };
+        match next {
+            Some(value) => at = value,
             None => return false,
         }
     }
