@@ -1022,6 +1022,42 @@ fn a_bad_value_is_blamed_on_the_layer_that_gave_it() {
     );
 }
 
+/// An unquoted date is a TOML date, not text: serde saw a table ("found map").
+#[test]
+fn a_date_where_text_or_a_number_is_wanted_says_how_toml_read_it() {
+    let in_file = format!("[job]\nname = 2024-01-01\n{GOOD_JOB}");
+    expect_failure(
+        &in_file,
+        &[],
+        &[],
+        2,
+        &[
+            "key `job.name`: 2024-01-01 given, which TOML reads as a date or time; expected a \
+             string: quote it to give text, \"2024-01-01\"",
+        ],
+    );
+    for (set, says) in [
+        (
+            "job.name=2024-01-01",
+            "--set job.name: key `job.name`: 2024-01-01 given, which TOML reads as a date or \
+             time; expected a string: quote it to give text, '\"2024-01-01\"'",
+        ),
+        (
+            "optimizer.lr=12:00:00",
+            "key `optimizer.lr`: 12:00:00 given, which TOML reads as a date or time; expected \
+             a number",
+        ),
+        (
+            "data.normalize=2024-01-01",
+            "key `data.normalize`: 2024-01-01 given, which TOML reads as a date or time; \
+             expected one of \"none\", \"scale\", \"standardize\"",
+        ),
+        ("model.layers=2024-01-01", "expected a list"),
+    ] {
+        expect_failure(GOOD_JOB, &[], &["--set", set], 2, &[says]);
+    }
+}
+
 #[test]
 fn environment_variable_of_an_unknown_key_is_named() {
     let out = trainer(

@@ -486,15 +486,37 @@ pub(crate) fn toml_error(
         .filter(|_| message.starts_with("expected "))
         .and_then(|table| lookup_table(table, &parse_key(&key)?))
         .map_or(String::new(), |value| format!("{value} given; "));
+    let value = table.and_then(|table| lookup_table(table, &parse_key(&key)?));
     let key = match key.is_empty() {
         true => String::new(),
         false => format!(" key `{key}`:"),
     };
+    let expected = message.split_once("expected ").map_or("", |(_, e)| e);
+    if let Some(message) = date_given(value, expected, false) {
+        return format!("{place}:{key} {message}");
+    }
     format!(
         "{place}:{key} {given}{}{}",
         plain(message),
         did_you_mean(message)
     )
+}
+
+/// A TOML date or time (`2024-01-01`, `12:00:00`) where something else is `expected`
+/// reaches serde as a table ("invalid type: map"): say what it was read as, and how to give
+/// text.
+fn date_given(value: Option<&toml::Value>, expected: &str, from_shell: bool) -> Option<String> {
+    let Some(toml::Value::Datetime(date)) = value else {
+        return None;
+    };
+    let quote = match (expected.contains("string"), from_shell) {
+        (true, true) => format!(": quote it to give text, '\"{date}\"'"),
+        (true, false) => format!(": quote it to give text, \"{date}\""),
+        (false, _) => String::new(),
+    };
+    Some(plain(&format!(
+        "{date} given, which TOML reads as a date or time; expected {expected}{quote}"
+    )))
 }
 
 /// A wrong type given to a key of fixed choices says which they are, not serde's "expected
@@ -542,6 +564,7 @@ fn plain(message: &str) -> String {
         ("expected i64", "expected a whole number"),
         ("expected f64", "expected a number"),
         ("expected f32", "expected a number"),
+        ("expected a sequence", "expected a list"),
     ]
     .iter()
     .fold(message.to_string(), |m, (rust, plain)| {
@@ -668,7 +691,29 @@ fn layered_error(
                     path.push(name.to_string());
                 }
             };
+            // A TOML date reaches serde as a table of one private key (which an enum reads
+            // as its variant).
+            if path.last().is_some_and(|p| p == "$__toml_private_datetime") {
+                path.pop();
+            }
+            let expected = match &e.kind {
+                figment::error::Kind::UnknownField(..) => "a table".to_string(),
+                figment::error::Kind::UnknownVariant(_, allowed) => {
+                    let allowed: Vec<String> = allowed.iter().map(|a| format!("\"{a}\"")).collect();
+                    format!("one of {}", allowed.join(", "))
+                }
+                kind => kind
+                    .to_string()
+                    .split_once("expected ")
+                    .unzip()
+                    .1
+                    .unwrap_or("")
+                    .to_string(),
+            };
+            let given = lookup_table(sets, &path_steps(&path));
+            let date = date_given(given, &expected, true);
             let message = match &e.kind {
+                _ if date.is_some() => date.unwrap_or_default(),
                 figment::error::Kind::UnknownField(name, expected) => {
                     name_key(&mut path, name);
                     let expected: Vec<String> = expected.iter().map(|s| format!("`{s}`")).collect();
