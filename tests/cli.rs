@@ -793,7 +793,7 @@ fn label_out_of_range_names_the_sample() {
         &[("data.csv", csv)],
         &[],
         2,
-        &["label 5 is out of range", "classes = 3", "sample 1"],
+        &["data.csv: line 3: label 5 is out of range", "classes = 3"],
     );
 }
 
@@ -811,7 +811,7 @@ fn a_label_out_of_range_in_the_test_file_names_the_test_file() {
         ],
         &[],
         2,
-        &["test.csv (test sample 1): label 7 is out of range"],
+        &["test.csv: line 3: label 7 is out of range"],
     );
 }
 
@@ -1512,8 +1512,21 @@ fn token_ids_outside_the_vocabulary_or_normalised_are_refused() {
         &[
             "model.layers[0] (embedding)",
             "token ids must be whole numbers in [0, 10)",
-            "sample",
+            "tokens.csv: line ",
         ],
+    );
+    // The sample is named by its line in the file, whichever split (val_fraction) holds it.
+    let mut lines = String::from("t0,t1,t2,t3,t4,t5,label\n");
+    for i in 0..40 {
+        let id = if i == 30 { 25 } else { i % 20 };
+        lines += &format!("1,2,3,4,{id},5,{}\n", i % 3);
+    }
+    expect_failure(
+        TOKEN_JOB,
+        &[("tokens.csv", lines.as_bytes())],
+        &[],
+        2,
+        &["data holds 25 (", "tokens.csv: line 32, feature 4)"],
     );
     let normalised = TOKEN_JOB.replace("normalize = \"none\"", "");
     expect_failure(

@@ -216,6 +216,7 @@ fn multi_process_steps_allocate_nothing_but_gemm_scratch_on_either_rank() {
             features: common::random_vec(samples * features, 2),
             targets: (0..samples).map(|i| (i % 10) as f32).collect(),
             len: samples,
+            ..Dataset::default()
         },
         eval: Vec::new(),
     };

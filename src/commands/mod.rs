@@ -327,11 +327,11 @@ fn check_token_ids(job: &Path, graph: &Graph, data: &Data, normalized: bool) -> 
             .find(|(_, v)| !(v.fract() == 0.0 && (0.0..vocab as f32).contains(*v)))
         {
             return Err(Error::Job(format!(
-                "{}: model.layers[{layer}] (embedding): the {split} data holds {v} (sample {}, \
+                "{}: model.layers[{layer}] (embedding): the {split} data holds {v} ({}, \
                  feature {}), but token ids must be whole numbers in [0, {vocab}) \
                  (num_embeddings{}){}",
                 job.display(),
-                i / row,
+                set.origin.place(&set.origin.features, i / row),
                 i % row,
                 if embeddings.len() > 1 {
                     ", the smallest of the embeddings'"

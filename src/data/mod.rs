@@ -16,6 +16,7 @@ pub struct Dataset {
     pub features: Vec<f32>,
     pub targets: Vec<f32>,
     pub len: usize,
+    pub origin: Origin,
 }
 
 impl Dataset {
@@ -27,6 +28,7 @@ impl Dataset {
     fn select(&self, rows: &[usize], row_len: usize, target_dim: usize) -> Dataset {
         let mut out = Dataset {
             len: rows.len(),
+            origin: self.origin.select(rows),
             ..Default::default()
         };
         for &r in rows {
@@ -36,6 +38,53 @@ impl Dataset {
                 .extend_from_slice(&self.targets[r * target_dim..(r + 1) * target_dim]);
         }
         out
+    }
+}
+
+/// Where a split's samples came from, for errors that name one: the files of its features
+/// and of its labels (one file but for IDX), and each sample's place there.
+#[derive(Debug, Clone, Default)]
+pub struct Origin {
+    pub features: String,
+    pub labels: String,
+    /// Each sample's line in a CSV file; elsewhere a sample's place is its index.
+    pub lines: Option<Vec<u64>>,
+    /// Each sample's index in its file, where the split holds some of them (val_fraction).
+    pub rows: Option<Vec<usize>>,
+}
+
+impl Origin {
+    /// One file's samples, at their index or (CSV) their `lines`.
+    pub fn file(name: &str, lines: Option<Vec<u64>>) -> Origin {
+        Origin {
+            features: name.to_string(),
+            labels: name.to_string(),
+            lines,
+            rows: None,
+        }
+    }
+
+    /// "digits.csv: line 14" or "train-images-idx3-ubyte: sample 12" for sample `i`, in
+    /// `file` (its features' or its labels').
+    pub fn place(&self, file: &str, i: usize) -> String {
+        if let Some(lines) = &self.lines {
+            return format!("{file}: line {}", lines[i]);
+        }
+        let index = self.rows.as_ref().map_or(i, |rows| rows[i]);
+        format!("{file}: sample {index}")
+    }
+
+    fn select(&self, rows: &[usize]) -> Origin {
+        let index = |r: usize| self.rows.as_ref().map_or(r, |all| all[r]);
+        Origin {
+            features: self.features.clone(),
+            labels: self.labels.clone(),
+            lines: self
+                .lines
+                .as_ref()
+                .map(|l| rows.iter().map(|&r| l[r]).collect()),
+            rows: Some(rows.iter().map(|&r| index(r)).collect()),
+        }
     }
 }
 
@@ -57,9 +106,6 @@ pub(crate) struct Raw {
     pub task: Task,
     pub train: Dataset,
     pub test: Option<Dataset>,
-    /// Where the labels came from, for range errors: the training and the test split's.
-    pub label_origin: String,
-    pub test_label_origin: String,
 }
 
 impl Data {
@@ -98,7 +144,7 @@ pub fn load(spec: &DataSpec, seed: u64) -> Result<Data> {
     let Some(target_dim) = raw.train.targets.len().checked_div(raw.train.len) else {
         return Err(Error::Job(format!(
             "{}: no training samples",
-            raw.label_origin
+            raw.train.origin.features
         )));
     };
     let classes = match raw.task {
@@ -147,22 +193,23 @@ pub fn load(spec: &DataSpec, seed: u64) -> Result<Data> {
 /// Class labels must be whole numbers in 0..classes; returns the number of classes.
 fn check_labels(raw: &Raw, classes: Option<usize>) -> Result<usize> {
     let mut largest = 0usize;
-    let splits = std::iter::once(("training", &raw.train, &raw.label_origin))
-        .chain(raw.test.iter().map(|t| ("test", t, &raw.test_label_origin)));
-    for (split, set, origin) in splits {
+    for set in std::iter::once(&raw.train).chain(&raw.test) {
         for (row, &label) in set.targets.iter().enumerate() {
+            let place = || set.origin.place(&set.origin.labels, row);
             if !(label >= 0.0 && label.fract() == 0.0 && f64::from(label) <= MAX_CLASS_INDEX) {
                 return Err(Error::Job(format!(
-                    "{origin} ({split} sample {row}): label {label} is not a class index (a whole \
-                     number from 0 to {MAX_CLASS_INDEX})"
+                    "{}: label {label} is not a class index (a whole number from 0 to \
+                     {MAX_CLASS_INDEX})",
+                    place()
                 )));
             }
             let label = label as usize;
             if let Some(c) = classes {
                 if label >= c {
                     return Err(Error::Job(format!(
-                        "{origin} ({split} sample {row}): label {label} is out of range for \
-                         data.classes = {c} (allowed: 0..{})",
+                        "{}: label {label} is out of range for data.classes = {c} (allowed: \
+                         0..{})",
+                        place(),
                         c - 1
                     )));
                 }
@@ -239,5 +286,35 @@ pub fn batches_per_epoch(n: usize, batch_size: usize, drop_last: bool) -> usize 
         n / batch_size
     } else {
         n.div_ceil(batch_size)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A split of a split still names each sample's place in its file.
+    #[test]
+    fn a_sample_is_named_by_its_place_in_the_file_after_any_split() {
+        let set = |origin: Origin| Dataset {
+            features: (0..6).map(|v| v as f32).collect(),
+            targets: vec![0.0; 6],
+            len: 6,
+            origin,
+        };
+        let idx = set(Origin {
+            features: "images".into(),
+            labels: "labels".into(),
+            ..Origin::default()
+        });
+        let part = idx.select(&[1, 3, 5], 1, 1).select(&[2], 1, 1);
+        assert_eq!(part.features, [5.0]);
+        assert_eq!(
+            part.origin.place(&part.origin.labels, 0),
+            "labels: sample 5"
+        );
+        let csv = set(Origin::file("a.csv", Some(vec![2, 3, 5, 6, 7, 9])));
+        let part = csv.select(&[4, 5], 1, 1);
+        assert_eq!(part.origin.place(&part.origin.features, 1), "a.csv: line 9");
     }
 }

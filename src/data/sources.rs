@@ -1,7 +1,7 @@
 //! The data sources. Each returns raw samples and names the file and row or byte offset of
 //! anything wrong with them.
 
-use super::{Dataset, Raw};
+use super::{Dataset, Origin, Raw};
 use crate::error::{Error, Result};
 use crate::spec::{Column, DataSpec, Task};
 use crate::tensor::rng::{derive, Rng};
@@ -27,8 +27,6 @@ pub(crate) fn digits() -> Result<Raw> {
         task: Task::Classification,
         train,
         test: None,
-        label_origin: "bundled digits".into(),
-        test_label_origin: String::new(),
     })
 }
 
@@ -85,11 +83,6 @@ pub(crate) fn csv(spec: &DataSpec) -> Result<Raw> {
         task,
         train,
         test,
-        label_origin: path.display().to_string(),
-        test_label_origin: spec
-            .test_path
-            .as_ref()
-            .map_or(String::new(), |p| p.display().to_string()),
     })
 }
 
@@ -164,6 +157,7 @@ fn parse_csv(
         );
     }
     let mut data = Dataset::default();
+    let mut lines = Vec::new();
     let mut columns: Option<(usize, Vec<usize>)> = None;
     // Values that parse but are not finite (nan, inf, 1e39 beyond f32): the first one's place.
     let (mut not_finite, mut first_not_finite) = (0usize, None);
@@ -223,6 +217,7 @@ fn parse_csv(
         };
         data.targets.push(target);
         data.len += 1;
+        lines.push(line as u64);
     }
     let Some((label_col, feature_cols)) = columns else {
         return Err(Error::Job(format!("{name}: no data rows")));
@@ -245,6 +240,7 @@ fn parse_csv(
             if not_finite == 1 { "it" } else { "them" },
         );
     }
+    data.origin = Origin::file(name, Some(lines));
     Ok((data, read))
 }
 
@@ -378,6 +374,11 @@ pub(crate) fn idx(spec: &DataSpec) -> Result<Raw> {
         let data = Dataset {
             features: pixels.iter().map(|&p| p as f32).collect(),
             targets: labels_u8.iter().map(|&l| l as f32).collect(),
+            origin: Origin {
+                features: images.display().to_string(),
+                labels: labels.display().to_string(),
+                ..Origin::default()
+            },
             len: shape[0],
         };
         Ok((data, shape))
@@ -409,16 +410,6 @@ pub(crate) fn idx(spec: &DataSpec) -> Result<Raw> {
         task: Task::Classification,
         train,
         test,
-        label_origin: spec
-            .train_labels
-            .as_deref()
-            .expect("validated")
-            .display()
-            .to_string(),
-        test_label_origin: spec
-            .test_labels
-            .as_ref()
-            .map_or(String::new(), |p| p.display().to_string()),
     })
 }
 
@@ -473,6 +464,7 @@ pub(crate) fn synthetic(spec: &DataSpec, seed: u64) -> Raw {
     let mut rng = Rng::new(derive(seed, 13));
     let mut data = Dataset {
         len: n,
+        origin: Origin::file("synthetic data", None),
         ..Default::default()
     };
     match task {
@@ -507,7 +499,5 @@ pub(crate) fn synthetic(spec: &DataSpec, seed: u64) -> Raw {
         task,
         train: data,
         test: None,
-        label_origin: "synthetic data".into(),
-        test_label_origin: String::new(),
     }
 }
