@@ -161,14 +161,16 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
     let invalid = |i: usize, e: Error, on: &str| {
         job_err!("sweep point {i:03} ({}){on}: {e}", describe(&points[i]))
     };
+    // Each point as a job, then as the job on each device it may run on.
+    let runs = |i: usize| point_runs(&args.sets, &points[i], slots.as_deref());
     let mut specs: Vec<JobSpec> = Vec::with_capacity(points.len());
     for (i, point) in points.iter().enumerate() {
         let sets = point_sets(&args.sets, point);
         specs.push(load_job(&args.job, &sets).map_err(|e| invalid(i, e, ""))?);
-        for device in slots.iter().flat_map(|s| devices::distinct(s)) {
-            let mut on_device = sets.clone();
-            on_device.push(devices::device_set(device));
-            load_job(&args.job, &on_device).map_err(|e| invalid(i, e, &format!(" on {device}")))?;
+        if slots.is_some() {
+            for (on, sets) in runs(i) {
+                load_job(&args.job, &sets).map_err(|e| invalid(i, e, &on))?;
+            }
         }
     }
     if let (Some(slots), Some(value)) = (&slots, &args.devices) {
@@ -201,19 +203,7 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
         if standing(point_dir, args.retry_failed).0 != Standing::ToTrain {
             continue;
         }
-        let sets = point_sets(&args.sets, &points[i]);
-        let mut runs = vec![(String::new(), sets.clone())];
-        if let Some(slots) = &slots {
-            runs = devices::distinct(slots)
-                .into_iter()
-                .map(|device| {
-                    let mut on_device = sets.clone();
-                    on_device.push(devices::device_set(device));
-                    (format!(" on {device}"), on_device)
-                })
-                .collect();
-        }
-        for (on, sets) in runs {
+        for (on, sets) in runs(i) {
             let spec = load_job(&args.job, &sets).map_err(|e| invalid(i, e, &on))?;
             // Quietly: what loading the data and picking the device say, the point's run says
             // again in its own log.
@@ -648,6 +638,27 @@ fn point_sets(base: &[String], point: &Point) -> Vec<String> {
     let mut sets = base.to_vec();
     sets.extend(point.iter().map(|(k, v)| format!("{k}={v}")));
     sets
+}
+
+/// The `--set` overrides of a point as it will run: as it is, or (`--devices`) on each of
+/// the listed devices, with " on DEVICE" to say which.
+fn point_runs(
+    base: &[String],
+    point: &Point,
+    slots: Option<&[devices::Slot]>,
+) -> Vec<(String, Vec<String>)> {
+    let sets = point_sets(base, point);
+    let Some(slots) = slots else {
+        return vec![(String::new(), sets)];
+    };
+    devices::distinct(slots)
+        .into_iter()
+        .map(|device| {
+            let mut on_device = sets.clone();
+            on_device.push(devices::device_set(device));
+            (format!(" on {device}"), on_device)
+        })
+        .collect()
 }
 
 fn describe(point: &Point) -> String {
