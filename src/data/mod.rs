@@ -265,7 +265,13 @@ fn normalize(
     for set in std::iter::once(train).chain(eval.iter_mut().map(|(_, d)| d)) {
         for row in set.features.chunks_exact_mut(row_len) {
             for j in 0..row_len {
-                row[j] = (row[j] - shift[j]) * scale[j];
+                let x = row[j];
+                row[j] = (x - shift[j]) * scale[j];
+                // A difference beyond f32's range (values near ±3.4e38 on both sides of the
+                // mean) is taken in f64: the standardised value itself is small.
+                if !row[j].is_finite() && x.is_finite() {
+                    row[j] = ((f64::from(x) - f64::from(shift[j])) * f64::from(scale[j])) as f32;
+                }
             }
         }
     }
@@ -316,5 +322,23 @@ mod tests {
         let csv = set(Origin::file("a.csv", Some(vec![2, 3, 5, 6, 7, 9])));
         let part = csv.select(&[4, 5], 1, 1);
         assert_eq!(part.origin.place(&part.origin.features, 1), "a.csv: line 9");
+    }
+
+    /// Values near f32's limits standardise as smaller ones do, not to ±inf (their
+    /// difference from the mean is beyond f32).
+    #[test]
+    fn standardising_values_near_the_f32_limit_stays_finite() {
+        let mut train = Dataset {
+            features: vec![3e38, 3e38, 3e38, -3e38],
+            targets: vec![0.0; 4],
+            len: 4,
+            ..Dataset::default()
+        };
+        normalize(Normalize::Standardize, 1, &mut train, &mut []);
+        // Mean 1.5e38, standard deviation 1.5e38·√3: -3e38 lies 4.5e38 below the mean.
+        let (above, below) = (1.0 / 3f32.sqrt(), -3f32.sqrt());
+        for (v, want) in train.features.iter().zip([above, above, above, below]) {
+            assert!((v - want).abs() < 1e-6, "{:?}", train.features);
+        }
     }
 }
