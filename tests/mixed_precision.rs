@@ -460,8 +460,66 @@ fn a_fixed_loss_scale_that_overflows_every_step_ends_the_run_as_diverged() {
     );
 }
 
+/// The same, in a run too short for 100 in a row: it completes, says that nothing was
+/// trained, and summary.json counts the skipped steps.
+#[test]
+fn a_short_run_whose_every_step_overflowed_warns_that_nothing_was_trained() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), SCALING_JOB);
+    let runs = tmp.path().join("runs");
+    let fixed = [
+        "--set",
+        "precision.loss_scale=1e30",
+        "--set",
+        "precision.init_scale=65536",
+        "--set",
+        "precision.growth_interval=2000",
+    ];
+    let mut args = vec!["run", job.to_str().unwrap(), "--runs-dir"];
+    args.push(runs.to_str().unwrap());
+    args.extend_from_slice(&fixed);
+    let out = trainer(&args);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains(
+            "steps were skipped for inf/NaN gradients (loss scaling; the scale is now 1e30)"
+        ) && err.contains("nothing was trained"),
+        "{err}"
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run_dir(&out).join("summary.json")).unwrap())
+            .unwrap();
+    assert_eq!(summary["skipped_steps"], summary["steps"]);
+    // The dynamic scaler's own overflows are counted, and said, too.
+    let out = run_job(&job, &tmp.path().join("runs2"), &[]);
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run_dir(&out).join("summary.json")).unwrap())
+            .unwrap();
+    let skipped = summary["skipped_steps"].as_u64().unwrap();
+    assert!(skipped > 0 && skipped < summary["steps"].as_u64().unwrap());
+}
+
 #[test]
 fn bad_precision_settings_are_named() {
+    // The scale is an f32, as GradScaler's: 1e39 would be inf.
+    for key in ["loss_scale", "init_scale"] {
+        let out = trainer(&[
+            "check",
+            "jobs/mlp.toml",
+            "--set",
+            "precision.mode=\"fp16\"",
+            "--set",
+            &format!("precision.{key}=1e39"),
+        ]);
+        assert_eq!(out.status.code(), Some(2));
+        assert!(
+            stderr(&out).contains(&format!("`precision.{key}`: 1e39 given"))
+                && stderr(&out).contains("up to 3.4028235e38 (an f32)"),
+            "{}",
+            stderr(&out)
+        );
+    }
     let out = trainer(&[
         "check",
         "jobs/mlp.toml",

@@ -856,6 +856,7 @@ fn run_in<B: Backend>(
                 "job": spec.name(),
                 "device": device,
                 "steps": outcome.steps,
+                "skipped_steps": outcome.skipped_steps,
                 "epochs": outcome.epochs,
                 "wall_s": wall,
                 "train_s": outcome.train_seconds,

@@ -45,7 +45,8 @@ impl LossScaler {
         growth_interval: u64,
     ) -> Self {
         LossScaler {
-            scale: init_scale,
+            // An f32, as GradScaler's `torch.full((), init_scale, dtype=torch.float32)`.
+            scale: f64::from(init_scale as f32),
             growth_factor,
             backoff_factor,
             growth_interval,
@@ -55,15 +56,21 @@ impl LossScaler {
 
     /// What the trainer does with the gradients of a step, given whether any was non-finite.
     /// Returns true when the optimizer step may run (on gradients divided by the old scale).
+    /// The scale is kept as an f32, as GradScaler's is (`_amp_update_scale`: each product
+    /// in f64, rounded to f32), and does not grow past f32's range to inf.
     pub fn update(&mut self, found_inf: bool) -> bool {
+        let as_f32 = |v: f64| f64::from(v as f32);
         if found_inf {
-            self.scale *= self.backoff_factor;
+            self.scale = as_f32(self.scale * self.backoff_factor);
             self.clean_steps = 0;
             return false;
         }
         self.clean_steps += 1;
         if self.clean_steps == self.growth_interval {
-            self.scale *= self.growth_factor;
+            let grown = as_f32(self.scale * self.growth_factor);
+            if grown.is_finite() {
+                self.scale = grown;
+            }
             self.clean_steps = 0;
         }
         true
@@ -99,5 +106,25 @@ mod tests {
         assert_eq!(s.scale, 1024.0);
         s.update(false);
         assert_eq!(s.scale, 2048.0);
+    }
+
+    /// GradScaler keeps its scale in an f32 and does not grow it to inf.
+    #[test]
+    fn the_scale_is_an_f32_that_stops_growing_at_its_limit() {
+        // Each product in f64, rounded to f32 (`_amp_update_scale`).
+        let f32_of = |v: f64| f64::from(v as f32);
+        let mut s = LossScaler::new(0.1, 1.7, 0.3, 1);
+        assert_eq!(s.scale, f32_of(0.1));
+        s.update(false);
+        let grown = f32_of(f32_of(0.1) * 1.7);
+        assert_eq!(s.scale, grown);
+        s.update(true);
+        assert_eq!(s.scale, f32_of(grown * 0.3));
+        assert_ne!(s.scale, grown * 0.3, "the f64 product is not an f32");
+        let mut s = LossScaler::new(3e38, 1e30, 0.5, 1);
+        assert!(s.update(false));
+        assert_eq!(s.scale, f64::from(3e38f32), "not grown to inf");
+        s.update(true);
+        assert_eq!(s.scale, f64::from(1.5e38f32));
     }
 }

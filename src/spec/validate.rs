@@ -586,17 +586,30 @@ fn validate_checkpoint(spec: &JobSpec, p: &mut Problems) {
 }
 
 fn validate_precision(s: &PrecisionSpec, p: &mut Problems) {
+    // The scale is an f32, as GradScaler's: a larger one would be inf.
+    let largest = f64::from(f32::MAX);
+    let shown = |v: f64| match v.abs() {
+        a if a >= 1e16 => format!("{v:e}"),
+        _ => v.to_string(),
+    };
     if let Some(LossScale::Fixed(v)) = s.loss_scale {
         p.check(
-            v.is_finite() && v > 0.0,
+            v.is_finite() && v > 0.0 && v <= largest,
             "precision.loss_scale",
-            format!("{v} given; must be \"dynamic\", \"none\" or a positive number"),
+            format!(
+                "{} given; must be \"dynamic\", \"none\" or a positive number up to \
+                 3.4028235e38 (an f32)",
+                shown(v)
+            ),
         );
     }
     p.check(
-        s.init_scale.is_finite() && s.init_scale > 0.0,
+        s.init_scale.is_finite() && s.init_scale > 0.0 && s.init_scale <= largest,
         "precision.init_scale",
-        format!("{} given; must be a positive number", s.init_scale),
+        format!(
+            "{} given; must be a positive number up to 3.4028235e38 (an f32)",
+            shown(s.init_scale)
+        ),
     );
     p.check(
         // As GradScaler: a factor of 1 would never grow the scale back after a backoff.

@@ -71,6 +71,9 @@ pub struct Outcome {
     pub update_recordings: Option<u64>,
     /// The newest checkpoint this run wrote.
     pub last_checkpoint: Option<PathBuf>,
+    /// Steps skipped for inf/NaN (loss scaling, `train.on_nonfinite = "skip"`), the run's
+    /// earlier sessions included.
+    pub skipped_steps: u64,
     /// Set when a signal stopped the run early: the signal's number.
     pub interrupted: Option<i32>,
     pub end_reason: EndReason,
@@ -467,19 +470,33 @@ pub fn train_session<B: Backend>(
         outcome.end_reason = EndReason::MaxSteps;
     }
     // The last skipped steps may be in no row (a window with no applied step writes none).
-    if skip_nonfinite && st.skipped_steps > 0 && st.skipped_steps == st.step {
-        tracing::warn!(
-            "all {} steps were skipped for an inf/NaN loss or gradients (train.on_nonfinite = \
-             \"skip\"): nothing was trained; look for inf/NaN values in the data",
-            st.step
-        );
-    } else if skip_nonfinite && st.skipped_steps > 0 {
-        tracing::info!(
-            "{} of {} steps were skipped for an inf/NaN loss or gradients \
-             (train.on_nonfinite = \"skip\")",
-            st.skipped_steps,
-            st.step
-        );
+    if st.skipped_steps > 0 {
+        let (why, hint) = match &st.loss_scaler {
+            Some(scaler) => (
+                format!(
+                    "for inf/NaN gradients (loss scaling; the scale is now {:e})",
+                    scaler.scale as f32
+                ),
+                "a fixed precision.loss_scale may be too large (\"dynamic\" finds one), or \
+                 precision.init_scale too large to back off from in so few steps",
+            ),
+            None => (
+                "for an inf/NaN loss or gradients (train.on_nonfinite = \"skip\")".to_string(),
+                "look for inf/NaN values in the data",
+            ),
+        };
+        if st.skipped_steps == st.step {
+            tracing::warn!(
+                "all {} steps were skipped {why}: nothing was trained; {hint}",
+                st.step
+            );
+        } else {
+            tracing::info!(
+                "{} of {} steps were skipped {why}",
+                st.skipped_steps,
+                st.step
+            );
+        }
     }
     // The epoch the loop ended in (it stands at the next one's start after a full epoch).
     let last_epoch = if st.steps_in_epoch == 0 {
@@ -584,6 +601,7 @@ fn finish(mut outcome: Outcome, st: &TrainState, final_weights: Option<Weights>)
     outcome.epochs = st.epoch;
     outcome.train_samples = st.train_samples;
     outcome.train_seconds = st.train_seconds;
+    outcome.skipped_steps = st.skipped_steps;
     outcome.final_weights = final_weights.unwrap_or_default();
     outcome
 }
@@ -997,10 +1015,12 @@ fn check_skipped_in_a_row(
     );
     Err(Error::Diverged(match loss_scale {
         Some(scale) => format!(
-            "training diverged: {steps} had inf/NaN gradients at loss scale {scale:e} and were \
+            "training diverged: {steps} had inf/NaN gradients at loss scale {:e} and were \
              skipped, so the parameters stopped changing; a fixed precision.loss_scale may be \
              too large (\"dynamic\" finds one), else try a lower optimizer.lr or \
-             train.clip_grad_norm"
+             train.clip_grad_norm",
+            // The scale is an f32: shown as one, 1e30 rather than 1.0000000150474662e30.
+            scale as f32
         ),
         None => format!(
             "training diverged: {steps} had an inf/NaN loss or gradients and were skipped; \
