@@ -83,11 +83,38 @@ impl MetricsWriter {
     /// bad resume, exit 2: checked before the run directory is touched). Rows missing (the
     /// file cut short by hand or by a disk) are an error, unless `force`: then the run goes
     /// on after the rows that are there, and the missing ones stay missing.
+    /// A file that is gone, empty or cut inside its header has no rows: with `force` it
+    /// starts again from its header (length 0).
     pub fn resumable_len(path: &Path, keep_rows: u64, force: bool) -> Result<(u64, u64)> {
         let name = path.display().to_string();
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::Job(format!("cannot read {name} to resume its run: {e}")))?;
         let header = METRICS_COLUMNS.join(",");
+        let text = match std::fs::read_to_string(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && (force || keep_rows == 0) => {
+                return Ok((0, 0))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::Job(format!(
+                    "{name} is gone, with the {keep_rows} rows written before the checkpoint: \
+                     restore it, or pass --force to go on without them (a new metrics.csv)"
+                )))
+            }
+            Err(e) => {
+                return Err(Error::Job(format!(
+                    "cannot read {name} to resume its run: {e}"
+                )))
+            }
+            Ok(text) => text,
+        };
+        if header.starts_with(text.trim_end_matches('\n')) && text.len() < header.len() {
+            return match force || keep_rows == 0 {
+                true => Ok((0, 0)),
+                false => Err(Error::Job(format!(
+                    "{name} is empty or cut inside its header: the {keep_rows} rows written \
+                     before the checkpoint are missing (restore the file, or pass --force to go \
+                     on without them)"
+                ))),
+            };
+        }
         if text.lines().next() != Some(header.as_str()) {
             return Err(Error::Job(format!(
                 "{name} does not start with the header `{header}`; it is not this run's metrics"
@@ -115,6 +142,9 @@ impl MetricsWriter {
     /// rows, drops the rest, and appends after them (`force`: see `resumable_len`).
     pub fn resume(path: &Path, keep_rows: u64, force: bool) -> Result<Self> {
         let (end, keep_rows) = Self::resumable_len(path, keep_rows, force)?;
+        if end == 0 {
+            return Self::create(path);
+        }
         let name = path.display().to_string();
         // A header that lost its line end (the file cut right after it) gets it back, or the
         // first row would join the header line.
@@ -194,6 +224,33 @@ mod tests {
             std::fs::read_to_string(&path).unwrap(),
             format!("{header}\n")
         );
+    }
+
+    /// A metrics.csv that is gone, emptied or cut inside its header lost every row: a resume
+    /// is refused unless --force, which starts the file again from its header.
+    #[test]
+    fn a_lost_or_emptied_file_resumes_only_with_force_from_a_new_header() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.csv");
+        let header = super::METRICS_COLUMNS.join(",");
+        for damaged in [None, Some(""), Some("step,ep")] {
+            match damaged {
+                None => drop(std::fs::remove_file(&path)),
+                Some(text) => std::fs::write(&path, text).unwrap(),
+            }
+            let refused = super::MetricsWriter::resume(&path, 3, false).err().unwrap();
+            assert!(refused.to_string().contains("--force"), "{refused}");
+            let writer = super::MetricsWriter::resume(&path, 3, true).unwrap();
+            assert_eq!(writer.rows(), 0);
+            drop(writer);
+            assert_eq!(
+                std::fs::read_to_string(&path).unwrap(),
+                format!("{header}\n")
+            );
+        }
+        // Nothing written before the checkpoint: nothing is missing.
+        std::fs::remove_file(&path).unwrap();
+        assert!(super::MetricsWriter::resume(&path, 0, false).is_ok());
     }
 
     #[test]
