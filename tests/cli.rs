@@ -452,6 +452,29 @@ fn unknown_key_suggests_the_right_one() {
     );
 }
 
+/// A key inside a layer is pointed at on its own line and column, not at the start of the
+/// list, and the keys every layer has are among those suggested.
+#[test]
+fn an_unknown_layer_key_is_pointed_at_and_suggested_among_every_layer_key() {
+    let job = GOOD_JOB.replace(
+        "layers = [{ type = \"flatten\" }, { type = \"linear\", out = 10 }]",
+        "layers = [\n  { type = \"flatten\", name = \"f\" },\n  { type = \"linear\", out = 10, input = [\"f\"] },\n]",
+    );
+    assert_ne!(job, GOOD_JOB);
+    let line = job.lines().position(|l| l.contains("input =")).unwrap() + 1;
+    let column = job.lines().nth(line - 1).unwrap().find("input").unwrap() + 1;
+    expect_failure(
+        &job,
+        &[],
+        &[],
+        2,
+        &[
+            &format!("bad.toml:{line}:{column}: key `model.layers[1].input`"),
+            "expected one of `out`, `in`, `bias`, `name`, `inputs` (did you mean `inputs`?)",
+        ],
+    );
+}
+
 #[test]
 fn force_or_resume_fallback_without_a_resume_is_refused() {
     for flag in ["--force", "--resume-fallback"] {

@@ -470,6 +470,7 @@ pub(crate) fn toml_error(
         None => file.to_string(),
     };
     let (below, message) = key_below(e.message().trim_end());
+    let mut place = place;
     let (key, table) = match key {
         Some((k, table)) if !k.is_empty() && k != "." => (Some(k), Some(table)),
         _ => (None, None),
@@ -479,6 +480,15 @@ pub(crate) fn toml_error(
         (Some(k), None) => k.to_string(),
         (None, below) => below.unwrap_or_default().to_string(),
     };
+    // An error inside a list element (a layer's key) spans the whole list: point at the
+    // key instead.
+    let at_key = parse_key(&key).and_then(|steps| key_offset(text, &steps));
+    if let (Some(offset), Some(span)) = (at_key, e.span()) {
+        if span.start < offset && offset < span.end {
+            let (line, col) = line_col(text, offset);
+            place = format!("{file}:{line}:{col}");
+        }
+    }
     let path: Vec<String> = key.split('.').map(String::from).collect();
     let message = &with_enum_choices(message, &path);
     // A message that only says what is expected (an untagged enum's) shows the value.
@@ -590,6 +600,50 @@ fn key_below(message: &str) -> (Option<&str>, &str) {
         Some((key, rest)) => (Some(key), rest),
         None => (None, message),
     }
+}
+
+/// Where the key at `steps` is written in the TOML `text`: the start of its name (of the
+/// element, for a position), or of the deepest part of the path that is there.
+fn key_offset(text: &str, steps: &[KeyStep]) -> Option<usize> {
+    use toml_edit::{Item, Table, TableLike, Value};
+    #[derive(Clone, Copy)]
+    enum At<'a> {
+        Item(&'a Item),
+        Value(&'a Value),
+        Table(&'a Table),
+    }
+    let doc = toml_edit::ImDocument::parse(text).ok()?;
+    let (mut at, mut offset) = (At::Item(doc.as_item()), None);
+    for step in steps {
+        let next = match step {
+            KeyStep::Key(name) => {
+                let table: Option<&dyn TableLike> = match at {
+                    At::Item(item) => item.as_table_like(),
+                    At::Value(value) => value.as_inline_table().map(|t| t as &dyn TableLike),
+                    At::Table(table) => Some(table),
+                };
+                table
+                    .and_then(|t| t.get_key_value(name))
+                    .map(|(key, item)| (At::Item(item), key.span()))
+            }
+            KeyStep::Index(i) => match at {
+                At::Item(Item::ArrayOfTables(tables)) => {
+                    tables.get(*i).map(|t| (At::Table(t), t.span()))
+                }
+                At::Item(Item::Value(Value::Array(list))) | At::Value(Value::Array(list)) => {
+                    list.get(*i).map(|v| (At::Value(v), v.span()))
+                }
+                _ => None,
+            },
+            _ => None,
+        };
+        let Some((child, span)) = next else {
+            break;
+        };
+        at = child;
+        offset = span.map(|s| s.start).or(offset);
+    }
+    offset
 }
 
 fn line_col(text: &str, offset: usize) -> (usize, usize) {
@@ -842,10 +896,11 @@ pub(crate) fn did_you_mean(message: &str) -> String {
         return String::new();
     };
     let candidates = || allowed.split('`').skip(1).step_by(2);
-    // A word cut short or run on (`kernel` for `kernel_size`) is far in edits but plain.
+    // A word cut short or run on (`kernel` for `kernel_size`) is far in edits but plain;
+    // of several, the nearest in length (`input` is `inputs`, not `in`).
     let extends = candidates()
         .filter(|c| given.len() >= 3 && (c.starts_with(given) || given.starts_with(c)))
-        .min_by_key(|c| c.len());
+        .min_by_key(|c| c.len().abs_diff(given.len()));
     if let Some(candidate) = extends {
         return format!(" (did you mean `{candidate}`?)");
     }
@@ -917,6 +972,8 @@ mod tests {
         let m = "unknown field `ot`, expected one of `out`, `in`, `bias`";
         assert_eq!(did_you_mean(m), " (did you mean `out`?)");
         // A word cut short.
+        let m = "unknown field `input`, expected one of `out`, `in`, `bias`, `name`, `inputs`";
+        assert_eq!(did_you_mean(m), " (did you mean `inputs`?)");
         let m = "unknown field `kernel`, expected one of `out`, `kernel_size`, `stride`";
         assert_eq!(did_you_mean(m), " (did you mean `kernel_size`?)");
     }

@@ -324,11 +324,27 @@ impl<'de> Deserialize<'de> for ModelLayer {
                     let none = format!(
                         ": a {kind} layer has no settings besides `type`, `name` and `inputs`"
                     );
-                    return Err(D::Error::custom(e.replace(", there are no fields", &none)));
+                    let e = e.replace(", there are no fields", &none);
+                    return Err(D::Error::custom(with_common_keys(&e)));
                 }
             },
         })
     }
+}
+
+/// serde's "unknown field `x`, expected one of `out`, `in`, `bias`" for a layer's own
+/// settings, with the keys every layer has (`type` is read already), so that the list is
+/// whole and a near miss of `inputs` is suggested as that.
+fn with_common_keys(message: &str) -> String {
+    let Some((unknown, expected)) = message.split_once(", expected ") else {
+        return message.to_string();
+    };
+    // (After the key read's own "key `x`: ", when it names one.)
+    if !unknown.contains("unknown field `") {
+        return message.to_string();
+    }
+    let own = expected.strip_prefix("one of ").unwrap_or(expected);
+    format!("{unknown}, expected one of {own}, `name`, `inputs`")
 }
 
 /// A value read as `T`; an error says what was wrong below the value (`[2]: ...`) first.
