@@ -21,6 +21,7 @@ pub struct EarlyStoppingSpec {
     pub mode: Option<StopMode>,
     /// Evaluations without improvement before the run stops.
     #[serde(default = "default_patience")]
+    #[schemars(range(min = 1))]
     pub patience: usize,
     /// The smallest change that counts as an improvement.
     #[serde(default)]

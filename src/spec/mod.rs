@@ -120,14 +120,17 @@ pub struct DataSpec {
     /// Samples per micro-batch (default 64), shared equally by the data-parallel replicas.
     /// Give this or global_batch_size, not both.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     pub batch_size: Option<usize>,
     /// Samples per optimizer step over all replicas and accumulated micro-batches, instead
     /// of batch_size: each replica's share of a micro-batch is then global_batch_size /
     /// (replicas x train.grad_accum_steps), which must divide.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     pub global_batch_size: Option<usize>,
     /// Fraction of the training samples held out (seeded) for validation; 0 for none.
     #[serde(default)]
+    #[schemars(range(min = 0), extend("exclusiveMaximum" = 1))]
     pub val_fraction: f64,
     /// Reshuffle the training samples every epoch (seeded).
     #[serde(default = "yes")]
@@ -510,9 +513,11 @@ impl LayerSpec {
 pub struct BatchNormSpec {
     /// Added to the variance for numerical stability.
     #[serde(default = "default_norm_eps")]
+    #[schemars(extend("exclusiveMinimum" = 0))]
     pub eps: f64,
     /// Weight of the newest batch in the running statistics.
     #[serde(default = "default_bn_momentum")]
+    #[schemars(range(min = 0, max = 1))]
     pub momentum: f64,
 }
 
@@ -597,6 +602,7 @@ impl PoolSpec {
 pub struct LayerNormSpec {
     /// Added to the variance for numerical stability.
     #[serde(default = "default_norm_eps")]
+    #[schemars(extend("exclusiveMinimum" = 0))]
     pub eps: f64,
 }
 
@@ -637,6 +643,7 @@ pub struct GeluSpec {
 pub struct DropoutSpec {
     /// Probability of zeroing an element, in [0, 1).
     #[serde(default = "default_dropout")]
+    #[schemars(range(min = 0), extend("exclusiveMaximum" = 1))]
     pub p: f64,
 }
 
@@ -659,6 +666,7 @@ pub struct LossSpec {
     pub kind: LossKind,
     /// cross_entropy: mixes the one-hot target with the uniform distribution, in [0, 1).
     #[serde(default)]
+    #[schemars(range(min = 0), extend("exclusiveMaximum" = 1))]
     pub label_smoothing: f64,
 }
 
@@ -677,16 +685,20 @@ pub struct OptimizerSpec {
     #[serde(rename = "type")]
     pub kind: OptimizerKind,
     /// Base learning rate.
+    #[schemars(extend("exclusiveMinimum" = 0))]
     pub lr: f64,
     /// Weight decay: L2 added to the gradient (sgd, adam) or decoupled (adamw).
     /// Defaults: 0 for sgd and adam, 0.01 for adamw.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
     pub weight_decay: Option<f64>,
     /// sgd: momentum factor.
     #[serde(default)]
+    #[schemars(range(min = 0))]
     pub momentum: f64,
     /// sgd: dampening for momentum.
     #[serde(default)]
+    #[schemars(range(min = 0, max = 1))]
     pub dampening: f64,
     /// sgd: Nesterov momentum (needs momentum > 0 and dampening = 0).
     #[serde(default)]
@@ -696,6 +708,7 @@ pub struct OptimizerSpec {
     pub betas: [f64; 2],
     /// adam, adamw: added to the denominator for numerical stability.
     #[serde(default = "default_eps")]
+    #[schemars(extend("exclusiveMinimum" = 0))]
     pub eps: f64,
     #[serde(default)]
     pub schedule: ScheduleSpec,
@@ -748,24 +761,30 @@ pub struct ScheduleSpec {
 pub struct TrainSpec {
     /// Passes over the training data.
     #[serde(default = "default_epochs")]
+    #[schemars(range(min = 1))]
     pub epochs: usize,
     /// Stop after this many optimizer steps, even mid-epoch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     pub max_steps: Option<usize>,
     /// Micro-batches per optimizer step; the loss is averaged over them.
     #[serde(default = "one")]
+    #[schemars(range(min = 1))]
     pub grad_accum_steps: usize,
     /// Clip gradients to this global L2 norm (the pre-clip norm is logged).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("exclusiveMinimum" = 0))]
     pub clip_grad_norm: Option<f64>,
     /// Write a training row to metrics.csv every this many optimizer steps.
     #[serde(default = "default_log_every")]
+    #[schemars(range(min = 1))]
     pub log_every: usize,
     /// Evaluate on the validation and test splits every this many epochs (0: never).
     #[serde(default = "one")]
     pub eval_every_epochs: usize,
     /// CPU threads (default: every core).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1024))]
     pub threads: Option<usize>,
     /// Stop when an evaluation metric stops improving.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -871,14 +890,18 @@ pub struct PrecisionSpec {
     pub loss_scale: Option<LossScale>,
     /// The first scale of dynamic loss scaling (GradScaler: 2^16).
     #[serde(default = "default_init_scale")]
+    #[schemars(extend("exclusiveMinimum" = 0, "maximum" = 3.4028234663852886e38))]
     pub init_scale: f64,
     /// Multiplies the scale after `growth_interval` consecutive steps with finite gradients.
     #[serde(default = "default_growth_factor")]
+    #[schemars(extend("exclusiveMinimum" = 1))]
     pub growth_factor: f64,
     /// Multiplies the scale after a step with an inf or NaN gradient (that step is skipped).
     #[serde(default = "default_backoff_factor")]
+    #[schemars(extend("exclusiveMinimum" = 0, "exclusiveMaximum" = 1))]
     pub backoff_factor: f64,
     #[serde(default = "default_growth_interval")]
+    #[schemars(range(min = 1))]
     pub growth_interval: u64,
     /// When the device cannot compute in `mode`: "error" (default) or "fp32" (train in fp32
     /// and say so in the log).
@@ -932,7 +955,7 @@ pub enum LossScale {
     /// "dynamic" or "none".
     Named(LossScaleKind),
     /// A fixed scale.
-    Fixed(f64),
+    Fixed(#[schemars(extend("exclusiveMinimum" = 0, "maximum" = 3.4028234663852886e38))] f64),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -965,12 +988,15 @@ pub enum PrecisionFallback {
 pub struct CheckpointSpec {
     /// Write a training checkpoint every this many optimizer steps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     pub every_steps: Option<usize>,
     /// Write a training checkpoint every this many epochs (after that epoch's evaluation).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     pub every_epochs: Option<usize>,
     /// Keep only the newest N checkpoints (default: keep all).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     pub keep_last: Option<usize>,
     /// Also keep the checkpoint with the best evaluation, among those written right after an
     /// evaluation of their own parameters (every_epochs ones, and the final one).
@@ -1074,6 +1100,7 @@ pub enum ActivationMode {
 pub struct SegmentsSpec {
     /// Split the layers into this many segments of (nearly) equal layer counts; keep only
     /// the segment boundaries in the forward pass and recompute each segment in backward.
+    #[schemars(range(min = 1))]
     pub segments: usize,
 }
 
@@ -1094,6 +1121,7 @@ pub struct ParallelSpec {
     /// runs the data-parallel path with one replica. On CUDA, more than one needs
     /// launch = "processes" ("cuda" then means each process's own GPU, LOCAL_RANK).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     pub replicas: Option<usize>,
     /// How the replicas run: "threads" of this process (CPU only), "processes" (one `trainer
     /// run` per replica, started by this one, meeting over loopback TCP like torchrun's
@@ -1120,6 +1148,7 @@ pub struct ParallelSpec {
     /// The size of a gradient bucket in MiB (DDP's bucket_cap_mb, default 25); the first
     /// bucket, the last layers', is at most 1 MiB so that the first all-reduce starts early.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("exclusiveMinimum" = 0))]
     pub bucket_mb: Option<f64>,
     /// This process's place in a multi-process run, from the environment (RANK, WORLD_SIZE,
     /// MASTER_ADDR, MASTER_PORT as torchrun and SLURM set them); not a job key.
@@ -1483,7 +1512,15 @@ impl JobSpec {
 
 /// The JSON Schema of a job file, as written to schemas/job.schema.json.
 pub fn json_schema() -> String {
-    let schema = schemars::schema_for!(JobSpec);
+    let mut schema = schemars::schema_for!(JobSpec);
+    // A layer's keys are its kind's settings (the `oneOf` branch of its type) and the keys
+    // every layer has: an editor then flags a misspelled one, as loading the job does.
+    if let Some(layer) = schema
+        .pointer_mut("/$defs/ModelLayer")
+        .and_then(|l| l.as_object_mut())
+    {
+        layer.insert("unevaluatedProperties".into(), false.into());
+    }
     serde_json::to_string_pretty(&schema).expect("a schema always serialises") + "\n"
 }
 
@@ -1497,6 +1534,27 @@ mod tests {
             layers: Vec<ModelLayer>,
         }
         toml::from_str::<Model>(text).unwrap().layers
+    }
+
+    /// The schema refuses what loading refuses where JSON Schema can say it: a layer key
+    /// its kind does not have, and the counts that must be at least 1.
+    #[test]
+    fn the_schema_holds_layer_keys_and_lower_bounds() {
+        let schema: serde_json::Value = serde_json::from_str(&json_schema()).unwrap();
+        let at = |pointer: &str| schema.pointer(pointer).cloned().unwrap_or_default();
+        assert_eq!(at("/$defs/ModelLayer/unevaluatedProperties"), false);
+        for (section, key) in [
+            ("TrainSpec", "epochs"),
+            ("TrainSpec", "log_every"),
+            ("TrainSpec", "grad_accum_steps"),
+            ("CheckpointSpec", "every_steps"),
+            ("DataSpec", "batch_size"),
+            ("PrecisionSpec", "growth_interval"),
+        ] {
+            let bound = at(&format!("/$defs/{section}/properties/{key}/minimum"));
+            assert_eq!(bound, 1, "{section}.{key}");
+        }
+        assert_eq!(at("/$defs/OptimizerSpec/properties/lr/exclusiveMinimum"), 0);
     }
 
     #[test]
