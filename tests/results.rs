@@ -599,6 +599,39 @@ fn check_explain_says_where_every_value_came_from() {
         ["false", "--set", "model.layers[1].bias"]
     );
     assert_eq!(line("model.layers[0].type")[2], "file");
+    // Settings this job cannot take (another optimizer's, dynamic loss scaling's without
+    // it, data parallelism's without replicas) are not listed.
+    for absent in [
+        "optimizer.betas",
+        "optimizer.eps",
+        "precision.init_scale",
+        "parallel.backend",
+    ] {
+        assert!(
+            !text.lines().any(|l| l.starts_with(&format!("{absent} "))),
+            "{absent} in\n{text}"
+        );
+    }
+    assert_eq!(line("optimizer.momentum")[1..], ["0.0", "default"]);
+
+    // A --set that gives a layer's key its file value is still the --set.
+    let out = ok(trainer(
+        &[
+            "check",
+            job.to_str().unwrap(),
+            "--explain",
+            "--set",
+            "model.layers[1].out=10",
+        ],
+        &[],
+    ));
+    let text = stdout(&out);
+    assert!(
+        text.lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>()
+                == ["model.layers[1].out", "10", "--set", "model.layers[1].out"]),
+        "{text}"
+    );
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! (default, the file, the environment, `--set`). Figment tags each value with the provider
 //! that supplied it; a value in the resolved spec that no layer holds is a default.
 
-use super::load::{dotted, file_table, layers, lookup_table, parse_sets, KeyStep, SET_LAYER};
+use super::load::{dotted, file_table, layers, parse_sets, KeyStep, SET_LAYER};
 use crate::error::Result;
 use crate::runtime_err;
 use figment::value::Value;
@@ -19,6 +19,8 @@ pub fn explain(path: &Path, sets: &[String]) -> Result<String> {
         .map_err(|e| runtime_err!("cannot serialise the resolved spec: {e}"))?;
     let mut leaves = Vec::new();
     flatten(&mut Vec::new(), &resolved, &mut leaves);
+    leaves.retain(|(key, _)| applies(&spec, &dotted(key)));
+    let sources = super::KeySources::new(path, sets)?;
     // Sections in file order (job, data, model, ...).
     let section = |path: &[KeyStep]| match path.first() {
         Some(KeyStep::Key(k)) => super::SECTIONS.iter().position(|s| s == k),
@@ -32,9 +34,10 @@ pub fn explain(path: &Path, sets: &[String]) -> Result<String> {
             let source = match layered_value(&figment, &key) {
                 // `--set model.layers[1].out=...` replaces the list (a copy of the file's):
                 // its other values are still the file's.
-                Some(_) if in_list(&key) && lookup_table(&file, &key) == Some(&value) => {
-                    format!("file {}", path.display())
-                }
+                Some(_) if in_list(&key) => match sources.of(&dotted(&key)) {
+                    set if set.starts_with("--set ") => format!("--set {}", dotted(&key)),
+                    _ => format!("file {}", path.display()),
+                },
                 Some(v) => describe_source(&figment, &v, &key),
                 None if key == [KeyStep::Key("job".into()), KeyStep::Key("name".into())] => {
                     "default (the job file's name)".into()
@@ -51,6 +54,29 @@ pub fn explain(path: &Path, sets: &[String]) -> Result<String> {
         out += &format!("{k:<w0$}  {v:<w1$}  {s}\n");
     }
     Ok(out)
+}
+
+/// Whether a resolved key does anything for this job: a setting of another optimizer, of
+/// dynamic loss scaling without it, or of data parallelism without replicas is recorded
+/// (config.toml holds every key) but not shown, since setting it would be refused.
+fn applies(spec: &super::JobSpec, key: &str) -> bool {
+    use super::{OptimizerKind, Scaling};
+    let adam = matches!(
+        spec.optimizer.kind,
+        OptimizerKind::Adam | OptimizerKind::Adamw
+    );
+    match key {
+        "optimizer.betas" | "optimizer.eps" => adam,
+        "optimizer.momentum" | "optimizer.dampening" | "optimizer.nesterov" => {
+            spec.optimizer.kind == OptimizerKind::Sgd
+        }
+        "precision.init_scale"
+        | "precision.growth_factor"
+        | "precision.backoff_factor"
+        | "precision.growth_interval" => spec.precision.scaling() == Scaling::Dynamic,
+        _ if key.starts_with("parallel.") => spec.parallel.replicas().is_some(),
+        _ => true,
+    }
 }
 
 /// Leaves of the resolved spec: scalars and arrays of scalars; tables and arrays of tables
