@@ -474,10 +474,46 @@ fn resuming_a_changed_model_is_refused_naming_the_keys_unless_forced() {
     );
     // --force cannot make 64 hidden units out of 32.
     let out = job.run(&[&["--resume", d, "--force"][..], &changed].concat());
-    expect_exit_2(&out, &["parameters"]);
+    expect_exit_2(
+        &out,
+        &["even with --force: 1.weight [32, 64] in the checkpoint is 1.weight [64, 64] now"],
+    );
     // A changed learning rate can be forced.
     let out = job.run(&["--resume", d, "--force", "--set", "optimizer.lr=0.01"]);
     assert_eq!(run_dir(&out), dir);
+}
+
+/// Nor can it read a tensor in another shape of as many values: 3x3 kernels as 1x9 ones.
+#[test]
+fn a_forced_resume_refuses_a_parameter_of_the_same_size_in_another_shape() {
+    let conv = SMALL_JOB.replace(
+        "layers = [{ type = \"flatten\" }, { type = \"linear\", out = 32 },",
+        "layers = [{ type = \"conv2d\", out = 4, kernel_size = 3, padding = 1 }, \
+         { type = \"flatten\" }, { type = \"linear\", out = 32 },",
+    );
+    assert_ne!(conv, SMALL_JOB);
+    let job = write_job(&conv);
+    let dir = crashed_small_run(&job);
+    let reshaped = [
+        "--set",
+        "model.layers[0].kernel_size=[1, 9]",
+        "--set",
+        "model.layers[0].padding=[0, 4]",
+    ];
+    let out = job.run(
+        &[
+            &["--resume", dir.to_str().unwrap(), "--force"][..],
+            &reshaped,
+        ]
+        .concat(),
+    );
+    expect_exit_2(
+        &out,
+        &[
+            "even with --force: 0.weight [4, 1, 3, 3] in the checkpoint is 0.weight [4, 1, 1, 9] now",
+        ],
+    );
+    assert!(!stderr(&out).contains("WARN --force: resuming"));
 }
 
 #[test]

@@ -242,7 +242,9 @@ fn flatten(prefix: String, value: &Value, out: &mut BTreeMap<String, String>) {
                 flatten(join(k), v, out);
             }
         }
-        Value::Array(items) if !items.is_empty() => {
+        // Lists of tables (model.layers) are walked into; a list of values is one value, so
+        // that `kernel_size = 3` against `[1, 9]` is one change, not two half ones.
+        Value::Array(items) if items.iter().any(Value::is_object) => {
             for (i, v) in items.iter().enumerate() {
                 flatten(format!("{prefix}[{i}]"), v, out);
             }
@@ -279,13 +281,16 @@ mod tests {
     #[test]
     fn only_changes_that_alter_training_are_reported() {
         let old = json!({"train": {"epochs": 3, "clip_grad_norm": 1.0},
-            "model": {"layers": [{"type": "linear", "out": 8}]}, "checkpoint": {"every_steps": 5}});
+            "model": {"layers": [{"type": "linear", "out": 8}, {"type": "maxpool2d", "kernel_size": 3}]},
+            "checkpoint": {"every_steps": 5}});
         let new = json!({"train": {"epochs": 9},
-            "model": {"layers": [{"type": "linear", "out": 16}]}, "checkpoint": {"keep_last": 2}});
+            "model": {"layers": [{"type": "linear", "out": 16}, {"type": "maxpool2d", "kernel_size": [1, 9]}]},
+            "checkpoint": {"keep_last": 2}});
         assert_eq!(
             incompatible_changes(&old, &new),
             [
                 "model.layers[0].out: 8 in the checkpoint, 16 now",
+                "model.layers[1].kernel_size: 3 in the checkpoint, [1,9] now",
                 "train.clip_grad_norm: 1.0 in the checkpoint, (not set) now"
             ]
         );

@@ -470,7 +470,7 @@ fn run_job(args: &RunArgs) -> Result<()> {
     let rank = spec.parallel.world.as_ref().map_or(0, |w| w.rank);
     // Only rank 0 reads checkpoints and init_from files: it sends the others its state.
     let start = match rank {
-        0 => Some(plan_start(args, &spec, &graph, data.train.len)?),
+        0 => Some(plan_start(args, &spec, &graph, &data)?),
         _ => None,
     };
     let spec = match &start {

@@ -35,6 +35,36 @@ pub(super) fn with_original_init_from(
     spec
 }
 
+/// A parameter tensor whose shape (or place) differs between the checkpoint's model and
+/// this job's, though the two hold as many values: a --force resume would read 3x3 kernels
+/// as 1x9 ones. None where the checkpoint's model cannot be built for this data.
+fn reshaped_tensor(
+    checkpoint_spec: &serde_json::Value,
+    graph: &Graph,
+    data: &Data,
+) -> Option<String> {
+    let old: JobSpec = serde_json::from_value(checkpoint_spec.clone()).ok()?;
+    let shape = DataShape {
+        sample_shape: data.sample_shape.clone(),
+        classes: data.classes,
+        target_dim: data.target_dim,
+    };
+    let old = Graph::build(&old, &shape).ok()?.state_dict_entries();
+    let new = graph.state_dict_entries();
+    let shown = |e: &crate::graph::StateDictEntry| format!("{} {:?}", e.name, e.shape);
+    if old.len() != new.len() {
+        return Some(format!(
+            "its model has {} parameter tensors, this job's {}",
+            old.len(),
+            new.len()
+        ));
+    }
+    old.iter()
+        .zip(&new)
+        .find(|(a, b)| a.shape != b.shape || a.offset != b.offset)
+        .map(|(a, b)| format!("{} in the checkpoint is {} now", shown(a), shown(b)))
+}
+
 /// Decides how the run begins, and checks everything about it that can be wrong before a
 /// run directory is touched: the checkpoint (found, intact, of this job, not past the end)
 /// or the model.init_from file.
@@ -42,8 +72,9 @@ pub(super) fn plan_start(
     args: &RunArgs,
     spec: &JobSpec,
     graph: &Graph,
-    train_len: usize,
+    data: &Data,
 ) -> Result<Start> {
+    let train_len = data.train.len;
     let target = match (&args.resume, spec.checkpoint.resume) {
         (Some(path), _) => Some(path.clone()),
         (None, Some(ResumeMode::Auto)) => checkpoint::find_auto_resume(&args.runs_dir, spec.name()),
@@ -88,6 +119,13 @@ pub(super) fn plan_start(
                  change training:\n  {}\n(only {} may change; pass --force to resume anyway)",
                 changes.join("\n  "),
                 checkpoint::changeable_keys()
+            )));
+        }
+        if let Some(reshaped) = reshaped_tensor(&c.spec, graph, data) {
+            return Err(Error::Job(format!(
+                "cannot resume from {name}, even with --force: {reshaped}; its values would be \
+                 read in the other shape (change a layer's shape in a new run, with \
+                 model.init_from for the layers that keep theirs)"
             )));
         }
         tracing::warn!(
