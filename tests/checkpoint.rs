@@ -577,7 +577,7 @@ fn a_resume_whose_metrics_lost_rows_is_refused_leaving_the_run_as_it_was() {
     );
     assert_eq!(read(&dir), before, "the run directory was changed");
     std::fs::remove_file(&metrics_path).unwrap();
-    expect_exit_2(&job.run(&more), &["metrics.csv to resume its run"]);
+    expect_exit_2(&job.run(&more), &["metrics.csv is gone", "--force"]);
     assert_eq!(read(&dir), before, "the run directory was changed");
 
     // --force goes on after the rows that are there, saying which are missing; the run
