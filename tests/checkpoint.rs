@@ -247,6 +247,29 @@ fn a_run_in_training_is_not_resumed_by_a_second_process() {
     assert_eq!(summary(&dir)["status"], "completed");
 }
 
+/// The run's lock is taken before a checkpoint is chosen: a process still training the run
+/// (a stopped rank 0 still writing its last checkpoint) is named, and the resume does not
+/// go on from the checkpoints there were before that one. Here every checkpoint is cut
+/// short, as one being written is; the resume must not get as far as reading them.
+#[test]
+fn a_resume_waits_for_no_checkpoint_of_a_run_another_process_holds() {
+    let job = write_job(SMALL_JOB);
+    let dir = crashed_small_run(&job);
+    for name in checkpoints(&dir) {
+        let path = dir.join("checkpoints").join(name);
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+    }
+    let lock = std::fs::File::open(dir.join(".lock")).unwrap();
+    lock.try_lock().unwrap();
+    let out = job.run(&["--resume", dir.to_str().unwrap()]);
+    expect_exit_2(&out, &["is being trained by another process"]);
+    assert!(!stderr(&out).contains("truncated"), "{}", stderr(&out));
+    drop(lock);
+    let out = job.run(&["--resume", dir.to_str().unwrap()]);
+    expect_exit_2(&out, &["truncated"]);
+}
+
 #[test]
 fn sigkill_then_resume_gives_the_uninterrupted_run_exactly() {
     use std::os::unix::process::ExitStatusExt;

@@ -22,7 +22,7 @@ mod resume;
 pub mod weights;
 
 pub use resume::{
-    changeable_keys, differences_in, find_auto_resume, incompatible_changes, locate,
+    changeable_keys, differences_in, find_auto_resume, incompatible_changes, locate, run_dir_of,
     training_differences, ResumePoint, DECIDED_BY_RANK_ZERO,
 };
 

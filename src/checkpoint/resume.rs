@@ -16,6 +16,25 @@ pub struct ResumePoint {
 /// `--resume PATH`: a run directory (its newest checkpoint), that run's checkpoints/
 /// directory, or one checkpoint file in it. A checkpoint that fails its integrity check is
 /// an error naming it, unless `fallback`: then the newest intact older one is used.
+/// The run directory a --resume path names (a run directory, its checkpoints/, or a
+/// checkpoint file in that), as `locate` reads it; None where it names none.
+pub fn run_dir_of(path: &Path) -> Option<PathBuf> {
+    let checkpoints = if path.is_dir() {
+        match path.join(DIR).is_dir() {
+            true => path.join(DIR),
+            false if path.file_name()? == DIR => path.to_path_buf(),
+            false => return None,
+        }
+    } else {
+        let dir = path.parent()?;
+        if dir.file_name()? != DIR {
+            return None;
+        }
+        dir.to_path_buf()
+    };
+    checkpoints.parent().map(Path::to_path_buf)
+}
+
 pub fn locate(path: &Path, fallback: bool) -> Result<ResumePoint> {
     let given = path.display();
     let meta = std::fs::metadata(path).map_err(|e| Error::Job(format!("--resume {given}: {e}")))?;

@@ -60,13 +60,17 @@ pub struct RunArgs {
 /// How a run begins: fresh (from the seeded initialisation or model.init_from), or from a
 /// checkpoint, in that checkpoint's run directory.
 enum Start {
-    Fresh { initial: Option<Weights> },
-    Resume(Box<ResumePoint>),
+    Fresh {
+        initial: Option<Weights>,
+    },
+    /// From a checkpoint; with its run directory, locked before the checkpoint was chosen
+    /// (taken when the run opens).
+    Resume(Box<ResumePoint>, Option<RunDir>),
 }
 
 impl Start {
     fn resumes(&self) -> bool {
-        matches!(self, Start::Resume(_))
+        matches!(self, Start::Resume(..))
     }
 }
 
@@ -474,7 +478,7 @@ fn run_job(args: &RunArgs) -> Result<()> {
         _ => None,
     };
     let spec = match &start {
-        Some(Start::Resume(point)) => with_original_init_from(spec, &point.checkpoint.spec),
+        Some(Start::Resume(point, _)) => with_original_init_from(spec, &point.checkpoint.spec),
         _ => spec,
     };
     match pick_device(&args.job, &args.sets, &spec)? {
@@ -666,13 +670,17 @@ fn run_on<B: Backend>(
     start: Start,
     parallel: Option<Box<dyn DataParallel<B>>>,
 ) -> Result<()> {
-    let run = match &start {
+    let mut start = start;
+    let run = match &mut start {
         Start::Fresh { .. } => match &args.dir {
             Some(dir) => RunDir::create_at(dir)?,
             None => RunDir::create(&args.runs_dir, spec.name())?,
         },
-        Start::Resume(point) => {
-            let run = RunDir::open(&point.run_dir)?;
+        Start::Resume(point, locked) => {
+            let run = match locked.take() {
+                Some(run) => run,
+                None => RunDir::open(&point.run_dir)?,
+            };
             // Until this attempt finishes, the run must not look finished.
             let _ = std::fs::remove_file(run.path.join("summary.json"));
             let (dir, step) = (run.path.join(checkpoint::DIR), point.checkpoint.state.step);
@@ -693,7 +701,7 @@ fn run_on<B: Backend>(
         let _ = writeln!(std::io::stdout(), "{}", run.path.display());
     }
     let resumed = match &start {
-        Start::Resume(point) => {
+        Start::Resume(point, _) => {
             format!(
                 "\n# resumed from {} (step {})",
                 point.checkpoint.path.display(),
@@ -767,7 +775,7 @@ fn run_in<B: Backend>(
     let metrics_path = run.path.join("metrics.csv");
     let total = train::total_steps(spec, data.train.len) as u64;
     let finishing = match &start {
-        Start::Resume(point) => nothing_left_to_train(&point.checkpoint, spec, total),
+        Start::Resume(point, _) => nothing_left_to_train(&point.checkpoint, spec, total),
         Start::Fresh { .. } => false,
     };
     let (mut metrics, session) = match start {
@@ -778,7 +786,7 @@ fn run_in<B: Backend>(
                 ..Session::default()
             },
         ),
-        Start::Resume(point) => (
+        Start::Resume(point, _) => (
             MetricsWriter::resume(
                 &metrics_path,
                 point.checkpoint.state.metrics_rows,

@@ -101,6 +101,12 @@ pub(super) fn plan_start(
         };
         return Ok(Start::Fresh { initial });
     };
+    // The run's lock first: a process still training it (a stopped rank 0 writing its last
+    // checkpoint) is refused before a checkpoint is chosen, and none is written meanwhile.
+    let locked = match checkpoint::run_dir_of(&target) {
+        Some(dir) if dir.is_dir() => Some(RunDir::open(&dir)?),
+        _ => None,
+    };
     let loading = Instant::now();
     let mut point = checkpoint::locate(&target, args.resume_fallback)?;
     let c = &mut point.checkpoint;
@@ -227,7 +233,7 @@ pub(super) fn plan_start(
             point.run_dir.display()
         );
     }
-    Ok(Start::Resume(Box::new(point)))
+    Ok(Start::Resume(Box::new(point), locked))
 }
 
 /// A final checkpoint (`finished`) with nothing left to train for `spec`: its run ended
