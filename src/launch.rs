@@ -177,7 +177,7 @@ fn watch(ranks: &mut [Rank], signals: &Received) {
         for signal in signals.take() {
             match &ranks[0].ended {
                 None => {
-                    tracing::warn!("passing {} on to rank 0", signal_name(signal));
+                    tracing::warn!("passing {} on to rank 0", crate::signals::name(signal));
                     send(&ranks[0].child, signal);
                 }
                 // Rank 0 is gone: the others have nothing to wait for.
@@ -233,13 +233,6 @@ fn send(child: &Child, signal: i32) {
     }
 }
 
-fn signal_name(signal: i32) -> &'static str {
-    match signal {
-        SIGINT => "SIGINT",
-        _ => "SIGTERM",
-    }
-}
-
 /// What the run's end means: None when every rank completed; else the error of the rank
 /// that failed first (a rank failing after another is usually the consequence; among ranks
 /// found ended in the same poll, one killed by a signal), with that rank's exit code class.
@@ -263,9 +256,21 @@ fn outcome(ranks: &mut [Rank]) -> Option<Error> {
         (Some(2), _) => Error::Job(format!("rank {index} ({device}){what}")),
         (Some(code), _) if code == 128 + SIGINT || code == 128 + SIGTERM => Error::Interrupted {
             signal: code - 128,
-            message: format!("the ranks were stopped by {}", signal_name(code - 128)),
+            message: format!(
+                "the ranks were stopped by {}",
+                crate::signals::name(code - 128)
+            ),
         },
         (Some(code), _) => runtime_err!("rank {index} ({device}) failed (exit {code}){what}"),
+        // Killed by the signal itself: the rank had not yet installed its handlers, so it
+        // had not begun training (the launcher passes SIGINT on; SIGTERM stops the ranks).
+        (None, Some(signal)) if signal == SIGINT || signal == SIGTERM => Error::Interrupted {
+            signal,
+            message: format!(
+                "rank {index} ({device}) was stopped by {} before it began training",
+                crate::signals::name(signal)
+            ),
+        },
         (None, signal) => runtime_err!(
             "rank {index} ({device}) was killed (signal {}){what}",
             signal.map_or("unknown".into(), |s| s.to_string())

@@ -29,7 +29,8 @@ Resuming:
 
 Exit codes: 0 success; 2 bad job spec, data, checkpoint or usage (nothing was trained); 1
 failure while running (the run directory's summary.json says \"failed\" and why); 130 / 143
-stopped by SIGINT / SIGTERM after writing a checkpoint (summary.json says \"interrupted\").";
+stopped by SIGINT / SIGTERM after writing a checkpoint (summary.json says \"interrupted\"),
+or by a second one at once, without a summary or a checkpoint of that step.";
 
 #[derive(Parser)]
 #[command(name = "trainer", version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("TRAINER_GIT_COMMIT"), ")"), about = "Declarative training-job runner: a TOML job in, a trained model and CSV metrics out.", after_help = AFTER_HELP)]

@@ -16,6 +16,13 @@ pub struct Stop {
     signal: Arc<AtomicUsize>,
 }
 
+/// What a second signal says as it ends the process at once (from the signal handler: a
+/// fixed text, written as it is).
+const SECOND_SIGINT: &[u8] = b"\nerror: a second SIGINT: stopped at once, without a checkpoint \
+of this step; the run resumes from the newest checkpoint written before it\n";
+const SECOND_SIGTERM: &[u8] = b"\nerror: a second SIGTERM: stopped at once, without a \
+checkpoint of this step; the run resumes from the newest checkpoint written before it\n";
+
 /// The process's stop flags, once `Stop::install` registered them.
 static FLAGS: Mutex<Option<(Arc<AtomicBool>, Arc<AtomicUsize>)>> = Mutex::new(None);
 
@@ -34,11 +41,21 @@ impl Stop {
             for sig in [SIGINT, SIGTERM] {
                 // Order matters: the exit is armed by the flag that the first signal sets,
                 // so it must be registered before the action that sets it.
-                signal_hook::flag::register_conditional_shutdown(
-                    sig,
-                    128 + sig,
-                    Arc::clone(&requested),
-                )?;
+                let armed = Arc::clone(&requested);
+                let said: &'static [u8] = match sig {
+                    SIGINT => SECOND_SIGINT,
+                    _ => SECOND_SIGTERM,
+                };
+                // SAFETY: the action only loads an atomic, writes to stderr and _exits, all
+                // async-signal-safe.
+                unsafe {
+                    signal_hook::low_level::register(sig, move || {
+                        if armed.load(Ordering::SeqCst) {
+                            libc::write(2, said.as_ptr().cast(), said.len());
+                            libc::_exit(128 + sig);
+                        }
+                    })?;
+                }
                 signal_hook::flag::register_usize(sig, Arc::clone(&signal), sig as usize)?;
                 signal_hook::flag::register(sig, Arc::clone(&requested))?;
             }
@@ -55,6 +72,14 @@ impl Stop {
         } else {
             None
         }
+    }
+}
+
+/// "SIGINT" or "SIGTERM".
+pub fn name(signal: i32) -> &'static str {
+    match signal {
+        SIGINT => "SIGINT",
+        _ => "SIGTERM",
     }
 }
 

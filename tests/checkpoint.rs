@@ -158,15 +158,22 @@ fn assert_same_as_reference(dir: &Path) {
 }
 
 /// LONG_JOB training in the background.
+/// LONG_JOB started in the background; its stderr goes to `stderr_of(job)` (a pipe nobody
+/// reads until it ends would fill and stop it).
 fn start(job: &Job) -> std::process::Child {
+    let stderr = std::fs::File::create(stderr_of(job)).unwrap();
     Command::new(trainer_bin())
         .args(job.args(&[]))
         .current_dir(root())
         .env_remove("RUST_LOG")
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .spawn()
         .unwrap()
+}
+
+fn stderr_of(job: &Job) -> PathBuf {
+    job.path.with_file_name("stderr.log")
 }
 
 /// Starts LONG_JOB, waits until its checkpoint for `step` exists, then sends `signal`
@@ -316,6 +323,12 @@ fn a_second_sigint_stops_at_once_and_leaves_a_resumable_run() {
     // three other runs beside it): then it is the ordinary interrupted run.
     if dir.join("summary.json").exists() {
         assert_eq!(summary(&dir)["status"], "interrupted");
+    } else {
+        let err = std::fs::read_to_string(stderr_of(&job)).unwrap();
+        assert!(
+            err.contains("error: a second SIGINT: stopped at once, without a checkpoint"),
+            "{err}"
+        );
     }
     run_dir(&job.run(&["--resume", dir.to_str().unwrap()]));
     assert_same_as_reference(&dir);

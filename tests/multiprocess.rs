@@ -968,6 +968,51 @@ fn a_rank_still_waiting_for_rank_zero_ends_at_once_on_sigterm() {
     assert_ne!(ended.code, Some(0));
 }
 
+/// A rank waiting at the rendezvous ends on SIGINT (exit 130) with nothing written, even
+/// when it inherited SIGINT ignored, as a shell's background job (`trainer run ... &` in a
+/// script) does: it waited out parallel.timeout, 10 minutes, and a second Ctrl-C too.
+#[test]
+fn a_rank_waiting_at_the_rendezvous_stops_on_sigint_even_started_with_it_ignored() {
+    use std::os::unix::process::CommandExt;
+    let _turn = one_at_a_time();
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), JOB);
+    let runs = tmp.path().join("runs");
+    for rank in [0, 1] {
+        let mut command = Command::new(trainer_bin());
+        command
+            .args(["run", job.to_str().unwrap(), "--runs-dir"])
+            .arg(&runs)
+            .env_remove("RUST_LOG")
+            .env("RANK", rank.to_string())
+            .env("WORLD_SIZE", "2")
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", free_port().to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        // SAFETY: setting a disposition to SIG_IGN between fork and exec is async-signal-safe.
+        unsafe {
+            command.pre_exec(|| {
+                libc::signal(libc::SIGINT, libc::SIG_IGN);
+                Ok(())
+            });
+        }
+        let waiting = command.spawn().unwrap();
+        std::thread::sleep(Duration::from_millis(1500));
+        unsafe { libc::kill(waiting.id() as i32, libc::SIGINT) };
+        let ended = finish(waiting, Duration::from_secs(5));
+        assert_eq!(ended.code, Some(130), "rank {rank}: {}", ended.stderr);
+        assert!(
+            ended
+                .stderr
+                .contains("stopped by SIGINT during the rendezvous"),
+            "rank {rank}: {}",
+            ended.stderr
+        );
+        assert!(!runs.exists(), "nothing is written before training");
+    }
+}
+
 /// `trainer run` of a job whose replicas are processes: it starts one rank per replica
 /// itself (parallel.devices of GPUs, or parallel.launch = "processes" as here on the CPU).
 fn launch(args: &[&str]) -> Child {
@@ -1025,6 +1070,36 @@ fn a_run_that_launches_a_process_per_replica_trains_what_threaded_replicas_train
         config.contains("# device: 2 processes (rank 0 of 2)"),
         "{config}"
     );
+}
+
+/// Ctrl-C as the launcher starts its ranks, before they can catch it: the run is stopped
+/// (exit 130), not reported as a rank that crashed.
+#[test]
+fn a_signal_as_the_ranks_start_is_a_stop_not_a_crash() {
+    use std::io::BufRead;
+    let _turn = one_at_a_time();
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), LONG_JOB);
+    let runs = tmp.path().join("runs");
+    let mut launcher = launch(&[
+        job.to_str().unwrap(),
+        "--runs-dir",
+        runs.to_str().unwrap(),
+        "--set",
+        "parallel.replicas=2",
+        "--set",
+        "parallel.launch=\"processes\"",
+    ]);
+    let mut stderr = std::io::BufReader::new(launcher.stderr.take().unwrap());
+    let mut seen = String::new();
+    while !seen.contains("starting 2 processes") {
+        assert_ne!(stderr.read_line(&mut seen).unwrap(), 0, "{seen}");
+    }
+    unsafe { libc::kill(launcher.id() as i32, libc::SIGINT) };
+    let status = launcher.wait().unwrap();
+    stderr.read_to_string(&mut seen).unwrap();
+    assert_eq!(status.code(), Some(130), "{seen}");
+    assert!(!seen.contains("was killed"), "{seen}");
 }
 
 #[test]

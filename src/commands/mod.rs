@@ -908,11 +908,7 @@ fn run_in<B: Backend>(
     let outcome = result.map_err(|e| with_resume_hint(e, args, run))?;
     match outcome.interrupted {
         Some(signal) => {
-            let name = if signal == crate::signals::SIGTERM {
-                "SIGTERM"
-            } else {
-                "SIGINT"
-            };
+            let name = crate::signals::name(signal);
             let checkpoint = outcome.last_checkpoint.map_or("no checkpoint".into(), |p| {
                 format!("checkpoint {}", p.display())
             });

@@ -6,6 +6,7 @@
 
 use super::link::Link;
 use crate::error::{Error, Result};
+use crate::signals::Stop;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -141,11 +142,31 @@ pub fn exchange(r: &Rendezvous, payload: Vec<u8>) -> Result<Vec<u8>> {
 
 /// Connects the ranks: rank 0 greets each other rank with `payload` as it arrives and gets
 /// links to ranks 1.. (in rank order); another rank gets one link, to rank 0, and the payload.
+/// A SIGINT or SIGTERM ends the wait (exit 130 or 143): nothing has trained yet, so there is
+/// nothing to checkpoint. The handlers are installed here whatever this process inherited
+/// (a shell's background job ignores SIGINT, which then never ended a wait of minutes).
 pub fn connect(r: &Rendezvous, payload: Vec<u8>) -> Result<(Vec<Link>, Vec<u8>)> {
     BEGUN.store(true, Ordering::Relaxed);
+    let stop = Stop::install()
+        .map_err(|e| Error::Runtime(format!("cannot install the SIGINT/SIGTERM handlers: {e}")))?;
     match r.rank {
-        0 => accept_ranks(r, payload),
-        _ => join_rank_zero(r),
+        0 => accept_ranks(r, payload, &stop),
+        _ => join_rank_zero(r, &stop),
+    }
+}
+
+/// The rendezvous stopped by a signal, if one came.
+fn stopped(stop: &Stop, where_: &str) -> Result<()> {
+    match stop.requested() {
+        Some(signal) => Err(Error::Interrupted {
+            signal,
+            message: format!(
+                "stopped by {} during the rendezvous on {where_}, before training: nothing \
+                 to checkpoint",
+                crate::signals::name(signal)
+            ),
+        }),
+        None => Ok(()),
     }
 }
 
@@ -205,7 +226,7 @@ fn kind_of(error: &Error) -> u8 {
 /// A connection that does not greet as a trainer rank (a port scanner, a health check) is
 /// ignored; a rank out of range or joining twice is a broken launch (exit 2), and that rank
 /// is told why; a rank that stopped before training ends the wait with its error.
-fn accept_ranks(r: &Rendezvous, payload: Vec<u8>) -> Result<(Vec<Link>, Vec<u8>)> {
+fn accept_ranks(r: &Rendezvous, payload: Vec<u8>, stop: &Stop) -> Result<(Vec<Link>, Vec<u8>)> {
     let deadline = Instant::now() + r.timeout;
     let where_ = where_(r);
     let listener = TcpListener::bind(&where_)
@@ -216,6 +237,7 @@ fn accept_ranks(r: &Rendezvous, payload: Vec<u8>) -> Result<(Vec<Link>, Vec<u8>)
     let mut links: Vec<Option<(Link, std::net::SocketAddr)>> =
         (0..r.world_size).map(|_| None).collect();
     while links[1..].iter().any(Option::is_none) {
+        stopped(stop, &where_)?;
         if Instant::now() > deadline {
             let missing: Vec<String> = (1..r.world_size)
                 .filter(|&i| links[i].is_none())
@@ -296,10 +318,12 @@ fn next_greeting(listener: &TcpListener, where_: &str) -> Result<Option<Greeted>
 
 /// Another rank: connects to rank 0 (retrying until the timeout: rank 0 may start later),
 /// greets it, and reads its answer.
-fn join_rank_zero(r: &Rendezvous) -> Result<(Vec<Link>, Vec<u8>)> {
+fn join_rank_zero(r: &Rendezvous, stop: &Stop) -> Result<(Vec<Link>, Vec<u8>)> {
     let deadline = Instant::now() + r.timeout;
     let where_ = where_(r);
-    let mut stream = reach_rank_zero(r, deadline).map_err(|e| {
+    let reached = reach_rank_zero(r, deadline, &|| stop.requested().is_some());
+    stopped(stop, &where_)?;
+    let mut stream = reached.map_err(|e| {
         Error::Runtime(format!(
             "rank {}: rank 0 did not answer on {where_} within {:?}: {e} (rank 0 may have \
              stopped before training, its own output says why; or MASTER_ADDR and MASTER_PORT \
@@ -334,6 +358,24 @@ fn join_rank_zero(r: &Rendezvous) -> Result<(Vec<Link>, Vec<u8>)> {
     };
     let rank = (r.rank as u32).to_be_bytes();
     stream.write_all(&frame(JOIN, &[&rank])).map_err(lost)?;
+    // Rank 0 answers once every rank has joined: wait in short steps, for a signal.
+    stream
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .ok();
+    loop {
+        stopped(stop, &where_)?;
+        match stream.peek(&mut [0u8; 1]) {
+            // An answer, or the end of the connection: read_frame tells which.
+            Ok(_) => break,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) && Instant::now() < deadline => {}
+            Err(e) => return Err(lost(e)),
+        }
+    }
+    stream.set_read_timeout(Some(left)).ok();
     let (kind, bytes) = read_frame(&mut stream).map_err(lost)?;
     let text = || format!("rank {}: {}", r.rank, String::from_utf8_lossy(&bytes));
     if let Some(e) = error_of(kind, text()) {
@@ -342,7 +384,13 @@ fn join_rank_zero(r: &Rendezvous) -> Result<(Vec<Link>, Vec<u8>)> {
     Ok((vec![Link::new(stream, r.rank, 0, r.timeout)?], bytes))
 }
 
-fn reach_rank_zero(r: &Rendezvous, deadline: Instant) -> std::io::Result<TcpStream> {
+/// A connection to rank 0, retried until `deadline` (rank 0 may start later) or until
+/// `give_up` says so.
+fn reach_rank_zero(
+    r: &Rendezvous,
+    deadline: Instant,
+    give_up: &dyn Fn() -> bool,
+) -> std::io::Result<TcpStream> {
     let where_ = where_(r);
     let addr = where_
         .to_socket_addrs()?
@@ -351,7 +399,7 @@ fn reach_rank_zero(r: &Rendezvous, deadline: Instant) -> std::io::Result<TcpStre
     loop {
         match TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
             Ok(s) => return Ok(s),
-            Err(e) if Instant::now() > deadline => return Err(e),
+            Err(e) if Instant::now() > deadline || give_up() => return Err(e),
             Err(_) => std::thread::sleep(Duration::from_millis(100)),
         }
     }
@@ -375,7 +423,7 @@ pub fn tell_stopped(r: &Rendezvous, error: &Error) {
     if r.rank != 0 {
         let text = format!("rank {} stopped before training: {error}", r.rank);
         let rank = (r.rank as u32).to_be_bytes();
-        if let Ok(mut stream) = reach_rank_zero(r, deadline) {
+        if let Ok(mut stream) = reach_rank_zero(r, deadline, &|| false) {
             let _ = stream.write_all(&frame(kind_of(error), &[&rank, text.as_bytes()]));
         }
         return;

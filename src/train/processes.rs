@@ -588,9 +588,9 @@ pub fn serve<B: Backend>(
         world.master_port
     );
     let (mut links, greeting) = connect(&world, Vec::new())?;
-    // Only now: a signal before the rendezvous ends this process at once (as a launcher
-    // stopping a run that never started expects); from here on it stops the run after the
-    // current step, with rank 0's checkpoint.
+    // A signal before the rendezvous ends this process at once (as a launcher stopping a
+    // run that never started expects), one during it ends the wait (`connect`); from here
+    // on it stops the run after the current step, with rank 0's checkpoint.
     let stop = Stop::install()
         .map_err(|e| Error::Runtime(format!("cannot install the SIGINT/SIGTERM handlers: {e}")))?;
     let stop = &stop;
