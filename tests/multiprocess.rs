@@ -565,10 +565,21 @@ fn bad_multi_process_settings_exit_2_naming_the_key() {
             ("MASTER_PORT", "1"),
         ]
     };
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
         (
             &[],
             "key `data.batch_size`: 24 given with 5 data-parallel replicas",
+        ),
+        // A list of this machine's devices of the wrong length is named as such, not as a
+        // batch that does not divide among as many replicas as it lists.
+        (
+            &[
+                "--set",
+                "parallel.devices=[\"cpu\", \"cpu\", \"cpu\"]",
+                "--set",
+                "data.batch_size=25",
+            ],
+            "key `parallel.devices`: 3 device(s) given in a multi-process run",
         ),
         (
             &[

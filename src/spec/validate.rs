@@ -816,6 +816,14 @@ fn validate_parallel(spec: &JobSpec, p: &mut Problems) {
             _ => {}
         }
     }
+    // In a multi-process run the replicas are the processes: the job is validated again once
+    // the environment's world is in the spec (`commands::prepare`), and until then a
+    // parallel.devices list of the wrong length would be counted as the replicas.
+    let world_pending = parallel.world.is_none()
+        && crate::parallel::Rendezvous::from_env(|k| std::env::var(k).ok()).is_some();
+    if world_pending {
+        return;
+    }
     let replicas = parallel.replicas().unwrap_or(1).max(1);
     let accum = spec.train.grad_accum_steps.max(1);
     match (spec.data.batch_size, spec.data.global_batch_size) {
