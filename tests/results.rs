@@ -887,6 +887,39 @@ fn bad_sweeps_are_refused_before_anything_trains() {
     );
 }
 
+/// A run with data parallelism records parallel.timeout and bucket_mb, one without does not
+/// (they do nothing there): compared, they are not a difference, replicas are.
+#[test]
+fn compare_does_not_count_parallel_defaults_as_differences() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), TINY_JOB);
+    let runs = tmp.path().join("runs");
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", job.to_str().unwrap(), "--runs-dir"];
+        args.push(runs.to_str().unwrap());
+        args.extend_from_slice(extra);
+        PathBuf::from(stdout(&ok(trainer(&args, &[]))).trim())
+    };
+    let plain = run(&[]);
+    let replicas = run(&["--set", "parallel.replicas=2"]);
+    let out = ok(trainer(
+        &[
+            "compare",
+            plain.to_str().unwrap(),
+            replicas.to_str().unwrap(),
+            "--format",
+            "csv",
+        ],
+        &[],
+    ));
+    let header = stdout(&out).lines().next().unwrap().to_string();
+    assert!(header.contains("parallel.replicas"), "{header}");
+    assert!(
+        !header.contains("parallel.timeout") && !header.contains("parallel.bucket_mb"),
+        "{header}"
+    );
+}
+
 /// A point too large for this machine is refused (exit 1, as `trainer run` refuses it) before
 /// the first point trains, not when its turn comes.
 #[test]

@@ -492,10 +492,19 @@ fn flat_config(table: &toml::Table) -> BTreeMap<String, toml::Value> {
 }
 
 /// The config keys whose values are not the same in every run, in key order (positions as
-/// numbers: `model.layers[2]` before `model.layers[10]`).
+/// numbers: `model.layers[2]` before `model.layers[10]`). A `[parallel]` default a run
+/// without data parallelism does not record is not a difference.
 pub fn differing_keys(runs: &[RunRecord]) -> Vec<String> {
-    let flats: Vec<BTreeMap<String, toml::Value>> =
-        runs.iter().map(|r| flat_config(&r.config)).collect();
+    let compared = |r: &RunRecord| {
+        let mut flat = flat_config(&r.config);
+        if r.config.contains_key("parallel") {
+            for (key, value) in crate::spec::parallel_defaults() {
+                flat.entry(format!("parallel.{key}")).or_insert(value);
+            }
+        }
+        flat
+    };
+    let flats: Vec<BTreeMap<String, toml::Value>> = runs.iter().map(compared).collect();
     let keys: BTreeSet<&String> = flats.iter().flat_map(|f| f.keys()).collect();
     let mut keys: Vec<String> = keys
         .into_iter()

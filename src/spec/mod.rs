@@ -1474,11 +1474,9 @@ impl JobSpec {
             fill(&["parallel", "replicas"], count(world.world_size));
         }
         if self.parallel.replicas().is_some() || self.parallel.devices.is_some() {
-            fill(&["parallel", "timeout"], DEFAULT_PARALLEL_TIMEOUT.into());
-            fill(
-                &["parallel", "bucket_mb"],
-                crate::graph::DEFAULT_BUCKET_MB.into(),
-            );
+            for (key, value) in parallel_defaults() {
+                fill(&["parallel", key], value);
+            }
         }
         record_pool_strides(&mut table, &self.model.layers);
         Ok(table)
@@ -1508,6 +1506,15 @@ impl JobSpec {
                 _ => 0.0,
             })
     }
+}
+
+/// The `[parallel]` defaults config.toml records only for a run with data parallelism
+/// (elsewhere they do nothing): a run without is not different in them.
+pub fn parallel_defaults() -> [(&'static str, toml::Value); 2] {
+    [
+        ("timeout", DEFAULT_PARALLEL_TIMEOUT.into()),
+        ("bucket_mb", crate::graph::DEFAULT_BUCKET_MB.into()),
+    ]
 }
 
 /// The JSON Schema of a job file, as written to schemas/job.schema.json.
