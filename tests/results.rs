@@ -920,6 +920,49 @@ fn compare_does_not_count_parallel_defaults_as_differences() {
     );
 }
 
+/// A run whose metrics.csv is gone or emptied lost its rows: plot says that, not that the
+/// run ended before its first row.
+#[test]
+fn plot_names_a_lost_or_emptied_metrics_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), TINY_JOB);
+    let runs = tmp.path().join("runs");
+    let out = ok(trainer(
+        &[
+            "run",
+            job.to_str().unwrap(),
+            "--runs-dir",
+            runs.to_str().unwrap(),
+        ],
+        &[],
+    ));
+    let run = PathBuf::from(stdout(&out).trim());
+    let metrics = run.join("metrics.csv");
+    let png = tmp.path().join("p.png");
+    let plot = || {
+        trainer(
+            &["plot", run.to_str().unwrap(), "-o", png.to_str().unwrap()],
+            &[],
+        )
+    };
+    std::fs::remove_file(&metrics).unwrap();
+    let out = plot();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains(&format!("{} is missing", metrics.display())),
+        "{}",
+        stderr(&out)
+    );
+    std::fs::write(&metrics, "").unwrap();
+    let out = plot();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains(&format!("{} is empty", metrics.display())),
+        "{}",
+        stderr(&out)
+    );
+}
+
 /// A point too large for this machine is refused (exit 1, as `trainer run` refuses it) before
 /// the first point trains, not when its turn comes.
 #[test]

@@ -81,7 +81,13 @@ impl Rendezvous {
         Some((|| {
             let rank = parse("RANK", &rank)?;
             let world_size = parse("WORLD_SIZE", &world)?;
-            if world_size == 0 || rank >= world_size {
+            if world_size == 0 {
+                return Err(Error::Job(
+                    "environment WORLD_SIZE=0: the number of processes must be at least 1"
+                        .to_string(),
+                ));
+            }
+            if rank >= world_size {
                 return Err(Error::Job(format!(
                     "RANK={rank} must be below WORLD_SIZE={world_size}"
                 )));
@@ -601,6 +607,16 @@ mod tests {
             ("MASTER_PORT", "1"),
         ]);
         assert!(Rendezvous::from_env(bad).unwrap().is_err());
+        let no_processes = env(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "0"),
+            ("MASTER_ADDR", "n"),
+            ("MASTER_PORT", "1"),
+        ]);
+        let e = Rendezvous::from_env(no_processes).unwrap().unwrap_err();
+        assert!(e
+            .to_string()
+            .contains("WORLD_SIZE=0: the number of processes must be at least 1"));
         let port_zero = env(&[
             ("RANK", "1"),
             ("WORLD_SIZE", "2"),

@@ -312,6 +312,10 @@ pub(crate) fn read_metrics(path: &Path) -> Vec<MetricsPoint> {
     let Ok(header) = reader.headers().cloned() else {
         return Vec::new();
     };
+    if header.is_empty() {
+        tracing::warn!("{} is empty: the run's rows are lost", path.display());
+        return Vec::new();
+    }
     if ["step", "epoch", "split"]
         .iter()
         .any(|c| !header.iter().any(|h| h == *c))

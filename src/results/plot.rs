@@ -171,6 +171,19 @@ fn choose_panels(runs: &[RunRecord], metrics: &[String]) -> Result<Vec<Panel>> {
 
 /// Nothing to plot: "yet" only when a run may still write rows.
 fn no_rows(runs: &[RunRecord]) -> crate::error::Error {
+    // A metrics.csv that is gone or emptied lost its rows; the run did not end early.
+    let lost: Vec<String> = runs
+        .iter()
+        .map(|r| r.dir.join("metrics.csv"))
+        .filter_map(|path| match std::fs::metadata(&path) {
+            Err(_) => Some(format!("{} is missing", path.display())),
+            Ok(m) if m.len() == 0 => Some(format!("{} is empty", path.display())),
+            Ok(_) => None,
+        })
+        .collect();
+    if !lost.is_empty() {
+        return job_err!("the runs have no metrics rows: {}", lost.join(", "));
+    }
     let still = runs
         .iter()
         .any(|r| matches!(r.status, Status::Running | Status::Unfinished));
