@@ -105,6 +105,11 @@ impl Rendezvous {
                 .max(1);
             let master_addr = get("MASTER_ADDR")
                 .ok_or_else(|| Error::Job("MASTER_ADDR is not set (rank 0's host)".into()))?;
+            if master_addr.trim().is_empty() {
+                return Err(Error::Job(
+                    "MASTER_ADDR is empty: it names rank 0's host".into(),
+                ));
+            }
             let port =
                 get("MASTER_PORT").ok_or_else(|| Error::Job("MASTER_PORT is not set".into()))?;
             let mut master_port: u16 =
@@ -613,6 +618,14 @@ mod tests {
             ("MASTER_ADDR", "n"),
             ("MASTER_PORT", "1"),
         ]);
+        let no_host = env(&[
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", " "),
+            ("MASTER_PORT", "1"),
+        ]);
+        let e = Rendezvous::from_env(no_host).unwrap().unwrap_err();
+        assert!(e.to_string().contains("MASTER_ADDR is empty"), "{e}");
         let e = Rendezvous::from_env(no_processes).unwrap().unwrap_err();
         assert!(e
             .to_string()
