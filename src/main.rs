@@ -170,10 +170,35 @@ enum Command {
     Devices,
 }
 
+/// Tells the other ranks of a multi-process run (RANK and WORLD_SIZE set) why this one
+/// stopped before it could join them, as `trainer run` does for a bad job.
+fn tell_waiting_ranks(usage_error: &str) {
+    use trainer::parallel::{tell_stopped, Rendezvous};
+    if let Some(Ok(world)) = Rendezvous::from_env(|k| std::env::var(k).ok()) {
+        let first_line = usage_error.lines().next().unwrap_or_default();
+        let why = first_line.trim_start_matches("error: ");
+        tell_stopped(
+            &world,
+            &trainer::error::Error::Job(format!("a bad command line: {why}")),
+        );
+    }
+}
+
 fn main() -> ExitCode {
     trainer::process_start();
     trainer::signals::report_file_size_limit_as_error();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            // A rank of a multi-process run with a bad command line: the others would wait
+            // for it until their timeout.
+            if e.use_stderr() {
+                tell_waiting_ranks(&e.to_string());
+            }
+            std::process::exit(e.exit_code());
+        }
+    };
     let quiet = matches!(
         cli.command,
         Command::Run { quiet: true, .. } | Command::Sweep { quiet: true, .. }

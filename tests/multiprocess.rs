@@ -509,19 +509,29 @@ fn a_rank_that_stops_before_the_rendezvous_tells_the_others_why() {
     let (job, runs) = (job.to_str().unwrap(), runs.to_str().unwrap());
     let base = [job, "--runs-dir", runs, "--set", "parallel.timeout=\"60s\""];
     let with = |extra: &[&'static str]| [&base[..], extra].concat();
-    let cases: [(usize, &[&str], &str); 2] = [
+    // (the failing rank, its arguments, what the other rank says, what it says itself)
+    let cases: [(usize, &[&str], &str, &str); 3] = [
         (
             0,
             &["--resume", "no/such/run"],
             "rank 0 stopped before training: --resume no/such/run",
+            "--resume no/such/run",
         ),
         (
             1,
             &["--set", "train.epochs=0"],
             "rank 1 stopped before training: --set train.epochs",
+            "--set train.epochs",
+        ),
+        // A command line clap refuses, before anything of the job is read.
+        (
+            1,
+            &["--name", "a", "--name", "b"],
+            "rank 1 stopped before training: a bad command line: the argument '--name",
+            "error: the argument '--name",
         ),
     ];
-    for (failing, extra, needle) in cases {
+    for (failing, extra, needle, own_error) in cases {
         let port = free_port();
         let started = Instant::now();
         let ranks: Vec<Child> = (0..2)
@@ -535,7 +545,6 @@ fn a_rank_that_stops_before_the_rendezvous_tells_the_others_why() {
             })
             .collect();
         // The failing rank prints its own error; the other, that error as the cause.
-        let own_error = &needle[needle.find(": ").unwrap() + 2..];
         for (rank, child) in ranks.into_iter().enumerate() {
             let ended = finish(child, Duration::from_secs(30));
             assert_eq!(ended.code, Some(2), "{}", ended.stderr);
