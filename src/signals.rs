@@ -17,11 +17,11 @@ pub struct Stop {
 }
 
 /// What a second signal says as it ends the process at once (from the signal handler: a
-/// fixed text, written as it is).
-const SECOND_SIGINT: &[u8] = b"\nerror: a second SIGINT: stopped at once, without a checkpoint \
-of this step; the run resumes from the newest checkpoint written before it\n";
-const SECOND_SIGTERM: &[u8] = b"\nerror: a second SIGTERM: stopped at once, without a \
-checkpoint of this step; the run resumes from the newest checkpoint written before it\n";
+/// fixed text, written as it is; it may come before anything trained).
+const SECOND_SIGINT: &[u8] = b"\nerror: a second SIGINT: stopped at once; what came after the \
+newest checkpoint, if the run wrote one, is lost (resume from that checkpoint)\n";
+const SECOND_SIGTERM: &[u8] = b"\nerror: a second SIGTERM: stopped at once; what came after the \
+newest checkpoint, if the run wrote one, is lost (resume from that checkpoint)\n";
 
 /// The process's stop flags, once `Stop::install` registered them.
 static FLAGS: Mutex<Option<(Arc<AtomicBool>, Arc<AtomicUsize>)>> = Mutex::new(None);

@@ -593,6 +593,17 @@ fn a_shape_error_names_the_set_that_gave_the_input_shape() {
             "(model.input_shape = [64] is from --set model.input_shape)",
         ],
     );
+    // The layer at fault is the file's; what changed before it is named beside it.
+    expect_failure(
+        GOOD_JOB,
+        &[],
+        &["--set", "model.layers[0].type=\"relu\""],
+        2,
+        &[
+            "bad.toml: model.layers[1] (linear)",
+            "(model.layers is changed by --set model.layers[0].type)",
+        ],
+    );
 }
 
 #[test]

@@ -515,10 +515,25 @@ fn bad_precision_settings_are_named() {
         assert_eq!(out.status.code(), Some(2));
         assert!(
             stderr(&out).contains(&format!("`precision.{key}`: 1e39 given"))
-                && stderr(&out).contains("up to 3.4028235e38 (an f32)"),
+                && stderr(&out).contains("that an f32 holds (1.4e-45 to 3.4028235e38)"),
             "{}",
             stderr(&out)
         );
+        // As small as an f32 holds is a scale; smaller rounds to 0, which is none.
+        let check = |value: &str| {
+            trainer(&[
+                "check",
+                "jobs/mlp.toml",
+                "--set",
+                "precision.mode=\"fp16\"",
+                "--set",
+                &format!("precision.{key}={value}"),
+            ])
+        };
+        assert_eq!(check("3.4028235e38").status.code(), Some(0));
+        let out = check("1e-50");
+        assert_eq!(out.status.code(), Some(2));
+        assert!(stderr(&out).contains("1e-50 given"), "{}", stderr(&out));
     }
     let out = trainer(&[
         "check",

@@ -13,9 +13,6 @@ pub struct ResumePoint {
     pub checkpoint: Checkpoint,
 }
 
-/// `--resume PATH`: a run directory (its newest checkpoint), that run's checkpoints/
-/// directory, or one checkpoint file in it. A checkpoint that fails its integrity check is
-/// an error naming it, unless `fallback`: then the newest intact older one is used.
 /// The run directory a --resume path names (a run directory, its checkpoints/, or a
 /// checkpoint file in that), as `locate` reads it; None where it names none.
 pub fn run_dir_of(path: &Path) -> Option<PathBuf> {
@@ -35,6 +32,9 @@ pub fn run_dir_of(path: &Path) -> Option<PathBuf> {
     checkpoints.parent().map(Path::to_path_buf)
 }
 
+/// `--resume PATH`: a run directory (its newest checkpoint), that run's checkpoints/
+/// directory, or one checkpoint file in it. A checkpoint that fails its integrity check is
+/// an error naming it, unless `fallback`: then the newest intact older one is used.
 pub fn locate(path: &Path, fallback: bool) -> Result<ResumePoint> {
     let given = path.display();
     let meta = std::fs::metadata(path).map_err(|e| Error::Job(format!("--resume {given}: {e}")))?;

@@ -195,16 +195,36 @@ fn model_for(job: &Path, sets: &[String], spec: &JobSpec, data: &Data) -> Result
             let Ok(sources) = spec::KeySources::new(job, sets) else {
                 return Error::Job(format!("{}: {m}", job.display()));
             };
+            // The layer the error names ("model.layers[4] (conv2d): ..."), else the list.
+            let layer = m
+                .strip_prefix("model.layers[")
+                .and_then(|rest| rest.split_once(']'))
+                .map_or("model.layers".to_string(), |(i, _)| {
+                    format!("model.layers[{i}]")
+                });
+            let from = sources.of(&layer);
+            let mut notes = Vec::new();
+            // What it is given may come from elsewhere: a --set of another layer, the shape.
             let layers = sources.of("model.layers");
-            // The shape the layers are given may come from elsewhere (a --set).
+            if layers != from {
+                notes.push(format!("model.layers is changed by {layers}"));
+            }
             let shape_from = sources.of("model.input_shape");
-            let note = match &spec.model.input_shape {
-                Some(shape) if shape_from != layers => {
-                    format!(" (model.input_shape = {shape:?} is from {shape_from})")
-                }
-                _ => String::new(),
+            if let Some(shape) = spec
+                .model
+                .input_shape
+                .as_ref()
+                .filter(|_| shape_from != from)
+            {
+                notes.push(format!(
+                    "model.input_shape = {shape:?} is from {shape_from}"
+                ));
+            }
+            let notes = match notes.is_empty() {
+                true => String::new(),
+                false => format!(" ({})", notes.join("; ")),
             };
-            Error::Job(format!("{layers}: {m}{note}"))
+            Error::Job(format!("{from}: {m}{notes}"))
         }
         e => e,
     })?;

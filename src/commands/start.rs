@@ -52,6 +52,13 @@ fn reshaped_tensor(
     let old = Graph::build(&old, &shape).ok()?.state_dict_entries();
     let new = graph.state_dict_entries();
     let shown = |e: &crate::graph::StateDictEntry| format!("{} {:?}", e.name, e.shape);
+    // Another number of values is the parameter count's error (`plan_start`), said as such.
+    let values = |entries: &[crate::graph::StateDictEntry]| -> usize {
+        entries.iter().map(|e| e.len()).sum()
+    };
+    if values(&old) != values(&new) {
+        return None;
+    }
     if old.len() != new.len() {
         return Some(format!(
             "its model has {} parameter tensors, this job's {}",

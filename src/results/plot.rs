@@ -174,6 +174,7 @@ fn no_rows(runs: &[RunRecord]) -> crate::error::Error {
     // A metrics.csv that is gone or emptied lost its rows; the run did not end early.
     let lost: Vec<String> = runs
         .iter()
+        .filter(|r| !matches!(r.status, Status::Running | Status::Unfinished))
         .map(|r| r.dir.join("metrics.csv"))
         .filter_map(|path| match std::fs::metadata(&path) {
             Err(_) => Some(format!("{} is missing", path.display())),

@@ -2,7 +2,7 @@
 //! (default, the file, the environment, `--set`). Figment tags each value with the provider
 //! that supplied it; a value in the resolved spec that no layer holds is a default.
 
-use super::load::{dotted, file_table, layers, parse_sets, KeyStep, SET_LAYER};
+use super::load::{dotted, file_table, layers, lookup_table, parse_sets, KeyStep, SET_LAYER};
 use crate::error::Result;
 use crate::runtime_err;
 use figment::value::Value;
@@ -34,10 +34,12 @@ pub fn explain(path: &Path, sets: &[String]) -> Result<String> {
             let source = match layered_value(&figment, &key) {
                 // `--set model.layers[1].out=...` replaces the list (a copy of the file's):
                 // its other values are still the file's.
-                Some(_) if in_list(&key) => match sources.of(&dotted(&key)) {
-                    set if set.starts_with("--set ") => format!("--set {}", dotted(&key)),
-                    _ => format!("file {}", path.display()),
-                },
+                Some(_) if in_list(&key) && sources.of(&dotted(&key)).starts_with("--set ") => {
+                    format!("--set {}", dotted(&key))
+                }
+                Some(_) if in_list(&key) && lookup_table(&file, &key) == Some(&value) => {
+                    format!("file {}", path.display())
+                }
                 Some(v) => describe_source(&figment, &v, &key),
                 None if key == [KeyStep::Key("job".into()), KeyStep::Key("name".into())] => {
                     "default (the job file's name)".into()
@@ -74,7 +76,11 @@ fn applies(spec: &super::JobSpec, key: &str) -> bool {
         | "precision.growth_factor"
         | "precision.backoff_factor"
         | "precision.growth_interval" => spec.precision.scaling() == Scaling::Dynamic,
-        _ if key.starts_with("parallel.") => spec.parallel.replicas().is_some(),
+        // As config.toml records them: parallel.devices = "all" has replicas only once the
+        // GPUs are counted.
+        _ if key.starts_with("parallel.") => {
+            spec.parallel.replicas().is_some() || spec.parallel.devices.is_some()
+        }
         _ => true,
     }
 }
@@ -146,5 +152,29 @@ fn describe_source(figment: &figment::Figment, value: &Value, path: &[KeyStep]) 
                 .collect();
             format!("environment TRAINER_{}", keys.join("__"))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The keys a job cannot take are left out; parallel.devices = "all" is data parallelism
+    /// before the GPUs are counted (the replicas are not known yet).
+    #[test]
+    fn only_the_keys_a_job_can_take_apply() {
+        let mlp = Path::new(env!("CARGO_MANIFEST_DIR")).join("jobs/mlp.toml");
+        let job = |sets: &[&str]| {
+            let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+            super::super::load_job(&mlp, &sets).unwrap()
+        };
+        let adamw = job(&[]);
+        assert!(applies(&adamw, "optimizer.betas") && !applies(&adamw, "optimizer.momentum"));
+        assert!(!applies(&adamw, "precision.init_scale"));
+        assert!(!applies(&adamw, "parallel.timeout"));
+        let all = job(&["parallel.devices=\"all\""]);
+        assert!(applies(&all, "parallel.timeout"));
+        let fp16 = job(&["precision.mode=\"fp16\""]);
+        assert!(applies(&fp16, "precision.init_scale"));
     }
 }

@@ -890,7 +890,7 @@ pub struct PrecisionSpec {
     pub loss_scale: Option<LossScale>,
     /// The first scale of dynamic loss scaling (GradScaler: 2^16).
     #[serde(default = "default_init_scale")]
-    #[schemars(extend("exclusiveMinimum" = 0, "maximum" = 3.4028234663852886e38))]
+    #[schemars(extend("exclusiveMinimum" = 0, "exclusiveMaximum" = 3.4028235677973366e38))]
     pub init_scale: f64,
     /// Multiplies the scale after `growth_interval` consecutive steps with finite gradients.
     #[serde(default = "default_growth_factor")]
@@ -955,7 +955,9 @@ pub enum LossScale {
     /// "dynamic" or "none".
     Named(LossScaleKind),
     /// A fixed scale.
-    Fixed(#[schemars(extend("exclusiveMinimum" = 0, "maximum" = 3.4028234663852886e38))] f64),
+    Fixed(
+        #[schemars(extend("exclusiveMinimum" = 0, "exclusiveMaximum" = 3.4028235677973366e38))] f64,
+    ),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]

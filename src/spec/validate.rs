@@ -586,28 +586,28 @@ fn validate_checkpoint(spec: &JobSpec, p: &mut Problems) {
 }
 
 fn validate_precision(s: &PrecisionSpec, p: &mut Problems) {
-    // The scale is an f32, as GradScaler's: a larger one would be inf.
-    let largest = f64::from(f32::MAX);
+    // The scale is an f32, as GradScaler's: one that rounds to inf or to 0 there is no scale.
+    let an_f32 = |v: f64| (v as f32).is_finite() && v as f32 > 0.0;
     let shown = |v: f64| match v.abs() {
-        a if a >= 1e16 => format!("{v:e}"),
+        a if a >= 1e16 || (a > 0.0 && a < 1e-6) => format!("{v:e}"),
         _ => v.to_string(),
     };
     if let Some(LossScale::Fixed(v)) = s.loss_scale {
         p.check(
-            v.is_finite() && v > 0.0 && v <= largest,
+            an_f32(v),
             "precision.loss_scale",
             format!(
-                "{} given; must be \"dynamic\", \"none\" or a positive number up to \
-                 3.4028235e38 (an f32)",
+                "{} given; must be \"dynamic\", \"none\" or a positive number that an f32 \
+                 holds (1.4e-45 to 3.4028235e38)",
                 shown(v)
             ),
         );
     }
     p.check(
-        s.init_scale.is_finite() && s.init_scale > 0.0 && s.init_scale <= largest,
+        an_f32(s.init_scale),
         "precision.init_scale",
         format!(
-            "{} given; must be a positive number up to 3.4028235e38 (an f32)",
+            "{} given; must be a positive number that an f32 holds (1.4e-45 to 3.4028235e38)",
             shown(s.init_scale)
         ),
     );
