@@ -161,17 +161,23 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
     let invalid = |i: usize, e: Error, on: &str| {
         job_err!("sweep point {i:03} ({}){on}: {e}", describe(&points[i]))
     };
-    // Each point as a job, then as the job on each device it may run on.
-    let runs = |i: usize| point_runs(&args.sets, &points[i], slots.as_deref());
+    // Each point as a job (its sweep.csv row), and as the job it runs: as it is, or on each
+    // device it may run on (`point_runs`), with its overrides.
     let mut specs: Vec<JobSpec> = Vec::with_capacity(points.len());
+    let mut point_jobs: Vec<Vec<(String, Vec<String>, JobSpec)>> = Vec::new();
     for (i, point) in points.iter().enumerate() {
         let sets = point_sets(&args.sets, point);
-        specs.push(load_job(&args.job, &sets).map_err(|e| invalid(i, e, ""))?);
-        if slots.is_some() {
-            for (on, sets) in runs(i) {
-                load_job(&args.job, &sets).map_err(|e| invalid(i, e, &on))?;
-            }
+        let spec = load_job(&args.job, &sets).map_err(|e| invalid(i, e, ""))?;
+        let mut jobs = Vec::new();
+        for (on, sets) in point_runs(&args.sets, point, slots.as_deref()) {
+            let spec = match on.is_empty() {
+                true => spec.clone(),
+                false => load_job(&args.job, &sets).map_err(|e| invalid(i, e, &on))?,
+            };
+            jobs.push((on, sets, spec));
         }
+        specs.push(spec);
+        point_jobs.push(jobs);
     }
     if let (Some(slots), Some(value)) = (&slots, &args.devices) {
         devices::check_present(slots, value)?;
@@ -203,13 +209,12 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
         if standing(point_dir, args.retry_failed).0 != Standing::ToTrain {
             continue;
         }
-        for (on, sets) in runs(i) {
-            let spec = load_job(&args.job, &sets).map_err(|e| invalid(i, e, &on))?;
+        for (on, sets, spec) in &point_jobs[i] {
             // Quietly: what loading the data and picking the device say, the point's run says
             // again in its own log.
             let quiet = tracing::subscriber::NoSubscriber::default();
             let checked = tracing::subscriber::with_default(quiet, || {
-                commands::check_sweep_point(&args.job, &sets, &spec, &mut data)
+                commands::check_sweep_point(&args.job, sets, spec, &mut data)
             });
             checked.map_err(|e| match e {
                 // A failure to read, or a point too large for the machine (not a bad job),
@@ -217,7 +222,7 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
                 Error::Runtime(m) => {
                     runtime_err!("sweep point {i:03} ({}){on}: {m}", describe(&points[i]))
                 }
-                e => invalid(i, e, &on),
+                e => invalid(i, e, on),
             })?;
         }
     }

@@ -431,25 +431,28 @@ fn fp16_and_bf16_train_the_fashion_mnist_mlp_to_the_fp32_accuracy() {
     assert_half_precision_matches_fp32("jobs/fashion_mnist_mlp.toml");
 }
 
+/// SCALING_JOB with a fixed loss scale that overflows every step.
+const FIXED_SCALE_1E30: [&str; 6] = [
+    "--set",
+    "precision.loss_scale=1e30",
+    // The dynamic scaler's settings would now be refused as doing nothing.
+    "--set",
+    "precision.init_scale=65536",
+    "--set",
+    "precision.growth_interval=2000",
+];
+
+fn summary_of(out: &std::process::Output) -> serde_json::Value {
+    let text = std::fs::read_to_string(run_dir(out).join("summary.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
 #[test]
 fn a_fixed_loss_scale_that_overflows_every_step_ends_the_run_as_diverged() {
     let tmp = tempfile::tempdir().unwrap();
     let job = write_job(tmp.path(), SCALING_JOB);
-    let out = run_job(
-        &job,
-        &tmp.path().join("runs"),
-        &[
-            "--set",
-            "precision.loss_scale=1e30",
-            // The dynamic scaler's settings would now be refused as doing nothing.
-            "--set",
-            "precision.init_scale=65536",
-            "--set",
-            "precision.growth_interval=2000",
-            "--set",
-            "train.epochs=5",
-        ],
-    );
+    let args = [&FIXED_SCALE_1E30[..], &["--set", "train.epochs=5"]].concat();
+    let out = run_job(&job, &tmp.path().join("runs"), &args);
     // It completed with exit 0, its weights never changed, before 100 in a row ended it.
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let err = stderr(&out);
@@ -466,19 +469,7 @@ fn a_fixed_loss_scale_that_overflows_every_step_ends_the_run_as_diverged() {
 fn a_short_run_whose_every_step_overflowed_warns_that_nothing_was_trained() {
     let tmp = tempfile::tempdir().unwrap();
     let job = write_job(tmp.path(), SCALING_JOB);
-    let runs = tmp.path().join("runs");
-    let fixed = [
-        "--set",
-        "precision.loss_scale=1e30",
-        "--set",
-        "precision.init_scale=65536",
-        "--set",
-        "precision.growth_interval=2000",
-    ];
-    let mut args = vec!["run", job.to_str().unwrap(), "--runs-dir"];
-    args.push(runs.to_str().unwrap());
-    args.extend_from_slice(&fixed);
-    let out = trainer(&args);
+    let out = run_job(&job, &tmp.path().join("runs"), &FIXED_SCALE_1E30);
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(0), "{err}");
     assert!(
@@ -487,15 +478,10 @@ fn a_short_run_whose_every_step_overflowed_warns_that_nothing_was_trained() {
         ) && err.contains("nothing was trained"),
         "{err}"
     );
-    let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(run_dir(&out).join("summary.json")).unwrap())
-            .unwrap();
+    let summary = summary_of(&out);
     assert_eq!(summary["skipped_steps"], summary["steps"]);
-    // The dynamic scaler's own overflows are counted, and said, too.
-    let out = run_job(&job, &tmp.path().join("runs2"), &[]);
-    let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(run_dir(&out).join("summary.json")).unwrap())
-            .unwrap();
+    // The dynamic scaler's own overflows are counted too.
+    let summary = summary_of(&run_job(&job, &tmp.path().join("runs2"), &[]));
     let skipped = summary["skipped_steps"].as_u64().unwrap();
     assert!(skipped > 0 && skipped < summary["steps"].as_u64().unwrap());
 }

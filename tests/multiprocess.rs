@@ -85,7 +85,19 @@ fn spawn_rank_with(
     args: &[&str],
     env: &[(&str, &str)],
 ) -> Child {
-    Command::new(trainer_bin())
+    rank_command(rank, world, port, args, env).spawn().unwrap()
+}
+
+/// The command `spawn_rank_with` starts.
+fn rank_command(
+    rank: usize,
+    world: usize,
+    port: u16,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Command {
+    let mut command = Command::new(trainer_bin());
+    command
         .arg("run")
         .args(args)
         .current_dir(common::root())
@@ -98,9 +110,8 @@ fn spawn_rank_with(
         .env("MASTER_ADDR", "127.0.0.1")
         .env("MASTER_PORT", port.to_string())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
+        .stderr(Stdio::piped());
+    command
 }
 
 struct Ended {
@@ -999,17 +1010,9 @@ fn a_rank_waiting_at_the_rendezvous_stops_on_sigint_even_started_with_it_ignored
     let job = write_job(tmp.path(), JOB);
     let runs = tmp.path().join("runs");
     for rank in [0, 1] {
-        let mut command = Command::new(trainer_bin());
-        command
-            .args(["run", job.to_str().unwrap(), "--runs-dir"])
-            .arg(&runs)
-            .env_remove("RUST_LOG")
-            .env("RANK", rank.to_string())
-            .env("WORLD_SIZE", "2")
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", free_port().to_string())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        let runs_arg = runs.to_str().unwrap();
+        let args = [job.to_str().unwrap(), "--runs-dir", runs_arg];
+        let mut command = rank_command(rank, 2, free_port(), &args, &[]);
         // SAFETY: setting a disposition to SIG_IGN between fork and exec is async-signal-safe.
         unsafe {
             command.pre_exec(|| {

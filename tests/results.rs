@@ -22,6 +22,14 @@ fn hidden_layer_job() -> String {
     )
 }
 
+/// `trainer run JOB --runs-dir RUNS -q EXTRA...`, which must succeed: its run directory.
+fn trained(job: &Path, runs: &Path, extra: &[&str]) -> PathBuf {
+    let mut args = vec!["run", job.to_str().unwrap(), "--runs-dir"];
+    args.extend([runs.to_str().unwrap(), "-q"]);
+    args.extend_from_slice(extra);
+    PathBuf::from(stdout(&ok(trainer(&args, &[]))).trim())
+}
+
 fn sweep_args<'a>(job: &'a str, runs: &'a str) -> Vec<&'a str> {
     vec![
         "sweep",
@@ -437,17 +445,7 @@ fn early_stopping_ends_at_the_expected_epoch_on_a_plateau() {
             "epochs = 4\nearly_stopping = { metric = \"val_accuracy\", patience = 3 }",
         ),
     );
-    let out = ok(trainer(
-        &[
-            "run",
-            job.to_str().unwrap(),
-            "--runs-dir",
-            runs.to_str().unwrap(),
-            "-q",
-        ],
-        &[],
-    ));
-    let s = summary(Path::new(stdout(&out).trim()));
+    let s = summary(&trained(&job, &runs, &[]));
     assert_eq!(s["end_reason"], "completed");
     assert_eq!(s["epochs"], 4);
 }
@@ -894,14 +892,8 @@ fn compare_does_not_count_parallel_defaults_as_differences() {
     let tmp = tempfile::tempdir().unwrap();
     let job = write_job(tmp.path(), TINY_JOB);
     let runs = tmp.path().join("runs");
-    let run = |extra: &[&str]| {
-        let mut args = vec!["run", job.to_str().unwrap(), "--runs-dir"];
-        args.push(runs.to_str().unwrap());
-        args.extend_from_slice(extra);
-        PathBuf::from(stdout(&ok(trainer(&args, &[]))).trim())
-    };
-    let plain = run(&[]);
-    let replicas = run(&["--set", "parallel.replicas=2"]);
+    let plain = trained(&job, &runs, &[]);
+    let replicas = trained(&job, &runs, &["--set", "parallel.replicas=2"]);
     let out = ok(trainer(
         &[
             "compare",
@@ -927,16 +919,7 @@ fn plot_names_a_lost_or_emptied_metrics_file() {
     let tmp = tempfile::tempdir().unwrap();
     let job = write_job(tmp.path(), TINY_JOB);
     let runs = tmp.path().join("runs");
-    let out = ok(trainer(
-        &[
-            "run",
-            job.to_str().unwrap(),
-            "--runs-dir",
-            runs.to_str().unwrap(),
-        ],
-        &[],
-    ));
-    let run = PathBuf::from(stdout(&out).trim());
+    let run = trained(&job, &runs, &[]);
     let metrics = run.join("metrics.csv");
     let png = tmp.path().join("p.png");
     let plot = || {
@@ -1147,17 +1130,7 @@ fn bad_results_arguments_are_usage_errors() {
     let tmp = tempfile::tempdir().unwrap();
     let job = write_job(tmp.path(), TINY_JOB);
     let runs = tmp.path().join("runs");
-    let out = ok(trainer(
-        &[
-            "run",
-            job.to_str().unwrap(),
-            "--runs-dir",
-            runs.to_str().unwrap(),
-            "-q",
-        ],
-        &[],
-    ));
-    let dir = stdout(&out).trim().to_string();
+    let dir = trained(&job, &runs, &[]).display().to_string();
     let jpg = tmp.path().join("x.jpg");
     let bad = trainer(&["plot", &dir, "-o", jpg.to_str().unwrap()], &[]);
     assert_eq!(bad.status.code(), Some(2));

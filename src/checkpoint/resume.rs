@@ -13,23 +13,37 @@ pub struct ResumePoint {
     pub checkpoint: Checkpoint,
 }
 
-/// The run directory a --resume path names (a run directory, its checkpoints/, or a
-/// checkpoint file in that), as `locate` reads it; None where it names none.
+/// The checkpoints/ directory a --resume path names (a run directory, its checkpoints/, or
+/// a checkpoint file in that), and whether the path is a checkpoint file.
+fn checkpoints_dir(path: &Path) -> Result<(PathBuf, bool)> {
+    let given = path.display();
+    let meta = std::fs::metadata(path).map_err(|e| Error::Job(format!("--resume {given}: {e}")))?;
+    if meta.is_dir() {
+        if path.join(DIR).is_dir() {
+            return Ok((path.join(DIR), false));
+        }
+        if path.file_name().is_some_and(|n| n == DIR) {
+            return Ok((path.to_path_buf(), false));
+        }
+        return Err(Error::Job(format!(
+            "--resume {given}: no {DIR}/ directory there; give a run directory \
+             (runs/<name>/<run-id>) whose run wrote a checkpoint, or a checkpoint file"
+        )));
+    }
+    let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+    if dir.file_name().is_none_or(|n| n != DIR) {
+        return Err(Error::Job(format!(
+            "--resume {given}: a checkpoint must lie in its run's {DIR}/ directory, so the \
+             run can continue in that run directory"
+        )));
+    }
+    Ok((dir, true))
+}
+
+/// The run directory a --resume path names, as `locate` reads it; None where it names none.
 pub fn run_dir_of(path: &Path) -> Option<PathBuf> {
-    let checkpoints = if path.is_dir() {
-        match path.join(DIR).is_dir() {
-            true => path.join(DIR),
-            false if path.file_name()? == DIR => path.to_path_buf(),
-            false => return None,
-        }
-    } else {
-        let dir = path.parent()?;
-        if dir.file_name()? != DIR {
-            return None;
-        }
-        dir.to_path_buf()
-    };
-    checkpoints.parent().map(Path::to_path_buf)
+    let (dir, _) = checkpoints_dir(path).ok()?;
+    dir.parent().map(Path::to_path_buf)
 }
 
 /// `--resume PATH`: a run directory (its newest checkpoint), that run's checkpoints/
@@ -37,34 +51,8 @@ pub fn run_dir_of(path: &Path) -> Option<PathBuf> {
 /// an error naming it, unless `fallback`: then the newest intact older one is used.
 pub fn locate(path: &Path, fallback: bool) -> Result<ResumePoint> {
     let given = path.display();
-    let meta = std::fs::metadata(path).map_err(|e| Error::Job(format!("--resume {given}: {e}")))?;
-    let (dir, candidates) = if meta.is_dir() {
-        let dir = if path.join(DIR).is_dir() {
-            path.join(DIR)
-        } else if path.file_name().is_some_and(|n| n == DIR) {
-            path.to_path_buf()
-        } else {
-            return Err(Error::Job(format!(
-                "--resume {given}: no {DIR}/ directory there; give a run directory \
-                 (runs/<name>/<run-id>) whose run wrote a checkpoint, or a checkpoint file"
-            )));
-        };
-        let newest_first: Vec<PathBuf> = list(&dir).into_iter().rev().map(|(_, p)| p).collect();
-        if newest_first.is_empty() {
-            return Err(Error::Job(format!(
-                "--resume {given}: {} holds no checkpoint (step-*.safetensors)",
-                dir.display()
-            )));
-        }
-        (dir, newest_first)
-    } else {
-        let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
-        if dir.file_name().is_none_or(|n| n != DIR) {
-            return Err(Error::Job(format!(
-                "--resume {given}: a checkpoint must lie in its run's {DIR}/ directory, \
-                 so the run can continue in that run directory"
-            )));
-        }
+    let (dir, is_file) = checkpoints_dir(path)?;
+    let candidates = if is_file {
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
         let step = super::step_of(name).unwrap_or(u64::MAX);
         let mut candidates = vec![path.to_path_buf()];
@@ -75,7 +63,16 @@ pub fn locate(path: &Path, fallback: bool) -> Result<ResumePoint> {
                 .filter(|(s, _)| *s < step)
                 .map(|(_, p)| p),
         );
-        (dir, candidates)
+        candidates
+    } else {
+        let newest_first: Vec<PathBuf> = list(&dir).into_iter().rev().map(|(_, p)| p).collect();
+        if newest_first.is_empty() {
+            return Err(Error::Job(format!(
+                "--resume {given}: {} holds no checkpoint (step-*.safetensors)",
+                dir.display()
+            )));
+        }
+        newest_first
     };
     let run_dir = dir.parent().unwrap_or(Path::new(".")).to_path_buf();
     let mut problems = Vec::new();

@@ -20,7 +20,7 @@ pub fn explain(path: &Path, sets: &[String]) -> Result<String> {
     let mut leaves = Vec::new();
     flatten(&mut Vec::new(), &resolved, &mut leaves);
     leaves.retain(|(key, _)| applies(&spec, &dotted(key)));
-    let sources = super::KeySources::new(path, sets)?;
+    let sources = super::KeySources::of_tables(path.display().to_string(), sets, file.clone());
     // Sections in file order (job, data, model, ...).
     let section = |path: &[KeyStep]| match path.first() {
         Some(KeyStep::Key(k)) => super::SECTIONS.iter().position(|s| s == k),

@@ -491,12 +491,11 @@ pub(crate) fn toml_error(
     }
     let path: Vec<String> = key.split('.').map(String::from).collect();
     let message = &with_enum_choices(message, &path);
-    // A message that only says what is expected (an untagged enum's) shows the value.
-    let given = table
-        .filter(|_| message.starts_with("expected "))
-        .and_then(|table| lookup_table(table, &parse_key(&key)?))
-        .map_or(String::new(), |value| format!("{value} given; "));
     let value = table.and_then(|table| lookup_table(table, &parse_key(&key)?));
+    // A message that only says what is expected (an untagged enum's) shows the value.
+    let given = value
+        .filter(|_| message.starts_with("expected "))
+        .map_or(String::new(), |value| format!("{value} given; "));
     let key = match key.is_empty() {
         true => String::new(),
         false => format!(" key `{key}`:"),
@@ -672,7 +671,8 @@ impl KeySources {
         Ok(Self::of_tables(file.display().to_string(), sets, file_keys))
     }
 
-    fn of_tables(file: String, args: &[String], file_keys: toml::Table) -> Self {
+    /// From the job file's table already read (`file` names the file in messages).
+    pub(super) fn of_tables(file: String, args: &[String], file_keys: toml::Table) -> Self {
         let set_keys = args
             .iter()
             .filter_map(|arg| arg.split_once('='))
