@@ -1036,6 +1036,27 @@ fn a_rank_waiting_at_the_rendezvous_stops_on_sigint_even_started_with_it_ignored
     }
 }
 
+/// Rank 0 whose MASTER_PORT another process holds says so and what to change (exit 1: the
+/// job is fine, the machine is busy), with nothing written.
+#[test]
+fn rank_zero_on_a_port_in_use_names_master_port() {
+    let _turn = one_at_a_time();
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), JOB);
+    let runs = tmp.path().join("runs");
+    let holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = holder.local_addr().unwrap().port();
+    let args = [job.to_str().unwrap(), "--runs-dir", runs.to_str().unwrap()];
+    let ended = finish(spawn_rank(0, 2, port, &args), Duration::from_secs(10));
+    assert_eq!(ended.code, Some(1), "{}", ended.stderr);
+    assert!(
+        ended.stderr.contains("another MASTER_PORT"),
+        "{}",
+        ended.stderr
+    );
+    assert!(!runs.exists(), "nothing is written before training");
+}
+
 /// `trainer run` of a job whose replicas are processes: it starts one rank per replica
 /// itself (parallel.devices of GPUs, or parallel.launch = "processes" as here on the CPU).
 fn launch(args: &[&str]) -> Child {

@@ -240,8 +240,15 @@ fn kind_of(error: &Error) -> u8 {
 fn accept_ranks(r: &Rendezvous, payload: Vec<u8>, stop: &Stop) -> Result<(Vec<Link>, Vec<u8>)> {
     let deadline = Instant::now() + r.timeout;
     let where_ = where_(r);
-    let listener = TcpListener::bind(&where_)
-        .map_err(|e| Error::Runtime(format!("rank 0 cannot listen on {where_}: {e}")))?;
+    let listener = TcpListener::bind(&where_).map_err(|e| {
+        let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
+            " (another job, or an earlier one still ending, holds this port: give every rank \
+             another MASTER_PORT)"
+        } else {
+            ""
+        };
+        Error::Runtime(format!("rank 0 cannot listen on {where_}: {e}{hint}"))
+    })?;
     listener
         .set_nonblocking(true)
         .map_err(|e| Error::Runtime(format!("{where_}: {e}")))?;
