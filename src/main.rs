@@ -231,8 +231,8 @@ fn main() -> ExitCode {
         // (exit 1, as `run` would) follows it.
         Command::Check { job, sets, explain } => commands::check(&job, &sets).and_then(|checked| {
             match explain {
-                true => print!("{}", trainer::spec::explain(&job, &sets)?),
-                false => print!("{}", checked.report),
+                true => print_out(&trainer::spec::explain(&job, &sets)?)?,
+                false => print_out(&checked.report)?,
             }
             checked.runnable_here
         }),
@@ -274,13 +274,10 @@ fn main() -> ExitCode {
             .and_then(|r| results::plot::plot(&r, &metric, x, &output))
             .and_then(|()| print_out(&format!("{}\n", output.display()))),
         Command::Completions { shell } => {
-            clap_complete::generate(
-                shell,
-                &mut Cli::command(),
-                "trainer",
-                &mut std::io::stdout(),
-            );
-            Ok(())
+            // Into memory first: clap_complete panics on a failed write (a closed stdout).
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "trainer", &mut script);
+            print_out(&String::from_utf8_lossy(&script))
         }
         Command::Schema => print_out(&trainer::spec::json_schema()),
         Command::Devices => print_out(&commands::devices()),

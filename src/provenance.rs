@@ -31,10 +31,11 @@ pub fn spec_hash(spec: &JobSpec) -> Result<String> {
     Ok(format!("fnv1a64:{:016x}", fnv1a64(body.as_bytes())))
 }
 
-/// The command line as a shell would need it typed.
+/// The command line as a shell would need it typed (bytes that are not UTF-8, in a path,
+/// shown as U+FFFD).
 pub fn command_line() -> String {
-    std::env::args()
-        .map(|a| shell_quote(&a))
+    std::env::args_os()
+        .map(|a| shell_quote(&a.to_string_lossy()))
         .collect::<Vec<_>>()
         .join(" ")
 }

@@ -21,7 +21,6 @@ use crate::spec::{
     PrecisionMode,
 };
 use crate::{job_err, provenance, runtime_err};
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 pub struct SweepArgs {
@@ -233,7 +232,7 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
     record_definition(&dir, &definition, args)?;
     // At once, as `trainer run` prints its run directory: a script has it however the sweep
     // ends. A reader that has gone does not stop the sweep.
-    let _ = writeln!(std::io::stdout(), "{}", dir.display());
+    let _ = crate::commands::print_path(&dir);
 
     let sweep = Sweep {
         args,
@@ -435,10 +434,16 @@ fn interrupted(signal: i32, what: &str) -> Error {
 
 /// Whether a point without a summary is being trained right now by another process of this
 /// program on this host: the same sweep started twice, or the points of a `--devices` sweep
-/// whose own process was killed (they finish their points). The pid in its provenance.json
-/// must be alive (`Status::Running`), not this process, and run this same program, so that
-/// a pid reused by an unrelated process does not keep a dead point from running again.
+/// whose own process was killed (they finish their points). Another process holds the run's
+/// lock; or, for a run without a lock file, the pid in its provenance.json is alive, not
+/// this process, and runs this same program, so that a pid reused by an unrelated process
+/// does not keep a dead point from running again.
 fn running_elsewhere(point_dir: &Path) -> bool {
+    match crate::run::lock_state(point_dir) {
+        Some(crate::run::LockState::HeldBy(pid)) => return pid != std::process::id(),
+        Some(crate::run::LockState::Free) => return false,
+        None => {}
+    }
     let pid = std::fs::read_to_string(point_dir.join("provenance.json"))
         .ok()
         .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
@@ -488,7 +493,34 @@ fn parse_axis(flag: &str, arg: &str) -> Result<Axis> {
             ));
         }
     }
+    // One spelling per value (1e-3 and 0.001 alike, "sgd" and sgd alike), so that the
+    // sweep's identity and its points' directory names do not depend on how it was typed.
+    let values = parsed.iter().map(canonical_text).collect();
     Ok(Axis { key, values })
+}
+
+/// A swept value as `--set` text that reads back as the same value: the shorter of a
+/// float's plain and exponent forms (1e-4, 0.05, 2.0), a string bare unless that would read
+/// as something else (`sgd`, but `"true"`), anything else as TOML writes it.
+fn canonical_text(value: &toml::Value) -> String {
+    match value {
+        toml::Value::Float(f) if f.is_finite() => {
+            let plain = value.to_string();
+            let exponent = format!("{f:e}");
+            match exponent.len() < plain.len() {
+                true => exponent,
+                false => plain,
+            }
+        }
+        toml::Value::String(s) => {
+            let bare = parse_set_arg(&format!("v={s}")).is_ok_and(|(_, v)| v == *value);
+            match bare && !s.is_empty() && s.trim() == s && !s.contains(',') {
+                true => s.clone(),
+                false => value.to_string(),
+            }
+        }
+        other => other.to_string(),
+    }
 }
 
 /// The first pair of equal items, by position.
@@ -815,7 +847,7 @@ impl Sweep<'_> {
 
         let text = |s: &str| Cell::Text(s.to_string());
         // A swept value as `--set` reads it, written as compare writes config values (`sgd`,
-        // not TOML's `"sgd"`; 1e-3 as 0.001); the directory names keep the text as given.
+        // not TOML's `"sgd"`; 1e-3 as 0.001); the directory names keep `parse_axis`'s spelling.
         let value = |key: &str, v: &str| {
             parse_set_arg(&format!("{key}={v}")).map_or_else(|_| text(v), |(_, v)| Cell::Setting(v))
         };
@@ -867,6 +899,38 @@ impl Sweep<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn swept_values_have_one_spelling_each() {
+        let values = |arg: &str| parse_axis("--grid", arg).unwrap().values;
+        assert_eq!(
+            values("optimizer.lr=0.001,3E-4,5e-2,2.0,1_000_000_000.0,-0.5"),
+            ["1e-3", "3e-4", "0.05", "2.0", "1e9", "-0.5"]
+        );
+        assert_eq!(
+            values("optimizer.lr=1e-3,0.01"),
+            values("optimizer.lr=0.001,1e-2")
+        );
+        assert_eq!(
+            values(r#"optimizer.type="sgd",adam,'adamw'"#),
+            ["sgd", "adam", "adamw"]
+        );
+        // Kept quoted where bare text would read as another value or type.
+        assert_eq!(
+            values(r#"job.name="true","12",x"#),
+            [r#""true""#, r#""12""#, "x"]
+        );
+        assert_eq!(values("data.batch_size=1_024,32"), ["1024", "32"]);
+        assert_eq!(
+            values("model.input_shape=[1,64],[ 64 ]"),
+            ["[1, 64]", "[64]"]
+        );
+        // Each reads back as the value given.
+        for v in values("optimizer.lr=1e-7,0.3,123.456,1e300") {
+            let again = parse_set_arg(&format!("optimizer.lr={v}")).unwrap().1;
+            assert_eq!(canonical_text(&again), v);
+        }
+    }
 
     #[test]
     fn values_split_on_top_level_commas_only() {

@@ -75,6 +75,7 @@ fn data() -> DataShape {
     DataShape {
         sample_shape: vec![3, 4],
         classes: Some(4),
+        classes_from: None,
         target_dim: 1,
     }
 }
@@ -134,6 +135,7 @@ fn mlp8(activations: &str) -> (JobSpec, DataShape) {
     let data = DataShape {
         sample_shape: vec![1, 28, 28],
         classes: Some(10),
+        classes_from: None,
         target_dim: 1,
     };
     (spec, data)
@@ -214,6 +216,7 @@ fn graphs_with_skip_connections_and_batch_norm_are_bit_identical_with_any_segmen
         let images = DataShape {
             sample_shape: vec![2, 3, 4],
             classes: Some(4),
+            classes_from: None,
             target_dim: 1,
         };
         let mut net = network(&residual_job(activations), &images, N, 7);

@@ -904,6 +904,7 @@ fn a_checkpoint_in_the_earlier_packed_layout_resumes_the_same_run() {
     let shape = trainer::graph::DataShape {
         sample_shape: vec![1, 8, 8],
         classes: Some(10),
+        classes_from: None,
         target_dim: 1,
     };
     let graph = trainer::graph::Graph::build(&common::spec(&text), &shape).unwrap();
@@ -960,21 +961,18 @@ fn a_checkpoint_in_the_earlier_packed_layout_resumes_the_same_run() {
     assert!(weights(&dir) == want_weights, "final weights differ");
 }
 
-#[test]
-fn a_file_size_limit_fails_the_run_with_a_message_instead_of_killing_it() {
+/// `trainer run` of `job` with `extra` arguments under `ulimit -f` of `bytes`, as a full
+/// disk fails a write.
+fn run_with_file_size_limit(job: &Job, extra: &[&str], bytes: u64) -> Output {
     use std::os::unix::process::CommandExt;
-    let job = write_job(LONG_JOB);
     let mut command = Command::new(trainer_bin());
-    command
-        .args(job.args(&["--set", "train.epochs=1"]))
-        .current_dir(root());
-    // `ulimit -f 256`: the run directory's small files fit, the first checkpoint (about
-    // 1.4 MiB of weights and Adam's moments) does not.
+    command.args(job.args(extra)).current_dir(root());
+    // SAFETY: setrlimit is async-signal-safe.
     unsafe {
-        command.pre_exec(|| {
+        command.pre_exec(move || {
             let limit = libc::rlimit {
-                rlim_cur: 256 * 1024,
-                rlim_max: 256 * 1024,
+                rlim_cur: bytes,
+                rlim_max: bytes,
             };
             match libc::setrlimit(libc::RLIMIT_FSIZE, &limit) {
                 0 => Ok(()),
@@ -982,7 +980,49 @@ fn a_file_size_limit_fails_the_run_with_a_message_instead_of_killing_it() {
             }
         });
     }
-    let out = command.output().unwrap();
+    command.output().unwrap()
+}
+
+/// A row that a full disk cuts short is taken back: metrics.csv ends with a whole row.
+#[test]
+fn a_metrics_row_cut_short_by_a_full_disk_is_taken_back() {
+    let job = write_job(&SMALL_JOB.replace("every_steps = 10", "every_steps = 1000"));
+    let out = run_with_file_size_limit(&job, &["--set", "train.log_every=1"], 4096);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let dir = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
+    assert_eq!(summary(&dir)["status"], "failed");
+    let text = std::fs::read_to_string(dir.join("metrics.csv")).unwrap();
+    assert!(text.ends_with('\n'), "{text}");
+    assert!(text.lines().all(|l| l.split(',').count() == 14), "{text}");
+}
+
+/// A resume that fails while it sets the run directory up (here train.log cannot be
+/// opened) ends the run as failed, saying why, and names the command that continues it:
+/// the run had lost its summary.json and read as killed.
+#[test]
+fn a_resume_that_fails_setting_up_its_run_directory_leaves_a_failed_run() {
+    let job = write_job(SMALL_JOB);
+    let dir = run_dir(&job.run(&[]));
+    std::fs::remove_file(dir.join("train.log")).unwrap();
+    std::fs::create_dir(dir.join("train.log")).unwrap();
+    let d = dir.to_str().unwrap();
+    let out = job.run(&["--resume", d, "--set", "train.epochs=6"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("train.log"), "{err}");
+    assert!(err.contains("(its summary.json says so too)"), "{err}");
+    assert!(err.contains("continue with: trainer run"), "{err}");
+    let s = summary(&dir);
+    assert_eq!(s["status"], "failed");
+    assert!(s["error"].as_str().unwrap().contains("train.log"), "{s}");
+}
+
+#[test]
+fn a_file_size_limit_fails_the_run_with_a_message_instead_of_killing_it() {
+    let job = write_job(LONG_JOB);
+    // `ulimit -f 256`: the run directory's small files fit, the first checkpoint (about
+    // 1.4 MiB of weights and Adam's moments) does not.
+    let out = run_with_file_size_limit(&job, &["--set", "train.epochs=1"], 256 * 1024);
     assert_eq!(
         out.status.code(),
         Some(1),

@@ -311,6 +311,30 @@ fn a_runs_dir_that_is_a_file_is_a_usage_error() {
             stderr(&out)
         );
     }
+    // A symbolic link to nothing is named as one; links in a loop are a usage error too.
+    let dangling = tmp.path().join("dangling");
+    std::os::unix::fs::symlink(tmp.path().join("gone"), &dangling).unwrap();
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    std::os::unix::fs::symlink(&b, &a).unwrap();
+    std::os::unix::fs::symlink(&a, &b).unwrap();
+    for (flag, path, says) in [
+        ("--runs-dir", &dangling, "dangling is a symbolic link to"),
+        ("--run-dir", &dangling, "which does not exist"),
+        ("--runs-dir", &a, "Too many levels of symbolic links"),
+    ] {
+        let out = trainer(
+            &[
+                "run",
+                "jobs/mlp.toml",
+                flag,
+                path.to_str().unwrap(),
+                "--quiet",
+            ],
+            &[],
+        );
+        assert_eq!(out.status.code(), Some(2), "{flag}: {}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{flag}: {}", stderr(&out));
+    }
 }
 
 #[test]
@@ -944,6 +968,100 @@ fn csv_features_that_hold_the_label_or_repeat_and_a_single_class_are_refused() {
     expect_failure(&one_class, &files, &[], 2, &[needle]);
 }
 
+/// Without data.classes the classes are the labels up to the largest: a model sized for
+/// classes the training file lacks, or one label far out, is told where the count came from
+/// and how to give it.
+#[test]
+fn a_class_count_taken_from_the_labels_says_so_and_where_the_largest_is() {
+    let no_classes = CSV_JOB.replace("classes = 3\n", "");
+    expect_failure(
+        &no_classes,
+        &[("data.csv", b"a,b,y\n1,2,0\n3,4,1\n5,6,1\n")],
+        &[],
+        2,
+        &[
+            "model.layers[0] (the last layer) outputs [3] (3 values per sample) but \
+             cross_entropy needs one logit per class (2 classes; data.classes is not set and \
+             the largest label is 1, at ",
+            "data.csv: line 3; set data.classes if some classes have no samples)",
+        ],
+    );
+    // Given, the count needs no explanation.
+    let out = |job: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("data.csv"), "a,b,y\n1,2,0\n3,4,1\n").unwrap();
+        let job = common::write_job(dir.path(), job);
+        stderr(&trainer(&["check", job.to_str().unwrap()], &[]))
+    };
+    let given = out(&CSV_JOB.replace("classes = 3", "classes = 4"));
+    assert!(given.contains("(4 classes)"), "{given}");
+}
+
+/// Real-valued labels read as classes suggest data.task; a loss that needs classes is
+/// blamed on the loss, not on a --set of a layer beside it.
+#[test]
+fn regression_data_read_as_classes_points_at_data_task_and_loss_type() {
+    let csv: &[u8] = b"a,b,y\n0.1,0.2,1.5\n0.3,0.4,2.5\n";
+    expect_failure(
+        CSV_JOB,
+        &[("data.csv", csv)],
+        &[],
+        2,
+        &[
+            "label `1.5` is not a class index (a whole number from 0 to 16777216); for \
+           real-valued targets set data.task = \"regression\"",
+        ],
+    );
+    let regression = CSV_JOB.replace("classes = 3", "task = \"regression\"");
+    expect_failure(
+        &regression,
+        &[("data.csv", csv)],
+        &["--set", "model.layers[0].out=1"],
+        2,
+        &["bad.toml: loss.type = \"cross_entropy\" needs class labels"],
+    );
+}
+
+/// An empty field is a missing value, said so (and a trailing comma on every line as such);
+/// a line of spaces is skipped as a blank line is.
+#[test]
+fn empty_csv_fields_are_missing_values_and_lines_of_spaces_are_blank() {
+    expect_failure(
+        CSV_JOB,
+        &[("data.csv", b"a,b,label\n1,2,0\n3,,1\n")],
+        &[],
+        2,
+        &["data.csv: line 3, column 1 (`b`): empty (a missing value)"],
+    );
+    expect_failure(
+        &CSV_JOB.replace("classes = 3", "classes = 3\nlabel = \"label\""),
+        &[("data.csv", b"a,b,label,\n1,2,0,\n3,4,1,\n")],
+        &[],
+        2,
+        &[
+            "column 3 (``): empty (a missing value); the header's last name is empty too: do \
+           the lines end with a comma?",
+        ],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("data.csv"),
+        "a,b,label\n1,2,0\n   \n3,4,2\n\t\n5,6,1\n",
+    )
+    .unwrap();
+    let job = common::write_job(
+        dir.path(),
+        &CSV_JOB.replace("[data]", "[data]\nval_fraction = 0"),
+    );
+    let out = trainer(&["check", job.to_str().unwrap()], &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("data: csv, train 3"),
+        "{}",
+        stdout(&out)
+    );
+}
+
 #[test]
 fn csv_that_is_not_utf8_names_the_line() {
     let csv = b"a,b,label\n1,2,0\n3,\xff,1\n";
@@ -967,6 +1085,71 @@ fn set_of_an_unknown_key_is_refused() {
             "--set optimizer.lrr: key `optimizer.lrr`: unknown key",
             "did you mean `lr`?",
         ],
+    );
+}
+
+/// Values TOML reads otherwise than meant say how to write them.
+#[test]
+fn set_values_typed_as_another_type_say_how_to_write_them() {
+    let cases: [(&str, &str); 6] = [
+        (
+            "optimizer.lr=.001",
+            "`.001` is not a number as TOML writes one: write 0.001",
+        ),
+        (
+            "optimizer.lr=1e309",
+            "`1e309` is not a number as TOML writes one: it is beyond the largest number",
+        ),
+        (
+            "train.epochs=2.0",
+            "2.0 given; expected a whole number, not negative: write 2, without a decimal point",
+        ),
+        (
+            "job.name=123",
+            "123 given, which TOML reads as a number; expected a string: quote it to give \
+             text, '\"123\"'",
+        ),
+        (
+            "job.name=true",
+            "true given, which TOML reads as true or false",
+        ),
+        // Not a number to begin with: text, as before.
+        ("optimizer.type=sgd2", "\"sgd2\" given; allowed:"),
+    ];
+    for (set, says) in cases {
+        expect_failure(GOOD_JOB, &[], &["--set", set], 2, &[says]);
+    }
+}
+
+/// A table given whole with --set is merged into the file's: the keys it leaves out are
+/// named, so that a warm-up kept under another schedule is no surprise.
+#[test]
+fn a_table_given_whole_with_set_names_the_keys_it_keeps_from_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = common::write_job(
+        tmp.path(),
+        &GOOD_JOB.replace(
+            "lr = 0.1",
+            "lr = 0.1\nweight_decay = 0.01\nschedule = { type = \"cosine\", warmup_steps = 5 }",
+        ),
+    );
+    let out = trainer(
+        &[
+            "check",
+            job.to_str().unwrap(),
+            "--set",
+            r#"optimizer.schedule={type="constant"}"#,
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(
+            "--set optimizer.schedule={...} is merged into the job file's optimizer.schedule: \
+             optimizer.schedule.warmup_steps keeps the file's value"
+        ),
+        "{}",
+        stderr(&out)
     );
 }
 
@@ -1662,4 +1845,82 @@ fn a_closed_stdout_stops_neither_a_run_nor_a_listing() {
     assert_eq!(summary["status"], "completed");
     let listed = with_reader_gone(&["ls", runs_arg]);
     assert_eq!(listed.status.code(), Some(0), "{}", stderr(&listed));
+    // Nor `check` or `completions` (a panic, exit 101, before).
+    let checked = with_reader_gone(&["check", job.to_str().unwrap()]);
+    assert_eq!(checked.status.code(), Some(0), "{}", stderr(&checked));
+    let completions = with_reader_gone(&["completions", "bash"]);
+    assert_eq!(
+        completions.status.code(),
+        Some(0),
+        "{}",
+        stderr(&completions)
+    );
+}
+
+/// A full stdout is an error for the commands whose output it is (exit 1, said), and a
+/// warning naming the directory for a run, which goes on.
+#[test]
+fn a_full_stdout_is_said_not_a_panic() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = common::write_job(tmp.path(), GOOD_JOB);
+    let full = || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap()
+    };
+    let with_full_stdout = |args: &[&str]| {
+        std::process::Command::new(common::trainer_bin())
+            .args(args)
+            .current_dir(root())
+            .stdout(full())
+            .output()
+            .unwrap()
+    };
+    let checked = with_full_stdout(&["check", job.to_str().unwrap()]);
+    assert_eq!(checked.status.code(), Some(1), "{}", stderr(&checked));
+    assert!(
+        stderr(&checked).contains("cannot write to stdout"),
+        "{}",
+        stderr(&checked)
+    );
+    let runs = tmp.path().join("runs");
+    let ran = with_full_stdout(&[
+        "run",
+        job.to_str().unwrap(),
+        "--runs-dir",
+        runs.to_str().unwrap(),
+    ]);
+    assert_eq!(ran.status.code(), Some(0), "{}", stderr(&ran));
+    assert!(
+        stderr(&ran).contains("cannot print the run directory on stdout"),
+        "{}",
+        stderr(&ran)
+    );
+}
+
+/// A path that is not UTF-8 is a path like any other: the run trains, and prints its
+/// directory as its bytes (the provenance's command line panicked on it).
+#[test]
+fn a_runs_dir_that_is_not_utf8_is_printed_as_its_bytes() {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    let tmp = tempfile::tempdir().unwrap();
+    let job = common::write_job(tmp.path(), GOOD_JOB);
+    let mut runs = tmp.path().as_os_str().as_bytes().to_vec();
+    runs.extend(b"/runs\xfe");
+    let runs = PathBuf::from(std::ffi::OsString::from_vec(runs));
+    let out = std::process::Command::new(common::trainer_bin())
+        .arg("run")
+        .arg(&job)
+        .arg("--runs-dir")
+        .arg(&runs)
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let printed = PathBuf::from(std::ffi::OsString::from_vec(
+        out.stdout.strip_suffix(b"\n").unwrap().to_vec(),
+    ));
+    assert!(printed.starts_with(&runs), "{printed:?}");
+    assert!(printed.join("summary.json").is_file());
 }

@@ -23,6 +23,7 @@ fn train(spec: &JobSpec, replicas: Option<usize>) -> Outcome {
     let shape = DataShape {
         sample_shape: data.sample_shape.clone(),
         classes: data.classes,
+        classes_from: None,
         target_dim: data.target_dim,
     };
     let graph = Graph::build(spec, &shape).unwrap();
@@ -201,6 +202,7 @@ fn the_backward_pass_hands_over_each_bucket_once_its_gradients_are_final() {
     let shape = DataShape {
         sample_shape: vec![10],
         classes: Some(4),
+        classes_from: None,
         target_dim: 1,
     };
     let b = CpuBackend::new(1);

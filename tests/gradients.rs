@@ -81,6 +81,7 @@ fn classes(n: usize) -> DataShape {
     DataShape {
         sample_shape: vec![4],
         classes: Some(n),
+        classes_from: None,
         target_dim: 1,
     }
 }
@@ -173,6 +174,7 @@ fn flatten_gradients() {
         DataShape {
             sample_shape: vec![2, 2],
             classes: Some(3),
+            classes_from: None,
             target_dim: 1,
         },
     );
@@ -207,11 +209,21 @@ fn cross_entropy_with_label_smoothing_gradients() {
     );
 }
 
+/// PyTorch allows label_smoothing = 1: the target is the uniform distribution alone.
+#[test]
+fn cross_entropy_with_full_label_smoothing_gradients() {
+    check_gradients(
+        &loss_job("type = \"cross_entropy\"\nlabel_smoothing = 1.0"),
+        classes(3),
+    );
+}
+
 #[test]
 fn mse_gradients() {
     let data = DataShape {
         sample_shape: vec![4],
         classes: None,
+        classes_from: None,
         target_dim: 3,
     };
     check_gradients(&loss_job(r#"type = "mse""#), data);
@@ -222,6 +234,7 @@ fn bce_with_logits_gradients() {
     let data = DataShape {
         sample_shape: vec![4],
         classes: None,
+        classes_from: None,
         target_dim: 3,
     };
     check_gradients(&loss_job(r#"type = "bce_with_logits""#), data);
@@ -251,6 +264,7 @@ fn images() -> DataShape {
     DataShape {
         sample_shape: vec![2, 6, 5],
         classes: Some(3),
+        classes_from: None,
         target_dim: 1,
     }
 }
@@ -387,6 +401,7 @@ fn softmax_and_log_softmax_gradients() {
     let data = DataShape {
         sample_shape: vec![4],
         classes: None,
+        classes_from: None,
         target_dim: 3,
     };
     for kind in ["softmax", "log_softmax"] {
@@ -479,6 +494,7 @@ fn embedding_gradients_sum_over_repeated_tokens() {
     let data = DataShape {
         sample_shape: vec![4],
         classes: Some(3),
+        classes_from: None,
         target_dim: 1,
     };
     // 5 samples of 4 ids; id 2 appears several times, id 6 never (its gradient stays 0).

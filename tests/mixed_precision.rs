@@ -31,6 +31,7 @@ fn shape() -> DataShape {
     DataShape {
         sample_shape: vec![6],
         classes: Some(5),
+        classes_from: None,
         target_dim: 1,
     }
 }
@@ -706,6 +707,7 @@ fn a_linear_layer_reading_token_ids_multiplies_them_rounded() {
     let shape = DataShape {
         sample_shape: vec![4],
         classes: Some(3),
+        classes_from: None,
         target_dim: 1,
     };
     let (n, b) = (5, CpuBackend::new(1));

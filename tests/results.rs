@@ -106,6 +106,21 @@ fn a_2x2_sweep_makes_four_runs_and_an_index_and_a_rerun_redoes_nothing() {
         first_summary
     );
     assert!(!stderr(&again).contains("its run trained with"));
+    // Spelled otherwise, it is still the same sweep.
+    let respelled: Vec<&str> = sweep_args(job, runs_s)
+        .into_iter()
+        .map(|a| match a {
+            "optimizer.lr=0.05,0.2" => "optimizer.lr=5e-2,2E-1",
+            "data.batch_size=32,64" => "data.batch_size=3_2,64",
+            a => a,
+        })
+        .collect();
+    let again = ok(trainer(&respelled, &[]));
+    assert_eq!(stdout(&again).trim(), sweep_dir.to_str().unwrap());
+    assert_eq!(
+        stderr(&again).matches("completed before, skipped").count(),
+        4
+    );
 
     // A point resumed by hand with another learning rate (--force, which rewrites its
     // config.toml) no longer holds what its sweep.csv values say: the sweep says so when it
@@ -772,7 +787,7 @@ fn bad_sweeps_are_refused_before_anything_trains() {
         &args,
         2,
         &[
-            "sweep point 001 (data.path=\"nowhere.csv\")",
+            "sweep point 001 (data.path=nowhere.csv)",
             "cannot read data file",
         ],
     );
@@ -872,7 +887,7 @@ fn bad_sweeps_are_refused_before_anything_trains() {
         ]),
         2,
         &[
-            "sweep point 001 (parallel.backend=\"nccl\")",
+            "sweep point 001 (parallel.backend=nccl)",
             "this run is on the CPU",
         ],
     );
@@ -1064,6 +1079,33 @@ fn a_point_another_copy_of_the_sweep_started_meanwhile_is_left_to_it() {
         "{err}"
     );
     assert_eq!(summary(&first)["status"], "completed");
+}
+
+/// A run whose process is gone reads as killed even when its pid has been reused since (a
+/// restarted machine): no process holds the run's lock.
+#[test]
+fn a_run_whose_pid_lives_on_in_another_process_is_still_killed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), TINY_JOB);
+    let runs = tmp.path().join("runs");
+    let dir = trained(&job, &runs, &[]);
+    std::fs::remove_file(dir.join("summary.json")).unwrap();
+    // provenance.json now names a live process: this test's.
+    let path = dir.join("provenance.json");
+    let mut provenance: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    provenance["pid"] = std::process::id().into();
+    std::fs::write(&path, provenance.to_string()).unwrap();
+    let out = ok(trainer(
+        &["ls", runs.to_str().unwrap(), "--format", "csv"],
+        &[],
+    ));
+    let mut reader = csv::Reader::from_reader(out.stdout.as_slice());
+    let header = reader.headers().unwrap().clone();
+    let status = header.iter().position(|h| h == "status").unwrap();
+    let rows: Vec<csv::StringRecord> = reader.records().map(Result::unwrap).collect();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(&rows[0][status], "killed");
 }
 
 #[test]

@@ -129,6 +129,7 @@ fn training_steps_allocate_nothing_but_gemm_scratch_and_retain_nothing() {
     let data = DataShape {
         sample_shape: vec![features],
         classes: Some(10),
+        classes_from: None,
         target_dim: 1,
     };
     // One thread: the count is then deterministic (threaded gemm takes a scratch per thread).
@@ -211,6 +212,7 @@ fn multi_process_steps_allocate_nothing_but_gemm_scratch_on_either_rank() {
     let data = move || Data {
         sample_shape: vec![features],
         classes: Some(10),
+        classes_from: None,
         target_dim: 1,
         train: Dataset {
             features: common::random_vec(samples * features, 2),
@@ -223,6 +225,7 @@ fn multi_process_steps_allocate_nothing_but_gemm_scratch_on_either_rank() {
     let shape = DataShape {
         sample_shape: vec![features],
         classes: Some(10),
+        classes_from: None,
         target_dim: 1,
     };
     let graph = Graph::build(&spec, &shape).unwrap();
@@ -389,6 +392,7 @@ fn counted_steps<B: Backend>(
     let data = DataShape {
         sample_shape: shape.to_vec(),
         classes: Some(10),
+        classes_from: None,
         target_dim: 1,
     };
     let graph = Graph::build(&spec, &data).unwrap();

@@ -16,6 +16,7 @@ fn run(spec: &JobSpec) -> Outcome {
     let shape = DataShape {
         sample_shape: data.sample_shape.clone(),
         classes: data.classes,
+        classes_from: None,
         target_dim: data.target_dim,
     };
     let graph = Graph::build(spec, &shape).unwrap();

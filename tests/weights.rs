@@ -96,6 +96,7 @@ fn digits_graph(layers: &str) -> (JobSpec, Graph) {
     let data = DataShape {
         sample_shape: vec![1, 8, 8],
         classes: Some(10),
+        classes_from: None,
         target_dim: 1,
     };
     let graph = Graph::build(&spec, &data).unwrap();

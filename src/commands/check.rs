@@ -66,18 +66,27 @@ pub fn check(job: &Path, sets: &[String]) -> Result<Checked> {
         )
     });
     out += &format!(
-        "job {} ({}): ok\ndata: {:?}, train {}{}{}\nbatch: {}{processes}\n\n",
+        "job {} ({}): ok\ndata: {}, train {}{}{}\nbatch: {}{processes}\n\n",
         spec.name(),
         job.display(),
-        spec.data.source,
+        // As the job writes it: `csv`, not the type's `Csv`.
+        serde_json::to_value(spec.data.source)
+            .ok()
+            .and_then(|v| v.as_str().map(String::from))
+            .unwrap_or_default(),
         data.train.len,
         if eval.is_empty() {
             String::new()
         } else {
             format!(", {}", eval.join(", "))
         },
-        data.classes
-            .map_or(String::new(), |c| format!(", {c} classes")),
+        data.classes.map_or(String::new(), |c| {
+            let from = match data.classes_from {
+                Some(_) => " (from the labels: data.classes is not set)",
+                None => "",
+            };
+            format!(", {c} classes{from}")
+        }),
         BatchLayout::of(&spec)
     );
     // The inputs column appears when some layer reads other than the previous output.

@@ -184,17 +184,21 @@ fn model_for(job: &Path, sets: &[String], spec: &JobSpec, data: &Data) -> Result
             job.display()
         )));
     }
-    let shape = DataShape {
-        sample_shape: data.sample_shape.clone(),
-        classes: data.classes,
-        target_dim: data.target_dim,
-    };
+    let shape = DataShape::of(data);
     // The model's errors say which layer; this says where the layers came from.
     let graph = Graph::build(spec, &shape).map_err(|e| match e {
         Error::Job(m) => {
             let Ok(sources) = spec::KeySources::new(job, sets) else {
                 return Error::Job(format!("{}: {m}", job.display()));
             };
+            // A key the error starts with (the loss for targets it cannot take, the input
+            // shape) is credited to its own source, not to the layers.
+            if let Some(key) = ["loss.type", "model.input_shape"]
+                .into_iter()
+                .find(|key| m.starts_with(key))
+            {
+                return Error::Job(format!("{}: {m}", sources.of(key)));
+            }
             // The layer the error names ("model.layers[4] (conv2d): ..."), else the list.
             let layer = m
                 .strip_prefix("model.layers[")
@@ -690,59 +694,42 @@ fn run_on<B: Backend>(
     start: Start,
     parallel: Option<Box<dyn DataParallel<B>>>,
 ) -> Result<()> {
+    // Caught from before the run directory exists, so that a signal while it is being set
+    // up stops the run after its first step, with a checkpoint, instead of killing the
+    // process between its files (a directory without config.toml, which no command sees).
+    Stop::install()
+        .map_err(|e| Error::Runtime(format!("cannot install the SIGINT/SIGTERM handlers: {e}")))?;
     let mut start = start;
     let run = match &mut start {
         Start::Fresh { .. } => match &args.dir {
             Some(dir) => RunDir::create_at(dir)?,
             None => RunDir::create(&args.runs_dir, spec.name())?,
         },
-        Start::Resume(point, locked) => {
-            let run = match locked.take() {
-                Some(run) => run,
-                None => RunDir::open(&point.run_dir)?,
-            };
-            // Until this attempt finishes, the run must not look finished.
-            let _ = std::fs::remove_file(run.path.join("summary.json"));
-            let (dir, step) = (run.path.join(checkpoint::DIR), point.checkpoint.state.step);
-            let moved = checkpoint::set_aside_after(&dir, step)?;
-            if moved > 0 {
-                tracing::info!(
-                    "{moved} checkpoint(s) after step {step}, of the continuation this resume \
-                     replaces, moved to {}",
-                    dir.join(checkpoint::SUPERSEDED_DIR).display()
-                );
-            }
-            run
-        }
+        Start::Resume(point, locked) => match locked.take() {
+            Some(run) => run,
+            None => RunDir::open(&point.run_dir)?,
+        },
     };
     if args.print_run_dir {
         // Line-buffered: a script capturing stdout has it even if the run is killed. A
-        // closed stdout (`>&-`, a reader gone) must not stop the run, so errors are ignored.
-        let _ = writeln!(std::io::stdout(), "{}", run.path.display());
-    }
-    let resumed = match &start {
-        Start::Resume(point, _) => {
-            format!(
-                "\n# resumed from {} (step {})",
-                point.checkpoint.path.display(),
-                point.checkpoint.state.step
-            )
+        // closed stdout (`>&-`, a reader gone) must not stop the run, but is said.
+        if let Err(e) = print_path(&run.path) {
+            tracing::warn!(
+                "cannot print the run directory on stdout ({e}); it is {}",
+                run.path.display()
+            );
         }
-        Start::Fresh { .. } => String::new(),
-    };
+    }
     let device = parallel
         .as_ref()
         .map_or_else(|| backend.describe(), |p| p.describe());
-    let header = format!(
-        "# {}\n# resolved spec: defaults filled in, overrides applied\n# device: {device}\n# batch: {}{resumed}",
-        job_command(args, &[]),
-        BatchLayout::of(spec),
-    );
-    run.write_config(spec, &header)?;
-    crate::provenance::write(&run, spec, &device)?;
-    let log = run.path.join("train.log");
-    crate::logging::attach_run_log(&log)
-        .map_err(|e| Error::Runtime(format!("cannot create {}: {e}", log.display())))?;
+    // From here on the run directory is this attempt's: a failure (a full disk, a file that
+    // cannot be written) ends it as failed in summary.json, not as a run that looks killed.
+    if let Err(e) = prepare_run_dir(&run, args, spec, &start, &device) {
+        let e = record_failure(&run, args, spec, e, 0.0);
+        crate::logging::detach_run_log();
+        return Err(e);
+    }
     if let (Start::Fresh { initial: Some(_) }, Some(path)) = (&start, &spec.model.init_from) {
         tracing::info!(
             "starting from the weights in {} (model.init_from)",
@@ -758,6 +745,89 @@ fn run_on<B: Backend>(
     }
     crate::logging::detach_run_log();
     result
+}
+
+/// Makes the run directory this attempt's: a resumed run's summary.json goes (until the
+/// attempt finishes, the run must not look finished) and its checkpoints after the one
+/// resumed from are set aside; config.toml and provenance.json are written, and train.log
+/// attached.
+fn prepare_run_dir(
+    run: &RunDir,
+    args: &RunArgs,
+    spec: &JobSpec,
+    start: &Start,
+    device: &str,
+) -> Result<()> {
+    if let Start::Resume(point, _) = start {
+        let summary = run.path.join("summary.json");
+        match std::fs::remove_file(&summary) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(Error::Runtime(format!(
+                    "cannot remove {}: {e}",
+                    summary.display()
+                )))
+            }
+            _ => {}
+        }
+        let (dir, step) = (run.path.join(checkpoint::DIR), point.checkpoint.state.step);
+        let moved = checkpoint::set_aside_after(&dir, step)?;
+        if moved > 0 {
+            tracing::info!(
+                "{moved} checkpoint(s) after step {step}, of the continuation this resume \
+                 replaces, moved to {}",
+                dir.join(checkpoint::SUPERSEDED_DIR).display()
+            );
+        }
+    }
+    let resumed = match start {
+        Start::Resume(point, _) => {
+            format!(
+                "\n# resumed from {} (step {})",
+                point.checkpoint.path.display(),
+                point.checkpoint.state.step
+            )
+        }
+        Start::Fresh { .. } => String::new(),
+    };
+    let header = format!(
+        "# {}\n# resolved spec: defaults filled in, overrides applied\n# device: {device}\n# batch: {}{resumed}",
+        job_command(args, &[]),
+        BatchLayout::of(spec),
+    );
+    run.write_config(spec, &header)?;
+    crate::provenance::write(run, spec, device)?;
+    let log = run.path.join("train.log");
+    crate::logging::attach_run_log(&log)
+        .map_err(|e| Error::Runtime(format!("cannot create {}: {e}", log.display())))
+}
+
+/// Ends an attempt that failed: summary.json says so and why (as far as it can be written),
+/// and the error names the run and how to continue it.
+fn record_failure(run: &RunDir, args: &RunArgs, spec: &JobSpec, e: Error, wall: f64) -> Error {
+    let summary = serde_json::json!({
+        "status": "failed",
+        "end_reason": match e {
+            Error::Diverged(_) => train::EndReason::Diverged,
+            _ => train::EndReason::Failed,
+        }
+        .as_str(),
+        "run_id": run.id,
+        "job": spec.name(),
+        "error": e.to_string(),
+        "wall_s": wall,
+    });
+    match run.write_summary(&summary) {
+        Ok(()) => with_resume_hint(e, args, run, true),
+        // The run's own error (a full disk writing metrics.csv, say) is the cause to show.
+        Err(summary_error) => with_resume_hint(
+            e.with_note(&format!(
+                "summary.json could not be written either: {summary_error}"
+            )),
+            args,
+            run,
+            false,
+        ),
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -798,9 +868,10 @@ fn run_in<B: Backend>(
         Start::Resume(point, _) => nothing_left_to_train(&point.checkpoint, spec, total),
         Start::Fresh { .. } => false,
     };
-    let (mut metrics, session) = match start {
+    let fail = |e| record_failure(run, args, spec, e, started.elapsed().as_secs_f64());
+    let (metrics, session) = match start {
         Start::Fresh { initial } => (
-            MetricsWriter::create(&metrics_path)?,
+            MetricsWriter::create(&metrics_path),
             Session {
                 initial,
                 ..Session::default()
@@ -811,16 +882,20 @@ fn run_in<B: Backend>(
                 &metrics_path,
                 point.checkpoint.state.metrics_rows,
                 args.force,
-            )?,
+            ),
             Session {
                 resume: Some(point.checkpoint),
                 ..Session::default()
             },
         ),
     };
+    let mut metrics = metrics.map_err(fail)?;
     let resumed_from = session.resume.as_ref().map(|c| c.path.clone());
-    let stop = Stop::install()
-        .map_err(|e| Error::Runtime(format!("cannot install the SIGINT/SIGTERM handlers: {e}")))?;
+    let stop = Stop::install().map_err(|e| {
+        fail(Error::Runtime(format!(
+            "cannot install the SIGINT/SIGTERM handlers: {e}"
+        )))
+    })?;
     let session = Session {
         checkpoint_dir: Some(run.path.join(checkpoint::DIR)),
         stop: Some(&stop),
@@ -843,8 +918,12 @@ fn run_in<B: Backend>(
     }
     let wall = started.elapsed().as_secs_f64();
     let resumed_from = resumed_from.map(|p| p.display().to_string());
-    let summary = match &result {
-        Ok(outcome) if outcome.interrupted.is_some() => serde_json::json!({
+    let outcome = match result {
+        Ok(outcome) => outcome,
+        Err(e) => return Err(record_failure(run, args, spec, e, wall)),
+    };
+    let summary = match outcome.interrupted {
+        Some(_) => serde_json::json!({
             "status": "interrupted",
             "run_id": run.id,
             "job": spec.name(),
@@ -854,7 +933,7 @@ fn run_in<B: Backend>(
             "resumed_from": resumed_from,
             "wall_s": wall,
         }),
-        Ok(outcome) => {
+        None => {
             let mut finals = serde_json::Map::new();
             for row in outcome.last_train.iter().chain(&outcome.last_eval) {
                 finals.insert(format!("{}_loss", row.split), row.loss.into());
@@ -900,32 +979,11 @@ fn run_in<B: Backend>(
                 "final": finals,
             })
         }
-        Err(e) => serde_json::json!({
-            "status": "failed",
-            "end_reason": match e {
-                Error::Diverged(_) => train::EndReason::Diverged,
-                _ => train::EndReason::Failed,
-            }
-            .as_str(),
-            "run_id": run.id,
-            "job": spec.name(),
-            "error": e.to_string(),
-            "wall_s": wall,
-        }),
     };
     if let Err(summary_error) = run.write_summary(&summary) {
-        // The run's own error (a full disk writing metrics.csv, say) is the cause to show.
-        // Either way the resume hint applies: a resume completes a run from its final
-        // checkpoint.
-        let error = match result {
-            Ok(_) => summary_error,
-            Err(e) => e.with_note(&format!(
-                "summary.json could not be written either: {summary_error}"
-            )),
-        };
-        return Err(with_resume_hint(error, args, run));
+        // A resume completes a run from its final checkpoint: the hint applies.
+        return Err(with_resume_hint(summary_error, args, run, false));
     }
-    let outcome = result.map_err(|e| with_resume_hint(e, args, run))?;
     match outcome.interrupted {
         Some(signal) => {
             let name = crate::signals::name(signal);
@@ -943,4 +1001,14 @@ fn run_in<B: Backend>(
         }
         None => Ok(()),
     }
+}
+
+/// Prints `path` and a line end on stdout as its bytes (a path that is not UTF-8 too, so
+/// that `R=$(trainer run ...)` names the directory).
+pub(crate) fn print_path(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut out = std::io::stdout().lock();
+    out.write_all(path.as_os_str().as_bytes())
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush())
 }

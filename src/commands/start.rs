@@ -44,11 +44,7 @@ fn reshaped_tensor(
     data: &Data,
 ) -> Option<String> {
     let old: JobSpec = serde_json::from_value(checkpoint_spec.clone()).ok()?;
-    let shape = DataShape {
-        sample_shape: data.sample_shape.clone(),
-        classes: data.classes,
-        target_dim: data.target_dim,
-    };
+    let shape = DataShape::of(data);
     let old = Graph::build(&old, &shape).ok()?.state_dict_entries();
     let new = graph.state_dict_entries();
     let shown = |e: &crate::graph::StateDictEntry| format!("{} {:?}", e.name, e.shape);
@@ -299,11 +295,20 @@ pub(super) fn final_rows(metrics: &Path) -> (Option<MetricsRow>, Vec<MetricsRow>
 
 /// A run that failed says where it is, and, after writing checkpoints, how to continue
 /// from the newest.
-pub(super) fn with_resume_hint(e: Error, args: &RunArgs, run: &RunDir) -> Error {
+pub(super) fn with_resume_hint(
+    e: Error,
+    args: &RunArgs,
+    run: &RunDir,
+    summary_written: bool,
+) -> Error {
     let e = match e {
         Error::Runtime(_) | Error::Diverged(_) => e.with_note(&format!(
-            "the run: {} (its summary.json and train.log say so too)",
-            run.path.display()
+            "the run: {}{}",
+            run.path.display(),
+            match summary_written {
+                true => " (its summary.json says so too)",
+                false => "",
+            }
         )),
         other => return other,
     };

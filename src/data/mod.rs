@@ -94,6 +94,9 @@ pub struct Data {
     pub sample_shape: Vec<usize>,
     /// Some(classes) for classification.
     pub classes: Option<usize>,
+    /// Where the number of classes came from when data.classes does not give it (the largest
+    /// label and its place), for errors about it.
+    pub classes_from: Option<String>,
     pub target_dim: usize,
     pub train: Dataset,
     /// Evaluation splits by name: "val" (held out from train), "test" (an explicit set).
@@ -126,6 +129,15 @@ impl Data {
         splits.flat_map(|d| &d.features).all(|v| v.is_finite())
     }
 
+    /// Whether every feature and target of every split is a finite number: where one is not,
+    /// a diverged run's error says so before suggesting a lower learning rate.
+    pub fn all_finite(&self) -> bool {
+        let splits = std::iter::once(&self.train).chain(self.eval.iter().map(|(_, d)| d));
+        splits
+            .flat_map(|d| d.features.iter().chain(&d.targets))
+            .all(|v| v.is_finite())
+    }
+
     /// The f32 bytes of every split, features and targets.
     pub fn bytes(&self) -> usize {
         let sets = std::iter::once(&self.train).chain(self.eval.iter().map(|(_, d)| d));
@@ -147,9 +159,18 @@ pub fn load(spec: &DataSpec, seed: u64) -> Result<Data> {
             raw.train.origin.features
         )));
     };
-    let classes = match raw.task {
-        Task::Regression => None,
-        Task::Classification => Some(check_labels(&raw, spec.classes)?),
+    let (classes, classes_from) = match raw.task {
+        Task::Regression => (None, None),
+        Task::Classification => {
+            // Only csv and idx data leave the number to the labels.
+            let given = match spec.source {
+                DataSource::Digits => Some(10),
+                DataSource::Synthetic => Some(spec.synthetic_classes()),
+                DataSource::Csv | DataSource::Idx => spec.classes,
+            };
+            let (classes, from) = check_labels(&raw, given)?;
+            (Some(classes), from)
+        }
     };
 
     let mut train = raw.train;
@@ -184,15 +205,18 @@ pub fn load(spec: &DataSpec, seed: u64) -> Result<Data> {
     Ok(Data {
         sample_shape: raw.sample_shape,
         classes,
+        classes_from,
         target_dim,
         train,
         eval,
     })
 }
 
-/// Class labels must be whole numbers in 0..classes; returns the number of classes.
-fn check_labels(raw: &Raw, classes: Option<usize>) -> Result<usize> {
+/// Class labels must be whole numbers in 0..classes; returns the number of classes, and
+/// where it came from when `classes` (data.classes) does not give it.
+fn check_labels(raw: &Raw, classes: Option<usize>) -> Result<(usize, Option<String>)> {
     let mut largest = 0usize;
+    let mut largest_at = None;
     for set in std::iter::once(&raw.train).chain(&raw.test) {
         for (row, &label) in set.targets.iter().enumerate() {
             let place = || set.origin.place(&set.origin.labels, row);
@@ -214,10 +238,23 @@ fn check_labels(raw: &Raw, classes: Option<usize>) -> Result<usize> {
                     )));
                 }
             }
-            largest = largest.max(label);
+            if largest_at.is_none() || label > largest {
+                largest = label;
+                largest_at = Some((set, row));
+            }
         }
     }
-    Ok(classes.unwrap_or(largest + 1).max(2))
+    if let Some(c) = classes {
+        return Ok((c, None));
+    }
+    let at = largest_at.map_or(String::new(), |(set, row)| {
+        format!(", at {}", set.origin.place(&set.origin.labels, row))
+    });
+    let from = match largest {
+        0 => format!("data.classes is not set and every label is 0{at}; classes are at least 2"),
+        _ => format!("data.classes is not set and the largest label is {largest}{at}"),
+    };
+    Ok(((largest + 1).max(2), Some(from)))
 }
 
 fn normalize(

@@ -5,6 +5,7 @@ use super::{Dataset, Origin, Raw};
 use crate::error::{Error, Result};
 use crate::spec::{Column, DataSpec, Task};
 use crate::tensor::rng::{derive, Rng};
+use std::collections::HashMap;
 use std::io::Read;
 use std::path::Path;
 
@@ -137,11 +138,14 @@ fn parse_csv(
 ) -> Result<(Dataset, Vec<String>)> {
     let mut reader = csv::ReaderBuilder::new()
         .has_headers(has_header)
+        // Field counts are checked below, so that a line of spaces can be skipped as a blank
+        // one is (pandas does the same).
+        .flexible(true)
         .from_reader(text);
     let headers: Vec<String> = if has_header {
         reader
             .headers()
-            .map_err(|e| csv_error(name, &e, has_header))?
+            .map_err(|e| csv_error(name, &e))?
             .iter()
             .map(|h| h.trim().to_string())
             .collect()
@@ -159,11 +163,30 @@ fn parse_csv(
     let mut data = Dataset::default();
     let mut lines = Vec::new();
     let mut columns: Option<(usize, Vec<usize>)> = None;
+    let mut first_width = None;
     // Values that parse but are not finite (nan, inf, 1e39 beyond f32): the first one's place.
     let (mut not_finite, mut first_not_finite) = (0usize, None);
     for (row, record) in reader.records().enumerate() {
-        let record = record.map_err(|e| csv_error(name, &e, has_header))?;
+        let record = record.map_err(|e| csv_error(name, &e))?;
         let line = record.position().map_or(row + 1, |p| p.line() as usize);
+        if record.len() == 1 && record[0].trim().is_empty() {
+            continue;
+        }
+        let expected = match headers.len() {
+            0 => *first_width.get_or_insert(record.len()),
+            n => n,
+        };
+        if record.len() != expected {
+            let first = if has_header {
+                "the header"
+            } else {
+                "the first row"
+            };
+            return Err(Error::Job(format!(
+                "{name}: line {line}: {} field(s), where {first} has {expected}",
+                record.len()
+            )));
+        }
         let (label_col, feature_cols) = match &columns {
             Some(c) => c,
             None => columns.insert(resolve_columns(
@@ -179,8 +202,25 @@ fn parse_csv(
                 .get(col)
                 .map_or(format!("{col}"), |h| format!("{col} (`{h}`)"))
         };
+        // An empty field: a missing value, or in the last column a trailing comma on
+        // every line (a header that names it `` says so).
+        let empty = |col: usize| {
+            let trailing = match headers.get(col) {
+                Some(h) if h.is_empty() && col + 1 == record.len() => {
+                    "; the header's last name is empty too: do the lines end with a comma?"
+                }
+                _ => "",
+            };
+            Error::Job(format!(
+                "{name}: line {line}, column {}: empty (a missing value){trailing}",
+                column(col)
+            ))
+        };
         let mut value = |col: usize| -> Result<f32> {
             let field = record.get(col).unwrap_or("").trim();
+            if field.is_empty() {
+                return Err(empty(col));
+            }
             let v = field.parse::<f32>().map_err(|_| {
                 Error::Job(format!(
                     "{name}: line {line}, column {}: `{field}` is not a number",
@@ -203,14 +243,22 @@ fn parse_csv(
             Task::Classification => {
                 // Checked as written: as an f32, 2.00000001 would pass for class 2.
                 let field = record.get(*label_col).unwrap_or("").trim();
+                if field.is_empty() {
+                    return Err(empty(*label_col));
+                }
                 match field.parse::<f64>() {
                     Ok(v) if v >= 0.0 && v.fract() == 0.0 && v <= MAX_CLASS_INDEX => v as f32,
-                    _ => {
+                    parsed => {
+                        // A number that is no class (1.5, -3) suggests real-valued targets.
+                        let hint = match parsed {
+                            Ok(_) => "; for real-valued targets set data.task = \"regression\"",
+                            Err(_) => "",
+                        };
                         return Err(Error::Job(format!(
                             "{name}: line {line}, column {}: label `{field}` is not a class \
-                             index (a whole number from 0 to {MAX_CLASS_INDEX})",
+                             index (a whole number from 0 to {MAX_CLASS_INDEX}){hint}",
                             column(*label_col)
-                        )))
+                        )));
                     }
                 }
             }
@@ -245,23 +293,8 @@ fn parse_csv(
 }
 
 /// A CSV reader's error in the file's terms: the line, and what is wrong there.
-fn csv_error(name: &str, e: &csv::Error, has_header: bool) -> Error {
-    let first = if has_header {
-        "the header"
-    } else {
-        "the first row"
-    };
+fn csv_error(name: &str, e: &csv::Error) -> Error {
     let why = match e.kind() {
-        csv::ErrorKind::UnequalLengths {
-            pos,
-            expected_len,
-            len,
-        } => {
-            let line = pos
-                .as_ref()
-                .map_or(String::new(), |p| format!("line {}: ", p.line()));
-            format!("{line}{len} field(s), where {first} has {expected_len}")
-        }
         csv::ErrorKind::Utf8 { pos, .. } => {
             let line = pos
                 .as_ref()
@@ -280,6 +313,12 @@ fn resolve_columns(
     label: Option<&Column>,
     features: Option<&[Column]>,
 ) -> Result<(usize, Vec<usize>)> {
+    // Columns by header name, built once: a wide file (a bag of words) has as many names as
+    // columns, and looking each named feature up by a scan would be quadratic.
+    let mut by_name: HashMap<&str, Vec<usize>> = HashMap::new();
+    for (i, h) in headers.iter().enumerate() {
+        by_name.entry(h.as_str()).or_default().push(i);
+    }
     let find = |c: &Column| -> Result<usize> {
         match c {
             Column::Index(i) if *i < width => Ok(*i),
@@ -287,18 +326,16 @@ fn resolve_columns(
                 "{name}: column index {i} does not exist (the file has {width} columns, 0..{})",
                 width.saturating_sub(1)
             ))),
-            Column::Name(n) if headers.iter().filter(|h| *h == n).count() > 1 => {
-                let at: Vec<String> = (headers.iter().enumerate())
-                    .filter(|(_, h)| *h == n)
-                    .map(|(i, _)| i.to_string())
-                    .collect();
-                Err(Error::Job(format!(
-                    "{name}: the header names columns {} `{n}`: give the column by index",
-                    at.join(" and ")
-                )))
-            }
-            Column::Name(n) => headers.iter().position(|h| h == n).ok_or_else(|| {
-                Error::Job(format!(
+            Column::Name(n) => match by_name.get(n.as_str()).map(Vec::as_slice) {
+                Some([i]) => Ok(*i),
+                Some(at) => {
+                    let at: Vec<String> = at.iter().map(usize::to_string).collect();
+                    Err(Error::Job(format!(
+                        "{name}: the header names columns {} `{n}`: give the column by index",
+                        at.join(" and ")
+                    )))
+                }
+                None => Err(Error::Job(format!(
                     "{name}: no column named `{n}`{}",
                     if headers.is_empty() {
                         " (the file has no header: give column indices, or set data.header = true)"
@@ -306,8 +343,8 @@ fn resolve_columns(
                     } else {
                         format!("; columns: {}", headers.join(", "))
                     }
-                ))
-            }),
+                ))),
+            },
         }
     };
     let label = match label {
@@ -334,16 +371,14 @@ fn resolve_columns(
             column(label)
         )));
     }
-    if let Some((i, &c)) = features
-        .iter()
-        .enumerate()
-        .find(|(i, c)| features[..*i].contains(c))
-    {
-        return Err(Error::Job(format!(
-            "{name}: data.features: column {} is listed twice (at {} and {i})",
-            column(c),
-            features.iter().position(|&f| f == c).unwrap_or(0)
-        )));
+    let mut first_at: HashMap<usize, usize> = HashMap::with_capacity(features.len());
+    for (i, &c) in features.iter().enumerate() {
+        if let Some(first) = first_at.insert(c, i) {
+            return Err(Error::Job(format!(
+                "{name}: data.features: column {} is listed twice (at {first} and {i})",
+                column(c),
+            )));
+        }
     }
     Ok((label, features))
 }

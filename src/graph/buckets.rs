@@ -87,6 +87,7 @@ mod tests {
         let shape = DataShape {
             sample_shape: sample,
             classes: Some(10),
+            classes_from: None,
             target_dim: 1,
         };
         Graph::build(&spec, &shape).unwrap()

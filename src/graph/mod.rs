@@ -146,7 +146,21 @@ pub struct DataShape {
     pub sample_shape: Vec<usize>,
     /// Some(classes) for class labels, None for real-valued targets.
     pub classes: Option<usize>,
+    /// Where the number of classes came from when the job does not give it (`Data::classes_from`).
+    pub classes_from: Option<String>,
     pub target_dim: usize,
+}
+
+impl DataShape {
+    /// The shape of loaded data.
+    pub fn of(data: &crate::data::Data) -> DataShape {
+        DataShape {
+            sample_shape: data.sample_shape.clone(),
+            classes: data.classes,
+            classes_from: data.classes_from.clone(),
+            target_dim: data.target_dim,
+        }
+    }
 }
 
 pub fn numel(shape: &[usize]) -> usize {
@@ -646,13 +660,23 @@ fn objective(
     layers: usize,
 ) -> Result<Objective> {
     let width = numel(out_shape);
+    // Named first, so that the error is credited to the last layer's source.
     let last = format!(
-        "the last layer (model.layers[{}])",
+        "model.layers[{}] (the last layer)",
         layers.saturating_sub(1)
     );
+    let values = match width {
+        1 => "1 value".to_string(),
+        n => format!("{n} values"),
+    };
+    // How the class count was found, when the job does not give it, and how to give it.
+    let classes_from = data
+        .classes_from
+        .as_ref()
+        .map_or(String::new(), |from| format!("; {from}"));
     let mismatch = |what: String| {
         Err(Error::Job(format!(
-            "{last} outputs {} ({width} values per sample) but {what}",
+            "{last} outputs {} ({values} per sample) but {what}",
             shape_str(out_shape)
         )))
     };
@@ -661,13 +685,17 @@ fn objective(
             let Some(classes) = data.classes else {
                 return Err(Error::Job(
                     "loss.type = \"cross_entropy\" needs class labels, but the data has real-valued \
-                     targets (task = \"regression\"); use \"mse\""
+                     targets (data.task = \"regression\"); use loss.type = \"mse\""
                         .into(),
                 ));
             };
             if out_shape.len() != 1 || width != classes {
+                let hint = match data.classes_from {
+                    Some(_) => "; set data.classes if some classes have no samples",
+                    None => "",
+                };
                 return mismatch(format!(
-                    "cross_entropy needs one logit per class ({classes} classes)"
+                    "cross_entropy needs one logit per class ({classes} classes{classes_from}{hint})"
                 ));
             }
             let label_smoothing = spec.loss.label_smoothing as f32;
@@ -685,8 +713,8 @@ fn objective(
                 Some(2) if width == 1 => 1,
                 Some(c) => {
                     return mismatch(format!(
-                        "the data has {c} class labels; {} needs real-valued targets (task = \
-                         \"regression\") or two classes and one output",
+                        "the data has {c} classes{classes_from}; {} needs real-valued targets \
+                         (data.task = \"regression\") or two classes and one output",
                         if is_bce { "bce_with_logits" } else { "mse" }
                     ))
                 }

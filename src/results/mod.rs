@@ -102,7 +102,18 @@ impl RunRecord {
             std::fs::read_to_string(&summary_path).ok().and_then(|s| {
                 // Written atomically: one that does not parse was damaged afterwards.
                 let why = match serde_json::from_str::<serde_json::Value>(&s) {
-                    Ok(v) if v["status"].is_string() => return Some(v),
+                    Ok(v)
+                        if matches!(
+                            v["status"].as_str(),
+                            Some("completed" | "interrupted" | "failed")
+                        ) =>
+                    {
+                        return Some(v)
+                    }
+                    Ok(v) if v["status"].is_string() => format!(
+                        "\"status\": {} is none of \"completed\", \"interrupted\", \"failed\"",
+                        v["status"]
+                    ),
                     Ok(_) => "no \"status\" string in it".to_string(),
                     Err(e) => format!("not JSON: {e}"),
                 };
@@ -115,7 +126,7 @@ impl RunRecord {
         let status = match summary.as_ref().and_then(|s| s["status"].as_str()) {
             Some("completed") => Status::Completed,
             Some("interrupted") => Status::Interrupted,
-            Some(_) => Status::Failed,
+            Some(_) => Status::Failed, // "failed", the only other status read
             None => liveness(dir),
         };
         Ok(RunRecord {
@@ -282,8 +293,11 @@ fn order_splits(splits: BTreeSet<&str>) -> Vec<&str> {
     v
 }
 
-/// Whether the process named in provenance.json is still alive (on this host).
+/// Whether a process still trains the run: one holds its lock (on this host); a run whose
+/// lock is free was killed. Runs without a lock file (older versions) are judged by whether
+/// the process named in provenance.json is alive, which a reused pid can fool.
 fn liveness(dir: &Path) -> Status {
+    use crate::run::LockState;
     let Some(prov) = std::fs::read_to_string(dir.join("provenance.json"))
         .ok()
         .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
@@ -291,6 +305,12 @@ fn liveness(dir: &Path) -> Status {
         return Status::Unfinished;
     };
     let same_host = prov["host"].as_str() == Some(crate::provenance::hostname().as_str());
+    match crate::run::lock_state(dir) {
+        Some(LockState::HeldBy(_)) => return Status::Running,
+        // Another host's lock is not in this one's table.
+        Some(LockState::Free) if same_host => return Status::Killed,
+        _ => {}
+    }
     match prov["pid"].as_u64() {
         Some(pid) if same_host => {
             if Path::new(&format!("/proc/{pid}")).exists() {

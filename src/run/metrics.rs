@@ -58,21 +58,34 @@ fn number(v: f64) -> String {
 }
 
 pub struct MetricsWriter {
-    writer: csv::Writer<File>,
+    /// Appended to, a whole row at a time (no buffer of its own that could later add the
+    /// rest of a row cut short).
+    file: File,
+    /// The row being written, as CSV text.
+    line: Vec<u8>,
     path: String,
     /// Rows written, the header excluded (a checkpoint records it).
     rows: u64,
+    /// The file's length after the last whole row: a row a full disk cut short is taken back
+    /// to it, so the file never ends in half a row.
+    whole: u64,
 }
 
 impl MetricsWriter {
     pub fn create(path: &Path) -> Result<Self> {
         let name = path.display().to_string();
-        let file =
-            File::create(path).map_err(|e| Error::Runtime(format!("cannot create {name}: {e}")))?;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .and_then(|f| f.set_len(0).map(|()| f))
+            .map_err(|e| Error::Runtime(format!("cannot create {name}: {e}")))?;
         let mut w = MetricsWriter {
-            writer: csv::Writer::from_writer(file),
+            file,
+            line: Vec::new(),
             path: name,
             rows: 0,
+            whole: 0,
         };
         w.write_record(METRICS_COLUMNS.iter().map(|s| s.to_string()).collect())?;
         Ok(w)
@@ -159,9 +172,11 @@ impl MetricsWriter {
             })
             .map_err(|e| Error::Runtime(format!("cannot reopen {name}: {e}")))?;
         Ok(MetricsWriter {
-            writer: csv::Writer::from_writer(file),
+            file,
+            line: Vec::new(),
             path: name,
             rows: keep_rows,
+            whole: end + u64::from(header_alone),
         })
     }
 
@@ -173,8 +188,7 @@ impl MetricsWriter {
     /// so it is taken only after they are durable: after a power loss, a resume from it
     /// would otherwise find fewer rows than it expects and be refused.
     pub fn sync(&self) -> Result<()> {
-        self.writer
-            .get_ref()
+        self.file
             .sync_data()
             .map_err(|e| Error::Runtime(format!("cannot write {} to disk: {e}", self.path)))
     }
@@ -202,10 +216,24 @@ impl MetricsWriter {
     }
 
     fn write_record(&mut self, fields: Vec<String>) -> Result<()> {
-        let err =
-            |e: &dyn std::fmt::Display| Error::Runtime(format!("cannot write {}: {e}", self.path));
-        self.writer.write_record(&fields).map_err(|e| err(&e))?;
-        self.writer.flush().map_err(|e| err(&e))
+        self.line.clear();
+        {
+            let mut line = csv::Writer::from_writer(&mut self.line);
+            line.write_record(&fields)
+                .and_then(|()| line.flush().map_err(csv::Error::from))
+                .map_err(|e| Error::Runtime(format!("cannot write {}: {e}", self.path)))?;
+        }
+        match self.file.write_all(&self.line) {
+            Ok(()) => {
+                self.whole += self.line.len() as u64;
+                Ok(())
+            }
+            Err(e) => {
+                // Best effort: the disk that cut the row may refuse this too.
+                let _ = self.file.set_len(self.whole);
+                Err(Error::Runtime(format!("cannot write {}: {e}", self.path)))
+            }
+        }
     }
 }
 

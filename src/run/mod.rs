@@ -27,22 +27,28 @@ pub struct RunDir {
 /// The lock file of a run directory.
 const LOCK_FILE: &str = ".lock";
 
-/// Takes `dir`'s lock, or says which process holds it.
+/// Takes `dir`'s lock, or says which process holds it. The holder writes its pid into the
+/// file, so that a refusal names the process that trains, not an earlier one.
 fn lock(dir: &Path) -> Result<fs::File> {
     let path = dir.join(LOCK_FILE);
-    let file = fs::OpenOptions::new()
+    let mut file = fs::OpenOptions::new()
         .create(true)
         .truncate(false)
+        .read(true)
         .write(true)
         .open(&path)
         .map_err(|e| Error::Runtime(format!("cannot create {}: {e}", path.display())))?;
     match file.try_lock() {
-        Ok(()) => Ok(file),
+        Ok(()) => {
+            // Best effort: the pid only makes a refusal's message more precise.
+            let _ = file
+                .set_len(0)
+                .and_then(|()| file.write_all(std::process::id().to_string().as_bytes()));
+            Ok(file)
+        }
         Err(fs::TryLockError::WouldBlock) => {
-            let pid = fs::read_to_string(dir.join("provenance.json"))
-                .ok()
-                .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
-                .and_then(|p| p["pid"].as_u64())
+            let pid = lock_holder(dir)
+                .or_else(|| fs::read_to_string(&path).ok()?.trim().parse().ok())
                 .map_or(String::new(), |pid| format!(" (pid {pid})"));
             Err(Error::Job(format!(
                 "run directory {} is being trained by another process{pid}; wait for it to \
@@ -57,6 +63,45 @@ fn lock(dir: &Path) -> Result<fs::File> {
     }
 }
 
+/// Whether a process on this machine holds `dir`'s lock, and which: the kernel's table of
+/// file locks (/proc/locks), read without taking the lock, so that looking (`trainer ls`)
+/// never stands in the way of a run starting. None where the table cannot be read or the
+/// directory has no lock file (runs of older versions).
+pub(crate) fn lock_state(dir: &Path) -> Option<LockState> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = fs::metadata(dir.join(LOCK_FILE)).ok()?;
+    let table = fs::read_to_string("/proc/locks").ok()?;
+    // "1: FLOCK  ADVISORY  WRITE 4242 00:2a:131077 0 EOF": the pid, then the device (major
+    // and minor in hex) and the inode.
+    let device = format!(
+        "{:02x}:{:02x}:{}",
+        libc::major(meta.dev()),
+        libc::minor(meta.dev()),
+        meta.ino()
+    );
+    let holder = table.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let at = fields.iter().position(|f| *f == "FLOCK")?;
+        (fields.get(at + 4) == Some(&device.as_str()))
+            .then(|| fields.get(at + 3)?.parse().ok())
+            .flatten()
+    });
+    Some(holder.map_or(LockState::Free, LockState::HeldBy))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LockState {
+    HeldBy(u32),
+    Free,
+}
+
+fn lock_holder(dir: &Path) -> Option<u32> {
+    match lock_state(dir)? {
+        LockState::HeldBy(pid) => Some(pid),
+        LockState::Free => None,
+    }
+}
+
 /// Why a directory could not be made. A path that cannot be one (a file in the way, a name
 /// too long, no permission) is the command line's fault, found before anything trained:
 /// exit 2. A full disk or an I/O error is a failure while running: exit 1.
@@ -65,12 +110,33 @@ pub(crate) fn create_dir_error(what: &str, path: &Path, e: std::io::Error) -> Er
     let message = format!("cannot create {what} {}: {e}", path.display());
     match e.kind() {
         // create_dir_all reports a file where a directory should be as AlreadyExists.
-        NotADirectory | AlreadyExists => Error::Job(format!(
-            "{message}; a file is in the way of the path (--runs-dir, --run-dir, --name)"
-        )),
-        InvalidFilename | PermissionDenied | ReadOnlyFilesystem => Error::Job(message),
+        NotADirectory | AlreadyExists => Error::Job(match dangling_link(path) {
+            Some((link, target)) => format!(
+                "cannot create {what} {}: {} is a symbolic link to {}, which does not exist",
+                path.display(),
+                link.display(),
+                target.display()
+            ),
+            None => format!(
+                "{message}; a file is in the way of the path (--runs-dir, --run-dir, --name)"
+            ),
+        }),
+        // NotFound: a parent that cannot hold directories (/proc).
+        InvalidFilename | PermissionDenied | ReadOnlyFilesystem | NotFound => Error::Job(message),
+        // Symbolic links that point at each other (ErrorKind::FilesystemLoop is unstable).
+        _ if e.raw_os_error() == Some(libc::ELOOP) => Error::Job(message),
         _ => Error::Runtime(message),
     }
+}
+
+/// The first of `path` and its parents that is a symbolic link to nothing, and its target.
+fn dangling_link(path: &Path) -> Option<(PathBuf, PathBuf)> {
+    path.ancestors().find_map(|p| {
+        let is_link = fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_symlink());
+        (is_link && fs::metadata(p).is_err())
+            .then(|| Some((p.to_path_buf(), fs::read_link(p).ok()?)))
+            .flatten()
+    })
 }
 
 impl RunDir {
@@ -130,11 +196,13 @@ impl RunDir {
         }
         fs::create_dir(path).map_err(|e| match e.kind() {
             // The caller (`--run-dir`, a sweep's point) names a directory to make, not one to use.
-            std::io::ErrorKind::AlreadyExists => Error::Job(format!(
-                "run directory {} already exists; name a new one (or continue that run with \
+            std::io::ErrorKind::AlreadyExists if dangling_link(path).is_none() => {
+                Error::Job(format!(
+                    "run directory {} already exists; name a new one (or continue that run with \
                  --resume)",
-                path.display()
-            )),
+                    path.display()
+                ))
+            }
             _ => create_dir_error("run directory", path, e),
         })?;
         let id = path
@@ -215,9 +283,34 @@ mod tests {
         assert!(!run.path.join(".summary.json.tmp").exists());
         // The lock is per open file: a second opening (as another process's) is refused.
         let e = RunDir::open(&run.path).err().unwrap().to_string();
-        assert!(e.contains("is being trained by another process"), "{e}");
+        let me = std::process::id();
+        assert!(
+            e.contains(&format!("is being trained by another process (pid {me})")),
+            "{e}"
+        );
         drop(run);
         assert!(RunDir::open(&tmp.path().join("run")).is_ok());
+    }
+
+    /// `ls` and sweeps tell a training run from a killed one by its lock, which ends with
+    /// the process however it ends, not by a pid that may have been reused since.
+    #[test]
+    fn the_lock_table_tells_whether_a_run_is_held_and_by_whom() {
+        use super::{lock_state, LockState};
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("run");
+        let run = RunDir::create_at(&dir).unwrap();
+        assert_eq!(
+            lock_state(&dir),
+            Some(LockState::HeldBy(std::process::id()))
+        );
+        drop(run);
+        assert_eq!(lock_state(&dir), Some(LockState::Free));
+        assert_eq!(
+            lock_state(tmp.path()),
+            None,
+            "no lock file: an older version's run"
+        );
     }
 
     #[test]

@@ -44,6 +44,7 @@ pub fn load_job(path: &Path, sets: &[String]) -> Result<JobSpec> {
 
     // 3. The layers.
     let set_table = parse_sets(sets, &file_table)?;
+    warn_of_merged_tables(sets, &file_table);
     check_env()?;
     let mut spec: JobSpec = layers(path, &set_table)
         .extract()
@@ -61,6 +62,41 @@ pub fn load_job(path: &Path, sets: &[String]) -> Result<JobSpec> {
         spec.data.batch_size = Some(spec.batch_size());
     }
     Ok(spec)
+}
+
+/// A table given whole with `--set` (`optimizer={type="sgd", lr=0.1}`) is merged into the
+/// file's, as every layer is: the keys it leaves out keep the file's values, which may not
+/// be what was meant (a warm-up kept under another schedule), so they are named. (A list
+/// element given whole replaces the element.)
+fn warn_of_merged_tables(sets: &[String], file: &toml::Table) {
+    for arg in sets {
+        let Ok((steps, toml::Value::Table(given))) = parse_set_arg(arg) else {
+            continue;
+        };
+        if !steps.iter().all(|s| matches!(s, KeyStep::Key(_))) {
+            continue;
+        }
+        let Some(toml::Value::Table(in_file)) = lookup_table(file, &steps) else {
+            continue;
+        };
+        let key = dotted(&steps);
+        let kept: Vec<String> = in_file
+            .keys()
+            .filter(|k| !given.contains_key(*k))
+            .map(|k| format!("{key}.{k}"))
+            .collect();
+        if !kept.is_empty() {
+            tracing::warn!(
+                "--set {key}={{...}} is merged into the job file's {key}: {} keep{} the file's \
+                 value{} (give {} in the --set to change {})",
+                kept.join(", "),
+                if kept.len() == 1 { "s" } else { "" },
+                if kept.len() == 1 { "" } else { "s" },
+                if kept.len() == 1 { "it" } else { "them" },
+                if kept.len() == 1 { "it" } else { "them" },
+            );
+        }
+    }
 }
 
 /// The layers, lowest first: the file, the environment, `--set`. Figment tags every value
@@ -189,14 +225,26 @@ pub fn parse_set_arg(arg: &str) -> Result<(Vec<KeyStep>, toml::Value)> {
                 e.message().trim().replace('\n', ": ")
             ));
         }
-        // A number TOML cannot hold would otherwise become a string, and then "a string
-        // given" where a number was meant.
         let digits = raw.strip_prefix(['-', '+']).unwrap_or(raw);
         if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit() || b == b'_') {
             return Err(job_err!(
                 "--set {arg}: `{raw}` is not a number TOML can hold ({}); quote it for text: \
                  \"{raw}\"",
                 e.message()
+            ));
+        }
+        // A number TOML does not read (.5, 1., 1e309) would otherwise become a string, and
+        // then "a string given" where a number was meant.
+        let numeric = raw.bytes().any(|b| b.is_ascii_digit())
+            && raw.bytes().all(|b| b"0123456789.eE+-_".contains(&b));
+        if let Some(f) = raw.replace('_', "").parse::<f64>().ok().filter(|_| numeric) {
+            let write = match f.is_finite() {
+                true => format!("write {f:?} (a digit on each side of a decimal point)"),
+                false => "it is beyond the largest number, about 1.8e308".to_string(),
+            };
+            return Err(job_err!(
+                "--set {arg}: `{raw}` is not a number as TOML writes one: {write}; quote it for \
+                 text: \"{raw}\""
             ));
         }
     }
@@ -528,6 +576,31 @@ fn date_given(value: Option<&toml::Value>, expected: &str, from_shell: bool) -> 
     )))
 }
 
+/// A `--set` value that TOML reads as another type than the key's, said with how to write
+/// what was meant: a number or `true` for a text key (quote it), `2.0` for a whole number.
+fn read_as(value: Option<&toml::Value>, expected: &str) -> Option<String> {
+    let value = value?;
+    let kind = match value {
+        toml::Value::Integer(_) | toml::Value::Float(_) => "a number",
+        toml::Value::Boolean(_) => "true or false",
+        _ => return None,
+    };
+    if expected.contains("string") {
+        return Some(format!(
+            "{value} given, which TOML reads as {kind}; expected {expected}: quote it to give \
+             text, '\"{value}\"'"
+        ));
+    }
+    match value {
+        toml::Value::Float(f) if expected.starts_with("a whole number") && f.fract() == 0.0 => {
+            Some(format!(
+                "{value} given; expected {expected}: write {f:.0}, without a decimal point"
+            ))
+        }
+        _ => None,
+    }
+}
+
 /// A wrong type given to a key of fixed choices says which they are, not serde's "expected
 /// enum Normalize" (or toml's "wanted string or table").
 fn with_enum_choices(message: &str, path: &[String]) -> String {
@@ -765,9 +838,12 @@ fn layered_error(
                     .to_string(),
             };
             let given = lookup_table(sets, &path_steps(&path));
-            let date = date_given(given, &expected, true);
+            let hint = date_given(given, &expected, true).or_else(|| {
+                let plain = plain(&format!("expected {expected}"));
+                read_as(given, plain.strip_prefix("expected ").unwrap_or(&plain))
+            });
             let message = match &e.kind {
-                _ if date.is_some() => date.unwrap_or_default(),
+                _ if hint.is_some() => hint.unwrap_or_default(),
                 figment::error::Kind::UnknownField(name, expected) => {
                     name_key(&mut path, name);
                     let expected: Vec<String> = expected.iter().map(|s| format!("`{s}`")).collect();

@@ -664,9 +664,10 @@ pub enum LossKind {
 pub struct LossSpec {
     #[serde(rename = "type", default)]
     pub kind: LossKind,
-    /// cross_entropy: mixes the one-hot target with the uniform distribution, in [0, 1).
+    /// cross_entropy: mixes the one-hot target with the uniform distribution, in [0, 1]
+    /// (PyTorch's bounds; 1 is the uniform distribution alone).
     #[serde(default)]
-    #[schemars(range(min = 0), extend("exclusiveMaximum" = 1))]
+    #[schemars(range(min = 0, max = 1))]
     pub label_smoothing: f64,
 }
 

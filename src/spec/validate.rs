@@ -335,9 +335,9 @@ fn validate_model(m: &ModelSpec, p: &mut Problems) {
 fn validate_loss(spec: &JobSpec, p: &mut Problems) {
     let l = &spec.loss;
     p.check(
-        (0.0..1.0).contains(&l.label_smoothing),
+        (0.0..=1.0).contains(&l.label_smoothing),
         "loss.label_smoothing",
-        format!("{} given; must be in [0, 1)", l.label_smoothing),
+        format!("{} given; must be in [0, 1]", l.label_smoothing),
     );
     p.check(
         l.label_smoothing == 0.0 || l.kind == LossKind::CrossEntropy,
@@ -683,7 +683,7 @@ pub fn check_run_name(name: &str) -> std::result::Result<(), String> {
         true => Ok(()),
         false => Err(format!(
             "{name:?} given; a name is one directory: not empty, not starting with '.', \
-             without '/' or '\\'"
+             without '/', '\\' or control characters (tabs, line ends)"
         )),
     }
 }

@@ -162,6 +162,7 @@ pub fn train_session<B: Backend>(
     } = session;
     let batch_size = spec.batch_size();
     let row_len = data.row_len();
+    let data_finite = data.all_finite();
     let target_dim = data.target_dim;
     let has_accuracy = graph.objective.has_accuracy;
     let param_len = graph.param_len;
@@ -347,7 +348,7 @@ pub fn train_session<B: Backend>(
                     backend.set_stats(&mut train_stats, before);
                 }
                 let scale = st.loss_scaler.as_ref().map(|s| s.scale);
-                check_skipped_in_a_row(skipped_in_a_row, step, epoch, scale)?;
+                check_skipped_in_a_row(skipped_in_a_row, step, epoch, scale, data_finite)?;
                 // With a loss scaler, skipping is how the scale finds its level: routine.
                 if st.loss_scaler.is_some() {
                     tracing::debug!("step {step} skipped: inf/NaN gradients");
@@ -387,7 +388,7 @@ pub fn train_session<B: Backend>(
                     skipped_steps: Some(st.skipped_steps),
                     global_batch: Some(step_samples),
                 };
-                check_finite(&row)?;
+                check_finite(&row, data_finite)?;
                 tracing::info!("{}", progress_line(&row, total));
                 metrics.write(&row)?;
                 st.train_samples += st.window_samples;
@@ -1005,10 +1006,15 @@ fn check_skipped_in_a_row(
     step: u64,
     epoch: usize,
     loss_scale: Option<f64>,
+    data_finite: bool,
 ) -> Result<()> {
     if in_a_row < MAX_SKIPPED_IN_A_ROW {
         return Ok(());
     }
+    let fix = match data_finite {
+        true => "try a lower optimizer.lr or train.clip_grad_norm",
+        false => DATA_NOT_FINITE,
+    };
     let steps = format!(
         "{in_a_row} steps in a row (steps {}..={step}, epoch {epoch})",
         step + 1 - in_a_row
@@ -1017,29 +1023,36 @@ fn check_skipped_in_a_row(
         Some(scale) => format!(
             "training diverged: {steps} had inf/NaN gradients at loss scale {:e} and were \
              skipped, so the parameters stopped changing; a fixed precision.loss_scale may be \
-             too large (\"dynamic\" finds one), else try a lower optimizer.lr or \
-             train.clip_grad_norm",
+             too large (\"dynamic\" finds one), else {fix}",
             // The scale is an f32: shown as one, 1e30 rather than 1.0000000150474662e30.
             scale as f32
         ),
         None => format!(
             "training diverged: {steps} had an inf/NaN loss or gradients and were skipped; \
-             train.on_nonfinite = \"skip\" gives up after {MAX_SKIPPED_IN_A_ROW} in a row; try \
-             a lower optimizer.lr or train.clip_grad_norm"
+             train.on_nonfinite = \"skip\" gives up after {MAX_SKIPPED_IN_A_ROW} in a row; {fix}"
         ),
     }))
 }
 
-fn check_finite(row: &MetricsRow) -> Result<()> {
+fn check_finite(row: &MetricsRow, data_finite: bool) -> Result<()> {
     if row.loss.is_finite() {
         return Ok(());
     }
+    let fix = match data_finite {
+        true => "try a lower optimizer.lr or train.clip_grad_norm",
+        false => DATA_NOT_FINITE,
+    };
     Err(Error::Diverged(format!(
-        "training diverged: the loss is {} at step {} (epoch {}); try a lower optimizer.lr or \
-         train.clip_grad_norm, or train.on_nonfinite = \"skip\" to skip such steps",
+        "training diverged: the loss is {} at step {} (epoch {}); {fix}, or train.on_nonfinite \
+         = \"skip\" to skip such steps",
         row.loss, row.step, row.epoch
     )))
 }
+
+/// A diverged run's likeliest cause when the data holds an inf or NaN (which loading warns
+/// about, naming the first): the steps that read one.
+const DATA_NOT_FINITE: &str = "the data holds values that are not finite numbers (the log's \
+    warning at loading names the first): remove them";
 
 fn progress_line(row: &MetricsRow, total_steps: usize) -> String {
     let mut line = if row.split == "train" {

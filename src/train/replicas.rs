@@ -389,6 +389,7 @@ mod tests {
         let shape = DataShape {
             sample_shape: vec![5],
             classes: Some(3),
+            classes_from: None,
             target_dim: 1,
         };
         let graph = Graph::build(&spec, &shape).unwrap();
