@@ -947,6 +947,16 @@ fn ragged_csv_row_names_the_line() {
         2,
         &["data.csv: line 3: 2 field(s), where the header has 3"],
     );
+    expect_failure(
+        CSV_JOB,
+        &[("data.csv", b"a,b,label\n1,2,0\n3,\"4,1\n5,6,1\n")],
+        &[],
+        2,
+        &[
+            "data.csv: line 3: 2 field(s), where the header has 3 (a field runs over several \
+           lines: is a quote left open?)",
+        ],
+    );
 }
 
 /// The label as a feature would give the model the answer (100% accuracy, exit 0); a
@@ -995,6 +1005,15 @@ fn a_class_count_taken_from_the_labels_says_so_and_where_the_largest_is() {
     };
     let given = out(&CSV_JOB.replace("classes = 3", "classes = 4"));
     assert!(given.contains("(4 classes)"), "{given}");
+    // Labels counted from 1 leave class 0 empty: said, since accuracy would not show it.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("data.csv"), "a,b,y\n1,2,1\n3,4,2\n5,6,2\n").unwrap();
+    let job = common::write_job(dir.path(), &no_classes);
+    let err = stderr(&trainer(&["check", job.to_str().unwrap()], &[]));
+    assert!(
+        err.contains("no label is 0 (the smallest is 1); classes count from 0"),
+        "{err}"
+    );
 }
 
 /// Real-valued labels read as classes suggest data.task; a loss that needs classes is

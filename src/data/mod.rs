@@ -217,6 +217,7 @@ pub fn load(spec: &DataSpec, seed: u64) -> Result<Data> {
 fn check_labels(raw: &Raw, classes: Option<usize>) -> Result<(usize, Option<String>)> {
     let mut largest = 0usize;
     let mut largest_at = None;
+    let mut smallest = usize::MAX;
     for set in std::iter::once(&raw.train).chain(&raw.test) {
         for (row, &label) in set.targets.iter().enumerate() {
             let place = || set.origin.place(&set.origin.labels, row);
@@ -238,6 +239,7 @@ fn check_labels(raw: &Raw, classes: Option<usize>) -> Result<(usize, Option<Stri
                     )));
                 }
             }
+            smallest = smallest.min(label);
             if largest_at.is_none() || label > largest {
                 largest = label;
                 largest_at = Some((set, row));
@@ -246,6 +248,16 @@ fn check_labels(raw: &Raw, classes: Option<usize>) -> Result<(usize, Option<Stri
     }
     if let Some(c) = classes {
         return Ok((c, None));
+    }
+    if smallest > 0 && smallest != usize::MAX {
+        // Counted from 1 (as R and some data sets count), class 0 would be one the model
+        // learns never to predict, and accuracy would still read right.
+        tracing::warn!(
+            "{}: no label is 0 (the smallest is {smallest}); classes count from 0, as in \
+             PyTorch, so class 0 has no samples: if the labels count from 1, subtract 1 \
+             from them",
+            raw.train.origin.labels
+        );
     }
     let at = largest_at.map_or(String::new(), |(set, row)| {
         format!(", at {}", set.origin.place(&set.origin.labels, row))

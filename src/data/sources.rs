@@ -182,8 +182,13 @@ fn parse_csv(
             } else {
                 "the first row"
             };
+            // A quote never closed swallows the lines after it into one field.
+            let quote = match record.iter().any(|f| f.contains('\n')) {
+                true => " (a field runs over several lines: is a quote left open?)",
+                false => "",
+            };
             return Err(Error::Job(format!(
-                "{name}: line {line}: {} field(s), where {first} has {expected}",
+                "{name}: line {line}: {} field(s), where {first} has {expected}{quote}",
                 record.len()
             )));
         }

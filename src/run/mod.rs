@@ -239,7 +239,10 @@ impl RunDir {
         let written = fs::File::create(&tmp).and_then(|mut f| {
             f.write_all(bytes)?;
             f.sync_all()?;
-            fs::rename(&tmp, &target)
+            fs::rename(&tmp, &target)?;
+            // The rename itself is on disk only once the directory is (after a power loss
+            // the run would otherwise lack the file, or have the older one).
+            fs::File::open(&self.path)?.sync_all()
         });
         if written.is_err() {
             let _ = fs::remove_file(&tmp); // a full disk leaves no empty .tmp behind
