@@ -31,11 +31,10 @@ pub fn spec_hash(spec: &JobSpec) -> Result<String> {
     Ok(format!("fnv1a64:{:016x}", fnv1a64(body.as_bytes())))
 }
 
-/// The command line as a shell would need it typed (bytes that are not UTF-8, in a path,
-/// shown as U+FFFD).
+/// The command line as a shell would need it typed.
 pub fn command_line() -> String {
     std::env::args_os()
-        .map(|a| shell_quote(&a.to_string_lossy()))
+        .map(|a| shell_quote_os(&a))
         .collect::<Vec<_>>()
         .join(" ")
 }
@@ -48,6 +47,24 @@ pub(crate) fn shell_quote(arg: &str) -> String {
     } else {
         format!("'{}'", arg.replace('\'', r"'\''"))
     }
+}
+
+/// `arg` as a shell reads it back, also when it is not UTF-8 (a path can be any bytes):
+/// then in bash's `$'...'` quoting, each byte that is not printable ASCII as `\xHH`.
+pub(crate) fn shell_quote_os(arg: &std::ffi::OsStr) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    if let Some(text) = arg.to_str() {
+        return shell_quote(text);
+    }
+    let mut quoted = String::from("$'");
+    for &b in arg.as_bytes() {
+        match b {
+            b'\\' | b'\'' => quoted += &format!("\\{}", b as char),
+            0x20..=0x7e => quoted.push(b as char),
+            _ => quoted += &format!("\\x{b:02x}"),
+        }
+    }
+    quoted + "'"
 }
 
 pub fn hostname() -> String {
@@ -113,5 +130,20 @@ mod tests {
         assert_eq!(shell_quote("a b"), "'a b'");
         assert_eq!(shell_quote("it's"), r"'it'\''s'");
         assert_eq!(shell_quote(""), "''");
+    }
+
+    /// A path that is not UTF-8 is written so that bash reads back its bytes.
+    #[test]
+    fn bytes_that_are_not_utf8_are_quoted_as_bash_escapes() {
+        use std::os::unix::ffi::OsStrExt;
+        let path = std::ffi::OsStr::from_bytes(b"runs/r\xff\xfe/it's a\\b");
+        let quoted = shell_quote_os(path);
+        assert_eq!(quoted, r"$'runs/r\xff\xfe/it\'s a\\b'");
+        let echoed = std::process::Command::new("bash")
+            .args(["-c", &format!("printf %s {quoted}")])
+            .output()
+            .unwrap();
+        assert_eq!(echoed.stdout, path.as_bytes());
+        assert_eq!(shell_quote_os("a b".as_ref()), "'a b'");
     }
 }

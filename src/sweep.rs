@@ -178,6 +178,20 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
         specs.push(spec);
         point_jobs.push(jobs);
     }
+    // Values that differ as TOML but not as the key's type (0 and 0.0 for a learning rate)
+    // would train one job twice.
+    let hashes = specs
+        .iter()
+        .map(provenance::spec_hash)
+        .collect::<Result<Vec<_>>>()?;
+    if let Some((i, j)) = first_repeat(&hashes) {
+        return Err(job_err!(
+            "sweep points {i:03} ({}) and {j:03} ({}) resolve to the same job; give each value \
+             once",
+            describe(&points[i]),
+            describe(&points[j])
+        ));
+    }
     if let (Some(slots), Some(value)) = (&slots, &args.devices) {
         devices::check_present(slots, value)?;
     }
@@ -231,8 +245,13 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
         .map_err(|e| crate::run::create_dir_error("sweep directory", &dir, e))?;
     record_definition(&dir, &definition, args)?;
     // At once, as `trainer run` prints its run directory: a script has it however the sweep
-    // ends. A reader that has gone does not stop the sweep.
-    let _ = crate::commands::print_path(&dir);
+    // ends. A reader that has gone does not stop the sweep, but is said.
+    if let Err(e) = crate::commands::print_path(&dir) {
+        tracing::warn!(
+            "cannot print the sweep directory on stdout ({e}); it is {}",
+            dir.display()
+        );
+    }
 
     let sweep = Sweep {
         args,
@@ -440,7 +459,7 @@ fn interrupted(signal: i32, what: &str) -> Error {
 /// does not keep a dead point from running again.
 fn running_elsewhere(point_dir: &Path) -> bool {
     match crate::run::lock_state(point_dir) {
-        Some(crate::run::LockState::HeldBy(pid)) => return pid != std::process::id(),
+        Some(crate::run::LockState::HeldBy(pid)) => return pid != Some(std::process::id()),
         Some(crate::run::LockState::Free) => return false,
         None => {}
     }
@@ -759,8 +778,10 @@ fn point_dir_name(index: usize, point: &Point) -> String {
         let short = k.rsplit('.').next().unwrap_or(k);
         name += &format!("-{short}={v}");
     }
-    let safe: String = name
-        .chars()
+    // Quotes, spaces and brackets of list and table values are left out (`[1, 64]` is
+    // `1_64`, `{ type = "sgd" }` is `type=sgd`); the index keeps the names unique.
+    name.chars()
+        .filter(|c| !"\"' {}[]".contains(*c))
         .map(|c| {
             if c.is_ascii_alphanumeric() || "-_.=+".contains(c) {
                 c
@@ -769,8 +790,7 @@ fn point_dir_name(index: usize, point: &Point) -> String {
             }
         })
         .take(96)
-        .collect();
-    safe
+        .collect()
 }
 
 /// An unfinished (or failed, with --retry-failed) point continues from its newest intact
@@ -925,10 +945,31 @@ mod tests {
             values("model.input_shape=[1,64],[ 64 ]"),
             ["[1, 64]", "[64]"]
         );
-        // Each reads back as the value given.
-        for v in values("optimizer.lr=1e-7,0.3,123.456,1e300") {
-            let again = parse_set_arg(&format!("optimizer.lr={v}")).unwrap().1;
-            assert_eq!(canonical_text(&again), v);
+        // Each reads back as the value given, of the same type.
+        let given = [
+            "1e-7",
+            "0.3",
+            "123.456",
+            "1e300",
+            "-0.0",
+            "5e-324",
+            "0.30000000000000004",
+            "7",
+            "true",
+            r#""it's \"quoted\"""#,
+            r#""a # b""#,
+            r#""k=v""#,
+            r#""nan""#,
+            r#""1979-05-27""#,
+            r#""é x""#,
+            "[1, 2]",
+            r#"{ a = 1, b = "c" }"#,
+        ];
+        for raw in given {
+            let value = parse_set_arg(&format!("job.name={raw}")).unwrap().1;
+            let text = canonical_text(&value);
+            let again = parse_set_arg(&format!("job.name={text}")).unwrap().1;
+            assert_eq!(again, value, "{raw} written {text}");
         }
     }
 
@@ -959,5 +1000,13 @@ mod tests {
             ["a=1 b=x c=p", "a=1 b=y c=q", "a=2 b=x c=p", "a=2 b=y c=q"]
         );
         assert_eq!(point_dir_name(3, &points[3]), "003-a=2-b=y-c=q");
+        let table = parse_axis("--grid", r#"optimizer={type="sgd", lr=0.1},[1,64]"#).unwrap();
+        let named: Vec<String> = (0..2)
+            .map(|i| point_dir_name(i, &vec![(table.key.clone(), table.values[i].clone())]))
+            .collect();
+        assert_eq!(
+            named,
+            ["000-optimizer=type=sgd_lr=0.1", "001-optimizer=1_64"]
+        );
     }
 }

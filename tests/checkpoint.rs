@@ -1017,6 +1017,22 @@ fn a_resume_that_fails_setting_up_its_run_directory_leaves_a_failed_run() {
     assert!(s["error"].as_str().unwrap().contains("train.log"), "{s}");
 }
 
+/// A resume that can write nothing at all (here no file may exceed 64 bytes, as on a full
+/// disk) puts the run's earlier summary.json back, rather than leave a run that reads as
+/// killed.
+#[test]
+fn a_resume_that_can_write_nothing_puts_the_earlier_summary_back() {
+    let job = write_job(SMALL_JOB);
+    let dir = run_dir(&job.run(&[]));
+    let before = std::fs::read(dir.join("summary.json")).unwrap();
+    let d = dir.to_str().unwrap();
+    let out = run_with_file_size_limit(&job, &["--resume", d, "--set", "train.epochs=6"], 64);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("the earlier summary.json is back"), "{err}");
+    assert_eq!(std::fs::read(dir.join("summary.json")).unwrap(), before);
+}
+
 #[test]
 fn a_file_size_limit_fails_the_run_with_a_message_instead_of_killing_it() {
     let job = write_job(LONG_JOB);

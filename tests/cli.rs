@@ -957,6 +957,49 @@ fn ragged_csv_row_names_the_line() {
            lines: is a quote left open?)",
         ],
     );
+    // In the last column the count is right: the field itself says it.
+    let open_in_label: &[u8] = b"a,b,label\n1,2,0\n3,4,\"1\n5,6,1\n";
+    let open_on_last_line: &[u8] = b"a,b,label\n1,2,0\n3,4,\"1\n";
+    for csv in [open_in_label, open_on_last_line] {
+        expect_failure(
+            CSV_JOB,
+            &[("data.csv", csv)],
+            &[],
+            2,
+            &[
+                "data.csv: line 3, column 2 (`label`): the field runs over several lines: is a \
+               quote left open?",
+            ],
+        );
+    }
+    expect_failure(
+        CSV_JOB,
+        &[("data.csv", b"a,b,label\n1,2,0,\n3,4,1,\n")],
+        &[],
+        2,
+        &["line 2: 4 field(s), where the header has 3 (does the line end with a comma?)"],
+    );
+    let no_header = CSV_JOB.replace("[data]", "[data]\nheader = false");
+    expect_failure(
+        &no_header,
+        &[("data.csv", b"1,2,0,\n3,4,1,\n")],
+        &["--set", "data.label=2"],
+        2,
+        &[
+            "line 1, column 3: empty (a missing value); it is the last field: does the line end \
+           with a comma?",
+        ],
+    );
+    expect_failure(
+        &no_header,
+        &[("data.csv", b"a,b,label\n1,2,0\n")],
+        &[],
+        2,
+        &[
+            "line 1, column 0: `a` is not a number; data.header = false reads line 1 as data: is \
+           it a header?",
+        ],
+    );
 }
 
 /// The label as a feature would give the model the answer (100% accuracy, exit 0); a
@@ -993,7 +1036,7 @@ fn a_class_count_taken_from_the_labels_says_so_and_where_the_largest_is() {
             "model.layers[0] (the last layer) outputs [3] (3 values per sample) but \
              cross_entropy needs one logit per class (2 classes; data.classes is not set and \
              the largest label is 1, at ",
-            "data.csv: line 3; set data.classes if some classes have no samples)",
+            "data.csv: line 3; set data.classes = 3 if some classes have no samples)",
         ],
     );
     // Given, the count needs no explanation.
@@ -1110,7 +1153,7 @@ fn set_of_an_unknown_key_is_refused() {
 /// Values TOML reads otherwise than meant say how to write them.
 #[test]
 fn set_values_typed_as_another_type_say_how_to_write_them() {
-    let cases: [(&str, &str); 6] = [
+    let cases: [(&str, &str); 7] = [
         (
             "optimizer.lr=.001",
             "`.001` is not a number as TOML writes one: write 0.001",
@@ -1134,10 +1177,28 @@ fn set_values_typed_as_another_type_say_how_to_write_them() {
         ),
         // Not a number to begin with: text, as before.
         ("optimizer.type=sgd2", "\"sgd2\" given; allowed:"),
+        (
+            "optimizer.lr=-1e309",
+            "`-1e309` is beyond the largest number",
+        ),
     ];
     for (set, says) in cases {
         expect_failure(GOOD_JOB, &[], &["--set", set], 2, &[says]);
     }
+    // Quoting is no fix for a duration, which has a form of its own.
+    let tmp = tempfile::tempdir().unwrap();
+    let job = common::write_job(tmp.path(), GOOD_JOB);
+    let out = trainer(
+        &["check", job.to_str().unwrap(), "--set", "train.max_time=60"],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("60 given, which TOML reads as a number"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!stderr(&out).contains("quote it"), "{}", stderr(&out));
 }
 
 /// A table given whole with --set is merged into the file's: the keys it leaves out are
@@ -1169,6 +1230,27 @@ fn a_table_given_whole_with_set_names_the_keys_it_keeps_from_the_file() {
         ),
         "{}",
         stderr(&out)
+    );
+    // Keys another --set gives are not kept from the file; `--explain`, which loads the
+    // job twice, says it once.
+    let out = trainer(
+        &[
+            "check",
+            job.to_str().unwrap(),
+            "--explain",
+            "--set",
+            r#"optimizer={type="sgd"}"#,
+            "--set",
+            "optimizer.lr=0.5",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert_eq!(err.matches("is merged into").count(), 1, "{err}");
+    assert!(
+        err.contains("optimizer.weight_decay, optimizer.schedule keep the file's values"),
+        "{err}"
     );
 }
 

@@ -744,6 +744,16 @@ fn bad_sweeps_are_refused_before_anything_trains() {
         2,
         &["--grid optimizer.lr=", "empty value"],
     );
+    // One value in two TOML types: one job.
+    expect_error(
+        TINY_JOB,
+        &sweep(&["--grid", "optimizer.weight_decay=0,0.0"]),
+        2,
+        &[
+            "sweep points 000 (optimizer.weight_decay=0) and 001 (optimizer.weight_decay=0.0) \
+           resolve to the same job",
+        ],
+    );
     expect_error(
         TINY_JOB,
         &sweep(&["--grid", "optimizer.lrr=0.1,0.2"]),

@@ -697,7 +697,7 @@ fn run_on<B: Backend>(
     // Caught from before the run directory exists, so that a signal while it is being set
     // up stops the run after its first step, with a checkpoint, instead of killing the
     // process between its files (a directory without config.toml, which no command sees).
-    Stop::install()
+    let stop = Stop::install()
         .map_err(|e| Error::Runtime(format!("cannot install the SIGINT/SIGTERM handlers: {e}")))?;
     let mut start = start;
     let run = match &mut start {
@@ -737,7 +737,7 @@ fn run_on<B: Backend>(
         );
     }
     let result = run_in(
-        &run, args, began, spec, data, graph, backend, start, parallel,
+        &run, args, began, spec, data, graph, backend, start, parallel, &stop,
     );
     if let Err(e) = &result {
         // The log of a failed run ends with why (summary.json has it too).
@@ -747,8 +747,8 @@ fn run_on<B: Backend>(
     result
 }
 
-/// Makes the run directory this attempt's: a resumed run's summary.json goes (until the
-/// attempt finishes, the run must not look finished) and its checkpoints after the one
+/// Makes the run directory this attempt's: a resumed run's summary.json goes aside (until
+/// the attempt finishes, the run must not look finished) and its checkpoints after the one
 /// resumed from are set aside; config.toml and provenance.json are written, and train.log
 /// attached.
 fn prepare_run_dir(
@@ -759,16 +759,7 @@ fn prepare_run_dir(
     device: &str,
 ) -> Result<()> {
     if let Start::Resume(point, _) = start {
-        let summary = run.path.join("summary.json");
-        match std::fs::remove_file(&summary) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(Error::Runtime(format!(
-                    "cannot remove {}: {e}",
-                    summary.display()
-                )))
-            }
-            _ => {}
-        }
+        run.set_summary_aside()?;
         let (dir, step) = (run.path.join(checkpoint::DIR), point.checkpoint.state.step);
         let moved = checkpoint::set_aside_after(&dir, step)?;
         if moved > 0 {
@@ -819,14 +810,15 @@ fn record_failure(run: &RunDir, args: &RunArgs, spec: &JobSpec, e: Error, wall: 
     match run.write_summary(&summary) {
         Ok(()) => with_resume_hint(e, args, run, true),
         // The run's own error (a full disk writing metrics.csv, say) is the cause to show.
-        Err(summary_error) => with_resume_hint(
-            e.with_note(&format!(
-                "summary.json could not be written either: {summary_error}"
-            )),
-            args,
-            run,
-            false,
-        ),
+        Err(summary_error) => {
+            let earlier = match run.restore_summary() {
+                true => "; the earlier summary.json is back",
+                false => "",
+            };
+            let note =
+                format!("summary.json could not be written either: {summary_error}{earlier}");
+            with_resume_hint(e.with_note(&note), args, run, false)
+        }
     }
 }
 
@@ -841,6 +833,7 @@ fn run_in<B: Backend>(
     backend: &B,
     start: Start,
     parallel: Option<Box<dyn DataParallel<B>>>,
+    stop: &Stop,
 ) -> Result<()> {
     let started = Instant::now();
     let memory = memory_plan(spec, &graph, &data, backend.free_memory());
@@ -891,14 +884,9 @@ fn run_in<B: Backend>(
     };
     let mut metrics = metrics.map_err(fail)?;
     let resumed_from = session.resume.as_ref().map(|c| c.path.clone());
-    let stop = Stop::install().map_err(|e| {
-        fail(Error::Runtime(format!(
-            "cannot install the SIGINT/SIGTERM handlers: {e}"
-        )))
-    })?;
     let session = Session {
         checkpoint_dir: Some(run.path.join(checkpoint::DIR)),
-        stop: Some(&stop),
+        stop: Some(stop),
         parallel,
         finishing,
         ..session

@@ -334,19 +334,19 @@ pub(super) fn with_resume_hint(
 /// The command that continues `run`: the job and its `--set` overrides (without them the
 /// resume would be refused, or quietly train another length).
 pub(super) fn resume_command(args: &RunArgs, run: &Path) -> String {
-    job_command(args, &["--resume", &run.display().to_string()])
+    job_command(args, &["--resume".as_ref(), run.as_os_str()])
 }
 
 /// `trainer run` of the job (and its --name) with `extra` arguments and its `--set`
 /// overrides, shell-quoted.
-pub(super) fn job_command(args: &RunArgs, extra: &[&str]) -> String {
-    let quote = crate::provenance::shell_quote;
-    let mut command = format!("trainer run {}", quote(&args.job.display().to_string()));
+pub(super) fn job_command(args: &RunArgs, extra: &[&std::ffi::OsStr]) -> String {
+    use crate::provenance::{shell_quote as quote, shell_quote_os};
+    let mut command = format!("trainer run {}", shell_quote_os(args.job.as_os_str()));
     if let Some(name) = &args.name {
         command += &format!(" --name {}", quote(name));
     }
     for arg in extra {
-        command += &format!(" {}", quote(arg));
+        command += &format!(" {}", shell_quote_os(arg));
     }
     for set in &args.sets {
         command += &format!(" --set {}", quote(set));

@@ -123,25 +123,31 @@ impl Data {
         evals.fold(self.train.len, usize::max).max(1)
     }
 
+    /// Every split: training, then the evaluation splits.
+    fn splits(&self) -> impl Iterator<Item = &Dataset> {
+        std::iter::once(&self.train).chain(self.eval.iter().map(|(_, d)| d))
+    }
+
     /// Whether every feature of every split is a finite number (loading warns of the others).
     pub fn features_are_finite(&self) -> bool {
-        let splits = std::iter::once(&self.train).chain(self.eval.iter().map(|(_, d)| d));
-        splits.flat_map(|d| &d.features).all(|v| v.is_finite())
+        self.splits()
+            .flat_map(|d| &d.features)
+            .all(|v| v.is_finite())
     }
 
     /// Whether every feature and target of every split is a finite number: where one is not,
     /// a diverged run's error says so before suggesting a lower learning rate.
     pub fn all_finite(&self) -> bool {
-        let splits = std::iter::once(&self.train).chain(self.eval.iter().map(|(_, d)| d));
-        splits
-            .flat_map(|d| d.features.iter().chain(&d.targets))
-            .all(|v| v.is_finite())
+        self.features_are_finite()
+            && self
+                .splits()
+                .flat_map(|d| &d.targets)
+                .all(|v| v.is_finite())
     }
 
     /// The f32 bytes of every split, features and targets.
     pub fn bytes(&self) -> usize {
-        let sets = std::iter::once(&self.train).chain(self.eval.iter().map(|(_, d)| d));
-        sets.map(Dataset::bytes).sum()
+        self.splits().map(Dataset::bytes).sum()
     }
 }
 

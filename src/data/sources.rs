@@ -182,10 +182,14 @@ fn parse_csv(
             } else {
                 "the first row"
             };
-            // A quote never closed swallows the lines after it into one field.
-            let quote = match record.iter().any(|f| f.contains('\n')) {
-                true => " (a field runs over several lines: is a quote left open?)",
-                false => "",
+            // A quote never closed swallows the lines after it into one field; a comma at
+            // the end of a line adds an empty one.
+            let quote = if record.iter().any(|f| f.contains('\n')) {
+                " (a field runs over several lines: is a quote left open?)"
+            } else if record.len() > expected && record.iter().next_back() == Some("") {
+                " (does the line end with a comma?)"
+            } else {
+                ""
             };
             return Err(Error::Job(format!(
                 "{name}: line {line}: {} field(s), where {first} has {expected}{quote}",
@@ -214,6 +218,10 @@ fn parse_csv(
                 Some(h) if h.is_empty() && col + 1 == record.len() => {
                     "; the header's last name is empty too: do the lines end with a comma?"
                 }
+                None if col + 1 == record.len() => {
+                    "; it is the last field: does the line end \
+                                                    with a comma?"
+                }
                 _ => "",
             };
             Error::Job(format!(
@@ -221,14 +229,32 @@ fn parse_csv(
                 column(col)
             ))
         };
+        // Every column read is a number: a field holding a line end is a quote left open,
+        // which swallows the lines after it (on the last line, only the line end).
+        let open_quote = |col: usize| {
+            Error::Job(format!(
+                "{name}: line {line}, column {}: the field runs over several lines: is a quote \
+                 left open?",
+                column(col)
+            ))
+        };
+        // Text in the first line of a file read without a header is likely its header.
+        let header_hint = match (has_header, row) {
+            (false, 0) => "; data.header = false reads line 1 as data: is it a header?",
+            _ => "",
+        };
         let mut value = |col: usize| -> Result<f32> {
-            let field = record.get(col).unwrap_or("").trim();
+            let field = record.get(col).unwrap_or("");
+            if field.contains('\n') {
+                return Err(open_quote(col));
+            }
+            let field = field.trim();
             if field.is_empty() {
                 return Err(empty(col));
             }
             let v = field.parse::<f32>().map_err(|_| {
                 Error::Job(format!(
-                    "{name}: line {line}, column {}: `{field}` is not a number",
+                    "{name}: line {line}, column {}: `{field}` is not a number{header_hint}",
                     column(col)
                 ))
             })?;
@@ -247,7 +273,11 @@ fn parse_csv(
             Task::Regression => value(*label_col)?,
             Task::Classification => {
                 // Checked as written: as an f32, 2.00000001 would pass for class 2.
-                let field = record.get(*label_col).unwrap_or("").trim();
+                let field = record.get(*label_col).unwrap_or("");
+                if field.contains('\n') {
+                    return Err(open_quote(*label_col));
+                }
+                let field = field.trim();
                 if field.is_empty() {
                     return Err(empty(*label_col));
                 }
@@ -255,9 +285,17 @@ fn parse_csv(
                     Ok(v) if v >= 0.0 && v.fract() == 0.0 && v <= MAX_CLASS_INDEX => v as f32,
                     parsed => {
                         // A number that is no class (1.5, -3) suggests real-valued targets.
-                        let hint = match parsed {
-                            Ok(_) => "; for real-valued targets set data.task = \"regression\"",
-                            Err(_) => "",
+                        // Or the label is another column than the default, the last.
+                        let hint = match (parsed, label) {
+                            (Ok(_), None) => {
+                                "; for real-valued targets set data.task = \"regression\"; or \
+                                 is the label another column (data.label; the default is the \
+                                 last)?"
+                            }
+                            (Ok(_), Some(_)) => {
+                                "; for real-valued targets set data.task = \"regression\""
+                            }
+                            (Err(_), _) => header_hint,
                         };
                         return Err(Error::Job(format!(
                             "{name}: line {line}, column {}: label `{field}` is not a class \

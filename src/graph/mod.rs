@@ -690,9 +690,13 @@ fn objective(
                 ));
             };
             if out_shape.len() != 1 || width != classes {
+                // More outputs than labels found: classes without samples, which data.classes
+                // can name; fewer: the model is too narrow for the labels there are.
                 let hint = match data.classes_from {
-                    Some(_) => "; set data.classes if some classes have no samples",
-                    None => "",
+                    Some(_) if out_shape.len() == 1 && width > classes => {
+                        format!("; set data.classes = {width} if some classes have no samples")
+                    }
+                    _ => String::new(),
                 };
                 return mismatch(format!(
                     "cross_entropy needs one logit per class ({classes} classes{classes_from}{hint})"

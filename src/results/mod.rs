@@ -98,36 +98,21 @@ impl RunRecord {
             ));
         }
         let summary_path = dir.join("summary.json");
-        let summary: Option<serde_json::Value> =
-            std::fs::read_to_string(&summary_path).ok().and_then(|s| {
-                // Written atomically: one that does not parse was damaged afterwards.
-                let why = match serde_json::from_str::<serde_json::Value>(&s) {
-                    Ok(v)
-                        if matches!(
-                            v["status"].as_str(),
-                            Some("completed" | "interrupted" | "failed")
-                        ) =>
-                    {
-                        return Some(v)
-                    }
-                    Ok(v) if v["status"].is_string() => format!(
-                        "\"status\": {} is none of \"completed\", \"interrupted\", \"failed\"",
-                        v["status"]
-                    ),
-                    Ok(_) => "no \"status\" string in it".to_string(),
-                    Err(e) => format!("not JSON: {e}"),
-                };
-                tracing::warn!(
-                    "{}: {why}; the run is shown as if it had no summary",
-                    summary_path.display()
-                );
-                None
-            });
+        let mut summary = read_summary(&summary_path);
+        let mut alive = Status::Unfinished;
+        if summary.is_none() {
+            alive = liveness(dir);
+            if alive != Status::Running && summary_path.exists() {
+                // The run ended between the two looks: it writes its summary before it lets
+                // go of its lock.
+                summary = read_summary(&summary_path);
+            }
+        }
         let status = match summary.as_ref().and_then(|s| s["status"].as_str()) {
             Some("completed") => Status::Completed,
             Some("interrupted") => Status::Interrupted,
             Some(_) => Status::Failed, // "failed", the only other status read
-            None => liveness(dir),
+            None => alive,
         };
         Ok(RunRecord {
             dir: dir.to_path_buf(),
@@ -293,11 +278,44 @@ fn order_splits(splits: BTreeSet<&str>) -> Vec<&str> {
     v
 }
 
+/// A run's summary.json, if it has a readable one. It is written atomically: one that does
+/// not parse, or has no known status, was damaged afterwards, and is warned about.
+fn read_summary(path: &Path) -> Option<serde_json::Value> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let why = match serde_json::from_str::<serde_json::Value>(&text) {
+        Ok(v)
+            if matches!(
+                v["status"].as_str(),
+                Some("completed" | "interrupted" | "failed")
+            ) =>
+        {
+            return Some(v)
+        }
+        Ok(v) if v["status"].is_string() => format!(
+            "\"status\": {} is none of \"completed\", \"interrupted\", \"failed\"",
+            v["status"]
+        ),
+        Ok(_) => "no \"status\" string in it".to_string(),
+        Err(e) => format!("not JSON: {e}"),
+    };
+    tracing::warn!(
+        "{}: {why}; the run is shown as if it had no summary",
+        path.display()
+    );
+    None
+}
+
 /// Whether a process still trains the run: one holds its lock (on this host); a run whose
 /// lock is free was killed. Runs without a lock file (older versions) are judged by whether
 /// the process named in provenance.json is alive, which a reused pid can fool.
 fn liveness(dir: &Path) -> Status {
     use crate::run::LockState;
+    // The lock first: a run that has just started holds it before its provenance.json is
+    // written.
+    let lock = crate::run::lock_state(dir);
+    if let Some(LockState::HeldBy(_)) = lock {
+        return Status::Running;
+    }
     let Some(prov) = std::fs::read_to_string(dir.join("provenance.json"))
         .ok()
         .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
@@ -305,11 +323,9 @@ fn liveness(dir: &Path) -> Status {
         return Status::Unfinished;
     };
     let same_host = prov["host"].as_str() == Some(crate::provenance::hostname().as_str());
-    match crate::run::lock_state(dir) {
-        Some(LockState::HeldBy(_)) => return Status::Running,
-        // Another host's lock is not in this one's table.
-        Some(LockState::Free) if same_host => return Status::Killed,
-        _ => {}
+    // Another host's lock is not in this one's table.
+    if let (Some(LockState::Free), true) = (lock, same_host) {
+        return Status::Killed;
     }
     match prov["pid"].as_u64() {
         Some(pid) if same_host => {

@@ -27,6 +27,9 @@ pub struct RunDir {
 /// The lock file of a run directory.
 const LOCK_FILE: &str = ".lock";
 
+/// Where a resumed run's summary.json waits while the resume runs (`set_summary_aside`).
+const EARLIER_SUMMARY: &str = ".summary.json.earlier";
+
 /// Takes `dir`'s lock, or says which process holds it. The holder writes its pid into the
 /// file, so that a refusal names the process that trains, not an earlier one.
 fn lock(dir: &Path) -> Result<fs::File> {
@@ -34,7 +37,6 @@ fn lock(dir: &Path) -> Result<fs::File> {
     let mut file = fs::OpenOptions::new()
         .create(true)
         .truncate(false)
-        .read(true)
         .write(true)
         .open(&path)
         .map_err(|e| Error::Runtime(format!("cannot create {}: {e}", path.display())))?;
@@ -67,37 +69,55 @@ fn lock(dir: &Path) -> Result<fs::File> {
 /// file locks (/proc/locks), read without taking the lock, so that looking (`trainer ls`)
 /// never stands in the way of a run starting. None where the table cannot be read or the
 /// directory has no lock file (runs of older versions).
+///
+/// The table names a lock's file by device and inode, but its device is the filesystem's
+/// own, which `stat` does not always report (btrfs subvolumes): lines are matched by inode,
+/// and the holder is confirmed by an open file of its with this device and inode. A holder
+/// in another pid namespace (a container sharing the directory) is listed as pid 0 and
+/// cannot be confirmed: the inode match is taken, the pid left unknown.
 pub(crate) fn lock_state(dir: &Path) -> Option<LockState> {
     use std::os::unix::fs::MetadataExt;
     let meta = fs::metadata(dir.join(LOCK_FILE)).ok()?;
     let table = fs::read_to_string("/proc/locks").ok()?;
-    // "1: FLOCK  ADVISORY  WRITE 4242 00:2a:131077 0 EOF": the pid, then the device (major
-    // and minor in hex) and the inode.
-    let device = format!(
-        "{:02x}:{:02x}:{}",
-        libc::major(meta.dev()),
-        libc::minor(meta.dev()),
-        meta.ino()
-    );
+    let holds = |pid: u32| {
+        let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+            return false;
+        };
+        fds.flatten().any(|fd| {
+            fs::metadata(fd.path()).is_ok_and(|m| m.dev() == meta.dev() && m.ino() == meta.ino())
+        })
+    };
+    // "1: FLOCK  ADVISORY  WRITE 4242 00:2a:131077 0 EOF" (a POSIX lock on NFS, which
+    // emulates flock so): the pid, then major:minor:inode.
     let holder = table.lines().find_map(|line| {
         let fields: Vec<&str> = line.split_whitespace().collect();
-        let at = fields.iter().position(|f| *f == "FLOCK")?;
-        (fields.get(at + 4) == Some(&device.as_str()))
-            .then(|| fields.get(at + 3)?.parse().ok())
-            .flatten()
+        let at = fields.iter().position(|f| *f == "FLOCK" || *f == "POSIX")?;
+        let inode = fields
+            .get(at + 4)?
+            .rsplit(':')
+            .next()?
+            .parse::<u64>()
+            .ok()?;
+        let pid = fields.get(at + 3)?.parse::<u32>().ok()?;
+        (inode == meta.ino() && (pid == 0 || holds(pid))).then_some(pid)
     });
-    Some(holder.map_or(LockState::Free, LockState::HeldBy))
+    Some(match holder {
+        Some(0) => LockState::HeldBy(None),
+        Some(pid) => LockState::HeldBy(Some(pid)),
+        None => LockState::Free,
+    })
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum LockState {
-    HeldBy(u32),
+    /// Held, by this pid when it is known.
+    HeldBy(Option<u32>),
     Free,
 }
 
 fn lock_holder(dir: &Path) -> Option<u32> {
     match lock_state(dir)? {
-        LockState::HeldBy(pid) => Some(pid),
+        LockState::HeldBy(pid) => pid,
         LockState::Free => None,
     }
 }
@@ -133,7 +153,9 @@ pub(crate) fn create_dir_error(what: &str, path: &Path, e: std::io::Error) -> Er
 fn dangling_link(path: &Path) -> Option<(PathBuf, PathBuf)> {
     path.ancestors().find_map(|p| {
         let is_link = fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_symlink());
-        (is_link && fs::metadata(p).is_err())
+        // NotFound only: links in a loop are not followed to an end either (ELOOP).
+        let to_nothing = fs::metadata(p).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound);
+        (is_link && to_nothing)
             .then(|| Some((p.to_path_buf(), fs::read_link(p).ok()?)))
             .flatten()
     })
@@ -227,7 +249,32 @@ impl RunDir {
 
     pub fn write_summary(&self, summary: &serde_json::Value) -> Result<()> {
         let text = serde_json::to_string_pretty(summary).unwrap_or_default() + "\n";
-        self.write_atomic("summary.json", text.as_bytes())
+        self.write_atomic("summary.json", text.as_bytes())?;
+        let _ = fs::remove_file(self.path.join(EARLIER_SUMMARY));
+        Ok(())
+    }
+
+    /// A resumed run's summary.json goes aside until this attempt writes its own (until
+    /// then the run must not look finished): renamed, not deleted, so that an attempt that
+    /// cannot write a summary at all (a full disk) can put the earlier one back.
+    pub fn set_summary_aside(&self) -> Result<()> {
+        let summary = self.path.join("summary.json");
+        match fs::rename(&summary, self.path.join(EARLIER_SUMMARY)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::Runtime(format!(
+                "cannot move {} aside: {e}",
+                summary.display()
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Puts back the summary `set_summary_aside` moved, if there is one; whether it did.
+    pub fn restore_summary(&self) -> bool {
+        fs::rename(
+            self.path.join(EARLIER_SUMMARY),
+            self.path.join("summary.json"),
+        )
+        .is_ok()
     }
 
     /// Writes a file via a temporary name and a rename, so a reader never sees half of it.
@@ -305,7 +352,7 @@ mod tests {
         let run = RunDir::create_at(&dir).unwrap();
         assert_eq!(
             lock_state(&dir),
-            Some(LockState::HeldBy(std::process::id()))
+            Some(LockState::HeldBy(Some(std::process::id())))
         );
         drop(run);
         assert_eq!(lock_state(&dir), Some(LockState::Free));

@@ -44,15 +44,16 @@ pub fn load_job(path: &Path, sets: &[String]) -> Result<JobSpec> {
 
     // 3. The layers.
     let set_table = parse_sets(sets, &file_table)?;
-    warn_of_merged_tables(sets, &file_table);
+    warn_of_merged_tables(sets, &file_table, &set_table);
     check_env()?;
     let mut spec: JobSpec = layers(path, &set_table)
         .extract()
         .map_err(|e| layered_error(&file, &file_table, &set_table, sets, e))?;
 
     if spec.job.name.is_none() {
-        let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("job");
-        spec.job.name = Some(stem.to_string());
+        // A stem that is not UTF-8 keeps its other characters (its bytes become U+FFFD).
+        let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned());
+        spec.job.name = Some(stem.unwrap_or_else(|| "job".into()));
     }
     let base = path.parent().unwrap_or(Path::new("."));
     resolve_paths(&mut spec, base);
@@ -68,9 +69,9 @@ pub fn load_job(path: &Path, sets: &[String]) -> Result<JobSpec> {
 /// file's, as every layer is: the keys it leaves out keep the file's values, which may not
 /// be what was meant (a warm-up kept under another schedule), so they are named. (A list
 /// element given whole replaces the element.)
-fn warn_of_merged_tables(sets: &[String], file: &toml::Table) {
+fn warn_of_merged_tables(sets: &[String], file: &toml::Table, set_table: &toml::Table) {
     for arg in sets {
-        let Ok((steps, toml::Value::Table(given))) = parse_set_arg(arg) else {
+        let Ok((steps, toml::Value::Table(_))) = parse_set_arg(arg) else {
             continue;
         };
         if !steps.iter().all(|s| matches!(s, KeyStep::Key(_))) {
@@ -79,22 +80,35 @@ fn warn_of_merged_tables(sets: &[String], file: &toml::Table) {
         let Some(toml::Value::Table(in_file)) = lookup_table(file, &steps) else {
             continue;
         };
+        // What every --set gives there together (`--set optimizer={...} --set optimizer.lr=`).
+        let Some(toml::Value::Table(given)) = lookup_table(set_table, &steps) else {
+            continue;
+        };
         let key = dotted(&steps);
         let kept: Vec<String> = in_file
             .keys()
             .filter(|k| !given.contains_key(*k))
             .map(|k| format!("{key}.{k}"))
             .collect();
-        if !kept.is_empty() {
-            tracing::warn!(
-                "--set {key}={{...}} is merged into the job file's {key}: {} keep{} the file's \
-                 value{} (give {} in the --set to change {})",
-                kept.join(", "),
-                if kept.len() == 1 { "s" } else { "" },
-                if kept.len() == 1 { "" } else { "s" },
-                if kept.len() == 1 { "it" } else { "them" },
-                if kept.len() == 1 { "it" } else { "them" },
-            );
+        if kept.is_empty() {
+            continue;
+        }
+        let one = kept.len() == 1;
+        let warning = format!(
+            "--set {key}={{...}} is merged into the job file's {key}: {} keep{} the file's \
+             value{} (give {} in the --set to change {})",
+            kept.join(", "),
+            if one { "s" } else { "" },
+            if one { "" } else { "s" },
+            if one { "it" } else { "them" },
+            if one { "it" } else { "them" },
+        );
+        // Once per process: `check --explain` and a sweep's points load the job again.
+        static WARNED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+        let mut warned = WARNED.lock().unwrap_or_else(|e| e.into_inner());
+        if !warned.contains(&warning) {
+            tracing::warn!("{warning}");
+            warned.push(warning);
         }
     }
 }
@@ -252,6 +266,13 @@ pub fn parse_set_arg(arg: &str) -> Result<(Vec<KeyStep>, toml::Value)> {
         .ok()
         .and_then(|mut t| t.remove("v"))
         .unwrap_or_else(|| toml::Value::String(raw.to_string()));
+    // TOML reads -1e309 as -inf (and refuses 1e309): the same overflow either way.
+    if matches!(value, toml::Value::Float(f) if f.is_infinite()) && !raw.contains("inf") {
+        return Err(job_err!(
+            "--set {arg}: `{raw}` is beyond the largest number, about 1.8e308 (write inf or \
+             -inf if that is meant)"
+        ));
+    }
     Ok((steps, value))
 }
 
@@ -578,7 +599,7 @@ fn date_given(value: Option<&toml::Value>, expected: &str, from_shell: bool) -> 
 
 /// A `--set` value that TOML reads as another type than the key's, said with how to write
 /// what was meant: a number or `true` for a text key (quote it), `2.0` for a whole number.
-fn read_as(value: Option<&toml::Value>, expected: &str) -> Option<String> {
+fn read_as(value: Option<&toml::Value>, expected: &str, path: &[String]) -> Option<String> {
     let value = value?;
     let kind = match value {
         toml::Value::Integer(_) | toml::Value::Float(_) => "a number",
@@ -586,17 +607,37 @@ fn read_as(value: Option<&toml::Value>, expected: &str) -> Option<String> {
         _ => return None,
     };
     if expected.contains("string") {
+        // Quoting is the fix for a name or a path; a duration or a device has a form of its
+        // own, which its key's check says once the value is text.
+        let free_text = [
+            "name",
+            "path",
+            "test_path",
+            "train_images",
+            "train_labels",
+            "test_images",
+            "test_labels",
+            "init_from",
+        ];
+        let quote = match path.last().is_some_and(|k| free_text.contains(&k.as_str())) {
+            true => format!(": quote it to give text, '\"{value}\"'"),
+            false => String::new(),
+        };
         return Some(format!(
-            "{value} given, which TOML reads as {kind}; expected {expected}: quote it to give \
-             text, '\"{value}\"'"
+            "{value} given, which TOML reads as {kind}; expected {expected}{quote}"
         ));
     }
+    let whole = |f: f64| {
+        let least = match expected.contains("not negative") {
+            true => 0.0,
+            false => -(2f64.powi(53)),
+        };
+        f.fract() == 0.0 && (least..=2f64.powi(53)).contains(&f)
+    };
     match value {
-        toml::Value::Float(f) if expected.starts_with("a whole number") && f.fract() == 0.0 => {
-            Some(format!(
-                "{value} given; expected {expected}: write {f:.0}, without a decimal point"
-            ))
-        }
+        toml::Value::Float(f) if expected.starts_with("a whole number") && whole(*f) => Some(
+            format!("{value} given; expected {expected}: write {f:.0}, without a decimal point"),
+        ),
         _ => None,
     }
 }
@@ -840,7 +881,11 @@ fn layered_error(
             let given = lookup_table(sets, &path_steps(&path));
             let hint = date_given(given, &expected, true).or_else(|| {
                 let plain = plain(&format!("expected {expected}"));
-                read_as(given, plain.strip_prefix("expected ").unwrap_or(&plain))
+                read_as(
+                    given,
+                    plain.strip_prefix("expected ").unwrap_or(&plain),
+                    &path,
+                )
             });
             let message = match &e.kind {
                 _ if hint.is_some() => hint.unwrap_or_default(),
