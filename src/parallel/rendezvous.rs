@@ -249,6 +249,11 @@ fn accept_ranks(r: &Rendezvous, payload: Vec<u8>, stop: &Stop) -> Result<(Vec<Li
         };
         Error::Runtime(format!("rank 0 cannot listen on {where_}: {e}{hint}"))
     })?;
+    // Said once the port is this rank's: before, a port in use read as a wait.
+    tracing::info!(
+        "rank 0 of {}: waiting for the other ranks on {where_}",
+        r.world_size
+    );
     listener
         .set_nonblocking(true)
         .map_err(|e| Error::Runtime(format!("{where_}: {e}")))?;

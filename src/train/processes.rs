@@ -122,12 +122,6 @@ impl<B: Backend> ProcessReplicas<B> {
             collective,
             resumes,
         };
-        tracing::info!(
-            "rank 0 of {}: waiting for the other ranks on {}:{}",
-            world.world_size,
-            world.master_addr,
-            world.master_port
-        );
         let payload = serde_json::to_vec(&greeting).expect("a greeting serialises");
         let (mut links, _) = connect(&world, payload)?;
         for link in &mut links {
