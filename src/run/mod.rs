@@ -260,11 +260,17 @@ impl RunDir {
     pub fn set_summary_aside(&self) -> Result<()> {
         let summary = self.path.join("summary.json");
         match fs::rename(&summary, self.path.join(EARLIER_SUMMARY)) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::Runtime(format!(
+            // No summary: an attempt since the one that wrote any summary set aside did not
+            // finish (killed); that summary no longer tells how the run stands.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let _ = fs::remove_file(self.path.join(EARLIER_SUMMARY));
+                Ok(())
+            }
+            Err(e) => Err(Error::Runtime(format!(
                 "cannot move {} aside: {e}",
                 summary.display()
             ))),
-            _ => Ok(()),
+            Ok(()) => Ok(()),
         }
     }
 
@@ -361,6 +367,34 @@ mod tests {
             None,
             "no lock file: an older version's run"
         );
+    }
+
+    /// A resume sets the summary aside, and puts it back only when its own attempt can
+    /// write none; an attempt that was killed in between leaves nothing to put back.
+    #[test]
+    fn a_summary_set_aside_comes_back_only_for_the_attempt_that_set_it_aside() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = RunDir::create_at(&tmp.path().join("run")).unwrap();
+        let summary = run.path.join("summary.json");
+        run.write_summary(&serde_json::json!({"status": "completed"}))
+            .unwrap();
+        let completed = std::fs::read(&summary).unwrap();
+        run.set_summary_aside().unwrap();
+        assert!(!summary.exists());
+        assert!(run.restore_summary());
+        assert_eq!(std::fs::read(&summary).unwrap(), completed);
+        // Set aside, then the attempt is killed; the next attempt finds no summary.
+        run.set_summary_aside().unwrap();
+        run.set_summary_aside().unwrap();
+        assert!(!run.restore_summary(), "a stale summary was put back");
+        assert!(!summary.exists());
+        // A summary written ends any set aside.
+        run.write_summary(&serde_json::json!({"status": "completed"}))
+            .unwrap();
+        run.set_summary_aside().unwrap();
+        run.write_summary(&serde_json::json!({"status": "failed"}))
+            .unwrap();
+        assert!(!run.path.join(super::EARLIER_SUMMARY).exists());
     }
 
     #[test]
