@@ -230,8 +230,12 @@ fn main() -> ExitCode {
         // The report is printed even for a job too large for this machine, whose refusal
         // (exit 1, as `run` would) follows it.
         Command::Check { job, sets, explain } => commands::check(&job, &sets).and_then(|checked| {
+            // Quietly: loading the job again would repeat check's warnings.
+            let quiet = tracing::subscriber::NoSubscriber::default();
             match explain {
-                true => print_out(&trainer::spec::explain(&job, &sets)?)?,
+                true => print_out(&tracing::subscriber::with_default(quiet, || {
+                    trainer::spec::explain(&job, &sets)
+                })?)?,
                 false => print_out(&checked.report)?,
             }
             checked.runnable_here

@@ -164,14 +164,19 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
     // device it may run on (`point_runs`), with its overrides.
     let mut specs: Vec<JobSpec> = Vec::with_capacity(points.len());
     let mut point_jobs: Vec<Vec<(String, Vec<String>, JobSpec)>> = Vec::new();
+    // Quietly: what loading a point's job warns of, its run says again in its own log.
+    let load_quietly = |sets: &[String]| {
+        let quiet = tracing::subscriber::NoSubscriber::default();
+        tracing::subscriber::with_default(quiet, || load_job(&args.job, sets))
+    };
     for (i, point) in points.iter().enumerate() {
         let sets = point_sets(&args.sets, point);
-        let spec = load_job(&args.job, &sets).map_err(|e| invalid(i, e, ""))?;
+        let spec = load_quietly(&sets).map_err(|e| invalid(i, e, ""))?;
         let mut jobs = Vec::new();
         for (on, sets) in point_runs(&args.sets, point, slots.as_deref()) {
             let spec = match on.is_empty() {
                 true => spec.clone(),
-                false => load_job(&args.job, &sets).map_err(|e| invalid(i, e, &on))?,
+                false => load_quietly(&sets).map_err(|e| invalid(i, e, &on))?,
             };
             jobs.push((on, sets, spec));
         }
@@ -459,7 +464,7 @@ fn interrupted(signal: i32, what: &str) -> Error {
 /// does not keep a dead point from running again.
 fn running_elsewhere(point_dir: &Path) -> bool {
     match crate::run::lock_state(point_dir) {
-        Some(crate::run::LockState::HeldBy(pid)) => return pid != Some(std::process::id()),
+        Some(crate::run::LockState::HeldBy(pid)) => return pid != std::process::id(),
         Some(crate::run::LockState::Free) => return false,
         None => {}
     }

@@ -957,6 +957,14 @@ fn ragged_csv_row_names_the_line() {
            lines: is a quote left open?)",
         ],
     );
+    // Lines are counted as the file has them, blank ones too.
+    expect_failure(
+        CSV_JOB,
+        &[("data.csv", b"a,b,label\n\n\n1,x,0\n")],
+        &[],
+        2,
+        &["data.csv: line 4, column 1 (`b`): `x` is not a number"],
+    );
     // In the last column the count is right: the field itself says it.
     let open_in_label: &[u8] = b"a,b,label\n1,2,0\n3,4,\"1\n5,6,1\n";
     let open_on_last_line: &[u8] = b"a,b,label\n1,2,0\n3,4,\"1\n";
@@ -996,8 +1004,8 @@ fn ragged_csv_row_names_the_line() {
         &[],
         2,
         &[
-            "line 1, column 0: `a` is not a number; data.header = false reads line 1 as data: is \
-           it a header?",
+            "line 1, column 0: `a` is not a number; data.header = false reads the first line as data: \
+           is it a header?",
         ],
     );
 }

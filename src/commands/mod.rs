@@ -726,7 +726,7 @@ fn run_on<B: Backend>(
     // From here on the run directory is this attempt's: a failure (a full disk, a file that
     // cannot be written) ends it as failed in summary.json, not as a run that looks killed.
     if let Err(e) = prepare_run_dir(&run, args, spec, &start, &device) {
-        let e = record_failure(&run, args, spec, e, 0.0);
+        let e = record_failure(&run, args, spec, e, 0.0, Training::NotBegun);
         crate::logging::detach_run_log();
         return Err(e);
     }
@@ -792,9 +792,26 @@ fn prepare_run_dir(
         .map_err(|e| Error::Runtime(format!("cannot create {}: {e}", log.display())))
 }
 
+/// How far an attempt that failed got: whether its run may still read as before it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Training {
+    /// Failed setting its run directory up: nothing of the run's training changed.
+    NotBegun,
+    /// metrics.csv reopened (and cut back to the checkpoint) or training under way.
+    Begun,
+}
+
 /// Ends an attempt that failed: summary.json says so and why (as far as it can be written),
-/// and the error names the run and how to continue it.
-fn record_failure(run: &RunDir, args: &RunArgs, spec: &JobSpec, e: Error, wall: f64) -> Error {
+/// and the error names the run and how to continue it. Where not even that can be written
+/// and training had not begun, a resumed run's earlier summary is put back.
+fn record_failure(
+    run: &RunDir,
+    args: &RunArgs,
+    spec: &JobSpec,
+    e: Error,
+    wall: f64,
+    training: Training,
+) -> Error {
     let summary = serde_json::json!({
         "status": "failed",
         "end_reason": match e {
@@ -811,7 +828,7 @@ fn record_failure(run: &RunDir, args: &RunArgs, spec: &JobSpec, e: Error, wall: 
         Ok(()) => with_resume_hint(e, args, run, true),
         // The run's own error (a full disk writing metrics.csv, say) is the cause to show.
         Err(summary_error) => {
-            let earlier = match run.restore_summary() {
+            let earlier = match training == Training::NotBegun && run.restore_summary() {
                 true => "; the earlier summary.json is back",
                 false => "",
             };
@@ -861,7 +878,10 @@ fn run_in<B: Backend>(
         Start::Resume(point, _) => nothing_left_to_train(&point.checkpoint, spec, total),
         Start::Fresh { .. } => false,
     };
-    let fail = |e| record_failure(run, args, spec, e, started.elapsed().as_secs_f64());
+    let fail = |e| {
+        let wall = started.elapsed().as_secs_f64();
+        record_failure(run, args, spec, e, wall, Training::Begun)
+    };
     let (metrics, session) = match start {
         Start::Fresh { initial } => (
             MetricsWriter::create(&metrics_path),
@@ -908,7 +928,7 @@ fn run_in<B: Backend>(
     let resumed_from = resumed_from.map(|p| p.display().to_string());
     let outcome = match result {
         Ok(outcome) => outcome,
-        Err(e) => return Err(record_failure(run, args, spec, e, wall)),
+        Err(e) => return Err(record_failure(run, args, spec, e, wall, Training::Begun)),
     };
     let summary = match outcome.interrupted {
         Some(_) => serde_json::json!({

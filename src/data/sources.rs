@@ -166,12 +166,35 @@ fn parse_csv(
     let mut first_width = None;
     // Values that parse but are not finite (nan, inf, 1e39 beyond f32): the first one's place.
     let (mut not_finite, mut first_not_finite) = (0usize, None);
+    // Line numbers from the records' byte offsets: the reader's own count skips blank lines.
+    let (mut counted_to, mut newlines) = (0usize, 0usize);
+    let mut first_row = true;
     for (row, record) in reader.records().enumerate() {
         let record = record.map_err(|e| csv_error(name, &e))?;
-        let line = record.position().map_or(row + 1, |p| p.line() as usize);
+        let line = match record.position() {
+            Some(p) => {
+                // The position is where the reader began, before the blank lines it skipped.
+                let mut at = (p.byte() as usize).min(text.len());
+                while at < text.len() && matches!(text[at], b'\n' | b'\r') {
+                    at += 1;
+                }
+                newlines += text[counted_to.min(at)..at]
+                    .iter()
+                    .filter(|&&b| b == b'\n')
+                    .count();
+                counted_to = at;
+                newlines + 1
+            }
+            None => row + 1,
+        };
         if record.len() == 1 && record[0].trim().is_empty() {
             continue;
         }
+        // Text in the first row of a file read without a header is likely its header.
+        let header_hint = match (has_header, std::mem::take(&mut first_row)) {
+            (false, true) => "; data.header = false reads the first line as data: is it a header?",
+            _ => "",
+        };
         let expected = match headers.len() {
             0 => *first_width.get_or_insert(record.len()),
             n => n,
@@ -184,10 +207,14 @@ fn parse_csv(
             };
             // A quote never closed swallows the lines after it into one field; a comma at
             // the end of a line adds an empty one.
+            let last_empty =
+                |r: &csv::StringRecord| r.iter().next_back().map(str::trim) == Some("");
             let quote = if record.iter().any(|f| f.contains('\n')) {
                 " (a field runs over several lines: is a quote left open?)"
-            } else if record.len() > expected && record.iter().next_back() == Some("") {
+            } else if record.len() > expected && last_empty(&record) {
                 " (does the line end with a comma?)"
+            } else if record.len() < expected && headers.last().is_some_and(|h| h.is_empty()) {
+                " (does the header end with a comma?)"
             } else {
                 ""
             };
@@ -237,11 +264,6 @@ fn parse_csv(
                  left open?",
                 column(col)
             ))
-        };
-        // Text in the first line of a file read without a header is likely its header.
-        let header_hint = match (has_header, row) {
-            (false, 0) => "; data.header = false reads line 1 as data: is it a header?",
-            _ => "",
         };
         let mut value = |col: usize| -> Result<f32> {
             let field = record.get(col).unwrap_or("");

@@ -98,11 +98,12 @@ impl RunRecord {
             ));
         }
         let summary_path = dir.join("summary.json");
+        let had_summary = summary_path.exists();
         let mut summary = read_summary(&summary_path);
         let mut alive = Status::Unfinished;
         if summary.is_none() {
             alive = liveness(dir);
-            if alive != Status::Running && summary_path.exists() {
+            if alive != Status::Running && !had_summary && summary_path.exists() {
                 // The run ended between the two looks: it writes its summary before it lets
                 // go of its lock.
                 summary = read_summary(&summary_path);

@@ -70,54 +70,55 @@ fn lock(dir: &Path) -> Result<fs::File> {
 /// never stands in the way of a run starting. None where the table cannot be read or the
 /// directory has no lock file (runs of older versions).
 ///
-/// The table names a lock's file by device and inode, but its device is the filesystem's
-/// own, which `stat` does not always report (btrfs subvolumes): lines are matched by inode,
-/// and the holder is confirmed by an open file of its with this device and inode. A holder
-/// in another pid namespace (a container sharing the directory) is listed as pid 0 and
-/// cannot be confirmed: the inode match is taken, the pid left unknown.
+/// The table names a lock's file by major:minor:inode, with the filesystem's own device,
+/// which `stat` does not report on btrfs subvolumes. A line with the lock file's inode
+/// whose device differs is confirmed by an open file of the holder's with the lock file's
+/// device and inode; where the holder's open files cannot be read (another user's process)
+/// the inode is taken as enough: calling a killed run running is the safer mistake (a sweep
+/// leaves it alone) than taking over a live one. Holders in another pid namespace are left
+/// out of the table by the kernel, so their runs read as not held.
 pub(crate) fn lock_state(dir: &Path) -> Option<LockState> {
     use std::os::unix::fs::MetadataExt;
     let meta = fs::metadata(dir.join(LOCK_FILE)).ok()?;
     let table = fs::read_to_string("/proc/locks").ok()?;
-    let holds = |pid: u32| {
-        let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
-            return false;
-        };
-        fds.flatten().any(|fd| {
+    let device = format!(
+        "{:02x}:{:02x}:{}",
+        libc::major(meta.dev()),
+        libc::minor(meta.dev()),
+        meta.ino()
+    );
+    let holds = |pid: u32| match fs::read_dir(format!("/proc/{pid}/fd")) {
+        Ok(fds) => fds.flatten().any(|fd| {
             fs::metadata(fd.path()).is_ok_and(|m| m.dev() == meta.dev() && m.ino() == meta.ino())
-        })
+        }),
+        Err(_) => true,
     };
     // "1: FLOCK  ADVISORY  WRITE 4242 00:2a:131077 0 EOF" (a POSIX lock on NFS, which
-    // emulates flock so): the pid, then major:minor:inode.
+    // emulates flock so); a process waiting for the lock is listed under it as
+    // "1: -> FLOCK ...", and is no holder.
     let holder = table.lines().find_map(|line| {
         let fields: Vec<&str> = line.split_whitespace().collect();
         let at = fields.iter().position(|f| *f == "FLOCK" || *f == "POSIX")?;
-        let inode = fields
-            .get(at + 4)?
-            .rsplit(':')
-            .next()?
-            .parse::<u64>()
-            .ok()?;
-        let pid = fields.get(at + 3)?.parse::<u32>().ok()?;
-        (inode == meta.ino() && (pid == 0 || holds(pid))).then_some(pid)
+        if at > 0 && fields[at - 1] == "->" {
+            return None;
+        }
+        let (pid, file) = (fields.get(at + 3)?, *fields.get(at + 4)?);
+        let pid = pid.parse::<u32>().ok()?;
+        let inode = file.rsplit(':').next()?.parse::<u64>().ok()?;
+        (file == device || (inode == meta.ino() && holds(pid))).then_some(pid)
     });
-    Some(match holder {
-        Some(0) => LockState::HeldBy(None),
-        Some(pid) => LockState::HeldBy(Some(pid)),
-        None => LockState::Free,
-    })
+    Some(holder.map_or(LockState::Free, LockState::HeldBy))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum LockState {
-    /// Held, by this pid when it is known.
-    HeldBy(Option<u32>),
+    HeldBy(u32),
     Free,
 }
 
 fn lock_holder(dir: &Path) -> Option<u32> {
     match lock_state(dir)? {
-        LockState::HeldBy(pid) => pid,
+        LockState::HeldBy(pid) => Some(pid),
         LockState::Free => None,
     }
 }
@@ -358,7 +359,7 @@ mod tests {
         let run = RunDir::create_at(&dir).unwrap();
         assert_eq!(
             lock_state(&dir),
-            Some(LockState::HeldBy(Some(std::process::id())))
+            Some(LockState::HeldBy(std::process::id()))
         );
         drop(run);
         assert_eq!(lock_state(&dir), Some(LockState::Free));

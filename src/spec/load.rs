@@ -103,13 +103,7 @@ fn warn_of_merged_tables(sets: &[String], file: &toml::Table, set_table: &toml::
             if one { "it" } else { "them" },
             if one { "it" } else { "them" },
         );
-        // Once per process: `check --explain` and a sweep's points load the job again.
-        static WARNED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
-        let mut warned = WARNED.lock().unwrap_or_else(|e| e.into_inner());
-        if !warned.contains(&warning) {
-            tracing::warn!("{warning}");
-            warned.push(warning);
-        }
+        tracing::warn!("{warning}");
     }
 }
 
@@ -270,7 +264,7 @@ pub fn parse_set_arg(arg: &str) -> Result<(Vec<KeyStep>, toml::Value)> {
     if matches!(value, toml::Value::Float(f) if f.is_infinite()) && !raw.contains("inf") {
         return Err(job_err!(
             "--set {arg}: `{raw}` is beyond the largest number, about 1.8e308 (write inf or \
-             -inf if that is meant)"
+             -inf if that is meant); quote it for text: \"{raw}\""
         ));
     }
     Ok((steps, value))
