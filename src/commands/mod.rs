@@ -737,7 +737,7 @@ fn run_on<B: Backend>(
         );
     }
     let result = run_in(
-        &run, args, began, spec, data, graph, backend, start, parallel, &stop,
+        &run, args, began, spec, data, graph, backend, start, parallel, &stop, &device,
     );
     if let Err(e) = &result {
         // The log of a failed run ends with why (summary.json has it too).
@@ -851,13 +851,11 @@ fn run_in<B: Backend>(
     start: Start,
     parallel: Option<Box<dyn DataParallel<B>>>,
     stop: &Stop,
+    device: &str,
 ) -> Result<()> {
     let started = Instant::now();
     let memory = memory_plan(spec, &graph, &data, backend.free_memory());
     let layout = BatchLayout::of(spec);
-    let device = parallel
-        .as_ref()
-        .map_or_else(|| backend.describe(), |p| p.describe());
     tracing::info!(
         "run {} ({}): {} parameters, {} training samples, device {device}, batch {layout}, \
          planned memory {}{}",

@@ -246,8 +246,7 @@ fn parse_csv(
                     "; the header's last name is empty too: do the lines end with a comma?"
                 }
                 None if col + 1 == record.len() => {
-                    "; it is the last field: does the line end \
-                                                    with a comma?"
+                    "; it is the last field: does the line end with a comma?"
                 }
                 _ => "",
             };
@@ -256,24 +255,25 @@ fn parse_csv(
                 column(col)
             ))
         };
-        // Every column read is a number: a field holding a line end is a quote left open,
-        // which swallows the lines after it (on the last line, only the line end).
-        let open_quote = |col: usize| {
-            Error::Job(format!(
-                "{name}: line {line}, column {}: the field runs over several lines: is a quote \
-                 left open?",
-                column(col)
-            ))
+        // A column's text, trimmed: never empty, and on one line (every column read is a
+        // number, so a line end in it is a quote left open, which swallows the lines after
+        // it; on the last line, only the line end).
+        let field = |col: usize| -> Result<&str> {
+            let text = record.get(col).unwrap_or("");
+            if text.contains('\n') {
+                return Err(Error::Job(format!(
+                    "{name}: line {line}, column {}: the field runs over several lines: is a \
+                     quote left open?",
+                    column(col)
+                )));
+            }
+            match text.trim() {
+                "" => Err(empty(col)),
+                text => Ok(text),
+            }
         };
         let mut value = |col: usize| -> Result<f32> {
-            let field = record.get(col).unwrap_or("");
-            if field.contains('\n') {
-                return Err(open_quote(col));
-            }
-            let field = field.trim();
-            if field.is_empty() {
-                return Err(empty(col));
-            }
+            let field = field(col)?;
             let v = field.parse::<f32>().map_err(|_| {
                 Error::Job(format!(
                     "{name}: line {line}, column {}: `{field}` is not a number{header_hint}",
@@ -295,14 +295,7 @@ fn parse_csv(
             Task::Regression => value(*label_col)?,
             Task::Classification => {
                 // Checked as written: as an f32, 2.00000001 would pass for class 2.
-                let field = record.get(*label_col).unwrap_or("");
-                if field.contains('\n') {
-                    return Err(open_quote(*label_col));
-                }
-                let field = field.trim();
-                if field.is_empty() {
-                    return Err(empty(*label_col));
-                }
+                let field = field(*label_col)?;
                 match field.parse::<f64>() {
                     Ok(v) if v >= 0.0 && v.fract() == 0.0 && v <= MAX_CLASS_INDEX => v as f32,
                     parsed => {
