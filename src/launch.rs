@@ -47,13 +47,15 @@ pub fn run(args: &RunArgs, spec: &JobSpec) -> Result<()> {
     let devices = rank_devices(spec, world);
     let program = std::env::current_exe()
         .map_err(|e| runtime_err!("cannot find this program to start the replicas: {e}"))?;
+    // Caught before anything is said: a Ctrl-C that follows the "starting" line must be
+    // passed on to the ranks, not end this process by the default action.
+    let signals =
+        Received::install().map_err(|e| runtime_err!("cannot install the signal handlers: {e}"))?;
     let port = free_port()?;
     tracing::info!(
         "starting {world} processes, one per replica ({}), meeting on 127.0.0.1:{port}",
         devices.join(", ")
     );
-    let signals =
-        Received::install().map_err(|e| runtime_err!("cannot install the signal handlers: {e}"))?;
     let mut ranks = Vec::with_capacity(world);
     for (rank, device) in devices.iter().enumerate() {
         let mut cmd = rank_command(&program, args, rank, world, port);
