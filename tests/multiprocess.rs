@@ -123,6 +123,28 @@ struct Ended {
 }
 
 /// Waits for `child` at most `limit` (then kills it and fails).
+/// Returns once `rank` says it is at the rendezvous (it catches signals from a moment after
+/// that line), reading its stderr a byte at a time so that `finish` still gets the rest.
+fn at_the_rendezvous(rank: &mut Child) {
+    let stderr = rank.stderr.as_mut().unwrap();
+    let (mut seen, mut byte) = (Vec::new(), [0u8]);
+    let said = |seen: &[u8]| {
+        let seen = String::from_utf8_lossy(seen);
+        seen.contains("joining rank 0") || seen.contains("waiting for the other ranks")
+    };
+    while !said(&seen) {
+        let n = stderr.read(&mut byte).unwrap();
+        assert_eq!(
+            n,
+            1,
+            "the rank ended first: {}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.push(byte[0]);
+    }
+    std::thread::sleep(Duration::from_millis(200));
+}
+
 fn finish(mut child: Child, limit: Duration) -> Ended {
     let started = Instant::now();
     let status = loop {
@@ -991,8 +1013,8 @@ fn a_rank_still_waiting_for_rank_zero_ends_at_once_on_sigterm() {
     let tmp = tempfile::tempdir().unwrap();
     let job = write_job(tmp.path(), JOB);
     // No rank 0: rank 1 waits at the rendezvous (for parallel.timeout, 10 minutes).
-    let waiting = spawn_rank(1, 2, free_port(), &[job.to_str().unwrap()]);
-    std::thread::sleep(Duration::from_millis(300));
+    let mut waiting = spawn_rank(1, 2, free_port(), &[job.to_str().unwrap()]);
+    at_the_rendezvous(&mut waiting);
     unsafe { libc::kill(waiting.id() as i32, libc::SIGTERM) };
     // A launcher (torchrun, srun) stopping a run that never started does not wait for it.
     let ended = finish(waiting, Duration::from_secs(5));
@@ -1020,8 +1042,8 @@ fn a_rank_waiting_at_the_rendezvous_stops_on_sigint_even_started_with_it_ignored
                 Ok(())
             });
         }
-        let waiting = command.spawn().unwrap();
-        std::thread::sleep(Duration::from_millis(1500));
+        let mut waiting = command.spawn().unwrap();
+        at_the_rendezvous(&mut waiting);
         unsafe { libc::kill(waiting.id() as i32, libc::SIGINT) };
         let ended = finish(waiting, Duration::from_secs(5));
         assert_eq!(ended.code, Some(130), "rank {rank}: {}", ended.stderr);
