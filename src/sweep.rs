@@ -223,10 +223,14 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
     // The points still to train must also have data their model fits, and fit in memory
     // where they will run. (A re-run does not load the data of the points that are done.)
     let mut data = None;
+    // What each point to train plans to hold on each device it may run on (with --devices,
+    // in the order of `devices::distinct`, as `point_runs` lists them).
+    let mut needs: Vec<Vec<commands::Need>> = Vec::new();
     for (i, point_dir) in point_dirs.iter().enumerate() {
         if standing(point_dir, args.retry_failed).0 != Standing::ToTrain {
             continue;
         }
+        let mut on_each = Vec::new();
         for (on, sets, spec) in &point_jobs[i] {
             // Quietly: what loading the data and picking the device say, the point's run says
             // again in its own log.
@@ -234,7 +238,7 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
             let checked = tracing::subscriber::with_default(quiet, || {
                 commands::check_sweep_point(&args.job, sets, spec, &mut data)
             });
-            checked.map_err(|e| match e {
+            let need = checked.map_err(|e| match e {
                 // A failure to read, or a point too large for the machine (not a bad job),
                 // stays a failure while running, exit 1.
                 Error::Runtime(m) => {
@@ -242,9 +246,14 @@ pub fn sweep(args: &SweepArgs) -> Result<()> {
                 }
                 e => invalid(i, e, on),
             })?;
+            on_each.push(need);
         }
+        needs.push(on_each);
     }
     drop(data);
+    if let Some(slots) = &slots {
+        devices::warn_of_shared_memory(slots, &needs);
+    }
 
     std::fs::create_dir_all(&dir)
         .map_err(|e| crate::run::create_dir_error("sweep directory", &dir, e))?;

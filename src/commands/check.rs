@@ -1,6 +1,6 @@
 //! `trainer check` (a job's graph, shapes, parameters and memory) and `trainer devices`.
 
-use super::memory::{activation_storage, fits_here, gpu_whole_memory, group_digits};
+use super::memory::{activation_storage, all_replicas_memory, group_digits, Need};
 use super::*;
 
 /// How data parallelism averages the gradients on the resolved device (`on_gpus`): bucket by
@@ -153,9 +153,10 @@ pub fn check(job: &Path, sets: &[String]) -> Result<Checked> {
         out += &format!("all-reduce: gradients {how}\n");
     }
     out += "\n";
-    // The GPU's whole memory: what "auto" would find free when nothing else runs there.
-    let gpu_memory = gpu.map(gpu_whole_memory);
-    let m = memory_plan(&spec, &graph, &data, gpu_memory);
+    // On a GPU, planned for its whole memory: what "auto" would find free when nothing else
+    // runs there.
+    let need = Need::of(&spec, &graph, &data, gpu);
+    let m = &need.plan;
     let device = if on_gpu {
         spec.device.kind.replace("auto", "cuda:0")
     } else {
@@ -211,10 +212,10 @@ pub fn check(job: &Path, sets: &[String]) -> Result<Checked> {
         out += &format!(
             "  {:<24} {:>12}\n",
             format!("{replicas} replicas + all-reduce"),
-            bytes(all_replicas_memory(&spec, &graph, &m))
+            bytes(all_replicas_memory(&spec, &graph, m))
         );
     }
-    let runnable_here = fits_here(&spec, &graph, &data, gpu);
+    let runnable_here = need.fits();
     if runnable_here.is_err() {
         let place = if on_gpu {
             "the GPU has"

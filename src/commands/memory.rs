@@ -84,11 +84,7 @@ pub(super) fn all_replicas_memory(spec: &JobSpec, graph: &Graph, one: &MemoryPla
 /// Refuses a CPU job that plans more memory than this machine has free, before anything is
 /// allocated or a run directory made: the allocation would abort the process instead.
 pub(super) fn check_host_memory(spec: &JobSpec, graph: &Graph, data: &Data) -> Result<()> {
-    let needed = all_replicas_memory(spec, graph, &memory_plan(spec, graph, data, None));
-    match host_memory_free() {
-        Some(free) => fits(needed, free, "this machine"),
-        None => Ok(()),
-    }
+    Need::of(spec, graph, data, None).fits()
 }
 
 /// Refuses a GPU job (this process's replica) that plans more memory than the device has
@@ -109,26 +105,72 @@ pub(super) fn check_device_memory(
     fits(needed, free, &format!("cuda:{ordinal}"))
 }
 
-/// Whether `run` would start the job here, predicted before anything is allocated: a CPU job
-/// (`gpu` None) against this machine's free memory, a GPU job against cuda:`gpu`'s whole
-/// memory (what a run finds free when nothing else runs there; not checked where the driver
-/// cannot say).
-pub(super) fn fits_here(
-    spec: &JobSpec,
-    graph: &Graph,
-    data: &Data,
-    gpu: Option<usize>,
-) -> Result<()> {
-    let Some(n) = gpu else {
-        return check_host_memory(spec, graph, data);
-    };
-    match gpu_whole_memory(n) {
-        usize::MAX => Ok(()),
-        all => fits(
-            memory_plan(spec, graph, data, Some(all)).total(),
-            all,
-            &format!("cuda:{n}, with nothing else on it,"),
-        ),
+/// Where a run's memory is: the host's (a CPU run) or a GPU's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    Host,
+    Gpu(usize),
+}
+
+impl std::fmt::Display for Place {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        match self {
+            Place::Host => f.write_str("this machine"),
+            Place::Gpu(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+/// What a run plans to hold where it trains, and the room there: a CPU run (all its
+/// replicas) against this machine's free memory, a GPU run against its GPU's whole memory
+/// (what a run finds free when nothing else runs there). `room` is None where it cannot be
+/// read (no /proc/meminfo, a driver that cannot say).
+pub struct Need {
+    pub place: Place,
+    /// One replica's plan (on a GPU, for the room it has).
+    pub plan: MemoryPlan,
+    /// The whole run's: all replicas in threads, with their all-reduce.
+    pub bytes: usize,
+    pub room: Option<usize>,
+}
+
+impl Need {
+    pub(super) fn of(spec: &JobSpec, graph: &Graph, data: &Data, gpu: Option<usize>) -> Need {
+        match gpu {
+            None => {
+                let plan = memory_plan(spec, graph, data, None);
+                let bytes = all_replicas_memory(spec, graph, &plan);
+                Need {
+                    place: Place::Host,
+                    plan,
+                    bytes,
+                    room: host_memory_free(),
+                }
+            }
+            Some(n) => {
+                let room = Some(gpu_whole_memory(n)).filter(|&m| m != usize::MAX);
+                let plan = memory_plan(spec, graph, data, Some(room.unwrap_or(usize::MAX)));
+                Need {
+                    place: Place::Gpu(n),
+                    bytes: plan.total(),
+                    plan,
+                    room,
+                }
+            }
+        }
+    }
+
+    /// Whether `run` would start the job here, predicted before anything is allocated.
+    pub(super) fn fits(&self) -> Result<()> {
+        match (self.room, self.place) {
+            (None, _) => Ok(()),
+            (Some(room), Place::Host) => fits(self.bytes, room, "this machine"),
+            (Some(room), Place::Gpu(n)) => fits(
+                self.bytes,
+                room,
+                &format!("cuda:{n}, with nothing else on it,"),
+            ),
+        }
     }
 }
 

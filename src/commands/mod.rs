@@ -30,7 +30,8 @@ mod start;
 
 pub use check::{check, devices, Checked};
 pub use memory::bytes;
-use memory::{all_replicas_memory, check_device_memory, check_host_memory, fits_here, memory_plan};
+use memory::{all_replicas_memory, check_device_memory, check_host_memory, memory_plan};
+pub use memory::{Need, Place};
 use start::{
     final_rows, job_command, nothing_left_to_train, plan_start, resume_command,
     with_original_init_from, with_resume_hint,
@@ -148,14 +149,16 @@ fn with_data_key(job: &Path, sets: &[String], spec: &JobSpec, e: Error) -> Error
 
 /// What `trainer run` checks of a sweep point before anything trains, beyond its keys: its
 /// data loads, its model fits the data (shapes, token ids, batches), its device can run it
-/// and it fits in that device's memory (`memory::fits_here`). `last` keeps the data set of
-/// the previous point: points that differ in other keys load it once.
+/// and it fits in that device's memory (`memory::Need::fits`). Returns what it plans to hold
+/// there, with its own copy of the data set on the host (a point is a process of its own).
+/// `last` keeps the data set of the previous point: points that differ in other keys load it
+/// once.
 pub fn check_sweep_point(
     job: &Path,
     sets: &[String],
     spec: &JobSpec,
     last: &mut Option<(String, Data)>,
-) -> Result<()> {
+) -> Result<Need> {
     let key = serde_json::to_string(&(&spec.data, spec.job.seed)).expect("a spec serialises");
     let data = match last.take() {
         Some((k, data)) if k == key => data,
@@ -168,7 +171,12 @@ pub fn check_sweep_point(
             Device::Cpu => None,
             Device::Cuda(n) => Some(n),
         };
-        fits_here(spec, &graph, &data, gpu)
+        let mut need = Need::of(spec, &graph, &data, gpu);
+        need.fits()?;
+        if need.place == Place::Host {
+            need.bytes += data.bytes();
+        }
+        Ok(need)
     });
     *last = Some((key, data));
     checked

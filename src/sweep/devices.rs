@@ -17,6 +17,7 @@
 //! a re-run of the sweep leaves points that are still training alone.
 
 use super::{interrupted, Pending, Sweep, Trained};
+use crate::commands::{Need, Place};
 use crate::error::{Error, Result};
 use crate::launch;
 use crate::signals::{Stop, SIGINT, SIGTERM};
@@ -109,6 +110,85 @@ pub(super) fn distinct(slots: &[Slot]) -> Vec<&str> {
         }
     }
     out
+}
+
+/// Points side by side on one device share its memory, and each was checked alone: this
+/// warns where the largest of them, as many as there are slots on the device, plan more
+/// together than it has. Only a warning: which points meet depends on the order they end in,
+/// and a point that runs out of memory fails alone (`--retry-failed` trains it again).
+/// `needs`: per point to train, its plan on each of `distinct(slots)`, in that order.
+pub(super) fn warn_of_shared_memory(slots: &[Slot], needs: &[Vec<Need>]) {
+    for crowd in crowded(slots, needs) {
+        let place = crowd.place;
+        let has = match place {
+            Place::Host => "has free",
+            Place::Gpu(_) => "has",
+        };
+        tracing::warn!(
+            "up to {n} points train side by side on {place} (--devices {listed}), and the {n}              largest plan {together} together where {place} {has} {room}: a point that runs              out of memory fails (--retry-failed trains it again); to avoid it, list fewer              slots on {place} or lower data.batch_size",
+            n = crowd.side_by_side,
+            listed = crowd.listed.join(","),
+            together = crate::commands::bytes(crowd.together),
+            room = crate::commands::bytes(crowd.room),
+        );
+    }
+}
+
+/// A device whose points side by side may need more than it has.
+#[derive(Debug, PartialEq)]
+struct Crowd<'a> {
+    place: Place,
+    /// The slots that train there, as --devices names them.
+    listed: Vec<&'a str>,
+    side_by_side: usize,
+    together: usize,
+    room: usize,
+}
+
+fn crowded<'a>(slots: &'a [Slot], needs: &[Vec<Need>]) -> Vec<Crowd<'a>> {
+    // Each place (slots named "cuda" and "cuda:0" are one GPU) with its slots and room.
+    let mut places: Vec<(Place, Vec<&str>, Option<usize>)> = Vec::new();
+    for (d, name) in distinct(slots).into_iter().enumerate() {
+        let Some(need) = needs.iter().find_map(|on| on.get(d)) else {
+            return Vec::new(); // nothing to train
+        };
+        let listed = slots
+            .iter()
+            .filter(|s| s.device == name)
+            .map(|s| s.device.as_str());
+        match places.iter_mut().find(|p| p.0 == need.place) {
+            Some(p) => p.1.extend(listed),
+            None => places.push((need.place, listed.collect(), need.room)),
+        }
+    }
+    let mut crowds = Vec::new();
+    for (place, listed, room) in places {
+        let Some(room) = room else { continue };
+        // Each point's plan there (the largest, if two slot names lead to this place).
+        let mut each: Vec<usize> = needs
+            .iter()
+            .map(|on| {
+                on.iter()
+                    .filter(|n| n.place == place)
+                    .map(|n| n.bytes)
+                    .max()
+            })
+            .map(Option::unwrap_or_default)
+            .collect();
+        each.sort_unstable_by(|a, b| b.cmp(a));
+        let side_by_side = listed.len().min(each.len());
+        let together = each[..side_by_side].iter().sum::<usize>();
+        if side_by_side > 1 && together > room {
+            crowds.push(Crowd {
+                place,
+                listed,
+                side_by_side,
+                together,
+                room,
+            });
+        }
+    }
+    crowds
 }
 
 /// The override that puts a point on `device`.
@@ -366,6 +446,63 @@ fn finish(sweep: &Sweep, point: Running, status: ExitStatus, slots: &[Slot]) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn need(place: Place, gib: usize, room_gib: Option<usize>) -> Need {
+        Need {
+            place,
+            plan: Default::default(),
+            bytes: gib << 30,
+            room: room_gib.map(|r| r << 30),
+        }
+    }
+
+    /// Two slots on one 80 GiB GPU: the two largest points (50 + 40 GiB) may meet there;
+    /// each fits alone. A third point of 10 GiB does not change the worst case.
+    #[test]
+    fn the_largest_points_side_by_side_on_one_gpu_are_warned_of() {
+        let slots = slots(vec!["cuda:0".into(), "cuda".into()], 16);
+        let gpu = Place::Gpu(0);
+        let needs: Vec<Vec<Need>> = [50, 10, 40]
+            .into_iter()
+            .map(|gib| vec![need(gpu, gib, Some(80)), need(gpu, gib, Some(80))])
+            .collect();
+        assert_eq!(
+            crowded(&slots, &needs),
+            [Crowd {
+                place: gpu,
+                listed: vec!["cuda:0", "cuda"],
+                side_by_side: 2,
+                together: 90 << 30,
+                room: 80 << 30,
+            }]
+        );
+        // 40 + 30 fit in 80; one slot per GPU never crowds it; one point meets nobody.
+        let fitting: Vec<Vec<Need>> = [40, 30, 10]
+            .into_iter()
+            .map(|gib| vec![need(gpu, gib, Some(80)), need(gpu, gib, Some(80))])
+            .collect();
+        assert_eq!(crowded(&slots, &fitting), []);
+        let apart = super::slots(vec!["cuda:0".into(), "cuda:1".into()], 16);
+        let two_gpus: Vec<Vec<Need>> = [50, 40]
+            .into_iter()
+            .map(|gib| vec![need(gpu, gib, Some(80)), need(Place::Gpu(1), gib, Some(80))])
+            .collect();
+        assert_eq!(crowded(&apart, &two_gpus), []);
+        assert_eq!(crowded(&slots, &needs[..1]), []);
+    }
+
+    /// CPU slots share the host's free memory; a room that cannot be read is not guessed.
+    #[test]
+    fn cpu_slots_share_the_host_memory_and_an_unknown_room_is_not_judged() {
+        let slots = slots(vec!["cpu".into(), "cpu".into(), "cpu".into()], 6);
+        let host = |gib, room| vec![need(Place::Host, gib, room)];
+        let needs = vec![host(3, Some(8)), host(3, Some(8)), host(3, Some(8))];
+        let crowds = crowded(&slots, &needs);
+        assert_eq!(crowds.len(), 1);
+        assert_eq!((crowds[0].side_by_side, crowds[0].together), (3, 9 << 30));
+        let unknown = vec![host(3, None), host(3, None), host(3, None)];
+        assert_eq!(crowded(&slots, &unknown), []);
+    }
 
     #[test]
     fn cpu_slots_share_the_cores_and_gpus_take_none() {
