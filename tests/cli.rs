@@ -1262,6 +1262,57 @@ fn a_table_given_whole_with_set_names_the_keys_it_keeps_from_the_file() {
     );
 }
 
+/// A table given whole in an environment variable is merged as a --set's is, said the same
+/// way, and `--explain` credits its keys to that variable (there is no TRAINER_OPTIMIZER__TYPE).
+#[test]
+fn a_table_given_whole_in_the_environment_is_said_and_credited_to_its_variable() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = common::write_job(
+        tmp.path(),
+        &GOOD_JOB.replace("lr = 0.1", "lr = 0.1\nweight_decay = 0.01"),
+    );
+    let out = trainer(
+        &[
+            "check",
+            job.to_str().unwrap(),
+            "--explain",
+            "--set",
+            "optimizer.weight_decay=0",
+        ],
+        &[("TRAINER_OPTIMIZER", r#"{type="sgd", momentum=0.9}"#)],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert_eq!(err.matches("is merged into").count(), 1, "{err}");
+    assert!(
+        err.contains(
+            "environment TRAINER_OPTIMIZER={...} is merged into the job file's optimizer: \
+             optimizer.lr keeps the file's value (give it in the variable to change it)"
+        ),
+        "{err}"
+    );
+    let said = common::stdout(&out);
+    let source = |key: &str| {
+        let line = said.lines().find(|l| l.starts_with(&format!("{key} ")));
+        line.unwrap_or_else(|| panic!("no {key} in:\n{said}"))
+            .to_string()
+    };
+    assert!(source("optimizer.type").ends_with("environment TRAINER_OPTIMIZER"));
+    assert!(source("optimizer.momentum").ends_with("environment TRAINER_OPTIMIZER"));
+    assert!(source("optimizer.lr").contains("file "), "{said}");
+    // An error in the table names the variable too.
+    let out = trainer(
+        &["check", job.to_str().unwrap()],
+        &[("TRAINER_OPTIMIZER", r#"{type="sgd", momentum="x"}"#)],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("environment TRAINER_OPTIMIZER: key `optimizer.momentum`"),
+        "{}",
+        stderr(&out)
+    );
+}
+
 #[test]
 fn a_setting_given_to_a_layer_kind_without_settings_names_the_kind() {
     let says = "a flatten layer has no settings besides `type`, `name` and `inputs`";

@@ -2,7 +2,9 @@
 //! (default, the file, the environment, `--set`). Figment tags each value with the provider
 //! that supplied it; a value in the resolved spec that no layer holds is a default.
 
-use super::load::{dotted, file_table, layers, lookup_table, parse_sets, KeyStep, SET_LAYER};
+use super::load::{
+    dotted, env_var_giving, file_table, layers, lookup_table, parse_sets, KeyStep, SET_LAYER,
+};
 use crate::error::Result;
 use crate::runtime_err;
 use figment::value::Value;
@@ -140,17 +142,19 @@ fn describe_source(figment: &figment::Figment, value: &Value, path: &[KeyStep]) 
     }
     match &meta.source {
         Some(figment::Source::File(file)) => format!("file {}", file.display()),
-        // The only other layer is the environment: TRAINER_SECTION__KEY, where an array
-        // (model.layers) can only be given whole.
+        // The only other layer is the environment: TRAINER_SECTION__KEY, or a variable that
+        // gives a table holding the key; an array (model.layers) can only be given whole.
         _ => {
             let keys: Vec<String> = path
                 .iter()
                 .map_while(|s| match s {
-                    KeyStep::Key(k) => Some(k.to_uppercase()),
+                    KeyStep::Key(k) => Some(k.clone()),
                     _ => None,
                 })
                 .collect();
-            format!("environment TRAINER_{}", keys.join("__"))
+            let var = env_var_giving(&keys)
+                .unwrap_or_else(|| format!("TRAINER_{}", keys.join("__").to_uppercase()));
+            format!("environment {var}")
         }
     }
 }

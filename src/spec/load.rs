@@ -65,29 +65,57 @@ pub fn load_job(path: &Path, sets: &[String]) -> Result<JobSpec> {
     Ok(spec)
 }
 
-/// A table given whole with `--set` (`optimizer={type="sgd", lr=0.1}`) is merged into the
-/// file's, as every layer is: the keys it leaves out keep the file's values, which may not
-/// be what was meant (a warm-up kept under another schedule), so they are named. (A list
-/// element given whole replaces the element.)
+/// A table given whole with `--set` (`optimizer={type="sgd", lr=0.1}`) or an environment
+/// variable (`TRAINER_OPTIMIZER='{type="sgd"}'`) is merged into the file's, as every layer
+/// is: the keys it leaves out keep the file's values, which may not be what was meant (a
+/// warm-up kept under another schedule), so they are named. (A list element given whole
+/// replaces the element.)
 fn warn_of_merged_tables(sets: &[String], file: &toml::Table, set_table: &toml::Table) {
+    // Tables given whole, and where: (how it was given, its key path).
+    let mut whole: Vec<(String, &str, Vec<KeyStep>)> = Vec::new();
     for arg in sets {
-        let Ok((steps, toml::Value::Table(_))) = parse_set_arg(arg) else {
-            continue;
-        };
+        if let Ok((steps, toml::Value::Table(_))) = parse_set_arg(arg) {
+            whole.push((
+                format!("--set {}={{...}}", dotted(&steps)),
+                "the --set",
+                steps,
+            ));
+        }
+    }
+    for (var, path) in job_env_vars() {
+        let value = std::env::var(&var).unwrap_or_default();
+        if value
+            .parse::<figment::value::Value>()
+            .is_ok_and(|v| v.as_dict().is_some())
+        {
+            let steps = path.into_iter().map(KeyStep::Key).collect();
+            whole.push((format!("environment {var}={{...}}"), "the variable", steps));
+        }
+    }
+    if whole.is_empty() {
+        return;
+    }
+    // What the environment gives, as one table (its variables nest by `__`).
+    let env_table = job_env()
+        .data()
+        .ok()
+        .and_then(|mut profiles| profiles.remove(&Profile::Default))
+        .and_then(|dict| toml::Table::try_from(dict).ok())
+        .unwrap_or_default();
+    for (given_as, there, steps) in whole {
         if !steps.iter().all(|s| matches!(s, KeyStep::Key(_))) {
             continue;
         }
         let Some(toml::Value::Table(in_file)) = lookup_table(file, &steps) else {
             continue;
         };
-        // What every --set gives there together (`--set optimizer={...} --set optimizer.lr=`).
-        let Some(toml::Value::Table(given)) = lookup_table(set_table, &steps) else {
-            continue;
-        };
+        // What every layer above the file gives there together (`--set optimizer={...}
+        // --set optimizer.lr=...`, or a variable and a --set).
+        let given = |table: &toml::Table, k: &str| matches!(lookup_table(table, &steps), Some(toml::Value::Table(t)) if t.contains_key(k));
         let key = dotted(&steps);
         let kept: Vec<String> = in_file
             .keys()
-            .filter(|k| !given.contains_key(*k))
+            .filter(|k| !given(set_table, k) && !given(&env_table, k))
             .map(|k| format!("{key}.{k}"))
             .collect();
         if kept.is_empty() {
@@ -95,8 +123,8 @@ fn warn_of_merged_tables(sets: &[String], file: &toml::Table, set_table: &toml::
         }
         let one = kept.len() == 1;
         let warning = format!(
-            "--set {key}={{...}} is merged into the job file's {key}: {} keep{} the file's \
-             value{} (give {} in the --set to change {})",
+            "{given_as} is merged into the job file's {key}: {} keep{} the file's value{} \
+             (give {} in {there} to change {})",
             kept.join(", "),
             if one { "s" } else { "" },
             if one { "" } else { "s" },
@@ -105,6 +133,20 @@ fn warn_of_merged_tables(sets: &[String], file: &toml::Table, set_table: &toml::
         );
         tracing::warn!("{warning}");
     }
+}
+
+/// The environment variables that are job keys (`TRAINER_OPTIMIZER__LR`), with their key
+/// path in lower case (`optimizer`, `lr`).
+fn job_env_vars() -> Vec<(String, Vec<String>)> {
+    std::env::vars()
+        .filter_map(|(name, _)| {
+            let rest = name.strip_prefix("TRAINER_")?;
+            let path: Vec<String> = rest.split("__").map(str::to_lowercase).collect();
+            SECTIONS
+                .contains(&path[0].as_str())
+                .then_some((name.clone(), path))
+        })
+        .collect()
 }
 
 /// The layers, lowest first: the file, the environment, `--set`. Figment tags every value
@@ -812,7 +854,7 @@ impl KeySources {
         if let Some((_, given)) = related(path) {
             return format!("--set {given}");
         }
-        if let Some((var, _)) = std::env::vars().find(|(k, _)| env_matches(k, path)) {
+        if let Some(var) = env_var_giving(path) {
             return format!("environment {var}");
         }
         // A variable below the key (TRAINER_DATA__BATCH__SIZE for `data.batch`) made it a
@@ -983,9 +1025,24 @@ fn holds(table: &toml::Table, path: &[String]) -> bool {
     true
 }
 
-fn env_matches(var: &str, path: &[String]) -> bool {
-    var.strip_prefix("TRAINER_")
-        .is_some_and(|rest| rest.eq_ignore_ascii_case(&path.join("__")))
+/// The job variable that gives the key at `path` (lower-case parts): its own
+/// (`TRAINER_OPTIMIZER__LR`) or one that gives a table holding it
+/// (`TRAINER_OPTIMIZER='{lr=0.1}'`).
+pub(super) fn env_var_giving(path: &[String]) -> Option<String> {
+    let holds = |var: &str, rest: &[String]| {
+        let value = std::env::var(var)
+            .ok()?
+            .parse::<figment::value::Value>()
+            .ok()?;
+        value.find_ref(&rest.join(".")).map(|_| ())
+    };
+    job_env_vars()
+        .into_iter()
+        .filter(|(_, given)| path.starts_with(given))
+        .find(|(var, given)| {
+            given.len() == path.len() || holds(var, &path[given.len()..]).is_some()
+        })
+        .map(|(var, _)| var)
 }
 
 fn env_below(var: &str, path: &[String]) -> bool {
