@@ -227,8 +227,8 @@ fn main() -> ExitCode {
             quiet,
             print_run_dir: true,
         }),
-        // The report is printed even for a job too large for this machine, whose refusal
-        // (exit 1, as `run` would) follows it.
+        // The report is printed even for a job too large for this machine, or whose GPU this
+        // machine cannot open: run's refusal (exit 1, or 2) follows it.
         Command::Check { job, sets, explain } => commands::check(&job, &sets).and_then(|checked| {
             // Quietly: loading the job again would repeat check's warnings.
             let quiet = tracing::subscriber::NoSubscriber::default();

@@ -304,6 +304,8 @@ fn sigint_and_sigterm_checkpoint_the_current_step_and_exit_130_and_143() {
         assert_eq!(status.code(), Some(code));
         let s = summary(&dir);
         assert_eq!(s["status"], "interrupted");
+        assert_eq!(s["end_reason"], "interrupted", "as every summary has one");
+        assert_eq!(s["signal"], signal);
         let steps = s["steps"].as_u64().unwrap();
         assert!(steps >= 50);
         let newest = checkpoints(&dir).pop().unwrap();

@@ -1313,6 +1313,178 @@ fn a_table_given_whole_in_the_environment_is_said_and_credited_to_its_variable()
     );
 }
 
+/// Environment values are read as TOML, as --set values are: the README's own example,
+/// `TRAINER_OPTIMIZER__LR=3e-4`, was read by figment as the text "3e-4". A value that is not
+/// TOML is text, as before (`sgd`, a path).
+#[test]
+fn environment_values_are_read_as_toml_and_bare_words_as_text() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = common::write_job(tmp.path(), GOOD_JOB);
+    let out = trainer(
+        &["check", job.to_str().unwrap(), "--explain"],
+        &[
+            ("TRAINER_OPTIMIZER__LR", "3e-4"),
+            ("TRAINER_OPTIMIZER__TYPE", "adam"),
+            ("TRAINER_OPTIMIZER__BETAS", "[0.8, 0.99]"),
+            ("TRAINER_JOB__NAME", "2026-11-25"),
+            ("TRAINER_TRAIN__CLIP_GRAD_NORM", "1E+1"),
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let said = common::stdout(&out);
+    for (key, value) in [
+        ("optimizer.lr", "0.0003"),
+        ("optimizer.type", "\"adam\""),
+        ("optimizer.betas", "[0.8, 0.99]"),
+        ("job.name", "\"2026-11-25\""),
+        ("train.clip_grad_norm", "10.0"),
+    ] {
+        let line = said.lines().find(|l| l.starts_with(&format!("{key} ")));
+        let line = line.unwrap_or_else(|| panic!("no {key} in:\n{said}"));
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(
+            fields[1..].join(" ").split(" environment").next(),
+            Some(value),
+            "{line}"
+        );
+        assert!(line.contains("environment TRAINER_"), "{line}");
+    }
+    // A value that is not text is refused by name (any other variable may be anything).
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = std::ffi::OsStr::from_bytes(b"\xff");
+    let out = std::process::Command::new(common::trainer_bin())
+        .args(["check", job.to_str().unwrap()])
+        .env("TRAINER_OPTIMIZER__LR", bytes)
+        .env("SOMETHING_ELSE", bytes)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("environment variable TRAINER_OPTIMIZER__LR is not UTF-8 text"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// data.batch_size and data.global_batch_size say one thing two ways: a --set of one over a
+/// file that gives the other takes its place (no --set could remove the file's), and says so;
+/// both in one layer are refused as before.
+#[test]
+fn a_batch_size_given_the_other_way_by_a_higher_layer_takes_the_place_of_the_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = common::write_job(
+        tmp.path(),
+        &GOOD_JOB.replace(
+            "source = \"digits\"",
+            "source = \"digits\"\nbatch_size = 32",
+        ),
+    );
+    let out = trainer(
+        &[
+            "check",
+            job.to_str().unwrap(),
+            "--explain",
+            "--set",
+            "data.global_batch_size=128",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(
+            "data.global_batch_size (--set data.global_batch_size) takes the place of \
+             data.batch_size"
+        ),
+        "{}",
+        stderr(&out)
+    );
+    assert!(common::stdout(&out).contains("data.global_batch_size"));
+    let both = GOOD_JOB.replace(
+        "source = \"digits\"",
+        "source = \"digits\"\nbatch_size = 32\nglobal_batch_size = 64",
+    );
+    expect_failure(
+        &both,
+        &[],
+        &[],
+        2,
+        &["given together with data.batch_size = 32"],
+    );
+}
+
+/// The settings of data parallelism without it would do nothing: refused, as another
+/// optimizer's are.
+#[test]
+fn data_parallel_settings_without_data_parallelism_are_refused() {
+    for set in [
+        "parallel.bucket_mb=10",
+        "parallel.overlap=false",
+        "parallel.timeout=\"5m\"",
+        "parallel.launch=\"processes\"",
+        "parallel.backend=\"tcp\"",
+    ] {
+        let key = set.split('=').next().unwrap();
+        expect_failure(
+            GOOD_JOB,
+            &[],
+            &["--set", set],
+            2,
+            &[key, "only applies with data parallelism"],
+        );
+    }
+}
+
+/// A GPU this machine cannot open (here cuda:7, which no test machine has) is `run`'s exit 2,
+/// and `check` says so after its report instead of passing the job.
+#[test]
+fn check_refuses_a_gpu_this_machine_cannot_open_as_run_does() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = common::write_job(tmp.path(), GOOD_JOB);
+    for set in [
+        "device.type=\"cuda:7\"",
+        "parallel.devices=[\"cuda:0\", \"cuda:7\"]",
+    ] {
+        let out = trainer(&["check", job.to_str().unwrap(), "--set", set], &[]);
+        assert_eq!(out.status.code(), Some(2), "{set}: {}", stderr(&out));
+        assert!(stderr(&out).contains("requested, but"), "{}", stderr(&out));
+        assert!(
+            common::stdout(&out).contains("`trainer run` would refuse it here"),
+            "{}",
+            common::stdout(&out)
+        );
+    }
+}
+
+/// A sweep checks every point's device before the first trains: point 000 on the CPU did
+/// train, and point 001 then failed on a GPU that is not there.
+#[test]
+fn a_sweep_point_on_a_gpu_this_machine_cannot_open_is_refused_before_any_trains() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = common::write_job(tmp.path(), GOOD_JOB);
+    let runs = tmp.path().join("runs");
+    let out = trainer(
+        &[
+            "sweep",
+            job.to_str().unwrap(),
+            "--runs-dir",
+            runs.to_str().unwrap(),
+            "--grid",
+            r#"device.type="cpu","cuda:7""#,
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("sweep point 001 (device.type=cuda:7): device cuda:7 requested"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        !runs.exists(),
+        "nothing is written before every point is checked"
+    );
+}
+
 #[test]
 fn a_setting_given_to_a_layer_kind_without_settings_names_the_kind() {
     let says = "a flatten layer has no settings besides `type`, `name` and `inputs`";

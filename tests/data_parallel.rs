@@ -465,7 +465,13 @@ fn bad_data_parallel_jobs_are_refused_before_anything_runs() {
         ),
         (
             "[parallel]\nreplicas = 2",
-            &["--set", "data.global_batch_size=64"],
+            // Both in one layer (a --set of one over the file's other takes its place).
+            &[
+                "--set",
+                "data.global_batch_size=64",
+                "--set",
+                "data.batch_size=32",
+            ],
             &[
                 "--set data.global_batch_size: key `data.global_batch_size`",
                 "64 given together with data.batch_size = 32",

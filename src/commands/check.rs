@@ -215,8 +215,12 @@ pub fn check(job: &Path, sets: &[String]) -> Result<Checked> {
             bytes(all_replicas_memory(&spec, &graph, m))
         );
     }
-    let runnable_here = need.fits();
-    if runnable_here.is_err() {
+    let usable = gpus_usable(&spec, gpu);
+    if let Err(e) = &usable {
+        out += &format!("  {e}: `trainer run` would refuse it here\n");
+    }
+    let runnable_here = usable.and_then(|()| need.fits());
+    if need.fits().is_err() {
         let place = if on_gpu {
             "the GPU has"
         } else {

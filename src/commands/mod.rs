@@ -171,6 +171,7 @@ pub fn check_sweep_point(
             Device::Cpu => None,
             Device::Cuda(n) => Some(n),
         };
+        gpus_usable(spec, gpu)?;
         let mut need = Need::of(spec, &graph, &data, gpu);
         need.fits()?;
         if need.place == Place::Host {
@@ -381,6 +382,24 @@ fn check_token_ids(job: &Path, graph: &Graph, data: &Data, normalized: bool) -> 
                 }
             )));
         }
+    }
+    Ok(())
+}
+
+/// Whether this machine can open the GPUs a job trains on, `gpu` (its own) and those
+/// parallel.devices lists, as `run` would find when it opens them (it refuses the job, exit 2,
+/// where it cannot).
+fn gpus_usable(spec: &JobSpec, gpu: Option<usize>) -> Result<()> {
+    let listed = match &spec.parallel.devices {
+        Some(spec::ParallelDevices::List(list)) => list.as_slice(),
+        _ => &[],
+    };
+    let listed = listed.iter().filter_map(|d| match parse_device(d) {
+        Some(DeviceChoice::Cuda(n)) => Some(n),
+        _ => None,
+    });
+    for n in gpu.into_iter().chain(listed) {
+        cuda::usable(n)?;
     }
     Ok(())
 }
@@ -939,6 +958,7 @@ fn run_in<B: Backend>(
     let summary = match outcome.interrupted {
         Some(_) => serde_json::json!({
             "status": "interrupted",
+            "end_reason": "interrupted",
             "run_id": run.id,
             "job": spec.name(),
             "signal": outcome.interrupted,

@@ -5,7 +5,7 @@
 use super::{JobSpec, SECTIONS};
 use crate::error::{Error, Result};
 use crate::job_err;
-use figment::providers::{Env, Format, Serialized, Toml};
+use figment::providers::{Format, Serialized, Toml};
 use figment::value::{Dict, Map};
 use figment::{Figment, Metadata, Profile, Provider};
 use std::path::{Path, PathBuf};
@@ -57,12 +57,73 @@ pub fn load_job(path: &Path, sets: &[String]) -> Result<JobSpec> {
     }
     let base = path.parent().unwrap_or(Path::new("."));
     resolve_paths(&mut spec, base);
-    super::validate(&spec, &KeySources::of_tables(file, sets, file_table))?;
+    let sources = KeySources::of_tables(file, sets, file_table);
+    take_the_higher_of_two_ways(&mut spec, &sources);
+    super::validate(&spec, &sources)?;
+    warn_of_choosing_by_the_test_set(&spec);
     // The resolved spec names the batch size even when it is the default.
     if spec.data.global_batch_size.is_none() {
         spec.data.batch_size = Some(spec.batch_size());
     }
     Ok(spec)
+}
+
+/// Keys that say one thing two ways (data.batch_size and data.global_batch_size;
+/// parallel.replicas and parallel.devices), given by two layers: the higher layer's is taken,
+/// as for one key, and said (`--set data.global_batch_size=512` on a file with a batch_size:
+/// no --set could take the file's key away). Given by one layer, both stay, and validation
+/// refuses them.
+fn take_the_higher_of_two_ways(spec: &mut JobSpec, sources: &KeySources) {
+    let take = |a: &str, b: &str, given: bool| -> Option<bool> {
+        if !given {
+            return None;
+        }
+        let (from_a, from_b) = (sources.of(a), sources.of(b));
+        let (winner, loser, from_w, from_l) = match sources.layer(a).cmp(&sources.layer(b)) {
+            std::cmp::Ordering::Equal => return None,
+            std::cmp::Ordering::Greater => (a, b, from_a, from_b),
+            std::cmp::Ordering::Less => (b, a, from_b, from_a),
+        };
+        tracing::info!("{winner} ({from_w}) takes the place of {loser} ({from_l})");
+        Some(winner == a)
+    };
+    let data = &mut spec.data;
+    let both = data.batch_size.is_some() && data.global_batch_size.is_some();
+    match take("data.global_batch_size", "data.batch_size", both) {
+        Some(true) => data.batch_size = None,
+        Some(false) => data.global_batch_size = None,
+        None => {}
+    }
+    let parallel = &mut spec.parallel;
+    let both = parallel.replicas.is_some() && parallel.devices.is_some();
+    match take("parallel.devices", "parallel.replicas", both) {
+        Some(true) => parallel.replicas = None,
+        Some(false) => parallel.devices = None,
+        None => {}
+    }
+}
+
+/// Early stopping or keep_best on a test metric choose by the test set, whose score is then
+/// no longer an unbiased estimate: said, not refused (a job may have no other split).
+fn warn_of_choosing_by_the_test_set(spec: &JobSpec) {
+    let chosen_by = [
+        spec.train
+            .early_stopping
+            .as_ref()
+            .map(|e| ("train.early_stopping.metric", e.metric.as_str())),
+        spec.checkpoint
+            .keep_best
+            .as_ref()
+            .map(|b| ("checkpoint.keep_best.metric", b.metric.name())),
+    ];
+    for (key, metric) in chosen_by.into_iter().flatten() {
+        if let Some(column) = metric.strip_prefix("test_") {
+            tracing::warn!(
+                "{key} = \"{metric}\" chooses by the test set, whose score is then optimistic; \
+                 hold out a validation split (data.val_fraction) and choose by \"val_{column}\""
+            );
+        }
+    }
 }
 
 /// A table given whole with `--set` (`optimizer={type="sgd", lr=0.1}`) or an environment
@@ -82,21 +143,18 @@ fn warn_of_merged_tables(sets: &[String], file: &toml::Table, set_table: &toml::
             ));
         }
     }
-    for (var, path) in job_env_vars() {
-        let value = std::env::var(&var).unwrap_or_default();
-        if value
-            .parse::<figment::value::Value>()
-            .is_ok_and(|v| v.as_dict().is_some())
-        {
-            let steps = path.into_iter().map(KeyStep::Key).collect();
-            whole.push((format!("environment {var}={{...}}"), "the variable", steps));
+    for var in job_env_vars() {
+        if var.value().is_some_and(|v| v.as_dict().is_some()) {
+            let steps = var.path.into_iter().map(KeyStep::Key).collect();
+            let given_as = format!("environment {}={{...}}", var.name);
+            whole.push((given_as, "the variable", steps));
         }
     }
     if whole.is_empty() {
         return;
     }
     // What the environment gives, as one table (its variables nest by `__`).
-    let env_table = job_env()
+    let env_table = EnvVars
         .data()
         .ok()
         .and_then(|mut profiles| profiles.remove(&Profile::Default))
@@ -135,16 +193,49 @@ fn warn_of_merged_tables(sets: &[String], file: &toml::Table, set_table: &toml::
     }
 }
 
-/// The environment variables that are job keys (`TRAINER_OPTIMIZER__LR`), with their key
-/// path in lower case (`optimizer`, `lr`).
-fn job_env_vars() -> Vec<(String, Vec<String>)> {
-    std::env::vars()
-        .filter_map(|(name, _)| {
-            let rest = name.strip_prefix("TRAINER_")?;
-            let path: Vec<String> = rest.split("__").map(str::to_lowercase).collect();
-            SECTIONS
-                .contains(&path[0].as_str())
-                .then_some((name.clone(), path))
+/// An environment variable that is a job key (`TRAINER_OPTIMIZER__LR`); variables whose
+/// first part is not a section (TRAINER_BIN, TRAINER_REQUIRE_CUDA...) belong to other tools.
+struct JobVar {
+    name: String,
+    /// The key path, in lower case (`optimizer`, `lr`).
+    path: Vec<String>,
+    /// None where it is not UTF-8.
+    text: Option<String>,
+}
+
+impl JobVar {
+    /// The value, read as TOML as a --set's is (`3e-4`, `[1, 2]`, `{type = "sgd"}`,
+    /// `"text"`); one that is not TOML is read as figment reads a variable (`sgd` is text).
+    fn value(&self) -> Option<figment::value::Value> {
+        let text = self.text.as_deref()?;
+        let as_toml = toml::from_str::<toml::Table>(&format!("value = {text}"))
+            .ok()
+            .filter(|t| t.len() == 1)
+            .and_then(|mut t| t.remove("value"))
+            // A date is text to the job (a name), as figment reads it.
+            .filter(|v| !v.is_datetime())
+            .and_then(|v| figment::value::Value::serialize(v).ok());
+        Some(as_toml.unwrap_or_else(|| {
+            text.parse()
+                .unwrap_or_else(|_| figment::value::Value::from(text.to_string()))
+        }))
+    }
+}
+
+fn job_env_vars() -> Vec<JobVar> {
+    std::env::vars_os()
+        .filter_map(|(name, text)| {
+            let name = name.into_string().ok()?;
+            let path: Vec<String> = name
+                .strip_prefix("TRAINER_")?
+                .split("__")
+                .map(str::to_lowercase)
+                .collect();
+            SECTIONS.contains(&path[0].as_str()).then(|| JobVar {
+                name,
+                path,
+                text: text.into_string().ok(),
+            })
         })
         .collect()
 }
@@ -154,32 +245,60 @@ fn job_env_vars() -> Vec<(String, Vec<String>)> {
 pub(super) fn layers(path: &Path, sets: &toml::Table) -> Figment {
     Figment::new()
         .merge(Toml::file_exact(path))
-        .merge(job_env())
+        .merge(EnvVars)
         .merge(SetArgs(sets.clone()))
 }
 
-/// `TRAINER_SECTION__KEY=value`; variables whose first part is not a section (TRAINER_BIN,
-/// TRAINER_REQUIRE_CUDA...) belong to other tools and are not job keys.
-fn job_env() -> Env {
-    Env::prefixed("TRAINER_").split("__").filter(|key| {
-        // Keys are still upper case here: figment lowercases after filtering.
-        let first = key
-            .as_str()
-            .split('.')
-            .next()
-            .unwrap_or("")
-            .to_ascii_lowercase();
-        SECTIONS.contains(&first.as_str())
-    })
+/// The job's environment variables (`TRAINER_SECTION__KEY=value`) as one layer: a variable
+/// gives the key its name spells, `__` between the parts.
+struct EnvVars;
+
+impl Provider for EnvVars {
+    fn metadata(&self) -> Metadata {
+        Metadata::named("environment variable(s)")
+    }
+    fn data(&self) -> std::result::Result<Map<Profile, Dict>, figment::Error> {
+        let mut vars = job_env_vars();
+        // A variable for a key inside a table another gives whole (TRAINER_OPTIMIZER__LR
+        // beside TRAINER_OPTIMIZER='{...}') is the more precise: it goes in last.
+        vars.sort_by_key(|v| v.path.len());
+        let mut dict = Dict::new();
+        for var in vars {
+            let value = var.value().ok_or_else(|| {
+                figment::Error::from(format!("environment variable {} is not UTF-8", var.name))
+            })?;
+            let (last, tables) = var.path.split_last().expect("a section at least");
+            let mut at = &mut dict;
+            for key in tables {
+                let entry = at.entry(key.clone()).or_insert_with(|| Dict::new().into());
+                if entry.as_dict().is_none() {
+                    *entry = Dict::new().into();
+                }
+                let figment::value::Value::Dict(_, inner) = entry else {
+                    unreachable!("made a table above")
+                };
+                at = inner;
+            }
+            at.insert(last.clone(), value);
+        }
+        Ok(Profile::Default.collect(dict))
+    }
 }
 
-/// Refuses a job variable that picks a list element (figment would take `LAYERS[1]` for a
-/// key of that name, and the error would blame the job file), and warns once of variables
-/// that look like job keys but are not.
+/// Refuses a job variable whose value is not UTF-8, or that picks a list element (figment
+/// would take `LAYERS[1]` for a key of that name, and the error would blame the job file),
+/// and warns once of variables that look like job keys but are not.
 fn check_env() -> Result<()> {
     static WARNED: std::sync::Once = std::sync::Once::new();
     let mut warnings = Vec::new();
-    for (name, _) in std::env::vars() {
+    if let Some(var) = job_env_vars().iter().find(|v| v.text.is_none()) {
+        return Err(job_err!(
+            "environment variable {} is not UTF-8 text; a job key's value must be",
+            var.name
+        ));
+    }
+    for (name, _) in std::env::vars_os() {
+        let Some(name) = name.to_str() else { continue };
         if let Some(rest) = name.strip_prefix("TRAINER_") {
             let first = rest.split("__").next().unwrap_or("").to_lowercase();
             let is_job_key = SECTIONS.contains(&first.as_str());
@@ -835,6 +954,20 @@ impl KeySources {
         }
     }
 
+    /// The layer that gives `key`: 0 the file (or no layer), 1 the environment, 2 `--set`.
+    pub(super) fn layer(&self, key: &str) -> u8 {
+        let path = canonical_key(&self.file_keys, key);
+        let set = self
+            .set_keys
+            .iter()
+            .any(|(set, _)| set.starts_with(&path) || path.starts_with(set));
+        match (set, env_var_giving(&path)) {
+            (true, _) => 2,
+            (false, Some(_)) => 1,
+            (false, None) => 0,
+        }
+    }
+
     /// "--set KEY", "environment TRAINER_…" or the file, for a key such as `optimizer.lr` or
     /// `model.layers[2].out`.
     pub fn of(&self, key: &str) -> String {
@@ -859,8 +992,11 @@ impl KeySources {
         }
         // A variable below the key (TRAINER_DATA__BATCH__SIZE for `data.batch`) made it a
         // table: the key is that variable's fault, whatever the file says.
-        if let Some((var, _)) = std::env::vars().find(|(k, _)| env_below(k, path)) {
-            return format!("environment {var}");
+        if let Some(var) = job_env_vars()
+            .into_iter()
+            .find(|v| v.path.starts_with(path))
+        {
+            return format!("environment {}", var.name);
         }
         if !holds(&self.file_keys, path) {
             // A key no layer holds (a required one left out) is the fault of the --set that
@@ -1029,26 +1165,17 @@ fn holds(table: &toml::Table, path: &[String]) -> bool {
 /// (`TRAINER_OPTIMIZER__LR`) or one that gives a table holding it
 /// (`TRAINER_OPTIMIZER='{lr=0.1}'`).
 pub(super) fn env_var_giving(path: &[String]) -> Option<String> {
-    let holds = |var: &str, rest: &[String]| {
-        let value = std::env::var(var)
-            .ok()?
-            .parse::<figment::value::Value>()
-            .ok()?;
-        value.find_ref(&rest.join(".")).map(|_| ())
+    let holds = |var: &JobVar| {
+        let rest = path[var.path.len()..].join(".");
+        var.value().is_some_and(|v| v.find_ref(&rest).is_some())
     };
-    job_env_vars()
-        .into_iter()
-        .filter(|(_, given)| path.starts_with(given))
-        .find(|(var, given)| {
-            given.len() == path.len() || holds(var, &path[given.len()..]).is_some()
-        })
-        .map(|(var, _)| var)
-}
-
-fn env_below(var: &str, path: &[String]) -> bool {
-    let below = format!("{}__", path.join("__")).to_ascii_uppercase();
-    var.strip_prefix("TRAINER_")
-        .is_some_and(|rest| rest.to_ascii_uppercase().starts_with(&below))
+    let mut vars = job_env_vars();
+    // The most precise first, as `EnvVars` lets it win.
+    vars.sort_by_key(|v| std::cmp::Reverse(v.path.len()));
+    vars.into_iter()
+        .filter(|var| path.starts_with(&var.path))
+        .find(|var| var.path.len() == path.len() || holds(var))
+        .map(|var| var.name)
 }
 
 /// From serde's "unknown field `x`, expected one of `a`, `b`" (or "unknown variant"), the

@@ -120,13 +120,13 @@ pub struct DataSpec {
     /// Samples per micro-batch (default 64), shared equally by the data-parallel replicas.
     /// Give this or global_batch_size, not both.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 16777216))]
     pub batch_size: Option<usize>,
     /// Samples per optimizer step over all replicas and accumulated micro-batches, instead
     /// of batch_size: each replica's share of a micro-batch is then global_batch_size /
     /// (replicas x train.grad_accum_steps), which must divide.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 16777216))]
     pub global_batch_size: Option<usize>,
     /// Fraction of the training samples held out (seeded) for validation; 0 for none.
     #[serde(default)]
@@ -181,16 +181,20 @@ pub struct DataSpec {
     // synthetic
     /// synthetic: number of samples to generate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 2))]
     pub samples: Option<usize>,
     /// synthetic: features per sample.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     pub num_features: Option<usize>,
     /// csv, idx, synthetic: number of classes; labels must lie in 0..classes
     /// (csv and idx default: the largest label + 1; synthetic default: 4).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 2))]
     pub classes: Option<usize>,
     /// synthetic regression: number of targets per sample.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     pub targets: Option<usize>,
     /// synthetic: standard deviation of the noise added to each sample.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -422,8 +426,10 @@ pub enum LayerSpec {
 #[serde(deny_unknown_fields)]
 pub struct EmbeddingSpec {
     /// The number of token ids (the vocabulary size).
+    #[schemars(range(min = 1, max = 2147483647))]
     pub num_embeddings: usize,
     /// The length of each vector.
+    #[schemars(range(min = 1, max = 2147483647))]
     pub embedding_dim: usize,
 }
 
@@ -559,9 +565,11 @@ pub struct ReshapeSpec {
 #[serde(deny_unknown_fields)]
 pub struct Conv2dSpec {
     /// Output channels.
+    #[schemars(range(min = 1, max = 2147483647))]
     pub out: usize,
     /// Input channels; inferred from the input, checked when given.
     #[serde(default, rename = "in", skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 2147483647))]
     pub in_channels: Option<usize>,
     pub kernel_size: Size2,
     #[serde(default = "size_one")]
@@ -573,6 +581,7 @@ pub struct Conv2dSpec {
     pub dilation: Size2,
     /// Channel groups: input and output channels must both divide by it.
     #[serde(default = "one")]
+    #[schemars(range(min = 1, max = 2147483647))]
     pub groups: usize,
     #[serde(default = "yes")]
     pub bias: bool,
@@ -614,9 +623,11 @@ pub struct NoSettings {}
 #[serde(deny_unknown_fields)]
 pub struct LinearSpec {
     /// Output features.
+    #[schemars(range(min = 1, max = 2147483647))]
     pub out: usize,
     /// Input features; inferred from the previous layer, checked when given.
     #[serde(default, rename = "in", skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 2147483647))]
     pub in_features: Option<usize>,
     #[serde(default = "yes")]
     pub bias: bool,
@@ -739,6 +750,7 @@ pub struct ScheduleSpec {
     pub kind: ScheduleKind,
     /// step: period in optimizer steps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     pub step_size: Option<usize>,
     /// multistep: the optimizer steps at which lr is multiplied by gamma.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1565,6 +1577,44 @@ mod tests {
             assert_eq!(bound, 1, "{section}.{key}");
         }
         assert_eq!(at("/$defs/OptimizerSpec/properties/lr/exclusiveMinimum"), 0);
+        // Layer settings are in ModelLayer's oneOf, one entry per kind.
+        let layer = |kind: &str| {
+            let kinds = at("/$defs/ModelLayer/oneOf");
+            let found =
+                kinds.as_array().unwrap().iter().find(|k| {
+                    k.pointer("/properties/type/const") == Some(&serde_json::json!(kind))
+                });
+            found
+                .cloned()
+                .unwrap_or_else(|| panic!("no {kind} in the schema"))
+        };
+        for (kind, key) in [
+            ("linear", "out"),
+            ("linear", "in"),
+            ("conv2d", "out"),
+            ("conv2d", "in"),
+            ("conv2d", "groups"),
+            ("embedding", "num_embeddings"),
+            ("embedding", "embedding_dim"),
+        ] {
+            let bounds = layer(kind)["properties"][key].clone();
+            assert_eq!(bounds["minimum"], 1, "{kind}.{key}");
+            assert_eq!(bounds["maximum"], validate::MAX_SIZE, "{kind}.{key}");
+        }
+        for (section, key, least) in [
+            ("ScheduleSpec", "step_size", 1),
+            ("DataSpec", "classes", 2),
+            ("DataSpec", "samples", 2),
+            ("DataSpec", "num_features", 1),
+            ("DataSpec", "targets", 1),
+        ] {
+            let bound = at(&format!("/$defs/{section}/properties/{key}/minimum"));
+            assert_eq!(bound, least, "{section}.{key}");
+        }
+        assert_eq!(
+            at("/$defs/DataSpec/properties/batch_size/maximum"),
+            validate::MAX_BATCH
+        );
     }
 
     #[test]

@@ -46,11 +46,11 @@ impl Problems<'_> {
 /// The largest value a size setting (a layer's width, a kernel, a stride...) may have:
 /// 2,147,483,647, the largest dimension cuBLAS takes. It also keeps the shape arithmetic of
 /// any accepted job far from overflowing.
-const MAX_SIZE: usize = i32::MAX as usize;
+pub(super) const MAX_SIZE: usize = i32::MAX as usize;
 
 /// The largest batch a job may ask for: 16,777,216 samples, far beyond any that trains, and
 /// small enough that batch × per-sample bytes cannot overflow.
-const MAX_BATCH: usize = 1 << 24;
+pub(super) const MAX_BATCH: usize = 1 << 24;
 
 /// The most CPU threads a job may ask for.
 const MAX_THREADS: usize = 1024;
@@ -823,6 +823,21 @@ fn validate_parallel(spec: &JobSpec, p: &mut Problems) {
         && crate::parallel::Rendezvous::from_env(|k| std::env::var(k).ok()).is_some();
     if world_pending {
         return;
+    }
+    // The settings of data parallelism, given without it, would do nothing (`check
+    // --explain` leaves them out, as it does another optimizer's).
+    if parallel.replicas().is_none() && parallel.devices.is_none() {
+        let without = "only applies with data parallelism (parallel.replicas or \
+                       parallel.devices, or a multi-process run's RANK and WORLD_SIZE)";
+        p.check(parallel.launch == Launch::Auto, "parallel.launch", without);
+        p.check(parallel.timeout.is_none(), "parallel.timeout", without);
+        p.check(
+            parallel.backend == CollectiveBackend::Auto,
+            "parallel.backend",
+            without,
+        );
+        p.check(parallel.overlap, "parallel.overlap", without);
+        p.check(parallel.bucket_mb.is_none(), "parallel.bucket_mb", without);
     }
     let replicas = parallel.replicas().unwrap_or(1).max(1);
     let accum = spec.train.grad_accum_steps.max(1);

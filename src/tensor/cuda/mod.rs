@@ -97,6 +97,26 @@ pub struct DeviceInfo {
     pub memory_bytes: usize,
 }
 
+/// cuda:`ordinal` as the driver describes it, with the driver's and NVRTC's versions, where
+/// the backend can open it: the driver, the device and the libraries the backend needs are
+/// there (asked without opening it, so `check` and a sweep can tell before a run would).
+pub fn usable(ordinal: usize) -> Result<(DeviceInfo, String)> {
+    let (devices, versions) =
+        probe().map_err(|why| Error::Job(format!("device cuda:{ordinal} requested, but {why}")))?;
+    let Some(info) = devices.get(ordinal) else {
+        return Err(Error::Job(format!(
+            "device cuda:{ordinal} requested, but this machine has {} CUDA device(s)",
+            devices.len()
+        )));
+    };
+    if let Some(why) = libraries_missing() {
+        return Err(Error::Job(format!(
+            "device cuda:{ordinal} requested, but {why}"
+        )));
+    }
+    Ok((info.clone(), versions))
+}
+
 /// Why CUDA cannot be used here, or the devices it has.
 pub fn probe() -> std::result::Result<(Vec<DeviceInfo>, String), String> {
     // SAFETY: only asks the dynamic loader whether libcuda exists; nothing is called before.
@@ -547,19 +567,8 @@ impl CudaBackend {
 
     /// Opens `cuda:ordinal`: context, stream, cuBLAS (fp32 unless `allow_tf32`), kernels.
     pub fn new(ordinal: usize, allow_tf32: bool) -> Result<Self> {
-        let (devices, versions) = probe()
-            .map_err(|why| Error::Job(format!("device cuda:{ordinal} requested, but {why}")))?;
-        let Some(info) = devices.get(ordinal) else {
-            return Err(Error::Job(format!(
-                "device cuda:{ordinal} requested, but this machine has {} CUDA device(s)",
-                devices.len()
-            )));
-        };
-        if let Some(why) = libraries_missing() {
-            return Err(Error::Job(format!(
-                "device cuda:{ordinal} requested, but {why}"
-            )));
-        }
+        let (info, versions) = usable(ordinal)?;
+        let info = &info;
         let ctx = CudaContext::new(ordinal).map_err(|e| cuda_err("opening the device", e))?;
         // One stream orders everything: cudarc's per-buffer event tracking is not needed.
         // SAFETY: the one other stream, NCCL's (`join_collective`), is ordered with this one
