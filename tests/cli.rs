@@ -1410,28 +1410,65 @@ fn a_batch_size_given_the_other_way_by_a_higher_layer_takes_the_place_of_the_fil
         2,
         &["given together with data.batch_size = 32"],
     );
+    // A table given whole gives the keys it holds only: its batch_size takes the place of the
+    // file's global_batch_size.
+    let global = GOOD_JOB.replace(
+        "source = \"digits\"",
+        "source = \"digits\"\nglobal_batch_size = 64",
+    );
+    let job = common::write_job(tmp.path(), &global);
+    let out = trainer(
+        &[
+            "check",
+            job.to_str().unwrap(),
+            "--set",
+            "data={batch_size=32}",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(
+            "data.batch_size (--set data) takes the place of data.global_batch_size (the job \
+             file)"
+        ),
+        "{}",
+        stderr(&out)
+    );
 }
 
-/// The settings of data parallelism without it would do nothing: refused, as another
-/// optimizer's are.
+/// The settings of data parallelism without it do nothing: said, not refused (a job written
+/// for torchrun keeps them when it runs alone), and not said under a launcher's variables.
 #[test]
-fn data_parallel_settings_without_data_parallelism_are_refused() {
-    for set in [
+fn data_parallel_settings_without_data_parallelism_are_warned_of() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = common::write_job(tmp.path(), GOOD_JOB);
+    let job = job.to_str().unwrap();
+    let alone = [
+        "check",
+        job,
+        "--set",
         "parallel.bucket_mb=10",
-        "parallel.overlap=false",
+        "--set",
         "parallel.timeout=\"5m\"",
-        "parallel.launch=\"processes\"",
-        "parallel.backend=\"tcp\"",
-    ] {
-        let key = set.split('=').next().unwrap();
-        expect_failure(
-            GOOD_JOB,
-            &[],
-            &["--set", set],
-            2,
-            &[key, "only applies with data parallelism"],
-        );
-    }
+    ];
+    let out = trainer(&alone, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out)
+            .contains("parallel.timeout, parallel.bucket_mb only apply with data parallelism"),
+        "{}",
+        stderr(&out)
+    );
+    let one_rank = [
+        ("RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", "29500"),
+    ];
+    let out = trainer(&alone, &one_rank);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("only apply"), "{}", stderr(&out));
 }
 
 /// A GPU this machine cannot open (here cuda:7, which no test machine has) is `run`'s exit 2,

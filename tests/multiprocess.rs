@@ -122,9 +122,8 @@ struct Ended {
     after: Duration,
 }
 
-/// Waits for `child` at most `limit` (then kills it and fails).
-/// Returns once `rank` says it is at the rendezvous (it catches signals from a moment after
-/// that line), reading its stderr a byte at a time so that `finish` still gets the rest.
+/// Returns once `rank` says it is at the rendezvous (it catches signals from before that
+/// line), reading its stderr a byte at a time so that `finish` still gets the rest.
 fn at_the_rendezvous(rank: &mut Child) {
     let stderr = rank.stderr.as_mut().unwrap();
     let (mut seen, mut byte) = (Vec::new(), [0u8]);
@@ -142,9 +141,9 @@ fn at_the_rendezvous(rank: &mut Child) {
         );
         seen.push(byte[0]);
     }
-    std::thread::sleep(Duration::from_millis(200));
 }
 
+/// Waits for `child` at most `limit` (then kills it and fails).
 fn finish(mut child: Child, limit: Duration) -> Ended {
     let started = Instant::now();
     let status = loop {

@@ -344,6 +344,13 @@ fn next_greeting(listener: &TcpListener, where_: &str) -> Result<Option<Greeted>
 fn join_rank_zero(r: &Rendezvous, stop: &Stop) -> Result<(Vec<Link>, Vec<u8>)> {
     let deadline = Instant::now() + r.timeout;
     let where_ = where_(r);
+    // Said once a signal ends the wait (`connect` installed the handlers), as rank 0's
+    // "waiting" line is.
+    tracing::info!(
+        "rank {} of {}: joining rank 0 at {where_}",
+        r.rank,
+        r.world_size
+    );
     let reached = reach_rank_zero(r, deadline, &|| stop.requested().is_some());
     stopped(stop, &where_)?;
     let mut stream = reached.map_err(|e| {

@@ -58,9 +58,10 @@ pub fn load_job(path: &Path, sets: &[String]) -> Result<JobSpec> {
     let base = path.parent().unwrap_or(Path::new("."));
     resolve_paths(&mut spec, base);
     let sources = KeySources::of_tables(file, sets, file_table);
-    take_the_higher_of_two_ways(&mut spec, &sources);
+    take_the_higher_of_two_ways(&mut spec, &sources, &set_table);
     super::validate(&spec, &sources)?;
     warn_of_choosing_by_the_test_set(&spec);
+    warn_of_parallel_settings_without_data_parallelism(&spec);
     // The resolved spec names the batch size even when it is the default.
     if spec.data.global_batch_size.is_none() {
         spec.data.batch_size = Some(spec.batch_size());
@@ -73,13 +74,24 @@ pub fn load_job(path: &Path, sets: &[String]) -> Result<JobSpec> {
 /// as for one key, and said (`--set data.global_batch_size=512` on a file with a batch_size:
 /// no --set could take the file's key away). Given by one layer, both stay, and validation
 /// refuses them.
-fn take_the_higher_of_two_ways(spec: &mut JobSpec, sources: &KeySources) {
+fn take_the_higher_of_two_ways(spec: &mut JobSpec, sources: &KeySources, sets: &toml::Table) {
+    // The layer that gives a key: 0 the file, 1 the environment, 2 --set. (A table given
+    // whole gives only the keys it holds.)
+    let layer = |key: &str| {
+        let path: Vec<String> = key.split('.').map(String::from).collect();
+        let steps: Vec<KeyStep> = path.iter().cloned().map(KeyStep::Key).collect();
+        match (lookup_table(sets, &steps), env_var_giving(&path)) {
+            (Some(_), _) => (2, sources.of(key)),
+            (None, Some(var)) => (1, format!("environment {var}")),
+            (None, None) => (0, "the job file".to_string()),
+        }
+    };
     let take = |a: &str, b: &str, given: bool| -> Option<bool> {
         if !given {
             return None;
         }
-        let (from_a, from_b) = (sources.of(a), sources.of(b));
-        let (winner, loser, from_w, from_l) = match sources.layer(a).cmp(&sources.layer(b)) {
+        let ((layer_a, from_a), (layer_b, from_b)) = (layer(a), layer(b));
+        let (winner, loser, from_w, from_l) = match layer_a.cmp(&layer_b) {
             std::cmp::Ordering::Equal => return None,
             std::cmp::Ordering::Greater => (a, b, from_a, from_b),
             std::cmp::Ordering::Less => (b, a, from_b, from_a),
@@ -100,6 +112,41 @@ fn take_the_higher_of_two_ways(spec: &mut JobSpec, sources: &KeySources) {
         Some(true) => parallel.replicas = None,
         Some(false) => parallel.devices = None,
         None => {}
+    }
+}
+
+/// The settings of data parallelism, given without it, do nothing: said (`check --explain`
+/// leaves them out, as it does another optimizer's keys). Not refused: a job written for
+/// torchrun keeps them when it runs alone or as one rank (RANK=0, WORLD_SIZE=1), and so does
+/// such a run's config.toml; in a multi-process environment they are not said either.
+fn warn_of_parallel_settings_without_data_parallelism(spec: &JobSpec) {
+    let parallel = &spec.parallel;
+    let launcher = ["RANK", "WORLD_SIZE", "SLURM_PROCID"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some());
+    if parallel.replicas().is_some() || parallel.devices.is_some() || launcher {
+        return;
+    }
+    let given: Vec<&str> = [
+        ("parallel.launch", parallel.launch != super::Launch::Auto),
+        ("parallel.timeout", parallel.timeout.is_some()),
+        (
+            "parallel.backend",
+            parallel.backend != super::CollectiveBackend::Auto,
+        ),
+        ("parallel.overlap", !parallel.overlap),
+        ("parallel.bucket_mb", parallel.bucket_mb.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(key, set)| set.then_some(key))
+    .collect();
+    if !given.is_empty() {
+        tracing::warn!(
+            "{} only appl{} with data parallelism (parallel.replicas or parallel.devices, or \
+             a multi-process run's RANK and WORLD_SIZE): without it, ignored",
+            given.join(", "),
+            if given.len() == 1 { "ies" } else { "y" }
+        );
     }
 }
 
@@ -951,20 +998,6 @@ impl KeySources {
             file,
             file_keys,
             set_keys,
-        }
-    }
-
-    /// The layer that gives `key`: 0 the file (or no layer), 1 the environment, 2 `--set`.
-    pub(super) fn layer(&self, key: &str) -> u8 {
-        let path = canonical_key(&self.file_keys, key);
-        let set = self
-            .set_keys
-            .iter()
-            .any(|(set, _)| set.starts_with(&path) || path.starts_with(set));
-        match (set, env_var_giving(&path)) {
-            (true, _) => 2,
-            (false, Some(_)) => 1,
-            (false, None) => 0,
         }
     }
 

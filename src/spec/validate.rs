@@ -824,21 +824,6 @@ fn validate_parallel(spec: &JobSpec, p: &mut Problems) {
     if world_pending {
         return;
     }
-    // The settings of data parallelism, given without it, would do nothing (`check
-    // --explain` leaves them out, as it does another optimizer's).
-    if parallel.replicas().is_none() && parallel.devices.is_none() {
-        let without = "only applies with data parallelism (parallel.replicas or \
-                       parallel.devices, or a multi-process run's RANK and WORLD_SIZE)";
-        p.check(parallel.launch == Launch::Auto, "parallel.launch", without);
-        p.check(parallel.timeout.is_none(), "parallel.timeout", without);
-        p.check(
-            parallel.backend == CollectiveBackend::Auto,
-            "parallel.backend",
-            without,
-        );
-        p.check(parallel.overlap, "parallel.overlap", without);
-        p.check(parallel.bucket_mb.is_none(), "parallel.bucket_mb", without);
-    }
     let replicas = parallel.replicas().unwrap_or(1).max(1);
     let accum = spec.train.grad_accum_steps.max(1);
     match (spec.data.batch_size, spec.data.global_batch_size) {

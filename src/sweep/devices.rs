@@ -119,18 +119,27 @@ pub(super) fn distinct(slots: &[Slot]) -> Vec<&str> {
 /// `needs`: per point to train, its plan on each of `distinct(slots)`, in that order.
 pub(super) fn warn_of_shared_memory(slots: &[Slot], needs: &[Vec<Need>]) {
     for crowd in crowded(slots, needs) {
-        let place = crowd.place;
+        tracing::warn!("{}", crowd.warning());
+    }
+}
+
+impl Crowd<'_> {
+    fn warning(&self) -> String {
+        let place = self.place;
         let has = match place {
             Place::Host => "has free",
             Place::Gpu(_) => "has",
         };
-        tracing::warn!(
-            "up to {n} points train side by side on {place} (--devices {listed}), and the {n}              largest plan {together} together where {place} {has} {room}: a point that runs              out of memory fails (--retry-failed trains it again); to avoid it, list fewer              slots on {place} or lower data.batch_size",
-            n = crowd.side_by_side,
-            listed = crowd.listed.join(","),
-            together = crate::commands::bytes(crowd.together),
-            room = crate::commands::bytes(crowd.room),
-        );
+        format!(
+            "up to {n} points train side by side on {place} (--devices {listed}), and the {n} \
+             largest plan {together} together where {place} {has} {room}: a point that runs \
+             out of memory fails (--retry-failed trains it again); to avoid it, list fewer \
+             slots on {place}, or lower data.batch_size or the model's sizes",
+            n = self.side_by_side,
+            listed = self.listed.join(","),
+            together = crate::commands::bytes(self.together),
+            room = crate::commands::bytes(self.room),
+        )
     }
 }
 
@@ -500,6 +509,14 @@ mod tests {
         let crowds = crowded(&slots, &needs);
         assert_eq!(crowds.len(), 1);
         assert_eq!((crowds[0].side_by_side, crowds[0].together), (3, 9 << 30));
+        assert_eq!(
+            crowds[0].warning(),
+            "up to 3 points train side by side on this machine (--devices cpu,cpu,cpu), and \
+             the 3 largest plan 9.00 GiB together where this machine has free 8.00 GiB: a \
+             point that runs out of memory fails (--retry-failed trains it again); to avoid \
+             it, list fewer slots on this machine, or lower data.batch_size or the model's \
+             sizes"
+        );
         let unknown = vec![host(3, None), host(3, None), host(3, None)];
         assert_eq!(crowded(&slots, &unknown), []);
     }

@@ -574,13 +574,6 @@ pub fn serve<B: Backend>(
     resume: Option<&Path>,
 ) -> Result<()> {
     let world = spec.parallel.world.clone().expect("a multi-process run");
-    tracing::info!(
-        "rank {} of {}: joining rank 0 at {}:{}",
-        world.rank,
-        world.world_size,
-        world.master_addr,
-        world.master_port
-    );
     let (mut links, greeting) = connect(&world, Vec::new())?;
     // A signal before the rendezvous ends this process at once (as a launcher stopping a
     // run that never started expects), one during it ends the wait (`connect`); from here
