@@ -1349,6 +1349,22 @@ fn environment_values_are_read_as_toml_and_bare_words_as_text() {
         );
         assert!(line.contains("environment TRAINER_"), "{line}");
     }
+    // Two spellings of one key: the credit goes to the one whose value is taken.
+    let out = trainer(
+        &["check", job.to_str().unwrap(), "--explain"],
+        &[
+            ("TRAINER_OPTIMIZER__LR", "0.5"),
+            ("TRAINER_optimizer__lr", "0.7"),
+        ],
+    );
+    let said = common::stdout(&out);
+    let line = said
+        .lines()
+        .find(|l| l.starts_with("optimizer.lr "))
+        .unwrap();
+    let taken = if line.contains("0.7") { "lr" } else { "LR" };
+    let credited = line.contains("TRAINER_optimizer__lr");
+    assert_eq!(taken == "lr", credited, "{line}");
     // A value that is not text is refused by name (any other variable may be anything).
     use std::os::unix::ffi::OsStrExt;
     let bytes = std::ffi::OsStr::from_bytes(b"\xff");

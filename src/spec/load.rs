@@ -216,7 +216,10 @@ fn warn_of_merged_tables(sets: &[String], file: &toml::Table, set_table: &toml::
         };
         // What every layer above the file gives there together (`--set optimizer={...}
         // --set optimizer.lr=...`, or a variable and a --set).
-        let given = |table: &toml::Table, k: &str| matches!(lookup_table(table, &steps), Some(toml::Value::Table(t)) if t.contains_key(k));
+        let given = |table: &toml::Table, k: &str| match lookup_table(table, &steps) {
+            Some(toml::Value::Table(t)) => t.contains_key(k),
+            _ => false,
+        };
         let key = dotted(&steps);
         let kept: Vec<String> = in_file
             .keys()
@@ -1203,9 +1206,11 @@ pub(super) fn env_var_giving(path: &[String]) -> Option<String> {
         var.value().is_some_and(|v| v.find_ref(&rest).is_some())
     };
     let mut vars = job_env_vars();
-    // The most precise first, as `EnvVars` lets it win.
-    vars.sort_by_key(|v| std::cmp::Reverse(v.path.len()));
+    // In `EnvVars`' order, read backwards: the one that won first (the most precise, and of
+    // two spellings of one key, `TRAINER_OPTIMIZER__LR` and `TRAINER_optimizer__lr`, the later).
+    vars.sort_by_key(|v| v.path.len());
     vars.into_iter()
+        .rev()
         .filter(|var| path.starts_with(&var.path))
         .find(|var| var.path.len() == path.len() || holds(var))
         .map(|var| var.name)
