@@ -219,8 +219,8 @@ pub fn check(job: &Path, sets: &[String]) -> Result<Checked> {
     if let Err(e) = &usable {
         out += &format!("  {e}: `trainer run` would refuse it here\n");
     }
-    let runnable_here = usable.and_then(|()| need.fits());
-    if need.fits().is_err() {
+    let fits = need.fits();
+    if fits.is_err() {
         let place = if on_gpu {
             "the GPU has"
         } else {
@@ -228,6 +228,8 @@ pub fn check(job: &Path, sets: &[String]) -> Result<Checked> {
         };
         out += &format!("  more than {place}: `trainer run` would refuse it here\n");
     }
+    // The GPU first: a job this machine cannot open is refused before its memory is measured.
+    let runnable_here = usable.and(fits);
     if !on_gpu || spec.device.data == DataPlacement::Streamed {
         let streamed = if on_gpu { ", streamed" } else { "" };
         out += &format!(
