@@ -23,9 +23,9 @@ Examples:
 
 Overrides, lowest to highest: the job file, TRAINER_SECTION__KEY environment variables, --set.
 
-Resuming:
-  trainer run jobs/mlp.toml --resume runs/mlp/20261122-160622-ebbc
-  trainer run jobs/mlp.toml --resume RUN_DIR/checkpoints/step-00000200.safetensors
+Resuming (the run's own config.toml is the job; --set changes it):
+  trainer run --resume runs/mlp/20261122-160622-ebbc --set train.epochs=60
+  trainer run --resume RUN_DIR/checkpoints/step-00000200.safetensors --force
 
 Exit codes: 0 success; 2 bad job spec, data, checkpoint or usage (nothing was trained); 1
 failure while running (the run directory's summary.json says \"failed\" and why); 130 / 143
@@ -44,8 +44,9 @@ enum Command {
     /// Train a job; writes <runs-dir>/<name>/<run-id>/ and prints its path on stdout as soon
     /// as it exists (a script has it however the run ends).
     Run {
-        /// The job file (TOML).
-        job: PathBuf,
+        /// The job file (TOML). With --resume it may be left out: the run's own config.toml
+        /// is the job then.
+        job: Option<PathBuf>,
         /// Override a key of the job, e.g. --set optimizer.lr=3e-4 or, for one layer,
         /// --set model.layers[1].out=256 (by position from 0, or [NAME] by its name).
         /// Repeatable (a key given again takes the later value, so scripts can append
@@ -70,7 +71,9 @@ enum Command {
         #[arg(long)]
         resume_fallback: bool,
         /// With --resume: continue even though the job changed keys that alter training
-        /// (model, data, loss, optimizer...), which is refused otherwise.
+        /// (model, data, loss, optimizer...), or from a checkpoint older than what the run
+        /// recorded since (what the resume replaces moves to RUN_DIR/superseded/); both are
+        /// refused otherwise.
         #[arg(long)]
         force: bool,
         /// Create the run directory at exactly this path (it must not exist yet) instead of
@@ -215,18 +218,24 @@ fn main() -> ExitCode {
             force,
             run_dir,
             quiet,
-        } => commands::run(&commands::RunArgs {
-            job,
-            sets,
-            name,
-            runs_dir,
-            resume,
-            resume_fallback,
-            force,
-            dir: run_dir,
-            quiet,
-            print_run_dir: true,
-        }),
+        } => {
+            let job_given = job.is_some();
+            commands::job_of(job, resume.as_deref()).and_then(|job| {
+                commands::run(&commands::RunArgs {
+                    job,
+                    job_given,
+                    sets,
+                    name,
+                    runs_dir,
+                    resume,
+                    resume_fallback,
+                    force,
+                    dir: run_dir,
+                    quiet,
+                    print_run_dir: true,
+                })
+            })
+        }
         // The report is printed even for a job too large for this machine, or whose GPU this
         // machine cannot open: run's refusal (exit 1, or 2) follows it.
         Command::Check { job, sets, explain } => commands::check(&job, &sets).and_then(|checked| {

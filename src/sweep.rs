@@ -426,6 +426,7 @@ fn run_here(sweep: &Sweep, todo: &[Pending]) -> Result<Trained> {
         sweep.write_index(&[index])?;
         let result = commands::run(&RunArgs {
             job: args.job.clone(),
+            job_given: true,
             sets: sweep.sets(index),
             name: args.name.clone(),
             runs_dir: args.runs_dir.clone(),

@@ -634,11 +634,41 @@ fn a_resume_whose_metrics_lost_rows_is_refused_leaving_the_run_as_it_was() {
     assert!(again.status.success(), "{}", stderr(&again));
 }
 
-/// A resume from an earlier checkpoint replaces the continuation after it: that
-/// continuation's checkpoints move to checkpoints/superseded/, so the next resume of the run
-/// directory takes this timeline's newest (it took the abandoned one's, by step number).
+/// The folders of `dir/superseded/`, oldest first (two in one second are named alike).
+fn superseded(dir: &Path) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir.join("superseded"))
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    found.sort_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).unwrap());
+    found
+}
+
+/// Every file of a run directory that a refused resume must leave as it was.
+fn contents(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut files = Vec::new();
+    for name in [
+        "metrics.csv",
+        "summary.json",
+        "model.safetensors",
+        "config.toml",
+    ] {
+        files.push((
+            name.to_string(),
+            std::fs::read(dir.join(name)).unwrap_or_default(),
+        ));
+    }
+    for name in checkpoints(dir) {
+        files.push((name.clone(), Vec::new()));
+    }
+    files
+}
+
+/// A resume from an earlier checkpoint than the run's newest goes back in the run: refused,
+/// naming the later checkpoints, unless --force; then that continuation's checkpoints (and
+/// the completed run's results) move to superseded/, so the next resume of the run directory
+/// takes this timeline's newest (it took the abandoned one's, by step number).
 #[test]
-fn a_resume_from_an_earlier_checkpoint_sets_the_later_ones_aside() {
+fn a_resume_from_an_earlier_checkpoint_is_refused_unless_forced_and_sets_the_later_aside() {
     let job = write_job(SMALL_JOB);
     let dir = run_dir(&job.run(&[]));
     let d = dir.to_str().unwrap();
@@ -648,28 +678,52 @@ fn a_resume_from_an_earlier_checkpoint_sets_the_later_ones_aside() {
         "{first:?}"
     );
     let early = dir.join("checkpoints/step-00000030.safetensors");
-    let out = job.run(&[
+    let back = [
         "--resume",
         early.to_str().unwrap(),
         "--set",
         "train.max_steps=45",
-    ]);
+    ];
+    let before = contents(&dir);
+    expect_exit_2(
+        &job.run(&back),
+        &[
+            "(step 30): the run went further",
+            "its completed result: 92 steps (val_accuracy",
+            "7 later checkpoint(s), at step 40, 50, 60, 70, 80, 90, 92",
+            "continue from the run's newest checkpoint, give the run: trainer run --resume",
+            "pass --force",
+        ],
+    );
+    assert_eq!(contents(&dir), before, "a refused resume changed the run");
+
+    let out = job.run(&[&back[..], &["--force"]].concat());
     assert_eq!(run_dir(&out), dir);
-    let now: Vec<String> = checkpoints(&dir)
-        .into_iter()
-        .filter(|n| n.starts_with("step-"))
-        .collect();
+    assert!(
+        stderr(&out).contains("WARN --force: resuming from step 30"),
+        "{}",
+        stderr(&out)
+    );
+    let now: Vec<String> = checkpoints(&dir);
     assert_eq!(now.last().unwrap(), "step-00000045.safetensors", "{now:?}");
-    let aside = std::fs::read_dir(dir.join("checkpoints/superseded"))
-        .unwrap()
-        .count();
+    let folders = superseded(&dir);
+    assert_eq!(folders.len(), 1, "{folders:?}");
+    let aside = &folders[0];
+    assert!(
+        aside.to_str().unwrap().ends_with("-from-step-30"),
+        "{aside:?}"
+    );
     assert_eq!(
-        aside,
+        checkpoints(aside),
         first
             .iter()
             .filter(|n| n.as_str() > "step-00000030.safetensors")
-            .count()
+            .cloned()
+            .collect::<Vec<_>>()
     );
+    for (name, bytes) in &before[..3] {
+        assert_eq!(&std::fs::read(aside.join(name)).unwrap(), bytes, "{name}");
+    }
     let out = job.run(&["--resume", d, "--set", "train.max_steps=60"]);
     assert_eq!(run_dir(&out), dir);
     let resumed = summary(&dir)["resumed_from"].as_str().unwrap().to_string();
@@ -683,21 +737,208 @@ fn a_resume_from_an_earlier_checkpoint_sets_the_later_ones_aside() {
         steps.windows(2).all(|w| w[0] < w[1]),
         "one timeline: {steps:?}"
     );
-    // Back to step 30 again: this timeline's 40, 45, 50 and 60 join the first's in
-    // superseded/, which keeps both (the second overwrote the first's 40, 50 and 60).
-    let before = std::fs::read_dir(dir.join("checkpoints/superseded"))
-        .unwrap()
-        .count();
+    // Back to step 30 again: this timeline's 40, 45, 50 and 60 go to a folder of their own.
     run_dir(&job.run(&[
         "--resume",
         early.to_str().unwrap(),
         "--set",
         "train.max_steps=35",
+        "--force",
     ]));
-    let after = std::fs::read_dir(dir.join("checkpoints/superseded"))
-        .unwrap()
-        .count();
-    assert_eq!(after, before + 4, "steps 40, 45, 50 and 60 set aside again");
+    let folders = superseded(&dir);
+    assert_eq!(folders.len(), 3, "{folders:?}");
+    assert_eq!(
+        checkpoints(&folders[2]),
+        [
+            "step-00000040.safetensors",
+            "step-00000045.safetensors",
+            "step-00000050.safetensors",
+            "step-00000060.safetensors"
+        ]
+    );
+}
+
+/// The issue's reproduction: a completed run whose final state has no checkpoint (the resume
+/// that completed it wrote none) is not rolled back to its last checkpoint by a resume
+/// asking for another length. With --force it is, and the old results are in superseded/.
+#[test]
+fn a_completed_run_is_not_rolled_back_to_an_older_checkpoint() {
+    let runs = tempfile::tempdir().unwrap();
+    let mlp = root().join("jobs/mlp.toml");
+    let (mlp, runs_dir) = (mlp.to_str().unwrap(), runs.path().to_str().unwrap());
+    let base = ["run", mlp, "--runs-dir", runs_dir, "-q"];
+    let first = [&base[..], &["--name", "repro", "--set", "train.epochs=3"]].concat();
+    let first = [&first[..], &["--set", "checkpoint.every_epochs=1"]].concat();
+    let dir = run_dir(&trainer(&first));
+    let d = dir.to_str().unwrap();
+    // The job file given again: its 30 epochs and its lack of checkpoints are taken, and
+    // named; the three-epoch result it extends moves aside.
+    let out = trainer(&[&base[..], &["--resume", d]].concat());
+    assert_eq!(run_dir(&out), dir);
+    let err = stderr(&out);
+    for needle in [
+        "differs from the run's own settings",
+        "train.epochs: 3 in the run, 30 now",
+        "checkpoint.every_epochs: 1 in the run, (not set) now",
+        "job.name: \"repro\" in the run, \"mlp\" now",
+    ] {
+        assert!(err.contains(needle), "lacks {needle:?}:\n{err}");
+    }
+    assert_eq!(summary(&dir)["steps"], 690);
+    let extended = superseded(&dir);
+    assert_eq!(extended.len(), 1);
+    assert_eq!(summary(&extended[0])["steps"], 69);
+    assert_eq!(
+        checkpoints(&dir).last().unwrap(),
+        "step-00000069.safetensors"
+    );
+
+    let before = contents(&dir);
+    let shorter = ["--resume", d, "--set", "train.epochs=5"];
+    for out in [
+        trainer(&[&base[..], &shorter].concat()),
+        trainer(&[&["run", "-q"][..], &shorter].concat()),
+    ] {
+        expect_exit_2(
+            &out,
+            &[
+                "step-00000069.safetensors (step 69): the run went further",
+                "its completed result: 690 steps (val_accuracy 0.9861",
+                "in summary.json and model.safetensors",
+                "metrics.csv row(s) after the checkpoint's, up to step 690",
+                "no checkpoint of its final state",
+                "--set model.init_from=",
+                "pass --force to resume from step 69 anyway",
+            ],
+        );
+        assert_eq!(contents(&dir), before, "a refused resume changed the run");
+    }
+    let out = trainer(&[&["run", "-q", "--force"][..], &shorter].concat());
+    assert_eq!(run_dir(&out), dir);
+    assert_eq!(summary(&dir)["steps"], 115);
+    let folders = superseded(&dir);
+    assert_eq!(folders.len(), 2, "{folders:?}");
+    for (name, bytes) in &before[..3] {
+        assert_eq!(
+            &std::fs::read(folders[1].join(name)).unwrap(),
+            bytes,
+            "{name}"
+        );
+    }
+    // The folder reads as the run it was: ls lists its 690 steps.
+    let ls = trainer(&["ls", folders[1].to_str().unwrap(), "--format", "csv"]);
+    assert!(
+        common::stdout(&ls).contains(",690,"),
+        "{}",
+        common::stdout(&ls)
+    );
+}
+
+/// `trainer run --resume RUN_DIR` takes the run's own config.toml as the job: its name,
+/// overrides and checkpoint settings stay; a --set changes it on top; a completed run with a
+/// checkpoint of its final state is extended from there.
+#[test]
+fn a_resume_without_a_job_file_keeps_the_run_s_own_settings() {
+    let job = write_job(SMALL_JOB);
+    let first = job.run(&[
+        "--name",
+        "mine",
+        "--set",
+        "train.epochs=2",
+        "--set",
+        "optimizer.lr=2e-3",
+    ]);
+    let dir = run_dir(&first);
+    let d = dir.to_str().unwrap();
+    assert_eq!(summary(&dir)["steps"], 46);
+    let before = metrics(&dir);
+    let out = trainer(&["run", "--resume", d, "--set", "train.epochs=3", "-q"]);
+    assert_eq!(run_dir(&out), dir);
+    assert!(!stderr(&out).contains("WARN"), "{}", stderr(&out));
+    assert_eq!(summary(&dir)["steps"], 69);
+    assert!(
+        metrics(&dir).starts_with(&before),
+        "the run went on after its rows"
+    );
+    // Its checkpoint settings held: the final state at step 69 is a checkpoint.
+    assert_eq!(
+        checkpoints(&dir).last().unwrap(),
+        "step-00000069.safetensors"
+    );
+    let config = std::fs::read_to_string(dir.join("config.toml")).unwrap();
+    for line in [
+        "name = \"mine\"",
+        "lr = 0.002",
+        "epochs = 3",
+        "every_steps = 10",
+    ] {
+        assert!(config.contains(line), "config.toml lacks {line}:\n{config}");
+    }
+    assert!(
+        config.starts_with(&format!(
+            "# trainer run --resume {d} --set train.epochs=3\n"
+        )),
+        "{config}"
+    );
+    // The two-epoch result it extended: in superseded/, whole.
+    let folders = superseded(&dir);
+    assert_eq!(folders.len(), 1);
+    assert_eq!(summary(&folders[0])["steps"], 46);
+    assert!(folders[0].join("model.safetensors").is_file());
+    // A change of training still needs --force.
+    let out = trainer(&[
+        "run",
+        "--resume",
+        d,
+        "--set",
+        "train.epochs=4",
+        "--set",
+        "optimizer.lr=1e-2",
+    ]);
+    expect_exit_2(
+        &out,
+        &["optimizer.lr: 0.002 in the checkpoint, 0.01 now", "--force"],
+    );
+    // Neither a job file nor a run: a usage error.
+    let out = trainer(&["run", "--set", "train.epochs=4"]);
+    expect_exit_2(&out, &["--resume"]);
+}
+
+/// Rows after the newest checkpoint of a run that was killed are retrained when the job is
+/// the run's own (as they were); with another length they would be trained differently, so
+/// that is refused unless --force, by --resume and resume = "auto" alike.
+#[test]
+fn a_killed_run_s_later_rows_are_kept_unless_the_resume_trains_them_differently() {
+    let job = write_job(&format!("{SMALL_JOB}resume = \"auto\"\n"));
+    let dir = crashed_small_run(&job);
+    let before = contents(&dir);
+    let d = dir.to_str().unwrap();
+    for out in [
+        job.run(&["--set", "train.epochs=6"]),
+        trainer(&["run", "--resume", d, "--set", "train.epochs=6"]),
+    ] {
+        expect_exit_2(
+            &out,
+            &[
+                "step-00000090.safetensors (step 90): the run went further",
+                "metrics.csv row(s) after the checkpoint's, up to step 92",
+                "those steps were trained with other values of train.epochs",
+                "--force",
+            ],
+        );
+        assert_eq!(contents(&dir), before, "a refused resume changed the run");
+    }
+    // The run's own settings: steps 91 and 92 trained again, the earlier rows kept aside.
+    let again = run_dir(&trainer(&["run", "--resume", d, "-q"]));
+    assert_eq!(again, dir);
+    assert_eq!(summary(&dir)["status"], "completed");
+    let folders = superseded(&dir);
+    assert_eq!(folders.len(), 1);
+    assert_eq!(
+        std::fs::read(folders[0].join("metrics.csv")).unwrap(),
+        before[0].1
+    );
+    assert_eq!(metrics(&dir), metrics(&folders[0]), "the same rows again");
 }
 
 /// A run stopped after its final checkpoint, while writing its weights or summary, is
@@ -1026,13 +1267,38 @@ fn a_resume_that_fails_setting_up_its_run_directory_leaves_a_failed_run() {
 fn a_resume_that_can_write_nothing_puts_the_earlier_summary_back() {
     let job = write_job(SMALL_JOB);
     let dir = run_dir(&job.run(&[]));
-    let before = std::fs::read(dir.join("summary.json")).unwrap();
+    // A run stopped after its final checkpoint: a resume replaces nothing, and finishes it.
+    let interrupted = r#"{"status": "interrupted", "end_reason": "interrupted"}"#;
+    std::fs::write(dir.join("summary.json"), interrupted).unwrap();
+    std::fs::remove_file(dir.join("model.safetensors")).unwrap();
+    let d = dir.to_str().unwrap();
+    let out = run_with_file_size_limit(&job, &["--resume", d], 64);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("the earlier summary.json is back"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("summary.json")).unwrap(),
+        interrupted
+    );
+}
+
+/// A resume that cannot keep what it replaces (a full disk) changes nothing of the run.
+#[test]
+fn a_resume_that_cannot_set_aside_what_it_replaces_leaves_the_run_as_it_was() {
+    let job = write_job(SMALL_JOB);
+    let dir = run_dir(&job.run(&[]));
+    let before = contents(&dir);
     let d = dir.to_str().unwrap();
     let out = run_with_file_size_limit(&job, &["--resume", d, "--set", "train.epochs=6"], 64);
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains("the earlier summary.json is back"), "{err}");
-    assert_eq!(std::fs::read(dir.join("summary.json")).unwrap(), before);
+    assert!(
+        err.contains("cannot set aside what this resume replaces"),
+        "{err}"
+    );
+    assert!(err.contains("the run is as it was"), "{err}");
+    assert_eq!(contents(&dir), before);
+    assert_eq!(superseded(&dir), Vec::<PathBuf>::new());
 }
 
 #[test]
@@ -1060,4 +1326,41 @@ fn a_file_size_limit_fails_the_run_with_a_message_instead_of_killing_it() {
         .unwrap()
         .path();
     assert_eq!(summary(&dir)["status"], "failed");
+}
+
+/// A sweep resumes a point that was killed by the same rules as `trainer run --resume`: the
+/// point's job is its run's own, so the steps after its newest checkpoint are trained again,
+/// and the rows they had are kept in the point's superseded/.
+#[test]
+fn a_sweep_resumes_a_killed_point_keeping_its_later_rows_aside() {
+    let job = write_job(SMALL_JOB);
+    let sweep = |extra: &[&str]| {
+        let mut args = vec![
+            "sweep",
+            job.path.to_str().unwrap(),
+            "--grid",
+            "optimizer.lr=1e-3",
+        ];
+        args.extend([
+            "--sweep-id",
+            "s",
+            "--runs-dir",
+            job.runs.to_str().unwrap(),
+            "-q",
+        ]);
+        args.extend_from_slice(extra);
+        trainer(&args)
+    };
+    assert!(sweep(&[]).status.success());
+    let point = job.runs.join("small/s/000-lr=1e-3");
+    let whole = metrics(&point);
+    std::fs::remove_file(point.join("summary.json")).unwrap();
+    std::fs::remove_file(point.join("checkpoints/step-00000092.safetensors")).unwrap();
+    let out = sweep(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(summary(&point)["status"], "completed");
+    assert_eq!(metrics(&point), whole);
+    let folders = superseded(&point);
+    assert_eq!(folders.len(), 1, "{folders:?}");
+    assert_eq!(metrics(&folders[0]), whole);
 }

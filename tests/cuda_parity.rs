@@ -1716,7 +1716,7 @@ fn a_device_fault_fails_the_run_and_its_checkpoints_resume() {
     assert!(err.contains("CUDA_ERROR_ILLEGAL_ADDRESS"), "{err}");
     assert!(err.contains("rerun with CUDA_LAUNCH_BLOCKING=1"), "{err}");
     assert!(
-        err.contains("(the newest at step 60); continue with: trainer run jobs/mlp.toml --resume"),
+        err.contains("(the newest at step 60); continue with: trainer run --resume"),
         "{err}"
     );
     let run = std::fs::read_dir(runs.path().join("mlp"))

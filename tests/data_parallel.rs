@@ -371,7 +371,8 @@ fn a_checkpoint_of_two_replicas_resumes_on_one_and_on_four() {
         None,
         Some("parallel.devices=[\"cpu\", \"cpu\", \"cpu\", \"cpu\"]"),
     ] {
-        let mut extra = vec!["--resume", first.to_str().unwrap()];
+        // Back to the first checkpoint of the completed run: --force, as that replaces it.
+        let mut extra = vec!["--resume", first.to_str().unwrap(), "--force"];
         if let Some(set) = replicas {
             extra.extend(["--set", set]);
         }

@@ -422,6 +422,8 @@ fn a_nonfinite_evaluation_is_warned_and_its_checkpoint_resumes() {
             runs.to_str().unwrap(),
             "--resume",
             early.to_str().unwrap(),
+            // Back from the completed run's end: --force, as the resume replaces it.
+            "--force",
         ],
         &[],
     );

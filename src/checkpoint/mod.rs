@@ -22,12 +22,11 @@ mod resume;
 pub mod weights;
 
 pub use resume::{
-    changeable_keys, differences_in, find_auto_resume, incompatible_changes, locate, run_dir_of,
-    training_differences, ResumePoint, DECIDED_BY_RANK_ZERO,
+    changeable_keys, differences, differences_in, find_auto_resume, incompatible_changes, locate,
+    named_run_dir, run_dir_of, training_differences, ResumePoint, DECIDED_BY_RANK_ZERO,
 };
 
 use crate::error::{Error, Result};
-use crate::runtime_err;
 use crate::spec::{BestMode, CheckpointSpec, JobSpec};
 use crate::tensor::LossStats;
 use file::{TensorOut, Values};
@@ -254,44 +253,6 @@ pub fn list(dir: &Path) -> Vec<(u64, PathBuf)> {
         .collect();
     found.sort();
     found
-}
-
-/// Where a resume from an earlier checkpoint moves the later ones: they belong to the
-/// continuation it abandons, and left in place the next `--resume RUN_DIR` (or resume =
-/// "auto"), which takes the newest, would jump back into that timeline.
-pub const SUPERSEDED_DIR: &str = "superseded";
-
-/// Moves the checkpoints in `dir` written after `step` into `dir/superseded/` (kept, not
-/// deleted: they are a user's data); returns how many.
-pub fn set_aside_after(dir: &Path, step: u64) -> Result<usize> {
-    let later: Vec<PathBuf> = list(dir)
-        .into_iter()
-        .filter(|(s, _)| *s > step)
-        .map(|(_, path)| path)
-        .collect();
-    if later.is_empty() {
-        return Ok(0);
-    }
-    let aside = dir.join(SUPERSEDED_DIR);
-    let io = |e: std::io::Error| runtime_err!("cannot set aside {}: {e}", aside.display());
-    std::fs::create_dir_all(&aside).map_err(io)?;
-    for path in &later {
-        let name = path.file_name().expect("a checkpoint file");
-        // An earlier set-aside timeline may hold the same step: keep both.
-        let mut target = aside.join(name);
-        for n in 1.. {
-            if !target.exists() {
-                break;
-            }
-            let stem = Path::new(name)
-                .file_stem()
-                .unwrap_or_default()
-                .to_string_lossy();
-            target = aside.join(format!("{stem}.{n}.safetensors"));
-        }
-        std::fs::rename(path, target).map_err(io)?;
-    }
-    Ok(later.len())
 }
 
 /// Deletes the checkpoints `keep_last` and `keep_best` do not keep, and temporary files a

@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 pub struct ResumePoint {
     pub run_dir: PathBuf,
     pub checkpoint: Checkpoint,
+    /// Later checkpoints that failed their integrity check (`--resume-fallback`).
+    pub skipped: Vec<PathBuf>,
 }
 
 /// The checkpoints/ directory a --resume path names (a run directory, its checkpoints/, or
@@ -42,8 +44,13 @@ fn checkpoints_dir(path: &Path) -> Result<(PathBuf, bool)> {
 
 /// The run directory a --resume path names, as `locate` reads it; None where it names none.
 pub fn run_dir_of(path: &Path) -> Option<PathBuf> {
-    let (dir, _) = checkpoints_dir(path).ok()?;
-    dir.parent().map(Path::to_path_buf)
+    named_run_dir(path).ok()
+}
+
+/// The run directory a --resume path names, or why it names none.
+pub fn named_run_dir(path: &Path) -> Result<PathBuf> {
+    let (dir, _) = checkpoints_dir(path)?;
+    Ok(dir.parent().unwrap_or(Path::new(".")).to_path_buf())
 }
 
 /// `--resume PATH`: a run directory (its newest checkpoint), that run's checkpoints/
@@ -86,9 +93,11 @@ pub fn locate(path: &Path, fallback: bool) -> Result<ResumePoint> {
                         checkpoint.state.step
                     );
                 }
+                let skipped = candidates.iter().take_while(|c| *c != p).cloned().collect();
                 return Ok(ResumePoint {
                     run_dir,
                     checkpoint,
+                    skipped,
                 });
             }
             Err(why) => {
@@ -217,7 +226,9 @@ pub fn differences_in(
         .collect()
 }
 
-fn differences(first: &Value, second: &Value) -> Vec<(String, String, String)> {
+/// The keys whose values differ between two jobs: (key, first job's value, second job's
+/// value), defaults filled in.
+pub fn differences(first: &Value, second: &Value) -> Vec<(String, String, String)> {
     let (mut old, mut new) = (BTreeMap::new(), BTreeMap::new());
     flatten(String::new(), &with_defaults(first), &mut old);
     flatten(String::new(), &with_defaults(second), &mut new);

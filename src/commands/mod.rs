@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::graph::{ActivationStorage, DataShape, GradBuckets, Graph, MemoryPlan};
 use crate::optim;
 use crate::parallel::{BatchLayout, CpuAllReduce, Rendezvous};
-use crate::run::{MetricsRow, MetricsWriter, RunDir};
+use crate::run::{superseded, MetricsRow, MetricsWriter, RunDir};
 use crate::signals::Stop;
 use crate::spec::{
     self, parse_device, CollectiveBackend, DataPlacement, DeviceChoice, JobSpec, Normalize,
@@ -32,13 +32,16 @@ pub use check::{check, devices, Checked};
 pub use memory::bytes;
 use memory::{all_replicas_memory, check_device_memory, check_host_memory, memory_plan};
 pub use memory::{Need, Place};
+pub use start::job_of;
 use start::{
     final_rows, job_command, nothing_left_to_train, plan_start, resume_command,
     with_original_init_from, with_resume_hint,
 };
 
 pub struct RunArgs {
+    /// The job file, or the resumed run's config.toml when none was given (`job_given`).
     pub job: PathBuf,
+    pub job_given: bool,
     pub sets: Vec<String>,
     pub name: Option<String>,
     pub runs_dir: PathBuf,
@@ -750,10 +753,21 @@ fn run_on<B: Backend>(
     let device = parallel
         .as_ref()
         .map_or_else(|| backend.describe(), |p| p.describe());
+    if let Start::Resume(point, _) = &start {
+        // Before anything of the run changes; a failure here leaves it as it was.
+        let state = &point.checkpoint.state;
+        if let Some(aside) = superseded::set_aside(&run.path, state.step, state.metrics_rows)? {
+            tracing::info!(
+                "what the run recorded after step {} (this resume replaces it) is kept in {}",
+                state.step,
+                aside.display()
+            );
+        }
+    }
     // From here on the run directory is this attempt's: a failure (a full disk, a file that
     // cannot be written) ends it as failed in summary.json, not as a run that looks killed.
     if let Err(e) = prepare_run_dir(&run, args, spec, &start, &device) {
-        let e = record_failure(&run, args, spec, e, 0.0, Training::NotBegun);
+        let e = record_failure(&run, spec, e, 0.0, Training::NotBegun);
         crate::logging::detach_run_log();
         return Err(e);
     }
@@ -775,8 +789,7 @@ fn run_on<B: Backend>(
 }
 
 /// Makes the run directory this attempt's: a resumed run's summary.json goes aside (until
-/// the attempt finishes, the run must not look finished) and its checkpoints after the one
-/// resumed from are set aside; config.toml and provenance.json are written, and train.log
+/// the attempt finishes, the run must not look finished); config.toml and provenance.json are written, and train.log
 /// attached.
 fn prepare_run_dir(
     run: &RunDir,
@@ -785,17 +798,8 @@ fn prepare_run_dir(
     start: &Start,
     device: &str,
 ) -> Result<()> {
-    if let Start::Resume(point, _) = start {
+    if let Start::Resume(..) = start {
         run.set_summary_aside()?;
-        let (dir, step) = (run.path.join(checkpoint::DIR), point.checkpoint.state.step);
-        let moved = checkpoint::set_aside_after(&dir, step)?;
-        if moved > 0 {
-            tracing::info!(
-                "{moved} checkpoint(s) after step {step}, of the continuation this resume \
-                 replaces, moved to {}",
-                dir.join(checkpoint::SUPERSEDED_DIR).display()
-            );
-        }
     }
     let resumed = match start {
         Start::Resume(point, _) => {
@@ -809,7 +813,7 @@ fn prepare_run_dir(
     };
     let header = format!(
         "# {}\n# resolved spec: defaults filled in, overrides applied\n# device: {device}\n# batch: {}{resumed}",
-        job_command(args, &[]),
+        job_command(args),
         BatchLayout::of(spec),
     );
     run.write_config(spec, &header)?;
@@ -831,14 +835,7 @@ enum Training {
 /// Ends an attempt that failed: summary.json says so and why (as far as it can be written),
 /// and the error names the run and how to continue it. Where not even that can be written
 /// and training had not begun, a resumed run's earlier summary is put back.
-fn record_failure(
-    run: &RunDir,
-    args: &RunArgs,
-    spec: &JobSpec,
-    e: Error,
-    wall: f64,
-    training: Training,
-) -> Error {
+fn record_failure(run: &RunDir, spec: &JobSpec, e: Error, wall: f64, training: Training) -> Error {
     let summary = serde_json::json!({
         "status": "failed",
         "end_reason": match e {
@@ -852,7 +849,7 @@ fn record_failure(
         "wall_s": wall,
     });
     match run.write_summary(&summary) {
-        Ok(()) => with_resume_hint(e, args, run, true),
+        Ok(()) => with_resume_hint(e, run, true),
         // The run's own error (a full disk writing metrics.csv, say) is the cause to show.
         Err(summary_error) => {
             let earlier = match training == Training::NotBegun && run.restore_summary() {
@@ -861,7 +858,7 @@ fn record_failure(
             };
             let note =
                 format!("summary.json could not be written either: {summary_error}{earlier}");
-            with_resume_hint(e.with_note(&note), args, run, false)
+            with_resume_hint(e.with_note(&note), run, false)
         }
     }
 }
@@ -905,7 +902,7 @@ fn run_in<B: Backend>(
     };
     let fail = |e| {
         let wall = started.elapsed().as_secs_f64();
-        record_failure(run, args, spec, e, wall, Training::Begun)
+        record_failure(run, spec, e, wall, Training::Begun)
     };
     let (metrics, session) = match start {
         Start::Fresh { initial } => (
@@ -953,7 +950,7 @@ fn run_in<B: Backend>(
     let resumed_from = resumed_from.map(|p| p.display().to_string());
     let outcome = match result {
         Ok(outcome) => outcome,
-        Err(e) => return Err(record_failure(run, args, spec, e, wall, Training::Begun)),
+        Err(e) => return Err(record_failure(run, spec, e, wall, Training::Begun)),
     };
     let summary = match outcome.interrupted {
         Some(_) => serde_json::json!({
@@ -1016,7 +1013,7 @@ fn run_in<B: Backend>(
     };
     if let Err(summary_error) = run.write_summary(&summary) {
         // A resume completes a run from its final checkpoint: the hint applies.
-        return Err(with_resume_hint(summary_error, args, run, false));
+        return Err(with_resume_hint(summary_error, run, false));
     }
     match outcome.interrupted {
         Some(signal) => {
@@ -1029,7 +1026,7 @@ fn run_in<B: Backend>(
                 message: format!(
                     "stopped by {name} after step {}; {checkpoint} written; continue with: {}",
                     outcome.steps,
-                    resume_command(args, &run.path)
+                    resume_command(&run.path)
                 ),
             })
         }

@@ -2,6 +2,7 @@
 //! end), and the command that continues a run.
 
 use super::*;
+use crate::run::superseded::{self, Ahead};
 
 /// A resumed run continues from its checkpoint, whatever model.init_from says now. It keeps
 /// recording the file it first started from (config.toml and its next checkpoints say where
@@ -211,6 +212,8 @@ pub(super) fn plan_start(
                 .map_or(String::new(), |m| format!(", train.max_steps = {m}"))
         )));
     }
+    refuse_going_back(args, &point, &job)?;
+    let c = &point.checkpoint;
     // Its rows up to the checkpoint must be there before anything of the run is rewritten.
     let metrics = point.run_dir.join("metrics.csv");
     let (_, rows) = MetricsWriter::resumable_len(&metrics, c.state.metrics_rows, args.force)?;
@@ -237,6 +240,147 @@ pub(super) fn plan_start(
         );
     }
     Ok(Start::Resume(Box::new(point), locked))
+}
+
+/// The keys that set how far a run trains: a changed value trains the steps after a
+/// checkpoint differently (a schedule spans the length) or not at all.
+const LENGTH_KEYS: [&str; 3] = ["train.epochs", "train.max_steps", "train.early_stopping"];
+
+/// A resume goes back in its run when the run recorded more than its checkpoint holds:
+/// later checkpoints, a completed result past it, or metrics rows after it that this job
+/// would train differently. That is refused unless --force, naming what would be replaced.
+///
+/// Rows after the newest checkpoint of a run that stopped without completing (killed, or
+/// failed) are not refused when the job is the run's own: their steps were never saved, and
+/// the resume trains them again as they were.
+fn refuse_going_back(args: &RunArgs, point: &ResumePoint, job: &serde_json::Value) -> Result<()> {
+    let c = &point.checkpoint;
+    let (run, step) = (&point.run_dir, c.state.step);
+    let mut ahead = Ahead::of(run, step, c.state.metrics_rows);
+    ahead
+        .later_checkpoints
+        .retain(|(_, path)| !point.skipped.contains(path));
+    if args.job_given {
+        name_job_file_differences(&args.job, &args.sets, run, job);
+    }
+    // The settings the run recorded its latest rows with: its config.toml as written.
+    let recorded = recorded_settings(run).unwrap_or_else(|| c.spec.clone());
+    let changed: Vec<String> = checkpoint::training_differences(&recorded, job)
+        .into_iter()
+        .chain(checkpoint::differences_in(&LENGTH_KEYS, &recorded, job))
+        .map(|(key, _, _)| key)
+        .collect();
+    let past_its_end = ahead.completed.is_some() && !ahead.completed_at(step, c.state.finished);
+    let goes_back = !ahead.later_checkpoints.is_empty()
+        || past_its_end
+        || (ahead.rows_after > 0 && !changed.is_empty());
+    if !goes_back {
+        return Ok(());
+    }
+    let lost = ahead.described(step, c.state.finished, true);
+    let run_shown = run.display();
+    if args.force {
+        tracing::warn!(
+            "--force: resuming from step {step}, which replaces: {}; they move to \
+             {run_shown}/{}/",
+            lost.join("; "),
+            superseded::DIR
+        );
+        return Ok(());
+    }
+    let how = if !ahead.later_checkpoints.is_empty() {
+        format!(
+            "to continue from the run's newest checkpoint, give the run: {}",
+            resume_command(run)
+        )
+    } else if past_its_end {
+        let quote = |p: PathBuf| crate::provenance::shell_quote_os(p.as_os_str());
+        format!(
+            "the run holds no checkpoint of its final state, so it cannot be extended from \
+             there; to train on from its final weights, start a new run from them: trainer run \
+             {} --set model.init_from={}",
+            quote(run.join("config.toml")),
+            crate::provenance::shell_quote(&format!(
+                "\"{}\"",
+                run.join(weights::MODEL_FILE).display()
+            ))
+        )
+    } else {
+        format!(
+            "those steps were trained with other values of {} (the run's config.toml); resume \
+             with the run's own settings to train them again as they were: {}",
+            changed.join(", "),
+            resume_command(run)
+        )
+    };
+    Err(Error::Job(format!(
+        "cannot resume from {} (step {step}): the run went further, and resuming from there \
+         would replace\n  - {}\n{how}; or pass --force to resume from step {step} anyway (what \
+         it replaces moves to {run_shown}/{}/)",
+        c.path.display(),
+        lost.join("\n  - "),
+        superseded::DIR
+    )))
+}
+
+/// The settings a run recorded in its config.toml, as JSON; None where it cannot be read (a
+/// run directory from an earlier version, say).
+fn recorded_settings(run: &Path) -> Option<serde_json::Value> {
+    let text = std::fs::read_to_string(run.join("config.toml")).ok()?;
+    let spec: JobSpec = toml::from_str(&text).ok()?;
+    Some(checkpoint::spec_json(&spec).0)
+}
+
+/// A job file given with --resume is taken as the job, as before; where it differs from the
+/// run's own settings (with the same overrides on top), each difference is named, so that no
+/// setting of the run changes unseen (the file's epochs, or its lack of checkpoints).
+fn name_job_file_differences(file: &Path, sets: &[String], run: &Path, job: &serde_json::Value) {
+    let config = run.join("config.toml");
+    // Quietly: the job's own loading has said its warnings.
+    let quiet = tracing::subscriber::NoSubscriber::default();
+    let Ok(own) = tracing::subscriber::with_default(quiet, || spec::load_job(&config, sets)) else {
+        return;
+    };
+    let differences = checkpoint::differences(&checkpoint::spec_json(&own).0, job);
+    if differences.is_empty() {
+        return;
+    }
+    let listed: Vec<String> = differences
+        .iter()
+        .map(|(key, old, new)| format!("{key}: {old} in the run, {new} now"))
+        .collect();
+    tracing::warn!(
+        "{} differs from the run's own settings ({}), and this resume takes its values:\n  {}\n\
+         (leave the job file out to resume with the run's own settings: {})",
+        file.display(),
+        config.display(),
+        listed.join("\n  "),
+        resume_command(run)
+    );
+}
+
+/// The job a run trains: the job file given, or with --resume and none given, the resumed
+/// run's own config.toml (its resolved job, overrides included).
+pub fn job_of(job: Option<PathBuf>, resume: Option<&Path>) -> Result<PathBuf> {
+    if let Some(job) = job {
+        return Ok(job);
+    }
+    let Some(resume) = resume else {
+        return Err(Error::Job(
+            "give a job file (trainer run JOB), or --resume RUN_DIR to continue a run".into(),
+        ));
+    };
+    let config = checkpoint::named_run_dir(resume)?.join("config.toml");
+    if !config.is_file() {
+        return Err(Error::Job(format!(
+            "--resume {}: the run has no {} to take its job from; give the job file as well \
+             (trainer run JOB --resume {})",
+            resume.display(),
+            config.display(),
+            resume.display()
+        )));
+    }
+    Ok(config)
 }
 
 /// A final checkpoint (`finished`) with nothing left to train for `spec`: its run ended
@@ -295,12 +439,7 @@ pub(super) fn final_rows(metrics: &Path) -> (Option<MetricsRow>, Vec<MetricsRow>
 
 /// A run that failed says where it is, and, after writing checkpoints, how to continue
 /// from the newest.
-pub(super) fn with_resume_hint(
-    e: Error,
-    args: &RunArgs,
-    run: &RunDir,
-    summary_written: bool,
-) -> Error {
+pub(super) fn with_resume_hint(e: Error, run: &RunDir, summary_written: bool) -> Error {
     let e = match e {
         Error::Runtime(_) | Error::Diverged(_) => e.with_note(&format!(
             "the run: {}{}",
@@ -315,7 +454,7 @@ pub(super) fn with_resume_hint(
     let Some((step, _)) = checkpoint::list(&run.path.join(checkpoint::DIR)).pop() else {
         return e;
     };
-    let resume = resume_command(args, &run.path);
+    let resume = resume_command(&run.path);
     match e {
         Error::Runtime(message) => Error::Runtime(format!(
             "{message}\nthe run's checkpoints remain (the newest at step {step}); continue \
@@ -331,22 +470,28 @@ pub(super) fn with_resume_hint(
     }
 }
 
-/// The command that continues `run`: the job and its `--set` overrides (without them the
-/// resume would be refused, or quietly train another length).
-pub(super) fn resume_command(args: &RunArgs, run: &Path) -> String {
-    job_command(args, &["--resume".as_ref(), run.as_os_str()])
+/// The command that continues `run`: its config.toml holds the job as this attempt
+/// resolved it (overrides, name and environment included).
+pub(super) fn resume_command(run: &Path) -> String {
+    format!(
+        "trainer run --resume {}",
+        crate::provenance::shell_quote_os(run.as_os_str())
+    )
 }
 
-/// `trainer run` of the job (and its --name) with `extra` arguments and its `--set`
-/// overrides, shell-quoted.
-pub(super) fn job_command(args: &RunArgs, extra: &[&std::ffi::OsStr]) -> String {
+/// This attempt's `trainer run`: the job file when one was given (and --name), `--resume`,
+/// and the `--set` overrides, shell-quoted.
+pub(super) fn job_command(args: &RunArgs) -> String {
     use crate::provenance::{shell_quote as quote, shell_quote_os};
-    let mut command = format!("trainer run {}", shell_quote_os(args.job.as_os_str()));
+    let mut command = "trainer run".to_string();
+    if args.job_given {
+        command += &format!(" {}", shell_quote_os(args.job.as_os_str()));
+    }
     if let Some(name) = &args.name {
         command += &format!(" --name {}", quote(name));
     }
-    for arg in extra {
-        command += &format!(" {}", shell_quote_os(arg));
+    if let Some(resume) = &args.resume {
+        command += &format!(" --resume {}", shell_quote_os(resume.as_os_str()));
     }
     for set in &args.sets {
         command += &format!(" --set {}", quote(set));
@@ -358,13 +503,13 @@ pub(super) fn job_command(args: &RunArgs, extra: &[&std::ffi::OsStr]) -> String 
 mod tests {
     use super::*;
 
-    /// The command an interrupted or failed run prints keeps the job's overrides and name,
-    /// quoted for a shell: without them the resume would be refused, train another length,
-    /// or rename the job.
+    /// config.toml's header names the command that wrote it, with the overrides and name
+    /// quoted for a shell; the command that continues a run needs only the run.
     #[test]
-    fn the_resume_command_keeps_the_overrides_quoted() {
-        let args = RunArgs {
+    fn the_commands_keep_the_overrides_quoted() {
+        let mut args = RunArgs {
             job: "jobs/mlp.toml".into(),
+            job_given: true,
             sets: vec![
                 "train.epochs=30".into(),
                 r#"optimizer.schedule={type="step", step_size=5}"#.into(),
@@ -379,8 +524,18 @@ mod tests {
             quiet: false,
             print_run_dir: false,
         };
-        let run = Path::new("runs/mlp/20261124-1");
-        let want = r#"trainer run jobs/mlp.toml --name 'lr 3' --resume runs/mlp/20261124-1 --set train.epochs=30 --set 'optimizer.schedule={type="step", step_size=5}' --set 'job.name='\''x'\'''"#;
-        assert_eq!(resume_command(&args, run), want);
+        let want = r#"trainer run jobs/mlp.toml --name 'lr 3' --set train.epochs=30 --set 'optimizer.schedule={type="step", step_size=5}' --set 'job.name='\''x'\'''"#;
+        assert_eq!(job_command(&args), want);
+        args.job_given = false;
+        args.resume = Some("runs/mlp/20261124 1".into());
+        args.sets.truncate(1);
+        args.name = None;
+        let want = "trainer run --resume 'runs/mlp/20261124 1' --set train.epochs=30";
+        assert_eq!(job_command(&args), want);
+        let run = Path::new("runs/mlp/20261124 1");
+        assert_eq!(
+            resume_command(run),
+            "trainer run --resume 'runs/mlp/20261124 1'"
+        );
     }
 }

@@ -2,9 +2,10 @@
 //! (flushed row by row), train.log, checkpoints/ (see `checkpoint`), model.safetensors (the
 //! final weights) and summary.json, written last. A run without a summary.json, or with
 //! `"status"` other than `"completed"`, did not finish; an `"interrupted"` one can be
-//! resumed.
+//! resumed. A resume moves what it replaces into superseded/ (`superseded`).
 
 mod metrics;
+pub mod superseded;
 
 pub use metrics::{MetricsRow, MetricsWriter, METRICS_COLUMNS};
 
