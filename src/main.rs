@@ -16,6 +16,8 @@ Examples:
   trainer check jobs/mlp.toml --explain
   trainer sweep jobs/mlp.toml --grid optimizer.lr=1e-4,3e-4,1e-3 --grid data.batch_size=64,128
   trainer sweep jobs/mlp.toml --grid optimizer.lr=1e-4,3e-4,1e-3 --devices cuda:0,cuda:1
+  trainer eval runs/mlp/20261122-160622-ebbc --split val --confusion confusion.csv
+  trainer predict runs/mlp/20261122-160622-ebbc inputs.csv -o predictions.csv --keep-columns id
   trainer ls
   trainer compare runs/mlp/sweep-1a2b3c4d --format markdown
   trainer plot runs/mlp/sweep-1a2b3c4d --metric loss,val_accuracy --x epoch -o curves.png
@@ -131,6 +133,49 @@ enum Command {
         /// Only print warnings and errors.
         #[arg(long, short)]
         quiet: bool,
+    },
+    /// Evaluate a run's model (its final weights, or --checkpoint) on a split of its own data
+    /// or on another file of the same kind; prints the metrics.
+    Eval {
+        /// The run directory.
+        run: PathBuf,
+        /// train, val or test (default: val, else test).
+        #[arg(long)]
+        split: Option<String>,
+        /// Another data file of the run's kind, normalised as the run's training data was: a
+        /// CSV file with the run's columns, or IDX images (with --labels).
+        #[arg(long, value_name = "FILE")]
+        data: Option<PathBuf>,
+        /// The IDX labels of --data's images.
+        #[arg(long, value_name = "FILE", requires = "data")]
+        labels: Option<PathBuf>,
+        /// A training checkpoint of the run instead of its final weights.
+        #[arg(long, value_name = "FILE")]
+        checkpoint: Option<PathBuf>,
+        /// Write the metrics as CSV (split,metric,class,value).
+        #[arg(long, short, value_name = "FILE")]
+        output: Option<PathBuf>,
+        /// Write the confusion matrix as CSV (a row per true class).
+        #[arg(long, value_name = "FILE")]
+        confusion: Option<PathBuf>,
+    },
+    /// Predict with a run's model: one CSV row per input row (a CSV file of the run's columns,
+    /// the label left out or not, or IDX images), with the class and its probabilities, or the
+    /// predicted values.
+    Predict {
+        /// The run directory.
+        run: PathBuf,
+        /// The inputs: CSV, or IDX images.
+        input: PathBuf,
+        /// Where the predictions go (CSV).
+        #[arg(long, short, value_name = "FILE")]
+        output: PathBuf,
+        /// A training checkpoint of the run instead of its final weights.
+        #[arg(long, value_name = "FILE")]
+        checkpoint: Option<PathBuf>,
+        /// Input columns copied to each output row first (e.g. an id).
+        #[arg(long, value_delimiter = ',', value_name = "COLUMN,...")]
+        keep_columns: Vec<String>,
     },
     /// List the runs under a runs directory: keys that differ, status, final and best metrics.
     Ls {
@@ -272,6 +317,38 @@ fn main() -> ExitCode {
             devices,
             quiet,
         }),
+        Command::Eval {
+            run,
+            split,
+            data,
+            labels,
+            checkpoint,
+            output,
+            confusion,
+        } => commands::evaluate(&commands::EvalArgs {
+            run,
+            split,
+            data,
+            labels,
+            checkpoint,
+            output,
+            confusion,
+        })
+        .and_then(|e| print_out(&commands::report(&e))),
+        Command::Predict {
+            run,
+            input,
+            output,
+            checkpoint,
+            keep_columns,
+        } => commands::predict(&commands::PredictArgs {
+            run,
+            input,
+            output: output.clone(),
+            checkpoint,
+            keep_columns,
+        })
+        .and_then(|rows| print_out(&format!("{}: {rows} predictions\n", output.display()))),
         Command::Ls { runs_dir, format } => {
             results::list(&[runs_dir], format).and_then(|t| print_out(&t))
         }

@@ -1636,3 +1636,415 @@ fn plot_legends_tell_runs_apart_and_fit() {
     }
     assert!(checked >= 10, "{checked}");
 }
+
+/// The last row of `split` in a run's metrics.csv: (loss, accuracy) as written.
+fn last_row(run: &Path, split: &str) -> (String, String) {
+    let (header, rows) = read_csv(&run.join("metrics.csv"));
+    let row = rows
+        .iter()
+        .rev()
+        .find(|r| column(&header, r, "split") == split)
+        .unwrap();
+    let cell = |name: &str| column(&header, row, name).to_string();
+    (cell("loss"), cell("accuracy"))
+}
+
+/// `trainer eval -o FILE`'s rows: (metric, class) -> value.
+fn eval_csv(path: &Path) -> std::collections::BTreeMap<(String, String), String> {
+    let (header, rows) = read_csv(path);
+    assert_eq!(header, ["split", "metric", "class", "value"]);
+    rows.into_iter()
+        .map(|r| ((r[1].clone(), r[2].clone()), r[3].clone()))
+        .collect()
+}
+
+/// A CSV classification job with an id column, a held-out test file and 3 classes; the
+/// second feature's scale is far from the others', so normalisation matters.
+fn csv_job(dir: &Path) -> PathBuf {
+    let row = |i: usize| {
+        let (a, b, c) = (
+            (i * 7 % 13) as f64 / 13.0,
+            (i * 5 % 11) as f64,
+            (i % 3) as f64,
+        );
+        let label = ((a * 3.0) as usize + (b > 5.0) as usize) % 3;
+        format!("r{i},{a},{},{c},{label}\n", b * 100.0)
+    };
+    let header = "id,a,b,c,label\n";
+    let train: String = (0..300).map(row).collect();
+    let test: String = (300..360).map(row).collect();
+    std::fs::write(dir.join("train.csv"), format!("{header}{train}")).unwrap();
+    std::fs::write(dir.join("test.csv"), format!("{header}{test}")).unwrap();
+    write_job(
+        dir,
+        r#"
+[job]
+name = "table"
+[device]
+type = "cpu"
+[data]
+source = "csv"
+path = "train.csv"
+test_path = "test.csv"
+features = ["a", "b", "c"]
+label = "label"
+val_fraction = 0.2
+batch_size = 32
+[model]
+layers = [{ type = "linear", out = 16 }, { type = "relu" }, { type = "linear", out = 3 }]
+[optimizer]
+type = "adam"
+lr = 0.01
+[train]
+epochs = 5
+[checkpoint]
+every_epochs = 5
+"#,
+    )
+}
+
+/// `trainer eval` gives the run's own last evaluation bit for bit, of its final weights and
+/// of its final checkpoint; its CSV has the per-class accuracies and its confusion matrix
+/// counts every sample once. `--data` on the test file gives the test split's numbers: the
+/// file is normalised with the run's saved statistics, not its own.
+#[test]
+fn eval_reproduces_the_run_s_own_evaluation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = csv_job(tmp.path());
+    let run = trained(&job, &tmp.path().join("runs"), &[]);
+    let r = run.to_str().unwrap();
+    for (split, extra) in [("val", vec![]), ("test", vec!["--split", "test"])] {
+        let metrics = tmp.path().join(format!("{split}-metrics.csv"));
+        let confusion = tmp.path().join(format!("{split}-confusion.csv"));
+        let mut args = vec!["eval", r, "-o", metrics.to_str().unwrap()];
+        args.extend(["--confusion", confusion.to_str().unwrap()]);
+        args.extend(&extra);
+        let out = ok(trainer(&args, &[]));
+        assert!(
+            stdout(&out).starts_with(&format!("{split} (")),
+            "{}",
+            stdout(&out)
+        );
+        let got = eval_csv(&metrics);
+        let (loss, accuracy) = last_row(&run, split);
+        let value = |metric: &str| got[&(metric.to_string(), String::new())].clone();
+        assert_eq!(value("loss"), loss, "{split}");
+        assert_eq!(value("accuracy"), accuracy, "{split}");
+        let (_, rows) = read_csv(&confusion);
+        let counted: u64 = rows
+            .iter()
+            .flat_map(|r| &r[1..])
+            .map(|c| c.parse::<u64>().unwrap())
+            .sum();
+        assert_eq!(counted.to_string(), value("samples"));
+        let diagonal: u64 = rows
+            .iter()
+            .enumerate()
+            .map(|(k, r)| r[k + 1].parse::<u64>().unwrap())
+            .sum();
+        let samples: f64 = value("samples").parse().unwrap();
+        assert_eq!(diagonal as f64 / samples, accuracy.parse::<f64>().unwrap());
+        assert!(got.contains_key(&("class_accuracy".to_string(), "2".to_string())));
+    }
+    // The final checkpoint holds the same weights.
+    let checkpoint = run.join("checkpoints/step-00000040.safetensors");
+    let out = ok(trainer(
+        &["eval", r, "--checkpoint", checkpoint.to_str().unwrap()],
+        &[],
+    ));
+    let (loss, _) = last_row(&run, "val");
+    let printed: f64 = loss.parse().unwrap();
+    assert!(
+        stdout(&out).contains(&format!("loss      {printed:.6}")),
+        "{}",
+        stdout(&out)
+    );
+    // Another file of the same kind: the test file, read as data.
+    let metrics = tmp.path().join("file.csv");
+    let test = tmp.path().join("test.csv");
+    let args = [
+        "eval",
+        r,
+        "--data",
+        test.to_str().unwrap(),
+        "-o",
+        metrics.to_str().unwrap(),
+    ];
+    ok(trainer(&args, &[]));
+    let got = eval_csv(&metrics);
+    let (loss, accuracy) = last_row(&run, "test");
+    assert_eq!(got[&("loss".to_string(), String::new())], loss);
+    assert_eq!(got[&("accuracy".to_string(), String::new())], accuracy);
+    // preprocess.json holds what training applied, and model.safetensors carries it.
+    let preprocess: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("preprocess.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        preprocess["feature_columns"],
+        serde_json::json!(["a", "b", "c"])
+    );
+    assert_eq!(preprocess["label_column"], "label");
+    assert_eq!(preprocess["classes"], 3);
+    assert_eq!(preprocess["normalize"], "standardize");
+    let scale = preprocess["scale"].as_array().unwrap();
+    assert_eq!(scale.len(), 3);
+    assert!(
+        scale[1].as_f64().unwrap() < 0.01,
+        "b spans hundreds: {scale:?}"
+    );
+    let model = std::fs::read(run.join("model.safetensors")).unwrap();
+    let header_len = u64::from_le_bytes(model[..8].try_into().unwrap()) as usize;
+    let header = String::from_utf8_lossy(&model[8..8 + header_len]);
+    assert!(header.contains("trainer-preprocess-1"), "{header}");
+}
+
+/// `trainer predict` writes one row per input row: the kept columns, the predicted class and
+/// probabilities that sum to 1. On the labelled test file its classes give the run's test
+/// accuracy; the label column may be left out of the input.
+#[test]
+fn predict_writes_a_row_per_input_with_the_kept_columns() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = csv_job(tmp.path());
+    let run = trained(&job, &tmp.path().join("runs"), &[]);
+    let r = run.to_str().unwrap();
+    let test = tmp.path().join("test.csv");
+    let out_path = tmp.path().join("predictions.csv");
+    let args = [
+        "predict",
+        r,
+        test.to_str().unwrap(),
+        "-o",
+        out_path.to_str().unwrap(),
+    ];
+    ok(trainer(
+        &[&args[..], &["--keep-columns", "id,label"]].concat(),
+        &[],
+    ));
+    let (header, rows) = read_csv(&out_path);
+    assert_eq!(
+        header,
+        [
+            "id",
+            "label",
+            "predicted_class",
+            "prob_0",
+            "prob_1",
+            "prob_2"
+        ]
+    );
+    assert_eq!(rows.len(), 60);
+    assert_eq!(rows[0][0], "r300");
+    let mut correct = 0;
+    for row in &rows {
+        let p: f64 = row[3..].iter().map(|v| v.parse::<f64>().unwrap()).sum();
+        assert!((p - 1.0).abs() < 1e-9, "{row:?}");
+        correct += usize::from(row[1] == row[2]);
+    }
+    let (_, accuracy) = last_row(&run, "test");
+    assert_eq!(correct as f64 / 60.0, accuracy.parse::<f64>().unwrap());
+    // Without the label column, and columns in another order: found by name.
+    let shuffled: String = std::fs::read_to_string(&test)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            format!("{},{},{},{}\n", f[3], f[0], f[2], f[1])
+        })
+        .collect();
+    let input = tmp.path().join("inputs.csv");
+    std::fs::write(&input, shuffled).unwrap();
+    let again = tmp.path().join("again.csv");
+    let args = [
+        "predict",
+        r,
+        input.to_str().unwrap(),
+        "-o",
+        again.to_str().unwrap(),
+    ];
+    ok(trainer(
+        &[&args[..], &["--keep-columns", "id"]].concat(),
+        &[],
+    ));
+    let (_, second) = read_csv(&again);
+    for (a, b) in rows.iter().zip(&second) {
+        assert_eq!((&a[0], &a[2..]), (&b[0], &b[1..]));
+    }
+    // A missing feature column is named, with the file's columns.
+    std::fs::write(&input, "id,a,c\nx,1,2\n").unwrap();
+    let out = trainer(&args, &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("no column `b`; its columns: id, a, c"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// A regression run is evaluated with MSE (its loss), MAE, RMSE and R²; predict writes the
+/// predicted value.
+#[test]
+fn eval_of_a_regression_run_reports_its_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(
+        tmp.path(),
+        r#"
+[device]
+type = "cpu"
+[data]
+source = "synthetic"
+task = "regression"
+samples = 500
+num_features = 4
+val_fraction = 0.2
+[model]
+layers = [{ type = "linear", out = 1 }]
+[loss]
+type = "mse"
+[optimizer]
+type = "sgd"
+lr = 0.05
+[train]
+epochs = 5
+"#,
+    );
+    let run = trained(&job, &tmp.path().join("runs"), &[]);
+    let metrics = tmp.path().join("m.csv");
+    ok(trainer(
+        &[
+            "eval",
+            run.to_str().unwrap(),
+            "-o",
+            metrics.to_str().unwrap(),
+        ],
+        &[],
+    ));
+    let got = eval_csv(&metrics);
+    let value = |m: &str| -> f64 { got[&(m.to_string(), String::new())].parse().unwrap() };
+    let (loss, _) = last_row(&run, "val");
+    assert_eq!(value("loss"), loss.parse::<f64>().unwrap());
+    assert!(
+        (value("mse") - value("loss")).abs() < 1e-6 * value("loss"),
+        "{got:?}"
+    );
+    assert!((value("rmse") - value("mse").sqrt()).abs() < 1e-12);
+    assert!(
+        value("mae") > 0.0 && value("r2") > 0.5 && value("r2") <= 1.0,
+        "{got:?}"
+    );
+    assert!(!got.contains_key(&("accuracy".to_string(), String::new())));
+}
+
+/// Bad eval and predict arguments get an exit 2 naming what is wrong.
+#[test]
+fn bad_eval_and_predict_arguments_are_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), TINY_JOB);
+    let run = trained(&job, &tmp.path().join("runs"), &[]);
+    let r = run.to_str().unwrap();
+    let cases: [(&[&str], &str); 4] = [
+        (&["eval", "no/such/run"], "no/such/run: not a run directory"),
+        (
+            &["eval", r, "--split", "nope"],
+            "--split nope: the run's data has the splits train, val",
+        ),
+        (
+            &["eval", r, "--data", "x.csv"],
+            "the run's data.source is \"digits\"",
+        ),
+        (
+            &["predict", r, "no/such.csv", "-o", "p.csv"],
+            "cannot read data file no/such.csv",
+        ),
+    ];
+    for (args, needle) in cases {
+        let out = trainer(args, &[]);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(needle), "{args:?}: {}", stderr(&out));
+    }
+}
+
+/// Text labels are classes, sorted by name; `data.exclude` leaves a column out of the
+/// features. eval and predict name the classes, and a label the training data did not have
+/// is refused by name.
+#[test]
+fn text_labels_are_classes_that_eval_and_predict_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = csv_job(tmp.path());
+    let names = ["setosa", "versicolor", "virginica"];
+    for file in ["train.csv", "test.csv"] {
+        let path = tmp.path().join(file);
+        let text: String = std::fs::read_to_string(&path)
+            .unwrap()
+            .lines()
+            .enumerate()
+            .map(|(i, l)| match (i, l.rsplit_once(',')) {
+                (0, _) | (_, None) => format!("{l}\n"),
+                (_, Some((rest, label))) => {
+                    format!("{rest},{}\n", names[label.parse::<usize>().unwrap()])
+                }
+            })
+            .collect();
+        std::fs::write(&path, text).unwrap();
+    }
+    let text = std::fs::read_to_string(&job)
+        .unwrap()
+        .replace("features = [\"a\", \"b\", \"c\"]", "exclude = [\"id\"]");
+    std::fs::write(&job, text).unwrap();
+    let run = trained(&job, &tmp.path().join("runs"), &[]);
+    let r = run.to_str().unwrap();
+    let preprocess = std::fs::read_to_string(run.join("preprocess.json")).unwrap();
+    assert!(
+        preprocess.contains("\"setosa\",\n    \"versicolor\""),
+        "{preprocess}"
+    );
+    let confusion = tmp.path().join("confusion.csv");
+    ok(trainer(
+        &[
+            "eval",
+            r,
+            "--split",
+            "test",
+            "--confusion",
+            confusion.to_str().unwrap(),
+        ],
+        &[],
+    ));
+    let (header, rows) = read_csv(&confusion);
+    assert_eq!(
+        header[1..],
+        [
+            "predicted_setosa",
+            "predicted_versicolor",
+            "predicted_virginica"
+        ]
+    );
+    assert_eq!(rows[2][0], "virginica");
+    let test = tmp.path().join("test.csv");
+    let predictions = tmp.path().join("p.csv");
+    let args = [
+        "predict",
+        r,
+        test.to_str().unwrap(),
+        "-o",
+        predictions.to_str().unwrap(),
+    ];
+    ok(trainer(
+        &[&args[..], &["--keep-columns", "label"]].concat(),
+        &[],
+    ));
+    let (header, rows) = read_csv(&predictions);
+    assert_eq!(header[..3], ["label", "predicted_class", "prob_setosa"]);
+    let correct = rows.iter().filter(|r| r[0] == r[1]).count() as f64 / rows.len() as f64;
+    let (_, accuracy) = last_row(&run, "test");
+    assert_eq!(correct, accuracy.parse::<f64>().unwrap());
+    std::fs::write(
+        tmp.path().join("new.csv"),
+        "id,a,b,c,label\nx,0.5,300,1,rose\n",
+    )
+    .unwrap();
+    let new = tmp.path().join("new.csv");
+    let out = trainer(&["eval", r, "--data", new.to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("label `rose` is not one of the training data's classes (setosa, versicolor, virginica)"), "{err}");
+}

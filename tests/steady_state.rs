@@ -221,6 +221,7 @@ fn multi_process_steps_allocate_nothing_but_gemm_scratch_on_either_rank() {
             ..Dataset::default()
         },
         eval: Vec::new(),
+        preprocess: trainer::data::Preprocess::identity(vec![features], Some(10), 1),
     };
     let shape = DataShape {
         sample_shape: vec![features],

@@ -159,7 +159,7 @@ fn batch_norm_buffers_and_named_layers_use_pytorch_names() {
         .unwrap();
     w.running_stats[var.offset + 2] = -0.5;
     let negative = tmp.path().join("negative.safetensors");
-    weights::write(&negative, &graph, &w).unwrap();
+    weights::write(&negative, &graph, &w, "{}").unwrap();
     let init = format!("init_from = \"{}\"", negative.display());
     let out = run(tmp.path(), "neg.toml", &job_text(RESIDUAL_LAYERS, &init));
     let err = stderr(&out);
@@ -239,7 +239,7 @@ fn written_weights_read_back_bit_identical() {
         running_stats: Vec::new(),
         batches_tracked: Vec::new(),
     };
-    weights::write(&path, &graph, &w).unwrap();
+    weights::write(&path, &graph, &w, "{}").unwrap();
     let back = weights::read(&path, &graph).unwrap().params;
     assert!(back
         .iter()
@@ -376,7 +376,7 @@ fn init_from_files_that_do_not_fit_are_refused_with_the_names() {
     let second_layer = graph.state_dict_entries()[2].offset;
     w.params[second_layer + 5] = f32::NAN;
     let poisoned = tmp.path().join("nan.safetensors");
-    weights::write(&poisoned, &graph, &w).unwrap();
+    weights::write(&poisoned, &graph, &w, "{}").unwrap();
     let init = format!("init_from = \"{}\"", poisoned.display());
     let out = run(tmp.path(), "nan.toml", &job_text(small, &init));
     let err = stderr(&out);

@@ -31,7 +31,7 @@ pub struct Weights {
 }
 
 /// Writes the parameters and buffers under their PyTorch names. Returns the file's size.
-pub fn write(path: &Path, graph: &Graph, weights: &Weights) -> Result<u64> {
+pub fn write(path: &Path, graph: &Graph, weights: &Weights, preprocess: &str) -> Result<u64> {
     let tracked: Vec<[i64; 1]> = (0..graph.batchnorm_prefixes().len())
         .map(|i| [weights.batches_tracked.get(i).copied().unwrap_or(0) as i64])
         .collect();
@@ -65,6 +65,8 @@ pub fn write(path: &Path, graph: &Graph, weights: &Weights) -> Result<u64> {
     let metadata = BTreeMap::from([
         ("format".to_string(), "pt".to_string()),
         ("producer".to_string(), "trainer".to_string()),
+        // preprocess.json: what turns raw input into the model's input travels with it.
+        ("preprocess".to_string(), preprocess.to_string()),
     ]);
     file::write(path, &tensors, metadata).map_err(Error::Runtime)
 }
@@ -73,8 +75,13 @@ pub fn write(path: &Path, graph: &Graph, weights: &Weights) -> Result<u64> {
 /// Every tensor of the model must be there with its shape, and nothing else: errors name the
 /// file, the tensor, and what was expected (a bad file is a bad job, exit 2).
 pub fn read(path: &Path, graph: &Graph) -> Result<Weights> {
+    read_as(path, graph, "model.init_from = ")
+}
+
+/// `read`, its errors naming the file after `what` ("model.init_from = ", "final weights ").
+pub fn read_as(path: &Path, graph: &Graph, what: &str) -> Result<Weights> {
     let shown = path.display();
-    let bad = |why: String| Error::Job(format!("model.init_from = \"{shown}\": {why}"));
+    let bad = |why: String| Error::Job(format!("{what}\"{shown}\": {why}"));
     // Names and shapes first, from the header: a file that does not fit is refused without
     // reading its data.
     let shapes = file::tensor_shapes(path).map_err(bad)?;

@@ -25,10 +25,12 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 mod check;
+mod evaluate;
 mod memory;
 mod start;
 
 pub use check::{check, devices, Checked};
+pub use evaluate::{evaluate, predict, report, EvalArgs, Evaluation, PredictArgs};
 pub use memory::bytes;
 use memory::{all_replicas_memory, check_device_memory, check_host_memory, memory_plan};
 pub use memory::{Need, Place};
@@ -766,7 +768,7 @@ fn run_on<B: Backend>(
     }
     // From here on the run directory is this attempt's: a failure (a full disk, a file that
     // cannot be written) ends it as failed in summary.json, not as a run that looks killed.
-    if let Err(e) = prepare_run_dir(&run, args, spec, &start, &device) {
+    if let Err(e) = prepare_run_dir(&run, args, spec, &start, &device, &data.preprocess) {
         let e = record_failure(&run, spec, e, 0.0, Training::NotBegun);
         crate::logging::detach_run_log();
         return Err(e);
@@ -789,14 +791,15 @@ fn run_on<B: Backend>(
 }
 
 /// Makes the run directory this attempt's: a resumed run's summary.json goes aside (until
-/// the attempt finishes, the run must not look finished); config.toml and provenance.json are written, and train.log
-/// attached.
+/// the attempt finishes, the run must not look finished); config.toml, preprocess.json and
+/// provenance.json are written, and train.log attached.
 fn prepare_run_dir(
     run: &RunDir,
     args: &RunArgs,
     spec: &JobSpec,
     start: &Start,
     device: &str,
+    preprocess: &data::Preprocess,
 ) -> Result<()> {
     if let Start::Resume(..) = start {
         run.set_summary_aside()?;
@@ -817,6 +820,7 @@ fn prepare_run_dir(
         BatchLayout::of(spec),
     );
     run.write_config(spec, &header)?;
+    run.write_atomic(data::preprocess::FILE, preprocess.to_json().as_bytes())?;
     crate::provenance::write(run, spec, device)?;
     let log = run.path.join("train.log");
     crate::logging::attach_run_log(&log)
@@ -934,6 +938,7 @@ fn run_in<B: Backend>(
         ..session
     };
     let weights_graph = graph.clone();
+    let preprocess = data.preprocess.to_json();
     let mut result = train::train_session(backend, spec, graph, data, &mut metrics, session);
     if let (Ok(outcome), true) = (result.as_mut(), finishing) {
         (outcome.last_train, outcome.last_eval) = final_rows(&metrics_path);
@@ -941,7 +946,9 @@ fn run_in<B: Backend>(
     if let Ok(outcome) = &result {
         if outcome.interrupted.is_none() {
             let path = run.path.join(weights::MODEL_FILE);
-            if let Err(e) = weights::write(&path, &weights_graph, &outcome.final_weights) {
+            let written =
+                weights::write(&path, &weights_graph, &outcome.final_weights, &preprocess);
+            if let Err(e) = written {
                 result = Err(e);
             }
         }

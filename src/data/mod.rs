@@ -2,12 +2,17 @@
 //! the seeded batch order. Everything is loaded and checked before a run directory exists:
 //! bad data is a bad job (exit 2) with the file and the row or byte offset named.
 
+pub mod preprocess;
 mod sources;
 
+pub use preprocess::Preprocess;
+pub(crate) use sources::{idx_images, read_text};
+
 use crate::error::{Error, Result};
-use crate::spec::{DataSource, DataSpec, Normalize, Task};
+use crate::spec::{DataSource, DataSpec, Task};
 use crate::tensor::rng::{derive, Rng};
 use sources::MAX_CLASS_INDEX;
+use std::path::Path;
 
 /// Samples as flat rows: `features` is [len, numel(shape)], `targets` is [len, target_dim]
 /// (a class index stored as f32 for classification).
@@ -101,6 +106,8 @@ pub struct Data {
     pub train: Dataset,
     /// Evaluation splits by name: "val" (held out from train), "test" (an explicit set).
     pub eval: Vec<(&'static str, Dataset)>,
+    /// The normalisation applied, and what the samples are: saved with the run.
+    pub preprocess: Preprocess,
 }
 
 /// What a source produces before splitting.
@@ -109,6 +116,10 @@ pub(crate) struct Raw {
     pub task: Task,
     pub train: Dataset,
     pub test: Option<Dataset>,
+    /// CSV: the columns read, features then the label.
+    pub columns: Option<Vec<String>>,
+    /// CSV classification with text labels: the class names, sorted (a target is an index).
+    pub class_names: Option<Vec<String>>,
 }
 
 impl Data {
@@ -154,7 +165,7 @@ impl Data {
 pub fn load(spec: &DataSpec, seed: u64) -> Result<Data> {
     let raw = match spec.source {
         DataSource::Digits => sources::digits()?,
-        DataSource::Csv => sources::csv(spec)?,
+        DataSource::Csv => sources::csv(spec, None)?,
         DataSource::Idx => sources::idx(spec)?,
         DataSource::Synthetic => sources::synthetic(spec, seed),
     };
@@ -172,7 +183,10 @@ pub fn load(spec: &DataSpec, seed: u64) -> Result<Data> {
             let given = match spec.source {
                 DataSource::Digits => Some(10),
                 DataSource::Synthetic => Some(spec.synthetic_classes()),
-                DataSource::Csv | DataSource::Idx => spec.classes,
+                // Named classes: as many as names (at least 2, as for class indices).
+                DataSource::Csv | DataSource::Idx => spec
+                    .classes
+                    .or(raw.class_names.as_ref().map(|n| n.len().max(2))),
             };
             let (classes, from) = check_labels(&raw, given)?;
             (Some(classes), from)
@@ -207,7 +221,31 @@ pub fn load(spec: &DataSpec, seed: u64) -> Result<Data> {
         eval.push(("test", test));
     }
 
-    normalize(spec.normalize, row_len, &mut train, &mut eval);
+    let (shift, scale) = Preprocess::statistics(spec.normalize, row_len, &train.features);
+    let (feature_columns, label_column) = match raw.columns {
+        Some(mut columns) => {
+            let label = columns.pop();
+            (Some(columns), label)
+        }
+        None => (None, None),
+    };
+    let preprocess = Preprocess {
+        format: preprocess::FORMAT.into(),
+        source: spec.source,
+        sample_shape: raw.sample_shape.clone(),
+        task: raw.task,
+        classes,
+        target_dim,
+        feature_columns,
+        label_column,
+        class_names: raw.class_names,
+        normalize: spec.normalize,
+        shift,
+        scale,
+    };
+    for set in std::iter::once(&mut train).chain(eval.iter_mut().map(|(_, d)| d)) {
+        preprocess.apply(&mut set.features);
+    }
     Ok(Data {
         sample_shape: raw.sample_shape,
         classes,
@@ -215,7 +253,66 @@ pub fn load(spec: &DataSpec, seed: u64) -> Result<Data> {
         target_dim,
         train,
         eval,
+        preprocess,
     })
+}
+
+/// Another file of the job's kind (`data.path` of a CSV job; the images and labels of an IDX
+/// one), read as the job reads its data and normalised as training was (`preprocess`): for
+/// evaluating a trained model on new data.
+pub fn load_other(
+    spec: &DataSpec,
+    preprocess: &Preprocess,
+    path: &Path,
+    labels: Option<&Path>,
+) -> Result<Dataset> {
+    let mut spec = spec.clone();
+    spec.test_path = None;
+    spec.test_images = None;
+    spec.test_labels = None;
+    let raw = match (spec.source, labels) {
+        (DataSource::Csv, None) => {
+            spec.path = Some(path.to_path_buf());
+            sources::csv(&spec, preprocess.class_names.as_deref())?
+        }
+        (DataSource::Idx, Some(labels)) => {
+            spec.train_images = Some(path.to_path_buf());
+            spec.train_labels = Some(labels.to_path_buf());
+            sources::idx(&spec)?
+        }
+        (DataSource::Csv, Some(_)) => {
+            return Err(Error::Job(
+                "--labels is for IDX data; a CSV file holds its labels in a column".into(),
+            ))
+        }
+        (DataSource::Idx, None) => {
+            return Err(Error::Job(format!(
+                "{}: IDX images need their labels: give --labels FILE",
+                path.display()
+            )))
+        }
+        (other, _) => {
+            return Err(Error::Job(format!(
+                "--data: the run's data.source is {}, which has no files to swap; evaluate \
+                 its own splits with --split",
+                serde_json::to_value(other).unwrap_or_default()
+            )))
+        }
+    };
+    if raw.sample_shape != preprocess.sample_shape {
+        return Err(Error::Job(format!(
+            "{}: its samples have shape {:?}, the model's input {:?}",
+            path.display(),
+            raw.sample_shape,
+            preprocess.sample_shape
+        )));
+    }
+    if let Some(classes) = preprocess.classes {
+        check_labels(&raw, Some(classes))?;
+    }
+    let mut set = raw.train;
+    preprocess.apply(&mut set.features);
+    Ok(set)
 }
 
 /// Class labels must be whole numbers in 0..classes; returns the number of classes, and
@@ -275,63 +372,6 @@ fn check_labels(raw: &Raw, classes: Option<usize>) -> Result<(usize, Option<Stri
     Ok(((largest + 1).max(2), Some(from)))
 }
 
-fn normalize(
-    mode: Normalize,
-    row_len: usize,
-    train: &mut Dataset,
-    eval: &mut [(&'static str, Dataset)],
-) {
-    let (shift, scale): (Vec<f32>, Vec<f32>) = match mode {
-        Normalize::None => return,
-        // Statistics over finite values only (as scikit-learn's scalers treat NaN): a bad
-        // value then spoils only its own samples' steps (which train.on_nonfinite = "skip"
-        // skips), not every value of its column.
-        Normalize::Scale => {
-            let finite = train.features.iter().filter(|v| v.is_finite());
-            let max = finite.fold(0.0f32, |m, v| m.max(v.abs()));
-            let s = if max > 0.0 { 1.0 / max } else { 1.0 };
-            (vec![0.0; row_len], vec![s; row_len])
-        }
-        Normalize::Standardize => {
-            let mut n = vec![0.0f64; row_len];
-            let mut mean = vec![0.0f64; row_len];
-            let mut sq = vec![0.0f64; row_len];
-            for row in train.features.chunks_exact(row_len) {
-                for j in (0..row_len).filter(|&j| row[j].is_finite()) {
-                    n[j] += 1.0;
-                    mean[j] += row[j] as f64;
-                    sq[j] += (row[j] as f64).powi(2);
-                }
-            }
-            let mut shift = Vec::with_capacity(row_len);
-            let mut scale = Vec::with_capacity(row_len);
-            for j in 0..row_len {
-                let n = n[j].max(1.0);
-                let m = mean[j] / n;
-                let var = (sq[j] / n - m * m).max(0.0);
-                let std = var.sqrt();
-                shift.push(m as f32);
-                // A constant feature (a border pixel) carries no information: centre it only.
-                scale.push(if std > 1e-8 { (1.0 / std) as f32 } else { 1.0 });
-            }
-            (shift, scale)
-        }
-    };
-    for set in std::iter::once(train).chain(eval.iter_mut().map(|(_, d)| d)) {
-        for row in set.features.chunks_exact_mut(row_len) {
-            for j in 0..row_len {
-                let x = row[j];
-                row[j] = (x - shift[j]) * scale[j];
-                // A difference beyond f32's range (values near ±3.4e38 on both sides of the
-                // mean) is taken in f64: the standardised value itself is small.
-                if !row[j].is_finite() && x.is_finite() {
-                    row[j] = ((f64::from(x) - f64::from(shift[j])) * f64::from(scale[j])) as f32;
-                }
-            }
-        }
-    }
-}
-
 /// The order of the training samples in an epoch: a seeded permutation, or 0..n.
 pub fn epoch_order(n: usize, shuffle: bool, seed: u64, epoch: usize) -> Vec<u32> {
     let mut order: Vec<u32> = (0..n as u32).collect();
@@ -377,23 +417,5 @@ mod tests {
         let csv = set(Origin::file("a.csv", Some(vec![2, 3, 5, 6, 7, 9])));
         let part = csv.select(&[4, 5], 1, 1);
         assert_eq!(part.origin.place(&part.origin.features, 1), "a.csv: line 9");
-    }
-
-    /// Values near f32's limits standardise as smaller ones do, not to ±inf (their
-    /// difference from the mean is beyond f32).
-    #[test]
-    fn standardising_values_near_the_f32_limit_stays_finite() {
-        let mut train = Dataset {
-            features: vec![3e38, 3e38, 3e38, -3e38],
-            targets: vec![0.0; 4],
-            len: 4,
-            ..Dataset::default()
-        };
-        normalize(Normalize::Standardize, 1, &mut train, &mut []);
-        // Mean 1.5e38, standard deviation 1.5e38·√3: -3e38 lies 4.5e38 below the mean.
-        let (above, below) = (1.0 / 3f32.sqrt(), -3f32.sqrt());
-        for (v, want) in train.features.iter().zip([above, above, above, below]) {
-            assert!((v - want).abs() < 1e-6, "{:?}", train.features);
-        }
     }
 }

@@ -15,45 +15,51 @@ const DIGITS_CSV_GZ: &[u8] = include_bytes!("../../jobs/data/digits.csv.gz");
 
 pub(crate) fn digits() -> Result<Raw> {
     let text = gunzip_if_needed(DIGITS_CSV_GZ.to_vec(), "bundled digits")?;
-    let (train, _) = parse_csv(
-        &text,
-        "bundled digits",
-        false,
-        None,
-        None,
-        Task::Classification,
-    )?;
+    let layout = CsvLayout {
+        header: false,
+        label: None,
+        features: None,
+        exclude: &[],
+        task: Task::Classification,
+        class_names: None,
+    };
+    let train = parse_csv(&text, "bundled digits", &layout)?.data;
     Ok(Raw {
         sample_shape: vec![1, 8, 8],
         task: Task::Classification,
         train,
         test: None,
+        columns: None,
+        class_names: None,
     })
 }
 
-pub(crate) fn csv(spec: &DataSpec) -> Result<Raw> {
+/// A CSV job's files. `class_names` are the training file's, when it is known already (a
+/// trained model's file to evaluate): text labels are read as those classes.
+pub(crate) fn csv(spec: &DataSpec, class_names: Option<&[String]>) -> Result<Raw> {
     let path = spec.path.as_deref().expect("validated: csv has a path");
     let task = spec.task();
-    let header = spec.header();
-    let read = |p: &Path| -> Result<(Dataset, Vec<String>)> {
+    let read = |p: &Path, class_names: Option<&[String]>| -> Result<Parsed> {
         let name = p.display().to_string();
         let bytes = read_file(p)?;
         let text = gunzip_if_needed(bytes, &name)?;
-        parse_csv(
-            &text,
-            &name,
-            header,
-            spec.label.as_ref(),
-            spec.features.as_deref(),
+        let layout = CsvLayout {
+            header: spec.header(),
+            label: spec.label.as_ref(),
+            features: spec.features.as_deref(),
+            exclude: spec.exclude.as_deref().unwrap_or_default(),
             task,
-        )
+            class_names,
+        };
+        parse_csv(&text, &name, &layout)
     };
-    let (train, columns) = read(path)?;
+    let train = read(path, class_names)?;
+    let columns = train.columns;
     let width = columns.len() - 1;
     let test = match &spec.test_path {
         Some(p) => {
-            let (test, test_columns) = read(p)?;
-            let test_width = test_columns.len() - 1;
+            let test = read(p, train.class_names.as_deref())?;
+            let test_width = test.columns.len() - 1;
             if test_width != width {
                 return Err(Error::Job(format!(
                     "{}: {test_width} feature columns, but {} has {width}",
@@ -61,7 +67,7 @@ pub(crate) fn csv(spec: &DataSpec) -> Result<Raw> {
                     path.display()
                 )));
             }
-            if header && test_columns != columns {
+            if spec.header() && test.columns != columns {
                 // Read by position, a test file whose columns are in another order (or are
                 // other columns) would be evaluated on the wrong features without a word.
                 return Err(Error::Job(format!(
@@ -70,20 +76,29 @@ pub(crate) fn csv(spec: &DataSpec) -> Result<Raw> {
                      (or name the columns in data.features and data.label, which are found by \
                      name in each file)",
                     p.display(),
-                    columns_list(&test_columns),
+                    columns_list(&test.columns),
                     path.display(),
                     columns_list(&columns)
                 )));
             }
-            Some(test)
+            if train.class_names.is_none() && test.class_names.is_some() {
+                return Err(Error::Job(format!(
+                    "{}: its labels are class names, where {} has class indices",
+                    p.display(),
+                    path.display()
+                )));
+            }
+            Some(test.data)
         }
         None => None,
     };
     Ok(Raw {
         sample_shape: vec![width],
         task,
-        train,
+        train: train.data,
         test,
+        columns: Some(columns),
+        class_names: train.class_names,
     })
 }
 
@@ -126,16 +141,31 @@ fn columns_list(columns: &[String]) -> String {
 /// exactly (a larger label would be read as a neighbouring class).
 pub(crate) const MAX_CLASS_INDEX: f64 = 16_777_216.0;
 
-/// Parses CSV rows into features and one target per row; returns the data and the columns
-/// read, features then the label (their header names, or their indices without a header).
-fn parse_csv(
-    text: &[u8],
-    name: &str,
-    has_header: bool,
-    label: Option<&Column>,
-    features: Option<&[Column]>,
+/// How a CSV file is read: which columns, and as what.
+struct CsvLayout<'a> {
+    header: bool,
+    label: Option<&'a Column>,
+    features: Option<&'a [Column]>,
+    /// Columns that are not features, when `features` is not given.
+    exclude: &'a [Column],
     task: Task,
-) -> Result<(Dataset, Vec<String>)> {
+    /// The classes text labels are read as (the training file's), when known.
+    class_names: Option<&'a [String]>,
+}
+
+/// A CSV file read.
+struct Parsed {
+    data: Dataset,
+    /// The columns read, features then the label (header names, or indices without one).
+    columns: Vec<String>,
+    /// Classification with text labels: the class names, sorted; a target is an index here.
+    class_names: Option<Vec<String>>,
+}
+
+/// Parses CSV rows into features and one target per row.
+fn parse_csv(text: &[u8], name: &str, layout: &CsvLayout) -> Result<Parsed> {
+    let (has_header, label, features, task) =
+        (layout.header, layout.label, layout.features, layout.task);
     let mut reader = csv::ReaderBuilder::new()
         .has_headers(has_header)
         // Field counts are checked below, so that a line of spaces can be skipped as a blank
@@ -169,6 +199,8 @@ fn parse_csv(
     // Line numbers from the records' byte offsets: the reader's own count skips blank lines.
     let (mut counted_to, mut newlines) = (0usize, 0usize);
     let mut first_row = true;
+    // Classification: each row's label as written, and its column's name.
+    let mut label_texts: Vec<(String, String)> = Vec::new();
     for (row, record) in reader.records().enumerate() {
         let record = record.map_err(|e| csv_error(name, &e))?;
         let line = match record.position() {
@@ -231,6 +263,7 @@ fn parse_csv(
                 record.len(),
                 label,
                 features,
+                layout.exclude,
             )?),
         };
         let column = |col: usize| {
@@ -293,32 +326,10 @@ fn parse_csv(
         }
         let target = match task {
             Task::Regression => value(*label_col)?,
+            // Read once every label is there: they are class indices, or class names.
             Task::Classification => {
-                // Checked as written: as an f32, 2.00000001 would pass for class 2.
-                let field = field(*label_col)?;
-                match field.parse::<f64>() {
-                    Ok(v) if v >= 0.0 && v.fract() == 0.0 && v <= MAX_CLASS_INDEX => v as f32,
-                    parsed => {
-                        // A number that is no class (1.5, -3) suggests real-valued targets.
-                        // Or the label is another column than the default, the last.
-                        let hint = match (parsed, label) {
-                            (Ok(_), None) => {
-                                "; for real-valued targets set data.task = \"regression\"; or \
-                                 is the label another column (data.label; the default is the \
-                                 last)?"
-                            }
-                            (Ok(_), Some(_)) => {
-                                "; for real-valued targets set data.task = \"regression\""
-                            }
-                            (Err(_), _) => header_hint,
-                        };
-                        return Err(Error::Job(format!(
-                            "{name}: line {line}, column {}: label `{field}` is not a class \
-                             index (a whole number from 0 to {MAX_CLASS_INDEX}){hint}",
-                            column(*label_col)
-                        )));
-                    }
-                }
+                label_texts.push((field(*label_col)?.to_string(), column(*label_col)));
+                0.0
             }
         };
         data.targets.push(target);
@@ -346,8 +357,85 @@ fn parse_csv(
             if not_finite == 1 { "it" } else { "them" },
         );
     }
+    let class_names = match task {
+        Task::Classification => {
+            let (targets, names) = class_labels(name, &label_texts, &lines, layout)?;
+            data.targets = targets;
+            names
+        }
+        Task::Regression => None,
+    };
     data.origin = Origin::file(name, Some(lines));
-    Ok((data, read))
+    Ok(Parsed {
+        data,
+        columns: read,
+        class_names,
+    })
+}
+
+/// The targets of classification labels (as written, with their column's name) on `lines`:
+/// class indices, or, when a label is not a number or the classes are named already, each
+/// label's place among the class names (sorted), which are returned too.
+fn class_labels(
+    name: &str,
+    labels: &[(String, String)],
+    lines: &[u64],
+    layout: &CsvLayout,
+) -> Result<(Vec<f32>, Option<Vec<String>>)> {
+    let numbers = labels.iter().all(|(t, _)| t.parse::<f64>().is_ok());
+    if numbers && layout.class_names.is_none() {
+        let mut targets = Vec::with_capacity(labels.len());
+        for ((text, column), line) in labels.iter().zip(lines) {
+            // Checked as written: as an f32, 2.00000001 would pass for class 2.
+            match text.parse::<f64>() {
+                Ok(v) if v >= 0.0 && v.fract() == 0.0 && v <= MAX_CLASS_INDEX => {
+                    targets.push(v as f32)
+                }
+                _ => {
+                    // A number that is no class (1.5, -3) suggests real-valued targets. Or
+                    // the label is another column than the default, the last.
+                    let hint = match layout.label {
+                        None => {
+                            "; for real-valued targets set data.task = \"regression\"; or is \
+                             the label another column (data.label; the default is the last)?"
+                        }
+                        Some(_) => "; for real-valued targets set data.task = \"regression\"",
+                    };
+                    return Err(Error::Job(format!(
+                        "{name}: line {line}, column {column}: label `{text}` is not a class \
+                         index (a whole number from 0 to {MAX_CLASS_INDEX}){hint}"
+                    )));
+                }
+            }
+        }
+        return Ok((targets, None));
+    }
+    let names: Vec<String> = match layout.class_names {
+        Some(names) => names.to_vec(),
+        None => {
+            let mut names: Vec<String> = labels.iter().map(|(t, _)| t.clone()).collect();
+            names.sort_unstable();
+            names.dedup();
+            names
+        }
+    };
+    let index: HashMap<&str, usize> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.as_str(), i))
+        .collect();
+    let mut targets = Vec::with_capacity(labels.len());
+    for ((text, column), line) in labels.iter().zip(lines) {
+        let Some(&i) = index.get(text.as_str()) else {
+            return Err(Error::Job(format!(
+                "{name}: line {line}, column {column}: label `{text}` is not one of the \
+                 training data's classes ({})",
+                names.join(", ")
+            )));
+        };
+        targets.push(i as f32);
+    }
+    Ok((targets, Some(names)))
 }
 
 /// A CSV reader's error in the file's terms: the line, and what is wrong there.
@@ -370,6 +458,7 @@ fn resolve_columns(
     width: usize,
     label: Option<&Column>,
     features: Option<&[Column]>,
+    exclude: &[Column],
 ) -> Result<(usize, Vec<usize>)> {
     // Columns by header name, built once: a wide file (a bag of words) has as many names as
     // columns, and looking each named feature up by a scan would be quadratic.
@@ -411,9 +500,12 @@ fn resolve_columns(
             .checked_sub(1)
             .ok_or_else(|| Error::Job(format!("{name}: empty rows")))?,
     };
+    let excluded = exclude.iter().map(find).collect::<Result<Vec<_>>>()?;
     let features = match features {
         Some(cols) => cols.iter().map(find).collect::<Result<Vec<_>>>()?,
-        None => (0..width).filter(|&c| c != label).collect(),
+        None => (0..width)
+            .filter(|&c| c != label && !excluded.contains(&c))
+            .collect(),
     };
     if features.is_empty() {
         return Err(Error::Job(format!(
@@ -503,6 +595,33 @@ pub(crate) fn idx(spec: &DataSpec) -> Result<Raw> {
         task: Task::Classification,
         train,
         test,
+        columns: None,
+        class_names: None,
+    })
+}
+
+/// IDX images (3 dimensions of unsigned bytes) as [count, 1, rows, columns] and their
+/// pixels; None where the file is not IDX (its magic number), for inputs that may be CSV.
+pub(crate) fn idx_images(path: &Path) -> Result<Option<(Vec<usize>, Vec<f32>)>> {
+    let name = path.display().to_string();
+    let bytes = gunzip_if_needed(read_file(path)?, &name)?;
+    if !bytes.starts_with(&[0, 0, 8, 3]) {
+        return Ok(None);
+    }
+    let (shape, pixels) = read_idx(path, 3)?;
+    let features = pixels.iter().map(|&p| p as f32).collect();
+    Ok(Some((vec![shape[0], 1, shape[1], shape[2]], features)))
+}
+
+/// A text file's contents (gunzipped when it is gzip).
+pub(crate) fn read_text(path: &Path) -> Result<String> {
+    let name = path.display().to_string();
+    let bytes = gunzip_if_needed(read_file(path)?, &name)?;
+    String::from_utf8(bytes).map_err(|e| {
+        Error::Job(format!(
+            "{name}: not UTF-8 text (byte {})",
+            e.utf8_error().valid_up_to()
+        ))
     })
 }
 
@@ -592,5 +711,7 @@ pub(crate) fn synthetic(spec: &DataSpec, seed: u64) -> Raw {
         task,
         train: data,
         test: None,
+        columns: None,
+        class_names: None,
     }
 }

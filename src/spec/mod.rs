@@ -155,9 +155,12 @@ pub struct DataSpec {
     /// csv: the label column (name or index; default: the last column).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label: Option<Column>,
-    /// csv: the feature columns (default: every column but the label).
+    /// csv: the feature columns (default: every column but the label and `exclude`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub features: Option<Vec<Column>>,
+    /// csv: columns that are not features (an id, a date), when `features` is not given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exclude: Option<Vec<Column>>,
 
     // idx
     /// idx: training images (IDX, u8, gzip or raw).

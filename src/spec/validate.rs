@@ -148,6 +148,7 @@ fn validate_data(d: &DataSpec, p: &mut Problems) {
     only(d.header.is_some(), "header", &[Csv]);
     only(d.label.is_some(), "label", &[Csv]);
     only(d.features.is_some(), "features", &[Csv]);
+    only(d.exclude.is_some(), "exclude", &[Csv]);
     only(d.train_images.is_some(), "train_images", &[Idx]);
     only(d.train_labels.is_some(), "train_labels", &[Idx]);
     only(d.test_images.is_some(), "test_images", &[Idx]);
@@ -158,6 +159,14 @@ fn validate_data(d: &DataSpec, p: &mut Problems) {
     only(d.classes.is_some(), "classes", &[Csv, Idx, Synthetic]);
     only(d.targets.is_some(), "targets", &[Synthetic]);
     only(d.noise.is_some(), "noise", &[Synthetic]);
+    if d.features.is_some() && d.exclude.is_some() {
+        p.add(
+            "data.exclude",
+            "give data.features (the columns to read) or data.exclude (the columns to leave \
+             out), not both"
+                .to_string(),
+        );
+    }
     p.check(
         d.task() == Task::Classification || d.classes.is_none(),
         "data.classes",
