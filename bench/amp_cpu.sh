@@ -12,7 +12,7 @@ trap 'rm -rf "$runs"' EXIT
 for round in $(seq "$rounds"); do
   for mode in fp32 bf16 fp16; do
     dir=$(target/release/trainer run jobs/fashion_mnist_mlp.toml --runs-dir "$runs" --quiet \
-      --set train.threads=2 --set train.epochs=3 --set "precision.mode=\"$mode\"")
+      --set train.threads=2 --set train.epochs=3 --set data.val_fraction=0.0 --set "precision.mode=\"$mode\"")
     ours=$(python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); print(round(s["samples_per_sec"]), s["final"]["test_accuracy"])' "$dir/summary.json")
     amp=$([[ $mode == fp32 ]] && echo none || echo "$mode")
     theirs=$("$py" bench/pytorch_mlp.py --threads 2 --epochs 3 --amp "$amp" | tail -1 |

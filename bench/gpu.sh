@@ -97,7 +97,7 @@ log "== MLP 784-1024-1024-10: 2 launched processes sharing cuda:0 (gradients ove
 log "trainer: $(trainer bench/mlp1024.toml "${mid[@]}" --set 'parallel.devices=["cuda:0","cuda:0"]')"
 if [ -f .gpu/data/train-images-idx3-ubyte.gz ]; then
   d=.gpu/data
-  sets=("${cuda[@]}" --set data.train_images=\"$PWD/$d/train-images-idx3-ubyte.gz\" --set data.train_labels=\"$PWD/$d/train-labels-idx1-ubyte.gz\" --set data.test_images=\"$PWD/$d/t10k-images-idx3-ubyte.gz\" --set data.test_labels=\"$PWD/$d/t10k-labels-idx1-ubyte.gz\")
+  sets=("${cuda[@]}" --set data.train_images=\"$PWD/$d/train-images-idx3-ubyte.gz\" --set data.train_labels=\"$PWD/$d/train-labels-idx1-ubyte.gz\" --set data.test_images=\"$PWD/$d/t10k-images-idx3-ubyte.gz\" --set data.test_labels=\"$PWD/$d/t10k-labels-idx1-ubyte.gz\" --set data.val_fraction=0.0)
   log "== jobs/fashion_mnist_mlp.toml end to end"
   log "trainer: $(trainer jobs/fashion_mnist_mlp.toml "${sets[@]}")"
   log "pytorch: $(pytorch --data fashion --data-dir $d --layers 784,256,128,10 --batch 128 --epochs 10)"

@@ -1,6 +1,7 @@
 //! Logging: tracing to stderr (RUST_LOG respected, `--quiet` keeps warnings and errors only)
 //! and the same lines without colours to the run's train.log, those said before its run
-//! directory exists included.
+//! directory exists included. On a terminal, training shows a progress bar (`Progress`),
+//! above which the log lines print.
 
 use std::fs::File;
 use std::io::Write;
@@ -25,6 +26,82 @@ const PENDING_LIMIT: usize = 64 * 1024;
 const NOT_KEPT: &[u8] = b"(later lines from before the run directory existed were not kept)\n";
 
 static RUN_LOG: Mutex<Target> = Mutex::new(Target::Pending(Vec::new()));
+
+/// The progress bar being drawn, if any: stderr's log lines are written above it.
+static BAR: Mutex<Option<indicatif::ProgressBar>> = Mutex::new(None);
+
+/// Whether `--quiet` was given: no progress bar then.
+static QUIET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// stderr, with a progress bar moved out of the way of each line.
+struct Stderr;
+
+impl Write for Stderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let bar = BAR.lock().ok().and_then(|bar| bar.clone());
+        match bar {
+            Some(bar) => bar
+                .suspend(|| std::io::stderr().write_all(buf))
+                .map(|()| buf.len()),
+            None => std::io::stderr().write(buf),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
+
+/// A training run's progress bar: steps done of all, the epoch, the last logged loss,
+/// samples/s and the time left. Drawn only on a terminal and without --quiet; elsewhere
+/// every method does nothing.
+pub struct Progress {
+    bar: Option<indicatif::ProgressBar>,
+}
+
+impl Progress {
+    /// A bar for `total` steps, `done` of them already (a resumed run).
+    pub fn start(total: u64, done: u64) -> Progress {
+        let quiet = QUIET.load(std::sync::atomic::Ordering::Relaxed);
+        if quiet || !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+            return Progress { bar: None };
+        }
+        let bar = indicatif::ProgressBar::new(total).with_position(done);
+        let style =
+            indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}  ETA {eta}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+        bar.set_style(style);
+        bar.reset_eta();
+        if let Ok(mut current) = BAR.lock() {
+            *current = Some(bar.clone());
+        }
+        Progress { bar: Some(bar) }
+    }
+
+    /// `step` steps done.
+    pub fn set(&self, step: u64) {
+        if let Some(bar) = &self.bar {
+            bar.set_position(step);
+        }
+    }
+
+    /// What the bar says beside the count: the epoch, loss and speed of the last log row.
+    pub fn say(&self, message: impl FnOnce() -> String) {
+        if let Some(bar) = &self.bar {
+            bar.set_message(message());
+        }
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
+            if let Ok(mut current) = BAR.lock() {
+                *current = None;
+            }
+        }
+    }
+}
 
 /// Writes to the current run's train.log, or keeps the lines for it until it exists.
 struct RunLog;
@@ -55,6 +132,7 @@ impl Write for RunLog {
 }
 
 pub fn init(quiet: bool) {
+    QUIET.store(quiet, std::sync::atomic::Ordering::Relaxed);
     let stderr_filter = if quiet {
         EnvFilter::new("warn")
     } else {
@@ -62,7 +140,7 @@ pub fn init(quiet: bool) {
     };
     // Colours only on a terminal: logs redirected to a file (srun, nohup, CI) stay plain.
     let stderr = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
+        .with_writer(|| Stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .without_time()

@@ -2309,3 +2309,50 @@ fn a_runs_dir_that_is_not_utf8_is_printed_as_its_bytes() {
     assert!(printed.starts_with(&runs), "{printed:?}");
     assert!(printed.join("summary.json").is_file());
 }
+
+/// Every unknown key of a job file is named in one error, each at its line, and keys that
+/// belong in another section (or that other tools name otherwise) say where.
+#[test]
+fn every_unknown_key_is_named_at_once_with_where_it_belongs() {
+    let job = r#"learning_rate = 0.1
+[data]
+source = "digits"
+val_split = 0.2
+target = "y"
+[model]
+layers = [{ type = "flatten" }, { type = "linear", out = 10 }]
+[optimizer]
+type = "adam"
+learning_rate = 1e-3
+[train]
+epoch = 3
+batch_size = 32
+"#;
+    common::expect_error(
+        job,
+        &["check", "JOB"],
+        2,
+        &[
+            "job.toml:1:1: key `learning_rate`: unknown field `learning_rate`",
+            "(did you mean `optimizer.lr`?)\n",
+            "job.toml:4:1: key `data.val_split`:",
+            "(did you mean `data.val_fraction`?)\n",
+            "job.toml:5:1: key `data.target`:",
+            "(did you mean `data.label`?)\n",
+            "job.toml:10:1: key `optimizer.learning_rate`:",
+            "job.toml:12:1: key `train.epoch`:",
+            "(did you mean `train.epochs`?)\n",
+            "job.toml:13:1: key `train.batch_size`:",
+            "(did you mean `data.batch_size`?)",
+        ],
+    );
+    common::expect_error(
+        common::TINY_JOB,
+        &["check", "JOB", "--set", "val_split=0.1"],
+        2,
+        &[
+            "--set val_split: key `val_split`: unknown key",
+            "(did you mean `data.val_fraction`?)",
+        ],
+    );
+}

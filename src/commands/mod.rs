@@ -885,12 +885,13 @@ fn run_in<B: Backend>(
     let memory = memory_plan(spec, &graph, &data, backend.free_memory());
     let layout = BatchLayout::of(spec);
     tracing::info!(
-        "run {} ({}): {} parameters, {} training samples, device {device}, batch {layout}, \
+        "run {} ({}): {} parameters, {} training samples, device {device}, {}, batch {layout}, \
          planned memory {}{}",
         run.path.display(),
         spec.name(),
         graph.parameter_count(),
         data.train.len,
+        spec.precision.mode.as_str(),
         bytes(memory.total()),
         if parallel.is_some() {
             " per replica"
@@ -979,21 +980,27 @@ fn run_in<B: Backend>(
                     finals.insert(format!("{}_accuracy", row.split), a.into());
                 }
             }
-            tracing::info!(
-                "done: {} steps in {:.2} s, {:.0} samples/s{}",
+            let evaluated: String = outcome
+                .last_eval
+                .iter()
+                .map(|r| {
+                    let accuracy = r
+                        .accuracy
+                        .map_or(String::new(), |a| format!(" accuracy {:.2}%", 100.0 * a));
+                    format!(", {} loss {:.4}{accuracy}", r.split, r.loss)
+                })
+                .collect();
+            let done = format!(
+                "done: {} steps in {:.2} s, {:.0} samples/s{evaluated}",
                 outcome.steps,
                 wall,
                 outcome.samples_per_sec(),
-                outcome
-                    .last_eval
-                    .iter()
-                    .filter_map(|r| r.accuracy.map(|a| format!(
-                        ", {} accuracy {:.2}%",
-                        r.split,
-                        100.0 * a
-                    )))
-                    .collect::<String>()
             );
+            tracing::info!("{done}");
+            // --quiet keeps the outcome's line.
+            if args.quiet {
+                eprintln!("{done}");
+            }
             serde_json::json!({
                 "status": "completed",
                 "end_reason": outcome.end_reason.as_str(),

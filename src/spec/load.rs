@@ -35,10 +35,12 @@ pub fn load_job(path: &Path, sets: &[String]) -> Result<JobSpec> {
     if let Err(e) = file_alone {
         if !e.inner().message().starts_with("missing field") {
             let key = e.path().to_string();
-            return Err(job_err!(
-                "{}",
-                toml_error(&file, &text, e.inner(), Some((&key, &file_table)))
-            ));
+            let first = toml_error(&file, &text, e.inner(), Some((&key, &file_table)));
+            let more = match e.inner().message().starts_with("unknown field") {
+                true => other_unknown_keys(&file, &text, &file_table, &key, e.inner().message()),
+                false => Vec::new(),
+            };
+            return Err(job_err!("{}", [vec![first], more].concat().join("\n")));
         }
     }
 
@@ -67,6 +69,96 @@ pub fn load_job(path: &Path, sets: &[String]) -> Result<JobSpec> {
         spec.data.batch_size = Some(spec.batch_size());
     }
     Ok(spec)
+}
+
+/// The file's unknown keys after the first (at `key`, with its `message`), each said as
+/// the first is, so that one reading of the error fixes them all. Each section is read on
+/// its own (a key the job lacks in one, say optimizer.lr, would stop the reading of the
+/// others), again after each unknown key found is taken out.
+fn other_unknown_keys(
+    file: &str,
+    text: &str,
+    table: &toml::Table,
+    key: &str,
+    message: &str,
+) -> Vec<String> {
+    let full_key = |key: &str, message: &str| {
+        let (below, _) = key_below(message);
+        match (key, below) {
+            ("" | ".", Some(b)) => b.to_string(),
+            (k, Some(b)) => format!("{k}.{b}"),
+            (k, None) => k.to_string(),
+        }
+    };
+    let mut rest = table.clone();
+    let taken = parse_key(&full_key(key, message)).is_some_and(|s| remove_key(&mut rest, &s));
+    if !taken {
+        return Vec::new();
+    }
+    let mut found = Vec::new();
+    let sections: Vec<String> = rest.keys().cloned().collect();
+    for section in sections {
+        // Bounded: each pass takes one key out, and a key that cannot be taken out ends it.
+        for _ in 0..100 {
+            let Some(value) = rest.get(&section) else {
+                break;
+            };
+            let alone = toml::Table::from_iter([(section.clone(), value.clone())]);
+            let Ok(again) = toml::to_string(&alone) else {
+                break;
+            };
+            let read: std::result::Result<JobSpec, _> =
+                serde_path_to_error::deserialize(toml::Deserializer::new(&again));
+            let Err(e) = read else {
+                break;
+            };
+            if !e.inner().message().starts_with("unknown field") {
+                break;
+            }
+            let key = e.path().to_string();
+            let full = full_key(&key, e.inner().message());
+            let said = toml_error(file, &again, e.inner(), Some((&key, &alone)));
+            // Said at its place in the file as written.
+            let place = parse_key(&full)
+                .and_then(|steps| key_offset(text, &steps))
+                .map(|offset| {
+                    let (line, col) = line_col(text, offset);
+                    format!("{file}:{line}:{col}")
+                })
+                .unwrap_or_else(|| file.to_string());
+            let after_place = said.find(": key `").map_or(said.as_str(), |i| &said[i..]);
+            found.push(format!("{place}{after_place}"));
+            if !parse_key(&full).is_some_and(|steps| remove_key(&mut rest, &steps)) {
+                break;
+            }
+        }
+    }
+    found
+}
+
+/// Takes the key at `steps` out of `table`; whether it was there.
+fn remove_key(table: &mut toml::Table, steps: &[KeyStep]) -> bool {
+    fn within(value: &mut toml::Value, steps: &[KeyStep]) -> bool {
+        match steps {
+            [KeyStep::Key(k)] => value
+                .as_table_mut()
+                .is_some_and(|t| t.remove(k.as_str()).is_some()),
+            [step, rest @ ..] => {
+                let next = match step {
+                    KeyStep::Key(k) => value.as_table_mut().and_then(|t| t.get_mut(k.as_str())),
+                    KeyStep::Index(i) => value.as_array_mut().and_then(|a| a.get_mut(*i)),
+                    _ => None,
+                };
+                next.is_some_and(|next| within(next, rest))
+            }
+            [] => false,
+        }
+    }
+    match steps {
+        [KeyStep::Key(k)] => table.remove(k.as_str()).is_some(),
+        [KeyStep::Key(k), rest @ ..] => table.get_mut(k.as_str()).is_some_and(|v| within(v, rest)),
+        _ => false,
+    }
 }
 
 /// Keys that say one thing two ways (data.batch_size and data.global_batch_size;
@@ -778,11 +870,73 @@ pub(crate) fn toml_error(
     if let Some(message) = date_given(value, expected, false) {
         return format!("{place}:{key} {message}");
     }
-    format!(
-        "{place}:{key} {given}{}{}",
-        plain(message),
-        did_you_mean(message)
-    )
+    // Another tool's name for a key (`target`) before a near spelling (`targets`).
+    let hint = match belongs_elsewhere(&path, message) {
+        hint if hint.is_empty() => did_you_mean(message),
+        hint => hint,
+    };
+    format!("{place}:{key} {given}{}{hint}", plain(message))
+}
+
+/// Keys other tools spell otherwise, and where trainer has them.
+const OTHER_NAMES: [(&str, &str); 22] = [
+    ("learning_rate", "optimizer.lr"),
+    ("lr", "optimizer.lr"),
+    ("val_split", "data.val_fraction"),
+    ("validation_split", "data.val_fraction"),
+    ("val_ratio", "data.val_fraction"),
+    ("target", "data.label"),
+    ("target_column", "data.label"),
+    ("label_column", "data.label"),
+    ("epoch", "train.epochs"),
+    ("num_epochs", "train.epochs"),
+    ("max_epochs", "train.epochs"),
+    ("max_iters", "train.max_steps"),
+    ("grad_clip", "train.clip_grad_norm"),
+    ("gradient_clip_val", "train.clip_grad_norm"),
+    ("accumulate_grad_batches", "train.grad_accum_steps"),
+    ("gradient_accumulation_steps", "train.grad_accum_steps"),
+    ("batch", "data.batch_size"),
+    (
+        "dropout",
+        "model.layers (a { type = \"dropout\", p = ... } layer)",
+    ),
+    ("scheduler", "optimizer.schedule"),
+    ("lr_scheduler", "optimizer.schedule"),
+    ("warmup_steps", "optimizer.schedule.warmup_steps"),
+    ("resume", "checkpoint.resume"),
+];
+
+/// For an unknown key (`path`, its last step the key given), where it likely belongs when
+/// that is in another section: `learning_rate` → `optimizer.lr`, `[data] epochs` →
+/// `train.epochs`. Empty where nothing fits.
+fn belongs_elsewhere(path: &[String], message: &str) -> String {
+    if !message.starts_with("unknown field") {
+        return String::new();
+    }
+    let Some((name, within)) = path.split_last() else {
+        return String::new();
+    };
+    let section = within.first().map_or("", String::as_str);
+    let renamed = OTHER_NAMES
+        .iter()
+        .find(|(other, _)| other == name)
+        .map(|(_, ours)| ours.to_string());
+    // The same key in another section (`epochs` under [data]).
+    let moved = || {
+        let schema: serde_json::Value = serde_json::from_str(&super::json_schema()).ok()?;
+        SECTIONS.iter().filter(|s| **s != section).find_map(|s| {
+            let reference = schema.pointer(&format!("/properties/{s}/$ref"))?.as_str()?;
+            let definition = reference.trim_start_matches("#/$defs/");
+            schema
+                .pointer(&format!("/$defs/{definition}/properties/{name}"))
+                .map(|_| format!("{s}.{name}"))
+        })
+    };
+    match renamed.or_else(moved) {
+        Some(key) => format!(" (did you mean `{key}`?)"),
+        None => String::new(),
+    }
 }
 
 /// A TOML date or time (`2024-01-01`, `12:00:00`) where something else is `expected`
@@ -1104,7 +1258,12 @@ fn layered_error(
                         0 => "unknown key: nothing may be set here".to_string(),
                         _ => format!("unknown key, expected one of {}", expected.join(", ")),
                     };
-                    let hint = did_you_mean(&format!("unknown field `{name}`, {msg}"));
+                    let hint = match belongs_elsewhere(&path, "unknown field") {
+                        hint if hint.is_empty() => {
+                            did_you_mean(&format!("unknown field `{name}`, {msg}"))
+                        }
+                        hint => hint,
+                    };
                     format!("{msg}{hint}")
                 }
                 figment::error::Kind::UnknownVariant(given, allowed) => {

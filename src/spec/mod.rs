@@ -892,6 +892,17 @@ pub enum PrecisionMode {
     Bf16,
 }
 
+impl PrecisionMode {
+    /// As the job file spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PrecisionMode::Fp32 => "fp32",
+            PrecisionMode::Fp16 => "fp16",
+            PrecisionMode::Bf16 => "bf16",
+        }
+    }
+}
+
 /// Mixed precision with autocast's and GradScaler's semantics (see README, "Mixed precision").
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]

@@ -273,6 +273,7 @@ pub fn train_session<B: Backend>(
     } else {
         st.epoch
     };
+    let progress = crate::logging::Progress::start(total as u64, st.step);
     'epochs: for epoch in first_epoch..=spec.train.epochs {
         st.epoch = epoch;
         let order = epoch_order(train_len, spec.data.shuffle, spec.job.seed, epoch);
@@ -367,6 +368,7 @@ pub fn train_session<B: Backend>(
             st.window_samples += step_samples as u64;
             st.step = step;
             st.steps_in_epoch += 1;
+            progress.set(step);
             st.window_seconds += step_start.elapsed().as_secs_f64();
 
             let stats = logging.then(|| backend.take_stats(&mut train_stats));
@@ -390,6 +392,10 @@ pub fn train_session<B: Backend>(
                 };
                 check_finite(&row, data_finite)?;
                 tracing::info!("{}", progress_line(&row, total));
+                progress.say(|| {
+                    let speed = row.samples_per_sec.unwrap_or(0.0);
+                    format!("epoch {epoch}  loss {:.4}  {speed:.0} samples/s", row.loss)
+                });
                 metrics.write(&row)?;
                 st.train_samples += st.window_samples;
                 st.train_seconds += st.window_seconds;
