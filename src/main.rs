@@ -182,18 +182,16 @@ enum Command {
         /// The runs directory to list (every run and sweep under it).
         #[arg(default_value = "runs")]
         runs_dir: PathBuf,
-        /// table for people; csv, json and markdown for tools and reports.
-        #[arg(long, value_enum, default_value = "table")]
-        format: Format,
+        #[command(flatten)]
+        shown: Shown,
     },
     /// Compare runs side by side; each argument is a run, a sweep, or a directory of runs.
     Compare {
         /// Run directories, sweep directories, or directories of runs.
         #[arg(required = true, value_name = "RUN_OR_SWEEP")]
         runs: Vec<PathBuf>,
-        /// table for people; csv, json and markdown for tools and reports.
-        #[arg(long, value_enum, default_value = "table")]
-        format: Format,
+        #[command(flatten)]
+        shown: Shown,
     },
     /// Plot learning curves of runs (train and evaluation splits) to a PNG or SVG file.
     Plot {
@@ -216,6 +214,36 @@ enum Command {
     Schema,
     /// List the devices this machine can train on.
     Devices,
+}
+
+/// What `ls` and `compare` show.
+#[derive(clap::Args)]
+struct Shown {
+    /// table for people (one table per job, cut to the terminal's width); csv, json and
+    /// markdown for tools and reports.
+    #[arg(long, value_enum, default_value = "table")]
+    format: Format,
+    /// Only these columns after `run`, in this order.
+    #[arg(long, value_delimiter = ',', value_name = "COLUMN,...")]
+    columns: Vec<String>,
+    /// Order the runs by a column; -COLUMN for descending (--sort=-val_accuracy).
+    #[arg(long, value_name = "COLUMN", allow_hyphen_values = true)]
+    sort: Option<String>,
+    /// Only runs whose KEY (a config key, status, end_reason, job, or a metric column) has
+    /// VALUE. Repeatable.
+    #[arg(long, value_name = "KEY=VALUE")]
+    filter: Vec<String>,
+}
+
+impl Shown {
+    fn options(self) -> results::ListOptions {
+        results::ListOptions {
+            format: self.format,
+            columns: self.columns,
+            sort: self.sort,
+            filters: self.filter,
+        }
+    }
 }
 
 /// Tells the other ranks of a multi-process run (RANK and WORLD_SIZE set) why this one
@@ -349,11 +377,11 @@ fn main() -> ExitCode {
             keep_columns,
         })
         .and_then(|rows| print_out(&format!("{}: {rows} predictions\n", output.display()))),
-        Command::Ls { runs_dir, format } => {
-            results::list(&[runs_dir], format).and_then(|t| print_out(&t))
+        Command::Ls { runs_dir, shown } => {
+            results::list(&[runs_dir], &shown.options()).and_then(|t| print_out(&t))
         }
-        Command::Compare { runs, format } => {
-            results::list(&runs, format).and_then(|t| print_out(&t))
+        Command::Compare { runs, shown } => {
+            results::list(&runs, &shown.options()).and_then(|t| print_out(&t))
         }
         Command::Plot {
             runs,

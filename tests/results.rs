@@ -2048,3 +2048,74 @@ fn text_labels_are_classes_that_eval_and_predict_name() {
     let err = stderr(&out);
     assert!(err.contains("label `rose` is not one of the training data's classes (setosa, versicolor, virginica)"), "{err}");
 }
+
+/// `ls` groups runs by job on a terminal's table (the differing keys within each job), and
+/// keeps the runs a --filter names, in --sort's order, with --columns' columns.
+#[test]
+fn ls_groups_by_job_and_filters_sorts_and_picks_columns() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = write_job(tmp.path(), TINY_JOB);
+    let runs = tmp.path().join("runs");
+    for lr in ["0.05", "0.2"] {
+        trained(&job, &runs, &["--set", &format!("optimizer.lr={lr}")]);
+    }
+    trained(&job, &runs, &["--name", "other", "--set", "train.epochs=2"]);
+    let runs_s = runs.to_str().unwrap();
+    let table = stdout(&ok(trainer(&["ls", runs_s], &[])));
+    let other = table
+        .find("other (1 run)\n")
+        .unwrap_or_else(|| panic!("{table}"));
+    let tiny = table
+        .find("tiny (2 runs)\n")
+        .unwrap_or_else(|| panic!("{table}"));
+    let tiny_part = &table[tiny..if other > tiny { other } else { table.len() }];
+    assert!(tiny_part.contains("optimizer.lr"), "{table}");
+    assert!(
+        !tiny_part.contains("train.epochs"),
+        "only the job's own differences: {table}"
+    );
+
+    let csv = |extra: &[&str]| {
+        let mut args = vec!["ls", runs_s, "--format", "csv"];
+        args.extend_from_slice(extra);
+        let out = ok(trainer(&args, &[]));
+        let text = stdout(&out);
+        let mut reader = csv::Reader::from_reader(text.as_bytes());
+        let header: Vec<String> = reader.headers().unwrap().iter().map(String::from).collect();
+        let rows: Vec<Vec<String>> = reader
+            .records()
+            .map(|r| r.unwrap().iter().map(String::from).collect())
+            .collect();
+        (header, rows)
+    };
+    let (_, rows) = csv(&[
+        "--filter",
+        "optimizer.lr=2e-1",
+        "--filter",
+        "status=completed",
+    ]);
+    assert_eq!(rows.len(), 1);
+    let (header, rows) = csv(&[
+        "--filter",
+        "job=tiny",
+        "--sort=-optimizer.lr",
+        "--columns",
+        "optimizer.lr,status",
+    ]);
+    assert_eq!(header, ["run", "optimizer.lr", "status"]);
+    let lrs: Vec<&str> = rows.iter().map(|r| r[1].as_str()).collect();
+    assert_eq!(lrs, ["0.2", "0.05"]);
+    for (args, needle) in [
+        (vec!["--filter", "lr=0.2"], "no run has `lr`"),
+        (vec!["--filter", "lr"], "give KEY=VALUE"),
+        (
+            vec!["--sort", "lr"],
+            "--sort lr: no column `lr`; columns: run, status",
+        ),
+        (vec!["--columns", "lr"], "--columns: no column `lr`"),
+    ] {
+        let out = trainer(&[&["ls", runs_s][..], &args].concat(), &[]);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(needle), "{args:?}: {}", stderr(&out));
+    }
+}

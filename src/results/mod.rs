@@ -3,7 +3,10 @@
 //! metrics rows, and the final and best value of each metric.
 
 pub mod plot;
+mod select;
 pub mod table;
+
+pub use select::{list, ListOptions};
 
 use crate::error::Result;
 use crate::job_err;
@@ -481,16 +484,6 @@ pub fn load_runs(paths: &[PathBuf]) -> Result<Vec<RunRecord>> {
 }
 
 /// The table of every run at or under `paths`, rendered.
-pub fn list(paths: &[PathBuf], format: table::Format) -> Result<String> {
-    let runs = load_runs(paths)?;
-    warn_about_metrics(&runs);
-    if runs.is_empty() {
-        let dirs: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
-        tracing::warn!("no runs under {}", dirs.join(", "));
-    }
-    Ok(compare_table(&runs).render(format))
-}
-
 /// Says which completed runs' metrics.csv lost rows (their final metrics then come from
 /// summary.json, their best ones from what is left).
 pub fn warn_about_metrics(runs: &[RunRecord]) {
@@ -502,7 +495,7 @@ pub fn warn_about_metrics(runs: &[RunRecord]) {
 /// The resolved config as dotted keys and their values; tables are walked into, and so are
 /// lists of tables (model.layers: `model.layers[1].out`, so that a sweep over one layer's
 /// width shows that key, as sweep.csv does); other lists are one value.
-fn flat_config(table: &toml::Table) -> BTreeMap<String, toml::Value> {
+pub(crate) fn flat_config(table: &toml::Table) -> BTreeMap<String, toml::Value> {
     fn walk(prefix: &str, table: &toml::Table, out: &mut BTreeMap<String, toml::Value>) {
         for (k, v) in table {
             let key = if prefix.is_empty() {
