@@ -447,3 +447,39 @@ fn a_bad_on_nonfinite_names_the_key_and_the_choices() {
         &["train.on_nonfinite", "ignore", "error", "skip"],
     );
 }
+
+/// A diverged run names the step whose loss first was not finite, not the step of the log
+/// row that averages it; metrics.csv keeps the rows before that row.
+#[test]
+fn a_diverged_run_names_the_first_step_whose_loss_was_not_finite() {
+    let tmp = tempfile::tempdir().unwrap();
+    let runs = tmp.path().join("runs");
+    // Row 30 (of 4 a batch, unshuffled) is in step 8; rows are logged every 5 steps.
+    let job = regression_job(tmp.path(), 64, Some(30), "error");
+    let text = std::fs::read_to_string(&job).unwrap();
+    // No checkpoints: the one at step 8 would find the inf first.
+    let text = text.replace("log_every = 1", "log_every = 5");
+    // On the CPU, which sees each step's loss without waiting (a GPU names the row's steps).
+    let text = text.replace("[checkpoint]\nevery_steps = 2", "[device]\ntype = \"cpu\"");
+    std::fs::write(&job, text).unwrap();
+    let out = run(&job, &runs);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("training diverged: the loss is inf at step 8 (epoch 1)"),
+        "{err}"
+    );
+    let dir = std::fs::read_dir(runs.join("nonfinite"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let metrics = std::fs::read_to_string(dir.join("metrics.csv")).unwrap();
+    let steps: Vec<&str> = metrics
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').next().unwrap())
+        .collect();
+    assert_eq!(steps, ["5"], "{metrics}");
+}

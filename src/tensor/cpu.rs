@@ -607,6 +607,10 @@ impl Backend for CpuBackend {
         *stats = value;
     }
 
+    fn loss_sum_now(&self, stats: &LossStats) -> Option<f64> {
+        Some(stats.loss_sum)
+    }
+
     fn sum_squares(&self, buf: &Vec<f32>) -> f64 {
         // A fixed reduction order, so the gradient norm (and clipping) is the same in every
         // run: each chunk is summed in order, then the chunks' sums in order. (A rayon

@@ -324,6 +324,11 @@ pub trait Backend: Capture {
     fn take_stats(&self, stats: &mut Self::Stats) -> LossStats;
     /// Sets the statistics (a checkpoint saves and restores a partly accumulated log row).
     fn set_stats(&self, stats: &mut Self::Stats, value: LossStats);
+    /// The loss sum accumulated so far, where reading it waits for nothing (the CPU's);
+    /// None where it would (a GPU's, which a step does not wait for).
+    fn loss_sum_now(&self, _stats: &Self::Stats) -> Option<f64> {
+        None
+    }
 
     /// dst[..len] += src[..len] (residual sums, gradients of a value read by several layers).
     fn add_assign(&self, src: &Self::Buf, dst: &mut Self::Buf, len: usize);

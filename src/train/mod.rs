@@ -274,6 +274,10 @@ pub fn train_session<B: Backend>(
         st.epoch
     };
     let progress = crate::logging::Progress::start(total as u64, st.step);
+    // The first step of the train row being accumulated, and the first step (and its epoch)
+    // whose loss is not finite, where the backend can tell.
+    let mut window_first = st.step + 1;
+    let mut first_nonfinite: Option<(u64, usize, f64)> = None;
     'epochs: for epoch in first_epoch..=spec.train.epochs {
         st.epoch = epoch;
         let order = epoch_order(train_len, spec.data.shuffle, spec.job.seed, epoch);
@@ -363,6 +367,14 @@ pub fn train_session<B: Backend>(
             } else {
                 skipped_in_a_row = 0;
             }
+            // The first step whose loss is not finite, where that can be seen without
+            // waiting (the CPU): a log row averages several steps.
+            if let Some(sum) = backend
+                .loss_sum_now(&train_stats)
+                .filter(|sum| first_nonfinite.is_none() && !sum.is_finite())
+            {
+                first_nonfinite = Some((step, epoch, sum));
+            }
             // All replicas' and micro-batches' samples: fewer on an epoch's short last step.
             let step_samples: usize = group.iter().map(|rows| rows.len()).sum();
             st.window_samples += step_samples as u64;
@@ -390,7 +402,7 @@ pub fn train_session<B: Backend>(
                     skipped_steps: Some(st.skipped_steps),
                     global_batch: Some(step_samples),
                 };
-                check_finite(&row, data_finite)?;
+                check_finite(&row, window_first, first_nonfinite, data_finite)?;
                 tracing::info!("{}", progress_line(&row, total));
                 progress.say(|| {
                     let speed = row.samples_per_sec.unwrap_or(0.0);
@@ -401,6 +413,7 @@ pub fn train_session<B: Backend>(
                 st.train_seconds += st.window_seconds;
                 st.window_samples = 0;
                 st.window_seconds = 0.0;
+                window_first = step + 1;
                 outcome.last_train = Some(row);
             }
             let signal = stop
@@ -1040,7 +1053,15 @@ fn check_skipped_in_a_row(
     }))
 }
 
-fn check_finite(row: &MetricsRow, data_finite: bool) -> Result<()> {
+/// A train row whose loss is not finite ends the run. It names the first step whose loss
+/// was not, where the backend could tell (`first`), else the steps the row averages (from
+/// `window_first`).
+fn check_finite(
+    row: &MetricsRow,
+    window_first: u64,
+    first: Option<(u64, usize, f64)>,
+    data_finite: bool,
+) -> Result<()> {
     if row.loss.is_finite() {
         return Ok(());
     }
@@ -1048,10 +1069,17 @@ fn check_finite(row: &MetricsRow, data_finite: bool) -> Result<()> {
         true => "try a lower optimizer.lr or train.clip_grad_norm",
         false => DATA_NOT_FINITE,
     };
+    let at = match first {
+        Some((step, epoch, loss)) => format!("{loss} at step {step} (epoch {epoch})"),
+        None if window_first < row.step => format!(
+            "{} in the train row of step {} (epoch {}), which averages steps {window_first} to {}",
+            row.loss, row.step, row.epoch, row.step
+        ),
+        None => format!("{} at step {} (epoch {})", row.loss, row.step, row.epoch),
+    };
     Err(Error::Diverged(format!(
-        "training diverged: the loss is {} at step {} (epoch {}); {fix}, or train.on_nonfinite \
-         = \"skip\" to skip such steps",
-        row.loss, row.step, row.epoch
+        "training diverged: the loss is {at}; {fix}, or train.on_nonfinite = \"skip\" to skip \
+         such steps"
     )))
 }
 
@@ -1082,4 +1110,36 @@ fn progress_line(row: &MetricsRow, total_steps: usize) -> String {
         line += &format!(" {s:.0} samples/s");
     }
     line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Where the backend cannot see each step's loss (a GPU), the error names the steps the
+    /// row averages; where it can, the first step whose loss was not finite.
+    #[test]
+    fn a_diverged_row_names_its_first_bad_step_or_else_its_steps() {
+        let row = MetricsRow {
+            step: 10,
+            epoch: 2,
+            loss: f64::NAN,
+            ..Default::default()
+        };
+        let message = |first| check_finite(&row, 6, first, true).unwrap_err().to_string();
+        assert!(
+            message(None).contains(
+                "the loss is NaN in the train row of step 10 (epoch 2), which averages steps 6 to 10"
+            ),
+            "{}",
+            message(None)
+        );
+        let seen = message(Some((8, 2, f64::INFINITY)));
+        assert!(
+            seen.contains("the loss is inf at step 8 (epoch 2)"),
+            "{seen}"
+        );
+        let fine = MetricsRow { loss: 0.5, ..row };
+        assert!(check_finite(&fine, 6, None, true).is_ok());
+    }
 }
