@@ -1746,6 +1746,25 @@ fn eval_reproduces_the_run_s_own_evaluation() {
         assert_eq!(diagonal as f64 / samples, accuracy.parse::<f64>().unwrap());
         assert!(got.contains_key(&("class_accuracy".to_string(), "2".to_string())));
     }
+    // With two replicas in threads, evaluation batches are a replica's rows: still exact.
+    let replicas = trained(
+        &job,
+        &tmp.path().join("runs"),
+        &["--set", "parallel.replicas=2"],
+    );
+    let metrics = tmp.path().join("replicas.csv");
+    let args = [
+        "eval",
+        replicas.to_str().unwrap(),
+        "-o",
+        metrics.to_str().unwrap(),
+    ];
+    ok(trainer(&args, &[]));
+    let (loss, _) = last_row(&replicas, "val");
+    assert_eq!(
+        eval_csv(&metrics)[&("loss".to_string(), String::new())],
+        loss
+    );
     // The final checkpoint holds the same weights.
     let checkpoint = run.join("checkpoints/step-00000040.safetensors");
     let out = ok(trainer(

@@ -168,8 +168,10 @@ pub fn evaluate(args: &EvalArgs) -> Result<Evaluation> {
         }
         None => {
             let (name, set, largest) = own_split(&args.run, &trained, args.split.as_deref())?;
-            // Batches as training's evaluation made them, so the sums are the same.
-            (name, set, trained.spec.batch_size().min(largest))
+            // Batches as training's evaluation made them (a replica's rows), so the sums are
+            // the same.
+            let batch = BatchLayout::of(&trained.spec).buffer_rows(largest);
+            (name, set, batch)
         }
     };
     let loss = trained.spec.loss.kind;
