@@ -136,47 +136,11 @@ enum Command {
     },
     /// Evaluate a run's model (its final weights, or --checkpoint) on a split of its own data
     /// or on another file of the same kind; prints the metrics.
-    Eval {
-        /// The run directory.
-        run: PathBuf,
-        /// train, val or test (default: val, else test).
-        #[arg(long)]
-        split: Option<String>,
-        /// Another data file of the run's kind, normalised as the run's training data was: a
-        /// CSV file with the run's columns, or IDX images (with --labels).
-        #[arg(long, value_name = "FILE")]
-        data: Option<PathBuf>,
-        /// The IDX labels of --data's images.
-        #[arg(long, value_name = "FILE", requires = "data")]
-        labels: Option<PathBuf>,
-        /// A training checkpoint of the run instead of its final weights.
-        #[arg(long, value_name = "FILE")]
-        checkpoint: Option<PathBuf>,
-        /// Write the metrics as CSV (split,metric,class,value).
-        #[arg(long, short, value_name = "FILE")]
-        output: Option<PathBuf>,
-        /// Write the confusion matrix as CSV (a row per true class).
-        #[arg(long, value_name = "FILE")]
-        confusion: Option<PathBuf>,
-    },
+    Eval(commands::EvalArgs),
     /// Predict with a run's model: one CSV row per input row (a CSV file of the run's columns,
     /// the label left out or not, or IDX images), with the class and its probabilities, or the
     /// predicted values.
-    Predict {
-        /// The run directory.
-        run: PathBuf,
-        /// The inputs: CSV, or IDX images.
-        input: PathBuf,
-        /// Where the predictions go (CSV).
-        #[arg(long, short, value_name = "FILE")]
-        output: PathBuf,
-        /// A training checkpoint of the run instead of its final weights.
-        #[arg(long, value_name = "FILE")]
-        checkpoint: Option<PathBuf>,
-        /// Input columns copied to each output row first (e.g. an id).
-        #[arg(long, value_delimiter = ',', value_name = "COLUMN,...")]
-        keep_columns: Vec<String>,
-    },
+    Predict(commands::PredictArgs),
     /// List the runs under a runs directory: keys that differ, status, final and best metrics.
     Ls {
         /// The runs directory to list (every run and sweep under it).
@@ -345,38 +309,12 @@ fn main() -> ExitCode {
             devices,
             quiet,
         }),
-        Command::Eval {
-            run,
-            split,
-            data,
-            labels,
-            checkpoint,
-            output,
-            confusion,
-        } => commands::evaluate(&commands::EvalArgs {
-            run,
-            split,
-            data,
-            labels,
-            checkpoint,
-            output,
-            confusion,
-        })
-        .and_then(|e| print_out(&commands::report(&e))),
-        Command::Predict {
-            run,
-            input,
-            output,
-            checkpoint,
-            keep_columns,
-        } => commands::predict(&commands::PredictArgs {
-            run,
-            input,
-            output: output.clone(),
-            checkpoint,
-            keep_columns,
-        })
-        .and_then(|rows| print_out(&format!("{}: {rows} predictions\n", output.display()))),
+        Command::Eval(args) => {
+            commands::evaluate(&args).and_then(|e| print_out(&commands::report(&e)))
+        }
+        Command::Predict(args) => commands::predict(&args).and_then(|rows| {
+            print_out(&format!("{}: {rows} predictions\n", args.output.display()))
+        }),
         Command::Ls { runs_dir, shown } => {
             results::list(&[runs_dir], &shown.options()).and_then(|t| print_out(&t))
         }

@@ -1658,6 +1658,19 @@ fn eval_csv(path: &Path) -> std::collections::BTreeMap<(String, String), String>
         .collect()
 }
 
+/// `trainer predict RUN INPUT -o OUTPUT --keep-columns KEEP`, which must succeed.
+fn predicted(run: &Path, input: &Path, output: &Path, keep: &str) {
+    let (run, input, output) = (
+        run.to_str().unwrap(),
+        input.to_str().unwrap(),
+        output.to_str().unwrap(),
+    );
+    ok(trainer(
+        &["predict", run, input, "-o", output, "--keep-columns", keep],
+        &[],
+    ));
+}
+
 /// A CSV classification job with an id column, a held-out test file and 3 classes; the
 /// second feature's scale is far from the others', so normalisation matters.
 fn csv_job(dir: &Path) -> PathBuf {
@@ -1828,17 +1841,7 @@ fn predict_writes_a_row_per_input_with_the_kept_columns() {
     let r = run.to_str().unwrap();
     let test = tmp.path().join("test.csv");
     let out_path = tmp.path().join("predictions.csv");
-    let args = [
-        "predict",
-        r,
-        test.to_str().unwrap(),
-        "-o",
-        out_path.to_str().unwrap(),
-    ];
-    ok(trainer(
-        &[&args[..], &["--keep-columns", "id,label"]].concat(),
-        &[],
-    ));
+    predicted(&run, &test, &out_path, "id,label");
     let (header, rows) = read_csv(&out_path);
     assert_eq!(
         header,
@@ -1873,6 +1876,13 @@ fn predict_writes_a_row_per_input_with_the_kept_columns() {
     let input = tmp.path().join("inputs.csv");
     std::fs::write(&input, shuffled).unwrap();
     let again = tmp.path().join("again.csv");
+    predicted(&run, &input, &again, "id");
+    let (_, second) = read_csv(&again);
+    for (a, b) in rows.iter().zip(&second) {
+        assert_eq!((&a[0], &a[2..]), (&b[0], &b[1..]));
+    }
+    // A missing feature column is named, with the file's columns.
+    std::fs::write(&input, "id,a,c\nx,1,2\n").unwrap();
     let args = [
         "predict",
         r,
@@ -1880,16 +1890,6 @@ fn predict_writes_a_row_per_input_with_the_kept_columns() {
         "-o",
         again.to_str().unwrap(),
     ];
-    ok(trainer(
-        &[&args[..], &["--keep-columns", "id"]].concat(),
-        &[],
-    ));
-    let (_, second) = read_csv(&again);
-    for (a, b) in rows.iter().zip(&second) {
-        assert_eq!((&a[0], &a[2..]), (&b[0], &b[1..]));
-    }
-    // A missing feature column is named, with the file's columns.
-    std::fs::write(&input, "id,a,c\nx,1,2\n").unwrap();
     let out = trainer(&args, &[]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(
@@ -2040,17 +2040,7 @@ fn text_labels_are_classes_that_eval_and_predict_name() {
     assert_eq!(rows[2][0], "virginica");
     let test = tmp.path().join("test.csv");
     let predictions = tmp.path().join("p.csv");
-    let args = [
-        "predict",
-        r,
-        test.to_str().unwrap(),
-        "-o",
-        predictions.to_str().unwrap(),
-    ];
-    ok(trainer(
-        &[&args[..], &["--keep-columns", "label"]].concat(),
-        &[],
-    ));
+    predicted(&run, &test, &predictions, "label");
     let (header, rows) = read_csv(&predictions);
     assert_eq!(header[..3], ["label", "predicted_class", "prob_setosa"]);
     let correct = rows.iter().filter(|r| r[0] == r[1]).count() as f64 / rows.len() as f64;

@@ -10,17 +10,28 @@ use crate::spec::LossKind;
 use crate::tensor::LossStats;
 
 /// `trainer eval`'s arguments.
+#[derive(clap::Args)]
 pub struct EvalArgs {
+    /// The run directory.
     pub run: PathBuf,
-    /// "train", "val" or "test"; default: val, else test.
+    /// train, val or test (default: val, else test).
+    #[arg(long)]
     pub split: Option<String>,
-    /// Another file of the run's kind (a CSV file; IDX images with `labels`).
+    /// Another data file of the run's kind, normalised as the run's training data was: a
+    /// CSV file with the run's columns, or IDX images (with --labels).
+    #[arg(long, value_name = "FILE")]
     pub data: Option<PathBuf>,
+    /// The IDX labels of --data's images.
+    #[arg(long, value_name = "FILE", requires = "data")]
     pub labels: Option<PathBuf>,
+    /// A training checkpoint of the run instead of its final weights.
+    #[arg(long, value_name = "FILE")]
     pub checkpoint: Option<PathBuf>,
-    /// The metrics as CSV (split,metric,class,value).
+    /// Write the metrics as CSV (split,metric,class,value).
+    #[arg(long, short, value_name = "FILE")]
     pub output: Option<PathBuf>,
-    /// The confusion matrix as CSV (classification).
+    /// Write the confusion matrix as CSV (a row per true class).
+    #[arg(long, value_name = "FILE")]
     pub confusion: Option<PathBuf>,
 }
 
@@ -407,14 +418,22 @@ pub fn report(e: &Evaluation) -> String {
 }
 
 /// `trainer predict`'s arguments.
+#[derive(clap::Args)]
 pub struct PredictArgs {
+    /// The run directory.
     pub run: PathBuf,
-    /// A CSV file of the run's columns (the label may be left out), or IDX images.
+    /// The inputs: a CSV file of the run's columns (the label may be left out), or IDX
+    /// images.
     pub input: PathBuf,
+    /// Where the predictions go (CSV).
+    #[arg(long, short, value_name = "FILE")]
     pub output: PathBuf,
+    /// A training checkpoint of the run instead of its final weights.
+    #[arg(long, value_name = "FILE")]
     pub checkpoint: Option<PathBuf>,
-    /// Input columns copied to the output before the predictions (by header name, or by
+    /// Input columns copied to each output row first, e.g. an id (by header name, or by
     /// index in a file without a header).
+    #[arg(long, value_delimiter = ',', value_name = "COLUMN,...")]
     pub keep_columns: Vec<String>,
 }
 
