@@ -2128,3 +2128,84 @@ fn ls_groups_by_job_and_filters_sorts_and_picks_columns() {
         assert!(stderr(&out).contains(needle), "{args:?}: {}", stderr(&out));
     }
 }
+
+/// An IDX run: predict reads IDX images (a row per image), and eval of the training files
+/// given as --data and --labels gives the training split's numbers.
+#[test]
+fn predict_and_eval_read_idx_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let n = 40u32;
+    let mut images = vec![0, 0, 8, 3];
+    for d in [n, 3, 3] {
+        images.extend(d.to_be_bytes());
+    }
+    let mut labels = vec![0, 0, 8, 1];
+    labels.extend(n.to_be_bytes());
+    for i in 0..n {
+        let class = (i % 2) as u8;
+        images.extend((0..9).map(|p| {
+            if class == 1 {
+                200 - p * 10
+            } else {
+                p * 10 + (i % 5) as u8
+            }
+        }));
+        labels.push(class);
+    }
+    std::fs::write(tmp.path().join("images.idx"), &images).unwrap();
+    std::fs::write(tmp.path().join("labels.idx"), &labels).unwrap();
+    let job = write_job(
+        tmp.path(),
+        r#"
+[device]
+type = "cpu"
+[data]
+source = "idx"
+train_images = "images.idx"
+train_labels = "labels.idx"
+batch_size = 8
+[model]
+layers = [{ type = "flatten" }, { type = "linear", out = 2 }]
+[optimizer]
+type = "adam"
+lr = 0.05
+[train]
+epochs = 3
+"#,
+    );
+    let run = trained(&job, &tmp.path().join("runs"), &[]);
+    let (images, labels) = (tmp.path().join("images.idx"), tmp.path().join("labels.idx"));
+    let out = tmp.path().join("p.csv");
+    let r = run.to_str().unwrap();
+    let args = [
+        "predict",
+        r,
+        images.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    ok(trainer(&args, &[]));
+    let (header, rows) = read_csv(&out);
+    assert_eq!(header, ["predicted_class", "prob_0", "prob_1"]);
+    assert_eq!(rows.len(), n as usize);
+    let own = ok(trainer(&["eval", r, "--split", "train"], &[]));
+    let file = ok(trainer(
+        &[
+            "eval",
+            r,
+            "--data",
+            images.to_str().unwrap(),
+            "--labels",
+            labels.to_str().unwrap(),
+        ],
+        &[],
+    ));
+    let numbers = |o: &std::process::Output| {
+        stdout(o)
+            .lines()
+            .skip(1)
+            .map(String::from)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(numbers(&own), numbers(&file));
+}
