@@ -1899,8 +1899,7 @@ fn predict_writes_a_row_per_input_with_the_kept_columns() {
     );
 }
 
-/// A regression run is evaluated with MSE (its loss), MAE, RMSE and R²; predict writes the
-/// predicted value.
+/// A regression run is evaluated with MSE (its loss), MAE, RMSE and R².
 #[test]
 fn eval_of_a_regression_run_reports_its_errors() {
     let tmp = tempfile::tempdir().unwrap();
