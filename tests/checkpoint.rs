@@ -505,8 +505,8 @@ fn resuming_a_changed_model_is_refused_naming_the_keys_unless_forced() {
             "model.layers[1].out: 32 in the checkpoint, 64 now",
             "optimizer.lr: 0.001 in the checkpoint, 0.01 now",
             "only train.epochs, train.max_steps, train.max_time, train.early_stopping, \
-             train.log_every, train.eval_every_epochs, checkpoint.*, job.name, train.threads, \
-             device.*, parallel.*, model.init_from may change",
+             train.log_every, train.eval_every_epochs, train.evaluate_test, checkpoint.*, \
+             job.name, train.threads, device.*, parallel.*, model.init_from may change",
             "--force",
         ],
     );

@@ -2208,3 +2208,63 @@ epochs = 3
     };
     assert_eq!(numbers(&own), numbers(&file));
 }
+
+/// `train.evaluate_test = "at_end"`: validation every epoch, the test split once after
+/// training, also when early stopping ends the run; nothing may be chosen by it.
+#[test]
+fn the_test_split_can_wait_for_the_end() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = csv_job(tmp.path());
+    let runs = tmp.path().join("runs");
+    let splits_by_epoch = |run: &Path| {
+        let (header, rows) = read_csv(&run.join("metrics.csv"));
+        rows.iter()
+            .filter(|r| column(&header, r, "split") != "train")
+            .map(|r| {
+                format!(
+                    "{}{}",
+                    column(&header, r, "split"),
+                    column(&header, r, "epoch")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let at_end = ["--set", "train.evaluate_test=\"at_end\""];
+    let run = trained(&job, &runs, &at_end);
+    assert_eq!(splits_by_epoch(&run), "val1 val2 val3 val4 val5 test5");
+    assert!(summary(&run)["final"]["test_accuracy"].is_number());
+    let run = trained(&job, &runs, &[]);
+    assert_eq!(
+        splits_by_epoch(&run),
+        "val1 test1 val2 test2 val3 test3 val4 test4 val5 test5"
+    );
+
+    // Early stopping on a model that cannot learn stops after epoch 3; the test comes then.
+    let mut stopping = at_end.to_vec();
+    stopping.extend(["--set", "optimizer.lr=1e-9", "--set", "train.epochs=20"]);
+    stopping.extend([
+        "--set",
+        "train.early_stopping={metric=\"val_loss\",patience=2,min_delta=0.01}",
+    ]);
+    let run = trained(&job, &runs, &stopping);
+    assert_eq!(summary(&run)["end_reason"], "early_stopped");
+    assert_eq!(splits_by_epoch(&run), "val1 val2 val3 test3");
+
+    for (key, value) in [
+        ("train.early_stopping", "{metric=\"test_loss\"}"),
+        ("checkpoint.keep_best", "{metric=\"test_accuracy\"}"),
+    ] {
+        let set = format!("{key}={value}");
+        let mut args = vec!["run", job.to_str().unwrap(), "--runs-dir"];
+        args.extend([runs.to_str().unwrap(), "--set", &set]);
+        args.extend(at_end);
+        let out = trainer(&args, &[]);
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("evaluates the test split only after training"),
+            "{}",
+            stderr(&out)
+        );
+    }
+}

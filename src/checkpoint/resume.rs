@@ -170,7 +170,7 @@ const ALSO_SAFE_TO_CHANGE: [&str; 5] = [
 /// How long to train and when to log, evaluate and checkpoint: a resume may change them,
 /// and in a multi-process run only rank 0's are used (another rank's differing values are
 /// warned about).
-pub const DECIDED_BY_RANK_ZERO: [&str; 7] = [
+pub const DECIDED_BY_RANK_ZERO: [&str; 8] = [
     "train.epochs",
     "train.max_steps",
     // From this session's start; like epochs, how long to go on.
@@ -179,6 +179,7 @@ pub const DECIDED_BY_RANK_ZERO: [&str; 7] = [
     "train.early_stopping",
     "train.log_every",
     "train.eval_every_epochs",
+    "train.evaluate_test",
     "checkpoint",
 ];
 

@@ -51,6 +51,32 @@ pub enum OnNonFinite {
     Skip,
 }
 
+/// When the test split is evaluated (`train.evaluate_test`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EvaluateTest {
+    /// At every evaluation, beside the validation split.
+    #[default]
+    EveryEvaluation,
+    /// Only once, after training: nothing is chosen by the test set (early stopping and
+    /// keep_best cannot use it).
+    AtEnd,
+}
+
+impl EvaluateTest {
+    /// Left out of config.toml at its default, as `OnNonFinite`.
+    pub fn is_default(&self) -> bool {
+        *self == EvaluateTest::default()
+    }
+
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            EvaluateTest::EveryEvaluation => "every_evaluation",
+            EvaluateTest::AtEnd => "at_end",
+        }
+    }
+}
+
 /// This many skipped steps in a row (on_nonfinite = "skip", or loss scaling's overflow
 /// checks) end the run as diverged: by then the parameters are beyond repair, or a fixed loss
 /// scale overflows every step, and going on would only waste the budget.
@@ -182,6 +208,16 @@ pub(super) fn problems(spec: &JobSpec) -> Vec<(String, String)> {
                 key.clone(),
                 format!(
                     "\"{}\" given, which this job never produces; {allowed}",
+                    es.metric
+                ),
+            ));
+        }
+        if es.metric.starts_with("test_") && t.evaluate_test == EvaluateTest::AtEnd {
+            out.push((
+                key.clone(),
+                format!(
+                    "\"{}\" given, but train.evaluate_test = \"at_end\" evaluates the test \
+                     split only after training; stop on a val_ metric",
                     es.metric
                 ),
             ));

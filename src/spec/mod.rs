@@ -7,8 +7,8 @@ mod load;
 mod validate;
 
 pub use controls::{
-    eval_metrics, has_accuracy, parse_duration, EarlyStoppingSpec, OnNonFinite, StopMode,
-    MAX_SKIPPED_IN_A_ROW,
+    eval_metrics, has_accuracy, parse_duration, EarlyStoppingSpec, EvaluateTest, OnNonFinite,
+    StopMode, MAX_SKIPPED_IN_A_ROW,
 };
 pub use explain::explain;
 pub(crate) use load::toml_error;
@@ -798,6 +798,11 @@ pub struct TrainSpec {
     /// Evaluate on the validation and test splits every this many epochs (0: never).
     #[serde(default = "one")]
     pub eval_every_epochs: usize,
+    /// When the test split is evaluated: "every_evaluation" (beside val) or "at_end" (once,
+    /// after training, so that nothing is chosen by it).
+    #[serde(default, skip_serializing_if = "EvaluateTest::is_default")]
+    #[schemars(extend("default" = "every_evaluation"))]
+    pub evaluate_test: EvaluateTest,
     /// CPU threads (default: every core).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1024))]
@@ -827,6 +832,7 @@ impl Default for TrainSpec {
             clip_grad_norm: None,
             log_every: default_log_every(),
             eval_every_epochs: 1,
+            evaluate_test: EvaluateTest::EveryEvaluation,
             threads: None,
             early_stopping: None,
             max_time: None,
@@ -1451,6 +1457,10 @@ impl JobSpec {
             OnNonFinite::Skip => "skip",
         };
         fill(&["train", "on_nonfinite"], on_nonfinite.into());
+        fill(
+            &["train", "evaluate_test"],
+            self.train.evaluate_test.as_str().into(),
+        );
         if let Some(stopping) = &self.train.early_stopping {
             let mode = match stopping.effective_mode() {
                 StopMode::Min => "min",

@@ -573,6 +573,15 @@ fn validate_checkpoint(spec: &JobSpec, p: &mut Problems) {
             ),
         );
         p.check(
+            split != "test" || spec.train.evaluate_test != crate::spec::EvaluateTest::AtEnd,
+            "checkpoint.keep_best.metric",
+            format!(
+                "\"{}\" given, but train.evaluate_test = \"at_end\" evaluates the test split \
+                 only after training; keep the best by a val_ metric",
+                best.metric.name()
+            ),
+        );
+        p.check(
             !best.metric.is_accuracy() || spec.loss.kind != LossKind::Mse,
             "checkpoint.keep_best.metric",
             format!(

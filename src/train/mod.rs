@@ -42,7 +42,7 @@ use crate::optim::{clip_grad_norm, unscale_and_clip, LossScaler, Optimizer, Sche
 use crate::parallel::share;
 use crate::run::{MetricsRow, MetricsWriter};
 use crate::signals::Stop;
-use crate::spec::{JobSpec, OnNonFinite, PrecisionMode, MAX_SKIPPED_IN_A_ROW};
+use crate::spec::{EvaluateTest, JobSpec, OnNonFinite, PrecisionMode, MAX_SKIPPED_IN_A_ROW};
 use crate::tensor::{Backend, HalfKind, LossStats};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -212,6 +212,12 @@ pub fn train_session<B: Backend>(
         .map(|(name, d)| EvalSet::new(backend, name, d, resident))
         .collect::<Result<Vec<_>>>()?;
 
+    // The sets evaluated between epochs: the test split waits for the end when asked to
+    // (it comes last in the data's evaluation splits).
+    let periodic_sets = match spec.train.evaluate_test {
+        EvaluateTest::EveryEvaluation => eval_sets.len(),
+        EvaluateTest::AtEnd => eval_sets.iter().filter(|s| s.name != "test").count(),
+    };
     let mut train_stats = backend.new_stats()?;
     let mut eval_stats = backend.new_stats()?;
     let mut st = TrainState::start(spec.job.seed);
@@ -453,7 +459,7 @@ pub fn train_session<B: Backend>(
             evaluation = evaluate(
                 backend,
                 &mut net,
-                &eval_sets,
+                &eval_sets[..periodic_sets],
                 &mut eval_stats,
                 epoch,
                 st.step,
@@ -466,6 +472,7 @@ pub fn train_session<B: Backend>(
                 st.early_stopping = Some(es.progress().clone());
                 if stop {
                     outcome.end_reason = EndReason::EarlyStopped;
+                    st.evaluation = evaluation;
                     break 'epochs;
                 }
             }
@@ -525,15 +532,14 @@ pub fn train_session<B: Backend>(
         st.epoch
     };
     // The final evaluation, always (also when max_steps ended the run mid-epoch).
-    // Early stopping has just evaluated.
-    if spec.train.eval_every_epochs > 0
-        && outcome.end_reason != EndReason::EarlyStopped
-        && !finishing
-    {
-        st.evaluation = evaluate(
+    // Early stopping has just evaluated all but a test split kept for the end.
+    let early_stopped = outcome.end_reason == EndReason::EarlyStopped;
+    let final_sets = &eval_sets[if early_stopped { periodic_sets } else { 0 }..];
+    if spec.train.eval_every_epochs > 0 && !final_sets.is_empty() && !finishing {
+        let evaluation = evaluate(
             backend,
             &mut net,
-            &eval_sets,
+            final_sets,
             &mut eval_stats,
             last_epoch,
             st.step,
@@ -541,6 +547,11 @@ pub fn train_session<B: Backend>(
             metrics,
             &mut outcome,
         )?;
+        if early_stopped {
+            st.evaluation.extend(evaluation);
+        } else {
+            st.evaluation = evaluation;
+        }
     }
     st.train_samples += st.window_samples;
     st.train_seconds += st.window_seconds;
