@@ -5,7 +5,7 @@
 mod common;
 
 use common::{
-    column, expect_error, ok, read_csv, root, stderr, stdout, summary, trainer_bin,
+    column, expect_error, ok, read_csv, root, stderr, stdout, summary, torch_python, trainer_bin,
     trainer_with_env as trainer, write_job, TINY_JOB,
 };
 use std::path::{Path, PathBuf};
@@ -2267,4 +2267,66 @@ fn the_test_split_can_wait_for_the_end() {
             stderr(&out)
         );
     }
+}
+
+/// preprocess.json and model.safetensors are all another tool needs: plain Python (and
+/// docs/eval-and-predict.md's PyTorch snippet, where torch is installed) counts the same
+/// correct rows of the test file as `trainer eval --data`.
+#[test]
+fn the_saved_preprocessing_reproduces_the_accuracy_elsewhere() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = csv_job(tmp.path());
+    let run = trained(&job, &tmp.path().join("runs"), &[]);
+    let test_file = tmp.path().join("test.csv");
+    let metrics = tmp.path().join("metrics.csv");
+    let args = [
+        "eval",
+        run.to_str().unwrap(),
+        "--data",
+        test_file.to_str().unwrap(),
+    ];
+    ok(trainer(
+        &[&args[..], &["-o", metrics.to_str().unwrap()]].concat(),
+        &[],
+    ));
+    let got = eval_csv(&metrics);
+    let value = |metric: &str| {
+        got[&(metric.to_string(), String::new())]
+            .parse::<f64>()
+            .unwrap()
+    };
+    let expected = format!(
+        "{}/{}",
+        (value("accuracy") * value("samples")).round(),
+        value("samples")
+    );
+    let count_with = |python: &str, script: &Path| {
+        let out = Command::new(python)
+            .arg(script)
+            .args([&run, &test_file])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    let plain = root().join("tests/python/accuracy_without_trainer.py");
+    assert_eq!(count_with("python3", &plain), expected);
+
+    let Some(python) = torch_python() else {
+        println!("PyTorch snippet skipped: no Python with torch and safetensors");
+        return;
+    };
+    let docs = std::fs::read_to_string(root().join("docs/eval-and-predict.md")).unwrap();
+    let snippet = docs
+        .split("```python\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .unwrap();
+    let script = tmp.path().join("snippet.py");
+    std::fs::write(&script, snippet).unwrap();
+    assert_eq!(count_with(&python, &script), expected);
 }

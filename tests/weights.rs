@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{stderr, trainer};
+use common::{stderr, torch_python, trainer};
 
 use common::root;
 use safetensors::SafeTensors;
@@ -415,22 +415,6 @@ fn init_from_files_that_do_not_fit_are_refused_with_the_names() {
         err.contains("model.init_from") && err.contains("is empty"),
         "{err}"
     );
-}
-
-/// A Python that has torch and safetensors: $TRAINER_TORCH_PYTHON, the development
-/// machine's /work/torch-venv, or python3.
-fn torch_python() -> Option<String> {
-    let candidates = [
-        std::env::var("TRAINER_TORCH_PYTHON").ok(),
-        Some("/work/torch-venv/bin/python".into()),
-        Some("python3".into()),
-    ];
-    candidates.into_iter().flatten().find(|py| {
-        Command::new(py)
-            .args(["-c", "import torch, safetensors"])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    })
 }
 
 /// The layers as the torch script builds them: {prefix, inputs, layer}.

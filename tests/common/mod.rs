@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::Output;
+use std::process::{Command, Output};
 use trainer::graph::{DataShape, Graph, Network};
 use trainer::spec::JobSpec;
 use trainer::tensor::cpu::CpuBackend;
@@ -260,4 +260,21 @@ pub fn skip_without_gpu(reason: &str) -> bool {
     );
     eprintln!("skipped: {reason}");
     false
+}
+
+/// A Python that has torch and safetensors: $TRAINER_TORCH_PYTHON, the development
+/// machine's /work/torch-venv, or python3.
+#[allow(dead_code)]
+pub fn torch_python() -> Option<String> {
+    let candidates = [
+        std::env::var("TRAINER_TORCH_PYTHON").ok(),
+        Some("/work/torch-venv/bin/python".into()),
+        Some("python3".into()),
+    ];
+    candidates.into_iter().flatten().find(|py| {
+        Command::new(py)
+            .args(["-c", "import torch, safetensors"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    })
 }
