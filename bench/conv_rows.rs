@@ -5,6 +5,7 @@
 //!     cargo run --release --example conv_rows
 use std::time::Instant;
 use trainer::tensor::conv_rows::conv_rows;
+use trainer::tensor::matmul::{matmul, Parallelism};
 
 fn main() {
     // (m output channels, n output pixels, k = input channels × kernel width, kernel rows,
@@ -39,30 +40,18 @@ fn main() {
                 row.fill(*plane);
             }
             for (r, &start) in starts.iter().enumerate() {
-                // SAFETY: y is m × n, w's block m rows of k, x k rows of ldx ≥ n from start.
-                unsafe {
-                    gemm::gemm(
-                        m,
-                        n,
-                        k,
-                        by_gemm.as_mut_ptr(),
-                        1,
-                        n as isize,
-                        true,
-                        w[r * m * k..].as_ptr(),
-                        1,
-                        k as isize,
-                        x[start..].as_ptr(),
-                        1,
-                        ldx as isize,
-                        1.0,
-                        1.0,
-                        false,
-                        false,
-                        false,
-                        gemm::Parallelism::None,
-                    )
-                }
+                let (w_r, x_r) = (&w[r * m * k..], &x[start..]);
+                let none = Parallelism::None;
+                matmul(
+                    &mut by_gemm,
+                    true,
+                    w_r,
+                    (k, 1),
+                    x_r,
+                    (ldx, 1),
+                    (m, n, k),
+                    none,
+                );
             }
         });
         let mut available = true;

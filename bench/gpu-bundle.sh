@@ -22,8 +22,7 @@ CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols "$top/../share
 # The GPU tests live in these binaries; the rest are CPU tests, run by CI.
 for t in .gpu/tests/*; do
   case "$(basename "$t")" in
-    cuda_kernels-test | cuda_parity-test | multiprocess-test | training_reference-test) ;;
-    steady_state-test) ;;
+    suite-test | steady_state-test) ;;
     *) rm "$t" ;;
   esac
 done
@@ -60,18 +59,23 @@ run() {
   timeout 540 "$@" --test-threads=1 > "$log" 2>&1 || { echo "FAILED: $name"; fail=1; }
   grep -E "^test .*FAILED|panicked at|^test result" "$log" | head -n 30
 }
+# The suite's tests in module $1 whose names match the pattern $2, for --exact.
+tests_in() {
+  .gpu/tests/suite-test --list 2>/dev/null | sed -n 's/: test$//p' | grep -E "^$1::.*($2)"
+}
 for what in ${@:-kernels parity multiprocess}; do
   case $what in
-    kernels) run kernels .gpu/tests/cuda_kernels-test ;;
+    kernels) run kernels .gpu/tests/suite-test cuda_kernels:: ;;
     parity)
-      run parity .gpu/tests/cuda_parity-test
+      run parity .gpu/tests/suite-test cuda_parity::
       # Whole runs on the GPU against PyTorch's (tests/fixtures/training_reference.json), and
       # in bf16 and fp16 against the CPU.
-      run reference .gpu/tests/training_reference-test on_cuda
+      run reference .gpu/tests/suite-test --exact $(tests_in training_reference on_cuda)
       # No host allocation in a CUDA step, through the real driver.
       run steady .gpu/tests/steady_state-test cuda ;;
     # Its GPU tests (the others are CPU tests, run by CI).
-    multiprocess) run multiprocess .gpu/tests/multiprocess-test gpu nccl streamed refused ;;
+    multiprocess)
+      run multiprocess .gpu/tests/suite-test --exact $(tests_in multiprocess 'gpu|nccl|streamed|refused') ;;
     *) echo "unknown: $what"; fail=1 ;;
   esac
 done

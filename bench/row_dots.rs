@@ -3,6 +3,7 @@
 //!
 //!     cargo run --release --example row_dots
 use std::time::Instant;
+use trainer::tensor::matmul::{matmul, Parallelism};
 use trainer::tensor::row_dots::add_row_dots;
 
 fn main() {
@@ -25,29 +26,18 @@ fn main() {
             (0..calls).for_each(|_| f());
             t.elapsed().as_secs_f64() / calls as f64
         };
-        // SAFETY: dst is m × n, a is m rows of k, b is n rows of ldb ≥ k (as CpuBackend::matmul).
-        let gemm_s = time(&mut || unsafe {
-            gemm::gemm(
-                m,
-                n,
-                k,
-                by_gemm.as_mut_ptr(),
-                1,
-                n as isize,
+        let gemm_s = time(&mut || {
+            let none = Parallelism::None;
+            matmul(
+                &mut by_gemm,
                 true,
-                a.as_ptr(),
-                1,
-                k as isize,
-                b.as_ptr(),
-                ldb as isize,
-                1,
-                1.0,
-                1.0,
-                false,
-                false,
-                false,
-                gemm::Parallelism::None,
-            )
+                &a,
+                (k, 1),
+                &b,
+                (1, ldb),
+                (m, n, k),
+                none,
+            );
         });
         let mut available = true;
         let dots_s =

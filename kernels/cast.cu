@@ -1,6 +1,6 @@
 // f32 <-> f16 / bf16 casts, round-to-nearest-even (as PyTorch and the `half` crate). NVRTC has
 // no cuda_fp16.h here, so the conversions are written with PTX cvt instructions; halves are
-// stored as their raw 16-bit patterns. Built for the host (tests/kernels_on_host.rs), the
+// stored as their raw 16-bit patterns. Built for the host (tests/suite/kernels_on_host.rs), the
 // compiler's _Float16 does the same conversions.
 
 typedef unsigned short u16;

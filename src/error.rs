@@ -2,6 +2,7 @@
 //! without guessing: a bad job or bad usage exits 2, a failure while running exits 1.
 
 use std::fmt;
+use std::path::PathBuf;
 
 #[derive(Debug)]
 pub enum Error {
@@ -14,6 +15,9 @@ pub enum Error {
     Interrupted { signal: i32, message: String },
     /// The loss became NaN or infinite: a runtime failure (exit 1) that summaries name.
     Diverged(String),
+    /// A data file the job names cannot be read: a bad job (exit 2). The path lets the
+    /// caller name the key, and where that key was set.
+    UnreadableData { path: PathBuf, message: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -30,12 +34,16 @@ impl Error {
                 signal,
                 message: add(message),
             },
+            Error::UnreadableData { path, message } => Error::UnreadableData {
+                path,
+                message: add(message),
+            },
         }
     }
 
     pub fn exit_code(&self) -> i32 {
         match self {
-            Error::Job(_) => 2,
+            Error::Job(_) | Error::UnreadableData { .. } => 2,
             Error::Runtime(_) | Error::Diverged(_) => 1,
             Error::Interrupted { signal, .. } => 128 + signal,
         }
@@ -48,7 +56,8 @@ impl fmt::Display for Error {
             Error::Job(m)
             | Error::Runtime(m)
             | Error::Diverged(m)
-            | Error::Interrupted { message: m, .. } => f.write_str(m),
+            | Error::Interrupted { message: m, .. }
+            | Error::UnreadableData { message: m, .. } => f.write_str(m),
         }
     }
 }

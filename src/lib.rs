@@ -8,7 +8,6 @@ pub mod commands;
 pub mod data;
 pub mod error;
 pub mod graph;
-pub mod launch;
 pub mod logging;
 pub mod optim;
 pub mod parallel;

@@ -441,7 +441,7 @@ fn run_here(sweep: &Sweep, todo: &[Pending]) -> Result<Trained> {
         match result {
             Ok(_) => {}
             // A bad job is a bad sweep: stop at once rather than fail every point alike.
-            Err(e @ Error::Job(_)) => return Err(job_err!("{label}: {e}")),
+            Err(e) if e.exit_code() == 2 => return Err(job_err!("{label}: {e}")),
             Err(Error::Interrupted { signal, message }) => {
                 return Err(interrupted(signal, &format!("{label}: {message}")))
             }
@@ -910,7 +910,7 @@ impl Sweep<'_> {
                 row.push(
                     record
                         .and_then(|r| r.summary.as_ref())
-                        .and_then(|s| s["wall_s"].as_f64())
+                        .map(|s| s.wall_s)
                         .map_or(Cell::Empty, Cell::Float),
                 );
                 row.extend(metric_columns.iter().map(|c| {

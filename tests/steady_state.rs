@@ -16,7 +16,9 @@ use trainer::graph::{DataShape, Graph, Network};
 use trainer::optim::Optimizer;
 use trainer::tensor::cpu::CpuBackend;
 use trainer::tensor::{Backend, HalfKind};
-use trainer::train::{optimizer_step, Batch, DataParallel, ProcessReplicas, Samples, StepSettings};
+use trainer::train::{
+    optimizer_step, Batch, DataParallel, ProcessReplicas, Samples, StepContext, StepSettings,
+};
 
 struct Counting;
 static COUNTING: AtomicBool = AtomicBool::new(false);
@@ -155,16 +157,14 @@ fn training_steps_allocate_nothing_but_gemm_scratch_and_retain_nothing() {
         let settings = SETTINGS;
         let epoch = || {
             for pair in groups.chunks(2) {
-                optimizer_step(
-                    &backend,
-                    &mut net,
-                    &mut optimizer,
-                    &input,
-                    pair,
-                    &mut micro_step,
-                    &mut stats,
-                    settings,
-                );
+                let cx = StepContext {
+                    backend: &backend,
+                    net: &mut net,
+                    optimizer: &mut optimizer,
+                    stats: &mut stats,
+                    micro_step: &mut micro_step,
+                };
+                optimizer_step(cx, &input, pair, settings);
             }
         };
         let allocations = counted_epochs("mlp", epoch);
@@ -271,19 +271,14 @@ fn multi_process_steps_allocate_nothing_but_gemm_scratch_on_either_rank() {
         let mut micro_step = 0;
         let mut epoch = |replicas: &mut ProcessReplicas<CpuBackend>| {
             for pair in groups.chunks(2) {
-                let args = (&input, pair, &mut micro_step, &mut stats, settings);
-                replicas
-                    .step(
-                        &backend,
-                        &mut net,
-                        &mut optimizer,
-                        args.0,
-                        args.1,
-                        args.2,
-                        args.3,
-                        args.4,
-                    )
-                    .unwrap();
+                let cx = StepContext {
+                    backend: &backend,
+                    net: &mut net,
+                    optimizer: &mut optimizer,
+                    stats: &mut stats,
+                    micro_step: &mut micro_step,
+                };
+                replicas.step(cx, &input, pair, settings).unwrap();
             }
         };
         epoch(&mut replicas); // warm-up: message buffers grow to their size, gemm's state
@@ -428,16 +423,14 @@ fn counted_steps<B: Backend>(
     };
     let epoch = || {
         for pair in groups.chunks(2) {
-            optimizer_step(
+            let cx = StepContext {
                 backend,
-                &mut net,
-                &mut optimizer,
-                &input,
-                pair,
-                &mut micro_step,
-                &mut stats,
-                settings,
-            );
+                net: &mut net,
+                optimizer: &mut optimizer,
+                stats: &mut stats,
+                micro_step: &mut micro_step,
+            };
+            optimizer_step(cx, &input, pair, settings);
         }
     };
     let allocations = counted_epochs(what, epoch);

@@ -19,6 +19,7 @@
 
 pub mod file;
 mod resume;
+pub mod superseded;
 pub mod weights;
 
 pub use resume::{
@@ -27,7 +28,7 @@ pub use resume::{
 };
 
 use crate::error::{Error, Result};
-use crate::spec::{BestMode, CheckpointSpec, JobSpec};
+use crate::spec::{BestMode, CheckpointSpec, JobSpec, StopMode};
 use crate::tensor::LossStats;
 use file::{TensorOut, Values};
 use serde::{Deserialize, Serialize};
@@ -82,14 +83,28 @@ pub struct TrainState {
     /// Early stopping's best value and evaluations without improvement (absent without
     /// early stopping, and in checkpoints from before it was kept).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub early_stopping: Option<crate::train::StoppingProgress>,
+    pub early_stopping: Option<StoppingProgress>,
     /// Each batch-norm layer's num_batches_tracked at the run's start (`model.init_from`'s;
     /// empty: 0): the exported count is this plus `micro_step`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub batches_tracked_before: Vec<u64>,
     /// Why the run ended, in its final checkpoint (`finished`); absent before.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub end_reason: Option<crate::train::EndReason>,
+    pub end_reason: Option<crate::run::EndReason>,
+}
+
+/// How far early stopping has come, kept in checkpoints (`TrainState::early_stopping`) so a
+/// resumed run stops where the uninterrupted one would have, as Lightning's EarlyStopping
+/// restores its wait count and best score.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoppingProgress {
+    /// The monitored metric and direction it was counted for, e.g. "val_loss", "min": a
+    /// forced resume that changes either starts counting again.
+    pub metric: String,
+    pub mode: StopMode,
+    /// The best value so far (never NaN: a NaN is no improvement).
+    pub best: Option<f64>,
+    pub evals_without_improvement: usize,
 }
 
 impl TrainState {

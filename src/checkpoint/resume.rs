@@ -3,6 +3,7 @@
 
 use super::{list, load, Checkpoint, DIR};
 use crate::error::{Error, Result};
+use crate::run::Summary;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -133,8 +134,7 @@ pub fn find_auto_resume(runs_dir: &Path, name: &str) -> Option<PathBuf> {
         .collect();
     runs.sort();
     let newest = runs.pop()?;
-    let completed = std::fs::read_to_string(newest.join("summary.json"))
-        .is_ok_and(|s| s.contains("\"status\": \"completed\""));
+    let completed = Summary::read(&newest).is_some_and(|s| s.completed().is_some());
     if completed {
         tracing::info!(
             "checkpoint.resume = \"auto\": the newest run {} completed; starting a new run",

@@ -1,6 +1,7 @@
 //! The CLI's commands as library functions: `run` here (a job prepared, its device picked,
 //! trained in its run directory), `check` and `devices` in check.rs.
 
+use crate::checkpoint::superseded;
 use crate::checkpoint::weights::{self, Weights};
 use crate::checkpoint::{self, ResumePoint};
 use crate::data::{self, Data};
@@ -8,7 +9,8 @@ use crate::error::{Error, Result};
 use crate::graph::{ActivationStorage, DataShape, GradBuckets, Graph, MemoryPlan};
 use crate::optim;
 use crate::parallel::{BatchLayout, CpuAllReduce, Rendezvous};
-use crate::run::{superseded, MetricsRow, MetricsWriter, RunDir};
+use crate::run::summary::{self, Ended};
+use crate::run::{EndReason, MetricsRow, MetricsWriter, RunDir, Summary};
 use crate::signals::Stop;
 use crate::spec::{
     self, parse_device, CollectiveBackend, DataPlacement, DeviceChoice, JobSpec, Normalize,
@@ -20,12 +22,14 @@ use crate::tensor::{spatial, Backend};
 use crate::train::{
     self, CpuReplicas, DataParallel, OneDeviceCollective, ProcessReplicas, Session,
 };
+use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 mod check;
 mod evaluate;
+pub mod launch;
 mod memory;
 mod start;
 
@@ -135,20 +139,19 @@ fn prepare(job: &Path, sets: &[String], name: Option<&str>) -> Result<Prepared> 
 /// set (the job file, an environment variable, a --set): a sweep over data.path, or a path
 /// from the environment, is otherwise hard to trace.
 fn with_data_key(job: &Path, sets: &[String], spec: &JobSpec, e: Error) -> Error {
-    let Error::Job(message) = e else {
+    let Error::UnreadableData { path, message } = &e else {
         return e;
     };
-    let unread = spec.data.path_keys().into_iter().find_map(|(key, path)| {
-        let path = path.as_ref()?.display().to_string();
-        message
-            .starts_with(&format!("cannot read data file {path}:"))
-            .then_some(key)
-    });
+    let unread = spec
+        .data
+        .path_keys()
+        .into_iter()
+        .find_map(|(key, given)| (given.as_ref() == Some(path)).then_some(key));
     match (unread, spec::KeySources::new(job, sets)) {
         (Some(key), Ok(sources)) => {
             Error::Job(format!("{}: key `{key}`: {message}", sources.of(key)))
         }
-        _ => Error::Job(message),
+        _ => e,
     }
 }
 
@@ -525,7 +528,7 @@ fn run_job(args: &RunArgs) -> Result<()> {
     if spec.parallel.launches_processes(&spec.device.kind) {
         // This process only starts and watches the replicas' processes.
         drop((data, graph));
-        return crate::launch::run(args, &spec);
+        return launch::run(args, &spec);
     }
     let rank = spec.parallel.world.as_ref().map_or(0, |w| w.rank);
     // Only rank 0 reads checkpoints and init_from files: it sends the others its state.
@@ -840,18 +843,18 @@ enum Training {
 /// and the error names the run and how to continue it. Where not even that can be written
 /// and training had not begun, a resumed run's earlier summary is put back.
 fn record_failure(run: &RunDir, spec: &JobSpec, e: Error, wall: f64, training: Training) -> Error {
-    let summary = serde_json::json!({
-        "status": "failed",
-        "end_reason": match e {
-            Error::Diverged(_) => train::EndReason::Diverged,
-            _ => train::EndReason::Failed,
-        }
-        .as_str(),
-        "run_id": run.id,
-        "job": spec.name(),
-        "error": e.to_string(),
-        "wall_s": wall,
-    });
+    let summary = Summary {
+        ended: Ended::Failed {
+            error: e.to_string(),
+        },
+        end_reason: match e {
+            Error::Diverged(_) => EndReason::Diverged,
+            _ => EndReason::Failed,
+        },
+        run_id: run.id.clone(),
+        job: spec.name().to_string(),
+        wall_s: wall,
+    };
     match run.write_summary(&summary) {
         Ok(()) => with_resume_hint(e, run, true),
         // The run's own error (a full disk writing metrics.csv, say) is the cause to show.
@@ -960,24 +963,23 @@ fn run_in<B: Backend>(
         Ok(outcome) => outcome,
         Err(e) => return Err(record_failure(run, spec, e, wall, Training::Begun)),
     };
-    let summary = match outcome.interrupted {
-        Some(_) => serde_json::json!({
-            "status": "interrupted",
-            "end_reason": "interrupted",
-            "run_id": run.id,
-            "job": spec.name(),
-            "signal": outcome.interrupted,
-            "steps": outcome.steps,
-            "checkpoint": outcome.last_checkpoint.as_ref().map(|p| p.display().to_string()),
-            "resumed_from": resumed_from,
-            "wall_s": wall,
+    let ended = match outcome.interrupted {
+        Some(_) => Ended::Interrupted(summary::Interrupted {
+            signal: outcome.interrupted,
+            steps: outcome.steps,
+            checkpoint: outcome
+                .last_checkpoint
+                .as_ref()
+                .map(|p| p.display().to_string()),
+            resumed_from,
         }),
         None => {
-            let mut finals = serde_json::Map::new();
+            let mut finals = BTreeMap::new();
             for row in outcome.last_train.iter().chain(&outcome.last_eval) {
-                finals.insert(format!("{}_loss", row.split), row.loss.into());
+                let finite = |v: f64| v.is_finite().then_some(v);
+                finals.insert(format!("{}_loss", row.split), finite(row.loss));
                 if let Some(a) = row.accuracy {
-                    finals.insert(format!("{}_accuracy", row.split), a.into());
+                    finals.insert(format!("{}_accuracy", row.split), finite(a));
                 }
             }
             let evaluated: String = outcome
@@ -1001,29 +1003,34 @@ fn run_in<B: Backend>(
             if args.quiet {
                 eprintln!("{done}");
             }
-            serde_json::json!({
-                "status": "completed",
-                "end_reason": outcome.end_reason.as_str(),
-                "run_id": run.id,
-                "job": spec.name(),
-                "device": device,
-                "steps": outcome.steps,
-                "skipped_steps": outcome.skipped_steps,
-                "epochs": outcome.epochs,
-                "wall_s": wall,
-                "train_s": outcome.train_seconds,
-                "samples_per_sec": outcome.samples_per_sec(),
-                "startup_s": outcome
+            Ended::Completed(summary::Completed {
+                device: device.to_string(),
+                steps: outcome.steps,
+                skipped_steps: outcome.skipped_steps,
+                epochs: outcome.epochs,
+                train_s: outcome.train_seconds,
+                samples_per_sec: outcome.samples_per_sec(),
+                startup_s: outcome
                     .first_step_at
                     .map(|at| at.saturating_duration_since(began).as_secs_f64()),
-                "cuda_graph_recordings": outcome.step_recordings,
-                "cuda_graph_update_recordings": outcome.update_recordings,
-                "memory_planned_bytes": all_replicas_memory(spec, &weights_graph, &memory),
-                "device_memory_peak_bytes": backend.memory().map(|(_, peak)| peak),
-                "resumed_from": resumed_from,
-                "final": finals,
+                cuda_graph_recordings: outcome.step_recordings,
+                cuda_graph_update_recordings: outcome.update_recordings,
+                memory_planned_bytes: all_replicas_memory(spec, &weights_graph, &memory),
+                device_memory_peak_bytes: backend.memory().map(|(_, peak)| peak),
+                resumed_from,
+                finals,
             })
         }
+    };
+    let summary = Summary {
+        end_reason: match ended {
+            Ended::Interrupted(_) => EndReason::Interrupted,
+            _ => outcome.end_reason,
+        },
+        ended,
+        run_id: run.id.clone(),
+        job: spec.name().to_string(),
+        wall_s: wall,
     };
     if let Err(summary_error) = run.write_summary(&summary) {
         // A resume completes a run from its final checkpoint: the hint applies.

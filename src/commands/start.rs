@@ -2,7 +2,7 @@
 //! end), and the command that continues a run.
 
 use super::*;
-use crate::run::superseded::{self, Ahead};
+use crate::checkpoint::superseded::{self, Ahead};
 
 /// A resumed run continues from its checkpoint, whatever model.init_from says now. It keeps
 /// recording the file it first started from (config.toml and its next checkpoints say where
@@ -183,7 +183,7 @@ pub(super) fn plan_start(
     let step = c.state.step;
     let finishing = nothing_left_to_train(c, spec, total);
     if finishing && run_completed(&point.run_dir) {
-        let why = if c.state.end_reason == Some(train::EndReason::EarlyStopped) {
+        let why = if c.state.end_reason == Some(EndReason::EarlyStopped) {
             "early stopping ended it there; change train.early_stopping (its patience, say) or \
              remove it to train further"
                 .to_string()
@@ -394,17 +394,14 @@ pub(super) fn nothing_left_to_train(
         || c.spec["train"]["early_stopping"] == serde_json::json!(spec.train.early_stopping);
     c.state.finished
         && (c.state.step >= total
-            || (c.state.end_reason == Some(train::EndReason::EarlyStopped)
-                && same_early_stopping()))
+            || (c.state.end_reason == Some(EndReason::EarlyStopped) && same_early_stopping()))
 }
 
 /// Whether the run in `dir` completed: its summary says so and its final weights are there
 /// (a run stopped while writing them has its final checkpoint, but not these).
 fn run_completed(dir: &Path) -> bool {
-    let summary = std::fs::read_to_string(dir.join("summary.json"))
-        .ok()
-        .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok());
-    summary.is_some_and(|s| s["status"] == "completed") && dir.join(weights::MODEL_FILE).is_file()
+    Summary::read(dir).is_some_and(|s| s.completed().is_some())
+        && dir.join(weights::MODEL_FILE).is_file()
 }
 
 /// The rows a finished run ended with, read back from its metrics.csv (for a run that is

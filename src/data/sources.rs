@@ -109,10 +109,10 @@ fn read_file(path: &Path) -> Result<Vec<u8>> {
             true => " (Fashion-MNIST: `apt-get install dataset-fashion-mnist` puts it there)",
             false => "",
         };
-        Error::Job(format!(
-            "cannot read data file {}: {e}{hint}",
-            path.display()
-        ))
+        Error::UnreadableData {
+            path: path.to_path_buf(),
+            message: format!("cannot read data file {}: {e}{hint}", path.display()),
+        }
     })
 }
 

@@ -8,8 +8,6 @@
 use super::Graph;
 use std::ops::Range;
 
-/// DDP's `bucket_cap_mb` default: buckets of 25 MiB.
-pub const DEFAULT_BUCKET_MB: f64 = 25.0;
 /// DDP's first bucket (the last layers', the first to be ready) is at most 1 MiB, so that the
 /// first all-reduce starts early.
 const FIRST_BUCKET_BYTES: usize = 1 << 20;

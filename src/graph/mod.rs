@@ -8,7 +8,7 @@ mod image;
 mod network;
 pub mod wiring;
 
-pub use buckets::{GradBuckets, DEFAULT_BUCKET_MB};
+pub use buckets::GradBuckets;
 pub use buffers::{BufferPlan, HalfWidth};
 pub use network::{GradientSync, Network};
 

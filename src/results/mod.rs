@@ -10,6 +10,7 @@ pub use select::{list, ListOptions};
 
 use crate::error::Result;
 use crate::job_err;
+use crate::run::summary::{Ended, Summary};
 use crate::spec::JobSpec;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -58,7 +59,7 @@ pub struct RunRecord {
     pub dir: PathBuf,
     /// config.toml's body: the resolved spec.
     pub config: toml::Table,
-    pub summary: Option<serde_json::Value>,
+    pub summary: Option<Summary>,
     pub status: Status,
     pub points: Vec<MetricsPoint>,
 }
@@ -112,10 +113,10 @@ impl RunRecord {
                 summary = read_summary(&summary_path);
             }
         }
-        let status = match summary.as_ref().and_then(|s| s["status"].as_str()) {
-            Some("completed") => Status::Completed,
-            Some("interrupted") => Status::Interrupted,
-            Some(_) => Status::Failed, // "failed", the only other status read
+        let status = match summary.as_ref().map(|s| &s.ended) {
+            Some(Ended::Completed(_)) => Status::Completed,
+            Some(Ended::Interrupted(_)) => Status::Interrupted,
+            Some(Ended::Failed { .. }) => Status::Failed,
             None => alive,
         };
         Ok(RunRecord {
@@ -128,7 +129,7 @@ impl RunRecord {
     }
 
     pub fn end_reason(&self) -> Option<&str> {
-        self.summary.as_ref()?["end_reason"].as_str()
+        Some(self.summary.as_ref()?.end_reason.as_str())
     }
 
     /// Every `<split>_<column>` series in the run, in the order first seen.
@@ -148,11 +149,11 @@ impl RunRecord {
     /// summary.json's `final`: a completed run's last value of each `<split>_<column>`,
     /// written once when it ended. JSON has no NaN: serde_json writes one as null.
     fn summary_finals(&self) -> Option<BTreeMap<String, f64>> {
-        let finals = self.summary.as_ref()?.get("final")?.as_object()?;
+        let finals = &self.summary.as_ref()?.completed()?.finals;
         Some(
             finals
                 .iter()
-                .map(|(name, v)| (name.clone(), v.as_f64().unwrap_or(f64::NAN)))
+                .map(|(name, v)| (name.clone(), v.unwrap_or(f64::NAN)))
                 .collect(),
         )
     }
@@ -284,23 +285,26 @@ fn order_splits(splits: BTreeSet<&str>) -> Vec<&str> {
 
 /// A run's summary.json, if it has a readable one. It is written atomically: one that does
 /// not parse, or has no known status, was damaged afterwards, and is warned about.
-fn read_summary(path: &Path) -> Option<serde_json::Value> {
+fn read_summary(path: &Path) -> Option<Summary> {
     let text = std::fs::read_to_string(path).ok()?;
     let why = match serde_json::from_str::<serde_json::Value>(&text) {
+        Err(e) => format!("not JSON: {e}"),
+        Ok(v) if !v["status"].is_string() => "no \"status\" string in it".to_string(),
         Ok(v)
-            if matches!(
+            if !matches!(
                 v["status"].as_str(),
                 Some("completed" | "interrupted" | "failed")
             ) =>
         {
-            return Some(v)
+            format!(
+                "\"status\": {} is none of \"completed\", \"interrupted\", \"failed\"",
+                v["status"]
+            )
         }
-        Ok(v) if v["status"].is_string() => format!(
-            "\"status\": {} is none of \"completed\", \"interrupted\", \"failed\"",
-            v["status"]
-        ),
-        Ok(_) => "no \"status\" string in it".to_string(),
-        Err(e) => format!("not JSON: {e}"),
+        Ok(v) => match serde_json::from_value::<Summary>(v) {
+            Ok(summary) => return Some(summary),
+            Err(e) => format!("not a summary this version reads: {e}"),
+        },
     };
     tracing::warn!(
         "{}: {why}; the run is shown as if it had no summary",
@@ -627,19 +631,18 @@ pub fn compare_table(runs: &[RunRecord]) -> Table {
                 flat.get(k)
                     .map_or(Cell::Empty, |v| Cell::Setting(v.clone()))
             }));
-            let int = |key: &str, fallback: Option<u64>| {
-                summary
-                    .and_then(|s| s[key].as_u64())
+            let int = |value: Option<u64>, fallback: Option<u64>| {
+                value
                     .or(fallback)
                     .map_or(Cell::Empty, |v| Cell::Int(v as i64))
             };
-            row.push(int("epochs", last.map(|p| p.epoch as u64)));
-            row.push(int("steps", last.map(|p| p.step)));
-            row.push(
-                summary
-                    .and_then(|s| s["wall_s"].as_f64())
-                    .map_or(Cell::Empty, Cell::Float),
-            );
+            let completed = summary.and_then(|s| s.completed());
+            row.push(int(
+                completed.map(|c| c.epochs as u64),
+                last.map(|p| p.epoch as u64),
+            ));
+            row.push(int(summary.and_then(|s| s.steps()), last.map(|p| p.step)));
+            row.push(summary.map_or(Cell::Empty, |s| Cell::Float(s.wall_s)));
             row.extend(metric_columns.iter().map(|c| {
                 metrics
                     .iter()

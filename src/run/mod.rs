@@ -2,12 +2,13 @@
 //! (flushed row by row), train.log, checkpoints/ (see `checkpoint`), model.safetensors (the
 //! final weights) and summary.json, written last. A run without a summary.json, or with
 //! `"status"` other than `"completed"`, did not finish; an `"interrupted"` one can be
-//! resumed. A resume moves what it replaces into superseded/ (`superseded`).
+//! resumed. A resume moves what it replaces into superseded/ (`checkpoint::superseded`).
 
 mod metrics;
-pub mod superseded;
+pub mod summary;
 
 pub use metrics::{MetricsRow, MetricsWriter, METRICS_COLUMNS};
+pub use summary::{EndReason, Summary};
 
 use crate::error::{Error, Result};
 use crate::spec::JobSpec;
@@ -249,9 +250,8 @@ impl RunDir {
         self.write_atomic("config.toml", text.as_bytes())
     }
 
-    pub fn write_summary(&self, summary: &serde_json::Value) -> Result<()> {
-        let text = serde_json::to_string_pretty(summary).unwrap_or_default() + "\n";
-        self.write_atomic("summary.json", text.as_bytes())?;
+    pub fn write_summary(&self, summary: &Summary) -> Result<()> {
+        self.write_atomic(summary::FILE, summary.to_json().as_bytes())?;
         let _ = fs::remove_file(self.path.join(EARLIER_SUMMARY));
         Ok(())
     }
@@ -337,7 +337,9 @@ mod tests {
         let run = RunDir::create_at(&tmp.path().join("run")).unwrap();
         // A directory where summary.json goes: the rename fails, as a full disk fails a write.
         std::fs::create_dir_all(run.path.join("summary.json/x")).unwrap();
-        assert!(run.write_summary(&serde_json::json!({})).is_err());
+        assert!(run
+            .write_summary(&super::summary::tests::example(false))
+            .is_err());
         assert!(!run.path.join(".summary.json.tmp").exists());
         // The lock is per open file: a second opening (as another process's) is refused.
         let e = RunDir::open(&run.path).err().unwrap().to_string();
@@ -378,7 +380,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let run = RunDir::create_at(&tmp.path().join("run")).unwrap();
         let summary = run.path.join("summary.json");
-        run.write_summary(&serde_json::json!({"status": "completed"}))
+        run.write_summary(&super::summary::tests::example(false))
             .unwrap();
         let completed = std::fs::read(&summary).unwrap();
         run.set_summary_aside().unwrap();
@@ -391,10 +393,10 @@ mod tests {
         assert!(!run.restore_summary(), "a stale summary was put back");
         assert!(!summary.exists());
         // A summary written ends any set aside.
-        run.write_summary(&serde_json::json!({"status": "completed"}))
+        run.write_summary(&super::summary::tests::example(false))
             .unwrap();
         run.set_summary_aside().unwrap();
-        run.write_summary(&serde_json::json!({"status": "failed"}))
+        run.write_summary(&super::summary::tests::example(true))
             .unwrap();
         assert!(!run.path.join(super::EARLIER_SUMMARY).exists());
     }

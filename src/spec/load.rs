@@ -61,7 +61,7 @@ pub fn load_job(path: &Path, sets: &[String]) -> Result<JobSpec> {
     resolve_paths(&mut spec, base);
     let sources = KeySources::of_tables(file, sets, file_table);
     take_the_higher_of_two_ways(&mut spec, &sources, &set_table);
-    super::validate(&spec, &sources)?;
+    validate(&spec, &sources)?;
     warn_of_choosing_by_the_test_set(&spec);
     warn_of_parallel_settings_without_data_parallelism(&spec);
     // The resolved spec names the batch size even when it is the default.
@@ -1123,6 +1123,20 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let line = before.matches('\n').count() + 1;
     let col = before.chars().rev().take_while(|&c| c != '\n').count() + 1;
     (line, col)
+}
+
+/// The job's problems (`validate::problems`), each said where its key was set: the file,
+/// a --set or the environment. Every problem is reported at once.
+pub fn validate(spec: &JobSpec, sources: &KeySources) -> Result<()> {
+    let problems = super::validate::problems(spec);
+    if problems.is_empty() {
+        return Ok(());
+    }
+    let lines: Vec<String> = problems
+        .iter()
+        .map(|(key, message)| format!("{}: key `{key}`: {message}", sources.of(key)))
+        .collect();
+    Err(Error::Job(lines.join("\n")))
 }
 
 /// Where a key's value came from, for error messages: its --set argument, its environment

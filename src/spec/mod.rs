@@ -5,15 +5,21 @@ mod controls;
 mod explain;
 mod load;
 mod validate;
+mod world;
 
 pub use controls::{
     eval_metrics, has_accuracy, parse_duration, EarlyStoppingSpec, EvaluateTest, OnNonFinite,
     StopMode, MAX_SKIPPED_IN_A_ROW,
 };
 pub use explain::explain;
+pub use world::Rendezvous;
+
+/// DDP's `bucket_cap_mb` default: gradient buckets of 25 MiB (`parallel.bucket_mb`).
+pub const DEFAULT_BUCKET_MB: f64 = 25.0;
 pub(crate) use load::toml_error;
+pub use load::validate;
 pub use load::{canonical_keys, load_job, parse_set_arg, JobSource, KeySources};
-pub use validate::{check_run_name, parse_device, validate, DeviceChoice};
+pub use validate::{check_run_name, parse_device, DeviceChoice};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -1189,7 +1195,7 @@ pub struct ParallelSpec {
     /// MASTER_ADDR, MASTER_PORT as torchrun and SLURM set them); not a job key.
     #[serde(skip)]
     #[schemars(skip)]
-    pub world: Option<crate::parallel::Rendezvous>,
+    pub world: Option<Rendezvous>,
 }
 
 impl Default for ParallelSpec {
@@ -1210,7 +1216,7 @@ impl Default for ParallelSpec {
 impl ParallelSpec {
     /// Bytes per gradient bucket (parallel.bucket_mb).
     pub fn bucket_bytes(&self) -> usize {
-        let mb = self.bucket_mb.unwrap_or(crate::graph::DEFAULT_BUCKET_MB);
+        let mb = self.bucket_mb.unwrap_or(DEFAULT_BUCKET_MB);
         (mb * (1 << 20) as f64) as usize
     }
 }
@@ -1552,7 +1558,7 @@ impl JobSpec {
 pub fn parallel_defaults() -> [(&'static str, toml::Value); 2] {
     [
         ("timeout", DEFAULT_PARALLEL_TIMEOUT.into()),
-        ("bucket_mb", crate::graph::DEFAULT_BUCKET_MB.into()),
+        ("bucket_mb", DEFAULT_BUCKET_MB.into()),
     ]
 }
 

@@ -2,21 +2,16 @@
 //! and combinations that cannot run. Every problem is collected, so a user fixes a job in
 //! one round.
 
-use super::load::KeySources;
 use super::*;
-use crate::error::{Error, Result};
 
-struct Problems<'a> {
-    sources: &'a KeySources,
-    lines: Vec<String>,
+/// The problems found, as (key, message).
+struct Problems {
+    found: Vec<(String, String)>,
 }
 
-impl Problems<'_> {
-    /// A problem with `key`, said where its value came from (the file, --set or the
-    /// environment).
+impl Problems {
     fn add(&mut self, key: &str, message: impl std::fmt::Display) {
-        let source = self.sources.of(key);
-        self.lines.push(format!("{source}: key `{key}`: {message}"));
+        self.found.push((key.to_string(), message.to_string()));
     }
     fn check(&mut self, ok: bool, key: &str, message: impl std::fmt::Display) {
         if !ok {
@@ -62,11 +57,9 @@ fn size_range(min: usize) -> String {
     format!("must be at least {min} and at most {MAX_SIZE}")
 }
 
-pub fn validate(spec: &JobSpec, sources: &KeySources) -> Result<()> {
-    let mut p = Problems {
-        sources,
-        lines: Vec::new(),
-    };
+/// Every problem of the job, as (key, message); `validate` says where each key was set.
+pub fn problems(spec: &JobSpec) -> Vec<(String, String)> {
+    let mut p = Problems { found: Vec::new() };
     if let Some(name) = &spec.job.name {
         if let Err(why) = check_run_name(name) {
             p.add("job.name", why);
@@ -85,11 +78,7 @@ pub fn validate(spec: &JobSpec, sources: &KeySources) -> Result<()> {
         p.add(&key, message);
     }
     validate_device(spec, &mut p);
-    if p.lines.is_empty() {
-        Ok(())
-    } else {
-        Err(Error::Job(p.lines.join("\n")))
-    }
+    p.found
 }
 
 /// A path given as "" would name the job file's directory.
@@ -838,7 +827,7 @@ fn validate_parallel(spec: &JobSpec, p: &mut Problems) {
     // the environment's world is in the spec (`commands::prepare`), and until then a
     // parallel.devices list of the wrong length would be counted as the replicas.
     let world_pending = parallel.world.is_none()
-        && crate::parallel::Rendezvous::from_env(|k| std::env::var(k).ok()).is_some();
+        && crate::spec::Rendezvous::from_env(|k| std::env::var(k).ok()).is_some();
     if world_pending {
         return;
     }

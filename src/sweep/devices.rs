@@ -17,9 +17,9 @@
 //! a re-run of the sweep leaves points that are still training alone.
 
 use super::{interrupted, Pending, Sweep, Trained};
+use crate::commands::launch;
 use crate::commands::{Need, Place};
 use crate::error::{Error, Result};
-use crate::launch;
 use crate::signals::{Stop, SIGINT, SIGTERM};
 use crate::spec::{parse_device, DeviceChoice, JobSpec};
 use crate::tensor::cuda;

@@ -1,5 +1,5 @@
 //! f32 ⇄ f16 / bf16 conversions for mixed precision, round-to-nearest-even as PyTorch does
-//! (tests/casts.rs checks them bit for bit against PyTorch). Half values are kept as their
+//! (tests/suite/casts.rs checks them bit for bit against PyTorch). Half values are kept as their
 //! raw 16-bit patterns, the same layout the CUDA kernels use.
 
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};

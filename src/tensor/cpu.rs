@@ -2,13 +2,13 @@
 //! for users without a GPU. Matrix products go through the `gemm` crate (AVX2/AVX-512
 //! kernels, threaded with rayon); large elementwise passes are split across the same threads.
 
+use super::matmul::Parallelism;
 use super::spatial::{self, Conv2d, Pool2d};
 use super::{
     cast, rng, Activation, AdamStep, Backend, Capture, GradWrite, HalfKind, LossFn, LossStats,
     PoolKind, SgdStep, UpdatedParams,
 };
 use crate::error::Result;
-use gemm::Parallelism;
 use rayon::prelude::*;
 
 /// Elementwise passes shorter than this stay on one thread: splitting costs more than it saves.
@@ -43,49 +43,32 @@ impl CpuBackend {
         }
     }
 
-    /// Row-major dst[m, n] = (accumulate ? dst : 0) + lhs·rhs, where lhs and rhs are given
-    /// by their element strides (row stride, column stride), so transposes cost nothing.
+    /// Row-major dst[m, n] = (accumulate ? dst : 0) + lhs·rhs on this backend's threads
+    /// (`gemm::matmul`).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn matmul(
         &self,
         dst: &mut [f32],
         accumulate: bool,
         lhs: &[f32],
-        (lhs_rs, lhs_cs): (usize, usize),
+        lhs_strides: (usize, usize),
         rhs: &[f32],
-        (rhs_rs, rhs_cs): (usize, usize),
+        rhs_strides: (usize, usize),
         m: usize,
         n: usize,
         k: usize,
     ) {
-        assert!(dst.len() >= m * n, "gemm destination too small");
-        assert!(m == 0 || k == 0 || lhs.len() > (m - 1) * lhs_rs + (k - 1) * lhs_cs);
-        assert!(n == 0 || k == 0 || rhs.len() > (k - 1) * rhs_rs + (n - 1) * rhs_cs);
-        // SAFETY: the asserts above keep every index the kernel touches inside the slices,
-        // and `dst` does not alias `lhs` or `rhs` (it is a distinct &mut).
-        unsafe {
-            gemm::gemm(
-                m,
-                n,
-                k,
-                dst.as_mut_ptr(),
-                1,
-                n as isize,
-                accumulate,
-                lhs.as_ptr(),
-                lhs_cs as isize,
-                lhs_rs as isize,
-                rhs.as_ptr(),
-                rhs_cs as isize,
-                rhs_rs as isize,
-                1.0,
-                1.0,
-                false,
-                false,
-                false,
-                self.parallelism(m, n, k),
-            );
-        }
+        let threads = self.parallelism(m, n, k);
+        super::matmul::matmul(
+            dst,
+            accumulate,
+            lhs,
+            lhs_strides,
+            rhs,
+            rhs_strides,
+            (m, n, k),
+            threads,
+        );
     }
 }
 

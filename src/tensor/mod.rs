@@ -9,6 +9,7 @@ pub mod cast;
 pub mod conv_rows;
 pub mod cpu;
 pub mod cuda;
+pub mod matmul;
 pub mod max_pool_2x2;
 pub mod record;
 pub mod rng;

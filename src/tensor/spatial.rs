@@ -9,7 +9,7 @@
 //! rows as a window of that matrix (`Conv2d::im2col_rows`); the input gradient of a
 //! size-keeping convolution is itself a convolution (`Conv2d::input_gradient_conv`).
 
-use super::cpu::CpuBackend;
+use super::matmul::matmul;
 use super::{conv_rows, max_pool_2x2, row_dots};
 use rayon::prelude::*;
 
@@ -533,7 +533,6 @@ pub fn conv2d_forward(
 ) {
     let (oh, ow) = s.oh_ow();
     let (in_len, out_len) = (s.c * s.h * s.w, s.o * oh * ow);
-    let serial = CpuBackend::new(1);
     if s.unrolls_rows() {
         // y += W[ki] · (kernel row ki's window of the unrolled input), for every ki.
         let (by_row, workspace) = workspace.split_at_mut(s.weight_len());
@@ -557,7 +556,7 @@ pub fn conv2d_forward(
             for (ki, w_ki) in by_row.chunks_exact(s.o * k).enumerate() {
                 let window = &cols[s.window_start(ki)..];
                 let add = b.is_some() || ki > 0;
-                serial.matmul(y_n, add, w_ki, (k, 1), window, (len, 1), s.o, oh * ow, k);
+                serial_matmul(y_n, add, w_ki, (k, 1), window, (len, 1), s.o, oh * ow, k);
             }
         });
         return;
@@ -571,7 +570,7 @@ pub fn conv2d_forward(
             let w_g = &w[g * og * rows..(g + 1) * og * rows];
             let col_g = &col[g * rows * oh * ow..(g + 1) * rows * oh * ow];
             let add = b.is_some();
-            serial.matmul(
+            serial_matmul(
                 y_g,
                 add,
                 w_g,
@@ -615,7 +614,6 @@ pub fn conv2d_backward(
     let chunks = n.div_ceil(DW_CHUNK);
     let (flipped, workspace) = workspace.split_at_mut(dw.len());
     let (partials, workspace) = workspace.split_at_mut(chunks * dw.len());
-    let serial = CpuBackend::new(1);
     let unrolled = s.unrolls_rows();
     {
         let cols = &mut workspace[dw.len()..];
@@ -636,7 +634,7 @@ pub fn conv2d_backward(
                         for (ki, part_ki) in part.chunks_exact_mut(s.o * k).enumerate() {
                             let window = &col[s.window_start(ki)..];
                             let ohw = oh * ow;
-                            add_row_dots(&serial, part_ki, (dy_n, ohw), (window, len), s.o, k, ohw);
+                            add_row_dots(part_ki, (dy_n, ohw), (window, len), s.o, k, ohw);
                         }
                         continue;
                     }
@@ -647,7 +645,7 @@ pub fn conv2d_backward(
                         let part_g = &mut part[g * og * rows..(g + 1) * og * rows];
                         // dW_g[og, rows] += dy_g[og, ohw] · col_gᵀ[ohw, rows]
                         let ohw = oh * ow;
-                        add_row_dots(&serial, part_g, (dy_g, ohw), (col_g, ohw), og, rows, ohw);
+                        add_row_dots(part_g, (dy_g, ohw), (col_g, ohw), og, rows, ohw);
                     }
                 }
             });
@@ -674,7 +672,7 @@ pub fn conv2d_backward(
             let dy_g = &dy_n[g * og * oh * ow..(g + 1) * og * oh * ow];
             let col_g = &mut col[g * rows * oh * ow..(g + 1) * rows * oh * ow];
             // dcol_g[rows, ohw] = W_gᵀ[rows, og] · dy_g[og, ohw]
-            serial.matmul(
+            serial_matmul(
                 col_g,
                 false,
                 w_g,
@@ -691,13 +689,38 @@ pub fn conv2d_backward(
     });
 }
 
+/// `matmul` on the calling thread: the conv loops already run one sample per thread.
+#[allow(clippy::too_many_arguments)]
+fn serial_matmul(
+    dst: &mut [f32],
+    accumulate: bool,
+    lhs: &[f32],
+    lhs_strides: (usize, usize),
+    rhs: &[f32],
+    rhs_strides: (usize, usize),
+    m: usize,
+    n: usize,
+    k: usize,
+) {
+    let (lhs_s, rhs_s) = (lhs_strides, rhs_strides);
+    matmul(
+        dst,
+        accumulate,
+        lhs,
+        lhs_s,
+        rhs,
+        rhs_s,
+        (m, n, k),
+        super::matmul::Parallelism::None,
+    );
+}
+
 /// dst[m, n] += a·bᵀ for `m` rows of `a` and `n` rows of `b` (each `k` long, at the given
 /// row strides): a weight gradient's dot products, in place where the CPU can
 /// (`row_dots`) and that is faster, else through the general GEMM. Each of row_dots's sums
 /// ends in a reduction across its lanes, which short rows do not amortise: with k = 196 the
 /// GEMM is ahead from m·n = 64 × 96 on (`cargo run --release --example row_dots`).
 fn add_row_dots(
-    serial: &CpuBackend,
     dst: &mut [f32],
     (a, lda): (&[f32], usize),
     (b, ldb): (&[f32], usize),
@@ -707,7 +730,7 @@ fn add_row_dots(
 ) {
     let in_place = k >= 512 || m * n <= 4096;
     if !(in_place && row_dots::add_row_dots(dst, n, a, lda, b, ldb, (m, n, k))) {
-        serial.matmul(dst, true, a, (lda, 1), b, (1, ldb), m, n, k);
+        serial_matmul(dst, true, a, (lda, 1), b, (1, ldb), m, n, k);
     }
 }
 

@@ -31,7 +31,6 @@ pub use processes::{serve, ProcessReplicas};
 pub(crate) use replicas::DeviceSync;
 pub use replicas::{CpuReplicas, DataParallel, OneDeviceCollective};
 pub use samples::Samples;
-pub use stopping::{EndReason, StoppingProgress};
 
 use crate::checkpoint::weights::Weights;
 use crate::checkpoint::{self, Checkpoint, Saving, TrainState};
@@ -40,7 +39,7 @@ use crate::error::{Error, Result};
 use crate::graph::{GradBuckets, GradientSync, Graph, Network};
 use crate::optim::{clip_grad_norm, unscale_and_clip, LossScaler, Optimizer, Schedule};
 use crate::parallel::share;
-use crate::run::{MetricsRow, MetricsWriter};
+use crate::run::{EndReason, MetricsRow, MetricsWriter};
 use crate::signals::Stop;
 use crate::spec::{EvaluateTest, JobSpec, OnNonFinite, PrecisionMode, MAX_SKIPPED_IN_A_ROW};
 use crate::tensor::{Backend, HalfKind, LossStats};
@@ -326,27 +325,16 @@ pub fn train_session<B: Backend>(
             };
             // The open row's loss statistics before this step, to put back if it is skipped.
             let window_before = skip_nonfinite.then(|| peek_stats(backend, &mut train_stats));
+            let cx = StepContext {
+                backend,
+                net: &mut net,
+                optimizer: &mut optimizer,
+                stats: &mut train_stats,
+                micro_step: &mut st.micro_step,
+            };
             let result = match parallel.as_mut() {
-                None => optimizer_step(
-                    backend,
-                    &mut net,
-                    &mut optimizer,
-                    &batch,
-                    group,
-                    &mut st.micro_step,
-                    &mut train_stats,
-                    settings,
-                ),
-                Some(p) => p.step(
-                    backend,
-                    &mut net,
-                    &mut optimizer,
-                    &batch,
-                    group,
-                    &mut st.micro_step,
-                    &mut train_stats,
-                    settings,
-                )?,
+                None => optimizer_step(cx, &batch, group, settings),
+                Some(p) => p.step(cx, &batch, group, settings)?,
             };
             backend.status()?;
             if let Some(scaler) = st.loss_scaler.as_mut() {
@@ -775,34 +763,29 @@ pub struct StepResult {
     pub skipped: bool,
 }
 
+/// What a replica's optimizer step works on: its device, network and optimizer, the open
+/// train row's loss statistics, and the micro-step count (dropout masks are keyed by it).
+pub struct StepContext<'a, B: Backend> {
+    pub backend: &'a B,
+    pub net: &'a mut Network<B>,
+    pub optimizer: &'a mut Optimizer<B>,
+    pub stats: &'a mut B::Stats,
+    pub micro_step: &'a mut u64,
+}
+
 /// One optimizer step: forward, loss and backward over each micro-batch (rows of `batch`),
 /// gradients averaged over them, then unscaling, clipping and the update. With gradient
 /// accumulation the loss scale applies to every micro-batch and the inf/NaN check is made
 /// once, on the summed gradients. Allocates nothing.
-#[allow(clippy::too_many_arguments)]
 pub fn optimizer_step<B: Backend>(
-    backend: &B,
-    net: &mut Network<B>,
-    optimizer: &mut Optimizer<B>,
+    mut cx: StepContext<B>,
     batch: &Batch<B>,
     micro_batches: &[&[u32]],
-    micro_step: &mut u64,
-    stats: &mut B::Stats,
     settings: StepSettings,
 ) -> StepResult {
-    let loss_scale = settings.loss_scale;
-    accumulate_gradients(
-        backend,
-        net,
-        batch,
-        micro_batches.iter().copied(),
-        micro_step,
-        stats,
-        Rank::WHOLE,
-        loss_scale,
-        None,
-    );
-    apply_gradients(backend, net, optimizer, settings)
+    let rows = micro_batches.iter().copied();
+    accumulate_gradients(&mut cx, batch, rows, Rank::WHOLE, settings.loss_scale, None);
+    apply_gradients(&mut cx, settings)
 }
 
 /// A replica's place among the data-parallel replicas.
@@ -827,18 +810,15 @@ impl Rank {
 /// share / micro-batch, so that the mean over the replicas is the gradient of each
 /// micro-batch's mean loss, also when the shares differ (a smaller last batch); an equal
 /// share's weight is exactly 1.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn accumulate_gradients<'r, B: Backend>(
-    backend: &B,
-    net: &mut Network<B>,
+    cx: &mut StepContext<B>,
     batch: &Batch<B>,
     micro_batches: impl ExactSizeIterator<Item = &'r [u32]>,
-    micro_step: &mut u64,
-    stats: &mut B::Stats,
     replica: Rank,
     loss_scale: Option<f64>,
     mut sync: Option<&mut dyn GradientSync<B>>,
 ) {
+    let (backend, net) = (cx.backend, &mut *cx.net);
     net.start_gradients();
     let scale = (loss_scale.unwrap_or(1.0) / micro_batches.len() as f64) as f32;
     let last = micro_batches.len().saturating_sub(1);
@@ -859,10 +839,10 @@ pub(crate) fn accumulate_gradients<'r, B: Backend>(
                 Some(s) if k == last => Some(&mut **s as &mut dyn GradientSync<B>),
                 _ => None,
             };
-            let key = *micro_step;
-            synced = net.train_step(backend, n, scale * weight, stats, key, sync);
+            let key = *cx.micro_step;
+            synced = net.train_step(backend, n, scale * weight, cx.stats, key, sync);
         }
-        *micro_step += 1;
+        *cx.micro_step += 1;
     }
     net.finish_gradients(backend);
     if let (Some(sync), false) = (sync, synced) {
@@ -877,11 +857,10 @@ pub(crate) fn accumulate_gradients<'r, B: Backend>(
 /// data-parallel all-reduce the gradients are the same on every replica, so one replica's
 /// inf or NaN makes every replica skip.
 pub(crate) fn apply_gradients<B: Backend>(
-    backend: &B,
-    net: &mut Network<B>,
-    optimizer: &mut Optimizer<B>,
+    cx: &mut StepContext<B>,
     settings: StepSettings,
 ) -> StepResult {
+    let (backend, net, optimizer) = (cx.backend, &mut *cx.net, &mut *cx.optimizer);
     let check = settings.loss_scale.is_some() || settings.skip_nonfinite;
     if !check && optimizer.records_updates() {
         // Nothing decided on the host: clipping, the update and the half-precision weights

@@ -29,7 +29,7 @@
 
 use super::{
     accumulate_gradients, apply_gradients, Batch, DataParallel, DeviceSync, Rank, Samples,
-    StepResult, StepSettings,
+    StepContext, StepResult, StepSettings,
 };
 use crate::checkpoint;
 use crate::data::Data;
@@ -387,16 +387,13 @@ impl<B: Backend> DataParallel<B> for ProcessReplicas<B> {
 
     fn step(
         &mut self,
-        backend: &B,
-        net: &mut Network<B>,
-        optimizer: &mut Optimizer<B>,
+        mut cx: StepContext<B>,
         batch: &Batch<B>,
         micro_batches: &[&[u32]],
-        micro_step: &mut u64,
-        stats: &mut B::Stats,
         settings: StepSettings,
     ) -> Result<StepResult> {
-        encode_step(&mut self.message, *micro_step, &settings, micro_batches);
+        let backend = cx.backend;
+        encode_step(&mut self.message, *cx.micro_step, &settings, micro_batches);
         for link in &mut self.links {
             link.send(Tag::Step, &[&self.message])?;
         }
@@ -421,9 +418,7 @@ impl<B: Backend> DataParallel<B> for ProcessReplicas<B> {
                 &mut gather
             };
             let sync = Some(sync);
-            accumulate_gradients(
-                backend, net, batch, rows, micro_step, stats, place, scale, sync,
-            );
+            accumulate_gradients(&mut cx, batch, rows, place, scale, sync);
             if let Some(e) = gather.error {
                 return Err(e);
             }
@@ -433,7 +428,7 @@ impl<B: Backend> DataParallel<B> for ProcessReplicas<B> {
             .finish_collectives(self.world.timeout)
             .map_err(|e| Error::Runtime(format!("rank 0: {e}")))?;
         // The whole micro-batches' statistics, added in rank order as CpuReplicas does.
-        let mut window = backend.take_stats(stats);
+        let mut window = backend.take_stats(cx.stats);
         for link in &mut self.links {
             let len = link.expect(Tag::Grads)?;
             if len != GRADS_HEADER {
@@ -451,16 +446,16 @@ impl<B: Backend> DataParallel<B> for ProcessReplicas<B> {
             }
             window += theirs;
         }
-        backend.set_stats(stats, window);
+        backend.set_stats(cx.stats, window);
         if !self.on_devices {
             let inv = 1.0 / self.world.world_size as f32;
             self.mean.iter_mut().for_each(|v| *v *= inv);
             for link in &mut self.links {
                 link.send(Tag::Mean, &[bytemuck::cast_slice(&self.mean)])?;
             }
-            backend.upload(&self.mean, &mut net.grads);
+            backend.upload(&self.mean, &mut cx.net.grads);
         }
-        Ok(apply_gradients(backend, net, optimizer, settings))
+        Ok(apply_gradients(&mut cx, settings))
     }
 
     fn verify(&mut self, backend: &B, params: &B::Buf) -> Result<()> {
@@ -781,17 +776,14 @@ fn follow<B: Backend>(
                     } else {
                         &mut send
                     };
-                    accumulate_gradients(
+                    let mut cx = StepContext {
                         backend,
-                        &mut net,
-                        &batch,
-                        micro_batches,
-                        &mut micro_step,
-                        &mut stats,
-                        place,
-                        scale,
-                        Some(sync),
-                    );
+                        net: &mut net,
+                        optimizer: &mut optimizer,
+                        stats: &mut stats,
+                        micro_step: &mut micro_step,
+                    };
+                    accumulate_gradients(&mut cx, &batch, micro_batches, place, scale, Some(sync));
                     if let Some(e) = send.error {
                         return Err(e);
                     }
@@ -807,7 +799,14 @@ fn follow<B: Backend>(
                     link.read_f32s(&mut host, len)?;
                     backend.upload(&host, &mut net.grads);
                 }
-                apply_gradients(backend, &mut net, &mut optimizer, order.settings);
+                let mut cx = StepContext {
+                    backend,
+                    net: &mut net,
+                    optimizer: &mut optimizer,
+                    stats: &mut stats,
+                    micro_step: &mut micro_step,
+                };
+                apply_gradients(&mut cx, order.settings);
                 backend.status()?;
             }
             Tag::Verify => {

@@ -15,7 +15,9 @@
 //! are done, so control (logging, signals, early stopping, evaluation) needs no
 //! coordination: only the loop's thread ever decides anything.
 
-use super::{accumulate_gradients, apply_gradients, Batch, Rank, StepResult, StepSettings};
+use super::{
+    accumulate_gradients, apply_gradients, Batch, Rank, StepContext, StepResult, StepSettings,
+};
 use crate::error::{Error, Result};
 use crate::graph::{GradientSync, Network};
 use crate::optim::Optimizer;
@@ -44,16 +46,11 @@ pub trait DataParallel<B: Backend> {
     /// One optimizer step on every replica, as `optimizer_step` is on one device (with mixed
     /// precision, all replicas skip a step together). Rank 0's `stats` then hold the
     /// statistics of the whole micro-batches, all replicas summed.
-    #[allow(clippy::too_many_arguments)]
     fn step(
         &mut self,
-        backend: &B,
-        net: &mut Network<B>,
-        optimizer: &mut Optimizer<B>,
+        cx: StepContext<B>,
         batch: &Batch<B>,
         micro_batches: &[&[u32]],
-        micro_step: &mut u64,
-        stats: &mut B::Stats,
         settings: StepSettings,
     ) -> Result<StepResult>;
 
@@ -215,18 +212,14 @@ impl DataParallel<CpuBackend> for CpuReplicas {
 
     fn step(
         &mut self,
-        backend: &CpuBackend,
-        net: &mut Network<CpuBackend>,
-        optimizer: &mut Optimizer<CpuBackend>,
+        mut cx: StepContext<CpuBackend>,
         batch: &Batch<CpuBackend>,
         micro_batches: &[&[u32]],
-        micro_step: &mut u64,
-        stats: &mut LossStats,
         settings: StepSettings,
     ) -> Result<StepResult> {
         let replicas = self.replicas();
         let all_reduce = &self.all_reduce;
-        let first_micro_step = *micro_step;
+        let first_micro_step = *cx.micro_step;
         // Only rank 0's gradient norm is logged; clipping needs it on every replica.
         let quiet = StepSettings {
             want_grad_norm: false,
@@ -236,18 +229,17 @@ impl DataParallel<CpuBackend> for CpuReplicas {
             let mut micro_step = first_micro_step;
             let place = Rank { rank, replicas };
             let mut sync = ThreadSync { all_reduce, rank };
-            accumulate_gradients(
-                &r.backend,
-                &mut r.net,
-                batch,
-                micro_batches.iter().copied(),
-                &mut micro_step,
-                &mut r.stats,
-                place,
-                settings.loss_scale,
-                Some(&mut sync),
-            );
-            apply_gradients(&r.backend, &mut r.net, &mut r.optimizer, quiet);
+            let mut theirs = StepContext {
+                backend: &r.backend,
+                net: &mut r.net,
+                optimizer: &mut r.optimizer,
+                stats: &mut r.stats,
+                micro_step: &mut micro_step,
+            };
+            let rows = micro_batches.iter().copied();
+            let scale = settings.loss_scale;
+            accumulate_gradients(&mut theirs, batch, rows, place, scale, Some(&mut sync));
+            apply_gradients(&mut theirs, quiet);
         };
         let result = fork_join(&self.pools, &mut self.others, &other, 1, || {
             let place = Rank { rank: 0, replicas };
@@ -256,21 +248,12 @@ impl DataParallel<CpuBackend> for CpuReplicas {
                 all_reduce,
                 rank: 0,
             };
-            accumulate_gradients(
-                backend,
-                net,
-                batch,
-                micro_batches.iter().copied(),
-                micro_step,
-                stats,
-                place,
-                scale,
-                Some(&mut sync),
-            );
-            apply_gradients(backend, net, optimizer, settings)
+            let rows = micro_batches.iter().copied();
+            accumulate_gradients(&mut cx, batch, rows, place, scale, Some(&mut sync));
+            apply_gradients(&mut cx, settings)
         });
         for r in &mut self.others {
-            *stats += r.backend.take_stats(&mut r.stats);
+            *cx.stats += r.backend.take_stats(&mut r.stats);
         }
         Ok(result)
     }
@@ -340,29 +323,16 @@ impl<B: Backend> DataParallel<B> for OneDeviceCollective<B> {
 
     fn step(
         &mut self,
-        backend: &B,
-        net: &mut Network<B>,
-        optimizer: &mut Optimizer<B>,
+        mut cx: StepContext<B>,
         batch: &Batch<B>,
         micro_batches: &[&[u32]],
-        micro_step: &mut u64,
-        stats: &mut B::Stats,
         settings: StepSettings,
     ) -> Result<StepResult> {
         let rows = micro_batches.iter().copied();
         let scale = settings.loss_scale;
-        accumulate_gradients(
-            backend,
-            net,
-            batch,
-            rows,
-            micro_step,
-            stats,
-            Rank::WHOLE,
-            scale,
-            Some(&mut DeviceSync),
-        );
-        Ok(apply_gradients(backend, net, optimizer, settings))
+        let sync = Some(&mut DeviceSync as &mut dyn GradientSync<B>);
+        accumulate_gradients(&mut cx, batch, rows, Rank::WHOLE, scale, sync);
+        Ok(apply_gradients(&mut cx, settings))
     }
 
     fn verify(&mut self, _: &B, _: &B::Buf) -> Result<()> {

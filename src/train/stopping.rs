@@ -2,54 +2,10 @@
 //! metric (as Lightning's EarlyStopping: an improvement must beat the best by more than
 //! min_delta) and a wall-time budget.
 
+use crate::checkpoint::StoppingProgress;
 use crate::run::MetricsRow;
 use crate::spec::{parse_duration, JobSpec, StopMode};
-use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
-
-/// The reason a run ended, written to summary.json as `end_reason` (and to the final
-/// checkpoint's state).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EndReason {
-    /// Every epoch ran.
-    #[default]
-    Completed,
-    EarlyStopped,
-    MaxTime,
-    MaxSteps,
-    /// The loss became NaN or infinite.
-    Diverged,
-    /// Any other error.
-    Failed,
-}
-
-impl EndReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EndReason::Completed => "completed",
-            EndReason::EarlyStopped => "early_stopped",
-            EndReason::MaxTime => "max_time",
-            EndReason::MaxSteps => "max_steps",
-            EndReason::Diverged => "diverged",
-            EndReason::Failed => "failed",
-        }
-    }
-}
-
-/// How far early stopping has come, kept in checkpoints (`TrainState::early_stopping`) so a
-/// resumed run stops where the uninterrupted one would have, as Lightning's EarlyStopping
-/// restores its wait count and best score.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct StoppingProgress {
-    /// The monitored metric and direction it was counted for, e.g. "val_loss", "min": a
-    /// forced resume that changes either starts counting again.
-    pub metric: String,
-    pub mode: StopMode,
-    /// The best value so far (never NaN: a NaN is no improvement).
-    pub best: Option<f64>,
-    pub evals_without_improvement: usize,
-}
 
 /// Tracks the monitored metric across evaluations.
 pub struct EarlyStopping {

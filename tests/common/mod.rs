@@ -264,7 +264,6 @@ pub fn skip_without_gpu(reason: &str) -> bool {
 
 /// A Python that has torch and safetensors: $TRAINER_TORCH_PYTHON, the development
 /// machine's /work/torch-venv, or python3.
-#[allow(dead_code)]
 pub fn torch_python() -> Option<String> {
     let candidates = [
         std::env::var("TRAINER_TORCH_PYTHON").ok(),

@@ -1,4 +1,4 @@
-// The kernels on the host (tests/kernels_on_host.rs):
+// The kernels on the host (tests/suite/kernels_on_host.rs):
 // - every elementwise kernel against its one-value-at-a-time definition, in every storage (f32,
 //   f16, bf16), at lengths around the vector width and at unaligned addresses;
 // - the image and row kernels with half-width operands against the f32 kernel's result, rounded;

@@ -3,7 +3,7 @@
 //! in skipped_steps and stay out of the rows' loss; too many in a row, or "error", end the
 //! run as diverged.
 
-mod common;
+use crate::common;
 
 use common::{
     column, expect_error, ok, read_csv, stderr, stdout, summary, trainer_with_env as trainer,

@@ -5,7 +5,7 @@
 //! the others fail with an error naming it, in bounded time; a signal on any rank stops the
 //! whole run with a checkpoint that resumes exactly.
 
-mod common;
+use crate::common;
 
 use common::{
     free_port, one_at_a_time, read_csv, summary, trainer_bin, trainer_with_env, write_job,

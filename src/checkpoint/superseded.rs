@@ -7,6 +7,7 @@
 
 use crate::checkpoint;
 use crate::error::{Error, Result};
+use crate::run::Summary;
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -130,19 +131,15 @@ fn rows_after(path: &Path, rows: u64) -> (u64, Option<u64>) {
 
 /// The run's outcome, when its summary.json says it completed.
 fn completed(run: &Path) -> Option<Completed> {
-    let text = fs::read_to_string(run.join("summary.json")).ok()?;
-    let summary: serde_json::Value = serde_json::from_str(&text).ok()?;
-    if summary["status"] != "completed" {
-        return None;
-    }
-    let finals = summary["final"]
-        .as_object()
-        .into_iter()
-        .flatten()
-        .filter_map(|(k, v)| Some((k.clone(), v.as_f64()?)))
+    let summary = Summary::read(run)?;
+    let completed = summary.completed()?;
+    let finals = completed
+        .finals
+        .iter()
+        .filter_map(|(k, v)| Some((k.clone(), (*v)?)))
         .collect();
     Some(Completed {
-        steps: summary["steps"].as_u64().unwrap_or(0),
+        steps: completed.steps,
         finals,
     })
 }
@@ -228,7 +225,7 @@ fn new_folder(run: &Path, step: u64) -> Result<PathBuf> {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let base = format!("{}-from-step-{step}", super::utc_stamp(now));
+    let base = format!("{}-from-step-{step}", crate::run::utc_stamp(now));
     for n in 1.. {
         let name = match n {
             1 => base.clone(),

@@ -1,7 +1,7 @@
 //! Training semantics through the library: gradient accumulation, the data sources, and
 //! that regression and binary jobs learn.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use trainer::data;

@@ -5,7 +5,7 @@
 //! tests/fixtures/make_training_reference.py ran them in PyTorch
 //! (tests/fixtures/training_reference.json); each case's job is run here by the binary.
 
-mod common;
+use crate::common;
 
 use common::{column, ok, read_csv, stdout, trainer, write_job};
 use safetensors::tensor::TensorView;

@@ -4,7 +4,7 @@
 //! any checkpoint does too; keep_last / keep_best / resume = "auto"; and the bad inputs:
 //! corrupt or truncated checkpoints, changed jobs, paths that do not exist.
 
-mod common;
+use crate::common;
 
 use common::{stderr, trainer};
 

@@ -3,7 +3,7 @@
 //! dropout; a checkpoint written by 2 replicas resumes on 1; and the bad jobs are refused
 //! before anything runs.
 
-mod common;
+use crate::common;
 
 use common::{stderr, trainer};
 use std::path::{Path, PathBuf};

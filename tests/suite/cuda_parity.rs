@@ -4,7 +4,7 @@
 //! cuda follows the CPU's within 1e-4 relative over 100 steps from the same seed.
 //! Skips, with the reason, without a GPU; fails when TRAINER_REQUIRE_CUDA=1.
 
-mod common;
+use crate::common;
 
 use common::random_vec;
 use trainer::tensor::cpu::CpuBackend;

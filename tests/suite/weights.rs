@@ -2,7 +2,7 @@
 //! round trip, clear errors for files that do not fit, and (when a Python with torch is
 //! found) the file loaded into the equivalent torch model gives the same outputs.
 
-mod common;
+use crate::common;
 
 use common::{stderr, torch_python, trainer};
 

@@ -2,7 +2,7 @@
 //! master weights, GradScaler's dynamic loss scaling (skipped steps, backoff, growth, the
 //! schedule waiting), exact resume, accuracy against fp32, and the bad inputs.
 
-mod common;
+use crate::common;
 
 use common::{network_in, spec, stderr, trainer};
 use std::path::{Path, PathBuf};
@@ -11,7 +11,7 @@ use trainer::optim::Optimizer;
 use trainer::tensor::cast::{round_to_half, HalfKind};
 use trainer::tensor::cpu::CpuBackend;
 use trainer::tensor::Backend;
-use trainer::train::{half_kind, optimizer_step, Batch, Samples, StepSettings};
+use trainer::train::{half_kind, optimizer_step, Batch, Samples, StepContext, StepSettings};
 
 const SMALL_NET: &str = r#"
 [data]
@@ -95,16 +95,14 @@ fn a_step_with_an_inf_gradient_is_skipped_leaving_parameters_and_optimizer_state
             skip_nonfinite: false,
         };
         let micro: [&[u32]; 2] = [&rows[..8], &rows[8..]];
-        optimizer_step(
-            &b,
+        let cx = StepContext {
+            backend: &b,
             net,
             optimizer,
-            &batch,
-            &micro,
-            &mut micro_step,
-            &mut stats,
-            settings,
-        )
+            stats: &mut stats,
+            micro_step: &mut micro_step,
+        };
+        optimizer_step(cx, &batch, &micro, settings)
     };
     // A clean step first, so the optimizer has state to protect.
     assert!(!step(&mut net, &mut optimizer, 1024.0).skipped);

@@ -2,7 +2,7 @@
 //! rate schedules and gradient clipping, from tests/fixtures/pytorch_reference.json (made by
 //! tests/fixtures/make_pytorch_reference.py with PyTorch 2.15 on the CPU, float32).
 
-mod common;
+use crate::common;
 
 use serde_json::Value;
 use trainer::optim::{clip_grad_norm, Optimizer, Schedule};

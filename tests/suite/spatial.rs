@@ -3,7 +3,7 @@
 //! average pooling, batch norm (train, running statistics, eval) and layer norm, forward and
 //! every gradient.
 
-mod common;
+use crate::common;
 
 use serde_json::Value;
 use trainer::tensor::spatial::*;

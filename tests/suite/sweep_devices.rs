@@ -2,7 +2,7 @@
 //! the binary: the same results as one point at a time, the CPU threads split among the
 //! slots, a failing point that leaves the others alone, re-runs, and bad device lists.
 
-mod common;
+use crate::common;
 
 use common::{
     column, expect_error, ok, read_csv, stderr, stdout, summary, trainer_with_env as trainer,

@@ -4,7 +4,7 @@
 //! vanishes, makes the others fail with an error naming it, in bounded time; a connection
 //! that is not a rank is ignored.
 
-mod common;
+use crate::common;
 
 use common::{free_port, one_at_a_time};
 use std::io::{Read, Write};
@@ -30,7 +30,7 @@ fn at(rank: usize, world_size: usize, port: u16, timeout: Duration) -> Rendezvou
 fn spawn_rank(rank: usize, world_size: usize, port: u16, delay_ms: u64, payload: &str) -> Child {
     Command::new(std::env::current_exe().unwrap())
         .args([
-            "rendezvous_rank",
+            "rendezvous::rendezvous_rank",
             "--exact",
             "--ignored",
             "--nocapture",

@@ -2,7 +2,7 @@
 //! and the bad-input table: every mistake exits 2 (or 1 at run time) with a message that
 //! names the problem, never a panic, and never leaves a run that looks finished.
 
-mod common;
+use crate::common;
 
 use common::{stderr, stdout, trainer_with_env as trainer};
 

@@ -1,7 +1,7 @@
 //! Gradient checks: every layer and every loss, analytic gradients against central finite
 //! differences of the loss, on random inputs.
 
-mod common;
+use crate::common;
 
 use common::{network, network_with, random_vec, spec};
 use trainer::graph::{DataShape, Network};

@@ -2,7 +2,7 @@
 //! (tests/fixtures/cast_reference.json, from make_cast_reference.py): random values over many
 //! magnitudes, f16 subnormals and overflow, exact ties, signed zeros and infinities.
 
-mod common;
+use crate::common;
 
 use trainer::tensor::cast::{from_half, to_half, HalfKind};
 

@@ -16,7 +16,7 @@
 //! parallel.timeout, so once rank 0 has ended or a rank has failed, the ranks still running
 //! a grace period later get SIGTERM, and SIGKILL two grace periods after that.
 
-use crate::commands::RunArgs;
+use super::RunArgs;
 use crate::error::{Error, Result};
 use crate::runtime_err;
 use crate::signals::{Received, SIGINT, SIGTERM};

@@ -2,7 +2,7 @@
 //! ls / compare parsed back in every format, plots, early stopping and the other ways a run
 //! ends, provenance, `check --explain`, completions, and the bad-input cases.
 
-mod common;
+use crate::common;
 
 use common::{
     column, expect_error, ok, read_csv, root, stderr, stdout, summary, torch_python, trainer_bin,

@@ -7,7 +7,7 @@
 //! barriers too: each block runs in two thread orders). Skips, with the reason, without a
 //! compiler ($CXX, else c++); fails then when TRAINER_REQUIRE_HOST_CXX=1 (CI).
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use trainer::tensor::cuda::kernels;
