@@ -18,6 +18,10 @@ pub enum Error {
     /// A data file the job names cannot be read: a bad job (exit 2). The path lets the
     /// caller name the key, and where that key was set.
     UnreadableData { path: PathBuf, message: String },
+    /// A job key that does not fit the data or the rest of the model (a layer's shapes, the
+    /// loss against the labels): a bad job (exit 2). `message` names the key; `key` lets the
+    /// caller say where it was set.
+    AtKey { key: String, message: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -38,12 +42,16 @@ impl Error {
                 path,
                 message: add(message),
             },
+            Error::AtKey { key, message } => Error::AtKey {
+                key,
+                message: add(message),
+            },
         }
     }
 
     pub fn exit_code(&self) -> i32 {
         match self {
-            Error::Job(_) | Error::UnreadableData { .. } => 2,
+            Error::Job(_) | Error::UnreadableData { .. } | Error::AtKey { .. } => 2,
             Error::Runtime(_) | Error::Diverged(_) => 1,
             Error::Interrupted { signal, .. } => 128 + signal,
         }
@@ -57,12 +65,21 @@ impl fmt::Display for Error {
             | Error::Runtime(m)
             | Error::Diverged(m)
             | Error::Interrupted { message: m, .. }
-            | Error::UnreadableData { message: m, .. } => f.write_str(m),
+            | Error::UnreadableData { message: m, .. }
+            | Error::AtKey { message: m, .. } => f.write_str(m),
         }
     }
 }
 
 impl std::error::Error for Error {}
+
+/// An error with model.layers[`i`], a `kind` layer: "model.layers[3] (conv2d): `what`".
+pub fn layer_error(i: usize, kind: &str, what: impl fmt::Display) -> Error {
+    Error::AtKey {
+        key: format!("model.layers[{i}]"),
+        message: format!("model.layers[{i}] ({kind}): {what}"),
+    }
+}
 
 /// Shorthand for a job error built with `format!`.
 #[macro_export]

@@ -204,26 +204,16 @@ fn model_for(job: &Path, sets: &[String], spec: &JobSpec, data: &Data) -> Result
     let shape = DataShape::of(data);
     // The model's errors say which layer; this says where the layers came from.
     let graph = Graph::build(spec, &shape).map_err(|e| match e {
-        Error::Job(m) => {
+        Error::AtKey { key, message: m } => {
             let Ok(sources) = spec::KeySources::new(job, sets) else {
                 return Error::Job(format!("{}: {m}", job.display()));
             };
-            // A key the error starts with (the loss for targets it cannot take, the input
-            // shape) is credited to its own source, not to the layers.
-            if let Some(key) = ["loss.type", "model.input_shape"]
-                .into_iter()
-                .find(|key| m.starts_with(key))
-            {
-                return Error::Job(format!("{}: {m}", sources.of(key)));
+            // A key other than a layer (the loss for targets it cannot take, the input
+            // shape) is credited to its own source alone.
+            if !key.starts_with("model.layers") {
+                return Error::Job(format!("{}: {m}", sources.of(&key)));
             }
-            // The layer the error names ("model.layers[4] (conv2d): ..."), else the list.
-            let layer = m
-                .strip_prefix("model.layers[")
-                .and_then(|rest| rest.split_once(']'))
-                .map_or("model.layers".to_string(), |(i, _)| {
-                    format!("model.layers[{i}]")
-                });
-            let from = sources.of(&layer);
+            let from = sources.of(&key);
             let mut notes = Vec::new();
             // What it is given may come from elsewhere: a --set of another layer, the shape.
             let layers = sources.of("model.layers");

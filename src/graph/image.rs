@@ -2,7 +2,7 @@
 //! layer norm and reshape. Errors name the layer, its input shape and what it needs.
 
 use super::{numel, reserve, shape_str, values, Op, MAX_SAMPLE_VALUES};
-use crate::error::{Error, Result};
+use crate::error::{layer_error, Result};
 use crate::spec::{BatchNormSpec, Conv2dSpec, LayerNormSpec, PoolSpec, ReshapeSpec};
 use crate::tensor::{Conv2d, Pool2d, PoolKind};
 
@@ -10,16 +10,20 @@ use crate::tensor::{Conv2d, Pool2d, PoolKind};
 fn chw(i: usize, kind: &str, in_shape: &[usize]) -> Result<(usize, usize, usize)> {
     match *in_shape {
         [c, h, w] => Ok((c, h, w)),
-        _ => Err(Error::Job(format!(
-            "model.layers[{i}] ({kind}): its input has shape {} but {kind} needs [channels, height, \
+        _ => Err(layer_error(
+            i,
+            kind,
+            format!(
+                "its input has shape {} but {kind} needs [channels, height, \
              width] per sample{}",
-            shape_str(in_shape),
-            if in_shape.len() == 1 {
-                "; flat data can be given a shape with model.input_shape = [c, h, w] or a reshape layer"
-            } else {
-                ""
-            }
-        ))),
+                shape_str(in_shape),
+                if in_shape.len() == 1 {
+                    "; flat data can be given a shape with model.input_shape = [c, h, w] or a reshape layer"
+                } else {
+                    ""
+                }
+            ),
+        )),
     }
 }
 
@@ -30,7 +34,7 @@ pub(super) fn conv2d(
     offset: &mut usize,
 ) -> Result<(Op, Vec<usize>)> {
     let (c, h, w) = chw(i, "conv2d", in_shape)?;
-    let err = |m: String| Err(Error::Job(format!("model.layers[{i}] (conv2d): {m}")));
+    let err = |m: String| Err(layer_error(i, "conv2d", m));
     if let Some(given) = l.in_channels {
         if given != c {
             return err(format!(
@@ -91,9 +95,11 @@ pub(super) fn pool(
     let k = l.kernel_size.pair();
     let pad = l.padding.pair();
     if pad.0 * 2 > k.0 || pad.1 * 2 > k.1 {
-        return Err(Error::Job(format!(
-            "model.layers[{i}] ({name}): padding {pad:?} must be at most half the kernel {k:?} (as in PyTorch)"
-        )));
+        return Err(layer_error(
+            i,
+            name,
+            format!("padding {pad:?} must be at most half the kernel {k:?} (as in PyTorch)"),
+        ));
     }
     let geom = Pool2d {
         c,
@@ -107,10 +113,11 @@ pub(super) fn pool(
         Some((oh, ow)) if oh > 0 && ow > 0 && geom.stride.0 > 0 && geom.stride.1 > 0 => {
             Ok((Op::Pool { kind, geom }, vec![c, oh, ow]))
         }
-        _ => Err(Error::Job(format!(
-            "model.layers[{i}] ({name}): a {}x{} window does not fit the {h}x{w} input",
-            k.0, k.1
-        ))),
+        _ => Err(layer_error(
+            i,
+            name,
+            format!("a {}x{} window does not fit the {h}x{w} input", k.0, k.1),
+        )),
     }
 }
 
@@ -155,12 +162,16 @@ pub(super) fn layernorm(
 pub(super) fn reshape(i: usize, l: &ReshapeSpec, in_shape: &[usize]) -> Result<(Op, Vec<usize>)> {
     let total = numel(in_shape);
     let err = || {
-        Err(Error::Job(format!(
-            "model.layers[{i}] (reshape): shape {:?} cannot hold the {total} values of its input {} \
+        Err(layer_error(
+            i,
+            "reshape",
+            format!(
+                "shape {:?} cannot hold the {total} values of its input {} \
              (at most one -1, every other entry at least 1)",
-            l.shape,
-            shape_str(in_shape)
-        )))
+                l.shape,
+                shape_str(in_shape)
+            ),
+        ))
     };
     let inferred = l.shape.iter().filter(|&&d| d == -1).count();
     if inferred > 1 || l.shape.iter().any(|&d| d == 0 || d < -1) || l.shape.is_empty() {
@@ -205,11 +216,15 @@ pub(super) fn batchnorm(
         (false, [f]) => (*f, 1),
         (false, [c, l]) => (*c, *l),
         (false, _) => {
-            return Err(Error::Job(format!(
-                "model.layers[{i}] (batchnorm1d): its input has shape {} but batchnorm1d needs \
+            return Err(layer_error(
+                i,
+                "batchnorm1d",
+                format!(
+                    "its input has shape {} but batchnorm1d needs \
                  [features] or [channels, length] per sample (batchnorm2d is for images)",
-                shape_str(in_shape)
-            )))
+                    shape_str(in_shape)
+                ),
+            ))
         }
     };
     let gamma = reserve(offset, 2 * channels);
@@ -235,11 +250,11 @@ pub(super) fn concat(i: usize, in_shapes: &[&[usize]]) -> Result<(Op, Vec<usize>
         } else {
             continue;
         };
-        return Err(Error::Job(format!(
-            "model.layers[{i}] (concat): its inputs {} and {} {how}",
-            shape_str(first),
-            shape_str(s)
-        )));
+        return Err(layer_error(
+            i,
+            "concat",
+            format!("its inputs {} and {} {how}", shape_str(first), shape_str(s)),
+        ));
     }
     let mut out = first.to_vec();
     out[0] = in_shapes.iter().map(|s| s[0]).sum();

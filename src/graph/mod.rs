@@ -12,7 +12,7 @@ pub use buckets::GradBuckets;
 pub use buffers::{BufferPlan, HalfWidth};
 pub use network::{GradientSync, Network};
 
-use crate::error::{Error, Result};
+use crate::error::{layer_error, Error, Result};
 use crate::spec::{
     ActivationCheckpointing, ActivationMode, GeluApproximation, JobSpec, LayerSpec, LossKind,
 };
@@ -208,13 +208,16 @@ impl Graph {
     pub fn build(spec: &JobSpec, data: &DataShape) -> Result<Graph> {
         let input_shape = match &spec.model.input_shape {
             Some(shape) if values(shape) != values(&data.sample_shape) => {
-                return Err(Error::Job(format!(
-                    "model.input_shape {} has {} values per sample but the data has {} ({})",
-                    shape_str(shape),
-                    values(shape),
-                    numel(&data.sample_shape),
-                    shape_str(&data.sample_shape)
-                )))
+                return Err(Error::AtKey {
+                    key: "model.input_shape".into(),
+                    message: format!(
+                        "model.input_shape {} has {} values per sample but the data has {} ({})",
+                        shape_str(shape),
+                        values(shape),
+                        numel(&data.sample_shape),
+                        shape_str(&data.sample_shape)
+                    ),
+                })
             }
             Some(shape) => shape.clone(),
             None => data.sample_shape.clone(),
@@ -233,19 +236,27 @@ impl Graph {
             let (op, out_shape) = match &entry.layer {
                 LayerSpec::Linear(l) => {
                     if in_shape.len() != 1 {
-                        return Err(Error::Job(format!(
-                            "model.layers[{i}] (linear): its input has shape {} but linear needs \
+                        return Err(layer_error(
+                            i,
+                            "linear",
+                            format!(
+                                "its input has shape {} but linear needs \
                              one dimension per sample; add {{ type = \"flatten\" }} before it",
-                            shape_str(&in_shape)
-                        )));
+                                shape_str(&in_shape)
+                            ),
+                        ));
                     }
                     let inp = in_shape[0];
                     if let Some(given) = l.in_features {
                         if given != inp {
-                            return Err(Error::Job(format!(
-                                "model.layers[{i}] (linear): in = {given} given, but the previous \
+                            return Err(layer_error(
+                                i,
+                                "linear",
+                                format!(
+                                    "in = {given} given, but the previous \
                                  layer outputs {inp} features"
-                            )));
+                                ),
+                            ));
                         }
                     }
                     let weight = reserve(&mut offset, inp * l.out);
@@ -282,12 +293,16 @@ impl Graph {
                 LayerSpec::Batchnorm2d(b) => image::batchnorm(i, true, b, &in_shape, &mut offset)?,
                 LayerSpec::Add(_) => {
                     if let Some(other) = in_shapes.iter().find(|s| **s != in_shape) {
-                        return Err(Error::Job(format!(
-                            "model.layers[{i}] (add): its inputs must have the same shape, but \
+                        return Err(layer_error(
+                            i,
+                            "add",
+                            format!(
+                                "its inputs must have the same shape, but \
                              they are {} and {}",
-                            shape_str(&in_shape),
-                            shape_str(other)
-                        )));
+                                shape_str(&in_shape),
+                                shape_str(other)
+                            ),
+                        ));
                     }
                     (Op::Add, in_shape.clone())
                 }
@@ -295,11 +310,12 @@ impl Graph {
                 LayerSpec::Embedding(e) => {
                     // Token ids come from the data (through flatten/reshape at most).
                     if !reads_data[inputs[0]] {
-                        return Err(Error::Job(format!(
-                            "model.layers[{i}] (embedding): it reads token ids, which only the \
-                             data holds; make it read \"input\" (the first layer, or inputs = \
-                             [\"input\"])"
-                        )));
+                        return Err(layer_error(
+                            i,
+                            "embedding",
+                            "it reads token ids, which only the data holds; make it read \
+                             \"input\" (the first layer, or inputs = [\"input\"])",
+                        ));
                     }
                     let weight = reserve(&mut offset, e.num_embeddings * e.embedding_dim);
                     let mut out = in_shape.clone();
@@ -326,8 +342,7 @@ impl Graph {
                 _ => 0,
             };
             sample_values += values(&out_shape);
-            let too_large =
-                |what: String| Err(Error::Job(format!("model.layers[{i}] ({kind}): {what}")));
+            let too_large = |what: String| Err(layer_error(i, kind, what));
             if sample_values > MAX_SAMPLE_VALUES {
                 return too_large(format!(
                     "the layers up to this one output {sample_values} values per sample (this \
@@ -354,9 +369,11 @@ impl Graph {
             });
         }
         if offset == 0 {
-            return Err(Error::Job(
-                "model.layers: the model has no parameters to train; add a linear layer".into(),
-            ));
+            return Err(Error::AtKey {
+                key: "model.layers".into(),
+                message: "model.layers: the model has no parameters to train; add a linear layer"
+                    .into(),
+            });
         }
         let output_shape = node_shapes.last().expect("the input node");
         let objective = objective(spec, data, output_shape, layers.len())?;
@@ -660,11 +677,7 @@ fn objective(
     layers: usize,
 ) -> Result<Objective> {
     let width = numel(out_shape);
-    // Named first, so that the error is credited to the last layer's source.
-    let last = format!(
-        "model.layers[{}] (the last layer)",
-        layers.saturating_sub(1)
-    );
+    let last_key = format!("model.layers[{}]", layers.saturating_sub(1));
     let values = match width {
         1 => "1 value".to_string(),
         n => format!("{n} values"),
@@ -675,19 +688,23 @@ fn objective(
         .as_ref()
         .map_or(String::new(), |from| format!("; {from}"));
     let mismatch = |what: String| {
-        Err(Error::Job(format!(
-            "{last} outputs {} ({values} per sample) but {what}",
-            shape_str(out_shape)
-        )))
+        Err(Error::AtKey {
+            message: format!(
+                "{last_key} (the last layer) outputs {} ({values} per sample) but {what}",
+                shape_str(out_shape)
+            ),
+            key: last_key.clone(),
+        })
     };
     match spec.loss.kind {
         LossKind::CrossEntropy => {
             let Some(classes) = data.classes else {
-                return Err(Error::Job(
-                    "loss.type = \"cross_entropy\" needs class labels, but the data has real-valued \
-                     targets (data.task = \"regression\"); use loss.type = \"mse\""
+                return Err(Error::AtKey {
+                    key: "loss.type".into(),
+                    message: "loss.type = \"cross_entropy\" needs class labels, but the data has \
+                              real-valued targets (data.task = \"regression\"); use loss.type = \"mse\""
                         .into(),
-                ));
+                });
             };
             if out_shape.len() != 1 || width != classes {
                 // More outputs than labels found: classes without samples, which data.classes

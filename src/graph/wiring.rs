@@ -51,21 +51,33 @@ fn unusable(name: &str) -> Option<&'static str> {
 /// The input nodes of every layer.
 pub fn resolve(layers: &[ModelLayer]) -> Result<Vec<Vec<usize>>> {
     let mut problems = Vec::new();
+    // The first layer with a problem: the error is credited to where it was set.
+    let mut first = None;
+    let mut problem = |i: usize, text: String| {
+        first.get_or_insert(i);
+        problems.push(text);
+    };
     let mut layer_of: HashMap<&str, usize> = HashMap::new();
     for (i, l) in layers.iter().enumerate() {
         if let Some(name) = l.name.as_deref() {
             if name == INPUT || name.is_empty() {
-                problems.push(format!(
-                    "{}: the name \"{name}\" is reserved; choose another",
-                    label(i, l)
-                ));
+                problem(
+                    i,
+                    format!(
+                        "{}: the name \"{name}\" is reserved; choose another",
+                        label(i, l)
+                    ),
+                );
             } else if let Some(why) = unusable(name) {
-                problems.push(format!("{}: the name \"{name}\" {why}", label(i, l)));
+                problem(i, format!("{}: the name \"{name}\" {why}", label(i, l)));
             } else if let Some(&first) = layer_of.get(name) {
-                problems.push(format!(
-                    "{}: the name \"{name}\" is already model.layers[{first}]'s",
-                    label(i, l)
-                ));
+                problem(
+                    i,
+                    format!(
+                        "{}: the name \"{name}\" is already model.layers[{first}]'s",
+                        label(i, l)
+                    ),
+                );
             } else {
                 layer_of.insert(name, i);
             }
@@ -84,12 +96,15 @@ pub fn resolve(layers: &[ModelLayer]) -> Result<Vec<Vec<usize>>> {
                     match layer_of.get(name.as_str()) {
                         Some(&j) if j < i => Some(j + 1),
                         Some(&j) => {
-                            problems.push(format!(
+                            problem(
+                                i,
+                                format!(
                                 "{}: input \"{name}\" is model.layers[{j}], which does not come \
                                  before it; a layer can only take earlier layers' outputs (the \
                                  graph must have no cycles)",
                                 label(i, l)
-                            ));
+                            ),
+                            );
                             None
                         }
                         None => {
@@ -108,12 +123,15 @@ pub fn resolve(layers: &[ModelLayer]) -> Result<Vec<Vec<usize>>> {
                                          name = \"layer{j}\", and use that)"
                                     )
                                 });
-                            problems.push(format!(
-                                "{}: input \"{name}\" is not the name of an earlier layer; \
+                            problem(
+                                i,
+                                format!(
+                                    "{}: input \"{name}\" is not the name of an earlier layer; \
                                  known: {}{unnamed}",
-                                label(i, l),
-                                known.join(", ")
-                            ));
+                                    label(i, l),
+                                    known.join(", ")
+                                ),
+                            );
                             None
                         }
                     }
@@ -123,15 +141,18 @@ pub fn resolve(layers: &[ModelLayer]) -> Result<Vec<Vec<usize>>> {
         let many = matches!(l.layer, LayerSpec::Add(_) | LayerSpec::Concat(_));
         let given = l.inputs.as_ref().map_or(1, Vec::len);
         if many && given < 2 {
-            problems.push(format!(
+            problem(i, format!(
                 "{}: takes two or more inputs, {given} given; name them with inputs = [\"a\", \"b\"]",
                 label(i, l)
             ));
         } else if !many && given != 1 {
-            problems.push(format!(
-                "{}: takes one input, {given} given (add or concat combine several)",
-                label(i, l)
-            ));
+            problem(
+                i,
+                format!(
+                    "{}: takes one input, {given} given (add or concat combine several)",
+                    label(i, l)
+                ),
+            );
         }
         wiring.push(inputs);
     }
@@ -148,17 +169,22 @@ pub fn resolve(layers: &[ModelLayer]) -> Result<Vec<Vec<usize>>> {
         .take(layers.len().saturating_sub(1))
     {
         if !used[i + 1] {
-            problems.push(format!(
-                "{}: its output is not used by any layer (only the last layer's output is the \
+            problem(
+                i,
+                format!(
+                    "{}: its output is not used by any layer (only the last layer's output is the \
                  model's); name it in a later layer's inputs, or remove it",
-                label(i, l)
-            ));
+                    label(i, l)
+                ),
+            );
         }
     }
-    if problems.is_empty() {
-        Ok(wiring)
-    } else {
-        Err(Error::Job(problems.join("\n")))
+    match first {
+        None => Ok(wiring),
+        Some(i) => Err(Error::AtKey {
+            key: format!("model.layers[{i}]"),
+            message: problems.join("\n"),
+        }),
     }
 }
 
