@@ -44,7 +44,8 @@ use crate::signals::Stop;
 use crate::spec::{EvaluateTest, JobSpec, OnNonFinite, PrecisionMode, MAX_SKIPPED_IN_A_ROW};
 use crate::tensor::{Backend, HalfKind, LossStats};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::ops::Range;
+use std::path::PathBuf;
 use std::time::Instant;
 
 /// What a finished (or interrupted) training run reports.
@@ -151,140 +152,10 @@ pub fn train_session<B: Backend>(
     metrics: &mut MetricsWriter,
     session: Session<B>,
 ) -> Result<Outcome> {
-    let Session {
-        initial,
-        resume,
-        checkpoint_dir,
-        stop,
-        mut parallel,
-        finishing,
-    } = session;
-    let batch_size = spec.batch_size();
-    let row_len = data.row_len();
-    let data_finite = data.all_finite();
-    let target_dim = data.target_dim;
-    let has_accuracy = graph.objective.has_accuracy;
-    let param_len = graph.param_len;
-    // init_from's num_batches_tracked, which this run counts on from.
-    let mut tracked_before = Vec::new();
-    let (params, running_stats, resume) = match resume {
-        Some(mut c) => (
-            std::mem::take(&mut c.params),
-            Some(std::mem::take(&mut c.running_stats)),
-            Some(c),
-        ),
-        None => match initial {
-            Some(w) => {
-                tracked_before = w.batches_tracked;
-                (w.params, Some(w.running_stats), None)
-            }
-            None => (graph.init_params(spec.job.seed), None, None),
-        },
-    };
-    if params.len() != param_len {
-        return Err(Error::Job(format!(
-            "the starting parameters have {} values but the model's parameter buffer has \
-             {param_len}",
-            params.len()
-        )));
-    }
-    // A replica's buffers hold its share of a micro-batch (`BatchLayout::buffer_rows`).
-    let rows = batch_size.min(data.largest_split());
-    let replica_batch = parallel
-        .as_ref()
-        .map_or(rows, |p| rows.div_ceil(p.replicas()));
-    let mut net = training_network(backend, graph, &params, replica_batch, spec)?;
-    drop(params);
-    if let Some(stats) = running_stats {
-        net.set_running_stats(backend, &stats)?;
-    }
-    let mut optimizer = Optimizer::new(backend, spec, param_len)?;
-
-    let train_len = data.train.len;
-    let total = total_steps(spec, train_len);
-    let schedule = Schedule::new(spec.optimizer.lr, &spec.optimizer.schedule, total);
-    let resident = samples::resident(backend, spec.device.data, data.bytes());
-    let train_samples = Samples::new(backend, data.train, resident)?;
-    let eval_sets = data
-        .eval
-        .into_iter()
-        .map(|(name, d)| EvalSet::new(backend, name, d, resident))
-        .collect::<Result<Vec<_>>>()?;
-
-    // The sets evaluated between epochs: the test split waits for the end when asked to
-    // (it comes last in the data's evaluation splits).
-    let periodic_sets = match spec.train.evaluate_test {
-        EvaluateTest::EveryEvaluation => eval_sets.len(),
-        EvaluateTest::AtEnd => eval_sets.iter().filter(|s| s.name != "test").count(),
-    };
-    let mut train_stats = backend.new_stats()?;
-    let mut eval_stats = backend.new_stats()?;
-    let mut st = TrainState::start(spec.job.seed);
-    st.batches_tracked_before = tracked_before;
-    if let Some(c) = resume {
-        optimizer
-            .restore(backend, &c.optimizer, c.state.optimizer_steps, param_len)
-            .map_err(|e| Error::Job(format!("{}: {e}", c.path.display())))?;
-        backend.set_stats(&mut train_stats, c.window);
-        st = c.state;
-        st.finished = false;
-        st.evaluation.clear();
-    }
-    // A resumed run keeps its scaler's state (a forced resume may have changed the scaling).
-    match LossScaler::from_spec(&spec.precision) {
-        None => st.loss_scaler = None,
-        Some(fresh) => {
-            st.loss_scaler.get_or_insert(fresh);
-        }
-    }
-    if let Some(p) = parallel.as_mut() {
-        p.broadcast(spec, &net, &optimizer, backend)?;
-        p.verify(backend, &net.params)?;
-        if net.graph.running_stats_len() > 0 {
-            tracing::info!(
-                "batch norm: each replica normalises with its own share's statistics and keeps \
-                 its own running statistics (no sync); rank 0's are evaluated and saved"
-            );
-        }
-    }
-    let start = Instant::now();
-    let elapsed_before = st.elapsed_s;
-    let elapsed = || elapsed_before + start.elapsed().as_secs_f64();
-    let mut outcome = Outcome::default();
-    let accum = spec.train.grad_accum_steps;
-    let clip = spec.train.clip_grad_norm;
-    let log_every = spec.train.log_every as u64;
-    let policy = &spec.checkpoint;
-    let mut saver = checkpoint_dir.as_deref().map(|dir| Saver { dir, spec });
-    let epoch_steps = batches_per_epoch(train_len, batch_size, spec.data.drop_last).div_ceil(accum)
-        * spec.train.epochs;
-    let deadline = stopping::deadline(spec, start);
-    let mut early_stopping = stopping::EarlyStopping::new(spec, st.early_stopping.as_ref());
-    // Evaluations between epochs (the final one follows the loop).
-    let evaluates_after = |epoch: usize| {
-        let every = spec.train.eval_every_epochs;
-        every > 0 && epoch.is_multiple_of(every) && epoch < spec.train.epochs
-    };
-    let skip_nonfinite = spec.train.on_nonfinite == OnNonFinite::Skip;
-    // Not in checkpoints: a resumed run starts counting again.
-    let mut skipped_in_a_row = 0u64;
-
-    if finishing {
-        outcome.end_reason = st.end_reason.unwrap_or_default();
-    }
-    // Finishing, the loop has nothing to do: the run ended at this checkpoint.
-    let first_epoch = if finishing {
-        spec.train.epochs + 1
-    } else {
-        st.epoch
-    };
-    let progress = crate::logging::Progress::start(total as u64, st.step);
-    // The first step of the train row being accumulated, and the first step (and its epoch)
-    // whose loss is not finite, where the backend can tell.
-    let mut window_first = st.step + 1;
-    let mut first_nonfinite: Option<(u64, usize, f64)> = None;
-    'epochs: for epoch in first_epoch..=spec.train.epochs {
-        st.epoch = epoch;
+    let mut t = Training::start(backend, spec, graph, data, metrics, session)?;
+    let (accum, batch_size, train_len) = (spec.train.grad_accum_steps, t.batch_size, t.train_len);
+    'epochs: for epoch in t.first_epoch()..=spec.train.epochs {
+        t.st.epoch = epoch;
         let order = epoch_order(train_len, spec.data.shuffle, spec.job.seed, epoch);
         let mut batches: Vec<&[u32]> = order.chunks(batch_size).collect();
         if spec.data.drop_last && !train_len.is_multiple_of(batch_size) {
@@ -293,199 +164,579 @@ pub fn train_session<B: Backend>(
         let steps_in_this_epoch = batches.len().div_ceil(accum);
         // Early stopping may end the run at this epoch's evaluation: its last step then
         // writes a train row, so that the rows cover every step trained.
-        let may_stop_here = early_stopping.is_some() && evaluates_after(epoch);
+        let may_stop_here = t.early_stopping.is_some() && t.evaluates_after(epoch);
         // A resumed run continues where the checkpoint stood in this epoch's order.
-        for group in batches.chunks(accum).skip(st.steps_in_epoch) {
-            if st.step as usize >= total {
+        for group in batches.chunks(accum).skip(t.st.steps_in_epoch) {
+            if t.all_steps_done() {
                 break 'epochs;
             }
-            let step_start = Instant::now();
-            outcome.first_step_at.get_or_insert(step_start);
-            let step = st.step + 1;
+            let step = t.st.step + 1;
             // Past the deadline, this step is the last one (and is logged).
-            let out_of_time = deadline.is_some_and(|d| Instant::now() >= d);
-            let epoch_ends = st.steps_in_epoch + 1 == steps_in_this_epoch;
-            let logging = step.is_multiple_of(log_every)
-                || step as usize == total
+            let out_of_time = t.deadline.is_some_and(|d| Instant::now() >= d);
+            let epoch_ends = t.st.steps_in_epoch + 1 == steps_in_this_epoch;
+            let logging = step.is_multiple_of(t.log_every)
+                || step as usize == t.total
                 || out_of_time
                 || (may_stop_here && epoch_ends);
-            // Skipped steps (mixed precision) do not advance the schedule, as with GradScaler.
-            let lr = schedule.lr((st.step - st.skipped_steps) as usize);
-            let batch = Batch {
-                samples: &train_samples,
-                row_len,
-                target_dim,
-            };
-            let settings = StepSettings {
-                lr,
-                clip,
-                want_grad_norm: logging,
-                loss_scale: st.loss_scaler.as_ref().map(|s| s.scale),
-                skip_nonfinite,
-            };
-            // The open row's loss statistics before this step, to put back if it is skipped.
-            let window_before = skip_nonfinite.then(|| peek_stats(backend, &mut train_stats));
-            let cx = StepContext {
-                backend,
-                net: &mut net,
-                optimizer: &mut optimizer,
-                stats: &mut train_stats,
-                micro_step: &mut st.micro_step,
-            };
-            let result = match parallel.as_mut() {
-                None => optimizer_step(cx, &batch, group, settings),
-                Some(p) => p.step(cx, &batch, group, settings)?,
-            };
-            backend.status()?;
-            if let Some(scaler) = st.loss_scaler.as_mut() {
-                scaler.update(result.skipped);
-            }
-            if result.skipped {
-                st.skipped_steps += 1;
-                skipped_in_a_row += 1;
-                if let Some(before) = window_before {
-                    backend.set_stats(&mut train_stats, before);
-                }
-                let scale = st.loss_scaler.as_ref().map(|s| s.scale);
-                check_skipped_in_a_row(skipped_in_a_row, step, epoch, scale, data_finite)?;
-                // With a loss scaler, skipping is how the scale finds its level: routine.
-                if st.loss_scaler.is_some() {
-                    tracing::debug!("step {step} skipped: inf/NaN gradients");
-                } else {
-                    tracing::warn!(
-                        "step {step} skipped: the loss or gradients are inf/NaN \
-                         (train.on_nonfinite = \"skip\"; {skipped_in_a_row} in a row, {} in all)",
-                        st.skipped_steps
-                    );
-                }
-            } else {
-                skipped_in_a_row = 0;
-            }
-            // The first step whose loss is not finite, where that can be seen without
-            // waiting (the CPU): a log row averages several steps.
-            if let Some(sum) = backend
-                .loss_sum_now(&train_stats)
-                .filter(|sum| first_nonfinite.is_none() && !sum.is_finite())
-            {
-                first_nonfinite = Some((step, epoch, sum));
-            }
-            // All replicas' and micro-batches' samples: fewer on an epoch's short last step.
-            let step_samples: usize = group.iter().map(|rows| rows.len()).sum();
-            st.window_samples += step_samples as u64;
-            st.step = step;
-            st.steps_in_epoch += 1;
-            progress.set(step);
-            st.window_seconds += step_start.elapsed().as_secs_f64();
 
-            let stats = logging.then(|| backend.take_stats(&mut train_stats));
-            // With on_nonfinite = "skip" a window whose every step was skipped has no loss
-            // to report: it stays open, and the next row covers it.
-            if let Some(stats) = stats.filter(|s| s.samples > 0.0) {
-                let row = MetricsRow {
-                    step,
-                    epoch,
-                    split: "train",
-                    loss: stats.loss_sum / stats.samples,
-                    accuracy: has_accuracy.then(|| stats.correct / stats.samples),
-                    lr: Some(lr),
-                    grad_norm: result.grad_norm,
-                    samples_per_sec: Some(st.window_samples as f64 / st.window_seconds.max(1e-9)),
-                    elapsed_s: elapsed(),
-                    gpu_mem: backend.memory(),
-                    loss_scale: st.loss_scaler.as_ref().map(|s| s.scale),
-                    skipped_steps: Some(st.skipped_steps),
-                    global_batch: Some(step_samples),
-                };
-                check_finite(&row, window_first, first_nonfinite, data_finite)?;
-                tracing::info!("{}", progress_line(&row, total));
-                progress.say(|| {
-                    let speed = row.samples_per_sec.unwrap_or(0.0);
-                    format!("epoch {epoch}  loss {:.4}  {speed:.0} samples/s", row.loss)
-                });
-                metrics.write(&row)?;
-                st.train_samples += st.window_samples;
-                st.train_seconds += st.window_seconds;
-                st.window_samples = 0;
-                st.window_seconds = 0.0;
-                window_first = step + 1;
-                outcome.last_train = Some(row);
+            let (lr, result, samples) = t.optimizer_step(epoch, group, logging)?;
+            if logging {
+                t.log_train_row(epoch, lr, &result, samples)?;
             }
-            let signal = stop
-                .and_then(Stop::requested)
-                .or_else(|| parallel.as_ref().and_then(|p| p.stop_requested()));
+
+            let signal = t.stop_signal();
             // At the last step the final checkpoint follows (after the final evaluation).
-            let due = policy
-                .every_steps
+            let due = (t.spec.checkpoint.every_steps)
                 .is_some_and(|n| step.is_multiple_of(n as u64))
-                && (step as usize) < total;
-            if let Some(saver) = saver
-                .as_mut()
-                .filter(|_| due || signal.is_some() || out_of_time)
-            {
-                st.elapsed_s = elapsed();
-                let path = saver.save(backend, &net, &optimizer, &mut train_stats, &st, metrics)?;
-                outcome.last_checkpoint = Some(path);
+                && (step as usize) < t.total;
+            if due || signal.is_some() || out_of_time {
+                t.checkpoint()?;
             }
-            if signal.is_some() {
-                outcome.interrupted = signal;
-                if let Some(p) = parallel.as_mut() {
-                    p.finish(signal);
-                }
-                return Ok(finish(outcome, &st, None));
+            if let Some(signal) = signal {
+                return Ok(t.interrupted(signal));
             }
             if out_of_time {
                 tracing::info!("train.max_time reached after {step} steps");
-                outcome.end_reason = EndReason::MaxTime;
+                t.outcome.end_reason = EndReason::MaxTime;
                 break 'epochs;
             }
         }
-        if st.step as usize >= total {
-            break 'epochs;
+        if t.all_steps_done() || t.end_epoch(epoch)? == EpochEnd::Stop {
+            break;
         }
-        let mut evaluation = BTreeMap::new();
-        if evaluates_after(epoch) {
-            evaluation = evaluate(
-                backend,
-                &mut net,
-                &eval_sets[..periodic_sets],
-                &mut eval_stats,
-                epoch,
-                st.step,
-                elapsed(),
+    }
+    t.finish()
+}
+
+/// Whether training goes on after an epoch's evaluation.
+#[derive(PartialEq, Eq)]
+enum EpochEnd {
+    Continue,
+    Stop,
+}
+
+/// A training run under way: rank 0's network, optimizer and data, its state as
+/// checkpoints keep it (`st`), what it reports (`outcome`), and the settings of its loop.
+struct Training<'a, B: Backend> {
+    backend: &'a B,
+    spec: &'a JobSpec,
+    metrics: &'a mut MetricsWriter,
+    net: Network<B>,
+    optimizer: Optimizer<B>,
+    schedule: Schedule,
+    train_samples: Samples<B>,
+    eval_sets: Vec<EvalSet<B>>,
+    /// The first `periodic_sets` of `eval_sets` are evaluated between epochs; the rest (a
+    /// test split kept for the end) only after training.
+    periodic_sets: usize,
+    train_stats: B::Stats,
+    eval_stats: B::Stats,
+    st: TrainState,
+    outcome: Outcome,
+    saver: Option<Saver<'a>>,
+    parallel: Option<Box<dyn DataParallel<B>>>,
+    stop: Option<&'a Stop>,
+    finishing: bool,
+    batch_size: usize,
+    train_len: usize,
+    row_len: usize,
+    target_dim: usize,
+    data_finite: bool,
+    /// Optimizer steps of the whole run, and of all its epochs (more, when max_steps ends
+    /// it first).
+    total: usize,
+    all_epochs_steps: usize,
+    log_every: u64,
+    deadline: Option<Instant>,
+    early_stopping: Option<stopping::EarlyStopping>,
+    started: Instant,
+    /// Seconds earlier sessions of the run trained (a resumed run's elapsed_s goes on).
+    elapsed_before: f64,
+    progress: crate::logging::Progress,
+    /// The first step of the train row being accumulated, and the first step (and its
+    /// epoch) whose loss is not finite, where the backend can tell.
+    window_first: u64,
+    first_nonfinite: Option<(u64, usize, f64)>,
+    /// Not in checkpoints: a resumed run starts counting again.
+    skipped_in_a_row: u64,
+}
+
+impl<'a, B: Backend> Training<'a, B> {
+    /// The network, optimizer, data on the device and state to start from: the seeded
+    /// initialisation, init_from's weights or a checkpoint.
+    fn start(
+        backend: &'a B,
+        spec: &'a JobSpec,
+        graph: Graph,
+        data: Data,
+        metrics: &'a mut MetricsWriter,
+        session: Session<'a, B>,
+    ) -> Result<Self> {
+        let Session {
+            initial,
+            resume,
+            checkpoint_dir,
+            stop,
+            mut parallel,
+            finishing,
+        } = session;
+        let batch_size = spec.batch_size();
+        let param_len = graph.param_len;
+        // init_from's num_batches_tracked, which this run counts on from.
+        let mut tracked_before = Vec::new();
+        let (params, running_stats, resume) = match resume {
+            Some(mut c) => (
+                std::mem::take(&mut c.params),
+                Some(std::mem::take(&mut c.running_stats)),
+                Some(c),
+            ),
+            None => match initial {
+                Some(w) => {
+                    tracked_before = w.batches_tracked;
+                    (w.params, Some(w.running_stats), None)
+                }
+                None => (graph.init_params(spec.job.seed), None, None),
+            },
+        };
+        if params.len() != param_len {
+            return Err(Error::Job(format!(
+                "the starting parameters have {} values but the model's parameter buffer has \
+                 {param_len}",
+                params.len()
+            )));
+        }
+        // A replica's buffers hold its share of a micro-batch (`BatchLayout::buffer_rows`).
+        let rows = batch_size.min(data.largest_split());
+        let replica_batch = parallel
+            .as_ref()
+            .map_or(rows, |p| rows.div_ceil(p.replicas()));
+        let mut net = training_network(backend, graph, &params, replica_batch, spec)?;
+        drop(params);
+        if let Some(stats) = running_stats {
+            net.set_running_stats(backend, &stats)?;
+        }
+        let mut optimizer = Optimizer::new(backend, spec, param_len)?;
+
+        let (row_len, target_dim, data_finite) =
+            (data.row_len(), data.target_dim, data.all_finite());
+        let train_len = data.train.len;
+        let total = total_steps(spec, train_len);
+        let schedule = Schedule::new(spec.optimizer.lr, &spec.optimizer.schedule, total);
+        let resident = samples::resident(backend, spec.device.data, data.bytes());
+        let train_samples = Samples::new(backend, data.train, resident)?;
+        let eval_sets = data
+            .eval
+            .into_iter()
+            .map(|(name, d)| EvalSet::new(backend, name, d, resident))
+            .collect::<Result<Vec<_>>>()?;
+        // The test split waits for the end when asked to (it comes last in the data's
+        // evaluation splits).
+        let periodic_sets = match spec.train.evaluate_test {
+            EvaluateTest::EveryEvaluation => eval_sets.len(),
+            EvaluateTest::AtEnd => eval_sets.iter().filter(|s| s.name != "test").count(),
+        };
+
+        let mut train_stats = backend.new_stats()?;
+        let eval_stats = backend.new_stats()?;
+        let mut st = TrainState::start(spec.job.seed);
+        st.batches_tracked_before = tracked_before;
+        if let Some(c) = resume {
+            optimizer
+                .restore(backend, &c.optimizer, c.state.optimizer_steps, param_len)
+                .map_err(|e| Error::Job(format!("{}: {e}", c.path.display())))?;
+            backend.set_stats(&mut train_stats, c.window);
+            st = c.state;
+            st.finished = false;
+            st.evaluation.clear();
+        }
+        // A resumed run keeps its scaler's state (a forced resume may have changed the
+        // scaling).
+        match LossScaler::from_spec(&spec.precision) {
+            None => st.loss_scaler = None,
+            Some(fresh) => {
+                st.loss_scaler.get_or_insert(fresh);
+            }
+        }
+        if let Some(p) = parallel.as_mut() {
+            p.broadcast(spec, &net, &optimizer, backend)?;
+            p.verify(backend, &net.params)?;
+            if net.graph.running_stats_len() > 0 {
+                tracing::info!(
+                    "batch norm: each replica normalises with its own share's statistics and \
+                     keeps its own running statistics (no sync); rank 0's are evaluated and saved"
+                );
+            }
+        }
+        let started = Instant::now();
+        let mut outcome = Outcome::default();
+        if finishing {
+            outcome.end_reason = st.end_reason.unwrap_or_default();
+        }
+        Ok(Training {
+            backend,
+            spec,
+            metrics,
+            net,
+            optimizer,
+            schedule,
+            train_samples,
+            eval_sets,
+            periodic_sets,
+            train_stats,
+            eval_stats,
+            outcome,
+            saver: checkpoint_dir.map(|dir| Saver { dir, spec }),
+            parallel,
+            stop,
+            finishing,
+            batch_size,
+            train_len,
+            row_len,
+            target_dim,
+            data_finite,
+            total,
+            all_epochs_steps: steps_per_epoch(spec, train_len) * spec.train.epochs,
+            log_every: spec.train.log_every as u64,
+            deadline: stopping::deadline(spec, started),
+            early_stopping: stopping::EarlyStopping::new(spec, st.early_stopping.as_ref()),
+            started,
+            elapsed_before: st.elapsed_s,
+            progress: crate::logging::Progress::start(total as u64, st.step),
+            window_first: st.step + 1,
+            first_nonfinite: None,
+            skipped_in_a_row: 0,
+            st,
+        })
+    }
+
+    /// Finishing, the loop has nothing to do: the run ended at its checkpoint.
+    fn first_epoch(&self) -> usize {
+        if self.finishing {
+            self.spec.train.epochs + 1
+        } else {
+            self.st.epoch
+        }
+    }
+
+    fn all_steps_done(&self) -> bool {
+        self.st.step as usize >= self.total
+    }
+
+    /// Seconds the run has trained, its earlier sessions included.
+    fn elapsed(&self) -> f64 {
+        self.elapsed_before + self.started.elapsed().as_secs_f64()
+    }
+
+    /// Whether an evaluation follows this epoch (the final one follows the loop).
+    fn evaluates_after(&self, epoch: usize) -> bool {
+        let every = self.spec.train.eval_every_epochs;
+        every > 0 && epoch.is_multiple_of(every) && epoch < self.spec.train.epochs
+    }
+
+    /// One optimizer step on every replica, and its accounting: skipped steps, the first
+    /// non-finite loss, the open train row's samples and seconds. Returns the step's
+    /// learning rate, its result and its samples (all replicas').
+    fn optimizer_step(
+        &mut self,
+        epoch: usize,
+        group: &[&[u32]],
+        logging: bool,
+    ) -> Result<(f64, StepResult, usize)> {
+        let backend = self.backend;
+        let step_start = Instant::now();
+        self.outcome.first_step_at.get_or_insert(step_start);
+        let step = self.st.step + 1;
+        // Skipped steps (mixed precision) do not advance the schedule, as with GradScaler.
+        let lr = self
+            .schedule
+            .lr((self.st.step - self.st.skipped_steps) as usize);
+        let skip_nonfinite = self.spec.train.on_nonfinite == OnNonFinite::Skip;
+        let settings = StepSettings {
+            lr,
+            clip: self.spec.train.clip_grad_norm,
+            want_grad_norm: logging,
+            loss_scale: self.st.loss_scaler.as_ref().map(|s| s.scale),
+            skip_nonfinite,
+        };
+        // The open row's loss statistics before this step, to put back if it is skipped.
+        let window_before = skip_nonfinite.then(|| peek_stats(backend, &mut self.train_stats));
+        let batch = Batch {
+            samples: &self.train_samples,
+            row_len: self.row_len,
+            target_dim: self.target_dim,
+        };
+        let cx = StepContext {
+            backend,
+            net: &mut self.net,
+            optimizer: &mut self.optimizer,
+            stats: &mut self.train_stats,
+            micro_step: &mut self.st.micro_step,
+        };
+        let result = match self.parallel.as_mut() {
+            None => optimizer_step(cx, &batch, group, settings),
+            Some(p) => p.step(cx, &batch, group, settings)?,
+        };
+        backend.status()?;
+        if let Some(scaler) = self.st.loss_scaler.as_mut() {
+            scaler.update(result.skipped);
+        }
+        if result.skipped {
+            self.skipped(step, epoch, window_before)?;
+        } else {
+            self.skipped_in_a_row = 0;
+        }
+        // The first step whose loss is not finite, where that can be seen without
+        // waiting (the CPU): a log row averages several steps.
+        if let Some(sum) = backend
+            .loss_sum_now(&self.train_stats)
+            .filter(|sum| self.first_nonfinite.is_none() && !sum.is_finite())
+        {
+            self.first_nonfinite = Some((step, epoch, sum));
+        }
+        // All replicas' and micro-batches' samples: fewer on an epoch's short last step.
+        let samples: usize = group.iter().map(|rows| rows.len()).sum();
+        let st = &mut self.st;
+        st.window_samples += samples as u64;
+        st.step = step;
+        st.steps_in_epoch += 1;
+        self.progress.set(step);
+        st.window_seconds += step_start.elapsed().as_secs_f64();
+        Ok((lr, result, samples))
+    }
+
+    /// A step that was not applied (inf/NaN gradients): counted, its loss taken out of the
+    /// open row, and too many in a row end the run.
+    fn skipped(&mut self, step: u64, epoch: usize, window_before: Option<LossStats>) -> Result<()> {
+        self.st.skipped_steps += 1;
+        self.skipped_in_a_row += 1;
+        if let Some(before) = window_before {
+            self.backend.set_stats(&mut self.train_stats, before);
+        }
+        let scale = self.st.loss_scaler.as_ref().map(|s| s.scale);
+        let in_a_row = self.skipped_in_a_row;
+        check_skipped_in_a_row(in_a_row, step, epoch, scale, self.data_finite)?;
+        // With a loss scaler, skipping is how the scale finds its level: routine.
+        if self.st.loss_scaler.is_some() {
+            tracing::debug!("step {step} skipped: inf/NaN gradients");
+        } else {
+            tracing::warn!(
+                "step {step} skipped: the loss or gradients are inf/NaN \
+                 (train.on_nonfinite = \"skip\"; {in_a_row} in a row, {} in all)",
+                self.st.skipped_steps
+            );
+        }
+        Ok(())
+    }
+
+    /// Writes the train row for the steps since the last one. With on_nonfinite = "skip" a
+    /// window whose every step was skipped has no loss to report: it stays open, and the
+    /// next row covers it.
+    fn log_train_row(
+        &mut self,
+        epoch: usize,
+        lr: f64,
+        result: &StepResult,
+        step_samples: usize,
+    ) -> Result<()> {
+        let stats = self.backend.take_stats(&mut self.train_stats);
+        if stats.samples <= 0.0 {
+            return Ok(());
+        }
+        let st = &self.st;
+        let row = MetricsRow {
+            step: st.step,
+            epoch,
+            split: "train",
+            loss: stats.loss_sum / stats.samples,
+            accuracy: (self.net.graph.objective.has_accuracy)
+                .then(|| stats.correct / stats.samples),
+            lr: Some(lr),
+            grad_norm: result.grad_norm,
+            samples_per_sec: Some(st.window_samples as f64 / st.window_seconds.max(1e-9)),
+            elapsed_s: self.elapsed(),
+            gpu_mem: self.backend.memory(),
+            loss_scale: st.loss_scaler.as_ref().map(|s| s.scale),
+            skipped_steps: Some(st.skipped_steps),
+            global_batch: Some(step_samples),
+        };
+        check_finite(
+            &row,
+            self.window_first,
+            self.first_nonfinite,
+            self.data_finite,
+        )?;
+        tracing::info!("{}", progress_line(&row, self.total));
+        self.progress.say(|| {
+            let speed = row.samples_per_sec.unwrap_or(0.0);
+            format!("epoch {epoch}  loss {:.4}  {speed:.0} samples/s", row.loss)
+        });
+        self.metrics.write(&row)?;
+        self.close_window();
+        self.window_first = row.step + 1;
+        self.outcome.last_train = Some(row);
+        Ok(())
+    }
+
+    /// The open train row's samples and seconds go into the run's totals.
+    fn close_window(&mut self) {
+        let st = &mut self.st;
+        st.train_samples += st.window_samples;
+        st.train_seconds += st.window_seconds;
+        st.window_samples = 0;
+        st.window_seconds = 0.0;
+    }
+
+    /// A stop signal this process (or another replica's) received.
+    fn stop_signal(&self) -> Option<i32> {
+        (self.stop.and_then(Stop::requested))
+            .or_else(|| self.parallel.as_ref().and_then(|p| p.stop_requested()))
+    }
+
+    /// Writes a checkpoint of the state as it stands, when the run writes any.
+    fn checkpoint(&mut self) -> Result<()> {
+        let elapsed_s = self.elapsed();
+        if let Some(saver) = self.saver.as_mut() {
+            self.st.elapsed_s = elapsed_s;
+            let (net, optimizer, metrics) = (&self.net, &self.optimizer, &*self.metrics);
+            let path = saver.save(
+                self.backend,
+                net,
+                optimizer,
+                &mut self.train_stats,
+                &self.st,
                 metrics,
-                &mut outcome,
             )?;
-            if let Some(es) = early_stopping.as_mut() {
-                let stop = es.should_stop(&outcome.last_eval);
-                st.early_stopping = Some(es.progress().clone());
+            self.outcome.last_checkpoint = Some(path);
+        }
+        Ok(())
+    }
+
+    /// A signal stopped the run (its checkpoint written): the other replicas stop too.
+    fn interrupted(mut self, signal: i32) -> Outcome {
+        self.outcome.interrupted = Some(signal);
+        if let Some(p) = self.parallel.as_mut() {
+            p.finish(Some(signal));
+        }
+        finish(self.outcome, &self.st, None)
+    }
+
+    /// An epoch's end: its evaluation (and early stopping's decision), then the epoch's
+    /// checkpoint.
+    fn end_epoch(&mut self, epoch: usize) -> Result<EpochEnd> {
+        let mut evaluation = BTreeMap::new();
+        if self.evaluates_after(epoch) {
+            evaluation = self.evaluate(0..self.periodic_sets, epoch)?;
+            if let Some(es) = self.early_stopping.as_mut() {
+                let stop = es.should_stop(&self.outcome.last_eval);
+                self.st.early_stopping = Some(es.progress().clone());
                 if stop {
-                    outcome.end_reason = EndReason::EarlyStopped;
-                    st.evaluation = evaluation;
-                    break 'epochs;
+                    self.outcome.end_reason = EndReason::EarlyStopped;
+                    self.st.evaluation = evaluation;
+                    return Ok(EpochEnd::Stop);
                 }
             }
         }
         // The epoch is done, evaluation included: a checkpoint from here starts the next.
-        st.epoch = epoch + 1;
-        st.steps_in_epoch = 0;
-        if policy.every_epochs.is_some_and(|n| epoch % n == 0) {
-            if let Some(saver) = saver.as_mut() {
-                st.elapsed_s = elapsed();
-                st.evaluation = evaluation;
-                let path = saver.save(backend, &net, &optimizer, &mut train_stats, &st, metrics)?;
-                st.evaluation.clear();
-                outcome.last_checkpoint = Some(path);
+        self.st.epoch = epoch + 1;
+        self.st.steps_in_epoch = 0;
+        let every = self.spec.checkpoint.every_epochs;
+        if every.is_some_and(|n| epoch.is_multiple_of(n)) && self.saver.is_some() {
+            self.st.evaluation = evaluation;
+            self.checkpoint()?;
+            self.st.evaluation.clear();
+        }
+        Ok(EpochEnd::Continue)
+    }
+
+    /// Evaluates `sets` of the evaluation splits, writing a row for each.
+    fn evaluate(&mut self, sets: Range<usize>, epoch: usize) -> Result<BTreeMap<String, f64>> {
+        let elapsed_s = self.elapsed();
+        evaluate(
+            self.backend,
+            &mut self.net,
+            &self.eval_sets[sets],
+            &mut self.eval_stats,
+            (epoch, self.st.step, elapsed_s),
+            self.metrics,
+            &mut self.outcome,
+        )
+    }
+
+    /// After the loop: why the run ended, the final evaluation and checkpoint, and the
+    /// final weights.
+    fn finish(mut self) -> Result<Outcome> {
+        let early_stopped = self.outcome.end_reason == EndReason::EarlyStopped;
+        if self.outcome.end_reason == EndReason::Completed
+            && self.all_steps_done()
+            && self.total < self.all_epochs_steps
+        {
+            self.outcome.end_reason = EndReason::MaxSteps;
+        }
+        self.report_skipped_steps();
+        // The epoch the loop ended in (it stands at the next one's start after a full epoch).
+        let last_epoch = if self.st.steps_in_epoch == 0 {
+            self.st.epoch.saturating_sub(1).max(1)
+        } else {
+            self.st.epoch
+        };
+        // The final evaluation, always (also when max_steps ended the run mid-epoch).
+        // Early stopping has just evaluated all but a test split kept for the end.
+        let first = if early_stopped { self.periodic_sets } else { 0 };
+        let sets = first..self.eval_sets.len();
+        if self.spec.train.eval_every_epochs > 0 && !sets.is_empty() && !self.finishing {
+            let evaluation = self.evaluate(sets, last_epoch)?;
+            if early_stopped {
+                self.st.evaluation.extend(evaluation);
+            } else {
+                self.st.evaluation = evaluation;
             }
         }
+        self.close_window();
+        let spec = self.spec;
+        let policy = &spec.checkpoint;
+        let checkpointing = policy.every_steps.is_some() || policy.every_epochs.is_some();
+        if checkpointing && !self.finishing && self.saver.is_some() {
+            self.st.finished = true;
+            self.st.end_reason = Some(self.outcome.end_reason);
+            if self.st.steps_in_epoch == steps_per_epoch(spec, self.train_len) {
+                self.st.epoch += 1;
+                self.st.steps_in_epoch = 0;
+            }
+            self.checkpoint()?;
+        }
+        let backend = self.backend;
+        if let Some(p) = self.parallel.as_mut() {
+            p.verify(backend, &self.net.params)?;
+            p.finish(None);
+        }
+        let weights = self.final_weights();
+        // The last steps, the evaluations and these downloads ran without a check since the
+        // last step's: a device fault there fails the run rather than report garbage weights.
+        backend.status()?;
+        let mut outcome = finish(self.outcome, &self.st, Some(weights));
+        outcome.epochs = last_epoch;
+        outcome.step_recordings = B::RECORDS.then(|| self.net.step_recordings());
+        outcome.update_recordings = B::RECORDS.then(|| self.optimizer.update_recordings());
+        if let Some(n) = outcome.step_recordings.filter(|&n| n > 0) {
+            let update = match outcome.update_recordings {
+                Some(0) | None => "; the update ran op by op".to_string(),
+                Some(u) => format!(", the optimizer update {u} time(s)"),
+            };
+            tracing::info!(
+                "CUDA graphs: the training micro-step was recorded {n} time(s){update}, and \
+                 replayed"
+            );
+        }
+        Ok(outcome)
     }
-    if outcome.end_reason == EndReason::Completed
-        && st.step as usize >= total
-        && total < epoch_steps
-    {
-        outcome.end_reason = EndReason::MaxSteps;
-    }
-    // The last skipped steps may be in no row (a window with no applied step writes none).
-    if st.skipped_steps > 0 {
+
+    /// The last skipped steps may be in no row (a window with no applied step writes none):
+    /// the log says how many there were.
+    fn report_skipped_steps(&self) {
+        let st = &self.st;
+        if st.skipped_steps == 0 {
+            return;
+        }
         let (why, hint) = match &st.loss_scaler {
             Some(scaler) => (
                 format!(
@@ -513,82 +764,23 @@ pub fn train_session<B: Backend>(
             );
         }
     }
-    // The epoch the loop ended in (it stands at the next one's start after a full epoch).
-    let last_epoch = if st.steps_in_epoch == 0 {
-        st.epoch.saturating_sub(1).max(1)
-    } else {
-        st.epoch
-    };
-    // The final evaluation, always (also when max_steps ended the run mid-epoch).
-    // Early stopping has just evaluated all but a test split kept for the end.
-    let early_stopped = outcome.end_reason == EndReason::EarlyStopped;
-    let final_sets = &eval_sets[if early_stopped { periodic_sets } else { 0 }..];
-    if spec.train.eval_every_epochs > 0 && !final_sets.is_empty() && !finishing {
-        let evaluation = evaluate(
-            backend,
-            &mut net,
-            final_sets,
-            &mut eval_stats,
-            last_epoch,
-            st.step,
-            elapsed(),
-            metrics,
-            &mut outcome,
-        )?;
-        if early_stopped {
-            st.evaluation.extend(evaluation);
-        } else {
-            st.evaluation = evaluation;
+
+    /// The parameters and batch norm's running statistics, from the device.
+    fn final_weights(&self) -> Weights {
+        let mut params = vec![0.0; self.net.graph.param_len];
+        self.backend.download(&self.net.params, &mut params);
+        // Every training forward pass counts, as in PyTorch (micro-batches, skipped steps
+        // too).
+        let st = &self.st;
+        let batches_tracked = (0..self.net.graph.batchnorm_prefixes().len())
+            .map(|i| st.batches_tracked_before.get(i).copied().unwrap_or(0) + st.micro_step)
+            .collect();
+        Weights {
+            params,
+            running_stats: self.net.running_stats(self.backend),
+            batches_tracked,
         }
     }
-    st.train_samples += st.window_samples;
-    st.train_seconds += st.window_seconds;
-    st.window_samples = 0;
-    st.window_seconds = 0.0;
-    let checkpointing = policy.every_steps.is_some() || policy.every_epochs.is_some();
-    if let Some(saver) = saver.as_mut().filter(|_| checkpointing && !finishing) {
-        st.finished = true;
-        st.end_reason = Some(outcome.end_reason);
-        if st.steps_in_epoch == steps_per_epoch(spec, train_len) {
-            st.epoch += 1;
-            st.steps_in_epoch = 0;
-        }
-        st.elapsed_s = elapsed();
-        let path = saver.save(backend, &net, &optimizer, &mut train_stats, &st, metrics)?;
-        outcome.last_checkpoint = Some(path);
-    }
-    if let Some(p) = parallel.as_mut() {
-        p.verify(backend, &net.params)?;
-        p.finish(None);
-    }
-    let mut params = vec![0.0; param_len];
-    backend.download(&net.params, &mut params);
-    // Every training forward pass counts, as in PyTorch (micro-batches, skipped steps too).
-    let batches_tracked = (0..net.graph.batchnorm_prefixes().len())
-        .map(|i| st.batches_tracked_before.get(i).copied().unwrap_or(0) + st.micro_step)
-        .collect();
-    let weights = Weights {
-        params,
-        running_stats: net.running_stats(backend),
-        batches_tracked,
-    };
-    // The last steps, the evaluations and these downloads ran without a check since the
-    // last step's: a device fault there fails the run rather than report garbage weights.
-    backend.status()?;
-    let mut outcome = finish(outcome, &st, Some(weights));
-    outcome.epochs = last_epoch;
-    outcome.step_recordings = B::RECORDS.then(|| net.step_recordings());
-    outcome.update_recordings = B::RECORDS.then(|| optimizer.update_recordings());
-    if let Some(n) = outcome.step_recordings.filter(|&n| n > 0) {
-        let update = match outcome.update_recordings {
-            Some(0) | None => "; the update ran op by op".to_string(),
-            Some(u) => format!(", the optimizer update {u} time(s)"),
-        };
-        tracing::info!(
-            "CUDA graphs: the training micro-step was recorded {n} time(s){update}, and replayed"
-        );
-    }
-    Ok(outcome)
 }
 
 /// The network a replica trains: buffers for `batch` samples, the job's precision, and its
@@ -627,7 +819,7 @@ fn finish(mut outcome: Outcome, st: &TrainState, final_weights: Option<Weights>)
 
 /// Writes training checkpoints for one run.
 struct Saver<'a> {
-    dir: &'a Path,
+    dir: PathBuf,
     spec: &'a JobSpec,
 }
 
@@ -684,7 +876,7 @@ impl Saver<'_> {
             ..st.clone()
         };
         let (path, size) = checkpoint::save(
-            self.dir,
+            &self.dir,
             Saving {
                 state: &state,
                 spec: self.spec,
@@ -694,7 +886,7 @@ impl Saver<'_> {
                 window,
             },
         )?;
-        checkpoint::prune(self.dir, &self.spec.checkpoint)?;
+        checkpoint::prune(&self.dir, &self.spec.checkpoint)?;
         tracing::info!(
             "checkpoint {} ({:.1} MiB in {:.3} s)",
             path.display(),
@@ -934,15 +1126,13 @@ impl<B: Backend> EvalSet<B> {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Evaluates on `sets`, writing a row for each, at (epoch, step, elapsed seconds).
 fn evaluate<B: Backend>(
     backend: &B,
     net: &mut Network<B>,
     sets: &[EvalSet<B>],
     stats: &mut B::Stats,
-    epoch: usize,
-    step: u64,
-    elapsed_s: f64,
+    (epoch, step, elapsed_s): (usize, u64, f64),
     metrics: &mut MetricsWriter,
     outcome: &mut Outcome,
 ) -> Result<BTreeMap<String, f64>> {
