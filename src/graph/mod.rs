@@ -22,9 +22,11 @@ use crate::tensor::{Activation, Conv2d, LossFn, Pool2d, PoolKind};
 #[derive(Debug, Clone, PartialEq)]
 pub enum Op {
     /// Parameters at `weight` ([out, inp] row-major) and `bias` (out) in the flat buffer.
+    /// Over the last axis, as PyTorch's nn.Linear: a sample of [..., inp] is `rows` rows.
     Linear {
         inp: usize,
         out: usize,
+        rows: usize,
         weight: usize,
         bias: Option<usize>,
     },
@@ -88,6 +90,7 @@ impl Op {
                 out,
                 weight,
                 bias,
+                ..
             } => (weight, inp * out, bias, out),
             Op::Conv2d { geom, weight, bias } => (weight, geom.weight_len(), bias, geom.o),
             _ => return Vec::new(),
@@ -235,18 +238,7 @@ impl Graph {
             let kind = entry.layer.kind();
             let (op, out_shape) = match &entry.layer {
                 LayerSpec::Linear(l) => {
-                    if in_shape.len() != 1 {
-                        return Err(layer_error(
-                            i,
-                            "linear",
-                            format!(
-                                "its input has shape {} but linear needs \
-                             one dimension per sample; add {{ type = \"flatten\" }} before it",
-                                shape_str(&in_shape)
-                            ),
-                        ));
-                    }
-                    let inp = in_shape[0];
+                    let (&inp, leading) = in_shape.split_last().expect("a shape has an axis");
                     if let Some(given) = l.in_features {
                         if given != inp {
                             return Err(layer_error(
@@ -261,14 +253,17 @@ impl Graph {
                     }
                     let weight = reserve(&mut offset, inp * l.out);
                     let bias = l.bias.then(|| reserve(&mut offset, l.out));
+                    let mut out_shape = leading.to_vec();
+                    out_shape.push(l.out);
                     (
                         Op::Linear {
                             inp,
                             out: l.out,
+                            rows: numel(leading),
                             weight,
                             bias,
                         },
-                        vec![l.out],
+                        out_shape,
                     )
                 }
                 LayerSpec::Relu(_) => (Op::Activation(Activation::Relu), in_shape.clone()),
@@ -503,6 +498,7 @@ impl Graph {
                     out,
                     weight,
                     bias,
+                    ..
                 } => {
                     // kaiming_uniform(a = √5) gives ±1/√fan_in; the bias uses the same bound.
                     let bound = 1.0 / (inp as f64).sqrt();
@@ -688,9 +684,14 @@ fn objective(
         .as_ref()
         .map_or(String::new(), |from| format!("; {from}"));
     let mismatch = |what: String| {
+        // A linear layer applies over the last axis: flattening first gives one row a sample.
+        let flatten = match out_shape.len() {
+            1 => "",
+            _ => "; add { type = \"flatten\" } before the last linear layer",
+        };
         Err(Error::AtKey {
             message: format!(
-                "{last_key} (the last layer) outputs {} ({values} per sample) but {what}",
+                "{last_key} (the last layer) outputs {} ({values} per sample) but {what}{flatten}",
                 shape_str(out_shape)
             ),
             key: last_key.clone(),

@@ -610,6 +610,7 @@ impl<B: Backend> Network<B> {
             &Op::Linear {
                 inp,
                 out,
+                rows,
                 weight,
                 bias,
             } => {
@@ -618,7 +619,7 @@ impl<B: Backend> Network<B> {
                     .is_some_and(|f| f.by_product)
                     .then_some(Activation::Relu);
                 let (x, y) = matmul_operands(&mut self.acts, self.rounded_data.as_ref(), src, dst);
-                backend.linear_forward(x, weights, weight, bias, y, n, inp, out, then);
+                backend.linear_forward(x, weights, weight, bias, y, n * rows, inp, out, then);
             }
             &Op::Activation(f) => {
                 let (x, y) = read_write(&mut self.acts, src, dst);
@@ -899,13 +900,14 @@ impl<B: Backend> Network<B> {
             Op::Linear {
                 inp,
                 out,
+                rows,
                 weight,
                 bias,
             } => {
                 let dx = need_dx.then_some(dx);
                 let grads = &mut self.grads;
-                let x = product_x;
-                backend.linear_backward(x, dy, weights, grads, dw, weight, bias, dx, n, inp, out);
+                let (x, m) = (product_x, n * rows);
+                backend.linear_backward(x, dy, weights, grads, dw, weight, bias, dx, m, inp, out);
             }
             Op::Activation(f) if need_dx => {
                 backend.activation_backward(f, x, &self.acts[dst], dy, dx, len);

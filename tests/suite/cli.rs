@@ -594,9 +594,9 @@ fn shape_that_cannot_be_inferred_says_how_to_fix_it() {
         &[],
         2,
         &[
-            "model.layers[0] (linear)",
-            "[1, 8, 8]",
-            "add { type = \"flatten\" }",
+            // A linear layer applies over the last axis: [1, 8, 8] gives [1, 8, 10].
+            "model.layers[0] (the last layer) outputs [1, 8, 10]",
+            "add { type = \"flatten\" } before the last linear layer",
         ],
     );
 }
@@ -624,7 +624,7 @@ fn a_shape_error_names_the_set_that_gave_the_input_shape() {
         &["--set", "model.layers[0].type=\"relu\""],
         2,
         &[
-            "bad.toml: model.layers[1] (linear)",
+            "bad.toml: model.layers[1] (the last layer)",
             "(model.layers is changed by --set model.layers[0].type)",
         ],
     );

@@ -890,7 +890,14 @@ fn mlp_job_on_cuda_follows_the_cpu_loss_curve() {
     if gpu().is_none() {
         return;
     }
-    for extra in [&[][..], &["--set", "model.layers=[{type=\"flatten\"},{type=\"linear\",out=64},{type=\"gelu\"},{type=\"dropout\",p=0.2},{type=\"linear\",out=10}]"][..]] {
+    // A model over sequences: each 8x8 digit as 8 rows of 8, linear and layer norm per row.
+    let sequence = [
+        "--set",
+        "model.input_shape=[8,8]",
+        "--set",
+        "model.layers=[{type=\"linear\",out=16},{type=\"gelu\"},{type=\"layernorm\"},{type=\"linear\",out=8},{type=\"flatten\"},{type=\"linear\",out=10}]",
+    ];
+    for extra in [&[][..], &["--set", "model.layers=[{type=\"flatten\"},{type=\"linear\",out=64},{type=\"gelu\"},{type=\"dropout\",p=0.2},{type=\"linear\",out=10}]"][..], &sequence[..]] {
         let cpu = loss_curve("cpu", extra);
         let cuda = loss_curve("cuda", extra);
         assert_eq!(cpu.len(), 100);

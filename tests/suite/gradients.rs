@@ -4,7 +4,7 @@
 use crate::common;
 
 use common::{network, network_with, random_vec, spec};
-use trainer::graph::{DataShape, Network};
+use trainer::graph::{DataShape, Network, Op};
 use trainer::tensor::cpu::CpuBackend;
 use trainer::tensor::{Backend, HalfKind};
 
@@ -566,4 +566,98 @@ fn a_step_without_a_backward_pass_has_zero_gradients() {
     net.start_gradients();
     net.finish_gradients(&b);
     assert!(net.grads.iter().all(|&g| g == 0.0));
+}
+
+/// A model over sequences: per-sample [3, 4], linear, GELU and layer norm over the last
+/// axis (rows = batch × 3), then flattened to the classes.
+fn sequence_job(middle: &str) -> String {
+    format!(
+        r#"
+        [data]
+        source = "synthetic"
+        [model]
+        layers = [
+          {{ type = "linear", out = 5 }},
+          {middle},
+          {{ type = "flatten" }},
+          {{ type = "linear", out = 3 }},
+        ]
+        [optimizer]
+        type = "sgd"
+        lr = 0.1
+        "#
+    )
+}
+
+fn sequences() -> DataShape {
+    DataShape {
+        sample_shape: vec![3, 4],
+        classes: Some(3),
+        classes_from: None,
+        target_dim: 1,
+    }
+}
+
+#[test]
+fn linear_over_the_last_axis_gradients() {
+    check_gradients(
+        &sequence_job(
+            r#"{ type = "gelu" }, { type = "layernorm" }, { type = "linear", out = 2, bias = false }"#,
+        ),
+        sequences(),
+    );
+}
+
+/// Each row of a [T, C] sample goes through the same weights, as PyTorch's nn.Linear on
+/// [B, T, C]: y[b, t] = W·x[b, t] + bias.
+#[test]
+fn linear_over_the_last_axis_applies_per_row() {
+    let b = CpuBackend::new(1);
+    let job = r#"
+        [data]
+        source = "synthetic"
+        task = "regression"
+        [model]
+        layers = [{ type = "linear", out = 5 }]
+        [loss]
+        type = "mse"
+        [optimizer]
+        type = "sgd"
+        lr = 0.1
+    "#;
+    let data = DataShape {
+        sample_shape: vec![3, 4],
+        classes: None,
+        classes_from: None,
+        target_dim: 15,
+    };
+    let mut net = network(&spec(job), &data, N, 3);
+    let (x, params) = (net.input_mut().clone(), net.params.clone());
+    net.forward(&b, N, false, STEP_KEY);
+    let layer = &net.graph.layers[0];
+    assert_eq!(layer.out_shape, [3, 5]);
+    let Op::Linear {
+        inp,
+        out,
+        rows,
+        weight,
+        bias,
+    } = layer.op
+    else {
+        panic!("not a linear layer")
+    };
+    assert_eq!((inp, out, rows), (4, 5, 3));
+    let y = net.output();
+    for row in 0..N * rows {
+        for o in 0..out {
+            let w = &params[weight + o * inp..weight + (o + 1) * inp];
+            let dot: f32 = (0..inp).map(|k| w[k] * x[row * inp + k]).sum();
+            let expected = dot + params[bias.unwrap() + o];
+            let got = y[row * out + o];
+            assert!(
+                (got - expected).abs() <= 1e-5,
+                "row {row}, output {o}: {got} vs {expected}"
+            );
+        }
+    }
 }
