@@ -2,9 +2,8 @@
 //! (default, the file, the environment, `--set`). Figment tags each value with the provider
 //! that supplied it; a value in the resolved spec that no layer holds is a default.
 
-use super::load::{
-    dotted, env_var_giving, file_table, layers, lookup_table, parse_sets, KeyStep, SET_LAYER,
-};
+use super::keys::{dotted, lookup_table, KeyStep};
+use super::load::{env_var_giving, file_table, layers, parse_sets, SET_LAYER};
 use crate::error::Result;
 use crate::runtime_err;
 use figment::value::Value;

@@ -3,7 +3,9 @@
 
 mod controls;
 mod explain;
+mod keys;
 mod load;
+mod messages;
 mod validate;
 mod world;
 
@@ -12,14 +14,14 @@ pub use controls::{
     StopMode, MAX_SKIPPED_IN_A_ROW,
 };
 pub use explain::explain;
+pub use load::validate;
+pub use load::{canonical_keys, load_job, parse_set_arg, JobSource, KeySources};
+pub(crate) use messages::toml_error;
+pub use validate::{check_run_name, parse_device, DeviceChoice};
 pub use world::Rendezvous;
 
 /// DDP's `bucket_cap_mb` default: gradient buckets of 25 MiB (`parallel.bucket_mb`).
 pub const DEFAULT_BUCKET_MB: f64 = 25.0;
-pub(crate) use load::toml_error;
-pub use load::validate;
-pub use load::{canonical_keys, load_job, parse_set_arg, JobSource, KeySources};
-pub use validate::{check_run_name, parse_device, DeviceChoice};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
