@@ -119,10 +119,10 @@ impl BufferPlan {
             .enumerate()
             .map(|(i, layer)| {
                 let input = value_of_node[layer.inputs[0]];
-                let eligible = writes_in_place(&layer.op)
+                let eligible = layer.op.writes_in_place()
                     && input != 0
                     && readers[input] == 1
-                    && !backward_reads_output(&layers[producer[input]].op);
+                    && !layers[producer[input]].op.backward_reads_output();
                 if eligible {
                     stored[value_of_node[i + 1]] = stored[input];
                 }
@@ -323,22 +323,6 @@ impl HalfWidth {
     pub fn slot(&self, slot: usize) -> bool {
         slot != 0 || self.input
     }
-}
-
-/// Ops that can write their output over their input (see the module's comment).
-fn writes_in_place(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Activation(Activation::Relu | Activation::Tanh | Activation::Sigmoid)
-            | Op::Dropout { .. }
-            | Op::Add
-    )
-}
-
-/// Ops whose backward step reads their output, which an in-place layer after them would
-/// overwrite.
-fn backward_reads_output(op: &Op) -> bool {
-    matches!(op, Op::Activation(_) | Op::Pool { .. } | Op::Softmax { .. })
 }
 
 /// Gradient buffers shared by values whose gradients are never needed at the same time:

@@ -6,99 +6,20 @@ mod buckets;
 mod buffers;
 mod image;
 mod network;
+mod op;
 pub mod wiring;
 
 pub use buckets::GradBuckets;
 pub use buffers::{BufferPlan, HalfWidth};
 pub use network::{GradientSync, Network};
+pub use op::Op;
 
 use crate::error::{layer_error, Error, Result};
 use crate::spec::{
     ActivationCheckpointing, ActivationMode, GeluApproximation, JobSpec, LayerSpec, LossKind,
 };
 use crate::tensor::rng::{derive, Rng};
-use crate::tensor::{Activation, Conv2d, LossFn, Pool2d, PoolKind};
-
-#[derive(Debug, Clone, PartialEq)]
-pub enum Op {
-    /// Parameters at `weight` ([out, inp] row-major) and `bias` (out) in the flat buffer.
-    /// Over the last axis, as PyTorch's nn.Linear: a sample of [..., inp] is `rows` rows.
-    Linear {
-        inp: usize,
-        out: usize,
-        rows: usize,
-        weight: usize,
-        bias: Option<usize>,
-    },
-    Activation(Activation),
-    Dropout {
-        p: f32,
-    },
-    /// flatten, reshape: shares its input's buffer, only the shape changes.
-    View,
-    /// Parameters at `weight` ([o, c/groups, kh, kw]) and `bias` (o).
-    Conv2d {
-        geom: Conv2d,
-        weight: usize,
-        bias: Option<usize>,
-    },
-    Pool {
-        kind: PoolKind,
-        geom: Pool2d,
-    },
-    /// Over rows of `width` values; γ at `gamma`, β right after it.
-    LayerNorm {
-        width: usize,
-        gamma: usize,
-        eps: f32,
-    },
-    /// Per channel of [channels, spatial] samples; γ at `gamma`, β right after it. The
-    /// running statistics are layer state (`Network::aux`), saved in checkpoints.
-    BatchNorm {
-        channels: usize,
-        spatial: usize,
-        gamma: usize,
-        eps: f32,
-        momentum: f32,
-    },
-    /// The sum of the inputs.
-    Add,
-    /// The inputs side by side in each sample: input k's `widths[k]` values per sample.
-    Concat {
-        widths: Vec<usize>,
-    },
-    /// (log_)softmax over rows of `width` values.
-    Softmax {
-        width: usize,
-        log: bool,
-    },
-    /// Rows of the table at `weight` ([vocab, dim]) for the token ids in the data.
-    Embedding {
-        vocab: usize,
-        dim: usize,
-        weight: usize,
-    },
-}
-
-impl Op {
-    /// The parameters of a linear or conv layer (its weight, and bias if any), whose
-    /// gradients the step's first backward pass writes instead of adding to (`GradWrite`).
-    pub fn written_params(&self) -> Vec<std::ops::Range<usize>> {
-        let (weight, len, bias, out) = match *self {
-            Op::Linear {
-                inp,
-                out,
-                weight,
-                bias,
-                ..
-            } => (weight, inp * out, bias, out),
-            Op::Conv2d { geom, weight, bias } => (weight, geom.weight_len(), bias, geom.o),
-            _ => return Vec::new(),
-        };
-        let bias = bias.map(|b| b..b + out);
-        std::iter::once(weight..weight + len).chain(bias).collect()
-    }
-}
+use crate::tensor::{Activation, Conv2d, LossFn, PoolKind};
 
 #[derive(Debug, Clone)]
 pub struct Layer {
@@ -427,10 +348,7 @@ impl Graph {
 
     /// The largest conv2d scratch, given a backend's rule for one layer (values, not bytes).
     pub fn conv_workspace(&self, per_layer: impl Fn(&Conv2d) -> usize) -> usize {
-        let conv = |l: &Layer| match &l.op {
-            Op::Conv2d { geom, .. } => Some(per_layer(geom)),
-            _ => None,
-        };
+        let conv = |l: &Layer| l.op.workspace(&per_layer);
         self.layers.iter().filter_map(conv).max().unwrap_or(0)
     }
 
@@ -840,7 +758,7 @@ impl MemoryPlan {
             layer_state: graph
                 .layers
                 .iter()
-                .map(|l| network::aux_len(&l.op, &l.out_shape, batch_size) * f)
+                .map(|l| l.op.aux_len(&l.out_shape, batch_size) * f)
                 .sum(),
             activations_without_checkpointing: batch_size * graph.activation_bytes(None, storage).1,
             recomputed_layers: plan.recomputed_layers(),

@@ -131,7 +131,7 @@ fn fusions(graph: &Graph, plan: &BufferPlan) -> Vec<Fusion> {
     // Whether a layer rounds its output (forward) / its input gradient (backward) in the
     // generic pass after it: the pass an activation beside it can take over.
     let rounds_output =
-        |l: &Layer| !forward_keeps_half(&l.op) && !matches!(l.op, Op::Activation(_));
+        |l: &Layer| !l.op.forward_keeps_half() && !matches!(l.op, Op::Activation(_));
     let rounds_dx = |i: usize| {
         let l = &layers[i];
         !matches!(
@@ -177,31 +177,6 @@ enum Pass {
     Recompute,
     /// Evaluation: dropout off, batch norm on its running statistics.
     Eval,
-}
-
-/// Ops whose output is already a half value when their input is one (so rounding it again
-/// would change nothing): views, ReLU, max pooling.
-fn forward_keeps_half(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::View
-            | Op::Activation(Activation::Relu)
-            | Op::Concat { .. }
-            | Op::Pool {
-                kind: crate::tensor::PoolKind::Max,
-                ..
-            }
-    )
-}
-
-/// f32 values of per-layer saved state at `max_batch` (see `Network::aux`).
-pub fn aux_len(op: &Op, out_shape: &[usize], max_batch: usize) -> usize {
-    match op {
-        Op::LayerNorm { width, .. } => 2 * max_batch * numel(out_shape) / width.max(&1),
-        // [running mean | running var | batch mean | batch invstd]
-        Op::BatchNorm { channels, .. } => 4 * channels,
-        _ => 0,
-    }
 }
 
 /// Two distinct elements of a slice, one shared and one mutable.
@@ -280,19 +255,12 @@ impl<B: Backend> Network<B> {
         let dacts = (plan.grad_sizes.iter())
             .map(|&n| alloc(max_batch * n, width.is_some()))
             .collect::<Result<Vec<_>>>()?;
-        let workspace_len = graph
-            .layers
-            .iter()
-            .filter_map(|l| match &l.op {
-                Op::Conv2d { geom, .. } => Some(backend.conv_workspace_len(geom, max_batch)),
-                _ => None,
-            })
-            .max()
-            .unwrap_or(0);
+        let workspace_len =
+            graph.conv_workspace(|geom| backend.conv_workspace_len(geom, max_batch));
         let mut aux = graph
             .layers
             .iter()
-            .map(|l| backend.alloc(aux_len(&l.op, &l.out_shape, max_batch)))
+            .map(|l| backend.alloc(l.op.aux_len(&l.out_shape, max_batch)))
             .collect::<Result<Vec<_>>>()?;
         // Batch norm's running statistics start as PyTorch's: mean 0, variance 1.
         for (l, state) in graph.layers.iter().zip(&mut aux) {
@@ -712,7 +680,7 @@ impl<B: Backend> Network<B> {
         }
         // Not where an in-place activation rounds it (this one, or the next: `Fusion`).
         let next_rounds = self.fused.get(i + 1).is_some_and(|f| f.input);
-        if !forward_keeps_half(&layer.op) && !self.fused[i].input && !next_rounds {
+        if !layer.op.forward_keeps_half() && !self.fused[i].input && !next_rounds {
             Self::round(backend, self.half, &mut self.acts[dst], len);
         }
     }
