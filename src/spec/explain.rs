@@ -2,8 +2,9 @@
 //! (default, the file, the environment, `--set`). Figment tags each value with the provider
 //! that supplied it; a value in the resolved spec that no layer holds is a default.
 
-use super::keys::{dotted, lookup_table, KeyStep};
-use super::load::{env_var_giving, file_table, layers, parse_sets, SET_LAYER};
+use super::env::env_var_giving;
+use super::keys::{dotted, file_table, lookup_table, parse_sets, KeyStep};
+use super::load::{layers, SET_LAYER};
 use crate::error::Result;
 use crate::runtime_err;
 use figment::value::Value;

@@ -2,8 +2,10 @@
 //! as `--set` writes it, the value given and what is allowed, a did-you-mean, and a hint
 //! when a key belongs to another section.
 
-use super::keys::{lookup_table, parse_key, KeyStep};
+use super::keys::{lookup_table, parse_key, path_steps, KeyStep};
+use super::sources::KeySources;
 use super::{JobSpec, SECTIONS};
+use crate::error::Error;
 
 /// Formats a TOML error as `file:line:col: key `a.b`: message` plus a suggestion.
 /// `key`: the key at fault, with the file's table to show its value where the message does
@@ -371,4 +373,125 @@ pub(super) fn edit_distance(a: &str, b: &str) -> usize {
         }
     }
     row[b.len()]
+}
+
+pub(super) fn layered_error(
+    file: &str,
+    file_keys: &toml::Table,
+    sets: &toml::Table,
+    set_args: &[String],
+    errors: figment::Error,
+) -> Error {
+    let sources = KeySources::of_tables(file.to_string(), set_args, file_keys.clone());
+    let lines: Vec<String> = errors
+        .into_iter()
+        .map(|e| {
+            let mut path = e.path.clone();
+            // Figment's path may already end with the key's name (it does for an unknown key
+            // from the environment or --set): name it once.
+            let name_key = |path: &mut Vec<String>, name: &str| {
+                if path.last().map(String::as_str) != Some(name) {
+                    path.push(name.to_string());
+                }
+            };
+            // A TOML date reaches serde as a table of one private key (which an enum reads
+            // as its variant).
+            if path.last().is_some_and(|p| p == "$__toml_private_datetime") {
+                path.pop();
+            }
+            let expected = match &e.kind {
+                figment::error::Kind::UnknownField(..) => "a table".to_string(),
+                figment::error::Kind::UnknownVariant(_, allowed) => {
+                    let allowed: Vec<String> = allowed.iter().map(|a| format!("\"{a}\"")).collect();
+                    format!("one of {}", allowed.join(", "))
+                }
+                kind => kind
+                    .to_string()
+                    .split_once("expected ")
+                    .unzip()
+                    .1
+                    .unwrap_or("")
+                    .to_string(),
+            };
+            let given = lookup_table(sets, &path_steps(&path));
+            let hint = date_given(given, &expected, true).or_else(|| {
+                let plain = plain(&format!("expected {expected}"));
+                read_as(
+                    given,
+                    plain.strip_prefix("expected ").unwrap_or(&plain),
+                    &path,
+                )
+            });
+            let message = match &e.kind {
+                _ if hint.is_some() => hint.unwrap_or_default(),
+                figment::error::Kind::UnknownField(name, expected) => {
+                    name_key(&mut path, name);
+                    let expected: Vec<String> = expected.iter().map(|s| format!("`{s}`")).collect();
+                    let msg = match expected.len() {
+                        0 => "unknown key: nothing may be set here".to_string(),
+                        _ => format!("unknown key, expected one of {}", expected.join(", ")),
+                    };
+                    let hint = match belongs_elsewhere(&path, "unknown field") {
+                        hint if hint.is_empty() => {
+                            did_you_mean(&format!("unknown field `{name}`, {msg}"))
+                        }
+                        hint => hint,
+                    };
+                    format!("{msg}{hint}")
+                }
+                figment::error::Kind::UnknownVariant(given, allowed) => {
+                    let allowed: Vec<String> = allowed.iter().map(|s| format!("\"{s}\"")).collect();
+                    format!("\"{given}\" given; allowed: {}", allowed.join(", "))
+                }
+                figment::error::Kind::MissingField(name) => {
+                    name_key(&mut path, name);
+                    "missing key: it is required".to_string()
+                }
+                figment::error::Kind::Message(message) => {
+                    let (below, message) = key_below(message);
+                    path.extend(below.map(String::from));
+                    // From ModelLayer, which reads a layer's keys as a value of its own.
+                    let named = |prefix: &str| {
+                        let rest = message.strip_prefix(prefix)?;
+                        rest.split_once('`')
+                    };
+                    if let Some((name, _)) = named("missing field `") {
+                        name_key(&mut path, name);
+                        "missing key: it is required".to_string()
+                    } else if let Some((name, rest)) = named("unknown field `") {
+                        name_key(&mut path, name);
+                        match rest.strip_prefix(", ") {
+                            Some(rest) if rest.starts_with("expected") => {
+                                format!("unknown key, {rest}{}", did_you_mean(message))
+                            }
+                            _ => match rest.strip_prefix(": ") {
+                                Some(why) => format!("unknown key: {why}"),
+                                None => "unknown key: nothing may be set here".to_string(),
+                            },
+                        }
+                    } else if message.starts_with("expected ") {
+                        let given = lookup_table(sets, &path_steps(&path));
+                        match given {
+                            Some(value) => format!("{value} given; {message}"),
+                            None => message.to_string(),
+                        }
+                    } else {
+                        format!("{}{}", plain(message), did_you_mean(message))
+                    }
+                }
+                kind => plain(&with_enum_choices(&kind.to_string(), &path)),
+            };
+            // Figment names an array element by its index as a key; print it as the user
+            // writes it: model.layers[1].out.
+            let key = path
+                .iter()
+                .fold(String::new(), |key, part| match part.parse::<usize>() {
+                    Ok(index) => format!("{key}[{index}]"),
+                    Err(_) if key.is_empty() => part.clone(),
+                    Err(_) => format!("{key}.{part}"),
+                });
+            format!("{}: key `{key}`: {message}", sources.of_path(&path))
+        })
+        .collect();
+    Error::Job(lines.join("\n"))
 }

@@ -2,10 +2,12 @@
 //! the layered loading (file, environment, `--set`) and the validation that runs before any work.
 
 mod controls;
+mod env;
 mod explain;
 mod keys;
 mod load;
 mod messages;
+mod sources;
 mod validate;
 mod world;
 
@@ -14,9 +16,11 @@ pub use controls::{
     StopMode, MAX_SKIPPED_IN_A_ROW,
 };
 pub use explain::explain;
+pub use keys::{canonical_keys, parse_set_arg};
 pub use load::validate;
-pub use load::{canonical_keys, load_job, parse_set_arg, JobSource, KeySources};
+pub use load::{load_job, JobSource};
 pub(crate) use messages::toml_error;
+pub use sources::KeySources;
 pub use validate::{check_run_name, parse_device, DeviceChoice};
 pub use world::Rendezvous;
 
