@@ -241,14 +241,15 @@ fn bce_with_logits_gradients() {
 }
 
 /// An image model: input [2, 6, 5] samples, `middle` between a conv and the classifier.
-fn image_job(middle: &str) -> String {
+/// A classifier: `first`, then `middle`, flattened to 3 classes.
+fn classifier_job(first: &str, middle: &str) -> String {
     format!(
         r#"
         [data]
         source = "synthetic"
         [model]
         layers = [
-          {{ type = "conv2d", out = 4, kernel_size = 3, padding = 1 }},
+          {first},
           {middle},
           {{ type = "flatten" }},
           {{ type = "linear", out = 3 }},
@@ -257,6 +258,13 @@ fn image_job(middle: &str) -> String {
         type = "sgd"
         lr = 0.1
         "#
+    )
+}
+
+fn image_job(middle: &str) -> String {
+    classifier_job(
+        r#"{ type = "conv2d", out = 4, kernel_size = 3, padding = 1 }"#,
+        middle,
     )
 }
 
@@ -571,22 +579,7 @@ fn a_step_without_a_backward_pass_has_zero_gradients() {
 /// A model over sequences: per-sample [3, 4], linear, GELU and layer norm over the last
 /// axis (rows = batch × 3), then flattened to the classes.
 fn sequence_job(middle: &str) -> String {
-    format!(
-        r#"
-        [data]
-        source = "synthetic"
-        [model]
-        layers = [
-          {{ type = "linear", out = 5 }},
-          {middle},
-          {{ type = "flatten" }},
-          {{ type = "linear", out = 3 }},
-        ]
-        [optimizer]
-        type = "sgd"
-        lr = 0.1
-        "#
-    )
+    classifier_job(r#"{ type = "linear", out = 5 }"#, middle)
 }
 
 fn sequences() -> DataShape {
