@@ -277,3 +277,14 @@ pub fn torch_python() -> Option<String> {
             .is_ok_and(|o| o.status.success())
     })
 }
+
+/// The one run directory (the one with a metrics.csv) anywhere under `runs`.
+pub fn only_run_dir(runs: &Path) -> PathBuf {
+    let dirs: Vec<PathBuf> = walk(runs)
+        .into_iter()
+        .filter(|p| p.ends_with("metrics.csv"))
+        .map(|p| p.parent().unwrap().to_path_buf())
+        .collect();
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    dirs[0].clone()
+}

@@ -8,7 +8,8 @@
 use crate::common;
 
 use common::{
-    free_port, one_at_a_time, read_csv, summary, trainer_bin, trainer_with_env, write_job,
+    free_port, one_at_a_time, only_run_dir, read_csv, summary, trainer_bin, trainer_with_env,
+    write_job,
 };
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -253,16 +254,6 @@ fn assert_trains_like_two_threaded_replicas(job: &str, scratch: &Path, dir: &Pat
     ]);
     assert_eq!(numbers(dir), numbers(&reference));
     assert_eq!(model(dir), model(&reference));
-}
-
-fn only_run_dir(runs: &Path) -> PathBuf {
-    let dirs: Vec<PathBuf> = common::walk(runs)
-        .into_iter()
-        .filter(|p| p.ends_with("metrics.csv"))
-        .map(|p| p.parent().unwrap().to_path_buf())
-        .collect();
-    assert_eq!(dirs.len(), 1, "{dirs:?}");
-    dirs[0].clone()
 }
 
 #[test]

@@ -4,6 +4,7 @@
 //! run as diverged.
 
 use crate::common;
+use common::only_run_dir;
 
 use common::{
     column, expect_error, ok, read_csv, stderr, stdout, summary, trainer_with_env as trainer,
@@ -234,12 +235,7 @@ fn with_error_a_nonfinite_loss_fails_the_run_and_keeps_its_last_good_checkpoint(
         err.contains("the data holds values that are not finite numbers"),
         "{err}"
     );
-    let dir = std::fs::read_dir(runs.join("nonfinite"))
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let dir = only_run_dir(&runs);
     let s = summary(&dir);
     assert_eq!(s["status"], "failed");
     assert_eq!(s["end_reason"], "diverged");
@@ -283,12 +279,7 @@ fn no_checkpoint_is_written_after_a_nonfinite_step_and_the_last_good_one_goes_on
         ),
         "{err}"
     );
-    let dir = std::fs::read_dir(runs.join("nonfinite"))
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let dir = only_run_dir(&runs);
     assert_eq!(summary(&dir)["end_reason"], "diverged");
     let mut checkpoints: Vec<String> = std::fs::read_dir(dir.join("checkpoints"))
         .unwrap()
@@ -359,12 +350,7 @@ on_nonfinite = "skip"
         "{err}"
     );
     assert!(err.contains("99 in a row"), "each skip is logged: {err}");
-    let dir = std::fs::read_dir(runs.join("exploding"))
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let dir = only_run_dir(&runs);
     assert_eq!(summary(&dir)["end_reason"], "diverged");
     // Every row written has a finite loss: skipped steps never reach one.
     assert!(train_rows(&dir)
@@ -469,12 +455,7 @@ fn a_diverged_run_names_the_first_step_whose_loss_was_not_finite() {
         err.contains("training diverged: the loss is inf at step 8 (epoch 1)"),
         "{err}"
     );
-    let dir = std::fs::read_dir(runs.join("nonfinite"))
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let dir = only_run_dir(&runs);
     let metrics = std::fs::read_to_string(dir.join("metrics.csv")).unwrap();
     let steps: Vec<&str> = metrics
         .lines()
