@@ -9,6 +9,7 @@ pub mod data;
 pub mod error;
 pub mod graph;
 pub mod logging;
+pub mod ops;
 pub mod optim;
 pub mod parallel;
 pub mod provenance;

@@ -275,7 +275,7 @@ fn check_batch_norm_batches(
         .layers
         .iter()
         .enumerate()
-        .find(|(_, l)| matches!(l.op, crate::graph::Op::BatchNorm { spatial: 1, .. }));
+        .find(|(_, l)| l.op.properties().one_value_per_channel);
     let Some((i, layer)) = one_per_channel else {
         return Ok(());
     };

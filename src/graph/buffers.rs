@@ -34,7 +34,7 @@
 //! fewer. The ReLU's output then shares its input's gradient buffer, which the pooling
 //! writes.
 
-use super::{numel, Layer, Op};
+use super::{numel, Layer};
 use crate::tensor::Activation;
 use std::ops::Range;
 
@@ -96,7 +96,7 @@ impl BufferPlan {
         // The layer that computes each value (usize::MAX for the data).
         let mut producer = vec![usize::MAX];
         for (i, layer) in layers.iter().enumerate() {
-            if layer.op == Op::View {
+            if layer.is_view() {
                 value_of_node.push(value_of_node[layer.inputs[0]]);
             } else {
                 producer.push(i);
@@ -108,7 +108,7 @@ impl BufferPlan {
         // 1b. In-place layers: their output is stored in their input's buffer (`stored`:
         //     value → the value whose buffer holds it).
         let mut readers = vec![0usize; value_size.len()];
-        for layer in layers.iter().filter(|l| l.op != Op::View) {
+        for layer in layers.iter().filter(|l| !l.is_view()) {
             for &n in &layer.inputs {
                 readers[value_of_node[n]] += 1;
             }
@@ -119,10 +119,13 @@ impl BufferPlan {
             .enumerate()
             .map(|(i, layer)| {
                 let input = value_of_node[layer.inputs[0]];
-                let eligible = layer.op.writes_in_place()
+                let eligible = layer.op.properties().writes_in_place
                     && input != 0
                     && readers[input] == 1
-                    && !layers[producer[input]].op.backward_reads_output();
+                    && !layers[producer[input]]
+                        .op
+                        .properties()
+                        .backward_reads_output;
                 if eligible {
                     stored[value_of_node[i + 1]] = stored[input];
                 }
@@ -148,7 +151,7 @@ impl BufferPlan {
             kept[store_of_node(b)] = true;
         }
         let segment_of = |layer: usize| ranges.iter().position(|r| r.contains(&layer));
-        for (i, layer) in layers.iter().enumerate().filter(|(_, l)| l.op != Op::View) {
+        for (i, layer) in layers.iter().enumerate().filter(|(_, l)| !l.is_view()) {
             for &n in &layer.inputs {
                 let v = store_of_node(n);
                 if producer[v] != usize::MAX && segment_of(producer[v]) != segment_of(i) {
@@ -189,7 +192,7 @@ impl BufferPlan {
         let recompute = layers
             .iter()
             .enumerate()
-            .map(|(i, l)| l.op != Op::View && !kept[store_of_node(i + 1)])
+            .map(|(i, l)| !l.is_view() && !kept[store_of_node(i + 1)])
             .collect();
         // The loss writes the output's gradient first; then layers from the last.
         let mut written = vec![false; value_size.len()];
@@ -197,7 +200,7 @@ impl BufferPlan {
         let mut accumulate: Vec<Vec<bool>> =
             layers.iter().map(|l| vec![false; l.inputs.len()]).collect();
         for (i, layer) in layers.iter().enumerate().rev() {
-            if layer.op == Op::View {
+            if layer.is_view() {
                 continue; // shares its input's buffer, gradient included
             }
             for (k, &n) in layer.inputs.iter().enumerate() {
@@ -215,8 +218,8 @@ impl BufferPlan {
             .enumerate()
             .map(|(i, layer)| {
                 i >= 1
-                    && matches!(layer.op, Op::Pool { .. })
-                    && layers[i - 1].op == Op::Activation(Activation::Relu)
+                    && layer.op.properties().takes_gradient_through_relu
+                    && layers[i - 1].op.properties().activation == Some(Activation::Relu)
                     && layer.inputs[0] == i
                     && readers[value_of_node[i]] == 1
                     && !is_data[i - 1][0]
@@ -421,7 +424,7 @@ mod tests {
     fn node_values(layers: &[Layer]) -> Vec<usize> {
         let mut value = vec![0usize];
         for (i, l) in layers.iter().enumerate() {
-            value.push(if l.op == Op::View {
+            value.push(if l.is_view() {
                 value[l.inputs[0]]
             } else {
                 i + 1
@@ -457,7 +460,7 @@ mod tests {
         let out = layers.len();
         holder.insert(plan.grad_slot[out], value[out]);
         for (i, l) in layers.iter().enumerate().rev() {
-            if l.op == Op::View || taken_through(i) {
+            if l.is_view() || taken_through(i) {
                 continue;
             }
             let dy = plan.grad_slot[i + 1];
@@ -487,18 +490,8 @@ mod tests {
     fn check_activation_lifetimes(g: &Graph, plan: &BufferPlan) {
         let layers = &g.layers;
         let value = node_values(layers);
-        let reads_input = |op: &Op| {
-            !matches!(
-                op,
-                Op::Add
-                    | Op::Concat { .. }
-                    | Op::Dropout { .. }
-                    | Op::Softmax { .. }
-                    | Op::Activation(Activation::Relu | Activation::Tanh | Activation::Sigmoid)
-            )
-        };
-        let reads_output =
-            |op: &Op| matches!(op, Op::Activation(_) | Op::Pool { .. } | Op::Softmax { .. });
+        let reads_input = |op: &crate::ops::Op| op.properties().backward_reads_input;
+        let reads_output = |op: &crate::ops::Op| op.properties().backward_reads_output;
         let mut holds: HashMap<usize, usize> = HashMap::from([(plan.slot[0], 0)]);
         let expect = |holds: &HashMap<usize, usize>, node: usize, what: &str| {
             assert_eq!(holds.get(&plan.slot[node]), Some(&value[node]), "{what}");
@@ -510,7 +503,7 @@ mod tests {
             holds.insert(plan.slot[i + 1], value[i + 1]);
         };
         for (i, l) in layers.iter().enumerate() {
-            if l.op != Op::View {
+            if !l.is_view() {
                 run(&mut holds, i);
             }
         }
@@ -520,7 +513,7 @@ mod tests {
             }
             for i in range.clone().rev() {
                 let op = &layers[i].op;
-                if reads_input(op) && *op != Op::View {
+                if reads_input(op) && !op.properties().is_view {
                     expect(
                         &holds,
                         layers[i].inputs[0],
@@ -643,7 +636,7 @@ mod tests {
             let plan = g.buffer_plan();
             check_activation_lifetimes(g, &plan);
             check_gradient_lifetimes(g, &plan);
-            let layers = g.layers.iter().filter(|l| l.op != Op::View);
+            let layers = g.layers.iter().filter(|l| !l.is_view());
             let separate: usize = layers.map(|l| numel(&l.out_shape)).sum();
             assert!(plan.grad_sizes.iter().sum::<usize>() < separate);
         }

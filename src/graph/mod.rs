@@ -4,22 +4,19 @@
 
 mod buckets;
 mod buffers;
-mod image;
 mod network;
-mod op;
 pub mod wiring;
 
+pub use crate::ops::{numel, Op, PARAM_ALIGN};
 pub use buckets::GradBuckets;
 pub use buffers::{BufferPlan, HalfWidth};
 pub use network::{GradientSync, Network};
-pub use op::Op;
 
 use crate::error::{layer_error, Error, Result};
-use crate::spec::{
-    ActivationCheckpointing, ActivationMode, GeluApproximation, JobSpec, LayerSpec, LossKind,
-};
+use crate::ops::{shape_str, values, Build, Init, MAX_SAMPLE_VALUES};
+use crate::spec::{ActivationCheckpointing, ActivationMode, JobSpec, LossKind};
 use crate::tensor::rng::{derive, Rng};
-use crate::tensor::{Activation, Conv2d, LossFn, PoolKind};
+use crate::tensor::{Conv2d, LossFn};
 
 #[derive(Debug, Clone)]
 pub struct Layer {
@@ -39,6 +36,11 @@ impl Layer {
     /// Its tensors' prefix in a state_dict: the layer's name, else its index.
     pub fn prefix(&self, index: usize) -> String {
         self.name.clone().unwrap_or_else(|| index.to_string())
+    }
+
+    /// Whether it is a view of its input (`Properties::is_view`).
+    pub fn is_view(&self) -> bool {
+        self.op.properties().is_view
     }
 }
 
@@ -87,45 +89,8 @@ impl DataShape {
     }
 }
 
-pub fn numel(shape: &[usize]) -> usize {
-    shape.iter().product()
-}
-
-/// The most values per sample a model's layer outputs may hold together (16 GiB of f32),
-/// and a convolution's unrolled input: beyond any model that trains, and small enough that
-/// batch × bytes per sample cannot overflow.
-pub(crate) const MAX_SAMPLE_VALUES: u128 = 1 << 32;
-
 /// The most parameters a model may have (256 GiB of f32).
 const MAX_PARAMS: u128 = 1 << 36;
-
-/// Each layer's parameters, and every weight and bias of a linear, conv or embedding layer,
-/// start at a multiple of this many values in the flat buffer: 16 bytes in half precision,
-/// 32 in f32. cuBLAS uses its vectorised tensor-core kernels, and cuBLASLt's epilogue takes
-/// a bias, only at 16-byte aligned addresses; PyTorch's tensors, each an allocation of its
-/// own, always are. (A norm layer's β follows its γ directly: its kernels find both from one
-/// offset, and read them one value at a time.) The gaps hold zeros that no layer reads;
-/// the step's first backward pass zeroes their gradient, so no optimizer moves them.
-pub const PARAM_ALIGN: usize = 8;
-
-/// Reserves `len` values of the flat parameter buffer at its next aligned offset.
-fn reserve(offset: &mut usize, len: usize) -> usize {
-    let at = offset.next_multiple_of(PARAM_ALIGN);
-    *offset = at + len;
-    at
-}
-
-/// A shape's number of values, without overflow for shapes no job may have.
-fn values(shape: &[usize]) -> u128 {
-    shape
-        .iter()
-        .fold(1, |n: u128, &d| n.saturating_mul(d as u128))
-}
-
-fn shape_str(shape: &[usize]) -> String {
-    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
-    format!("[{}]", dims.join(", "))
-}
 
 impl Graph {
     /// Builds the graph for a job and its data, inferring every shape; errors name the layer.
@@ -157,106 +122,14 @@ impl Graph {
             let in_shapes: Vec<&[usize]> = inputs.iter().map(|&n| &node_shapes[n][..]).collect();
             let in_shape = in_shapes[0].to_vec();
             let kind = entry.layer.kind();
-            let (op, out_shape) = match &entry.layer {
-                LayerSpec::Linear(l) => {
-                    let (&inp, leading) = in_shape.split_last().expect("a shape has an axis");
-                    if let Some(given) = l.in_features {
-                        if given != inp {
-                            return Err(layer_error(
-                                i,
-                                "linear",
-                                format!(
-                                    "in = {given} given, but the previous \
-                                 layer outputs {inp} features"
-                                ),
-                            ));
-                        }
-                    }
-                    let weight = reserve(&mut offset, inp * l.out);
-                    let bias = l.bias.then(|| reserve(&mut offset, l.out));
-                    let mut out_shape = leading.to_vec();
-                    out_shape.push(l.out);
-                    (
-                        Op::Linear {
-                            inp,
-                            out: l.out,
-                            rows: numel(leading),
-                            weight,
-                            bias,
-                        },
-                        out_shape,
-                    )
-                }
-                LayerSpec::Relu(_) => (Op::Activation(Activation::Relu), in_shape.clone()),
-                LayerSpec::Gelu(g) => {
-                    let f = match g.approximate {
-                        GeluApproximation::None => Activation::Gelu,
-                        GeluApproximation::Tanh => Activation::GeluTanh,
-                    };
-                    (Op::Activation(f), in_shape.clone())
-                }
-                LayerSpec::Tanh(_) => (Op::Activation(Activation::Tanh), in_shape.clone()),
-                LayerSpec::Sigmoid(_) => (Op::Activation(Activation::Sigmoid), in_shape.clone()),
-                LayerSpec::Dropout(d) => (Op::Dropout { p: d.p as f32 }, in_shape.clone()),
-                LayerSpec::Flatten(_) => (Op::View, vec![numel(&in_shape)]),
-                LayerSpec::Reshape(r) => image::reshape(i, r, &in_shape)?,
-                LayerSpec::Conv2d(c) => image::conv2d(i, c, &in_shape, &mut offset)?,
-                LayerSpec::Maxpool2d(p) => image::pool(i, PoolKind::Max, p, &in_shape)?,
-                LayerSpec::Avgpool2d(p) => image::pool(i, PoolKind::Avg, p, &in_shape)?,
-                LayerSpec::GlobalAvgPool(_) => image::global_avg_pool(i, &in_shape)?,
-                LayerSpec::Layernorm(l) => image::layernorm(l, &in_shape, &mut offset),
-                LayerSpec::Batchnorm1d(b) => image::batchnorm(i, false, b, &in_shape, &mut offset)?,
-                LayerSpec::Batchnorm2d(b) => image::batchnorm(i, true, b, &in_shape, &mut offset)?,
-                LayerSpec::Add(_) => {
-                    if let Some(other) = in_shapes.iter().find(|s| **s != in_shape) {
-                        return Err(layer_error(
-                            i,
-                            "add",
-                            format!(
-                                "its inputs must have the same shape, but \
-                             they are {} and {}",
-                                shape_str(&in_shape),
-                                shape_str(other)
-                            ),
-                        ));
-                    }
-                    (Op::Add, in_shape.clone())
-                }
-                LayerSpec::Concat(_) => image::concat(i, &in_shapes)?,
-                LayerSpec::Embedding(e) => {
-                    // Token ids come from the data (through flatten/reshape at most).
-                    if !reads_data[inputs[0]] {
-                        return Err(layer_error(
-                            i,
-                            "embedding",
-                            "it reads token ids, which only the data holds; make it read \
-                             \"input\" (the first layer, or inputs = [\"input\"])",
-                        ));
-                    }
-                    let weight = reserve(&mut offset, e.num_embeddings * e.embedding_dim);
-                    let mut out = in_shape.clone();
-                    out.push(e.embedding_dim);
-                    let (vocab, dim) = (e.num_embeddings, e.embedding_dim);
-                    (Op::Embedding { vocab, dim, weight }, out)
-                }
-                LayerSpec::Softmax(_) | LayerSpec::LogSoftmax(_) => {
-                    let width = *in_shape.last().unwrap_or(&1);
-                    let log = matches!(entry.layer, LayerSpec::LogSoftmax(_));
-                    (Op::Softmax { width, log }, in_shape.clone())
-                }
+            let mut at = Build {
+                layer: i,
+                in_shapes: &in_shapes,
+                reads_data: reads_data[inputs[0]],
+                offset: &mut offset,
             };
-            let param_count = match &op {
-                Op::Linear { inp, out, bias, .. } => {
-                    inp * out + if bias.is_some() { *out } else { 0 }
-                }
-                Op::Conv2d { geom, bias, .. } => {
-                    geom.weight_len() + if bias.is_some() { geom.o } else { 0 }
-                }
-                Op::LayerNorm { width, .. } => 2 * width,
-                Op::BatchNorm { channels, .. } => 2 * channels,
-                Op::Embedding { vocab, dim, .. } => vocab * dim,
-                _ => 0,
-            };
+            let (op, out_shape) = entry.layer.build(&mut at)?;
+            let param_count = op.parameters().iter().map(|t| numel(&t.shape)).sum();
             sample_values += values(&out_shape);
             let too_large = |what: String| Err(layer_error(i, kind, what));
             if sample_values > MAX_SAMPLE_VALUES {
@@ -273,7 +146,7 @@ impl Graph {
                 ));
             }
             node_shapes.push(out_shape.clone());
-            reads_data.push(op == Op::View && reads_data[inputs[0]]);
+            reads_data.push(op.properties().is_view && reads_data[inputs[0]]);
             layers.push(Layer {
                 kind,
                 name: entry.name.clone(),
@@ -358,9 +231,8 @@ impl Graph {
     /// reads it, or the data is rounded itself.
     pub fn rounded_data_len(&self) -> usize {
         let plan = self.buffer_plan_for(true);
-        let reads_data = |l: &Layer| {
-            matches!(l.op, Op::Linear { .. } | Op::Conv2d { .. }) && plan.slot[l.inputs[0]] == 0
-        };
+        let reads_data =
+            |l: &Layer| l.op.properties().multiplies_input && plan.slot[l.inputs[0]] == 0;
         if self.rounds_input() || !self.layers.iter().any(reads_data) {
             0
         } else {
@@ -401,66 +273,14 @@ impl Graph {
     fn parameter_tensors(&self) -> Vec<ParameterTensor> {
         let mut tensors = Vec::new();
         for (layer, l) in self.layers.iter().enumerate() {
-            let mut push = |name, shape: Vec<usize>, offset, init| {
+            for t in l.op.parameters() {
                 tensors.push(ParameterTensor {
                     layer,
-                    name,
-                    shape,
-                    offset,
-                    init,
+                    name: t.name,
+                    shape: t.shape,
+                    offset: t.offset,
+                    init: t.init,
                 });
-            };
-            match l.op {
-                Op::Linear {
-                    inp,
-                    out,
-                    weight,
-                    bias,
-                    ..
-                } => {
-                    // kaiming_uniform(a = √5) gives ±1/√fan_in; the bias uses the same bound.
-                    let bound = 1.0 / (inp as f64).sqrt();
-                    push("weight", vec![out, inp], weight, Init::Uniform(bound));
-                    if let Some(b) = bias {
-                        push("bias", vec![out], b, Init::Uniform(bound));
-                    }
-                }
-                Op::Conv2d {
-                    geom: g,
-                    weight,
-                    bias,
-                } => {
-                    let fan_in = g.c / g.groups * g.kh * g.kw;
-                    let bound = 1.0 / (fan_in as f64).sqrt();
-                    push(
-                        "weight",
-                        vec![g.o, g.c / g.groups, g.kh, g.kw],
-                        weight,
-                        Init::Uniform(bound),
-                    );
-                    if let Some(b) = bias {
-                        push("bias", vec![g.o], b, Init::Uniform(bound));
-                    }
-                }
-                Op::LayerNorm { width, gamma, .. }
-                | Op::BatchNorm {
-                    channels: width,
-                    gamma,
-                    ..
-                } => {
-                    push("weight", vec![width], gamma, Init::Constant(1.0));
-                    push("bias", vec![width], gamma + width, Init::Constant(0.0));
-                }
-                Op::Activation(_)
-                | Op::Dropout { .. }
-                | Op::View
-                | Op::Pool { .. }
-                | Op::Add
-                | Op::Concat { .. }
-                | Op::Softmax { .. } => {}
-                Op::Embedding { vocab, dim, weight } => {
-                    push("weight", vec![vocab, dim], weight, Init::Normal(1.0));
-                }
             }
         }
         tensors
@@ -472,15 +292,16 @@ impl Graph {
         let mut entries = Vec::new();
         let mut offset = 0;
         for (i, l) in self.layers.iter().enumerate() {
-            if let Op::BatchNorm { channels: c, .. } = l.op {
-                for name in ["running_mean", "running_var"] {
-                    entries.push(StateDictEntry {
-                        name: format!("{}.{name}", l.prefix(i)),
-                        shape: vec![c],
-                        offset,
-                    });
-                    offset += c;
-                }
+            let Some(state) = l.op.saved_state() else {
+                continue;
+            };
+            for name in state.names {
+                entries.push(StateDictEntry {
+                    name: format!("{}.{name}", l.prefix(i)),
+                    shape: vec![state.len],
+                    offset,
+                });
+                offset += state.len;
             }
         }
         entries
@@ -491,20 +312,18 @@ impl Graph {
         self.running_stat_entries().iter().map(|e| e.len()).sum()
     }
 
-    /// The prefixes of batch-norm layers (for their `num_batches_tracked`).
+    /// The prefixes of layers that count their batches (batch norm's
+    /// `num_batches_tracked`).
     pub fn batchnorm_prefixes(&self) -> Vec<String> {
-        let bn =
-            |(i, l): (usize, &Layer)| matches!(l.op, Op::BatchNorm { .. }).then(|| l.prefix(i));
+        let counts = |l: &Layer| l.op.saved_state().is_some_and(|s| s.counts_batches);
+        let bn = |(i, l): (usize, &Layer)| counts(l).then(|| l.prefix(i));
         self.layers.iter().enumerate().filter_map(bn).collect()
     }
 
     /// Each embedding layer: its index and vocabulary size (the data's ids are checked
     /// against it before training).
     pub fn embeddings(&self) -> Vec<(usize, usize)> {
-        let table = |(i, l): (usize, &Layer)| match l.op {
-            Op::Embedding { vocab, .. } => Some((i, vocab)),
-            _ => None,
-        };
+        let table = |(i, l): (usize, &Layer)| l.op.properties().token_vocab.map(|v| (i, v));
         self.layers.iter().enumerate().filter_map(table).collect()
     }
 
@@ -563,16 +382,6 @@ impl Graph {
         }
         params
     }
-}
-
-/// How PyTorch initialises a parameter tensor by default.
-#[derive(Debug, Clone, Copy)]
-enum Init {
-    /// Uniform in ±bound.
-    Uniform(f64),
-    /// Normal with mean 0 and this standard deviation.
-    Normal(f64),
-    Constant(f32),
 }
 
 #[derive(Debug, Clone)]
@@ -758,7 +567,7 @@ impl MemoryPlan {
             layer_state: graph
                 .layers
                 .iter()
-                .map(|l| l.op.aux_len(&l.out_shape, batch_size) * f)
+                .map(|l| l.op.state_len(&l.out_shape, batch_size) * f)
                 .sum(),
             activations_without_checkpointing: batch_size * graph.activation_bytes(None, storage).1,
             recomputed_layers: plan.recomputed_layers(),

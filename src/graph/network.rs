@@ -14,8 +14,9 @@
 //! (`BufferPlan::mixed`), the buffer comes from `Backend::alloc_half`, which CUDA stores in
 //! that format (half the bytes, every write rounding) and the CPU as f32.
 
-use super::{numel, BufferPlan, GradBuckets, Graph, Layer, Op};
+use super::{numel, BufferPlan, GradBuckets, Graph, Layer};
 use crate::error::Result;
+use crate::ops::{round, Backward, Dx, Forward, Fusion, Mask, Pass};
 use crate::tensor::record::Recorder;
 use crate::tensor::rng::derive;
 use crate::tensor::{Activation, Backend, GradWrite, HalfKind, UpdatedParams};
@@ -103,55 +104,31 @@ struct Recorded {
     dw_write: GradWrite,
 }
 
-/// Passes an in-place activation saves its neighbours. Mixed precision rounds each op's
-/// output (and in backward its input gradient) in a pass of its own. Where that value's only
-/// reader is the in-place activation beside it, the activation rounds it in its own pass
-/// instead (`Backend::activation_in_place_rounding`, `activation_backward_rounding`): the same
-/// values, one pass over the buffer fewer (on an H100, 0.3 ms of the bf16 4096-MLP's 3.3 ms
-/// step went to such passes). And a ReLU that is the only reader of a linear layer's output
-/// is applied by that layer's product (`Backend::linear_forward`'s `then`: on CUDA in
-/// cuBLASLt's epilogue, with the bias), in any precision. Flags of an activation layer; all
-/// false elsewhere.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Fusion {
-    /// Forward: it rounds its input, which the layer before leaves unrounded.
-    input: bool,
-    /// Backward: it rounds its output's gradient, which the layer after leaves unrounded.
-    grad: bool,
-    /// Forward: the linear layer before it applies it (and this layer does nothing). Its
-    /// input is then rounded by that layer's own rounding, after the ReLU: the same values,
-    /// as ReLU keeps a half value one.
-    by_product: bool,
-}
-
 /// `Fusion` for every layer of `graph` laid out by `plan`.
 fn fusions(graph: &Graph, plan: &BufferPlan) -> Vec<Fusion> {
     let layers = &graph.layers;
     let readers = |node: usize| layers.iter().filter(|l| l.inputs.contains(&node)).count();
     // Whether a layer rounds its output (forward) / its input gradient (backward) in the
     // generic pass after it: the pass an activation beside it can take over.
-    let rounds_output =
-        |l: &Layer| !l.op.forward_keeps_half() && !matches!(l.op, Op::Activation(_));
+    let rounds_output = |l: &Layer| {
+        let is = l.op.properties();
+        !is.forward_keeps_half && is.activation.is_none()
+    };
     let rounds_dx = |i: usize| {
-        let l = &layers[i];
-        !matches!(
-            l.op,
-            Op::View | Op::Add | Op::Concat { .. } | Op::Activation(_)
-        ) && !plan.accumulate[i][0]
-            && !plan.is_data[i][0]
+        layers[i].op.properties().rounds_dx_after && !plan.accumulate[i][0] && !plan.is_data[i][0]
     };
     layers
         .iter()
         .enumerate()
         .map(|(j, l)| {
-            if !matches!(l.op, Op::Activation(_)) || !plan.in_place[j] {
+            if l.op.properties().activation.is_none() || !plan.in_place[j] {
                 return Fusion::default();
             }
             // Node j is layer j - 1's output; node j + 1 this layer's.
             let beside = j >= 1 && l.inputs[0] == j && readers(j) == 1;
             let by_product = beside
-                && l.op == Op::Activation(Activation::Relu)
-                && matches!(layers[j - 1].op, Op::Linear { .. });
+                && l.op.properties().activation == Some(Activation::Relu)
+                && layers[j - 1].op.properties().applies_relu_after;
             let input = beside && !by_product && rounds_output(&layers[j - 1]);
             let grad = j + 1 < layers.len()
                 && !plan.through_relu[j + 1]
@@ -167,55 +144,6 @@ fn fusions(graph: &Graph, plan: &BufferPlan) -> Vec<Fusion> {
             }
         })
         .collect()
-}
-
-/// Which forward pass a layer runs in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Pass {
-    Train,
-    /// Training, again: activation checkpointing recomputing a segment in backward.
-    Recompute,
-    /// Evaluation: dropout off, batch norm on its running statistics.
-    Eval,
-}
-
-/// Two distinct elements of a slice, one shared and one mutable.
-fn read_write<T>(v: &mut [T], read: usize, write: usize) -> (&T, &mut T) {
-    assert_ne!(read, write, "a layer cannot read and write the same buffer");
-    if read < write {
-        let (a, b) = v.split_at_mut(write);
-        (&a[read], &mut b[0])
-    } else {
-        let (a, b) = v.split_at_mut(read);
-        (&b[0], &mut a[write])
-    }
-}
-
-/// A linear or conv layer's input and output buffers: where it reads the data (buffer 0)
-/// and the data has a rounded copy (token ids, `Network::rounded_data`), the copy, as
-/// autocast casts a matrix product's input.
-fn matmul_operands<'a, T>(
-    acts: &'a mut [T],
-    rounded_data: Option<&'a T>,
-    src: usize,
-    dst: usize,
-) -> (&'a T, &'a mut T) {
-    match rounded_data {
-        Some(rounded) if src == 0 => (rounded, &mut acts[dst]),
-        _ => read_write(acts, src, dst),
-    }
-}
-
-/// Two different elements of `v`, both writable.
-fn two_mut<T>(v: &mut [T], a: usize, b: usize) -> (&mut T, &mut T) {
-    assert_ne!(a, b, "two_mut needs two different buffers");
-    if a < b {
-        let (x, y) = v.split_at_mut(b);
-        (&mut x[a], &mut y[0])
-    } else {
-        let (x, y) = v.split_at_mut(a);
-        (&mut y[0], &mut x[b])
-    }
 }
 
 impl<B: Backend> Network<B> {
@@ -260,14 +188,12 @@ impl<B: Backend> Network<B> {
         let mut aux = graph
             .layers
             .iter()
-            .map(|l| backend.alloc(l.op.aux_len(&l.out_shape, max_batch)))
+            .map(|l| backend.alloc(l.op.state_len(&l.out_shape, max_batch)))
             .collect::<Result<Vec<_>>>()?;
-        // Batch norm's running statistics start as PyTorch's: mean 0, variance 1.
+        // Saved state starts as PyTorch's (batch norm's running mean 0, variance 1).
         for (l, state) in graph.layers.iter().zip(&mut aux) {
-            if let Op::BatchNorm { channels: c, .. } = l.op {
-                let mut start = vec![0.0; 4 * c];
-                start[c..2 * c].fill(1.0);
-                backend.upload(&start, state);
+            if let Some(saved) = l.op.saved_state() {
+                backend.upload(&saved.initial, state);
             }
         }
         let scratch_len = if plan.accumulate.iter().flatten().any(|&a| a) {
@@ -369,7 +295,7 @@ impl<B: Backend> Network<B> {
             .graph
             .layers
             .iter()
-            .position(|l| matches!(l.op, Op::Dropout { .. }))
+            .position(|l| l.op.properties().draws_masks)
         {
             return Err(format!(
                 "model.layers[{i}] (dropout) draws a new mask every step"
@@ -458,9 +384,7 @@ impl<B: Backend> Network<B> {
 
     /// Rounds the first `len` values of a buffer to the half format, in mixed precision.
     fn round(backend: &B, half: Option<HalfKind>, buf: &mut B::Buf, len: usize) {
-        if let Some(kind) = half {
-            backend.round_to_half(kind, buf, len);
-        }
+        round(backend, half, buf, len);
     }
 
     /// Every batch-norm layer's running mean and variance, layer by layer (the layout of
@@ -468,10 +392,10 @@ impl<B: Backend> Network<B> {
     pub fn running_stats(&self, backend: &B) -> Vec<f32> {
         let mut out = Vec::new();
         for (l, state) in self.graph.layers.iter().zip(&self.aux) {
-            if let Op::BatchNorm { channels: c, .. } = l.op {
-                let mut all = vec![0.0; 4 * c];
+            if let Some(saved) = l.op.saved_state() {
+                let mut all = vec![0.0; saved.initial.len()];
                 backend.download(state, &mut all);
-                out.extend_from_slice(&all[..2 * c]);
+                out.extend_from_slice(&all[..saved.names.len() * saved.len]);
             }
         }
         out
@@ -488,11 +412,11 @@ impl<B: Backend> Network<B> {
         }
         let mut at = 0;
         for (l, state) in self.graph.layers.iter().zip(&mut self.aux) {
-            if let Op::BatchNorm { channels: c, .. } = l.op {
-                let mut all = vec![0.0; 4 * c];
-                all[..2 * c].copy_from_slice(&values[at..at + 2 * c]);
+            if let Some(saved) = l.op.saved_state() {
+                let (mut all, len) = (saved.initial, saved.names.len() * saved.len);
+                all[..len].copy_from_slice(&values[at..at + len]);
                 backend.upload(&all, state);
-                at += 2 * c;
+                at += len;
             }
         }
         Ok(())
@@ -551,136 +475,44 @@ impl<B: Backend> Network<B> {
         }
     }
 
-    fn forward_layer(&mut self, backend: &B, i: usize, n: usize, pass: Pass, step_key: u64) {
-        let train = pass != Pass::Eval;
-        let layer = &self.graph.layers[i];
-        let (src, dst) = (self.plan.slot[layer.inputs[0]], self.plan.slot[i + 1]);
-        let len = n * numel(&layer.out_shape);
-        // Linear and conv layers compute with the half copy of their weights, if any.
-        let weights = self.half_params.as_ref().unwrap_or(&self.params);
-        match &layer.op {
-            // Written over the input, which is in `dst` already (see `BufferPlan::in_place`).
-            _ if self.plan.in_place[i] && layer.op != Op::Add => match layer.op {
-                Op::Activation(_) if self.fused[i].by_product => {}
-                Op::Activation(f) => match (self.half, self.fused[i].input) {
-                    (Some(kind), true) => {
-                        backend.activation_in_place_rounding(kind, f, &mut self.acts[dst], len)
-                    }
-                    _ => backend.activation_in_place(f, &mut self.acts[dst], len),
-                },
-                Op::Dropout { p } if train && p > 0.0 => {
-                    let (key, first) = (self.dropout_key(i, step_key), self.dropout_first(i));
-                    backend.dropout_in_place(p, key, first, &mut self.acts[dst], len)
-                }
-                _ => {} // dropout in evaluation: the identity
-            },
-            Op::View => {}
-            &Op::Linear {
-                inp,
-                out,
-                rows,
-                weight,
-                bias,
-            } => {
-                // The ReLU after it, which it applies (`Fusion::by_product`).
-                let then = (self.fused.get(i + 1))
-                    .is_some_and(|f| f.by_product)
-                    .then_some(Activation::Relu);
-                let (x, y) = matmul_operands(&mut self.acts, self.rounded_data.as_ref(), src, dst);
-                backend.linear_forward(x, weights, weight, bias, y, n * rows, inp, out, then);
-            }
-            &Op::Activation(f) => {
-                let (x, y) = read_write(&mut self.acts, src, dst);
-                backend.activation_forward(f, x, y, len);
-            }
-            &Op::Dropout { p } => {
-                let (key, first) = (self.dropout_key(i, step_key), self.dropout_first(i));
-                let (x, y) = read_write(&mut self.acts, src, dst);
-                if train && p > 0.0 {
-                    backend.dropout_forward(p, key, first, x, y, len);
-                } else {
-                    backend.copy(x, y, len);
-                }
-            }
-            &Op::Conv2d { geom, weight, bias } => {
-                let (x, y) = matmul_operands(&mut self.acts, self.rounded_data.as_ref(), src, dst);
-                let ws = &mut self.workspace;
-                backend.conv2d_forward(&geom, x, weights, weight, bias, y, n, ws);
-            }
-            &Op::Pool { kind, geom } => {
-                let (x, y) = read_write(&mut self.acts, src, dst);
-                backend.pool2d_forward(kind, &geom, x, y, n);
-            }
-            &Op::LayerNorm { width, gamma, eps } => {
-                let (x, y) = read_write(&mut self.acts, src, dst);
-                let shape = (len / width, width);
-                backend.layernorm_forward(x, y, shape, &self.params, gamma, &mut self.aux[i], eps);
-            }
-            &Op::BatchNorm {
-                channels,
-                spatial,
-                gamma,
-                eps,
-                momentum,
-            } => {
-                let (x, y) = read_write(&mut self.acts, src, dst);
-                // A recomputation must not move the running statistics a second time.
-                let momentum = if pass == Pass::Recompute {
-                    0.0
-                } else {
-                    momentum
-                };
-                let (shape, state) = ((n, channels, spatial), &mut self.aux[i]);
-                backend.batchnorm_forward(
-                    x,
-                    y,
-                    shape,
-                    &self.params,
-                    gamma,
-                    state,
-                    train,
-                    momentum,
-                    eps,
-                );
-            }
-            // The first input is in `dst` already when the add runs in place. In mixed
-            // precision each sum is rounded, as PyTorch rounds a + b + c in bf16 twice (and as
-            // a half-width buffer rounds every write); the last by the rounding below.
-            Op::Add => {
-                if !self.plan.in_place[i] {
-                    let (x, y) = read_write(&mut self.acts, src, dst);
-                    backend.copy(x, y, len);
-                }
-                let others = &layer.inputs[1..];
-                for (k, &node) in others.iter().enumerate() {
-                    let (x, y) = read_write(&mut self.acts, self.plan.slot[node], dst);
-                    backend.add_assign(x, y, len);
-                    if k + 1 < others.len() {
-                        Self::round(backend, self.half, y, len);
-                    }
-                }
-            }
-            Op::Concat { widths } => {
-                let total: usize = widths.iter().sum();
-                let mut offset = 0;
-                for (&node, &width) in layer.inputs.iter().zip(widths) {
-                    let (x, y) = read_write(&mut self.acts, self.plan.slot[node], dst);
-                    backend.copy_rows(x, (width, 0), y, (total, offset), width, n, false);
-                    offset += width;
-                }
-            }
-            &Op::Softmax { width, log } => {
-                let (x, y) = read_write(&mut self.acts, src, dst);
-                backend.softmax_forward(x, y, len / width, width, log);
-            }
-            &Op::Embedding { dim, weight, .. } => {
-                let (ids, y) = read_write(&mut self.acts, src, dst);
-                backend.embedding_forward(ids, &self.params, weight, y, len / dim, dim);
-            }
+    /// The dropout mask stream of layer `i` in micro-step `step_key`.
+    fn mask(&self, i: usize, step_key: u64) -> Mask {
+        Mask {
+            key: self.dropout_key(i, step_key),
+            first: self.dropout_first(i),
         }
+    }
+
+    fn forward_layer(&mut self, backend: &B, i: usize, n: usize, pass: Pass, step_key: u64) {
+        let mask = self.mask(i, step_key);
+        let layer = &self.graph.layers[i];
+        let len = n * numel(&layer.out_shape);
+        let mut f = Forward {
+            backend,
+            n,
+            pass,
+            out_len: len,
+            half: self.half,
+            in_place: self.plan.in_place[i],
+            fusion: self.fused[i],
+            relu_after: self.fused.get(i + 1).is_some_and(|f| f.by_product),
+            mask,
+            params: &self.params,
+            // Products compute with the half copy of the parameters, if any.
+            weights: self.half_params.as_ref().unwrap_or(&self.params),
+            state: &mut self.aux[i],
+            workspace: &mut self.workspace,
+            acts: &mut self.acts,
+            inputs: &layer.inputs,
+            slot: &self.plan.slot,
+            out_slot: self.plan.slot[i + 1],
+            rounded_data: self.rounded_data.as_ref(),
+        };
+        layer.op.compute().forward(&mut f);
         // Not where an in-place activation rounds it (this one, or the next: `Fusion`).
         let next_rounds = self.fused.get(i + 1).is_some_and(|f| f.input);
-        if !layer.op.forward_keeps_half() && !self.fused[i].input && !next_rounds {
+        if !layer.op.properties().forward_keeps_half && !self.fused[i].input && !next_rounds {
+            let dst = self.plan.slot[i + 1];
             Self::round(backend, self.half, &mut self.acts[dst], len);
         }
     }
@@ -802,133 +634,50 @@ impl<B: Backend> Network<B> {
     }
 
     fn backward_layer(&mut self, backend: &B, i: usize, n: usize, step_key: u64, dw: GradWrite) {
+        let mask = self.mask(i, step_key);
         let layer = &self.graph.layers[i];
-        let (dst, ddst) = (self.plan.slot[i + 1], self.plan.grad_slot[i + 1]);
-        let len = n * numel(&layer.out_shape);
-        let taken_through = self.plan.through_relu.get(i + 1) == Some(&true);
-        match &layer.op {
-            // Shares its input's buffers: the gradient is already in place.
-            Op::View => return,
-            // A ReLU whose pooling has taken the gradient through it already.
-            Op::Activation(Activation::Relu) if taken_through => return,
-            // dy goes to every input (a slice of it for concat), added where an input is
-            // read by other layers too.
-            Op::Add | Op::Concat { .. } => {
-                let total = numel(&layer.out_shape);
-                let mut offset = 0;
-                for (k, &node) in layer.inputs.iter().enumerate() {
-                    // add: all of dy to each input; concat: input k's columns of it.
-                    let (width, next) = match &layer.op {
-                        Op::Concat { widths } => (widths[k], offset + widths[k]),
-                        _ => (total, 0),
-                    };
-                    let (add, dslot) = (self.plan.accumulate[i][k], self.plan.grad_slot[node]);
-                    if !self.plan.is_data[i][k] {
-                        let (dy, dx) = read_write(&mut self.dacts, ddst, dslot);
-                        backend.copy_rows(dy, (total, offset), dx, (width, 0), width, n, add);
-                        if add {
-                            Self::round(backend, self.half, dx, n * width);
-                        }
-                    }
-                    offset = next;
-                }
-                return;
-            }
-            _ => {}
+        let plan = &self.plan;
+        let sample_len = numel(&layer.out_shape);
+        let mut b = Backward {
+            backend,
+            n,
+            sample_len,
+            out_len: n * sample_len,
+            half: self.half,
+            dw,
+            fusion: self.fused[i],
+            mask,
+            through_relu: plan.through_relu[i],
+            taken_through: plan.through_relu.get(i + 1) == Some(&true),
+            params: &self.params,
+            weights: self.half_params.as_ref().unwrap_or(&self.params),
+            grads: &mut self.grads,
+            state: &self.aux[i],
+            workspace: &mut self.workspace,
+            acts: &self.acts,
+            dacts: &mut self.dacts,
+            dscratch: &mut self.dscratch,
+            rounded_data: self.rounded_data.as_ref(),
+            inputs: &layer.inputs,
+            slot: &plan.slot,
+            grad_slot: &plan.grad_slot,
+            out_slot: plan.slot[i + 1],
+            out_grad_slot: plan.grad_slot[i + 1],
+            accumulate: &plan.accumulate[i],
+            is_data: &plan.is_data[i],
+        };
+        let Dx::Written { exact } = layer.op.compute().backward(&mut b) else {
+            return;
+        };
+        if plan.is_data[i][0] {
+            return;
         }
-        let (src, dsrc) = (
-            self.plan.slot[layer.inputs[0]],
-            self.plan.grad_slot[layer.inputs[0]],
-        );
-        let need_dx = !self.plan.is_data[i][0];
-        let accumulate = self.plan.accumulate[i][0];
+        // Where dx went: its buffer, or scratch to be added to it. The activation before
+        // may round dx in its own pass (`Fusion`).
         let in_len = n * numel(&layer.in_shape);
-        let weights = self.half_params.as_ref().unwrap_or(&self.params);
-        let (key, first) = (self.dropout_key(i, step_key), self.dropout_first(i));
-        if let (Some(kind), &Op::Activation(f), true) = (self.half, &layer.op, self.fused[i].grad) {
-            // dy is unrounded (the next layer left it), dx its own buffer (`Fusion`).
-            let (dy, dx) = two_mut(&mut self.dacts, ddst, dsrc);
-            let (x, y) = (&self.acts[src], &self.acts[dst]);
-            backend.activation_backward_rounding(kind, f, x, y, dy, dx, len);
-            return;
-        }
-        // Where dx goes: its buffer, or scratch to be added to it (or nowhere: the data's).
-        let (dy, dx) = if accumulate || !need_dx {
-            (&self.dacts[ddst], &mut self.dscratch)
-        } else {
-            read_write(&mut self.dacts, ddst, dsrc)
-        };
-        let x = &self.acts[src];
-        // What the forward pass multiplied (see `matmul_operands`).
-        let product_x = match &self.rounded_data {
-            Some(rounded) if src == 0 => rounded,
-            _ => x,
-        };
-        match layer.op {
-            Op::Linear {
-                inp,
-                out,
-                rows,
-                weight,
-                bias,
-            } => {
-                let dx = need_dx.then_some(dx);
-                let grads = &mut self.grads;
-                let (x, m) = (product_x, n * rows);
-                backend.linear_backward(x, dy, weights, grads, dw, weight, bias, dx, m, inp, out);
-            }
-            Op::Activation(f) if need_dx => {
-                backend.activation_backward(f, x, &self.acts[dst], dy, dx, len);
-            }
-            Op::Dropout { p } if need_dx => {
-                if p > 0.0 {
-                    backend.dropout_backward(p, key, first, dy, dx, len);
-                } else {
-                    backend.copy(dy, dx, len);
-                }
-            }
-            Op::Conv2d { geom, weight, bias } => {
-                let dx = need_dx.then_some(dx);
-                let (x, grads, ws) = (product_x, &mut self.grads, &mut self.workspace);
-                backend.conv2d_backward(&geom, x, dy, weights, grads, dw, weight, bias, dx, n, ws);
-            }
-            Op::Pool { kind, geom } if need_dx => {
-                let through_relu = self.plan.through_relu[i];
-                backend.pool2d_backward(kind, &geom, x, &self.acts[dst], dy, dx, n, through_relu);
-            }
-            Op::LayerNorm { width, gamma, .. } => {
-                let dx = need_dx.then_some(dx);
-                let shape = (len / width, width);
-                let (grads, saved) = (&mut self.grads, &self.aux[i]);
-                backend.layernorm_backward(x, dy, dx, shape, &self.params, grads, gamma, saved);
-            }
-            Op::BatchNorm {
-                channels,
-                spatial,
-                gamma,
-                ..
-            } => {
-                let dx = need_dx.then_some(dx);
-                let shape = (n, channels, spatial);
-                let (grads, state) = (&mut self.grads, &self.aux[i]);
-                backend.batchnorm_backward(x, dy, dx, shape, &self.params, grads, gamma, state);
-            }
-            Op::Softmax { width, log } if need_dx => {
-                backend.softmax_backward(&self.acts[dst], dy, dx, len / width, width, log);
-            }
-            Op::Embedding { dim, weight, .. } => {
-                backend.embedding_backward(x, dy, &mut self.grads, weight, len / dim, dim);
-            }
-            _ => {}
-        }
-        if !need_dx {
-            return;
-        }
-        // ReLU's dx is dy or 0 (max pooling may add several dy into one dx); the activation
-        // before may round dx in its own pass (`Fusion`).
-        let exact = matches!(layer.op, Op::Activation(Activation::Relu));
+        let dsrc = plan.grad_slot[layer.inputs[0]];
         let rounded_by_activation = i >= 1 && self.fused[i - 1].grad;
-        if accumulate {
+        if plan.accumulate[i][0] {
             Self::round(backend, self.half, &mut self.dscratch, in_len);
             backend.add_assign(&self.dscratch, &mut self.dacts[dsrc], in_len);
             Self::round(backend, self.half, &mut self.dacts[dsrc], in_len);

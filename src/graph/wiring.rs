@@ -3,7 +3,7 @@
 //! Node 0 is the data, node i+1 the output of layer i. Errors name the layers involved.
 
 use crate::error::{Error, Result};
-use crate::spec::{LayerSpec, ModelLayer};
+use crate::spec::ModelLayer;
 use std::collections::HashMap;
 
 /// The name `inputs` use for the data.
@@ -138,7 +138,7 @@ pub fn resolve(layers: &[ModelLayer]) -> Result<Vec<Vec<usize>>> {
                 })
                 .collect(),
         };
-        let many = matches!(l.layer, LayerSpec::Add(_) | LayerSpec::Concat(_));
+        let many = l.layer.takes_many_inputs();
         let given = l.inputs.as_ref().map_or(1, Vec::len);
         if many && given < 2 {
             problem(i, format!(

@@ -24,6 +24,12 @@ pub use sources::KeySources;
 pub use validate::{check_run_name, parse_device, DeviceChoice};
 pub use world::Rendezvous;
 
+use crate::ops::read;
+pub use crate::ops::{
+    BatchNormSpec, Conv2dSpec, DropoutSpec, EmbeddingSpec, GeluApproximation, GeluSpec,
+    LayerNormSpec, LayerSpec, LinearSpec, NoSettings, PoolSpec, ReshapeSpec, Size2,
+};
+
 /// DDP's `bucket_cap_mb` default: gradient buckets of 25 MiB (`parallel.bucket_mb`).
 pub const DEFAULT_BUCKET_MB: f64 = 25.0;
 
@@ -369,17 +375,6 @@ fn with_common_keys(message: &str) -> String {
     format!("{unknown}, expected one of {own}, `name`, `inputs`")
 }
 
-/// A value read as `T`; an error says what was wrong below the value (`[2]: ...`) first.
-fn read<T: serde::de::DeserializeOwned>(value: toml::Value) -> Result<T, String> {
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let message = e.inner().message().trim_end().to_string();
-        match e.path().to_string() {
-            path if path == "." => message,
-            path => format!("key `{path}`: {message}"),
-        }
-    })
-}
-
 impl From<LayerSpec> for ModelLayer {
     fn from(layer: LayerSpec) -> Self {
         ModelLayer {
@@ -388,289 +383,6 @@ impl From<LayerSpec> for ModelLayer {
             layer,
         }
     }
-}
-
-/// A layer's kind. `type` picks it; the other keys are that kind's settings.
-#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum LayerSpec {
-    /// y = x Wᵀ + b, with PyTorch's initialisation (kaiming-uniform, a = √5).
-    Linear(LinearSpec),
-    Relu(NoSettings),
-    Gelu(GeluSpec),
-    Tanh(NoSettings),
-    Sigmoid(NoSettings),
-    /// Zeroes each element with probability p in training and scales the rest by 1/(1-p).
-    Dropout(DropoutSpec),
-    /// Collapses every dimension but the batch into one.
-    Flatten(NoSettings),
-    /// Gives each sample a new shape with the same number of values (one -1 is inferred).
-    Reshape(ReshapeSpec),
-    /// 2-D convolution over [channels, height, width] samples, PyTorch's Conv2d.
-    Conv2d(Conv2dSpec),
-    /// Maximum over windows (padding counts as -inf), PyTorch's MaxPool2d.
-    Maxpool2d(PoolSpec),
-    /// Mean over windows (padding counts as 0: count_include_pad), PyTorch's AvgPool2d.
-    Avgpool2d(PoolSpec),
-    /// Mean over each channel's whole plane: [c, h, w] → [c, 1, 1] (AdaptiveAvgPool2d(1)).
-    GlobalAvgPool(NoSettings),
-    /// Normalises over the last dimension, with learned scale and shift (PyTorch's LayerNorm).
-    Layernorm(LayerNormSpec),
-    /// Batch normalisation of [features] samples (PyTorch's BatchNorm1d): batch statistics in
-    /// training, running statistics in evaluation.
-    Batchnorm1d(BatchNormSpec),
-    /// Batch normalisation over each channel of [channels, height, width] samples
-    /// (PyTorch's BatchNorm2d).
-    Batchnorm2d(BatchNormSpec),
-    /// The elementwise sum of its inputs, which must have the same shape (residual
-    /// connections).
-    Add(NoSettings),
-    /// Its inputs joined along the first per-sample dimension (channels for images, features
-    /// for vectors); the other dimensions must agree.
-    Concat(NoSettings),
-    /// Softmax over the last dimension.
-    Softmax(NoSettings),
-    /// log(softmax) over the last dimension, computed stably.
-    LogSoftmax(NoSettings),
-    /// A learned vector per token id (PyTorch's Embedding): reads whole-number ids in
-    /// [0, num_embeddings) from the data; [length] → [length, embedding_dim].
-    Embedding(EmbeddingSpec),
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct EmbeddingSpec {
-    /// The number of token ids (the vocabulary size).
-    #[schemars(range(min = 1, max = 2147483647))]
-    pub num_embeddings: usize,
-    /// The length of each vector.
-    #[schemars(range(min = 1, max = 2147483647))]
-    pub embedding_dim: usize,
-}
-
-impl LayerSpec {
-    /// Every `type`, as `kind` names them.
-    pub const KINDS: &[&str] = &[
-        "linear",
-        "relu",
-        "gelu",
-        "tanh",
-        "sigmoid",
-        "dropout",
-        "flatten",
-        "reshape",
-        "conv2d",
-        "maxpool2d",
-        "avgpool2d",
-        "global_avg_pool",
-        "layernorm",
-        "batchnorm1d",
-        "batchnorm2d",
-        "add",
-        "concat",
-        "softmax",
-        "log_softmax",
-        "embedding",
-    ];
-
-    /// The layer of type `kind` with `settings`, the layer's other keys. None: no such type.
-    fn from_settings(kind: &str, settings: toml::Table) -> Result<LayerSpec, Option<String>> {
-        let settings = toml::Value::Table(settings);
-        let layer = match kind {
-            "linear" => read(settings).map(LayerSpec::Linear),
-            "relu" => read(settings).map(LayerSpec::Relu),
-            "gelu" => read(settings).map(LayerSpec::Gelu),
-            "tanh" => read(settings).map(LayerSpec::Tanh),
-            "sigmoid" => read(settings).map(LayerSpec::Sigmoid),
-            "dropout" => read(settings).map(LayerSpec::Dropout),
-            "flatten" => read(settings).map(LayerSpec::Flatten),
-            "reshape" => read(settings).map(LayerSpec::Reshape),
-            "conv2d" => read(settings).map(LayerSpec::Conv2d),
-            "maxpool2d" => read(settings).map(LayerSpec::Maxpool2d),
-            "avgpool2d" => read(settings).map(LayerSpec::Avgpool2d),
-            "global_avg_pool" => read(settings).map(LayerSpec::GlobalAvgPool),
-            "layernorm" => read(settings).map(LayerSpec::Layernorm),
-            "batchnorm1d" => read(settings).map(LayerSpec::Batchnorm1d),
-            "batchnorm2d" => read(settings).map(LayerSpec::Batchnorm2d),
-            "add" => read(settings).map(LayerSpec::Add),
-            "concat" => read(settings).map(LayerSpec::Concat),
-            "softmax" => read(settings).map(LayerSpec::Softmax),
-            "log_softmax" => read(settings).map(LayerSpec::LogSoftmax),
-            "embedding" => read(settings).map(LayerSpec::Embedding),
-            _ => return Err(None),
-        };
-        layer.map_err(Some)
-    }
-
-    /// The `type` name.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            LayerSpec::Linear(_) => "linear",
-            LayerSpec::Relu(_) => "relu",
-            LayerSpec::Gelu(_) => "gelu",
-            LayerSpec::Tanh(_) => "tanh",
-            LayerSpec::Sigmoid(_) => "sigmoid",
-            LayerSpec::Dropout(_) => "dropout",
-            LayerSpec::Flatten(_) => "flatten",
-            LayerSpec::Reshape(_) => "reshape",
-            LayerSpec::Conv2d(_) => "conv2d",
-            LayerSpec::Maxpool2d(_) => "maxpool2d",
-            LayerSpec::Avgpool2d(_) => "avgpool2d",
-            LayerSpec::GlobalAvgPool(_) => "global_avg_pool",
-            LayerSpec::Layernorm(_) => "layernorm",
-            LayerSpec::Batchnorm1d(_) => "batchnorm1d",
-            LayerSpec::Batchnorm2d(_) => "batchnorm2d",
-            LayerSpec::Add(_) => "add",
-            LayerSpec::Concat(_) => "concat",
-            LayerSpec::Softmax(_) => "softmax",
-            LayerSpec::LogSoftmax(_) => "log_softmax",
-            LayerSpec::Embedding(_) => "embedding",
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct BatchNormSpec {
-    /// Added to the variance for numerical stability.
-    #[serde(default = "default_norm_eps")]
-    #[schemars(extend("exclusiveMinimum" = 0))]
-    pub eps: f64,
-    /// Weight of the newest batch in the running statistics.
-    #[serde(default = "default_bn_momentum")]
-    #[schemars(range(min = 0, max = 1))]
-    pub momentum: f64,
-}
-
-/// A size given as one number (both dimensions) or as [height, width].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(untagged, expecting = "expected a size: a number, or [height, width]")]
-pub enum Size2 {
-    Square(usize),
-    HeightWidth([usize; 2]),
-}
-
-impl Size2 {
-    pub fn pair(self) -> (usize, usize) {
-        match self {
-            Size2::Square(s) => (s, s),
-            Size2::HeightWidth([h, w]) => (h, w),
-        }
-    }
-}
-
-impl std::fmt::Display for Size2 {
-    /// As written in a job: `3` or `[3, 5]`.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Size2::Square(s) => write!(f, "{s}"),
-            Size2::HeightWidth([h, w]) => write!(f, "[{h}, {w}]"),
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ReshapeSpec {
-    /// The new per-sample shape; one entry may be -1.
-    pub shape: Vec<i64>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Conv2dSpec {
-    /// Output channels.
-    #[schemars(range(min = 1, max = 2147483647))]
-    pub out: usize,
-    /// Input channels; inferred from the input, checked when given.
-    #[serde(default, rename = "in", skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 2147483647))]
-    pub in_channels: Option<usize>,
-    pub kernel_size: Size2,
-    #[serde(default = "size_one")]
-    pub stride: Size2,
-    /// Zero padding on each side.
-    #[serde(default = "size_zero")]
-    pub padding: Size2,
-    #[serde(default = "size_one")]
-    pub dilation: Size2,
-    /// Channel groups: input and output channels must both divide by it.
-    #[serde(default = "one")]
-    #[schemars(range(min = 1, max = 2147483647))]
-    pub groups: usize,
-    #[serde(default = "yes")]
-    pub bias: bool,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct PoolSpec {
-    pub kernel_size: Size2,
-    /// Defaults to kernel_size, as in PyTorch.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stride: Option<Size2>,
-    /// Padding on each side (at most half the kernel).
-    #[serde(default = "size_zero")]
-    pub padding: Size2,
-}
-
-impl PoolSpec {
-    /// The window's step: the kernel size unless given, as in PyTorch.
-    pub fn stride(&self) -> Size2 {
-        self.stride.unwrap_or(self.kernel_size)
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct LayerNormSpec {
-    /// Added to the variance for numerical stability.
-    #[serde(default = "default_norm_eps")]
-    #[schemars(extend("exclusiveMinimum" = 0))]
-    pub eps: f64,
-}
-
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct NoSettings {}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct LinearSpec {
-    /// Output features.
-    #[schemars(range(min = 1, max = 2147483647))]
-    pub out: usize,
-    /// Input features; inferred from the previous layer, checked when given.
-    #[serde(default, rename = "in", skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 2147483647))]
-    pub in_features: Option<usize>,
-    #[serde(default = "yes")]
-    pub bias: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum GeluApproximation {
-    /// The exact form, x·Φ(x) (PyTorch's default).
-    None,
-    /// The tanh approximation.
-    Tanh,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct GeluSpec {
-    #[serde(default = "default_gelu")]
-    pub approximate: GeluApproximation,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct DropoutSpec {
-    /// Probability of zeroing an element, in [0, 1).
-    #[serde(default = "default_dropout")]
-    #[schemars(range(min = 0), extend("exclusiveMaximum" = 1))]
-    pub p: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
@@ -1330,18 +1042,6 @@ pub enum AllDevices {
     All,
 }
 
-fn size_one() -> Size2 {
-    Size2::Square(1)
-}
-fn size_zero() -> Size2 {
-    Size2::Square(0)
-}
-fn default_norm_eps() -> f64 {
-    1e-5
-}
-fn default_bn_momentum() -> f64 {
-    0.1
-}
 fn yes() -> bool {
     true
 }
@@ -1352,12 +1052,6 @@ fn one() -> usize {
 pub const DEFAULT_BATCH_SIZE: usize = 64;
 fn default_normalize() -> Normalize {
     Normalize::Standardize
-}
-fn default_gelu() -> GeluApproximation {
-    GeluApproximation::None
-}
-fn default_dropout() -> f64 {
-    0.5
 }
 fn default_betas() -> [f64; 2] {
     [0.9, 0.999]

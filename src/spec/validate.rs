@@ -18,30 +18,9 @@ impl Problems {
             self.add(key, message);
         }
     }
-    /// A size: at least `min`, at most `MAX_SIZE`.
-    fn size(&mut self, key: &str, given: usize, min: usize) {
-        self.check(
-            (min..=MAX_SIZE).contains(&given),
-            key,
-            format!("{given} given; {}", size_range(min)),
-        );
-    }
-    /// A size given as one number or [height, width].
-    fn size2(&mut self, key: &str, given: Size2, min: usize) {
-        let (h, w) = given.pair();
-        let ok = |d| (min..=MAX_SIZE).contains(&d);
-        self.check(
-            ok(h) && ok(w),
-            key,
-            format!("{given} given; {}", size_range(min)),
-        );
-    }
 }
 
-/// The largest value a size setting (a layer's width, a kernel, a stride...) may have:
-/// 2,147,483,647, the largest dimension cuBLAS takes. It also keeps the shape arithmetic of
-/// any accepted job far from overflowing.
-pub(super) const MAX_SIZE: usize = i32::MAX as usize;
+pub(super) use crate::ops::{size_range, MAX_SIZE};
 
 /// The largest batch a job may ask for: 16,777,216 samples, far beyond any that trains, and
 /// small enough that batch × per-sample bytes cannot overflow.
@@ -52,10 +31,6 @@ const MAX_THREADS: usize = 1024;
 
 /// The most values a synthetic data set may hold (16 GiB of f32).
 const MAX_SYNTHETIC_VALUES: usize = 1 << 32;
-
-fn size_range(min: usize) -> String {
-    format!("must be at least {min} and at most {MAX_SIZE}")
-}
 
 /// Every problem of the job, as (key, message); `validate` says where each key was set.
 pub fn problems(spec: &JobSpec) -> Vec<(String, String)> {
@@ -255,70 +230,8 @@ fn validate_model(m: &ModelSpec, p: &mut Problems) {
         "is empty; a model needs at least one layer",
     );
     for (i, layer) in m.layers.iter().enumerate() {
-        let key = |name: &str| format!("model.layers[{i}].{name}");
-        match &layer.layer {
-            LayerSpec::Linear(l) => {
-                p.size(&key("out"), l.out, 1);
-                if let Some(n) = l.in_features {
-                    p.size(&key("in"), n, 1);
-                }
-            }
-            LayerSpec::Dropout(d) => p.check(
-                (0.0..1.0).contains(&d.p),
-                &key("p"),
-                format!("{} given; must be in [0, 1)", d.p),
-            ),
-            LayerSpec::Conv2d(c) => {
-                p.size(&key("out"), c.out, 1);
-                if let Some(n) = c.in_channels {
-                    p.size(&key("in"), n, 1);
-                }
-                p.size(&key("groups"), c.groups, 1);
-                for (name, size, min) in [
-                    ("kernel_size", c.kernel_size, 1),
-                    ("stride", c.stride, 1),
-                    ("padding", c.padding, 0),
-                    ("dilation", c.dilation, 1),
-                ] {
-                    p.size2(&key(name), size, min);
-                }
-            }
-            LayerSpec::Maxpool2d(s) | LayerSpec::Avgpool2d(s) => {
-                p.size2(&key("kernel_size"), s.kernel_size, 1);
-                if let Some(stride) = s.stride {
-                    p.size2(&key("stride"), stride, 1);
-                }
-                p.size2(&key("padding"), s.padding, 0);
-            }
-            LayerSpec::Reshape(r) => {
-                if let Some(&d) = r.shape.iter().find(|&&d| d > MAX_SIZE as i64) {
-                    p.add(&key("shape"), format!("{d} given; {}", size_range(1)));
-                }
-            }
-            LayerSpec::Layernorm(l) => {
-                p.check(
-                    l.eps > 0.0,
-                    &key("eps"),
-                    format!("{} given; must be positive", l.eps),
-                );
-            }
-            LayerSpec::Embedding(e) => {
-                p.size(&key("num_embeddings"), e.num_embeddings, 1);
-                p.size(&key("embedding_dim"), e.embedding_dim, 1);
-            }
-            LayerSpec::Batchnorm1d(b) | LayerSpec::Batchnorm2d(b) => {
-                p.check(
-                    b.eps > 0.0,
-                    &key("eps"),
-                    format!("{} given; must be positive", b.eps),
-                );
-                p.check(
-                    (0.0..=1.0).contains(&b.momentum),
-                    &key("momentum"),
-                    format!("{} given; must be in [0, 1]", b.momentum),
-                );
-            }
-            _ => {}
+        for (name, message) in layer.layer.problems().found {
+            p.add(&format!("model.layers[{i}].{name}"), message);
         }
     }
     if let Some(shape) = &m.input_shape {

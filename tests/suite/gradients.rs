@@ -629,16 +629,16 @@ fn linear_over_the_last_axis_applies_per_row() {
     net.forward(&b, N, false, STEP_KEY);
     let layer = &net.graph.layers[0];
     assert_eq!(layer.out_shape, [3, 5]);
-    let Op::Linear {
-        inp,
-        out,
-        rows,
-        weight,
-        bias,
-    } = layer.op
-    else {
+    let Op::Linear(linear) = &layer.op else {
         panic!("not a linear layer")
     };
+    let (inp, out, rows, weight, bias) = (
+        linear.inp,
+        linear.out,
+        linear.rows,
+        linear.weight,
+        linear.bias,
+    );
     assert_eq!((inp, out, rows), (4, 5, 3));
     let y = net.output();
     for row in 0..N * rows {

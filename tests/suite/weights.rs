@@ -181,9 +181,10 @@ fn parameter_tensors_start_aligned_in_order_in_the_flat_buffer() {
         let (_, graph) = digits_graph(layers);
         for (i, span) in graph.parameter_spans().iter().enumerate() {
             assert!(span.as_ref().is_none_or(|s| aligned(s.start)), "layer {i}");
-            let (weight, bias) = match graph.layers[i].op {
-                Op::Linear { weight, bias, .. } | Op::Conv2d { weight, bias, .. } => (weight, bias),
-                Op::Embedding { weight, .. } => (weight, None),
+            let (weight, bias) = match &graph.layers[i].op {
+                Op::Linear(l) => (l.weight, l.bias),
+                Op::Conv2d(c) => (c.weight, c.bias),
+                Op::Embedding(e) => (e.weight, None),
                 _ => continue,
             };
             assert!(aligned(weight) && bias.is_none_or(aligned), "layer {i}");
@@ -436,10 +437,11 @@ fn layers_json(graph: &Graph) -> String {
 }
 
 fn layer_json(op: &Op, out_shape: &[usize]) -> String {
-    {
-        match op {
-            Op::View => format!("[\"view\", {out_shape:?}]"),
-            Op::Conv2d { geom: g, bias, .. } => format!(
+    match op {
+        Op::View(_) => format!("[\"view\", {out_shape:?}]"),
+        Op::Conv2d(c) => {
+            let g = &c.geom;
+            format!(
                 "[\"conv2d\", {}, {}, [{}, {}], [{}, {}], [{}, {}], [{}, {}], {}, {}]",
                 g.c,
                 g.o,
@@ -452,47 +454,47 @@ fn layer_json(op: &Op, out_shape: &[usize]) -> String {
                 g.dil.0,
                 g.dil.1,
                 g.groups,
-                bias.is_some()
-            ),
-            Op::Pool { kind, geom: g } => format!(
-                "[\"{}\", [{}, {}], [{}, {}], [{}, {}]]",
-                if *kind == PoolKind::Max {
-                    "maxpool2d"
-                } else {
-                    "avgpool2d"
-                },
-                g.k.0,
-                g.k.1,
-                g.stride.0,
-                g.stride.1,
-                g.pad.0,
-                g.pad.1
-            ),
-            Op::LayerNorm { width, eps, .. } => format!("[\"layernorm\", {width}, {eps}]"),
-            Op::Linear { inp, out, bias, .. } => {
-                format!("[\"linear\", {inp}, {out}, {}]", bias.is_some())
-            }
-            Op::Dropout { p } => format!("[\"dropout\", {p}]"),
-            Op::Activation(Activation::Relu) => "[\"relu\"]".into(),
-            Op::Activation(Activation::Gelu) => "[\"gelu\", \"none\"]".into(),
-            Op::Activation(Activation::GeluTanh) => "[\"gelu\", \"tanh\"]".into(),
-            Op::Activation(Activation::Tanh) => "[\"tanh\"]".into(),
-            Op::Activation(Activation::Sigmoid) => "[\"sigmoid\"]".into(),
-            Op::BatchNorm {
-                channels,
-                eps,
-                momentum,
-                ..
-            } => format!(
-                "[\"batchnorm{}d\", {channels}, {eps}, {momentum}]",
-                if out_shape.len() == 3 { 2 } else { 1 }
-            ),
-            Op::Add => "[\"add\"]".into(),
-            Op::Embedding { vocab, dim, .. } => format!("[\"embedding\", {vocab}, {dim}]"),
-            Op::Concat { .. } => "[\"concat\"]".into(),
-            Op::Softmax { log, .. } => {
-                format!("[\"{}\"]", if *log { "log_softmax" } else { "softmax" })
-            }
+                c.bias.is_some()
+            )
+        }
+        Op::Pool(p) => format!(
+            "[\"{}\", [{}, {}], [{}, {}], [{}, {}]]",
+            if p.kind == PoolKind::Max {
+                "maxpool2d"
+            } else {
+                "avgpool2d"
+            },
+            p.geom.k.0,
+            p.geom.k.1,
+            p.geom.stride.0,
+            p.geom.stride.1,
+            p.geom.pad.0,
+            p.geom.pad.1
+        ),
+        Op::LayerNorm(l) => format!("[\"layernorm\", {}, {}]", l.width, l.eps),
+        Op::Linear(l) => {
+            format!("[\"linear\", {}, {}, {}]", l.inp, l.out, l.bias.is_some())
+        }
+        Op::Dropout(d) => format!("[\"dropout\", {}]", d.p),
+        Op::Activation(a) => match a.f {
+            Activation::Relu => "[\"relu\"]".into(),
+            Activation::Gelu => "[\"gelu\", \"none\"]".into(),
+            Activation::GeluTanh => "[\"gelu\", \"tanh\"]".into(),
+            Activation::Tanh => "[\"tanh\"]".into(),
+            Activation::Sigmoid => "[\"sigmoid\"]".into(),
+        },
+        Op::BatchNorm(b) => format!(
+            "[\"batchnorm{}d\", {}, {}, {}]",
+            if out_shape.len() == 3 { 2 } else { 1 },
+            b.channels,
+            b.eps,
+            b.momentum
+        ),
+        Op::Add(_) => "[\"add\"]".into(),
+        Op::Embedding(e) => format!("[\"embedding\", {}, {}]", e.vocab, e.dim),
+        Op::Concat(_) => "[\"concat\"]".into(),
+        Op::Softmax(s) => {
+            format!("[\"{}\"]", if s.log { "log_softmax" } else { "softmax" })
         }
     }
 }

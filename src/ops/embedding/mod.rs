@@ -1,0 +1,108 @@
+//! embedding: a learned vector per token id, as PyTorch's Embedding. It reads whole-number
+//! ids in [0, num_embeddings) from the data: [length] → [length, embedding_dim].
+
+use super::{Backward, Build, Checks, Compute, Dx, Forward, Init, Op, OpKind, ParamTensor};
+use super::{Properties, SavedState};
+use crate::error::Result;
+use crate::tensor::{Backend, Conv2d};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::ops::Range;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EmbeddingSpec {
+    /// The number of token ids (the vocabulary size).
+    #[schemars(range(min = 1, max = 2147483647))]
+    pub num_embeddings: usize,
+    /// The length of each vector.
+    #[schemars(range(min = 1, max = 2147483647))]
+    pub embedding_dim: usize,
+}
+
+impl EmbeddingSpec {
+    pub(super) fn check(&self, c: &mut Checks) {
+        c.size("num_embeddings", self.num_embeddings, 1);
+        c.size("embedding_dim", self.embedding_dim, 1);
+    }
+}
+
+/// Rows of the table at `weight` ([vocab, dim]) for the token ids in the data.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Embedding {
+    pub vocab: usize,
+    pub dim: usize,
+    pub weight: usize,
+}
+
+pub fn build(spec: &EmbeddingSpec, at: &mut Build) -> Result<(Op, Vec<usize>)> {
+    // Token ids come from the data (through flatten/reshape at most).
+    if !at.reads_data {
+        return Err(at.error(
+            "embedding",
+            "it reads token ids, which only the data holds; make it read \
+             \"input\" (the first layer, or inputs = [\"input\"])",
+        ));
+    }
+    let (vocab, dim) = (spec.num_embeddings, spec.embedding_dim);
+    let weight = at.reserve(vocab * dim);
+    let mut out = at.in_shape().to_vec();
+    out.push(dim);
+    Ok((Op::Embedding(Embedding { vocab, dim, weight }), out))
+}
+
+impl OpKind for Embedding {
+    fn properties(&self) -> Properties {
+        Properties {
+            writes_in_place: false,
+            backward_reads_input: true,
+            backward_reads_output: false,
+            forward_keeps_half: false,
+            is_view: false,
+            activation: None,
+            applies_relu_after: false,
+            takes_gradient_through_relu: false,
+            multiplies_input: false,
+            rounds_dx_after: true,
+            token_vocab: Some(self.vocab),
+            draws_masks: false,
+            one_value_per_channel: false,
+        }
+    }
+    fn parameters(&self) -> Vec<ParamTensor> {
+        vec![ParamTensor {
+            name: "weight",
+            shape: vec![self.vocab, self.dim],
+            offset: self.weight,
+            init: Init::Normal(1.0),
+        }]
+    }
+    fn written_params(&self) -> Vec<Range<usize>> {
+        Vec::new()
+    }
+    fn state_len(&self, _: &[usize], _: usize) -> usize {
+        0
+    }
+    fn saved_state(&self) -> Option<SavedState> {
+        None
+    }
+    fn workspace(&self, _: &dyn Fn(&Conv2d) -> usize) -> Option<usize> {
+        None
+    }
+}
+
+impl<B: Backend> Compute<B> for Embedding {
+    fn forward(&self, f: &mut Forward<'_, B>) {
+        let (backend, rows) = (f.backend, f.out_len / self.dim);
+        let io = f.io();
+        backend.embedding_forward(io.x, io.params, self.weight, io.y, rows, self.dim);
+    }
+
+    /// The ids need no gradient: only the table's.
+    fn backward(&self, b: &mut Backward<'_, B>) -> Dx {
+        let (backend, rows) = (b.backend, b.out_len / self.dim);
+        let g = b.io();
+        backend.embedding_backward(g.x, g.dy, g.grads, self.weight, rows, self.dim);
+        Dx::Done
+    }
+}

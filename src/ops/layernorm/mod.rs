@@ -1,0 +1,116 @@
+//! layernorm: normalises over the last axis with a learned scale and shift, as PyTorch's
+//! LayerNorm; γ then β in the flat buffer. It saves each row's mean and inverse standard
+//! deviation for backward.
+
+use super::{numel, Properties, SavedState};
+use super::{Backward, Build, Checks, Compute, Dx, Forward, Init, Op, OpKind, ParamTensor};
+use crate::error::Result;
+use crate::tensor::{Backend, Conv2d};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::ops::Range;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LayerNormSpec {
+    /// Added to the variance for numerical stability.
+    #[serde(default = "default_norm_eps")]
+    #[schemars(extend("exclusiveMinimum" = 0))]
+    pub eps: f64,
+}
+
+pub(super) fn default_norm_eps() -> f64 {
+    1e-5
+}
+
+impl LayerNormSpec {
+    pub(super) fn check(&self, c: &mut Checks) {
+        let message = format!("{} given; must be positive", self.eps);
+        c.check(self.eps > 0.0, "eps", message);
+    }
+}
+
+/// Over rows of `width` values; γ at `gamma`, β right after it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LayerNorm {
+    pub width: usize,
+    pub gamma: usize,
+    pub eps: f32,
+}
+
+pub fn build(spec: &LayerNormSpec, at: &mut Build) -> Result<(Op, Vec<usize>)> {
+    let width = *at.in_shape().last().unwrap_or(&1);
+    let gamma = at.reserve(2 * width);
+    let op = LayerNorm {
+        width,
+        gamma,
+        eps: spec.eps as f32,
+    };
+    Ok((Op::LayerNorm(op), at.in_shape().to_vec()))
+}
+
+impl OpKind for LayerNorm {
+    fn properties(&self) -> Properties {
+        Properties {
+            writes_in_place: false,
+            backward_reads_input: true,
+            backward_reads_output: false,
+            forward_keeps_half: false,
+            is_view: false,
+            activation: None,
+            applies_relu_after: false,
+            takes_gradient_through_relu: false,
+            multiplies_input: false,
+            rounds_dx_after: true,
+            token_vocab: None,
+            draws_masks: false,
+            one_value_per_channel: false,
+        }
+    }
+    fn parameters(&self) -> Vec<ParamTensor> {
+        norm_parameters(self.width, self.gamma)
+    }
+    fn written_params(&self) -> Vec<Range<usize>> {
+        Vec::new()
+    }
+    fn state_len(&self, out_shape: &[usize], max_batch: usize) -> usize {
+        // Each row's mean and inverse standard deviation.
+        2 * max_batch * numel(out_shape) / self.width.max(1)
+    }
+    fn saved_state(&self) -> Option<SavedState> {
+        None
+    }
+    fn workspace(&self, _: &dyn Fn(&Conv2d) -> usize) -> Option<usize> {
+        None
+    }
+}
+
+/// A norm layer's γ (ones) and β (zeros), `width` each, β right after γ.
+pub(super) fn norm_parameters(width: usize, gamma: usize) -> Vec<ParamTensor> {
+    let tensor = |name, offset, value| ParamTensor {
+        name,
+        shape: vec![width],
+        offset,
+        init: Init::Constant(value),
+    };
+    vec![
+        tensor("weight", gamma, 1.0),
+        tensor("bias", gamma + width, 0.0),
+    ]
+}
+
+impl<B: Backend> Compute<B> for LayerNorm {
+    fn forward(&self, f: &mut Forward<'_, B>) {
+        let (backend, shape) = (f.backend, (f.out_len / self.width, self.width));
+        let io = f.io();
+        backend.layernorm_forward(io.x, io.y, shape, io.params, self.gamma, io.state, self.eps);
+    }
+
+    fn backward(&self, b: &mut Backward<'_, B>) -> Dx {
+        let (backend, shape) = (b.backend, (b.out_len / self.width, self.width));
+        let g = b.io();
+        let (params, gamma) = (g.params, self.gamma);
+        backend.layernorm_backward(g.x, g.dy, g.dx, shape, params, g.grads, gamma, g.state);
+        Dx::Written { exact: false }
+    }
+}

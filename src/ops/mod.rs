@@ -1,0 +1,220 @@
+//! The ops, one folder each: its settings as a job writes them (serde, the schema), its
+//! output shape and parameters, what it saves for backward, and its forward and backward
+//! passes over a backend. This file is the registry: the one place that lists them.
+//!
+//! The graph, the buffer plan and the executor ask an op through `OpKind` and `Compute`,
+//! traits without default methods, so a new op answers every question.
+
+mod checks;
+mod context;
+mod kind;
+mod shape;
+
+pub mod activation;
+pub mod add;
+pub mod batchnorm;
+pub mod concat;
+pub mod conv2d;
+pub mod dropout;
+pub mod embedding;
+pub mod layernorm;
+pub mod linear;
+pub mod pool;
+pub mod softmax;
+pub mod view;
+
+pub use checks::{size_range, Checks, MAX_SIZE};
+pub use context::{round, Backward, Dx, Forward, Fusion, Grads, Io, Mask, Pass};
+pub use kind::{Build, Compute, Init, OpKind, ParamTensor, Properties, SavedState};
+pub use shape::{numel, reserve, shape_str, values, MAX_SAMPLE_VALUES, PARAM_ALIGN};
+
+pub use activation::{GeluApproximation, GeluSpec};
+pub use batchnorm::BatchNormSpec;
+pub use conv2d::{Conv2dSpec, Size2};
+pub use dropout::DropoutSpec;
+pub use embedding::EmbeddingSpec;
+pub use layernorm::LayerNormSpec;
+pub use linear::LinearSpec;
+pub use pool::PoolSpec;
+pub use view::ReshapeSpec;
+
+use crate::error::Result;
+use crate::tensor::Backend;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+// Settings of a layer kind that has none besides `type`, `name` and `inputs`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NoSettings {}
+
+/// The registry. Each line: the job's `type` name, the `LayerSpec` variant with its
+/// settings, and the function that builds the op from them.
+macro_rules! layer_kinds {
+    ($($(#[$doc:meta])* $name:literal => $variant:ident($settings:ty) by $build:path,)*) => {
+        /// A layer's kind. `type` picks it; the other keys are that kind's settings.
+        #[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+        #[serde(tag = "type", rename_all = "snake_case")]
+        pub enum LayerSpec {
+            $($(#[$doc])* $variant($settings),)*
+        }
+
+        impl LayerSpec {
+            /// Every `type`, as `kind` names them.
+            pub const KINDS: &[&str] = &[$($name),*];
+
+            /// The layer of type `kind` with `settings`, the layer's other keys. None: no
+            /// such type.
+            pub fn from_settings(
+                kind: &str,
+                settings: toml::Table,
+            ) -> std::result::Result<LayerSpec, Option<String>> {
+                let settings = toml::Value::Table(settings);
+                match kind {
+                    $($name => read(settings).map(LayerSpec::$variant).map_err(Some),)*
+                    _ => Err(None),
+                }
+            }
+
+            /// The `type` name.
+            pub fn kind(&self) -> &'static str {
+                match self {
+                    $(LayerSpec::$variant(_) => $name,)*
+                }
+            }
+
+            /// The op, its output shape, and its parameters placed in the flat buffer.
+            pub fn build(&self, at: &mut Build) -> Result<(Op, Vec<usize>)> {
+                match self {
+                    $(LayerSpec::$variant(settings) => $build(settings, at),)*
+                }
+            }
+
+            /// Its settings' problems that types cannot express, as (key, message).
+            pub fn problems(&self) -> Checks {
+                let mut checks = Checks::default();
+                match self {
+                    $(LayerSpec::$variant(settings) => settings.check(&mut checks),)*
+                }
+                checks
+            }
+        }
+    };
+}
+
+layer_kinds! {
+    /// y = x Wᵀ + b, with PyTorch's initialisation (kaiming-uniform, a = √5).
+    "linear" => Linear(LinearSpec) by linear::build,
+    "relu" => Relu(NoSettings) by activation::relu,
+    "gelu" => Gelu(GeluSpec) by activation::gelu,
+    "tanh" => Tanh(NoSettings) by activation::tanh,
+    "sigmoid" => Sigmoid(NoSettings) by activation::sigmoid,
+    /// Zeroes each element with probability p in training and scales the rest by 1/(1-p).
+    "dropout" => Dropout(DropoutSpec) by dropout::build,
+    /// Collapses every dimension but the batch into one.
+    "flatten" => Flatten(NoSettings) by view::flatten,
+    /// Gives each sample a new shape with the same number of values (one -1 is inferred).
+    "reshape" => Reshape(ReshapeSpec) by view::reshape,
+    /// 2-D convolution over [channels, height, width] samples, PyTorch's Conv2d.
+    "conv2d" => Conv2d(Conv2dSpec) by conv2d::build,
+    /// Maximum over windows (padding counts as -inf), PyTorch's MaxPool2d.
+    "maxpool2d" => Maxpool2d(PoolSpec) by pool::max,
+    /// Mean over windows (padding counts as 0: count_include_pad), PyTorch's AvgPool2d.
+    "avgpool2d" => Avgpool2d(PoolSpec) by pool::avg,
+    /// Mean over each channel's whole plane: [c, h, w] → [c, 1, 1] (AdaptiveAvgPool2d(1)).
+    "global_avg_pool" => GlobalAvgPool(NoSettings) by pool::global_avg,
+    /// Normalises over the last dimension, with learned scale and shift (PyTorch's LayerNorm).
+    "layernorm" => Layernorm(LayerNormSpec) by layernorm::build,
+    /// Batch normalisation of [features] samples (PyTorch's BatchNorm1d): batch statistics in
+    /// training, running statistics in evaluation.
+    "batchnorm1d" => Batchnorm1d(BatchNormSpec) by batchnorm::build_1d,
+    /// Batch normalisation over each channel of [channels, height, width] samples
+    /// (PyTorch's BatchNorm2d).
+    "batchnorm2d" => Batchnorm2d(BatchNormSpec) by batchnorm::build_2d,
+    /// The elementwise sum of its inputs, which must have the same shape (residual
+    /// connections).
+    "add" => Add(NoSettings) by add::build,
+    /// Its inputs joined along the first per-sample dimension (channels for images, features
+    /// for vectors); the other dimensions must agree.
+    "concat" => Concat(NoSettings) by concat::build,
+    /// Softmax over the last dimension.
+    "softmax" => Softmax(NoSettings) by softmax::softmax,
+    /// log(softmax) over the last dimension, computed stably.
+    "log_softmax" => LogSoftmax(NoSettings) by softmax::log_softmax,
+    /// A learned vector per token id (PyTorch's Embedding): reads whole-number ids in
+    /// [0, num_embeddings) from the data; [length] → [length, embedding_dim].
+    "embedding" => Embedding(EmbeddingSpec) by embedding::build,
+}
+
+impl LayerSpec {
+    /// Whether the layer takes two or more inputs (add, concat).
+    pub fn takes_many_inputs(&self) -> bool {
+        matches!(self, LayerSpec::Add(_) | LayerSpec::Concat(_))
+    }
+}
+
+impl NoSettings {
+    fn check(&self, _: &mut Checks) {}
+}
+
+/// The registry of built ops: each variant holds one op's struct.
+macro_rules! ops {
+    ($($variant:ident($op:ty),)*) => {
+        /// A built layer's op, with its shapes and parameters' places.
+        #[derive(Debug, Clone, PartialEq)]
+        pub enum Op {
+            $($variant($op),)*
+        }
+
+        impl Op {
+            /// The questions every op answers.
+            pub fn kind(&self) -> &(dyn OpKind + 'static) {
+                match self {
+                    $(Op::$variant(op) => op,)*
+                }
+            }
+
+            /// Its forward and backward passes on backend `B`.
+            pub fn compute<B: Backend>(&self) -> &dyn Compute<B> {
+                match self {
+                    $(Op::$variant(op) => op,)*
+                }
+            }
+        }
+    };
+}
+
+ops! {
+    Linear(linear::Linear),
+    Activation(activation::Activation),
+    Dropout(dropout::Dropout),
+    View(view::View),
+    Conv2d(conv2d::Conv2d),
+    Pool(pool::Pool),
+    LayerNorm(layernorm::LayerNorm),
+    BatchNorm(batchnorm::BatchNorm),
+    Add(add::Add),
+    Concat(concat::Concat),
+    Softmax(softmax::Softmax),
+    Embedding(embedding::Embedding),
+}
+
+impl std::ops::Deref for Op {
+    type Target = dyn OpKind;
+    fn deref(&self) -> &Self::Target {
+        self.kind()
+    }
+}
+
+/// A value read as `T`; an error says what was wrong below the value (`[2]: ...`) first.
+pub(crate) fn read<T: serde::de::DeserializeOwned>(
+    value: toml::Value,
+) -> std::result::Result<T, String> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let message = e.inner().message().trim_end().to_string();
+        match e.path().to_string() {
+            path if path == "." => message,
+            path => format!("key `{path}`: {message}"),
+        }
+    })
+}

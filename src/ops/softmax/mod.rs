@@ -1,0 +1,79 @@
+//! softmax and log_softmax over the last axis, computed stably.
+
+use super::{Backward, Build, Compute, Dx, Forward, NoSettings, Op, OpKind};
+use super::{ParamTensor, Properties, SavedState};
+use crate::error::Result;
+use crate::tensor::{Backend, Conv2d};
+use std::ops::Range;
+
+/// (log_)softmax over rows of `width` values.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Softmax {
+    pub width: usize,
+    pub log: bool,
+}
+
+fn build(log: bool, at: &Build) -> Result<(Op, Vec<usize>)> {
+    let width = *at.in_shape().last().unwrap_or(&1);
+    Ok((Op::Softmax(Softmax { width, log }), at.in_shape().to_vec()))
+}
+
+pub fn softmax(_: &NoSettings, at: &mut Build) -> Result<(Op, Vec<usize>)> {
+    build(false, at)
+}
+
+pub fn log_softmax(_: &NoSettings, at: &mut Build) -> Result<(Op, Vec<usize>)> {
+    build(true, at)
+}
+
+impl OpKind for Softmax {
+    fn properties(&self) -> Properties {
+        Properties {
+            writes_in_place: false,
+            backward_reads_input: false,
+            backward_reads_output: true,
+            forward_keeps_half: false,
+            is_view: false,
+            activation: None,
+            applies_relu_after: false,
+            takes_gradient_through_relu: false,
+            multiplies_input: false,
+            rounds_dx_after: true,
+            token_vocab: None,
+            draws_masks: false,
+            one_value_per_channel: false,
+        }
+    }
+    fn parameters(&self) -> Vec<ParamTensor> {
+        Vec::new()
+    }
+    fn written_params(&self) -> Vec<Range<usize>> {
+        Vec::new()
+    }
+    fn state_len(&self, _: &[usize], _: usize) -> usize {
+        0
+    }
+    fn saved_state(&self) -> Option<SavedState> {
+        None
+    }
+    fn workspace(&self, _: &dyn Fn(&Conv2d) -> usize) -> Option<usize> {
+        None
+    }
+}
+
+impl<B: Backend> Compute<B> for Softmax {
+    fn forward(&self, f: &mut Forward<'_, B>) {
+        let (backend, rows) = (f.backend, f.out_len / self.width);
+        let io = f.io();
+        backend.softmax_forward(io.x, io.y, rows, self.width, self.log);
+    }
+
+    fn backward(&self, b: &mut Backward<'_, B>) -> Dx {
+        let (backend, rows) = (b.backend, b.out_len / self.width);
+        let g = b.io();
+        if let Some(dx) = g.dx {
+            backend.softmax_backward(g.y, g.dy, dx, rows, self.width, self.log);
+        }
+        Dx::Written { exact: false }
+    }
+}
