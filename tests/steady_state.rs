@@ -13,6 +13,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use trainer::graph::{DataShape, Graph, Network};
+use trainer::ops::Engine;
 use trainer::optim::Optimizer;
 use trainer::tensor::cpu::CpuBackend;
 use trainer::tensor::{Backend, HalfKind};
@@ -370,7 +371,7 @@ fn model_variants() -> Vec<(
 /// `counted_epochs` does; returns the allocations counted. `step_graphs`: record the
 /// micro-step and replay it (CUDA graphs, where the model allows).
 #[allow(clippy::too_many_arguments)]
-fn counted_steps<B: Backend>(
+fn counted_steps<B: Engine>(
     backend: &B,
     what: &str,
     layers: &str,

@@ -7,6 +7,7 @@ use crate::checkpoint::{self, ResumePoint};
 use crate::data::{self, Data};
 use crate::error::{Error, Result};
 use crate::graph::{ActivationStorage, DataShape, GradBuckets, Graph, MemoryPlan};
+use crate::ops::Engine;
 use crate::optim;
 use crate::parallel::{BatchLayout, CpuAllReduce, Rendezvous};
 use crate::run::summary::{self, Ended};
@@ -620,7 +621,7 @@ fn run_began() -> Instant {
 }
 
 /// Rank 0 of a multi-process run: the other ranks, once they have all joined.
-fn process_replicas<B: Backend + 'static>(
+fn process_replicas<B: Engine + 'static>(
     backend: &B,
     spec: &JobSpec,
     data: &Data,
@@ -709,7 +710,7 @@ fn precision_on_gpu(spec: &JobSpec, backend: &CudaBackend) -> Result<JobSpec> {
 /// Opens the run directory (new, or the resumed run's) and trains in it (with the other
 /// data-parallel replicas when `parallel` is given).
 #[allow(clippy::too_many_arguments)]
-fn run_on<B: Backend>(
+fn run_on<B: Engine>(
     args: &RunArgs,
     began: Instant,
     spec: &JobSpec,
@@ -861,7 +862,7 @@ fn record_failure(run: &RunDir, spec: &JobSpec, e: Error, wall: f64, training: T
 }
 
 #[allow(clippy::too_many_arguments)]
-fn run_in<B: Backend>(
+fn run_in<B: Engine>(
     run: &RunDir,
     args: &RunArgs,
     began: Instant,

@@ -16,13 +16,14 @@
 
 use super::{numel, BufferPlan, GradBuckets, Graph, Layer};
 use crate::error::Result;
+use crate::ops::Engine;
 use crate::ops::{round, Backward, Dx, Forward, Fusion, Mask, Pass};
 use crate::tensor::record::Recorder;
 use crate::tensor::rng::derive;
-use crate::tensor::{Activation, Backend, GradWrite, HalfKind, UpdatedParams};
+use crate::tensor::{Activation, GradWrite, HalfKind, UpdatedParams};
 use std::ops::Range;
 
-pub struct Network<B: Backend> {
+pub struct Network<B: Engine> {
     pub graph: Graph,
     pub params: B::Buf,
     pub grads: B::Buf,
@@ -79,7 +80,7 @@ pub struct Network<B: Backend> {
 /// micro-batch: `ready` with each bucket of the gradient buffer as soon as the gradients in
 /// it are final (from the buffer's end down, the same order on every replica), `finished`
 /// once the pass is over, before anything reads the gradients.
-pub trait GradientSync<B: Backend> {
+pub trait GradientSync<B: Engine> {
     fn ready(&mut self, backend: &B, grads: &mut B::Buf, bucket: std::ops::Range<usize>);
     fn finished(&mut self, _backend: &B, _grads: &mut B::Buf) {}
     /// Whether it may run inside the backward pass; else it gets the buckets after it.
@@ -146,7 +147,7 @@ fn fusions(graph: &Graph, plan: &BufferPlan) -> Vec<Fusion> {
         .collect()
 }
 
-impl<B: Backend> Network<B> {
+impl<B: Engine> Network<B> {
     /// The network in fp32.
     pub fn new(
         backend: &B,

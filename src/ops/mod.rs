@@ -20,6 +20,7 @@ pub mod embedding;
 pub mod layernorm;
 pub mod linear;
 pub mod pool;
+pub mod rmsnorm;
 pub mod softmax;
 pub mod view;
 
@@ -36,6 +37,7 @@ pub use embedding::EmbeddingSpec;
 pub use layernorm::LayerNormSpec;
 pub use linear::LinearSpec;
 pub use pool::PoolSpec;
+pub use rmsnorm::RmsNormSpec;
 pub use view::ReshapeSpec;
 
 use crate::error::Result;
@@ -125,6 +127,9 @@ layer_kinds! {
     "global_avg_pool" => GlobalAvgPool(NoSettings) by pool::global_avg,
     /// Normalises over the last dimension, with learned scale and shift (PyTorch's LayerNorm).
     "layernorm" => Layernorm(LayerNormSpec) by layernorm::build,
+    /// Divides each row of the last dimension by its root mean square, with a learned scale
+    /// (PyTorch's RMSNorm).
+    "rmsnorm" => Rmsnorm(RmsNormSpec) by rmsnorm::build,
     /// Batch normalisation of [features] samples (PyTorch's BatchNorm1d): batch statistics in
     /// training, running statistics in evaluation.
     "batchnorm1d" => Batchnorm1d(BatchNormSpec) by batchnorm::build_1d,
@@ -175,7 +180,7 @@ macro_rules! ops {
             }
 
             /// Its forward and backward passes on backend `B`.
-            pub fn compute<B: Backend>(&self) -> &dyn Compute<B> {
+            pub fn compute<B: Engine>(&self) -> &dyn Compute<B> {
                 match self {
                     $(Op::$variant(op) => op,)*
                 }
@@ -192,12 +197,20 @@ ops! {
     Conv2d(conv2d::Conv2d),
     Pool(pool::Pool),
     LayerNorm(layernorm::LayerNorm),
+    RmsNorm(rmsnorm::RmsNorm),
     BatchNorm(batchnorm::BatchNorm),
     Add(add::Add),
     Concat(concat::Concat),
     Softmax(softmax::Softmax),
     Embedding(embedding::Embedding),
 }
+
+/// What the executor runs on: `tensor::Backend`'s building blocks, and the kernels of the
+/// ops that keep their own (each such op's `Kernels`, implemented in its folder for the CPU
+/// and CUDA backends).
+pub trait Engine: Backend + rmsnorm::Kernels {}
+
+impl<B: Backend + rmsnorm::Kernels> Engine for B {}
 
 impl std::ops::Deref for Op {
     type Target = dyn OpKind;

@@ -1358,6 +1358,7 @@ mod tests {
               { type = "conv2d", out = 4, kernel_size = [3, 5], padding = 1, groups = 2 },
               { type = "maxpool2d", kernel_size = 2 }, { type = "avgpool2d", kernel_size = 3, stride = 1 },
               { type = "global_avg_pool" }, { type = "layernorm", eps = 1e-6 },
+              { type = "rmsnorm", eps = 1e-6 },
               { type = "batchnorm1d" }, { type = "batchnorm2d", momentum = 0.2 },
               { type = "add", inputs = ["a", "b"] }, { type = "concat", inputs = ["a", "b"] },
               { type = "softmax" }, { type = "log_softmax" },

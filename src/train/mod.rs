@@ -37,12 +37,13 @@ use crate::checkpoint::{self, Checkpoint, Saving, TrainState};
 use crate::data::{batches_per_epoch, epoch_order, Data, Dataset};
 use crate::error::{Error, Result};
 use crate::graph::{GradBuckets, GradientSync, Graph, Network};
+use crate::ops::Engine;
 use crate::optim::{clip_grad_norm, unscale_and_clip, LossScaler, Optimizer, Schedule};
 use crate::parallel::share;
 use crate::run::{EndReason, MetricsRow, MetricsWriter};
 use crate::signals::Stop;
 use crate::spec::{EvaluateTest, JobSpec, OnNonFinite, PrecisionMode, MAX_SKIPPED_IN_A_ROW};
-use crate::tensor::{Backend, HalfKind, LossStats};
+use crate::tensor::{HalfKind, LossStats};
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::PathBuf;
@@ -87,7 +88,7 @@ impl Outcome {
 
 /// What a run starts from and what it may do besides training. `Session::default()` starts
 /// from the seeded initialisation on one device and writes no checkpoint: that is `train`.
-pub struct Session<'a, B: Backend> {
+pub struct Session<'a, B: Engine> {
     /// Parameters to start from (model.init_from) instead of the seeded initialisation.
     pub initial: Option<Weights>,
     /// A checkpoint to continue from; it must belong to this job (see
@@ -106,7 +107,7 @@ pub struct Session<'a, B: Backend> {
     pub finishing: bool,
 }
 
-impl<B: Backend> Default for Session<'_, B> {
+impl<B: Engine> Default for Session<'_, B> {
     fn default() -> Self {
         Session {
             initial: None,
@@ -131,7 +132,7 @@ fn steps_per_epoch(spec: &JobSpec, train_len: usize) -> usize {
 }
 
 /// Trains from the job's seeded initialisation, writing no checkpoint.
-pub fn train<B: Backend>(
+pub fn train<B: Engine>(
     backend: &B,
     spec: &JobSpec,
     graph: Graph,
@@ -144,7 +145,7 @@ pub fn train<B: Backend>(
 /// Trains as `session` says. Everything that decides the numbers (the data order, dropout
 /// masks, the learning rate) is a pure function of (job.seed, epoch, step, micro-step), so
 /// a run continued from a checkpoint computes exactly what the uninterrupted run would.
-pub fn train_session<B: Backend>(
+pub fn train_session<B: Engine>(
     backend: &B,
     spec: &JobSpec,
     graph: Graph,
@@ -217,7 +218,7 @@ enum EpochEnd {
 
 /// A training run under way: rank 0's network, optimizer and data, its state as
 /// checkpoints keep it (`st`), what it reports (`outcome`), and the settings of its loop.
-struct Training<'a, B: Backend> {
+struct Training<'a, B: Engine> {
     backend: &'a B,
     spec: &'a JobSpec,
     metrics: &'a mut MetricsWriter,
@@ -261,7 +262,7 @@ struct Training<'a, B: Backend> {
     skipped_in_a_row: u64,
 }
 
-impl<'a, B: Backend> Training<'a, B> {
+impl<'a, B: Engine> Training<'a, B> {
     /// The network, optimizer, data on the device and state to start from: the seeded
     /// initialisation, init_from's weights or a checkpoint.
     fn start(
@@ -786,7 +787,7 @@ impl<'a, B: Backend> Training<'a, B> {
 /// The network a replica trains: buffers for `batch` samples, the job's precision, and its
 /// training step recorded and replayed (CUDA graphs) unless `device.cuda_graphs = false` or
 /// something in the step changes every step.
-pub(crate) fn training_network<B: Backend>(
+pub(crate) fn training_network<B: Engine>(
     backend: &B,
     graph: Graph,
     params: &[f32],
@@ -825,7 +826,7 @@ struct Saver<'a> {
 
 impl Saver<'_> {
     /// Downloads the state, writes it crash-safely, and applies keep_last / keep_best.
-    fn save<B: Backend>(
+    fn save<B: Engine>(
         &mut self,
         backend: &B,
         net: &Network<B>,
@@ -926,7 +927,7 @@ fn nonfinite_state(
 }
 
 /// Where the training samples are, and their row sizes.
-pub struct Batch<'a, B: Backend> {
+pub struct Batch<'a, B: Engine> {
     pub samples: &'a Samples<B>,
     pub row_len: usize,
     pub target_dim: usize,
@@ -957,7 +958,7 @@ pub struct StepResult {
 
 /// What a replica's optimizer step works on: its device, network and optimizer, the open
 /// train row's loss statistics, and the micro-step count (dropout masks are keyed by it).
-pub struct StepContext<'a, B: Backend> {
+pub struct StepContext<'a, B: Engine> {
     pub backend: &'a B,
     pub net: &'a mut Network<B>,
     pub optimizer: &'a mut Optimizer<B>,
@@ -969,7 +970,7 @@ pub struct StepContext<'a, B: Backend> {
 /// gradients averaged over them, then unscaling, clipping and the update. With gradient
 /// accumulation the loss scale applies to every micro-batch and the inf/NaN check is made
 /// once, on the summed gradients. Allocates nothing.
-pub fn optimizer_step<B: Backend>(
+pub fn optimizer_step<B: Engine>(
     mut cx: StepContext<B>,
     batch: &Batch<B>,
     micro_batches: &[&[u32]],
@@ -1002,7 +1003,7 @@ impl Rank {
 /// share / micro-batch, so that the mean over the replicas is the gradient of each
 /// micro-batch's mean loss, also when the shares differ (a smaller last batch); an equal
 /// share's weight is exactly 1.
-pub(crate) fn accumulate_gradients<'r, B: Backend>(
+pub(crate) fn accumulate_gradients<'r, B: Engine>(
     cx: &mut StepContext<B>,
     batch: &Batch<B>,
     micro_batches: impl ExactSizeIterator<Item = &'r [u32]>,
@@ -1048,7 +1049,7 @@ pub(crate) fn accumulate_gradients<'r, B: Backend>(
 /// `skip_nonfinite`, a step whose gradients are not all finite is skipped; after a
 /// data-parallel all-reduce the gradients are the same on every replica, so one replica's
 /// inf or NaN makes every replica skip.
-pub(crate) fn apply_gradients<B: Backend>(
+pub(crate) fn apply_gradients<B: Engine>(
     cx: &mut StepContext<B>,
     settings: StepSettings,
 ) -> StepResult {
@@ -1110,13 +1111,13 @@ pub fn half_kind(mode: PrecisionMode) -> Option<HalfKind> {
 }
 
 /// An evaluation split.
-struct EvalSet<B: Backend> {
+struct EvalSet<B: Engine> {
     name: &'static str,
     samples: Samples<B>,
     len: usize,
 }
 
-impl<B: Backend> EvalSet<B> {
+impl<B: Engine> EvalSet<B> {
     fn new(backend: &B, name: &'static str, d: Dataset, resident: bool) -> Result<Self> {
         Ok(EvalSet {
             name,
@@ -1127,7 +1128,7 @@ impl<B: Backend> EvalSet<B> {
 }
 
 /// Evaluates on `sets`, writing a row for each, at (epoch, step, elapsed seconds).
-fn evaluate<B: Backend>(
+fn evaluate<B: Engine>(
     backend: &B,
     net: &mut Network<B>,
     sets: &[EvalSet<B>],
@@ -1190,7 +1191,7 @@ fn evaluate<B: Backend>(
 
 /// Reads the open log row's loss statistics without resetting them (reading resets them on
 /// the device, so they are put straight back).
-fn peek_stats<B: Backend>(backend: &B, stats: &mut B::Stats) -> LossStats {
+fn peek_stats<B: Engine>(backend: &B, stats: &mut B::Stats) -> LossStats {
     let window = backend.take_stats(stats);
     backend.set_stats(stats, window);
     window

@@ -35,11 +35,12 @@ use crate::checkpoint;
 use crate::data::Data;
 use crate::error::{Error, Result};
 use crate::graph::{GradientSync, Graph, Network};
+use crate::ops::Engine;
 use crate::optim::Optimizer;
 use crate::parallel::{connect, Link, Rendezvous, Tag};
 use crate::signals::Stop;
 use crate::spec::{CollectiveBackend, JobSpec, ParallelDevices};
-use crate::tensor::{Backend, LossStats};
+use crate::tensor::LossStats;
 use serde::{Deserialize, Serialize};
 use std::marker::PhantomData;
 use std::ops::Range;
@@ -71,7 +72,7 @@ struct Ending {
 }
 
 /// Rank 0's view of the other ranks.
-pub struct ProcessReplicas<B: Backend> {
+pub struct ProcessReplicas<B: Engine> {
     world: Rendezvous,
     /// What each process runs on, e.g. "1 thread" or "cuda:LOCAL_RANK".
     device: String,
@@ -98,7 +99,7 @@ fn data_hash(data: &Data) -> String {
     format!("{:016x}", h.digest())
 }
 
-impl<B: Backend> ProcessReplicas<B> {
+impl<B: Engine> ProcessReplicas<B> {
     /// Rank 0's side of the rendezvous: waits for every rank, greets it with the job and
     /// waits until each has found the job and data the same as its own (a rank that does
     /// not is an `Error::Job` naming the differences).
@@ -165,7 +166,7 @@ impl<B: Backend> ProcessReplicas<B> {
     }
 }
 
-impl<B: Backend> Drop for ProcessReplicas<B> {
+impl<B: Engine> Drop for ProcessReplicas<B> {
     fn drop(&mut self) {
         if !self.finished {
             self.tell_the_others(&Ending {
@@ -178,7 +179,7 @@ impl<B: Backend> Drop for ProcessReplicas<B> {
 
 /// Rank 0: the NCCL id the ranks will join, when parallel.backend (and for "auto", this
 /// machine) says gradients are averaged on the GPUs; None for the tcp path.
-fn collective_id<B: Backend>(
+fn collective_id<B: Engine>(
     backend: &B,
     spec: &JobSpec,
     world: &Rendezvous,
@@ -232,7 +233,7 @@ fn ranks_share_a_gpu(spec: &JobSpec, world: &Rendezvous) -> Option<String> {
 
 /// Joins the NCCL communicator. NCCL's initialisation waits for every rank with no timeout
 /// of its own, so a watchdog ends this process if it takes longer than parallel.timeout.
-fn join_collective<B: Backend>(backend: &B, id: &[u8], world: &Rendezvous) -> Result<()> {
+fn join_collective<B: Engine>(backend: &B, id: &[u8], world: &Rendezvous) -> Result<()> {
     let what = format!(
         "rank {}: joining the NCCL communicator of {} ranks",
         world.rank, world.world_size
@@ -340,12 +341,12 @@ fn decode_grads_header(head: &[u8; GRADS_HEADER]) -> (Option<i32>, LossStats) {
     ((signal != 0).then_some(signal), stats)
 }
 
-fn params_hash<B: Backend>(backend: &B, params: &B::Buf, host: &mut [f32]) -> u64 {
+fn params_hash<B: Engine>(backend: &B, params: &B::Buf, host: &mut [f32]) -> u64 {
     backend.download(params, host);
     xxhash_rust::xxh3::xxh3_64(bytemuck::cast_slice(host))
 }
 
-impl<B: Backend> DataParallel<B> for ProcessReplicas<B> {
+impl<B: Engine> DataParallel<B> for ProcessReplicas<B> {
     fn replicas(&self) -> usize {
         self.world.world_size
     }
@@ -507,7 +508,7 @@ struct GatherOverLinks<'a> {
     error: Option<Error>,
 }
 
-impl<B: Backend> GradientSync<B> for GatherOverLinks<'_> {
+impl<B: Engine> GradientSync<B> for GatherOverLinks<'_> {
     fn ready(&mut self, backend: &B, grads: &mut B::Buf, bucket: Range<usize>) {
         if self.error.is_some() {
             return;
@@ -540,7 +541,7 @@ struct SendOverLink<'a> {
     error: Option<Error>,
 }
 
-impl<B: Backend> GradientSync<B> for SendOverLink<'_> {
+impl<B: Engine> GradientSync<B> for SendOverLink<'_> {
     fn ready(&mut self, backend: &B, grads: &mut B::Buf, bucket: Range<usize>) {
         if self.error.is_some() {
             return;
@@ -561,7 +562,7 @@ impl<B: Backend> GradientSync<B> for SendOverLink<'_> {
 /// trains its share of every step rank 0 sends until rank 0 says the run is over. Returns
 /// Ok when the run completed; an interrupted or failed run is the matching error.
 /// `resume` is this rank's --resume, which only rank 0's decides.
-pub fn serve<B: Backend>(
+pub fn serve<B: Engine>(
     backend: &B,
     spec: &JobSpec,
     graph: Graph,
@@ -670,7 +671,7 @@ fn check_greeting(
 /// Builds this rank's replica from rank 0's state and follows rank 0's orders; gradients
 /// are averaged by NCCL when `on_devices`, else through rank 0.
 #[allow(clippy::too_many_arguments)]
-fn follow<B: Backend>(
+fn follow<B: Engine>(
     backend: &B,
     spec: &JobSpec,
     graph: Graph,

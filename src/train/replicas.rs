@@ -20,6 +20,7 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::graph::{GradientSync, Network};
+use crate::ops::Engine;
 use crate::optim::Optimizer;
 use crate::parallel::CpuAllReduce;
 use crate::spec::JobSpec;
@@ -29,7 +30,7 @@ use rayon::ThreadPool;
 
 /// What the training loop needs from data parallelism. Rank 0's replica is the loop's own
 /// (`net`, `optimizer`, `stats` below); an implementation owns and drives the others.
-pub trait DataParallel<B: Backend> {
+pub trait DataParallel<B: Engine> {
     /// Replicas, rank 0 included.
     fn replicas(&self) -> usize;
 
@@ -89,7 +90,7 @@ impl GradientSync<CpuBackend> for ThreadSync<'_> {
 /// waiting for them all.
 pub(crate) struct DeviceSync;
 
-impl<B: Backend> GradientSync<B> for DeviceSync {
+impl<B: Engine> GradientSync<B> for DeviceSync {
     fn ready(&mut self, backend: &B, grads: &mut B::Buf, bucket: std::ops::Range<usize>) {
         backend.all_reduce_mean_start(grads, bucket);
     }
@@ -289,12 +290,12 @@ impl DataParallel<CpuBackend> for CpuReplicas {
 /// 1-rank communicator): `parallel.replicas = 1` on CUDA. The average over one rank changes
 /// nothing, so this measures the all-reduce path's own cost and runs NCCL through the whole
 /// training path on a machine with one GPU.
-pub struct OneDeviceCollective<B: Backend> {
+pub struct OneDeviceCollective<B: Engine> {
     device: String,
     _backend: std::marker::PhantomData<fn(&B)>,
 }
 
-impl<B: Backend> OneDeviceCollective<B> {
+impl<B: Engine> OneDeviceCollective<B> {
     /// Joins a communicator of one rank; an error where the device has none (or NCCL is
     /// missing).
     pub fn new(backend: &B) -> Result<Self> {
@@ -312,7 +313,7 @@ impl<B: Backend> OneDeviceCollective<B> {
     }
 }
 
-impl<B: Backend> DataParallel<B> for OneDeviceCollective<B> {
+impl<B: Engine> DataParallel<B> for OneDeviceCollective<B> {
     fn replicas(&self) -> usize {
         1
     }

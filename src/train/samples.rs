@@ -6,18 +6,18 @@
 use crate::data::Dataset;
 use crate::error::Result;
 use crate::graph::Network;
+use crate::ops::Engine;
 use crate::spec::DataPlacement;
-use crate::tensor::Backend;
 
 /// A split's samples (features and targets, row by row).
-pub enum Samples<B: Backend> {
+pub enum Samples<B: Engine> {
     /// Uploaded once; a batch is a gather on the device.
     Resident { x: B::Buf, y: B::Buf },
     /// In host memory; a batch is gathered there and copied.
     Streamed { x: Vec<f32>, y: Vec<f32> },
 }
 
-impl<B: Backend> Samples<B> {
+impl<B: Engine> Samples<B> {
     pub fn new(backend: &B, set: Dataset, resident: bool) -> Result<Self> {
         Ok(if resident {
             Samples::Resident {
@@ -69,7 +69,7 @@ pub fn fits_on_device(bytes: usize, free: usize) -> bool {
 /// Whether the data set (`bytes`, every split) is uploaded whole. "auto" uploads it when it
 /// fits in the device memory still free, with a margin for the scratch that grows during
 /// the first steps; call it after the network and the optimizer have their memory.
-pub fn resident<B: Backend>(backend: &B, placement: DataPlacement, bytes: usize) -> bool {
+pub fn resident<B: Engine>(backend: &B, placement: DataPlacement, bytes: usize) -> bool {
     let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
     match placement {
         DataPlacement::Resident => true,

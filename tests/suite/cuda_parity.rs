@@ -14,7 +14,7 @@ use trainer::tensor::{
     Activation, AdamStep, Backend, GradWrite, HalfKind, LossFn, SgdStep, UpdatedParams,
 };
 
-fn gpu() -> Option<CudaBackend> {
+pub(crate) fn gpu() -> Option<CudaBackend> {
     if !common::gpu_present() {
         return None;
     }
@@ -29,30 +29,30 @@ fn gpu() -> Option<CudaBackend> {
 
 const CPU: CpuBackend = CpuBackend::new(1);
 
-fn up(g: &CudaBackend, v: &[f32]) -> CudaBuf {
+pub(crate) fn up(g: &CudaBackend, v: &[f32]) -> CudaBuf {
     g.upload_vec(v.to_vec()).unwrap()
 }
 
 /// A device buffer of `len` NaNs.
-fn poisoned(g: &CudaBackend, len: usize) -> CudaBuf {
+pub(crate) fn poisoned(g: &CudaBackend, len: usize) -> CudaBuf {
     let mut b = g.alloc(len).unwrap();
     g.fill(&mut b, f32::NAN);
     b
 }
 
-fn down(g: &CudaBackend, b: &CudaBuf, len: usize) -> Vec<f32> {
+pub(crate) fn down(g: &CudaBackend, b: &CudaBuf, len: usize) -> Vec<f32> {
     let mut v = vec![0.0; len];
     g.download(b, &mut v);
     g.status().unwrap();
     v
 }
 
-fn assert_close(gpu: &[f32], cpu: &[f32], what: &str) {
+pub(crate) fn assert_close(gpu: &[f32], cpu: &[f32], what: &str) {
     assert_within(gpu, cpu, 1e-5, what);
 }
 
 /// Every |gpu - cpu| within `relative` of the largest |cpu|.
-fn assert_within(gpu: &[f32], cpu: &[f32], relative: f32, what: &str) {
+pub(crate) fn assert_within(gpu: &[f32], cpu: &[f32], relative: f32, what: &str) {
     assert_eq!(gpu.len(), cpu.len(), "{what}: lengths");
     let scale = cpu.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-30);
     let worst = gpu
@@ -420,19 +420,19 @@ fn reductions_fills_gathers_and_copies_match_the_cpu() {
 }
 
 /// A half-width device buffer (mixed precision's activations) holding `v`, rounded.
-fn up_half(g: &CudaBackend, kind: HalfKind, v: &[f32]) -> CudaBuf {
+pub(crate) fn up_half(g: &CudaBackend, kind: HalfKind, v: &[f32]) -> CudaBuf {
     let mut b = g.alloc_half(kind, v.len()).unwrap();
     g.upload(v, &mut b);
     b
 }
 
-fn poisoned_half(g: &CudaBackend, kind: HalfKind, len: usize) -> CudaBuf {
+pub(crate) fn poisoned_half(g: &CudaBackend, kind: HalfKind, len: usize) -> CudaBuf {
     let mut b = g.alloc_half(kind, len).unwrap();
     g.fill(&mut b, f32::NAN);
     b
 }
 
-fn rounded(kind: HalfKind, v: &[f32]) -> Vec<f32> {
+pub(crate) fn rounded(kind: HalfKind, v: &[f32]) -> Vec<f32> {
     let mut v = v.to_vec();
     let len = v.len();
     CPU.round_to_half(kind, &mut v, len);
@@ -447,16 +447,17 @@ fn assert_bits(gpu: &[f32], cpu: &[f32], what: &str) {
 
 /// How a buffer of activations or their gradients is stored: f32, or half-width (mixed
 /// precision).
-const STORAGES: [Option<HalfKind>; 3] = [None, Some(HalfKind::F16), Some(HalfKind::Bf16)];
+pub(crate) const STORAGES: [Option<HalfKind>; 3] =
+    [None, Some(HalfKind::F16), Some(HalfKind::Bf16)];
 
-fn up_in(g: &CudaBackend, storage: Option<HalfKind>, v: &[f32]) -> CudaBuf {
+pub(crate) fn up_in(g: &CudaBackend, storage: Option<HalfKind>, v: &[f32]) -> CudaBuf {
     match storage {
         None => up(g, v),
         Some(kind) => up_half(g, kind, v),
     }
 }
 
-fn poisoned_in(g: &CudaBackend, storage: Option<HalfKind>, len: usize) -> CudaBuf {
+pub(crate) fn poisoned_in(g: &CudaBackend, storage: Option<HalfKind>, len: usize) -> CudaBuf {
     match storage {
         None => poisoned(g, len),
         Some(kind) => poisoned_half(g, kind, len),
@@ -464,7 +465,7 @@ fn poisoned_in(g: &CudaBackend, storage: Option<HalfKind>, len: usize) -> CudaBu
 }
 
 /// What a buffer in `storage` holds of `v`.
-fn stored(storage: Option<HalfKind>, v: &[f32]) -> Vec<f32> {
+pub(crate) fn stored(storage: Option<HalfKind>, v: &[f32]) -> Vec<f32> {
     match storage {
         None => v.to_vec(),
         Some(kind) => rounded(kind, v),
@@ -474,7 +475,7 @@ fn stored(storage: Option<HalfKind>, v: &[f32]) -> Vec<f32> {
 /// The agreement of results stored in `storage` (relative to the largest): f32's, or one
 /// unit in the half format's last place, as two f32 results that agree to 1e-5 may round
 /// to neighbouring halves.
-fn tolerance(storage: Option<HalfKind>) -> f32 {
+pub(crate) fn tolerance(storage: Option<HalfKind>) -> f32 {
     match storage {
         None => 1e-5,
         Some(HalfKind::F16) => 2f32.powi(-10),
@@ -839,7 +840,7 @@ fn optimizer_updates_match_the_cpu() {
 }
 
 /// Train rows (step, loss) of a job run through the CLI on a device, one row per step.
-fn loss_curve(device: &str, extra: &[&str]) -> Vec<(u64, f64)> {
+pub(crate) fn loss_curve(device: &str, extra: &[&str]) -> Vec<(u64, f64)> {
     train_rows(&run_mlp_job(device, extra).path().join("run"))
 }
 

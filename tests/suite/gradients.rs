@@ -19,7 +19,7 @@ fn mean_loss(net: &mut Network<CpuBackend>, b: &CpuBackend) -> f64 {
 }
 
 /// Compares d(loss)/d(param) with (L(p+h) - L(p-h)) / 2h for every parameter.
-fn check_gradients(job: &str, data: DataShape) {
+pub(crate) fn check_gradients(job: &str, data: DataShape) {
     check_gradients_on(job, data, None);
 }
 
@@ -261,14 +261,14 @@ fn classifier_job(first: &str, middle: &str) -> String {
     )
 }
 
-fn image_job(middle: &str) -> String {
+pub(crate) fn image_job(middle: &str) -> String {
     classifier_job(
         r#"{ type = "conv2d", out = 4, kernel_size = 3, padding = 1 }"#,
         middle,
     )
 }
 
-fn images() -> DataShape {
+pub(crate) fn images() -> DataShape {
     DataShape {
         sample_shape: vec![2, 6, 5],
         classes: Some(3),
@@ -578,11 +578,11 @@ fn a_step_without_a_backward_pass_has_zero_gradients() {
 
 /// A model over sequences: per-sample [3, 4], linear, GELU and layer norm over the last
 /// axis (rows = batch × 3), then flattened to the classes.
-fn sequence_job(middle: &str) -> String {
+pub(crate) fn sequence_job(middle: &str) -> String {
     classifier_job(r#"{ type = "linear", out = 5 }"#, middle)
 }
 
-fn sequences() -> DataShape {
+pub(crate) fn sequences() -> DataShape {
     DataShape {
         sample_shape: vec![3, 4],
         classes: Some(3),

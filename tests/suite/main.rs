@@ -18,6 +18,7 @@ mod layout;
 mod mixed_precision;
 mod multiprocess;
 mod nonfinite;
+mod ops;
 mod pytorch_reference;
 mod rendezvous;
 mod results;

@@ -472,6 +472,7 @@ fn layer_json(op: &Op, out_shape: &[usize]) -> String {
             p.geom.pad.1
         ),
         Op::LayerNorm(l) => format!("[\"layernorm\", {}, {}]", l.width, l.eps),
+        Op::RmsNorm(r) => format!("[\"rmsnorm\", {}, {}]", r.width, r.eps),
         Op::Linear(l) => {
             format!("[\"linear\", {}, {}, {}]", l.inp, l.out, l.bias.is_some())
         }

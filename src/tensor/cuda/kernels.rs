@@ -8,8 +8,9 @@ use cudarc::nvrtc::{result, sys, Ptx};
 use std::ffi::CString;
 use std::path::PathBuf;
 
-/// Every kernel file, in the order they are concatenated after common.cuh.
-pub const SOURCES: [(&str, &str); 6] = [
+/// Every kernel file, in the order they are concatenated after common.cuh: the shared ones,
+/// then those of ops that keep their kernels in their own folder.
+pub const SOURCES: [(&str, &str); 7] = [
     ("cast.cu", include_str!("../../../kernels/cast.cu")),
     ("graph.cu", include_str!("../../../kernels/graph.cu")),
     (
@@ -19,6 +20,10 @@ pub const SOURCES: [(&str, &str); 6] = [
     ("loss.cu", include_str!("../../../kernels/loss.cu")),
     ("optim.cu", include_str!("../../../kernels/optim.cu")),
     ("spatial.cu", include_str!("../../../kernels/spatial.cu")),
+    (
+        "ops/rmsnorm/rmsnorm.cu",
+        include_str!("../../ops/rmsnorm/rmsnorm.cu"),
+    ),
 ];
 const COMMON: &str = include_str!("../../../kernels/common.cuh");
 
@@ -29,6 +34,17 @@ pub fn program_source() -> String {
         src += &format!("\n// ---- {name}\n{text}");
     }
     src
+}
+
+/// The name of every `extern "C" __global__` kernel in SOURCES.
+pub fn kernel_names() -> impl Iterator<Item = &'static str> {
+    const MARK: &str = "extern \"C\" __global__ void ";
+    SOURCES.iter().flat_map(|(_, text)| {
+        text.match_indices(MARK).map(|(at, _)| {
+            let rest = &text[at + MARK.len()..];
+            rest[..rest.find('(').unwrap_or(rest.len())].trim()
+        })
+    })
 }
 
 /// Whether libnvrtc can be loaded (checked before any call that would otherwise panic).

@@ -22,8 +22,9 @@ use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaSlice, CudaStream, CudaView, CudaViewMut,
     DevicePtrMut, LaunchConfig, PinnedHostSlice,
 };
-use launch::Launch;
+pub(crate) use launch::Launch;
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -238,7 +239,7 @@ enum Output<'a> {
 /// workspaces and data sets are always f32.
 pub struct CudaBuf {
     /// `len` f32 values, or `len` halves packed two to an element.
-    mem: CudaSlice<f32>,
+    pub(crate) mem: CudaSlice<f32>,
     len: usize,
     half: Option<HalfKind>,
 }
@@ -254,7 +255,7 @@ impl CudaBuf {
     }
 
     /// The kernels' storage id of its values (`storage_id`).
-    fn storage(&self) -> i32 {
+    pub(crate) fn storage(&self) -> i32 {
         storage_id(self.half)
     }
 }
@@ -359,7 +360,7 @@ fn im2col_region(len: usize) -> usize {
 }
 
 /// One block per item (channel or row), 256 threads reducing together.
-fn per_item(items: usize) -> LaunchConfig {
+pub(crate) fn per_item(items: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (items.max(1) as u32, 1, 1),
         block_dim: (THREADS, 1, 1),
@@ -369,6 +370,9 @@ fn per_item(items: usize) -> LaunchConfig {
 
 pub struct CudaBackend {
     stream: Arc<CudaStream>,
+    /// Every kernel of the program by name, for the ops that keep theirs in their own
+    /// folder (`kernel`).
+    by_name: HashMap<&'static str, CudaFunction>,
     /// Dropped by hand (see `Drop`): cudarc panics when the handle cannot be destroyed.
     blas: std::mem::ManuallyDrop<CudaBlas>,
     f: Functions,
@@ -550,7 +554,7 @@ fn grid_vec(n: usize) -> LaunchConfig {
     grid(n.div_ceil(VEC))
 }
 
-fn grid(n: usize) -> LaunchConfig {
+pub(crate) fn grid(n: usize) -> LaunchConfig {
     let blocks = n.div_ceil(THREADS as usize).clamp(1, 1 << 16) as u32;
     LaunchConfig {
         grid_dim: (blocks, 1, 1),
@@ -599,6 +603,9 @@ impl CudaBackend {
                 .load_function(name)
                 .map_err(|e| cuda_err(&format!("loading kernel {name}"), e))
         };
+        let by_name = kernels::kernel_names()
+            .map(|name| Ok((name, load(name)?)))
+            .collect::<Result<HashMap<_, _>>>()?;
         let f = Functions {
             fill: load("fill_values")?,
             scale: load("scale_f32")?,
@@ -705,6 +712,7 @@ impl CudaBackend {
             if allow_tf32 { ", TF32 allowed" } else { "" }
         );
         Ok(CudaBackend {
+            by_name,
             stream,
             blas: std::mem::ManuallyDrop::new(blas),
             f,
@@ -1142,7 +1150,7 @@ impl CudaBackend {
 
     /// Whether every one of `bufs` holds f32 values, as `what` reads them (parameters, their
     /// gradients, optimizer and layer state, targets: never half-width); else records why not.
-    fn all_f32(&self, what: &str, bufs: &[&CudaBuf]) -> bool {
+    pub(crate) fn all_f32(&self, what: &str, bufs: &[&CudaBuf]) -> bool {
         let f32 = bufs.iter().all(|buf| buf.half.is_none());
         if !f32 {
             self.launch_error(what, "a half-width buffer where f32 values are read");
@@ -1173,8 +1181,23 @@ impl CudaBackend {
         }
     }
 
-    fn launch(&self, what: &str, r: std::result::Result<(), cudarc::driver::DriverError>) {
+    /// Records a launch's failure, which the step reports (`status`).
+    pub(crate) fn launch(
+        &self,
+        what: &str,
+        r: std::result::Result<(), cudarc::driver::DriverError>,
+    ) {
         self.record(what, r);
+    }
+
+    /// The stream every launch goes to.
+    pub(crate) fn stream(&self) -> &CudaStream {
+        &self.stream
+    }
+
+    /// The kernel `name` of the program (kernels::SOURCES), loaded when the backend opened.
+    pub(crate) fn kernel(&self, name: &str) -> &CudaFunction {
+        &self.by_name[name]
     }
 }
 

@@ -1,0 +1,4 @@
+//! The ops' own tests, each in its folder under src/ops/ (the library does not compile them).
+
+#[path = "../../src/ops/rmsnorm/tests.rs"]
+mod rmsnorm;
