@@ -253,50 +253,6 @@ impl Backend for CpuBackend {
         );
     }
 
-    fn layernorm_forward(
-        &self,
-        x: &Vec<f32>,
-        y: &mut Vec<f32>,
-        (rows, width): (usize, usize),
-        params: &Vec<f32>,
-        gamma: usize,
-        saved: &mut Vec<f32>,
-        eps: f32,
-    ) {
-        let (g, b) = (
-            &params[gamma..gamma + width],
-            &params[gamma + width..gamma + 2 * width],
-        );
-        let (mean, invstd) = saved[..2 * rows].split_at_mut(rows);
-        spatial::layernorm_forward(x, y, rows, width, g, b, (mean, invstd), eps);
-    }
-
-    fn layernorm_backward(
-        &self,
-        x: &Vec<f32>,
-        dy: &Vec<f32>,
-        dx: Option<&mut Vec<f32>>,
-        (rows, width): (usize, usize),
-        params: &Vec<f32>,
-        grads: &mut Vec<f32>,
-        gamma: usize,
-        saved: &Vec<f32>,
-    ) {
-        let (dgamma, dbeta) = grads[gamma..gamma + 2 * width].split_at_mut(width);
-        let stats = (&saved[..rows], &saved[rows..2 * rows]);
-        let g = &params[gamma..gamma + width];
-        spatial::layernorm_backward(
-            x,
-            dy,
-            dx.map(|d| &mut d[..]),
-            rows,
-            width,
-            g,
-            stats,
-            (dgamma, dbeta),
-        );
-    }
-
     fn describe(&self) -> String {
         threads_label(self.threads)
     }

@@ -519,32 +519,6 @@ pub trait Backend: Capture {
         gamma: usize,
         state: &Self::Buf,
     );
-    /// Layer norm over rows of `width`, γ = params[gamma..], β = params[gamma + width..];
-    /// `saved` = [mean | invstd] per row.
-    #[allow(clippy::too_many_arguments)]
-    fn layernorm_forward(
-        &self,
-        x: &Self::Buf,
-        y: &mut Self::Buf,
-        shape: (usize, usize),
-        params: &Self::Buf,
-        gamma: usize,
-        saved: &mut Self::Buf,
-        eps: f32,
-    );
-    #[allow(clippy::too_many_arguments)]
-    fn layernorm_backward(
-        &self,
-        x: &Self::Buf,
-        dy: &Self::Buf,
-        dx: Option<&mut Self::Buf>,
-        shape: (usize, usize),
-        params: &Self::Buf,
-        grads: &mut Self::Buf,
-        gamma: usize,
-        saved: &Self::Buf,
-    );
-
     /// Data parallelism across processes, rank 0: a new id for a device-side collective
     /// (NCCL) that the ranks join with `join_collective`. None where this device has none
     /// (the CPU): gradients then travel through host memory and rank 0's links.

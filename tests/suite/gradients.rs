@@ -317,11 +317,6 @@ fn global_avg_pool_gradients() {
 }
 
 #[test]
-fn layernorm_gradients() {
-    check_gradients(&image_job(r#"{ type = "layernorm" }"#), images());
-}
-
-#[test]
 fn reshape_gradients() {
     check_gradients(
         &image_job(

@@ -1,4 +1,6 @@
 //! The ops' own tests, each in its folder under src/ops/ (the library does not compile them).
 
+#[path = "../../src/ops/layernorm/tests.rs"]
+mod layernorm;
 #[path = "../../src/ops/rmsnorm/tests.rs"]
 mod rmsnorm;

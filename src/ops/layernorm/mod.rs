@@ -1,9 +1,13 @@
 //! layernorm: normalises over the last axis with a learned scale and shift, as PyTorch's
 //! LayerNorm; γ then β in the flat buffer. It saves each row's mean and inverse standard
-//! deviation for backward.
+//! deviation for backward. Its kernels live here too: `cpu.rs`, `cuda.rs`, `layernorm.cu`.
 
+pub mod cpu;
+mod cuda;
+
+use super::ParamTensor;
 use super::{numel, Properties, SavedState};
-use super::{Backward, Build, Checks, Compute, Dx, Forward, Init, Op, OpKind, ParamTensor};
+use super::{Backward, Build, Checks, Compute, Dx, Engine, Forward, Init, Op, OpKind};
 use crate::error::Result;
 use crate::tensor::{Backend, Conv2d};
 use schemars::JsonSchema;
@@ -47,6 +51,37 @@ pub fn build(spec: &LayerNormSpec, at: &mut Build) -> Result<(Op, Vec<usize>)> {
         eps: spec.eps as f32,
     };
     Ok((Op::LayerNorm(op), at.in_shape().to_vec()))
+}
+
+/// The backend's side of layer norm: a CPU and a CUDA implementation, in this folder.
+pub trait Kernels: Backend {
+    /// Layer norm over rows of `width`, γ = params[gamma..], β = params[gamma + width..];
+    /// `saved` = [mean | invstd] per row.
+    #[allow(clippy::too_many_arguments)]
+    fn layernorm_forward(
+        &self,
+        x: &Self::Buf,
+        y: &mut Self::Buf,
+        shape: (usize, usize),
+        params: &Self::Buf,
+        gamma: usize,
+        saved: &mut Self::Buf,
+        eps: f32,
+    );
+
+    /// dx (where given) from dy and the saved statistics; dγ and dβ added to `grads`.
+    #[allow(clippy::too_many_arguments)]
+    fn layernorm_backward(
+        &self,
+        x: &Self::Buf,
+        dy: &Self::Buf,
+        dx: Option<&mut Self::Buf>,
+        shape: (usize, usize),
+        params: &Self::Buf,
+        grads: &mut Self::Buf,
+        gamma: usize,
+        saved: &Self::Buf,
+    );
 }
 
 impl OpKind for LayerNorm {
@@ -99,7 +134,7 @@ pub(super) fn norm_parameters(width: usize, gamma: usize) -> Vec<ParamTensor> {
     ]
 }
 
-impl<B: Backend> Compute<B> for LayerNorm {
+impl<B: Engine> Compute<B> for LayerNorm {
     fn forward(&self, f: &mut Forward<'_, B>) {
         let (backend, shape) = (f.backend, (f.out_len / self.width, self.width));
         let io = f.io();

@@ -202,9 +202,6 @@ struct Functions {
     pool2d_backward: CudaFunction,
     batchnorm_forward: CudaFunction,
     batchnorm_backward: CudaFunction,
-    layernorm_forward: CudaFunction,
-    layernorm_backward: CudaFunction,
-    layernorm_param_grads: CudaFunction,
 }
 
 /// Where a matrix product gets one of its inputs in the half format, in mixed precision.
@@ -644,9 +641,6 @@ impl CudaBackend {
             pool2d_backward: load("pool2d_backward")?,
             batchnorm_forward: load("batchnorm_forward")?,
             batchnorm_backward: load("batchnorm_backward")?,
-            layernorm_forward: load("layernorm_forward")?,
-            layernorm_backward: load("layernorm_backward")?,
-            layernorm_param_grads: load("layernorm_param_grads")?,
         };
         let blas =
             CudaBlas::new(stream.clone()).map_err(|e| cuda_err("creating the cuBLAS handle", e))?;
@@ -1682,79 +1676,6 @@ impl Backend for CudaBackend {
         l.arg(&g).arg(&state.mem).arg(&mut dg).arg(&mut db);
         // SAFETY: one block per channel; writes dx only when write_dx.
         self.launch("batch norm backward", unsafe { l.launch(per_item(c)) });
-    }
-
-    fn layernorm_forward(
-        &self,
-        x: &CudaBuf,
-        y: &mut CudaBuf,
-        shape: (usize, usize),
-        params: &CudaBuf,
-        gamma: usize,
-        saved: &mut CudaBuf,
-        eps: f32,
-    ) {
-        if !self.all_f32("layer norm", &[params, saved]) {
-            return;
-        }
-        let (xs, ys) = (x.storage(), y.storage());
-        let params = &params.mem;
-        let (rows, width) = shape;
-        let (r64, w64) = (rows as u64, width as u64);
-        let (g, b) = (
-            params.slice(gamma..gamma + width),
-            params.slice(gamma + width..gamma + 2 * width),
-        );
-        let mut l = Launch::new(&self.stream, &self.f.layernorm_forward);
-        l.arg(&x.mem).arg(&xs).arg(&mut y.mem).arg(&ys);
-        l.arg(&r64).arg(&w64).arg(&g).arg(&b);
-        l.arg(&mut saved.mem).arg(&eps);
-        // SAFETY: one block per row.
-        self.launch("layer norm", unsafe { l.launch(per_item(rows)) });
-    }
-
-    fn layernorm_backward(
-        &self,
-        x: &CudaBuf,
-        dy: &CudaBuf,
-        dx: Option<&mut CudaBuf>,
-        shape: (usize, usize),
-        params: &CudaBuf,
-        grads: &mut CudaBuf,
-        gamma: usize,
-        saved: &CudaBuf,
-    ) {
-        if !self.all_f32("layer norm backward", &[params, grads, saved]) {
-            return;
-        }
-        let (xs, dys) = (x.storage(), dy.storage());
-        let params = &params.mem;
-        let grads = &mut grads.mem;
-        let (rows, width) = shape;
-        let (r64, w64) = (rows as u64, width as u64);
-        let g = params.slice(gamma..gamma + width);
-        if let Some(dx) = dx {
-            let dxs = dx.storage();
-            let mut l = Launch::new(&self.stream, &self.f.layernorm_backward);
-            l.arg(&x.mem).arg(&xs).arg(&dy.mem).arg(&dys);
-            l.arg(&mut dx.mem).arg(&dxs);
-            l.arg(&r64).arg(&w64).arg(&g).arg(&saved.mem);
-            // SAFETY: one block per row writes its dx.
-            self.launch("layer norm backward", unsafe { l.launch(per_item(rows)) });
-        }
-        let mut both = grads.slice_mut(gamma..gamma + 2 * width);
-        let (mut dg, mut db) = both.split_at_mut(width);
-        let mut l = Launch::new(&self.stream, &self.f.layernorm_param_grads);
-        l.arg(&x.mem).arg(&xs).arg(&dy.mem).arg(&dys);
-        l.arg(&r64)
-            .arg(&w64)
-            .arg(&saved.mem)
-            .arg(&mut dg)
-            .arg(&mut db);
-        // SAFETY: one thread per column.
-        self.launch("layer norm parameter gradients", unsafe {
-            l.launch(grid(width))
-        });
     }
 
     fn describe(&self) -> String {
