@@ -205,54 +205,6 @@ impl Backend for CpuBackend {
         }
     }
 
-    fn batchnorm_forward(
-        &self,
-        x: &Vec<f32>,
-        y: &mut Vec<f32>,
-        (n, c, spatial): (usize, usize, usize),
-        params: &Vec<f32>,
-        gamma: usize,
-        state: &mut Vec<f32>,
-        train: bool,
-        momentum: f32,
-        eps: f32,
-    ) {
-        let (g, b) = (&params[gamma..gamma + c], &params[gamma + c..gamma + 2 * c]);
-        let (running, saved) = state[..4 * c].split_at_mut(2 * c);
-        let running = running.split_at_mut(c);
-        let saved = saved.split_at_mut(c);
-        spatial::batchnorm_forward(
-            x, y, n, c, spatial, g, b, running, saved, train, momentum, eps,
-        );
-    }
-
-    fn batchnorm_backward(
-        &self,
-        x: &Vec<f32>,
-        dy: &Vec<f32>,
-        dx: Option<&mut Vec<f32>>,
-        (n, c, spatial): (usize, usize, usize),
-        params: &Vec<f32>,
-        grads: &mut Vec<f32>,
-        gamma: usize,
-        state: &Vec<f32>,
-    ) {
-        let (dgamma, dbeta) = grads[gamma..gamma + 2 * c].split_at_mut(c);
-        let saved = (&state[2 * c..3 * c], &state[3 * c..4 * c]);
-        let g = &params[gamma..gamma + c];
-        spatial::batchnorm_backward(
-            x,
-            dy,
-            dx.map(|d| &mut d[..]),
-            n,
-            c,
-            spatial,
-            g,
-            saved,
-            (dgamma, dbeta),
-        );
-    }
-
     fn describe(&self) -> String {
         threads_label(self.threads)
     }

@@ -491,34 +491,6 @@ pub trait Backend: Capture {
         n: usize,
         through_relu: bool,
     );
-    /// Batch norm over [n, c, spatial] with γ = params[gamma..], β = params[gamma + c..] and
-    /// `state` = [running mean | running var | batch mean | batch invstd] (c each).
-    #[allow(clippy::too_many_arguments)]
-    fn batchnorm_forward(
-        &self,
-        x: &Self::Buf,
-        y: &mut Self::Buf,
-        shape: (usize, usize, usize),
-        params: &Self::Buf,
-        gamma: usize,
-        state: &mut Self::Buf,
-        train: bool,
-        momentum: f32,
-        eps: f32,
-    );
-    /// Training-mode backward; uses the batch statistics the forward pass saved in `state`.
-    #[allow(clippy::too_many_arguments)]
-    fn batchnorm_backward(
-        &self,
-        x: &Self::Buf,
-        dy: &Self::Buf,
-        dx: Option<&mut Self::Buf>,
-        shape: (usize, usize, usize),
-        params: &Self::Buf,
-        grads: &mut Self::Buf,
-        gamma: usize,
-        state: &Self::Buf,
-    );
     /// Data parallelism across processes, rank 0: a new id for a device-side collective
     /// (NCCL) that the ranks join with `join_collective`. None where this device has none
     /// (the CPU): gradients then travel through host memory and rank 0's links.

@@ -63,7 +63,7 @@ fn check_gradients_on(job: &str, data: DataShape, input: Option<&[f32]>) {
     }
 }
 
-fn between_linears(layer: &str) -> String {
+pub(crate) fn between_linears(layer: &str) -> String {
     format!(
         r#"
         [data]
@@ -77,7 +77,7 @@ fn between_linears(layer: &str) -> String {
     )
 }
 
-fn classes(n: usize) -> DataShape {
+pub(crate) fn classes(n: usize) -> DataShape {
     DataShape {
         sample_shape: vec![4],
         classes: Some(n),
@@ -386,16 +386,6 @@ fn a_relu_taken_through_by_its_pooling_gives_the_gradients_of_its_own_step() {
             assert_eq!(fused_grads, apart_grads, "{pool}, {half:?}");
         }
     }
-}
-
-#[test]
-fn batchnorm2d_gradients() {
-    check_gradients(&image_job(r#"{ type = "batchnorm2d" }"#), images());
-}
-
-#[test]
-fn batchnorm1d_gradients() {
-    check_gradients(&between_linears(r#"{ type = "batchnorm1d" }"#), classes(3));
 }
 
 #[test]

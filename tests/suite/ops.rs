@@ -1,5 +1,7 @@
 //! The ops' own tests, each in its folder under src/ops/ (the library does not compile them).
 
+#[path = "../../src/ops/batchnorm/tests.rs"]
+mod batchnorm;
 #[path = "../../src/ops/layernorm/tests.rs"]
 mod layernorm;
 #[path = "../../src/ops/rmsnorm/tests.rs"]

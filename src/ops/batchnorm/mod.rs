@@ -1,10 +1,14 @@
 //! batchnorm1d and batchnorm2d: batch normalisation per channel, with batch statistics in
 //! training and running statistics in evaluation, as PyTorch's BatchNorm1d/2d. γ then β in
-//! the flat buffer; the running statistics are state saved with the parameters.
+//! the flat buffer; the running statistics are state saved with the parameters. Its kernels
+//! live here too: `cpu.rs`, `cuda.rs`, `batchnorm.cu`.
+
+pub mod cpu;
+mod cuda;
 
 use super::layernorm::{default_norm_eps, norm_parameters};
 use super::shape::chw;
-use super::{shape_str, Backward, Build, Checks, Compute, Dx, Forward, Op, OpKind};
+use super::{shape_str, Backward, Build, Checks, Compute, Dx, Engine, Forward, Op, OpKind};
 use super::{ParamTensor, Pass, Properties, SavedState};
 use crate::error::Result;
 use crate::tensor::{Backend, Conv2d};
@@ -89,6 +93,39 @@ fn build(
     (Op::BatchNorm(op), at.in_shape().to_vec())
 }
 
+/// The backend's side of batch norm: a CPU and a CUDA implementation, in this folder.
+pub trait Kernels: Backend {
+    /// Batch norm over [n, c, spatial] with γ = params[gamma..], β = params[gamma + c..] and
+    /// `state` = [running mean | running var | batch mean | batch invstd] (c each).
+    #[allow(clippy::too_many_arguments)]
+    fn batchnorm_forward(
+        &self,
+        x: &Self::Buf,
+        y: &mut Self::Buf,
+        shape: (usize, usize, usize),
+        params: &Self::Buf,
+        gamma: usize,
+        state: &mut Self::Buf,
+        train: bool,
+        momentum: f32,
+        eps: f32,
+    );
+
+    /// Training-mode backward; uses the batch statistics the forward pass saved in `state`.
+    #[allow(clippy::too_many_arguments)]
+    fn batchnorm_backward(
+        &self,
+        x: &Self::Buf,
+        dy: &Self::Buf,
+        dx: Option<&mut Self::Buf>,
+        shape: (usize, usize, usize),
+        params: &Self::Buf,
+        grads: &mut Self::Buf,
+        gamma: usize,
+        state: &Self::Buf,
+    );
+}
+
 impl OpKind for BatchNorm {
     fn properties(&self) -> Properties {
         Properties {
@@ -133,7 +170,7 @@ impl OpKind for BatchNorm {
     }
 }
 
-impl<B: Backend> Compute<B> for BatchNorm {
+impl<B: Engine> Compute<B> for BatchNorm {
     fn forward(&self, f: &mut Forward<'_, B>) {
         let (backend, train) = (f.backend, f.pass != Pass::Eval);
         // A recomputation must not move the running statistics a second time.

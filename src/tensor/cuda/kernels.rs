@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 /// Every kernel file, in the order they are concatenated after common.cuh: the shared ones,
 /// then those of ops that keep their kernels in their own folder.
-pub const SOURCES: [(&str, &str); 8] = [
+pub const SOURCES: [(&str, &str); 9] = [
     ("cast.cu", include_str!("../../../kernels/cast.cu")),
     ("graph.cu", include_str!("../../../kernels/graph.cu")),
     (
@@ -20,6 +20,10 @@ pub const SOURCES: [(&str, &str); 8] = [
     ("loss.cu", include_str!("../../../kernels/loss.cu")),
     ("optim.cu", include_str!("../../../kernels/optim.cu")),
     ("spatial.cu", include_str!("../../../kernels/spatial.cu")),
+    (
+        "ops/batchnorm/batchnorm.cu",
+        include_str!("../../ops/batchnorm/batchnorm.cu"),
+    ),
     (
         "ops/layernorm/layernorm.cu",
         include_str!("../../ops/layernorm/layernorm.cu"),
