@@ -208,9 +208,25 @@ ops! {
 /// What the executor runs on: `tensor::Backend`'s building blocks, and the kernels of the
 /// ops that keep their own (each such op's `Kernels`, implemented in its folder for the CPU
 /// and CUDA backends).
-pub trait Engine: Backend + batchnorm::Kernels + layernorm::Kernels + rmsnorm::Kernels {}
+pub trait Engine:
+    Backend
+    + batchnorm::Kernels
+    + embedding::Kernels
+    + layernorm::Kernels
+    + rmsnorm::Kernels
+    + softmax::Kernels
+{
+}
 
-impl<B> Engine for B where B: Backend + batchnorm::Kernels + layernorm::Kernels + rmsnorm::Kernels {}
+impl<B> Engine for B where
+    B: Backend
+        + batchnorm::Kernels
+        + embedding::Kernels
+        + layernorm::Kernels
+        + rmsnorm::Kernels
+        + softmax::Kernels
+{
+}
 
 impl std::ops::Deref for Op {
     type Target = dyn OpKind;

@@ -346,48 +346,6 @@ pub trait Backend: Capture {
         rows: usize,
         add: bool,
     );
-    /// y[p, ·] = W[ids[p], ·] for `count` token ids, W = params[w..] as [vocab, dim].
-    #[allow(clippy::too_many_arguments)]
-    fn embedding_forward(
-        &self,
-        ids: &Self::Buf,
-        params: &Self::Buf,
-        w: usize,
-        y: &mut Self::Buf,
-        count: usize,
-        dim: usize,
-    );
-    /// grads[W][ids[p], ·] += dy[p, ·], summed in position order (deterministic).
-    #[allow(clippy::too_many_arguments)]
-    fn embedding_backward(
-        &self,
-        ids: &Self::Buf,
-        dy: &Self::Buf,
-        grads: &mut Self::Buf,
-        w: usize,
-        count: usize,
-        dim: usize,
-    );
-    /// softmax (or log_softmax with `log`) of each row of `width` values.
-    fn softmax_forward(
-        &self,
-        x: &Self::Buf,
-        y: &mut Self::Buf,
-        rows: usize,
-        width: usize,
-        log: bool,
-    );
-    /// dx from the forward output y: softmax y·(dy − Σ dy·y), log_softmax dy − exp(y)·Σ dy.
-    #[allow(clippy::too_many_arguments)]
-    fn softmax_backward(
-        &self,
-        y: &Self::Buf,
-        dy: &Self::Buf,
-        dx: &mut Self::Buf,
-        rows: usize,
-        width: usize,
-        log: bool,
-    );
 
     /// Σ buf[i]², for the global gradient norm.
     fn sum_squares(&self, buf: &Self::Buf) -> f64;

@@ -32,7 +32,7 @@ fn gradients(b: &CpuBackend, net: &mut Network<CpuBackend>) -> Vec<f32> {
 }
 
 /// The same, with the given input batch instead of random values (token ids).
-fn check_gradients_on(job: &str, data: DataShape, input: Option<&[f32]>) {
+pub(crate) fn check_gradients_on(job: &str, data: DataShape, input: Option<&[f32]>) {
     let b = CpuBackend::new(1);
     let spec = spec(job);
     let mut net = network(&spec, &data, N, 7);
@@ -388,35 +388,6 @@ fn a_relu_taken_through_by_its_pooling_gives_the_gradients_of_its_own_step() {
     }
 }
 
-#[test]
-fn softmax_and_log_softmax_gradients() {
-    // mse on softmax outputs (probabilities as a regression target).
-    let data = DataShape {
-        sample_shape: vec![4],
-        classes: None,
-        classes_from: None,
-        target_dim: 3,
-    };
-    for kind in ["softmax", "log_softmax"] {
-        let job = format!(
-            r#"
-            [data]
-            source = "synthetic"
-            task = "regression"
-            [model]
-            layers = [{{ type = "linear", out = 6 }}, {{ type = "tanh" }}, {{ type = "linear", out = 3 }},
-                      {{ type = "{kind}" }}]
-            [loss]
-            type = "mse"
-            [optimizer]
-            type = "sgd"
-            lr = 0.1
-            "#
-        );
-        check_gradients(&job, data.clone());
-    }
-}
-
 /// A residual block whose branch point feeds three layers (the add, the branch, a concat),
 /// one input read twice by the same add, and a concat with the data itself: gradients of
 /// every value read by several layers are summed.
@@ -470,32 +441,6 @@ fn image_residual_block_with_batch_norm_gradients() {
         "#,
         images(),
     );
-}
-
-#[test]
-fn embedding_gradients_sum_over_repeated_tokens() {
-    let job = r#"
-        [data]
-        source = "synthetic"
-        [model]
-        layers = [{ type = "embedding", num_embeddings = 7, embedding_dim = 3 }, { type = "tanh" },
-                  { type = "flatten" }, { type = "linear", out = 3 }]
-        [optimizer]
-        type = "sgd"
-        lr = 0.1
-        "#;
-    let data = DataShape {
-        sample_shape: vec![4],
-        classes: Some(3),
-        classes_from: None,
-        target_dim: 1,
-    };
-    // 5 samples of 4 ids; id 2 appears several times, id 6 never (its gradient stays 0).
-    let ids: Vec<f32> = [0, 2, 2, 5, 1, 2, 3, 4, 2, 0, 5, 5, 3, 1, 2, 4, 0, 0, 1, 2]
-        .iter()
-        .map(|&v| v as f32)
-        .collect();
-    check_gradients_on(job, data, Some(&ids));
 }
 
 /// The gradients of one backward pass: the step's first (`start_gradients`), over a buffer

@@ -2,7 +2,11 @@
 
 #[path = "../../src/ops/batchnorm/tests.rs"]
 mod batchnorm;
+#[path = "../../src/ops/embedding/tests.rs"]
+mod embedding;
 #[path = "../../src/ops/layernorm/tests.rs"]
 mod layernorm;
 #[path = "../../src/ops/rmsnorm/tests.rs"]
 mod rmsnorm;
+#[path = "../../src/ops/softmax/tests.rs"]
+mod softmax;

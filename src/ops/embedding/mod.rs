@@ -1,7 +1,11 @@
 //! embedding: a learned vector per token id, as PyTorch's Embedding. It reads whole-number
 //! ids in [0, num_embeddings) from the data: [length] → [length, embedding_dim].
+//! Its kernels live here too: `cpu.rs`, `cuda.rs`, `embedding.cu`.
 
-use super::{Backward, Build, Checks, Compute, Dx, Forward, Init, Op, OpKind, ParamTensor};
+pub mod cpu;
+mod cuda;
+
+use super::{Backward, Build, Checks, Compute, Dx, Engine, Forward, Init, Op, OpKind, ParamTensor};
 use super::{Properties, SavedState};
 use crate::error::Result;
 use crate::tensor::{Backend, Conv2d};
@@ -51,6 +55,33 @@ pub fn build(spec: &EmbeddingSpec, at: &mut Build) -> Result<(Op, Vec<usize>)> {
     Ok((Op::Embedding(Embedding { vocab, dim, weight }), out))
 }
 
+/// The backend's side of embedding: a CPU and a CUDA implementation, in this folder.
+pub trait Kernels: Backend {
+    /// y[p, ·] = W[ids[p], ·] for `count` token ids, W = params[w..] as [vocab, dim].
+    #[allow(clippy::too_many_arguments)]
+    fn embedding_forward(
+        &self,
+        ids: &Self::Buf,
+        params: &Self::Buf,
+        w: usize,
+        y: &mut Self::Buf,
+        count: usize,
+        dim: usize,
+    );
+
+    /// grads[W][ids[p], ·] += dy[p, ·], summed in position order (deterministic).
+    #[allow(clippy::too_many_arguments)]
+    fn embedding_backward(
+        &self,
+        ids: &Self::Buf,
+        dy: &Self::Buf,
+        grads: &mut Self::Buf,
+        w: usize,
+        count: usize,
+        dim: usize,
+    );
+}
+
 impl OpKind for Embedding {
     fn properties(&self) -> Properties {
         Properties {
@@ -91,7 +122,7 @@ impl OpKind for Embedding {
     }
 }
 
-impl<B: Backend> Compute<B> for Embedding {
+impl<B: Engine> Compute<B> for Embedding {
     fn forward(&self, f: &mut Forward<'_, B>) {
         let (backend, rows) = (f.backend, f.out_len / self.dim);
         let io = f.io();

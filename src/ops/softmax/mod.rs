@@ -1,6 +1,10 @@
 //! softmax and log_softmax over the last axis, computed stably.
+//! Its kernels live here too: `cpu.rs`, `cuda.rs`, `softmax.cu`.
 
-use super::{Backward, Build, Compute, Dx, Forward, NoSettings, Op, OpKind};
+pub mod cpu;
+mod cuda;
+
+use super::{Backward, Build, Compute, Dx, Engine, Forward, NoSettings, Op, OpKind};
 use super::{ParamTensor, Properties, SavedState};
 use crate::error::Result;
 use crate::tensor::{Backend, Conv2d};
@@ -24,6 +28,31 @@ pub fn softmax(_: &NoSettings, at: &mut Build) -> Result<(Op, Vec<usize>)> {
 
 pub fn log_softmax(_: &NoSettings, at: &mut Build) -> Result<(Op, Vec<usize>)> {
     build(true, at)
+}
+
+/// The backend's side of softmax and log_softmax: a CPU and a CUDA implementation, in this folder.
+pub trait Kernels: Backend {
+    /// softmax (or log_softmax with `log`) of each row of `width` values.
+    fn softmax_forward(
+        &self,
+        x: &Self::Buf,
+        y: &mut Self::Buf,
+        rows: usize,
+        width: usize,
+        log: bool,
+    );
+
+    /// dx from the forward output y: softmax y·(dy − Σ dy·y), log_softmax dy − exp(y)·Σ dy.
+    #[allow(clippy::too_many_arguments)]
+    fn softmax_backward(
+        &self,
+        y: &Self::Buf,
+        dy: &Self::Buf,
+        dx: &mut Self::Buf,
+        rows: usize,
+        width: usize,
+        log: bool,
+    );
 }
 
 impl OpKind for Softmax {
@@ -61,7 +90,7 @@ impl OpKind for Softmax {
     }
 }
 
-impl<B: Backend> Compute<B> for Softmax {
+impl<B: Engine> Compute<B> for Softmax {
     fn forward(&self, f: &mut Forward<'_, B>) {
         let (backend, rows) = (f.backend, f.out_len / self.width);
         let io = f.io();

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 /// Every kernel file, in the order they are concatenated after common.cuh: the shared ones,
 /// then those of ops that keep their kernels in their own folder.
-pub const SOURCES: [(&str, &str); 9] = [
+pub const SOURCES: [(&str, &str); 11] = [
     ("cast.cu", include_str!("../../../kernels/cast.cu")),
     ("graph.cu", include_str!("../../../kernels/graph.cu")),
     (
@@ -31,6 +31,14 @@ pub const SOURCES: [(&str, &str); 9] = [
     (
         "ops/rmsnorm/rmsnorm.cu",
         include_str!("../../ops/rmsnorm/rmsnorm.cu"),
+    ),
+    (
+        "ops/softmax/softmax.cu",
+        include_str!("../../ops/softmax/softmax.cu"),
+    ),
+    (
+        "ops/embedding/embedding.cu",
+        include_str!("../../ops/embedding/embedding.cu"),
     ),
 ];
 const COMMON: &str = include_str!("../../../kernels/common.cuh");

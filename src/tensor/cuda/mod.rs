@@ -171,10 +171,6 @@ struct Functions {
     add_assign: CudaFunction,
     convert_values: CudaFunction,
     copy_rows: CudaFunction,
-    softmax_forward: CudaFunction,
-    embedding_forward: CudaFunction,
-    embedding_backward: CudaFunction,
-    softmax_backward: CudaFunction,
     gather_rows: CudaFunction,
     broadcast_rows: CudaFunction,
     bias_grad: CudaFunction,
@@ -236,7 +232,7 @@ pub struct CudaBuf {
     /// `len` f32 values, or `len` halves packed two to an element.
     pub(crate) mem: CudaSlice<f32>,
     len: usize,
-    half: Option<HalfKind>,
+    pub(crate) half: Option<HalfKind>,
 }
 
 impl CudaBuf {
@@ -608,10 +604,6 @@ impl CudaBackend {
             add_assign: load("add_assign")?,
             convert_values: load("convert_values")?,
             copy_rows: load("copy_rows")?,
-            softmax_forward: load("softmax_forward")?,
-            embedding_forward: load("embedding_forward")?,
-            embedding_backward: load("embedding_backward")?,
-            softmax_backward: load("softmax_backward")?,
             gather_rows: load("gather_rows")?,
             broadcast_rows: load("broadcast_rows")?,
             bias_grad: load("bias_grad")?,
@@ -1134,7 +1126,7 @@ impl CudaBackend {
         }
     }
 
-    fn launch_error(&self, what: &str, why: &str) {
+    pub(crate) fn launch_error(&self, what: &str, why: &str) {
         self.record::<()>(what, Err(why));
     }
 
@@ -2193,83 +2185,6 @@ impl Backend for CudaBackend {
         l.arg(&w).arg(&r).arg(&add);
         // SAFETY: the rows lie inside both buffers (the graph's shapes).
         self.launch("copy rows", unsafe { l.launch(grid(rows * width)) });
-    }
-
-    fn embedding_forward(
-        &self,
-        ids: &CudaBuf,
-        params: &CudaBuf,
-        w: usize,
-        y: &mut CudaBuf,
-        count: usize,
-        dim: usize,
-    ) {
-        if ids.half.is_some() {
-            // The plan keeps token ids in f32 (halves hold integers exactly only up to 256).
-            return self.launch_error("embedding", "token ids in a half-width buffer");
-        }
-        if !self.all_f32("embedding", &[params]) {
-            return;
-        }
-        let (c, d, ys) = (count as u64, dim as u64, y.storage());
-        let table = params.mem.slice(w..);
-        let mut l = Launch::new(&self.stream, &self.f.embedding_forward);
-        l.arg(&ids.mem).arg(&table).arg(&mut y.mem).arg(&ys);
-        l.arg(&c).arg(&d);
-        // SAFETY: ids were checked to lie in [0, vocab) before training.
-        self.launch("embedding", unsafe { l.launch(grid(count * dim)) });
-    }
-
-    fn embedding_backward(
-        &self,
-        ids: &CudaBuf,
-        dy: &CudaBuf,
-        grads: &mut CudaBuf,
-        w: usize,
-        count: usize,
-        dim: usize,
-    ) {
-        if ids.half.is_some() {
-            return self.launch_error("embedding backward", "token ids in a half-width buffer");
-        }
-        if !self.all_f32("embedding backward", &[grads]) {
-            return;
-        }
-        let (c, d, dys) = (count as u64, dim as u64, dy.storage());
-        let mut table = grads.mem.slice_mut(w..);
-        let mut l = Launch::new(&self.stream, &self.f.embedding_backward);
-        l.arg(&ids.mem).arg(&dy.mem).arg(&dys).arg(&mut table);
-        l.arg(&c).arg(&d);
-        // SAFETY: as in embedding_forward.
-        self.launch("embedding backward", unsafe { l.launch(grid(dim)) });
-    }
-
-    fn softmax_forward(&self, x: &CudaBuf, y: &mut CudaBuf, rows: usize, width: usize, log: bool) {
-        let (xs, ys) = (x.storage(), y.storage());
-        let (r, w, log) = (rows as u64, width as u64, i32::from(log));
-        let mut l = Launch::new(&self.stream, &self.f.softmax_forward);
-        l.arg(&x.mem).arg(&xs).arg(&mut y.mem).arg(&ys);
-        l.arg(&r).arg(&w).arg(&log);
-        // SAFETY: one block per row of width values.
-        self.launch("softmax", unsafe { l.launch(per_item(rows)) });
-    }
-
-    fn softmax_backward(
-        &self,
-        y: &CudaBuf,
-        dy: &CudaBuf,
-        dx: &mut CudaBuf,
-        rows: usize,
-        width: usize,
-        log: bool,
-    ) {
-        let [ys, dys, dxs] = [y, dy, &*dx].map(CudaBuf::storage);
-        let (r, w, log) = (rows as u64, width as u64, i32::from(log));
-        let mut l = Launch::new(&self.stream, &self.f.softmax_backward);
-        l.arg(&y.mem).arg(&ys).arg(&dy.mem).arg(&dys);
-        l.arg(&mut dx.mem).arg(&dxs).arg(&r).arg(&w).arg(&log);
-        // SAFETY: one block per row of width values.
-        self.launch("softmax backward", unsafe { l.launch(per_item(rows)) });
     }
 
     fn round_to_half(&self, kind: HalfKind, buf: &mut CudaBuf, len: usize) {
