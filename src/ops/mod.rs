@@ -205,28 +205,20 @@ ops! {
     Embedding(embedding::Embedding),
 }
 
-/// What the executor runs on: `tensor::Backend`'s building blocks, and the kernels of the
-/// ops that keep their own (each such op's `Kernels`, implemented in its folder for the CPU
-/// and CUDA backends).
-pub trait Engine:
-    Backend
-    + batchnorm::Kernels
-    + embedding::Kernels
-    + layernorm::Kernels
-    + rmsnorm::Kernels
-    + softmax::Kernels
-{
+/// The ops that keep kernels of their own (each one's `Kernels`, implemented in its folder
+/// for the CPU and CUDA backends).
+macro_rules! engine {
+    ($($op:ident),* $(,)?) => {
+        /// What the executor runs on: `tensor::Backend`'s building blocks, and the kernels of the
+        /// ops that keep their own (each such op's `Kernels`, implemented in its folder for the CPU
+        /// and CUDA backends).
+        pub trait Engine: Backend $(+ $op::Kernels)* {}
+
+        impl<B: Backend $(+ $op::Kernels)*> Engine for B {}
+    };
 }
 
-impl<B> Engine for B where
-    B: Backend
-        + batchnorm::Kernels
-        + embedding::Kernels
-        + layernorm::Kernels
-        + rmsnorm::Kernels
-        + softmax::Kernels
-{
-}
+engine!(batchnorm, dropout, embedding, layernorm, rmsnorm, softmax);
 
 impl std::ops::Deref for Op {
     type Target = dyn OpKind;

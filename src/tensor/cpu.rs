@@ -5,8 +5,8 @@
 use super::matmul::Parallelism;
 use super::spatial::{self, Conv2d, Pool2d};
 use super::{
-    cast, rng, Activation, AdamStep, Backend, Capture, GradWrite, HalfKind, LossFn, LossStats,
-    PoolKind, SgdStep, UpdatedParams,
+    cast, Activation, AdamStep, Backend, Capture, GradWrite, HalfKind, LossFn, LossStats, PoolKind,
+    SgdStep, UpdatedParams,
 };
 use crate::error::Result;
 use rayon::prelude::*;
@@ -92,7 +92,7 @@ fn vectorized<R>(f: impl FnOnce() -> R) -> R {
 }
 
 /// `map2` over a single buffer, updated in place.
-fn map1(out: &mut [f32], f: impl Fn(&mut [f32], usize) + Sync) {
+pub(crate) fn map1(out: &mut [f32], f: impl Fn(&mut [f32], usize) + Sync) {
     if out.len() < PARALLEL_MIN_LEN {
         vectorized(|| f(out, 0));
     } else {
@@ -103,7 +103,7 @@ fn map1(out: &mut [f32], f: impl Fn(&mut [f32], usize) + Sync) {
 }
 
 /// Runs `f` over matching chunks of `out` and `a`, in parallel when long enough.
-fn map2(out: &mut [f32], a: &[f32], f: impl Fn(&mut [f32], &[f32], usize) + Sync) {
+pub(crate) fn map2(out: &mut [f32], a: &[f32], f: impl Fn(&mut [f32], &[f32], usize) + Sync) {
     if out.len() < PARALLEL_MIN_LEN {
         vectorized(|| f(out, a, 0));
     } else {
@@ -388,47 +388,6 @@ impl Backend for CpuBackend {
             let y = &y[start..start + dx.len()];
             for i in 0..dx.len() {
                 dx[i] = dy[i] * activation_derivative(f, x[i], y[i]);
-            }
-        });
-    }
-
-    fn dropout_forward(
-        &self,
-        p: f32,
-        key: u64,
-        first: u64,
-        x: &Vec<f32>,
-        y: &mut Vec<f32>,
-        len: usize,
-    ) {
-        let keep_scale = 1.0 / (1.0 - p);
-        map2(&mut y[..len], &x[..len], |y, x, start| {
-            for (i, (y, &x)) in y.iter_mut().zip(x).enumerate() {
-                let keep = rng::uniform(key, first + (start + i) as u64) >= p;
-                *y = if keep { x * keep_scale } else { 0.0 };
-            }
-        });
-    }
-
-    fn dropout_backward(
-        &self,
-        p: f32,
-        key: u64,
-        first: u64,
-        dy: &Vec<f32>,
-        dx: &mut Vec<f32>,
-        len: usize,
-    ) {
-        // Same mask as the forward pass: same key, same indices.
-        self.dropout_forward(p, key, first, dy, dx, len);
-    }
-
-    fn dropout_in_place(&self, p: f32, key: u64, first: u64, buf: &mut Vec<f32>, len: usize) {
-        let keep_scale = 1.0 / (1.0 - p);
-        map1(&mut buf[..len], |y, start| {
-            for (i, y) in y.iter_mut().enumerate() {
-                let keep = rng::uniform(key, first + (start + i) as u64) >= p;
-                *y = if keep { *y * keep_scale } else { 0.0 };
             }
         });
     }

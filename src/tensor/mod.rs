@@ -281,31 +281,6 @@ pub trait Backend: Capture {
         }
     }
 
-    /// Keeps x[i] / (1 - p) where `rng::uniform(key, first + i) >= p`, else 0. The mask is
-    /// never stored: the backward pass (and a recomputation) draws it again from the same key.
-    /// `first` places these elements in a larger batch's stream: a data-parallel replica's
-    /// share of a micro-batch draws the mask the whole micro-batch would for those samples.
-    fn dropout_forward(
-        &self,
-        p: f32,
-        key: u64,
-        first: u64,
-        x: &Self::Buf,
-        y: &mut Self::Buf,
-        len: usize,
-    );
-    fn dropout_backward(
-        &self,
-        p: f32,
-        key: u64,
-        first: u64,
-        dy: &Self::Buf,
-        dx: &mut Self::Buf,
-        len: usize,
-    );
-    /// `dropout_forward` writing y over x.
-    fn dropout_in_place(&self, p: f32, key: u64, first: u64, buf: &mut Self::Buf, len: usize);
-
     /// The loss of `out` [n, dim] against `targets`, added to `stats`; when `dout` is given,
     /// also its gradient d(mean loss)/d(out) times `grad_scale`.
     #[allow(clippy::too_many_arguments)]

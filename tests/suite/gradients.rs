@@ -5,6 +5,7 @@ use crate::common;
 
 use common::{network, network_with, random_vec, spec};
 use trainer::graph::{DataShape, Network, Op};
+use trainer::ops::dropout::Kernels as _;
 use trainer::tensor::cpu::CpuBackend;
 use trainer::tensor::{Backend, HalfKind};
 
@@ -128,14 +129,6 @@ fn tanh_gradients() {
 #[test]
 fn sigmoid_gradients() {
     check_gradients(&between_linears(r#"{ type = "sigmoid" }"#), classes(3));
-}
-
-#[test]
-fn dropout_gradients_use_the_same_mask_as_forward() {
-    check_gradients(
-        &between_linears(r#"{ type = "dropout", p = 0.4 }"#),
-        classes(3),
-    );
 }
 
 /// ReLU, tanh, sigmoid and dropout run in place where the buffer plan allows it (see

@@ -2,6 +2,8 @@
 
 #[path = "../../src/ops/batchnorm/tests.rs"]
 mod batchnorm;
+#[path = "../../src/ops/dropout/tests.rs"]
+mod dropout;
 #[path = "../../src/ops/embedding/tests.rs"]
 mod embedding;
 #[path = "../../src/ops/layernorm/tests.rs"]

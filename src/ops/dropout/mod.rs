@@ -1,8 +1,12 @@
 //! dropout: zeroes each value with probability p in training and scales the rest by
 //! 1/(1-p); the identity in evaluation. The mask is a pure function of the seed, the layer
 //! and the micro-step, so backward (and a recomputation) draws the same one.
+//! Its kernels live here too: `cpu.rs`, `cuda.rs`, `dropout.cu`.
 
-use super::{Backward, Build, Checks, Compute, Dx, Forward, Op, OpKind, Pass};
+pub mod cpu;
+mod cuda;
+
+use super::{Backward, Build, Checks, Compute, Dx, Engine, Forward, Op, OpKind, Pass};
 use super::{ParamTensor, Properties, SavedState};
 use crate::error::Result;
 use crate::tensor::{Backend, Conv2d};
@@ -40,6 +44,36 @@ pub fn build(spec: &DropoutSpec, at: &mut Build) -> Result<(Op, Vec<usize>)> {
     Ok((Op::Dropout(op), at.in_shape().to_vec()))
 }
 
+/// The backend's side of dropout: a CPU and a CUDA implementation, in this folder.
+pub trait Kernels: Backend {
+    /// Keeps x[i] / (1 - p) where `rng::uniform(key, first + i) >= p`, else 0. The mask is
+    /// never stored: the backward pass (and a recomputation) draws it again from the same key.
+    /// `first` places these elements in a larger batch's stream: a data-parallel replica's
+    /// share of a micro-batch draws the mask the whole micro-batch would for those samples.
+    fn dropout_forward(
+        &self,
+        p: f32,
+        key: u64,
+        first: u64,
+        x: &Self::Buf,
+        y: &mut Self::Buf,
+        len: usize,
+    );
+
+    fn dropout_backward(
+        &self,
+        p: f32,
+        key: u64,
+        first: u64,
+        dy: &Self::Buf,
+        dx: &mut Self::Buf,
+        len: usize,
+    );
+
+    /// `dropout_forward` writing y over x.
+    fn dropout_in_place(&self, p: f32, key: u64, first: u64, buf: &mut Self::Buf, len: usize);
+}
+
 impl OpKind for Dropout {
     fn properties(&self) -> Properties {
         Properties {
@@ -75,7 +109,7 @@ impl OpKind for Dropout {
     }
 }
 
-impl<B: Backend> Compute<B> for Dropout {
+impl<B: Engine> Compute<B> for Dropout {
     fn forward(&self, f: &mut Forward<'_, B>) {
         let (backend, len, mask, p) = (f.backend, f.out_len, f.mask, self.p);
         let drops = f.pass != Pass::Eval && p > 0.0;

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 /// Every kernel file, in the order they are concatenated after common.cuh: the shared ones,
 /// then those of ops that keep their kernels in their own folder.
-pub const SOURCES: [(&str, &str); 11] = [
+pub const SOURCES: [(&str, &str); 12] = [
     ("cast.cu", include_str!("../../../kernels/cast.cu")),
     ("graph.cu", include_str!("../../../kernels/graph.cu")),
     (
@@ -39,6 +39,10 @@ pub const SOURCES: [(&str, &str); 11] = [
     (
         "ops/embedding/embedding.cu",
         include_str!("../../ops/embedding/embedding.cu"),
+    ),
+    (
+        "ops/dropout/dropout.cu",
+        include_str!("../../ops/dropout/dropout.cu"),
     ),
 ];
 const COMMON: &str = include_str!("../../../kernels/common.cuh");

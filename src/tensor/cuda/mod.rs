@@ -179,8 +179,6 @@ struct Functions {
     activation_backward: CudaFunction,
     activation_in_place_rounding: CudaFunction,
     activation_backward_rounding: CudaFunction,
-    dropout: CudaFunction,
-    dropout_in_place: CudaFunction,
     cross_entropy: CudaFunction,
     elementwise_loss: CudaFunction,
     reduce_stats: CudaFunction,
@@ -541,7 +539,7 @@ fn column_major(
 
 /// For the kernels that go through `map_values` (kernels/cast.cu): a thread for every VEC
 /// values.
-fn grid_vec(n: usize) -> LaunchConfig {
+pub(crate) fn grid_vec(n: usize) -> LaunchConfig {
     grid(n.div_ceil(VEC))
 }
 
@@ -612,8 +610,6 @@ impl CudaBackend {
             activation_backward: load("activation_backward")?,
             activation_in_place_rounding: load("activation_in_place_rounding")?,
             activation_backward_rounding: load("activation_backward_rounding")?,
-            dropout: load("dropout")?,
-            dropout_in_place: load("dropout_in_place")?,
             cross_entropy: load("cross_entropy")?,
             elementwise_loss: load("elementwise_loss")?,
             reduce_stats: load("reduce_stats")?,
@@ -1950,48 +1946,6 @@ impl Backend for CudaBackend {
         l.arg(&dy.mem).arg(&dys).arg(&mut dx.mem).arg(&dxs).arg(&n);
         // SAFETY: reads len values of x, y and dy, writes len of dx.
         self.launch("activation backward", unsafe { l.launch(grid_vec(len)) });
-    }
-
-    fn dropout_forward(
-        &self,
-        p: f32,
-        key: u64,
-        first: u64,
-        x: &CudaBuf,
-        y: &mut CudaBuf,
-        len: usize,
-    ) {
-        let (n, xs, ys) = (len as u64, x.storage(), y.storage());
-        let mut l = Launch::new(&self.stream, &self.f.dropout);
-        l.arg(&p).arg(&key).arg(&first);
-        l.arg(&x.mem).arg(&xs).arg(&mut y.mem).arg(&ys).arg(&n);
-        // SAFETY: reads and writes len values.
-        self.launch("dropout", unsafe { l.launch(grid_vec(len)) });
-    }
-
-    fn dropout_backward(
-        &self,
-        p: f32,
-        key: u64,
-        first: u64,
-        dy: &CudaBuf,
-        dx: &mut CudaBuf,
-        len: usize,
-    ) {
-        self.dropout_forward(p, key, first, dy, dx, len);
-    }
-
-    fn dropout_in_place(&self, p: f32, key: u64, first: u64, buf: &mut CudaBuf, len: usize) {
-        let (n, s) = (len as u64, buf.storage());
-        let mut l = Launch::new(&self.stream, &self.f.dropout_in_place);
-        l.arg(&p)
-            .arg(&key)
-            .arg(&first)
-            .arg(&mut buf.mem)
-            .arg(&s)
-            .arg(&n);
-        // SAFETY: reads and writes len values.
-        self.launch("dropout", unsafe { l.launch(grid_vec(len)) });
     }
 
     fn loss(
