@@ -3,7 +3,7 @@
 //!
 //!     cargo run --release --example pooling
 use std::time::Instant;
-use trainer::tensor::spatial::{maxpool2d_backward, maxpool2d_forward};
+use trainer::ops::pool::cpu::{maxpool2d_backward, maxpool2d_forward};
 use trainer::tensor::Pool2d;
 
 fn main() {

@@ -3,10 +3,10 @@
 //! kernels, threaded with rayon); large elementwise passes are split across the same threads.
 
 use super::matmul::Parallelism;
-use super::spatial::{self, Conv2d, Pool2d};
+use super::spatial::{self, Conv2d};
 use super::{
-    cast, Activation, AdamStep, Backend, Capture, GradWrite, HalfKind, LossFn, LossStats, PoolKind,
-    SgdStep, UpdatedParams,
+    cast, Activation, AdamStep, Backend, Capture, GradWrite, HalfKind, LossFn, LossStats, SgdStep,
+    UpdatedParams,
 };
 use crate::error::Result;
 use rayon::prelude::*;
@@ -179,30 +179,6 @@ impl Backend for CpuBackend {
             n,
             workspace,
         );
-    }
-
-    fn pool2d_forward(&self, kind: PoolKind, s: &Pool2d, x: &Vec<f32>, y: &mut Vec<f32>, n: usize) {
-        match kind {
-            PoolKind::Max => spatial::maxpool2d_forward(s, x, y, n),
-            PoolKind::Avg => spatial::avgpool2d_forward(s, x, y, n),
-        }
-    }
-
-    fn pool2d_backward(
-        &self,
-        kind: PoolKind,
-        s: &Pool2d,
-        x: &Vec<f32>,
-        y: &Vec<f32>,
-        dy: &Vec<f32>,
-        dx: &mut Vec<f32>,
-        n: usize,
-        through_relu: bool,
-    ) {
-        match kind {
-            PoolKind::Max => spatial::maxpool2d_backward(s, x, y, dy, dx, n, through_relu),
-            PoolKind::Avg => spatial::avgpool2d_backward(s, x, dy, dx, n, through_relu),
-        }
     }
 
     fn describe(&self) -> String {

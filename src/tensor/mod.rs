@@ -10,7 +10,6 @@ pub mod conv_rows;
 pub mod cpu;
 pub mod cuda;
 pub mod matmul;
-pub mod max_pool_2x2;
 pub mod record;
 pub mod rng;
 pub mod row_dots;
@@ -399,30 +398,6 @@ pub trait Backend: Capture {
         dx: Option<&mut Self::Buf>,
         n: usize,
         workspace: &mut Self::Buf,
-    );
-    fn pool2d_forward(
-        &self,
-        kind: PoolKind,
-        s: &Pool2d,
-        x: &Self::Buf,
-        y: &mut Self::Buf,
-        n: usize,
-    );
-    /// dx from dy (max pooling sends each to its window's first maximum, found again from x
-    /// and y). `through_relu`: x is a ReLU's output and dx the gradient of that ReLU's input,
-    /// each value times (x > 0 ? 1 : 0) as the ReLU's backward step would give
-    /// (`graph::BufferPlan::through_relu`).
-    #[allow(clippy::too_many_arguments)]
-    fn pool2d_backward(
-        &self,
-        kind: PoolKind,
-        s: &Pool2d,
-        x: &Self::Buf,
-        y: &Self::Buf,
-        dy: &Self::Buf,
-        dx: &mut Self::Buf,
-        n: usize,
-        through_relu: bool,
     );
     /// Data parallelism across processes, rank 0: a new id for a device-side collective
     /// (NCCL) that the ranks join with `join_collective`. None where this device has none

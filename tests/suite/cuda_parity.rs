@@ -1002,15 +1002,15 @@ fn mixed_precision_jobs_on_cuda_follow_the_cpu_loss_curve() {
 /// mixed precision's half-width ones (the CPU's inputs and results then rounded as the
 /// network rounds them, and conv's products on tensor cores from half-width weights).
 #[test]
-fn image_layers_match_the_cpu() {
+fn conv2d_matches_the_cpu() {
     let Some(g) = gpu() else { return };
     for storage in STORAGES {
-        image_layers_in(&g, storage);
+        conv2d_in(&g, storage);
     }
 }
 
-fn image_layers_in(g: &CudaBackend, storage: Option<HalfKind>) {
-    use trainer::tensor::{Conv2d, Pool2d, PoolKind};
+fn conv2d_in(g: &CudaBackend, storage: Option<HalfKind>) {
+    use trainer::tensor::Conv2d;
     let cpu = CpuBackend::new(2);
     let (tol, at) = (tolerance(storage), format!("{storage:?}"));
     let convs = [
@@ -1119,81 +1119,6 @@ fn image_layers_in(g: &CudaBackend, storage: Option<HalfKind>) {
         }
     }
     g.set_half_matmuls(None);
-    for (kind, s) in [
-        (
-            PoolKind::Max,
-            Pool2d {
-                c: 3,
-                h: 8,
-                w: 8,
-                k: (2, 2),
-                stride: (2, 2),
-                pad: (0, 0),
-            },
-        ),
-        (
-            PoolKind::Max,
-            Pool2d {
-                c: 2,
-                h: 7,
-                w: 9,
-                k: (3, 3),
-                stride: (2, 2),
-                pad: (1, 1),
-            },
-        ),
-        (
-            PoolKind::Avg,
-            Pool2d {
-                c: 2,
-                h: 7,
-                w: 9,
-                k: (3, 3),
-                stride: (2, 2),
-                pad: (1, 1),
-            },
-        ),
-        (
-            PoolKind::Avg,
-            Pool2d {
-                c: 4,
-                h: 7,
-                w: 7,
-                k: (7, 7),
-                stride: (7, 7),
-                pad: (0, 0),
-            },
-        ),
-    ] {
-        let (oh, ow) = s.out_hw().unwrap();
-        let (in_len, out_len) = (n * s.c * s.h * s.w, n * s.c * oh * ow);
-        let (x, dy) = (random_vec(in_len, 24), random_vec(out_len, 25));
-        let (x, dy) = (stored(storage, &x), stored(storage, &dy));
-        let mut y_cpu = vec![f32::NAN; out_len];
-        cpu.pool2d_forward(kind, &s, &x, &mut y_cpu, n);
-        let (xg, mut yg) = (up_in(g, storage, &x), poisoned_in(g, storage, out_len));
-        g.pool2d_forward(kind, &s, &xg, &mut yg, n);
-        assert_within(
-            &down(g, &yg, out_len),
-            &stored(storage, &y_cpu),
-            tol,
-            &format!("{at} {kind:?} {s:?} forward"),
-        );
-        // Also taken through the ReLU whose output x would be (x holds negatives).
-        for through_relu in [false, true] {
-            let mut dx_cpu = vec![f32::NAN; in_len];
-            cpu.pool2d_backward(kind, &s, &x, &y_cpu, &dy, &mut dx_cpu, n, through_relu);
-            let mut dxg = poisoned_in(g, storage, in_len);
-            let dyg = up_in(g, storage, &dy);
-            g.pool2d_backward(kind, &s, &xg, &yg, &dyg, &mut dxg, n, through_relu);
-            assert_within(
-                &down(g, &dxg, in_len),
-                &stored(storage, &dx_cpu),
-                tol,
-                &format!("{at} {kind:?} {s:?} backward, through_relu {through_relu}"),
-            );
-        }
-    }
 }
 
 #[test]

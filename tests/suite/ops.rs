@@ -8,6 +8,8 @@ mod dropout;
 mod embedding;
 #[path = "../../src/ops/layernorm/tests.rs"]
 mod layernorm;
+#[path = "../../src/ops/pool/tests.rs"]
+mod pool;
 #[path = "../../src/ops/rmsnorm/tests.rs"]
 mod rmsnorm;
 #[path = "../../src/ops/softmax/tests.rs"]

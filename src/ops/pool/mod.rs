@@ -1,8 +1,13 @@
 //! maxpool2d, avgpool2d and global_avg_pool over [channels, height, width] samples, as
 //! PyTorch's MaxPool2d, AvgPool2d (count_include_pad) and AdaptiveAvgPool2d(1).
+//! Its kernels live here too: `cpu.rs` (with `max_pool_2x2.rs`), `cuda.rs`, `pool.cu`.
+
+pub mod cpu;
+mod cuda;
+pub mod max_pool_2x2;
 
 use super::shape::chw;
-use super::{Backward, Build, Checks, Compute, Dx, Forward, NoSettings, Op, OpKind};
+use super::{Backward, Build, Checks, Compute, Dx, Engine, Forward, NoSettings, Op, OpKind};
 use super::{ParamTensor, Properties, SavedState, Size2};
 use crate::error::Result;
 use crate::tensor::{Backend, Conv2d, Pool2d, PoolKind};
@@ -102,6 +107,35 @@ pub fn global_avg(_: &NoSettings, at: &mut Build) -> Result<(Op, Vec<usize>)> {
     Ok((Op::Pool(Pool { kind, geom }), vec![c, 1, 1]))
 }
 
+/// The backend's side of pooling: a CPU and a CUDA implementation, in this folder.
+pub trait Kernels: Backend {
+    fn pool2d_forward(
+        &self,
+        kind: PoolKind,
+        s: &Pool2d,
+        x: &Self::Buf,
+        y: &mut Self::Buf,
+        n: usize,
+    );
+
+    /// dx from dy (max pooling sends each to its window's first maximum, found again from x
+    /// and y). `through_relu`: x is a ReLU's output and dx the gradient of that ReLU's input,
+    /// each value times (x > 0 ? 1 : 0) as the ReLU's backward step would give
+    /// (`graph::BufferPlan::through_relu`).
+    #[allow(clippy::too_many_arguments)]
+    fn pool2d_backward(
+        &self,
+        kind: PoolKind,
+        s: &Pool2d,
+        x: &Self::Buf,
+        y: &Self::Buf,
+        dy: &Self::Buf,
+        dx: &mut Self::Buf,
+        n: usize,
+        through_relu: bool,
+    );
+}
+
 impl OpKind for Pool {
     fn properties(&self) -> Properties {
         Properties {
@@ -138,7 +172,7 @@ impl OpKind for Pool {
     }
 }
 
-impl<B: Backend> Compute<B> for Pool {
+impl<B: Engine> Compute<B> for Pool {
     fn forward(&self, f: &mut Forward<'_, B>) {
         let (backend, n) = (f.backend, f.n);
         let io = f.io();

@@ -12,7 +12,7 @@ mod launch;
 
 use super::{
     cast, Activation, AdamStep, Backend, Capture, Conv2d, GradWrite, HalfKind, LossFn, LossStats,
-    Pool2d, PoolKind, SgdStep, UpdatedParams,
+    Pool2d, SgdStep, UpdatedParams,
 };
 use crate::error::{Error, Result};
 use cudarc::cublas::sys::{cublasMath_t, cublasOperation_t};
@@ -192,8 +192,6 @@ struct Functions {
     cn_to_nchw: CudaFunction,
     nchw_to_cn: CudaFunction,
     row_sums_add: CudaFunction,
-    pool2d_forward: CudaFunction,
-    pool2d_backward: CudaFunction,
 }
 
 /// Where a matrix product gets one of its inputs in the half format, in mixed precision.
@@ -297,7 +295,7 @@ impl ConvGeom {
 /// kernels/spatial.cu's PoolGeom.
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct PoolGeom {
+pub(crate) struct PoolGeom {
     n: u64,
     c: u64,
     h: u64,
@@ -313,7 +311,12 @@ struct PoolGeom {
 }
 
 impl PoolGeom {
-    fn new(s: &Pool2d, n: usize) -> Self {
+    /// Output values of the whole batch.
+    pub(crate) fn outputs(&self) -> usize {
+        (self.n * self.c * self.oh * self.ow) as usize
+    }
+
+    pub(crate) fn new(s: &Pool2d, n: usize) -> Self {
         let (oh, ow) = s.out_hw().expect("validated geometry");
         let u = |v: usize| v as u64;
         PoolGeom {
@@ -623,8 +626,6 @@ impl CudaBackend {
             cn_to_nchw: load("cn_to_nchw")?,
             nchw_to_cn: load("nchw_to_cn")?,
             row_sums_add: load("row_sums_add")?,
-            pool2d_forward: load("pool2d_forward")?,
-            pool2d_backward: load("pool2d_backward")?,
         };
         let blas =
             CudaBlas::new(stream.clone()).map_err(|e| cuda_err("creating the cuBLAS handle", e))?;
@@ -1551,49 +1552,6 @@ impl Backend for CudaBackend {
         l.arg(&col).arg(&geom).arg(&mut dx.mem).arg(&dxs);
         // SAFETY: reads col, writes every element of dx [n, c, h, w].
         self.launch("col2im", unsafe { l.launch(grid(n * s.c * s.h * s.w)) });
-    }
-
-    fn pool2d_forward(&self, kind: PoolKind, s: &Pool2d, x: &CudaBuf, y: &mut CudaBuf, n: usize) {
-        let (geom, kind) = (PoolGeom::new(s, n), i32::from(kind == PoolKind::Avg));
-        let (xs, ys) = (x.storage(), y.storage());
-        let mut l = Launch::new(&self.stream, &self.f.pool2d_forward);
-        l.arg(&kind)
-            .arg(&x.mem)
-            .arg(&xs)
-            .arg(&geom)
-            .arg(&mut y.mem)
-            .arg(&ys);
-        let outputs = (geom.n * geom.c * geom.oh * geom.ow) as usize;
-        // SAFETY: one thread per output reads its window.
-        self.launch("pooling", unsafe { l.launch(grid(outputs)) });
-    }
-
-    fn pool2d_backward(
-        &self,
-        kind: PoolKind,
-        s: &Pool2d,
-        x: &CudaBuf,
-        y: &CudaBuf,
-        dy: &CudaBuf,
-        dx: &mut CudaBuf,
-        n: usize,
-        through_relu: bool,
-    ) {
-        let (geom, kind) = (PoolGeom::new(s, n), i32::from(kind == PoolKind::Avg));
-        let [xs, ys, dys, dxs] = [x, y, dy, &*dx].map(CudaBuf::storage);
-        let relu = i32::from(through_relu);
-        let mut l = Launch::new(&self.stream, &self.f.pool2d_backward);
-        l.arg(&kind).arg(&x.mem).arg(&xs).arg(&y.mem).arg(&ys);
-        l.arg(&dy.mem)
-            .arg(&dys)
-            .arg(&geom)
-            .arg(&relu)
-            .arg(&mut dx.mem)
-            .arg(&dxs);
-        // SAFETY: one thread per input element gathers from the windows containing it.
-        self.launch("pooling backward", unsafe {
-            l.launch(grid(n * s.c * s.h * s.w))
-        });
     }
 
     fn describe(&self) -> String {
