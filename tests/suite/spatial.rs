@@ -1,7 +1,7 @@
-//! The CPU image kernels against PyTorch (tests/fixtures/spatial_reference.json, from
-//! make_spatial_reference.py): conv2d with stride, padding, dilation and groups, max and
-//! average pooling, batch norm (train, running statistics, eval) and layer norm, forward and
-//! every gradient.
+//! The CPU conv kernels against PyTorch (tests/fixtures/spatial_reference.json, from
+//! make_spatial_reference.py): conv2d with stride, padding, dilation and groups, forward and
+//! every gradient. Pooling, batch norm and layer norm are tested in their op folders
+//! (src/ops/*/tests.rs), from the same fixtures through `cases`.
 
 use crate::common;
 
