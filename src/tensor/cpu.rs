@@ -5,8 +5,8 @@
 use super::matmul::Parallelism;
 use super::spatial::{self, Conv2d};
 use super::{
-    cast, Activation, AdamStep, Backend, Capture, GradWrite, HalfKind, LossFn, LossStats, SgdStep,
-    UpdatedParams,
+    cast, Activation, AdamStep, Backend, Capture, GradWrite, HalfKind, LossFn, LossStats, Matrices,
+    SgdStep, UpdatedParams,
 };
 use crate::error::Result;
 use rayon::prelude::*;
@@ -481,6 +481,42 @@ impl Backend for CpuBackend {
             } else {
                 d.copy_from_slice(s);
             }
+        }
+    }
+
+    fn batched_matmul(
+        &self,
+        (m, n, k): (usize, usize, usize),
+        batch: usize,
+        a: &Vec<f32>,
+        a_at: Matrices,
+        b: &Vec<f32>,
+        b_at: Matrices,
+        c: &mut Vec<f32>,
+        c_at: Matrices,
+        accumulate: bool,
+    ) {
+        assert!(
+            c_at.row_stride == n && !c_at.transposed,
+            "a batched product writes C's rows n apart"
+        );
+        let strides = |at: Matrices| match at.transposed {
+            false => (at.row_stride, 1),
+            true => (1, at.row_stride),
+        };
+        for i in 0..batch {
+            let at = |m: Matrices| m.offset + i * m.batch_stride;
+            self.matmul(
+                &mut c[at(c_at)..],
+                accumulate,
+                &a[at(a_at)..],
+                strides(a_at),
+                &b[at(b_at)..],
+                strides(b_at),
+                m,
+                n,
+                k,
+            );
         }
     }
 

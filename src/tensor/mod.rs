@@ -147,6 +147,17 @@ impl std::ops::AddAssign for LossStats {
     }
 }
 
+/// Where the matrices of a batched product lie in a buffer: the first at `offset`, each next
+/// one `batch_stride` values on, rows `row_stride` values apart. `transposed` reads each one
+/// as its transpose (a row of the stored matrix is then a column of the operand).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Matrices {
+    pub offset: usize,
+    pub batch_stride: usize,
+    pub row_stride: usize,
+    pub transposed: bool,
+}
+
 /// The ops a device implements. Buffers are flat f32 arrays; every op gets its sizes
 /// explicitly, and uses only the prefix it needs (a smaller last batch reuses the buffers).
 /// Recording ops and replaying them (CUDA graphs) is `Capture`'s part.
@@ -322,6 +333,24 @@ pub trait Backend: Capture {
     );
 
     /// Σ buf[i]², for the global gradient norm.
+    /// `batch` row-major products C = op(A)·op(B), or C += op(A)·op(B) with `accumulate`:
+    /// op(A) is [m, k], op(B) [k, n], C [m, n] with rows n apart and not transposed. The
+    /// building block of attention (scores Q·Kᵀ and their weighted values, head by head).
+    /// f32 buffers only: a half-width operand is a launch error.
+    #[allow(clippy::too_many_arguments)]
+    fn batched_matmul(
+        &self,
+        shape: (usize, usize, usize),
+        batch: usize,
+        a: &Self::Buf,
+        a_at: Matrices,
+        b: &Self::Buf,
+        b_at: Matrices,
+        c: &mut Self::Buf,
+        c_at: Matrices,
+        accumulate: bool,
+    );
+
     fn sum_squares(&self, buf: &Self::Buf) -> f64;
     /// PyTorch's clip_grad_norm_: scales the gradients by max_norm / (norm + 1e-6) when that
     /// is below 1 (not when the norm is NaN), and writes the norm to `read` when given. A GPU

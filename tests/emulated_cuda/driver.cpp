@@ -787,6 +787,20 @@ int cublasSgemm_v2(void* handle, int transa, int transb, int m, int n, int k, co
     return emu::gemm(((emu::Blas*)handle)->stream, transa, transb, m, n, k, *alpha, a, 0, lda, b, 0, ldb, *beta, c, 0, ldc);
 }
 
+int cublasSgemmStridedBatched(void* handle, int transa, int transb, int m, int n, int k, const float* alpha,
+                              const float* a, int lda, long long stride_a, const float* b, int ldb, long long stride_b,
+                              const float* beta, float* c, int ldc, long long stride_c, int batch) {
+    LOCKED;
+    if (emu::sticky != SUCCESS) return 14;
+    emu::trace_product("cublasSgemmStridedBatched", a, b, c);
+    for (int i = 0; i < batch; i++) {
+        int r = emu::gemm(((emu::Blas*)handle)->stream, transa, transb, m, n, k, *alpha, a + i * stride_a, 0, lda,
+                          b + i * stride_b, 0, ldb, *beta, c + i * stride_c, 0, ldc);
+        if (r != 0) return r;
+    }
+    return 0;
+}
+
 int cublasGemmEx(void* handle, int transa, int transb, int m, int n, int k, const void* alpha, const void* a,
                  int atype, int lda, const void* b, int btype, int ldb, const void* beta, void* c, int ctype, int ldc,
                  int compute, int) {

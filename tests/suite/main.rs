@@ -19,6 +19,7 @@ mod mixed_precision;
 mod multiprocess;
 mod nonfinite;
 mod ops;
+mod primitives;
 mod pytorch_reference;
 mod rendezvous;
 mod results;

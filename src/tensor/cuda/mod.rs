@@ -12,11 +12,11 @@ mod launch;
 
 use super::{
     cast, Activation, AdamStep, Backend, Capture, Conv2d, GradWrite, HalfKind, LossFn, LossStats,
-    Pool2d, SgdStep, UpdatedParams,
+    Matrices, Pool2d, SgdStep, UpdatedParams,
 };
 use crate::error::{Error, Result};
 use cudarc::cublas::sys::{cublasMath_t, cublasOperation_t};
-use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
+use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, StridedBatchedConfig};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaSlice, CudaStream, CudaView, CudaViewMut,
@@ -2097,6 +2097,55 @@ impl Backend for CudaBackend {
         l.arg(&w).arg(&r).arg(&add);
         // SAFETY: the rows lie inside both buffers (the graph's shapes).
         self.launch("copy rows", unsafe { l.launch(grid(rows * width)) });
+    }
+
+    fn batched_matmul(
+        &self,
+        (m, n, k): (usize, usize, usize),
+        batch: usize,
+        a: &CudaBuf,
+        a_at: Matrices,
+        b: &CudaBuf,
+        b_at: Matrices,
+        c: &mut CudaBuf,
+        c_at: Matrices,
+        accumulate: bool,
+    ) {
+        assert!(
+            c_at.row_stride == n && !c_at.transposed,
+            "a batched product writes C's rows n apart"
+        );
+        if !self.all_f32("batched matrix product", &[a, b, c]) {
+            return;
+        }
+        let op = |t: bool| match t {
+            true => cublasOperation_t::CUBLAS_OP_T,
+            false => cublasOperation_t::CUBLAS_OP_N,
+        };
+        // Column-major, as in `column_major`: C' [n, m] = B' · A', B first.
+        let cfg = StridedBatchedConfig {
+            gemm: GemmConfig {
+                transa: op(b_at.transposed),
+                transb: op(a_at.transposed),
+                m: n as i32,
+                n: m as i32,
+                k: k as i32,
+                alpha: 1.0f32,
+                lda: b_at.row_stride as i32,
+                ldb: a_at.row_stride as i32,
+                beta: if accumulate { 1.0 } else { 0.0 },
+                ldc: n as i32,
+            },
+            batch_size: batch as i32,
+            stride_a: b_at.batch_stride as i64,
+            stride_b: a_at.batch_stride as i64,
+            stride_c: c_at.batch_stride as i64,
+        };
+        let (a, b) = (a.mem.slice(a_at.offset..), b.mem.slice(b_at.offset..));
+        let mut c = c.mem.slice_mut(c_at.offset..);
+        // SAFETY: the views hold every matrix the strides reach (the caller's layout).
+        let r = unsafe { self.blas.gemm_strided_batched(cfg, &b, &a, &mut c) };
+        self.record("batched matrix product", r);
     }
 
     fn round_to_half(&self, kind: HalfKind, buf: &mut CudaBuf, len: usize) {
