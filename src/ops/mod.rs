@@ -218,7 +218,7 @@ macro_rules! engine {
     };
 }
 
-engine!(batchnorm, dropout, embedding, layernorm, pool, rmsnorm, softmax);
+engine!(activation, batchnorm, dropout, embedding, layernorm, linear, pool, rmsnorm, softmax);
 
 impl std::ops::Deref for Op {
     type Target = dyn OpKind;

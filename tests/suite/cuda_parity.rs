@@ -7,7 +7,9 @@
 use crate::common;
 
 use common::random_vec;
+use trainer::ops::activation::Kernels as _;
 use trainer::ops::dropout::Kernels as _;
+use trainer::ops::linear::Kernels as _;
 use trainer::tensor::cpu::CpuBackend;
 use trainer::tensor::cuda::CudaBackend;
 use trainer::tensor::cuda::CudaBuf;
@@ -73,130 +75,11 @@ pub(crate) fn assert_within(gpu: &[f32], cpu: &[f32], relative: f32, what: &str)
 
 /// Gradients a backward pass starts from: with `GradWrite::Overwrite` the first `written`
 /// (the weight's and bias's) are NaN, which it must not read.
-fn stale_grads(mut grads: Vec<f32>, written: usize, dw_write: GradWrite) -> Vec<f32> {
+pub(crate) fn stale_grads(mut grads: Vec<f32>, written: usize, dw_write: GradWrite) -> Vec<f32> {
     if dw_write == GradWrite::Overwrite {
         grads[..written].fill(f32::NAN);
     }
     grads
-}
-
-/// fp32 GEMMs, and in mixed precision the tensor-core GEMMs (inputs converted to f16/bf16,
-/// f32 accumulation): on half-valued inputs the products are exact, so only the order of
-/// the sums differs from the CPU's fp32.
-#[test]
-fn linear_forward_and_backward_match_the_cpu() {
-    let Some(g) = gpu() else { return };
-    let halves = [None, Some(HalfKind::F16), Some(HalfKind::Bf16)];
-    for (half, (n, inp, out)) in halves
-        .into_iter()
-        .flat_map(|h| [(37, 53, 29), (256, 784, 256), (1, 7, 3)].map(|s| (h, s)))
-    {
-        g.set_half_matmuls(half);
-        let modes = [GradWrite::Add, GradWrite::Overwrite];
-        for (bias, dw_write) in [true, false]
-            .into_iter()
-            .flat_map(|b| modes.map(|m| (b, m)))
-        {
-            let mut params = random_vec(out * inp + out, 1);
-            let b = bias.then_some(out * inp);
-            let mut x = random_vec(n * inp, 2);
-            let mut dy = random_vec(n * out, 3);
-            if let Some(kind) = half {
-                for v in [&mut params, &mut x, &mut dy] {
-                    let len = v.len();
-                    CPU.round_to_half(kind, v, len);
-                }
-            }
-            let written = out * inp + if bias { out } else { 0 };
-            let grads0 = stale_grads(random_vec(params.len(), 4), written, dw_write);
-            let what = format!("linear {half:?} n={n} in={inp} out={out} bias={bias} {dw_write:?}");
-
-            // With the ReLU after it too, which fp32 applies in cuBLASLt's epilogue where the
-            // bias's address allows (shape 2: 16-byte aligned; 1 and 3 not).
-            let mut linear = Vec::new();
-            for then in [None, Some(Activation::Relu)] {
-                let mut y_cpu = vec![f32::NAN; n * out];
-                CPU.linear_forward(&x, &params, 0, b, &mut y_cpu, n, inp, out, then);
-                let mut y_gpu = poisoned(&g, n * out);
-                let (xg, pg) = (up(&g, &x), up(&g, &params));
-                g.linear_forward(&xg, &pg, 0, b, &mut y_gpu, n, inp, out, then);
-                let what = format!("{what} forward, then {then:?}");
-                assert_close(&down(&g, &y_gpu, n * out), &y_cpu, &what);
-                linear.push(y_cpu);
-            }
-            let relu: Vec<f32> = linear[0].iter().map(|v| v.max(0.0)).collect();
-            assert_eq!(linear[1], relu, "{what}: the CPU's ReLU after the product");
-
-            let (mut grads_cpu, mut dx_cpu) = (grads0.clone(), vec![f32::NAN; n * inp]);
-            CPU.linear_backward(
-                &x,
-                &dy,
-                &params,
-                &mut grads_cpu,
-                dw_write,
-                0,
-                b,
-                Some(&mut dx_cpu),
-                n,
-                inp,
-                out,
-            );
-            let (mut grads_gpu, mut dx_gpu) = (up(&g, &grads0), poisoned(&g, n * inp));
-            g.linear_backward(
-                &up(&g, &x),
-                &up(&g, &dy),
-                &up(&g, &params),
-                &mut grads_gpu,
-                dw_write,
-                0,
-                b,
-                Some(&mut dx_gpu),
-                n,
-                inp,
-                out,
-            );
-            assert_close(
-                &down(&g, &grads_gpu, params.len()),
-                &grads_cpu,
-                &format!("{what} dW/db"),
-            );
-            assert_close(&down(&g, &dx_gpu, n * inp), &dx_cpu, &format!("{what} dx"));
-        }
-    }
-    g.set_half_matmuls(None);
-}
-
-#[test]
-fn activations_forward_and_backward_match_the_cpu() {
-    let Some(g) = gpu() else { return };
-    let len = 10_007;
-    let x: Vec<f32> = random_vec(len, 5).iter().map(|v| v * 3.0).collect();
-    let dy = random_vec(len, 6);
-    for f in [
-        Activation::Relu,
-        Activation::Gelu,
-        Activation::GeluTanh,
-        Activation::Tanh,
-        Activation::Sigmoid,
-    ] {
-        let mut y_cpu = vec![0.0; len];
-        CPU.activation_forward(f, &x, &mut y_cpu, len);
-        let (xg, mut yg) = (up(&g, &x), poisoned(&g, len));
-        g.activation_forward(f, &xg, &mut yg, len);
-        assert_close(&down(&g, &yg, len), &y_cpu, &format!("{f:?} forward"));
-        let mut dx_cpu = vec![0.0; len];
-        CPU.activation_backward(f, &x, &y_cpu, &dy, &mut dx_cpu, len);
-        let mut dxg = poisoned(&g, len);
-        g.activation_backward(f, &xg, &yg, &up(&g, &dy), &mut dxg, len);
-        assert_close(&down(&g, &dxg, len), &dx_cpu, &format!("{f:?} backward"));
-        let mut in_place = up(&g, &x);
-        g.activation_in_place(f, &mut in_place, len);
-        assert_close(
-            &down(&g, &in_place, len),
-            &y_cpu,
-            &format!("{f:?} in place"),
-        );
-    }
 }
 
 #[test]

@@ -5,6 +5,7 @@ use crate::common;
 
 use common::{network, network_with, random_vec, spec};
 use trainer::graph::{DataShape, Network, Op};
+use trainer::ops::activation::Kernels as _;
 use trainer::ops::dropout::Kernels as _;
 use trainer::tensor::cpu::CpuBackend;
 use trainer::tensor::{Backend, HalfKind};
@@ -85,50 +86,6 @@ pub(crate) fn classes(n: usize) -> DataShape {
         classes_from: None,
         target_dim: 1,
     }
-}
-
-#[test]
-fn linear_gradients() {
-    check_gradients(
-        &between_linears(r#"{ type = "linear", out = 5 }"#),
-        classes(3),
-    );
-}
-
-#[test]
-fn linear_without_bias_gradients() {
-    check_gradients(
-        &between_linears(r#"{ type = "linear", out = 5, bias = false }"#),
-        classes(3),
-    );
-}
-
-#[test]
-fn relu_gradients() {
-    check_gradients(&between_linears(r#"{ type = "relu" }"#), classes(3));
-}
-
-#[test]
-fn gelu_gradients() {
-    check_gradients(&between_linears(r#"{ type = "gelu" }"#), classes(3));
-}
-
-#[test]
-fn gelu_tanh_gradients() {
-    check_gradients(
-        &between_linears(r#"{ type = "gelu", approximate = "tanh" }"#),
-        classes(3),
-    );
-}
-
-#[test]
-fn tanh_gradients() {
-    check_gradients(&between_linears(r#"{ type = "tanh" }"#), classes(3));
-}
-
-#[test]
-fn sigmoid_gradients() {
-    check_gradients(&between_linears(r#"{ type = "sigmoid" }"#), classes(3));
 }
 
 /// ReLU, tanh, sigmoid and dropout run in place where the buffer plan allows it (see

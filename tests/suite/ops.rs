@@ -1,5 +1,7 @@
 //! The ops' own tests, each in its folder under src/ops/ (the library does not compile them).
 
+#[path = "../../src/ops/activation/tests.rs"]
+mod activation;
 #[path = "../../src/ops/batchnorm/tests.rs"]
 mod batchnorm;
 #[path = "../../src/ops/dropout/tests.rs"]
@@ -8,6 +10,8 @@ mod dropout;
 mod embedding;
 #[path = "../../src/ops/layernorm/tests.rs"]
 mod layernorm;
+#[path = "../../src/ops/linear/tests.rs"]
+mod linear;
 #[path = "../../src/ops/pool/tests.rs"]
 mod pool;
 #[path = "../../src/ops/rmsnorm/tests.rs"]

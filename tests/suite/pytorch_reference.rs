@@ -5,9 +5,10 @@
 use crate::common;
 
 use serde_json::Value;
+use trainer::ops::activation::cpu::{activation, activation_derivative};
 use trainer::optim::{clip_grad_norm, Optimizer, Schedule};
 use trainer::spec::ScheduleSpec;
-use trainer::tensor::cpu::{activation, activation_derivative, CpuBackend};
+use trainer::tensor::cpu::CpuBackend;
 use trainer::tensor::{Activation, Backend, LossFn, UpdatedParams};
 
 fn fixture() -> Value {

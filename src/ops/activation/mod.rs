@@ -1,9 +1,13 @@
 //! relu, gelu (exact or tanh), tanh, sigmoid: elementwise, any shape.
+//! Its kernels live here too: `cpu.rs`, `cuda.rs`, `activation.cu`.
 
-use super::{Backward, Build, Checks, Compute, Dx, Forward, NoSettings, Op, OpKind};
+pub mod cpu;
+mod cuda;
+
+use super::{Backward, Build, Checks, Compute, Dx, Engine, Forward, NoSettings, Op, OpKind};
 use super::{ParamTensor, Properties, SavedState};
 use crate::error::Result;
-use crate::tensor::{Activation as Function, Backend, Conv2d};
+use crate::tensor::{Activation as Function, Backend, Conv2d, HalfKind};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
@@ -62,6 +66,54 @@ pub fn gelu(spec: &GeluSpec, at: &mut Build) -> Result<(Op, Vec<usize>)> {
     of(f, at)
 }
 
+/// The backend's side of the activations: a CPU and a CUDA implementation, in this folder.
+pub trait Kernels: Backend {
+    fn activation_forward(&self, f: Function, x: &Self::Buf, y: &mut Self::Buf, len: usize);
+
+    /// `activation_forward` writing y over x (a layer whose input nothing else needs:
+    /// `graph::BufferPlan::in_place`).
+    fn activation_in_place(&self, f: Function, buf: &mut Self::Buf, len: usize);
+
+    /// Mixed precision: rounds `buf` to `kind`, applies `f` in place and rounds the result
+    /// (ReLU's needs none): the rounding of the layer before, left to its only reader, in
+    /// one pass where the backend can (see graph::Network's rounding fusion).
+    fn activation_in_place_rounding(
+        &self,
+        kind: HalfKind,
+        f: Function,
+        buf: &mut Self::Buf,
+        len: usize,
+    );
+
+    /// dx = dy · f'(x), given x and y = f(x). ReLU, tanh and sigmoid read y alone, so they
+    /// may run in place (x is then y).
+    #[allow(clippy::too_many_arguments)]
+    fn activation_backward(
+        &self,
+        f: Function,
+        x: &Self::Buf,
+        y: &Self::Buf,
+        dy: &Self::Buf,
+        dx: &mut Self::Buf,
+        len: usize,
+    );
+
+    /// Mixed precision: `activation_backward` of dy rounded to `kind`, with dx rounded
+    /// (ReLU's needs none): the rounding of the layer after, left to its only reader, in one
+    /// pass where the backend can. dy may be left rounded or not; nothing else reads it.
+    #[allow(clippy::too_many_arguments)]
+    fn activation_backward_rounding(
+        &self,
+        kind: HalfKind,
+        f: Function,
+        x: &Self::Buf,
+        y: &Self::Buf,
+        dy: &mut Self::Buf,
+        dx: &mut Self::Buf,
+        len: usize,
+    );
+}
+
 impl OpKind for Activation {
     fn properties(&self) -> Properties {
         let relu = self.f == Function::Relu;
@@ -101,7 +153,7 @@ impl OpKind for Activation {
     }
 }
 
-impl<B: Backend> Compute<B> for Activation {
+impl<B: Engine> Compute<B> for Activation {
     fn forward(&self, f: &mut Forward<'_, B>) {
         let (backend, len, fusion) = (f.backend, f.out_len, f.fusion);
         if !f.in_place {

@@ -1,10 +1,17 @@
 //! linear: y = x Wᵀ + b over the last axis, as PyTorch's nn.Linear (a sample of [..., in]
 //! is `rows` rows of `in` values).
+//! Its backend code lives here too: `cpu.rs`, `cuda.rs` (cuBLAS products; the bias kernels
+//! are shared ones).
 
-use super::{numel, Backward, Build, Checks, Compute, Dx, Forward, Init, OpKind, ParamTensor};
+mod cpu;
+mod cuda;
+
+use super::{
+    numel, Backward, Build, Checks, Compute, Dx, Engine, Forward, Init, OpKind, ParamTensor,
+};
 use super::{Op, Properties, SavedState};
 use crate::error::Result;
-use crate::tensor::{Activation, Backend, Conv2d};
+use crate::tensor::{Activation, Backend, Conv2d, GradWrite};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
@@ -71,6 +78,44 @@ pub fn build(spec: &LinearSpec, at: &mut Build) -> Result<(Op, Vec<usize>)> {
     Ok((Op::Linear(op), out_shape))
 }
 
+/// The backend's side of linear: a CPU and a CUDA implementation, in this folder.
+pub trait Kernels: Backend {
+    /// y[n, out] = then(x[n, inp] · Wᵀ (+ b)), with W = params[w..] as [out, inp] row-major,
+    /// b = params[b..] of length out, and `then` an activation applied in place afterwards
+    /// (`activation_in_place`), or in the product's own pass where the backend can.
+    #[allow(clippy::too_many_arguments)]
+    fn linear_forward(
+        &self,
+        x: &Self::Buf,
+        params: &Self::Buf,
+        w: usize,
+        b: Option<usize>,
+        y: &mut Self::Buf,
+        n: usize,
+        inp: usize,
+        out: usize,
+        then: Option<Activation>,
+    );
+
+    /// grads[W] += dyᵀ·x, grads[b] += Σₙ dy (both = with `GradWrite::Overwrite`), and
+    /// dx = dy·W when `dx` is given.
+    #[allow(clippy::too_many_arguments)]
+    fn linear_backward(
+        &self,
+        x: &Self::Buf,
+        dy: &Self::Buf,
+        params: &Self::Buf,
+        grads: &mut Self::Buf,
+        dw_write: GradWrite,
+        w: usize,
+        b: Option<usize>,
+        dx: Option<&mut Self::Buf>,
+        n: usize,
+        inp: usize,
+        out: usize,
+    );
+}
+
 impl OpKind for Linear {
     fn properties(&self) -> Properties {
         Properties {
@@ -122,7 +167,7 @@ impl OpKind for Linear {
     }
 }
 
-impl<B: Backend> Compute<B> for Linear {
+impl<B: Engine> Compute<B> for Linear {
     fn forward(&self, f: &mut Forward<'_, B>) {
         let (backend, m) = (f.backend, f.n * self.rows);
         // The ReLU after it, which it applies (`Fusion::by_product`).

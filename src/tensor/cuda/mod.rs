@@ -75,7 +75,7 @@ const LOSS_STATS: usize = 3;
 /// model's norm is not spread over 262,144 mostly idle threads.
 const NORM_VALUES_PER_THREAD: usize = 16;
 /// Columns per block of the bias gradient, and threads splitting the rows (kernels' BIAS_TILE).
-const BIAS_TILE: usize = 32;
+pub(crate) const BIAS_TILE: usize = 32;
 /// Pinned staging buffers of a streamed data set: inputs and targets of two batches.
 const STAGING_SLOTS: usize = 4;
 
@@ -172,13 +172,6 @@ struct Functions {
     convert_values: CudaFunction,
     copy_rows: CudaFunction,
     gather_rows: CudaFunction,
-    broadcast_rows: CudaFunction,
-    bias_grad: CudaFunction,
-    activation_forward: CudaFunction,
-    activation_in_place: CudaFunction,
-    activation_backward: CudaFunction,
-    activation_in_place_rounding: CudaFunction,
-    activation_backward_rounding: CudaFunction,
     cross_entropy: CudaFunction,
     elementwise_loss: CudaFunction,
     reduce_stats: CudaFunction,
@@ -196,7 +189,7 @@ struct Functions {
 
 /// Where a matrix product gets one of its inputs in the half format, in mixed precision.
 #[derive(Clone, Copy)]
-enum HalfOperand {
+pub(crate) enum HalfOperand {
     /// Converts the f32 view (which holds half values already) into a scratch buffer.
     Convert,
     /// The caller vouches that the view is unchanged since the previous product converted
@@ -207,13 +200,13 @@ enum HalfOperand {
 /// One input of a matrix product: f32 values (converted in mixed precision as their
 /// `HalfOperand` says), or values stored in the half format at a device address (a
 /// half-width buffer: activations, or mixed precision's half copy of the weights).
-enum Input<'a> {
+pub(crate) enum Input<'a> {
     F32(CudaView<'a, f32>, HalfOperand),
     Half(u64, HalfKind),
 }
 
 /// Where a matrix product writes: f32 values, or a half-width buffer at a device address.
-enum Output<'a> {
+pub(crate) enum Output<'a> {
     F32(CudaViewMut<'a, f32>),
     Half(u64, HalfKind),
 }
@@ -606,13 +599,6 @@ impl CudaBackend {
             convert_values: load("convert_values")?,
             copy_rows: load("copy_rows")?,
             gather_rows: load("gather_rows")?,
-            broadcast_rows: load("broadcast_rows")?,
-            bias_grad: load("bias_grad")?,
-            activation_forward: load("activation_forward")?,
-            activation_in_place: load("activation_in_place")?,
-            activation_backward: load("activation_backward")?,
-            activation_in_place_rounding: load("activation_in_place_rounding")?,
-            activation_backward_rounding: load("activation_backward_rounding")?,
             cross_entropy: load("cross_entropy")?,
             elementwise_loss: load("elementwise_loss")?,
             reduce_stats: load("reduce_stats")?,
@@ -860,7 +846,7 @@ impl CudaBackend {
 
     /// `buf[range]` as an input of a matrix product; `f32_source`: where its half form comes
     /// from in mixed precision when it is an f32 buffer.
-    fn input<'a>(
+    pub(crate) fn input<'a>(
         &self,
         buf: &'a CudaBuf,
         range: Range<usize>,
@@ -883,7 +869,7 @@ impl CudaBackend {
     }
 
     /// `buf[range]` as the output of a matrix product.
-    fn output<'a>(&self, buf: &'a mut CudaBuf, range: Range<usize>) -> Output<'a> {
+    pub(crate) fn output<'a>(&self, buf: &'a mut CudaBuf, range: Range<usize>) -> Output<'a> {
         match buf.half {
             None => Output::F32(buf.mem.slice_mut(range)),
             Some(kind) => Output::Half(self.address(&buf.mem) + 2 * range.start as u64, kind),
@@ -894,7 +880,7 @@ impl CudaBackend {
     /// `a_t`/`b_t`: whether A is stored as [k, m] / B as [n, k] (row-major). In fp32 every
     /// operand is f32; in mixed precision (`set_half_matmuls`) each may be either.
     #[allow(clippy::too_many_arguments)]
-    fn gemm(
+    pub(crate) fn gemm(
         &self,
         what: &str,
         (m, n, k): (usize, usize, usize),
@@ -1039,7 +1025,7 @@ impl CudaBackend {
     /// `linear_forward` as one cuBLASLt product with the bias and the ReLU in its epilogue
     /// (`epilogue`), where that can run: true when it was queued (or failed, recorded).
     #[allow(clippy::too_many_arguments)]
-    fn linear_by_epilogue(
+    pub(crate) fn linear_by_epilogue(
         &self,
         x: &CudaBuf,
         params: &CudaBuf,
@@ -1724,188 +1710,6 @@ impl Backend for CudaBackend {
             .map(|(free, _)| free)
     }
 
-    fn linear_forward(
-        &self,
-        x: &CudaBuf,
-        params: &CudaBuf,
-        w: usize,
-        b: Option<usize>,
-        y: &mut CudaBuf,
-        n: usize,
-        inp: usize,
-        out: usize,
-        then: Option<Activation>,
-    ) {
-        if self.linear_by_epilogue(x, params, w, b, y, (n, inp, out), then) {
-            return;
-        }
-        if let Some(b) = b {
-            let (at, rows, width) = (b as u64, n as u64, out as u64);
-            let (ps, ys) = (params.storage(), y.storage());
-            let mut l = Launch::new(&self.stream, &self.f.broadcast_rows);
-            l.arg(&params.mem).arg(&ps).arg(&at).arg(&rows).arg(&width);
-            l.arg(&mut y.mem).arg(&ys);
-            // SAFETY: reads `out` bias values, writes n·out values of y.
-            self.launch("bias", unsafe { l.launch(grid_vec(n * out)) });
-        }
-        // y[n, out] = x[n, inp] · Wᵀ, W stored [out, inp] (so Wᵀ is "transposed storage").
-        self.gemm(
-            "linear forward",
-            (n, out, inp),
-            self.input(x, 0..n * inp, HalfOperand::Convert),
-            false,
-            self.input(params, w..w + out * inp, HalfOperand::Convert),
-            true,
-            self.output(y, 0..n * out),
-            b.is_some(),
-        );
-        if let Some(f) = then {
-            self.activation_in_place(f, y, n * out);
-        }
-    }
-
-    fn linear_backward(
-        &self,
-        x: &CudaBuf,
-        dy: &CudaBuf,
-        params: &CudaBuf,
-        grads: &mut CudaBuf,
-        dw_write: GradWrite,
-        w: usize,
-        b: Option<usize>,
-        dx: Option<&mut CudaBuf>,
-        n: usize,
-        inp: usize,
-        out: usize,
-    ) {
-        let grads = &mut grads.mem;
-        // dW[out, inp] (+)= dyᵀ · x: dy stored [n, out] is dyᵀ's transposed storage.
-        self.gemm(
-            "linear dW",
-            (out, inp, n),
-            self.input(dy, 0..n * out, HalfOperand::Convert),
-            true,
-            self.input(x, 0..n * inp, HalfOperand::Convert),
-            false,
-            Output::F32(grads.slice_mut(w..w + out * inp)),
-            dw_write == GradWrite::Add,
-        );
-        if let Some(b) = b {
-            let (rows, width, dys) = (n as u64, out as u64, dy.storage());
-            let mut db = grads.slice_mut(b..b + out);
-            let add = i32::from(dw_write == GradWrite::Add);
-            let mut l = Launch::new(&self.stream, &self.f.bias_grad);
-            l.arg(&dy.mem)
-                .arg(&dys)
-                .arg(&rows)
-                .arg(&width)
-                .arg(&mut db)
-                .arg(&add);
-            // A block per BIAS_TILE columns, BIAS_TILE × BIAS_TILE threads (kernels/elementwise.cu).
-            let tiles = LaunchConfig {
-                grid_dim: (out.div_ceil(BIAS_TILE) as u32, 1, 1),
-                block_dim: (BIAS_TILE as u32, BIAS_TILE as u32, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: reads n·out values of dy, adds into (or writes) `out` elements of db.
-            self.launch("bias gradient", unsafe { l.launch(tiles) });
-        }
-        if let Some(dx) = dx {
-            // dx[n, inp] = dy[n, out] · W[out, inp]. In mixed precision an f32 dy is where
-            // dW's product converted it (only the bias gradient, reading it, ran since).
-            self.gemm(
-                "linear dx",
-                (n, inp, out),
-                self.input(dy, 0..n * out, HalfOperand::Again),
-                false,
-                self.input(params, w..w + out * inp, HalfOperand::Convert),
-                false,
-                self.output(dx, 0..n * inp),
-                false,
-            );
-        }
-    }
-
-    fn activation_forward(&self, f: Activation, x: &CudaBuf, y: &mut CudaBuf, len: usize) {
-        let (id, n) = (activation_id(f), len as u64);
-        let (xs, ys) = (x.storage(), y.storage());
-        let mut l = Launch::new(&self.stream, &self.f.activation_forward);
-        l.arg(&id)
-            .arg(&x.mem)
-            .arg(&xs)
-            .arg(&mut y.mem)
-            .arg(&ys)
-            .arg(&n);
-        // SAFETY: reads and writes len values.
-        self.launch("activation", unsafe { l.launch(grid_vec(len)) });
-    }
-
-    fn activation_in_place(&self, f: Activation, buf: &mut CudaBuf, len: usize) {
-        let (id, n, s) = (activation_id(f), len as u64, buf.storage());
-        let mut l = Launch::new(&self.stream, &self.f.activation_in_place);
-        l.arg(&id).arg(&mut buf.mem).arg(&s).arg(&n);
-        // SAFETY: reads and writes len values.
-        self.launch("activation", unsafe { l.launch(grid_vec(len)) });
-    }
-
-    fn activation_backward(
-        &self,
-        f: Activation,
-        x: &CudaBuf,
-        y: &CudaBuf,
-        dy: &CudaBuf,
-        dx: &mut CudaBuf,
-        len: usize,
-    ) {
-        let (id, n) = (activation_id(f), len as u64);
-        let [xs, ys, dys, dxs] = [x, y, dy, &*dx].map(CudaBuf::storage);
-        let mut l = Launch::new(&self.stream, &self.f.activation_backward);
-        l.arg(&id).arg(&x.mem).arg(&xs).arg(&y.mem).arg(&ys);
-        l.arg(&dy.mem).arg(&dys).arg(&mut dx.mem).arg(&dxs).arg(&n);
-        // SAFETY: reads and writes len values.
-        self.launch("activation backward", unsafe { l.launch(grid_vec(len)) });
-    }
-
-    /// One pass (kernels/elementwise.cu) for the default's three.
-    fn activation_in_place_rounding(
-        &self,
-        kind: HalfKind,
-        f: Activation,
-        buf: &mut CudaBuf,
-        len: usize,
-    ) {
-        let (id, kind, n, s) = (activation_id(f), half_id(kind), len as u64, buf.storage());
-        let mut l = Launch::new(&self.stream, &self.f.activation_in_place_rounding);
-        l.arg(&id).arg(&kind).arg(&mut buf.mem).arg(&s).arg(&n);
-        // SAFETY: reads and writes len values.
-        self.launch("activation", unsafe { l.launch(grid_vec(len)) });
-    }
-
-    /// One pass for the default's three; dy is left as it was.
-    fn activation_backward_rounding(
-        &self,
-        kind: HalfKind,
-        f: Activation,
-        x: &CudaBuf,
-        y: &CudaBuf,
-        dy: &mut CudaBuf,
-        dx: &mut CudaBuf,
-        len: usize,
-    ) {
-        let (id, kind, n) = (activation_id(f), half_id(kind), len as u64);
-        let [xs, ys, dys, dxs] = [x, y, &*dy, &*dx].map(CudaBuf::storage);
-        let mut l = Launch::new(&self.stream, &self.f.activation_backward_rounding);
-        l.arg(&id)
-            .arg(&kind)
-            .arg(&x.mem)
-            .arg(&xs)
-            .arg(&y.mem)
-            .arg(&ys);
-        l.arg(&dy.mem).arg(&dys).arg(&mut dx.mem).arg(&dxs).arg(&n);
-        // SAFETY: reads len values of x, y and dy, writes len of dx.
-        self.launch("activation backward", unsafe { l.launch(grid_vec(len)) });
-    }
-
     fn loss(
         &self,
         f: LossFn,
@@ -2262,16 +2066,6 @@ fn storage_id(half: Option<HalfKind>) -> i32 {
 }
 
 /// The kernels' half format (`round_to_half` and the `*_rounding` kernels): 0 f16, 1 bf16.
-fn half_id(kind: HalfKind) -> i32 {
+pub(crate) fn half_id(kind: HalfKind) -> i32 {
     i32::from(kind == HalfKind::Bf16)
-}
-
-fn activation_id(f: Activation) -> i32 {
-    match f {
-        Activation::Relu => 0,
-        Activation::Gelu => 1,
-        Activation::GeluTanh => 2,
-        Activation::Tanh => 3,
-        Activation::Sigmoid => 4,
-    }
 }
