@@ -4,7 +4,7 @@
 //!
 //!     cargo run --release --example conv_rows
 use std::time::Instant;
-use trainer::tensor::conv_rows::conv_rows;
+use trainer::ops::conv2d::conv_rows::conv_rows;
 use trainer::tensor::matmul::{matmul, Parallelism};
 
 fn main() {

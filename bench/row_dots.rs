@@ -3,8 +3,8 @@
 //!
 //!     cargo run --release --example row_dots
 use std::time::Instant;
+use trainer::ops::conv2d::row_dots::add_row_dots;
 use trainer::tensor::matmul::{matmul, Parallelism};
-use trainer::tensor::row_dots::add_row_dots;
 
 fn main() {
     // (m output channels, n unrolled rows, k output pixels, row stride of the unrolled rows)

@@ -19,7 +19,7 @@ use crate::spec::{
 };
 use crate::tensor::cpu::CpuBackend;
 use crate::tensor::cuda::{self, CudaBackend};
-use crate::tensor::{spatial, Backend};
+use crate::tensor::Backend;
 use crate::train::{
     self, CpuReplicas, DataParallel, OneDeviceCollective, ProcessReplicas, Session,
 };

@@ -218,7 +218,9 @@ macro_rules! engine {
     };
 }
 
-engine!(activation, batchnorm, dropout, embedding, layernorm, linear, pool, rmsnorm, softmax);
+engine!(
+    activation, batchnorm, conv2d, dropout, embedding, layernorm, linear, pool, rmsnorm, softmax
+);
 
 impl std::ops::Deref for Op {
     type Target = dyn OpKind;

@@ -3,10 +3,8 @@
 //! kernels, threaded with rayon); large elementwise passes are split across the same threads.
 
 use super::matmul::Parallelism;
-use super::spatial::{self, Conv2d};
 use super::{
-    cast, AdamStep, Backend, Capture, GradWrite, HalfKind, LossFn, LossStats, Matrices, SgdStep,
-    UpdatedParams,
+    cast, AdamStep, Backend, Capture, HalfKind, LossFn, LossStats, Matrices, SgdStep, UpdatedParams,
 };
 use crate::error::Result;
 use rayon::prelude::*;
@@ -32,6 +30,11 @@ impl CpuBackend {
         CpuBackend {
             threads: if threads == 0 { 1 } else { threads },
         }
+    }
+
+    /// The threads it computes on.
+    pub(crate) fn threads(&self) -> usize {
+        self.threads
     }
 
     pub(crate) fn parallelism(&self, m: usize, n: usize, k: usize) -> Parallelism {
@@ -122,64 +125,6 @@ impl Capture for CpuBackend {
 impl Backend for CpuBackend {
     type Buf = Vec<f32>;
     type Stats = LossStats;
-
-    fn conv_workspace_len(&self, s: &Conv2d, max_batch: usize) -> usize {
-        spatial::conv_workspace_len(s, self.threads, max_batch)
-    }
-
-    fn conv2d_forward(
-        &self,
-        s: &Conv2d,
-        x: &Vec<f32>,
-        params: &Vec<f32>,
-        w: usize,
-        b: Option<usize>,
-        y: &mut Vec<f32>,
-        n: usize,
-        workspace: &mut Vec<f32>,
-    ) {
-        let weight = &params[w..w + s.weight_len()];
-        let bias = b.map(|b| &params[b..b + s.o]);
-        spatial::conv2d_forward(s, x, weight, bias, y, n, workspace);
-    }
-
-    fn conv2d_backward(
-        &self,
-        s: &Conv2d,
-        x: &Vec<f32>,
-        dy: &Vec<f32>,
-        params: &Vec<f32>,
-        grads: &mut Vec<f32>,
-        dw_write: GradWrite,
-        w: usize,
-        b: Option<usize>,
-        dx: Option<&mut Vec<f32>>,
-        n: usize,
-        workspace: &mut Vec<f32>,
-    ) {
-        let weight = &params[w..w + s.weight_len()];
-        // The bias follows the weight in the flat buffer (see graph::Graph::build).
-        let (dw, rest) = grads[w..].split_at_mut(s.weight_len());
-        let mut db = b.map(|b| &mut rest[b - w - s.weight_len()..][..s.o]);
-        if dw_write == GradWrite::Overwrite {
-            // The sums are added into them (a conv's parameters are few: no gain in more).
-            dw.fill(0.0);
-            if let Some(db) = db.as_deref_mut() {
-                db.fill(0.0);
-            }
-        }
-        spatial::conv2d_backward(
-            s,
-            x,
-            weight,
-            dy,
-            dw,
-            db,
-            dx.map(|d| &mut d[..]),
-            n,
-            workspace,
-        );
-    }
 
     fn describe(&self) -> String {
         threads_label(self.threads)

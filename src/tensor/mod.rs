@@ -6,19 +6,17 @@
 //! gradient buffer, so the optimizer is a single pass and a checkpoint a single write.
 
 pub mod cast;
-pub mod conv_rows;
 pub mod cpu;
 pub mod cuda;
+pub mod geometry;
 pub mod matmul;
 pub mod record;
 pub mod rng;
-pub mod row_dots;
-pub mod spatial;
 
 use crate::error::Result;
 pub use cast::HalfKind;
+pub use geometry::{Conv2d, Pool2d};
 pub use record::Capture;
-pub use spatial::{Conv2d, Pool2d};
 
 /// Which pooling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -309,38 +307,6 @@ pub trait Backend: Capture {
         args: &Self::Buf,
     );
 
-    /// f32 elements of scratch `conv2d_*` needs for batches of up to `max_batch`.
-    fn conv_workspace_len(&self, s: &Conv2d, max_batch: usize) -> usize;
-    /// y[n, o, oh, ow] = conv(x, W) + b, W = params[w..] as [o, c/groups, kh, kw].
-    #[allow(clippy::too_many_arguments)]
-    fn conv2d_forward(
-        &self,
-        s: &Conv2d,
-        x: &Self::Buf,
-        params: &Self::Buf,
-        w: usize,
-        b: Option<usize>,
-        y: &mut Self::Buf,
-        n: usize,
-        workspace: &mut Self::Buf,
-    );
-    /// grads[W] += ∂/∂W, grads[b] += ∂/∂b (both = with `GradWrite::Overwrite`), dx = ∂/∂x
-    /// when given.
-    #[allow(clippy::too_many_arguments)]
-    fn conv2d_backward(
-        &self,
-        s: &Conv2d,
-        x: &Self::Buf,
-        dy: &Self::Buf,
-        params: &Self::Buf,
-        grads: &mut Self::Buf,
-        dw_write: GradWrite,
-        w: usize,
-        b: Option<usize>,
-        dx: Option<&mut Self::Buf>,
-        n: usize,
-        workspace: &mut Self::Buf,
-    );
     /// Data parallelism across processes, rank 0: a new id for a device-side collective
     /// (NCCL) that the ranks join with `join_collective`. None where this device has none
     /// (the CPU): gradients then travel through host memory and rank 0's links.

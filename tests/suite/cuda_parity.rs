@@ -8,6 +8,7 @@ use crate::common;
 
 use common::random_vec;
 use trainer::ops::activation::Kernels as _;
+use trainer::ops::conv2d::Kernels as _;
 use trainer::ops::dropout::Kernels as _;
 use trainer::ops::linear::Kernels as _;
 use trainer::tensor::cpu::CpuBackend;

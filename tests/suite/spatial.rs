@@ -6,7 +6,8 @@
 use crate::common;
 
 use serde_json::Value;
-use trainer::tensor::spatial::*;
+use trainer::ops::conv2d::cpu::*;
+use trainer::tensor::Conv2d;
 
 pub(crate) fn floats(v: &Value) -> Vec<f32> {
     v.as_array()

@@ -1,11 +1,20 @@
 //! conv2d: 2-D convolution over [channels, height, width] samples, PyTorch's Conv2d
 //! (groups, stride, padding, dilation).
+//! Its kernels live here too: `cpu.rs` (with the AVX-512 `conv_rows` and `row_dots`),
+//! `cuda.rs`, `conv2d.cu`.
+
+pub mod conv_rows;
+pub mod cpu;
+mod cuda;
+pub mod row_dots;
+
+pub use cuda::conv_workspace_len as cuda_workspace_len;
 
 use super::shape::chw;
-use super::{values, Backward, Build, Checks, Compute, Dx, Forward, Init, Op, OpKind};
+use super::{values, Backward, Build, Checks, Compute, Dx, Engine, Forward, Init, Op, OpKind};
 use super::{ParamTensor, Properties, SavedState, MAX_SAMPLE_VALUES};
 use crate::error::Result;
-use crate::tensor::{Backend, Conv2d as Geometry};
+use crate::tensor::{Backend, Conv2d as Geometry, GradWrite};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
@@ -156,6 +165,44 @@ pub fn build(l: &Conv2dSpec, at: &mut Build) -> Result<(Op, Vec<usize>)> {
     ))
 }
 
+/// The backend's side of conv2d: a CPU and a CUDA implementation, in this folder.
+pub trait Kernels: Backend {
+    /// f32 elements of scratch `conv2d_*` needs for batches of up to `max_batch`.
+    fn conv_workspace_len(&self, s: &Geometry, max_batch: usize) -> usize;
+
+    /// y[n, o, oh, ow] = conv(x, W) + b, W = params[w..] as [o, c/groups, kh, kw].
+    #[allow(clippy::too_many_arguments)]
+    fn conv2d_forward(
+        &self,
+        s: &Geometry,
+        x: &Self::Buf,
+        params: &Self::Buf,
+        w: usize,
+        b: Option<usize>,
+        y: &mut Self::Buf,
+        n: usize,
+        workspace: &mut Self::Buf,
+    );
+
+    /// grads[W] += ∂/∂W, grads[b] += ∂/∂b (both = with `GradWrite::Overwrite`), dx = ∂/∂x
+    /// when given.
+    #[allow(clippy::too_many_arguments)]
+    fn conv2d_backward(
+        &self,
+        s: &Geometry,
+        x: &Self::Buf,
+        dy: &Self::Buf,
+        params: &Self::Buf,
+        grads: &mut Self::Buf,
+        dw_write: GradWrite,
+        w: usize,
+        b: Option<usize>,
+        dx: Option<&mut Self::Buf>,
+        n: usize,
+        workspace: &mut Self::Buf,
+    );
+}
+
 impl OpKind for Conv2d {
     fn properties(&self) -> Properties {
         Properties {
@@ -208,7 +255,7 @@ impl OpKind for Conv2d {
     }
 }
 
-impl<B: Backend> Compute<B> for Conv2d {
+impl<B: Engine> Compute<B> for Conv2d {
     fn forward(&self, f: &mut Forward<'_, B>) {
         let (backend, n) = (f.backend, f.n);
         let io = f.product_io();

@@ -1,7 +1,5 @@
-//! CPU kernels of the image layers (NCHW): conv2d through im2col + GEMM, max and average
-//! pooling, batch norm and layer norm, each with its backward pass. PyTorch's definitions:
-//! zero padding for conv, -inf padding for max pooling, count_include_pad for average pooling,
-//! biased variance for normalising and unbiased variance for running statistics.
+//! conv2d on the CPU (NCHW): im2col + GEMM, forward and backward, with PyTorch's zero
+//! padding.
 //!
 //! Convolution runs samples in parallel, each thread with its own im2col scratch (a slice of
 //! the caller's workspace, `conv_workspace_len` long), so nothing is allocated per step. With
@@ -9,58 +7,73 @@
 //! rows as a window of that matrix (`Conv2d::im2col_rows`); the input gradient of a
 //! size-keeping convolution is itself a convolution (`Conv2d::input_gradient_conv`).
 
-use super::matmul::matmul;
-use super::{conv_rows, row_dots};
+use super::{conv_rows, row_dots, Kernels};
+use crate::tensor::cpu::CpuBackend;
+use crate::tensor::matmul::matmul;
+use crate::tensor::{Conv2d, GradWrite};
 use rayon::prelude::*;
 
-/// A 2-D convolution's geometry, for one sample of [c, h, w] into [o, oh, ow].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Conv2d {
-    pub c: usize,
-    pub h: usize,
-    pub w: usize,
-    pub o: usize,
-    pub kh: usize,
-    pub kw: usize,
-    pub stride: (usize, usize),
-    pub pad: (usize, usize),
-    pub dil: (usize, usize),
-    pub groups: usize,
+impl Kernels for CpuBackend {
+    fn conv_workspace_len(&self, s: &Conv2d, max_batch: usize) -> usize {
+        conv_workspace_len(s, self.threads(), max_batch)
+    }
+
+    fn conv2d_forward(
+        &self,
+        s: &Conv2d,
+        x: &Vec<f32>,
+        params: &Vec<f32>,
+        w: usize,
+        b: Option<usize>,
+        y: &mut Vec<f32>,
+        n: usize,
+        workspace: &mut Vec<f32>,
+    ) {
+        let weight = &params[w..w + s.weight_len()];
+        let bias = b.map(|b| &params[b..b + s.o]);
+        conv2d_forward(s, x, weight, bias, y, n, workspace);
+    }
+
+    fn conv2d_backward(
+        &self,
+        s: &Conv2d,
+        x: &Vec<f32>,
+        dy: &Vec<f32>,
+        params: &Vec<f32>,
+        grads: &mut Vec<f32>,
+        dw_write: GradWrite,
+        w: usize,
+        b: Option<usize>,
+        dx: Option<&mut Vec<f32>>,
+        n: usize,
+        workspace: &mut Vec<f32>,
+    ) {
+        let weight = &params[w..w + s.weight_len()];
+        // The bias follows the weight in the flat buffer (see graph::Graph::build).
+        let (dw, rest) = grads[w..].split_at_mut(s.weight_len());
+        let mut db = b.map(|b| &mut rest[b - w - s.weight_len()..][..s.o]);
+        if dw_write == GradWrite::Overwrite {
+            // The sums are added into them (a conv's parameters are few: no gain in more).
+            dw.fill(0.0);
+            if let Some(db) = db.as_deref_mut() {
+                db.fill(0.0);
+            }
+        }
+        conv2d_backward(
+            s,
+            x,
+            weight,
+            dy,
+            dw,
+            db,
+            dx.map(|d| &mut d[..]),
+            n,
+            workspace,
+        );
+    }
 }
 
 impl Conv2d {
-    /// Output height; None when the kernel does not fit.
-    pub fn out_hw(&self) -> Option<(usize, usize)> {
-        let span = |size: usize, pad: usize, dil: usize, k: usize, stride: usize| {
-            (size + 2 * pad)
-                .checked_sub(dil * (k - 1) + 1)
-                .map(|d| d / stride + 1)
-        };
-        Some((
-            span(self.h, self.pad.0, self.dil.0, self.kh, self.stride.0)?,
-            span(self.w, self.pad.1, self.dil.1, self.kw, self.stride.1)?,
-        ))
-    }
-
-    fn oh_ow(&self) -> (usize, usize) {
-        self.out_hw().expect("validated geometry")
-    }
-
-    /// Rows of one group's im2col matrix: its input channels times the kernel area.
-    fn group_rows(&self) -> usize {
-        self.c / self.groups * self.kh * self.kw
-    }
-
-    /// Elements of one sample's im2col matrix [c·kh·kw, oh·ow].
-    pub fn col_len(&self) -> usize {
-        let (oh, ow) = self.oh_ow();
-        self.c * self.kh * self.kw * oh * ow
-    }
-
-    pub fn weight_len(&self) -> usize {
-        self.o * self.group_rows()
-    }
-
     /// The convolution whose forward pass is this one's input gradient, where im2col can run
     /// it: stride 1, one group, and padding that keeps the size ((k - 1)·d = 2·pad both ways).
     /// Then dx = conv(dy, W with in and out channels swapped and the kernel flipped): one GEMM
@@ -711,7 +724,7 @@ fn serial_matmul(
         rhs,
         rhs_s,
         (m, n, k),
-        super::matmul::Parallelism::None,
+        crate::tensor::matmul::Parallelism::None,
     );
 }
 
@@ -731,71 +744,6 @@ fn add_row_dots(
     let in_place = k >= 512 || m * n <= 4096;
     if !(in_place && row_dots::add_row_dots(dst, n, a, lda, b, ldb, (m, n, k))) {
         serial_matmul(dst, true, a, (lda, 1), b, (1, ldb), m, n, k);
-    }
-}
-
-/// Pooling geometry over [c, h, w] planes (PyTorch: stride defaults to the kernel size).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Pool2d {
-    pub c: usize,
-    pub h: usize,
-    pub w: usize,
-    pub k: (usize, usize),
-    pub stride: (usize, usize),
-    pub pad: (usize, usize),
-}
-
-impl Pool2d {
-    pub fn out_hw(&self) -> Option<(usize, usize)> {
-        let span = |size: usize, pad: usize, k: usize, stride: usize| {
-            (size + 2 * pad).checked_sub(k).map(|d| d / stride + 1)
-        };
-        Some((
-            span(self.h, self.pad.0, self.k.0, self.stride.0)?,
-            span(self.w, self.pad.1, self.k.1, self.stride.1)?,
-        ))
-    }
-
-    /// The in-bounds input rows and columns of output (p, q)'s window.
-    #[inline]
-    pub(crate) fn window(
-        &self,
-        p: usize,
-        q: usize,
-    ) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
-        let clamp = |start: isize, k: usize, size: usize| {
-            let lo = start.max(0) as usize;
-            let hi = (start + k as isize).clamp(0, size as isize) as usize;
-            lo..hi.max(lo)
-        };
-        let i0 = (p * self.stride.0) as isize - self.pad.0 as isize;
-        let j0 = (q * self.stride.1) as isize - self.pad.1 as isize;
-        (clamp(i0, self.k.0, self.h), clamp(j0, self.k.1, self.w))
-    }
-
-    /// Runs `f(input plane, output plane)` for each of the n·c planes, in parallel.
-    pub(crate) fn planes<A: Sync, B: Send>(
-        &self,
-        n: usize,
-        input: &[A],
-        output: &mut [B],
-        f: impl Fn(usize, &[A], &mut [B]) + Sync + Send,
-    ) {
-        let (oh, ow) = self.out_hw().expect("validated geometry");
-        let count = n * self.c;
-        input[..count * self.h * self.w]
-            .par_chunks(self.h * self.w)
-            .zip(output[..count * oh * ow].par_chunks_mut(oh * ow))
-            .enumerate()
-            .for_each(|(plane, (i, o))| f(plane, i, o));
-    }
-}
-
-impl Pool2d {
-    /// Windows that tile the input without overlap or padding (the common 2x2, stride 2):
-    /// their rows can be read straight, with no clamping.
-    pub(crate) fn tiles(&self) -> bool {
-        self.stride == self.k && self.pad == (0, 0)
     }
 }
 

@@ -1,0 +1,118 @@
+//! The geometry of convolutions and pooling windows over [c, h, w] samples: shapes the
+//! graph, the memory plan and the kernels share.
+
+use rayon::prelude::*;
+
+/// A 2-D convolution's geometry, for one sample of [c, h, w] into [o, oh, ow].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conv2d {
+    pub c: usize,
+    pub h: usize,
+    pub w: usize,
+    pub o: usize,
+    pub kh: usize,
+    pub kw: usize,
+    pub stride: (usize, usize),
+    pub pad: (usize, usize),
+    pub dil: (usize, usize),
+    pub groups: usize,
+}
+
+impl Conv2d {
+    /// Output height; None when the kernel does not fit.
+    pub fn out_hw(&self) -> Option<(usize, usize)> {
+        let span = |size: usize, pad: usize, dil: usize, k: usize, stride: usize| {
+            (size + 2 * pad)
+                .checked_sub(dil * (k - 1) + 1)
+                .map(|d| d / stride + 1)
+        };
+        Some((
+            span(self.h, self.pad.0, self.dil.0, self.kh, self.stride.0)?,
+            span(self.w, self.pad.1, self.dil.1, self.kw, self.stride.1)?,
+        ))
+    }
+
+    pub fn oh_ow(&self) -> (usize, usize) {
+        self.out_hw().expect("validated geometry")
+    }
+
+    /// Rows of one group's im2col matrix: its input channels times the kernel area.
+    pub fn group_rows(&self) -> usize {
+        self.c / self.groups * self.kh * self.kw
+    }
+
+    /// Elements of one sample's im2col matrix [c·kh·kw, oh·ow].
+    pub fn col_len(&self) -> usize {
+        let (oh, ow) = self.oh_ow();
+        self.c * self.kh * self.kw * oh * ow
+    }
+
+    pub fn weight_len(&self) -> usize {
+        self.o * self.group_rows()
+    }
+}
+
+/// Pooling geometry over [c, h, w] planes (PyTorch: stride defaults to the kernel size).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pool2d {
+    pub c: usize,
+    pub h: usize,
+    pub w: usize,
+    pub k: (usize, usize),
+    pub stride: (usize, usize),
+    pub pad: (usize, usize),
+}
+
+impl Pool2d {
+    pub fn out_hw(&self) -> Option<(usize, usize)> {
+        let span = |size: usize, pad: usize, k: usize, stride: usize| {
+            (size + 2 * pad).checked_sub(k).map(|d| d / stride + 1)
+        };
+        Some((
+            span(self.h, self.pad.0, self.k.0, self.stride.0)?,
+            span(self.w, self.pad.1, self.k.1, self.stride.1)?,
+        ))
+    }
+
+    /// The in-bounds input rows and columns of output (p, q)'s window.
+    #[inline]
+    pub(crate) fn window(
+        &self,
+        p: usize,
+        q: usize,
+    ) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
+        let clamp = |start: isize, k: usize, size: usize| {
+            let lo = start.max(0) as usize;
+            let hi = (start + k as isize).clamp(0, size as isize) as usize;
+            lo..hi.max(lo)
+        };
+        let i0 = (p * self.stride.0) as isize - self.pad.0 as isize;
+        let j0 = (q * self.stride.1) as isize - self.pad.1 as isize;
+        (clamp(i0, self.k.0, self.h), clamp(j0, self.k.1, self.w))
+    }
+
+    /// Runs `f(input plane, output plane)` for each of the n·c planes, in parallel.
+    pub(crate) fn planes<A: Sync, B: Send>(
+        &self,
+        n: usize,
+        input: &[A],
+        output: &mut [B],
+        f: impl Fn(usize, &[A], &mut [B]) + Sync + Send,
+    ) {
+        let (oh, ow) = self.out_hw().expect("validated geometry");
+        let count = n * self.c;
+        input[..count * self.h * self.w]
+            .par_chunks(self.h * self.w)
+            .zip(output[..count * oh * ow].par_chunks_mut(oh * ow))
+            .enumerate()
+            .for_each(|(plane, (i, o))| f(plane, i, o));
+    }
+}
+
+impl Pool2d {
+    /// Windows that tile the input without overlap or padding (the common 2x2, stride 2):
+    /// their rows can be read straight, with no clamping.
+    pub(crate) fn tiles(&self) -> bool {
+        self.stride == self.k && self.pad == (0, 0)
+    }
+}
