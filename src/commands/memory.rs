@@ -25,13 +25,18 @@ pub(super) fn memory_plan(
         0
     };
     let (data_bytes, workspace) = if on_gpu {
-        let conv = graph.conv_workspace(|s| crate::ops::conv2d::cuda_workspace_len(s, batch));
+        let conv = graph.workspace(&Scratch {
+            conv: &|s| ops::conv2d::cuda_workspace_len(s, batch),
+            attention: &|s| ops::attention::cuda_workspace_len(s, batch),
+        });
         // With the row indices of a resident data set; taken out below if it is streamed.
         let own = cuda::own_bytes(batch, true);
         (data.bytes(), own + 4 * conv + rounded_data)
     } else {
-        let conv = graph
-            .conv_workspace(|s| crate::ops::conv2d::cpu::conv_workspace_len(s, threads, batch));
+        let conv = graph.workspace(&Scratch {
+            conv: &|s| ops::conv2d::cpu::conv_workspace_len(s, threads, batch),
+            attention: &|s| ops::attention::cpu::workspace_len(s, batch),
+        });
         (0, 4 * conv + rounded_data)
     };
     let mut plan = MemoryPlan::new(

@@ -7,7 +7,7 @@ use crate::checkpoint::{self, ResumePoint};
 use crate::data::{self, Data};
 use crate::error::{Error, Result};
 use crate::graph::{ActivationStorage, DataShape, GradBuckets, Graph, MemoryPlan};
-use crate::ops::Engine;
+use crate::ops::{self, Engine, Scratch};
 use crate::optim;
 use crate::parallel::{BatchLayout, CpuAllReduce, Rendezvous};
 use crate::run::summary::{self, Ended};

@@ -13,10 +13,10 @@ pub use buffers::{BufferPlan, HalfWidth};
 pub use network::{GradientSync, Network};
 
 use crate::error::{layer_error, Error, Result};
-use crate::ops::{shape_str, values, Build, Init, MAX_SAMPLE_VALUES};
+use crate::ops::{shape_str, values, Build, Init, Scratch, MAX_SAMPLE_VALUES};
 use crate::spec::{ActivationCheckpointing, ActivationMode, JobSpec, LossKind};
 use crate::tensor::rng::{derive, Rng};
-use crate::tensor::{Conv2d, LossFn};
+use crate::tensor::LossFn;
 
 #[derive(Debug, Clone)]
 pub struct Layer {
@@ -219,10 +219,10 @@ impl Graph {
         plan.bytes_per_sample(half_width.filter(|_| storage == ActivationStorage::HalfWidth))
     }
 
-    /// The largest conv2d scratch, given a backend's rule for one layer (values, not bytes).
-    pub fn conv_workspace(&self, per_layer: impl Fn(&Conv2d) -> usize) -> usize {
-        let conv = |l: &Layer| l.op.workspace(&per_layer);
-        self.layers.iter().filter_map(conv).max().unwrap_or(0)
+    /// The largest scratch of any layer, by a backend's `rules` (values, not bytes).
+    pub fn workspace(&self, rules: &Scratch) -> usize {
+        let scratch = |l: &Layer| l.op.workspace(rules);
+        self.layers.iter().filter_map(scratch).max().unwrap_or(0)
     }
 
     /// Mixed precision where the data holds token ids, which stay f32 (`rounds_input`):

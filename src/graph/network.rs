@@ -16,8 +16,8 @@
 
 use super::{numel, BufferPlan, GradBuckets, Graph, Layer};
 use crate::error::Result;
-use crate::ops::Engine;
 use crate::ops::{round, Backward, Dx, Forward, Fusion, Mask, Pass};
+use crate::ops::{Engine, Scratch};
 use crate::tensor::record::Recorder;
 use crate::tensor::rng::derive;
 use crate::tensor::{Activation, GradWrite, HalfKind, UpdatedParams};
@@ -184,8 +184,10 @@ impl<B: Engine> Network<B> {
         let dacts = (plan.grad_sizes.iter())
             .map(|&n| alloc(max_batch * n, width.is_some()))
             .collect::<Result<Vec<_>>>()?;
-        let workspace_len =
-            graph.conv_workspace(|geom| backend.conv_workspace_len(geom, max_batch));
+        let workspace_len = graph.workspace(&Scratch {
+            conv: &|geom| backend.conv_workspace_len(geom, max_batch),
+            attention: &|shape| backend.attention_workspace_len(shape, max_batch),
+        });
         let mut aux = graph
             .layers
             .iter()

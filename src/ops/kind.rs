@@ -3,7 +3,7 @@
 
 use super::{reserve, Backward, Dx, Forward};
 use crate::error::{layer_error, Error};
-use crate::tensor::{Activation, Backend, Conv2d};
+use crate::tensor::{Activation, Attention, Backend, Conv2d};
 use std::ops::Range;
 
 /// The questions about an op that do not depend on the backend.
@@ -27,8 +27,15 @@ pub trait OpKind: std::fmt::Debug {
     /// statistics).
     fn saved_state(&self) -> Option<SavedState>;
 
-    /// The conv scratch it needs, given a backend's rule for one conv layer (values).
-    fn workspace(&self, per_conv: &dyn Fn(&Conv2d) -> usize) -> Option<usize>;
+    /// The scratch it needs, by its backend's `rules` (values).
+    fn workspace(&self, rules: &Scratch) -> Option<usize>;
+}
+
+/// A backend's rules for the scratch of the ops that need some (`OpKind::workspace`), in
+/// values for the largest batch. The layers share one workspace, as long as the largest.
+pub struct Scratch<'a> {
+    pub conv: &'a dyn Fn(&Conv2d) -> usize,
+    pub attention: &'a dyn Fn(&Attention) -> usize,
 }
 
 /// What the buffer plan and the executor need to know of an op.

@@ -12,6 +12,7 @@ mod shape;
 
 pub mod activation;
 pub mod add;
+pub mod attention;
 pub mod batchnorm;
 pub mod concat;
 pub mod conv2d;
@@ -26,10 +27,11 @@ pub mod view;
 
 pub use checks::{size_range, Checks, MAX_SIZE};
 pub use context::{round, Backward, Dx, Forward, Fusion, Grads, Io, Mask, Pass};
-pub use kind::{Build, Compute, Init, OpKind, ParamTensor, Properties, SavedState};
+pub use kind::{Build, Compute, Init, OpKind, ParamTensor, Properties, SavedState, Scratch};
 pub use shape::{numel, reserve, shape_str, values, MAX_SAMPLE_VALUES, PARAM_ALIGN};
 
 pub use activation::{GeluApproximation, GeluSpec};
+pub use attention::AttentionSpec;
 pub use batchnorm::BatchNormSpec;
 pub use conv2d::{Conv2dSpec, Size2};
 pub use dropout::DropoutSpec;
@@ -149,6 +151,9 @@ layer_kinds! {
     /// A learned vector per token id (PyTorch's Embedding): reads whole-number ids in
     /// [0, num_embeddings) from the data; [length] → [length, embedding_dim].
     "embedding" => Embedding(EmbeddingSpec) by embedding::build,
+    /// Multi-head scaled dot-product attention, causal by default: [T, 3·C] (queries, keys
+    /// and values side by side, from a linear layer) → [T, C].
+    "attention" => Attention(AttentionSpec) by attention::build,
 }
 
 impl LayerSpec {
@@ -203,6 +208,7 @@ ops! {
     Concat(concat::Concat),
     Softmax(softmax::Softmax),
     Embedding(embedding::Embedding),
+    Attention(attention::Attention),
 }
 
 /// The ops that keep kernels of their own (each one's `Kernels`, implemented in its folder
@@ -219,7 +225,8 @@ macro_rules! engine {
 }
 
 engine!(
-    activation, batchnorm, conv2d, dropout, embedding, layernorm, linear, pool, rmsnorm, softmax
+    activation, attention, batchnorm, conv2d, dropout, embedding, layernorm, linear, pool, rmsnorm,
+    softmax
 );
 
 impl std::ops::Deref for Op {

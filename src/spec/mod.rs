@@ -1363,6 +1363,7 @@ mod tests {
               { type = "add", inputs = ["a", "b"] }, { type = "concat", inputs = ["a", "b"] },
               { type = "softmax" }, { type = "log_softmax" },
               { type = "embedding", num_embeddings = 20, embedding_dim = 8 },
+              { type = "attention", heads = 4, causal = false },
             ]"#,
         );
         let kinds: Vec<&str> = read.iter().map(|l| l.layer.kind()).collect();

@@ -79,7 +79,7 @@ impl CpuBackend {
 /// The arithmetic is the same IEEE operations either way (no FMA contraction), so results do
 /// not depend on the CPU.
 #[inline(always)]
-fn vectorized<R>(f: impl FnOnce() -> R) -> R {
+pub(crate) fn vectorized<R>(f: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
     {
         #[target_feature(enable = "avx2")]

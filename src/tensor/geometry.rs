@@ -116,3 +116,39 @@ impl Pool2d {
         self.stride == self.k && self.pad == (0, 0)
     }
 }
+
+/// Multi-head attention's shape for one sample: `len` positions of `heads` heads of
+/// `head_dim` values (width = heads × head_dim).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attention {
+    pub len: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    /// Each position attends to itself and the positions before it only.
+    pub causal: bool,
+}
+
+impl Attention {
+    pub fn width(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    /// The scores' scale, 1/√head_dim (PyTorch's scaled_dot_product_attention).
+    pub fn scale(&self) -> f32 {
+        (1.0 / (self.head_dim as f64).sqrt()) as f32
+    }
+
+    /// The attention probabilities of one sample: heads × len × len.
+    pub fn probs_len(&self) -> usize {
+        self.heads * self.len * self.len
+    }
+
+    /// The positions row `i` attends to: 0..=i when causal, else all.
+    pub fn attended(&self, i: usize) -> usize {
+        if self.causal {
+            i + 1
+        } else {
+            self.len
+        }
+    }
+}

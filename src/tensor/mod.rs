@@ -15,7 +15,7 @@ pub mod rng;
 
 use crate::error::Result;
 pub use cast::HalfKind;
-pub use geometry::{Conv2d, Pool2d};
+pub use geometry::{Attention, Conv2d, Pool2d};
 pub use record::Capture;
 
 /// Which pooling.

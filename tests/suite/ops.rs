@@ -2,6 +2,8 @@
 
 #[path = "../../src/ops/activation/tests.rs"]
 mod activation;
+#[path = "../../src/ops/attention/tests.rs"]
+mod attention;
 #[path = "../../src/ops/batchnorm/tests.rs"]
 mod batchnorm;
 #[path = "../../src/ops/dropout/tests.rs"]

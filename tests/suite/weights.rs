@@ -494,6 +494,7 @@ fn layer_json(op: &Op, out_shape: &[usize]) -> String {
         Op::Add(_) => "[\"add\"]".into(),
         Op::Embedding(e) => format!("[\"embedding\", {}, {}]", e.vocab, e.dim),
         Op::Concat(_) => "[\"concat\"]".into(),
+        Op::Attention(a) => format!("[\"attention\", {}, {}]", a.shape.heads, a.shape.causal),
         Op::Softmax(s) => {
             format!("[\"{}\"]", if s.log { "log_softmax" } else { "softmax" })
         }
@@ -532,9 +533,23 @@ const EMBEDDING_LAYERS: &str = r#"[
   { type = "flatten" }, { type = "linear", out = 10 },
 ]"#;
 
+/// Each image as a sequence of its 8 rows: causal attention over them, as nanoGPT's
+/// CausalSelfAttention computes it (tests/fixtures/torch_load_model.py).
+const ATTENTION_LAYERS: &str = r#"[
+  { type = "reshape", shape = [8, 8] }, { type = "linear", out = 24, name = "c_attn" },
+  { type = "attention", heads = 2 }, { type = "linear", out = 8, name = "c_proj" },
+  { type = "layernorm" }, { type = "flatten" }, { type = "linear", out = 10 },
+]"#;
+
 #[test]
 fn pytorch_loads_model_safetensors_and_computes_the_same_outputs() {
-    for layers in [LAYERS, CNN_LAYERS, RESIDUAL_LAYERS, EMBEDDING_LAYERS] {
+    for layers in [
+        LAYERS,
+        CNN_LAYERS,
+        RESIDUAL_LAYERS,
+        EMBEDDING_LAYERS,
+        ATTENTION_LAYERS,
+    ] {
         compare_with_torch(layers);
     }
 }

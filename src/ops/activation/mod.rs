@@ -5,9 +5,9 @@ pub mod cpu;
 mod cuda;
 
 use super::{Backward, Build, Checks, Compute, Dx, Engine, Forward, NoSettings, Op, OpKind};
-use super::{ParamTensor, Properties, SavedState};
+use super::{ParamTensor, Properties, SavedState, Scratch};
 use crate::error::Result;
-use crate::tensor::{Activation as Function, Backend, Conv2d, HalfKind};
+use crate::tensor::{Activation as Function, Backend, HalfKind};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
@@ -148,7 +148,7 @@ impl OpKind for Activation {
     fn saved_state(&self) -> Option<SavedState> {
         None
     }
-    fn workspace(&self, _: &dyn Fn(&Conv2d) -> usize) -> Option<usize> {
+    fn workspace(&self, _: &Scratch) -> Option<usize> {
         None
     }
 }

@@ -1,9 +1,9 @@
 //! add: the elementwise sum of two or more inputs of one shape (residual connections).
 
 use super::{round, shape_str, Backward, Build, Compute, Dx, Forward, NoSettings, Op, OpKind};
-use super::{ParamTensor, Properties, SavedState};
+use super::{ParamTensor, Properties, SavedState, Scratch};
 use crate::error::Result;
-use crate::tensor::{Backend, Conv2d};
+use crate::tensor::Backend;
 use std::ops::Range;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -52,7 +52,7 @@ impl OpKind for Add {
     fn saved_state(&self) -> Option<SavedState> {
         None
     }
-    fn workspace(&self, _: &dyn Fn(&Conv2d) -> usize) -> Option<usize> {
+    fn workspace(&self, _: &Scratch) -> Option<usize> {
         None
     }
 }

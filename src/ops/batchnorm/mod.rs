@@ -9,9 +9,9 @@ mod cuda;
 use super::layernorm::{default_norm_eps, norm_parameters};
 use super::shape::chw;
 use super::{shape_str, Backward, Build, Checks, Compute, Dx, Engine, Forward, Op, OpKind};
-use super::{ParamTensor, Pass, Properties, SavedState};
+use super::{ParamTensor, Pass, Properties, SavedState, Scratch};
 use crate::error::Result;
-use crate::tensor::{Backend, Conv2d};
+use crate::tensor::Backend;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
@@ -165,7 +165,7 @@ impl OpKind for BatchNorm {
             counts_batches: true,
         })
     }
-    fn workspace(&self, _: &dyn Fn(&Conv2d) -> usize) -> Option<usize> {
+    fn workspace(&self, _: &Scratch) -> Option<usize> {
         None
     }
 }

@@ -2,9 +2,9 @@
 //! features for vectors); the other dimensions must agree.
 
 use super::{numel, round, shape_str, Backward, Build, Compute, Dx, Forward, NoSettings, Op};
-use super::{OpKind, ParamTensor, Properties, SavedState};
+use super::{OpKind, ParamTensor, Properties, SavedState, Scratch};
 use crate::error::Result;
-use crate::tensor::{Backend, Conv2d};
+use crate::tensor::Backend;
 use std::ops::Range;
 
 /// Input k's `widths[k]` values per sample, side by side in each output sample.
@@ -65,7 +65,7 @@ impl OpKind for Concat {
     fn saved_state(&self) -> Option<SavedState> {
         None
     }
-    fn workspace(&self, _: &dyn Fn(&Conv2d) -> usize) -> Option<usize> {
+    fn workspace(&self, _: &Scratch) -> Option<usize> {
         None
     }
 }

@@ -12,7 +12,7 @@ pub use cuda::conv_workspace_len as cuda_workspace_len;
 
 use super::shape::chw;
 use super::{values, Backward, Build, Checks, Compute, Dx, Engine, Forward, Init, Op, OpKind};
-use super::{ParamTensor, Properties, SavedState, MAX_SAMPLE_VALUES};
+use super::{ParamTensor, Properties, SavedState, Scratch, MAX_SAMPLE_VALUES};
 use crate::error::Result;
 use crate::tensor::{Backend, Conv2d as Geometry, GradWrite};
 use schemars::JsonSchema;
@@ -250,8 +250,8 @@ impl OpKind for Conv2d {
     fn saved_state(&self) -> Option<SavedState> {
         None
     }
-    fn workspace(&self, per_conv: &dyn Fn(&Geometry) -> usize) -> Option<usize> {
-        Some(per_conv(&self.geom))
+    fn workspace(&self, rules: &Scratch) -> Option<usize> {
+        Some((rules.conv)(&self.geom))
     }
 }
 

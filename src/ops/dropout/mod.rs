@@ -7,9 +7,9 @@ pub mod cpu;
 mod cuda;
 
 use super::{Backward, Build, Checks, Compute, Dx, Engine, Forward, Op, OpKind, Pass};
-use super::{ParamTensor, Properties, SavedState};
+use super::{ParamTensor, Properties, SavedState, Scratch};
 use crate::error::Result;
-use crate::tensor::{Backend, Conv2d};
+use crate::tensor::Backend;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
@@ -104,7 +104,7 @@ impl OpKind for Dropout {
     fn saved_state(&self) -> Option<SavedState> {
         None
     }
-    fn workspace(&self, _: &dyn Fn(&Conv2d) -> usize) -> Option<usize> {
+    fn workspace(&self, _: &Scratch) -> Option<usize> {
         None
     }
 }

@@ -6,9 +6,9 @@ pub mod cpu;
 mod cuda;
 
 use super::{Backward, Build, Checks, Compute, Dx, Engine, Forward, Init, Op, OpKind, ParamTensor};
-use super::{Properties, SavedState};
+use super::{Properties, SavedState, Scratch};
 use crate::error::Result;
-use crate::tensor::{Backend, Conv2d};
+use crate::tensor::Backend;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
@@ -117,7 +117,7 @@ impl OpKind for Embedding {
     fn saved_state(&self) -> Option<SavedState> {
         None
     }
-    fn workspace(&self, _: &dyn Fn(&Conv2d) -> usize) -> Option<usize> {
+    fn workspace(&self, _: &Scratch) -> Option<usize> {
         None
     }
 }

@@ -6,10 +6,10 @@ pub mod cpu;
 mod cuda;
 
 use super::ParamTensor;
-use super::{numel, Properties, SavedState};
+use super::{numel, Properties, SavedState, Scratch};
 use super::{Backward, Build, Checks, Compute, Dx, Engine, Forward, Init, Op, OpKind};
 use crate::error::Result;
-use crate::tensor::{Backend, Conv2d};
+use crate::tensor::Backend;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
@@ -115,7 +115,7 @@ impl OpKind for LayerNorm {
     fn saved_state(&self) -> Option<SavedState> {
         None
     }
-    fn workspace(&self, _: &dyn Fn(&Conv2d) -> usize) -> Option<usize> {
+    fn workspace(&self, _: &Scratch) -> Option<usize> {
         None
     }
 }

@@ -9,9 +9,9 @@ mod cuda;
 use super::{
     numel, Backward, Build, Checks, Compute, Dx, Engine, Forward, Init, OpKind, ParamTensor,
 };
-use super::{Op, Properties, SavedState};
+use super::{Op, Properties, SavedState, Scratch};
 use crate::error::Result;
-use crate::tensor::{Activation, Backend, Conv2d, GradWrite};
+use crate::tensor::{Activation, Backend, GradWrite};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
@@ -162,7 +162,7 @@ impl OpKind for Linear {
     fn saved_state(&self) -> Option<SavedState> {
         None
     }
-    fn workspace(&self, _: &dyn Fn(&Conv2d) -> usize) -> Option<usize> {
+    fn workspace(&self, _: &Scratch) -> Option<usize> {
         None
     }
 }

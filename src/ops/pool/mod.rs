@@ -8,9 +8,9 @@ pub mod max_pool_2x2;
 
 use super::shape::chw;
 use super::{Backward, Build, Checks, Compute, Dx, Engine, Forward, NoSettings, Op, OpKind};
-use super::{ParamTensor, Properties, SavedState, Size2};
+use super::{ParamTensor, Properties, SavedState, Scratch, Size2};
 use crate::error::Result;
-use crate::tensor::{Backend, Conv2d, Pool2d, PoolKind};
+use crate::tensor::{Backend, Pool2d, PoolKind};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
@@ -167,7 +167,7 @@ impl OpKind for Pool {
     fn saved_state(&self) -> Option<SavedState> {
         None
     }
-    fn workspace(&self, _: &dyn Fn(&Conv2d) -> usize) -> Option<usize> {
+    fn workspace(&self, _: &Scratch) -> Option<usize> {
         None
     }
 }

@@ -6,9 +6,9 @@ mod cpu;
 mod cuda;
 
 use super::{numel, Backward, Build, Checks, Compute, Dx, Engine, Forward, Init, Op, OpKind};
-use super::{ParamTensor, Properties, SavedState};
+use super::{ParamTensor, Properties, SavedState, Scratch};
 use crate::error::Result;
-use crate::tensor::{Backend, Conv2d};
+use crate::tensor::Backend;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
@@ -119,7 +119,7 @@ impl OpKind for RmsNorm {
     fn saved_state(&self) -> Option<SavedState> {
         None
     }
-    fn workspace(&self, _: &dyn Fn(&Conv2d) -> usize) -> Option<usize> {
+    fn workspace(&self, _: &Scratch) -> Option<usize> {
         None
     }
 }

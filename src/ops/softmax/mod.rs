@@ -5,9 +5,9 @@ pub mod cpu;
 mod cuda;
 
 use super::{Backward, Build, Compute, Dx, Engine, Forward, NoSettings, Op, OpKind};
-use super::{ParamTensor, Properties, SavedState};
+use super::{ParamTensor, Properties, SavedState, Scratch};
 use crate::error::Result;
-use crate::tensor::{Backend, Conv2d};
+use crate::tensor::Backend;
 use std::ops::Range;
 
 /// (log_)softmax over rows of `width` values.
@@ -85,7 +85,7 @@ impl OpKind for Softmax {
     fn saved_state(&self) -> Option<SavedState> {
         None
     }
-    fn workspace(&self, _: &dyn Fn(&Conv2d) -> usize) -> Option<usize> {
+    fn workspace(&self, _: &Scratch) -> Option<usize> {
         None
     }
 }

@@ -3,9 +3,9 @@
 
 use super::{numel, shape_str, values, Backward, Build, Checks, Compute, Dx, Forward, Op};
 use super::{size_range, NoSettings};
-use super::{OpKind, ParamTensor, Properties, SavedState, MAX_SIZE};
+use super::{OpKind, ParamTensor, Properties, SavedState, Scratch, MAX_SIZE};
 use crate::error::Result;
-use crate::tensor::{Backend, Conv2d};
+use crate::tensor::Backend;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
@@ -101,7 +101,7 @@ impl OpKind for View {
     fn saved_state(&self) -> Option<SavedState> {
         None
     }
-    fn workspace(&self, _: &dyn Fn(&Conv2d) -> usize) -> Option<usize> {
+    fn workspace(&self, _: &Scratch) -> Option<usize> {
         None
     }
 }

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 /// Every kernel file, in the order they are concatenated after common.cuh: the shared ones,
 /// then those of ops that keep their kernels in their own folder.
-pub const SOURCES: [(&str, &str); 15] = [
+pub const SOURCES: [(&str, &str); 16] = [
     ("cast.cu", include_str!("../../../kernels/cast.cu")),
     ("graph.cu", include_str!("../../../kernels/graph.cu")),
     (
@@ -48,6 +48,10 @@ pub const SOURCES: [(&str, &str); 15] = [
     (
         "ops/activation/activation.cu",
         include_str!("../../ops/activation/activation.cu"),
+    ),
+    (
+        "ops/attention/attention.cu",
+        include_str!("../../ops/attention/attention.cu"),
     ),
     (
         "ops/conv2d/conv2d.cu",

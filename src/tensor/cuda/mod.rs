@@ -890,6 +890,51 @@ impl CudaBackend {
         self.record(what, r);
     }
 
+    /// `Backend::batched_matmul` over views of f32 values, for an op whose operands share
+    /// one buffer (its workspace). The layouts' offsets count from each view's start.
+    pub(crate) fn strided_gemm(
+        &self,
+        what: &str,
+        (m, n, k): (usize, usize, usize),
+        batch: usize,
+        [(a, a_at), (b, b_at)]: [(&CudaView<f32>, Matrices); 2],
+        (c, c_at): (&mut CudaViewMut<f32>, Matrices),
+        accumulate: bool,
+    ) {
+        assert!(
+            c_at.row_stride == n && !c_at.transposed,
+            "a batched product writes C's rows n apart"
+        );
+        let op = |t: bool| match t {
+            true => cublasOperation_t::CUBLAS_OP_T,
+            false => cublasOperation_t::CUBLAS_OP_N,
+        };
+        // Column-major, as in `column_major`: C' [n, m] = B' · A', B first.
+        let cfg = StridedBatchedConfig {
+            gemm: GemmConfig {
+                transa: op(b_at.transposed),
+                transb: op(a_at.transposed),
+                m: n as i32,
+                n: m as i32,
+                k: k as i32,
+                alpha: 1.0f32,
+                lda: b_at.row_stride as i32,
+                ldb: a_at.row_stride as i32,
+                beta: if accumulate { 1.0 } else { 0.0 },
+                ldc: n as i32,
+            },
+            batch_size: batch as i32,
+            stride_a: b_at.batch_stride as i64,
+            stride_b: a_at.batch_stride as i64,
+            stride_c: c_at.batch_stride as i64,
+        };
+        let (a, b) = (a.slice(a_at.offset..), b.slice(b_at.offset..));
+        let mut c = c.slice_mut(c_at.offset..);
+        // SAFETY: the views hold every matrix the strides reach (the caller's layout).
+        let r = unsafe { self.blas.gemm_strided_batched(cfg, &b, &a, &mut c) };
+        self.record(what, r);
+    }
+
     /// `cfg`'s column-major product C = op(A)·op(B) with A and B in `kind` (f32 inputs
     /// converted into `half_inputs` unless their `HalfOperand` says otherwise), f32
     /// accumulation, and C in f32 (so gradients still accumulate into f32 with beta = 1) or
@@ -1733,7 +1778,7 @@ impl Backend for CudaBackend {
 
     fn batched_matmul(
         &self,
-        (m, n, k): (usize, usize, usize),
+        shape: (usize, usize, usize),
         batch: usize,
         a: &CudaBuf,
         a_at: Matrices,
@@ -1743,41 +1788,13 @@ impl Backend for CudaBackend {
         c_at: Matrices,
         accumulate: bool,
     ) {
-        assert!(
-            c_at.row_stride == n && !c_at.transposed,
-            "a batched product writes C's rows n apart"
-        );
         if !self.all_f32("batched matrix product", &[a, b, c]) {
             return;
         }
-        let op = |t: bool| match t {
-            true => cublasOperation_t::CUBLAS_OP_T,
-            false => cublasOperation_t::CUBLAS_OP_N,
-        };
-        // Column-major, as in `column_major`: C' [n, m] = B' · A', B first.
-        let cfg = StridedBatchedConfig {
-            gemm: GemmConfig {
-                transa: op(b_at.transposed),
-                transb: op(a_at.transposed),
-                m: n as i32,
-                n: m as i32,
-                k: k as i32,
-                alpha: 1.0f32,
-                lda: b_at.row_stride as i32,
-                ldb: a_at.row_stride as i32,
-                beta: if accumulate { 1.0 } else { 0.0 },
-                ldc: n as i32,
-            },
-            batch_size: batch as i32,
-            stride_a: b_at.batch_stride as i64,
-            stride_b: a_at.batch_stride as i64,
-            stride_c: c_at.batch_stride as i64,
-        };
-        let (a, b) = (a.mem.slice(a_at.offset..), b.mem.slice(b_at.offset..));
-        let mut c = c.mem.slice_mut(c_at.offset..);
-        // SAFETY: the views hold every matrix the strides reach (the caller's layout).
-        let r = unsafe { self.blas.gemm_strided_batched(cfg, &b, &a, &mut c) };
-        self.record("batched matrix product", r);
+        let (a, b, mut c) = (a.mem.as_view(), b.mem.as_view(), c.mem.as_view_mut());
+        let what = "batched matrix product";
+        let operands = [(&a, a_at), (&b, b_at)];
+        self.strided_gemm(what, shape, batch, operands, (&mut c, c_at), accumulate);
     }
 
     fn round_to_half(&self, kind: HalfKind, buf: &mut CudaBuf, len: usize) {

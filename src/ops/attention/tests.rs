@@ -1,0 +1,183 @@
+//! attention's tests. The library does not compile this file: tests/suite/ops.rs does, so
+//! that its CUDA tests run on the emulated GPU with the rest.
+
+use crate::common::{random_vec, spec};
+use crate::cuda_parity::{
+    assert_within, down, gpu, loss_curve, poisoned_in, stored, tolerance, up_in, STORAGES,
+};
+use crate::gradients::{check_gradients, sequence_job, sequences};
+use trainer::graph::Graph;
+use trainer::ops::attention::Kernels;
+use trainer::tensor::cpu::CpuBackend;
+use trainer::tensor::{Attention, Backend};
+
+/// Attention by its definition, in f64: per sample and head, softmax(q·kᵀ/√d + mask)·v.
+fn reference(qkv: &[f32], n: usize, s: &Attention) -> (Vec<f64>, Vec<f64>) {
+    let (t, c, d) = (s.len, s.width(), s.head_dim);
+    let value = |b: usize, i: usize, part: usize, h: usize, e: usize| {
+        qkv[((b * t + i) * 3 + part) * c + h * d + e] as f64
+    };
+    let (mut y, mut probs) = (vec![0.0; n * t * c], vec![0.0; n * s.probs_len()]);
+    for b in 0..n {
+        for h in 0..s.heads {
+            for i in 0..t {
+                let scores: Vec<f64> = (0..t)
+                    .map(|j| match s.causal && j > i {
+                        true => f64::NEG_INFINITY,
+                        false => {
+                            let dot: f64 = (0..d)
+                                .map(|e| value(b, i, 0, h, e) * value(b, j, 1, h, e))
+                                .sum();
+                            dot / (d as f64).sqrt()
+                        }
+                    })
+                    .collect();
+                let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let total: f64 = scores.iter().map(|s| (s - max).exp()).sum();
+                for j in 0..t {
+                    let p = (scores[j] - max).exp() / total;
+                    probs[((b * s.heads + h) * t + i) * t + j] = p;
+                    for e in 0..d {
+                        y[(b * t + i) * c + h * d + e] += p * value(b, j, 2, h, e);
+                    }
+                }
+            }
+        }
+    }
+    (y, probs)
+}
+
+fn shape(causal: bool) -> Attention {
+    Attention {
+        len: 6,
+        heads: 3,
+        head_dim: 5,
+        causal,
+    }
+}
+
+#[test]
+fn attention_is_scaled_dot_product_attention() {
+    let b = CpuBackend::new(2);
+    for causal in [true, false] {
+        let (s, n) = (shape(causal), 2);
+        let qkv = random_vec(n * s.len * 3 * s.width(), 1);
+        let mut y = vec![f32::NAN; n * s.len * s.width()];
+        let mut probs = vec![f32::NAN; n * s.probs_len()];
+        let mut workspace = vec![0.0; b.attention_workspace_len(&s, n)];
+        b.attention_forward(&qkv, &mut y, &mut probs, &mut workspace, n, &s);
+        let (y_ref, probs_ref) = reference(&qkv, n, &s);
+        for (what, got, want) in [("y", &y, &y_ref), ("probs", &probs, &probs_ref)] {
+            for (i, (&g, &w)) in got.iter().zip(want.iter()).enumerate() {
+                assert!(
+                    (g as f64 - w).abs() <= 1e-5 * (1.0 + w.abs()),
+                    "causal {causal}: {what}[{i}] = {g}, by definition {w}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn attention_gradients() {
+    for causal in [true, false] {
+        let middle = format!(
+            r#"{{ type = "linear", out = 12 }}, {{ type = "attention", heads = 2, causal = {causal} }}"#
+        );
+        check_gradients(&sequence_job(&middle), sequences());
+    }
+}
+
+#[test]
+fn attention_refuses_heads_that_do_not_divide_the_width_and_inputs_that_are_not_qkv() {
+    let cases = [
+        (
+            r#"{ type = "linear", out = 12 }, { type = "attention", heads = 3 }"#,
+            "heads = 3 does not divide the width 4",
+        ),
+        (
+            r#"{ type = "linear", out = 10 }, { type = "attention", heads = 1 }"#,
+            "3 does not divide",
+        ),
+        (
+            r#"{ type = "flatten" }, { type = "attention", heads = 1 }"#,
+            "it reads [length, 3·width] samples",
+        ),
+    ];
+    for (middle, expected) in cases {
+        let job = spec(&sequence_job(middle));
+        let e = Graph::build(&job, &sequences()).unwrap_err().to_string();
+        assert!(
+            e.contains(expected) && e.contains("model.layers[2] (attention)"),
+            "{e}"
+        );
+    }
+}
+
+/// CUDA against the CPU on random inputs, with activations in f32 and in each half format.
+#[test]
+fn attention_on_cuda_matches_the_cpu() {
+    let Some(g) = gpu() else {
+        return;
+    };
+    let (g, cpu) = (&g, CpuBackend::new(2));
+    for storage in STORAGES {
+        for causal in [true, false] {
+            let (s, n) = (shape(causal), 3);
+            let (tol, at) = (tolerance(storage), format!("{storage:?} causal {causal}"));
+            let (x_len, y_len) = (n * s.len * 3 * s.width(), n * s.len * s.width());
+            let x = stored(storage, &random_vec(x_len, 2));
+            let dy = stored(storage, &random_vec(y_len, 3));
+            let mut y = vec![f32::NAN; y_len];
+            let mut probs = vec![f32::NAN; n * s.probs_len()];
+            let mut w = vec![0.0; cpu.attention_workspace_len(&s, n)];
+            cpu.attention_forward(&x, &mut y, &mut probs, &mut w, n, &s);
+            let mut dx = vec![f32::NAN; x_len];
+            cpu.attention_backward(&x, &probs, &dy, &mut dx, &mut w, n, &s);
+
+            let xg = up_in(g, storage, &x);
+            let (mut yg, mut probs_g) = (
+                poisoned_in(g, storage, y_len),
+                g.alloc(n * s.probs_len()).unwrap(),
+            );
+            let mut wg = g.alloc(g.attention_workspace_len(&s, n)).unwrap();
+            g.attention_forward(&xg, &mut yg, &mut probs_g, &mut wg, n, &s);
+            let mut dxg = poisoned_in(g, storage, x_len);
+            g.attention_backward(
+                &xg,
+                &probs_g,
+                &up_in(g, storage, &dy),
+                &mut dxg,
+                &mut wg,
+                n,
+                &s,
+            );
+            let probs_gpu = down(g, &probs_g, n * s.probs_len());
+            assert_within(&probs_gpu, &probs, 1e-5, &format!("{at} probabilities"));
+            let y_gpu = down(g, &yg, y_len);
+            assert_within(&y_gpu, &stored(storage, &y), tol, &format!("{at} y"));
+            let dx_gpu = down(g, &dxg, x_len);
+            assert_within(&dx_gpu, &stored(storage, &dx), tol, &format!("{at} dqkv"));
+        }
+    }
+}
+
+/// A small transformer block over [8, 8] samples trains on CUDA as on the CPU.
+#[test]
+fn an_attention_job_on_cuda_follows_the_cpu_loss_curve() {
+    if gpu().is_none() {
+        return;
+    }
+    let layers = "model.layers=[{type=\"linear\",out=24},{type=\"attention\",heads=2},\
+                  {type=\"linear\",out=8},{type=\"layernorm\"},{type=\"gelu\"},\
+                  {type=\"flatten\"},{type=\"linear\",out=10}]";
+    let extra = ["--set", "model.input_shape=[8,8]", "--set", layers];
+    let (cpu, cuda) = (loss_curve("cpu", &extra), loss_curve("cuda", &extra));
+    assert_eq!(cpu.len(), 100);
+    for ((step, a), (_, b)) in cpu.iter().zip(&cuda) {
+        assert!(
+            (a - b).abs() <= 1e-4 * a.abs(),
+            "step {step}: cpu loss {a} vs cuda {b}"
+        );
+    }
+}
