@@ -13,11 +13,12 @@ extern "C" __global__ void scale_f32(float* buf, u64 n, float factor) {
     map_values<1>(in, buf, 0, n, [=](u64, const float* v) { return v[0] * factor; });
 }
 
-// dst[r, :] = src[rows[r], :]
-extern "C" __global__ void gather_rows(const float* src, const u32* rows, u64 n_rows, u64 row_len, void* dst, int ds) {
+// dst[r, :] = the row_len values of src from rows[r]·stride + offset
+extern "C" __global__ void gather_rows(const float* src, const u32* rows, u64 n_rows, u64 row_len, u64 stride,
+                                       u64 offset, void* dst, int ds) {
     GRID_STRIDE(i, n_rows * row_len) {
         u64 r = i / row_len, c = i % row_len;
-        store(dst, ds, i, src[(u64)rows[r] * row_len + c]);
+        store(dst, ds, i, src[(u64)rows[r] * stride + offset + c]);
     }
 }
 

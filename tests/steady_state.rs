@@ -12,6 +12,7 @@ mod common;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use trainer::data::Dataset;
 use trainer::graph::{DataShape, Graph, Network};
 use trainer::ops::Engine;
 use trainer::optim::Optimizer;
@@ -149,12 +150,14 @@ fn training_steps_allocate_nothing_but_gemm_scratch_and_retain_nothing() {
         let groups: Vec<&[u32]> = order.chunks(batch).collect();
         let mut stats = backend.new_stats().unwrap();
         let mut micro_step = 0;
-        let samples = Samples::Resident { x, y };
-        let input = Batch::<CpuBackend> {
-            samples: &samples,
-            row_len: features,
-            target_dim: 1,
+        let set = Dataset {
+            features: x,
+            targets: y,
+            len: samples,
+            ..Dataset::default()
         };
+        let samples = Samples::new(&backend, set, (features, 1), true).unwrap();
+        let input = Batch::<CpuBackend> { samples: &samples };
         let settings = SETTINGS;
         let epoch = || {
             for pair in groups.chunks(2) {
@@ -261,12 +264,14 @@ fn multi_process_steps_allocate_nothing_but_gemm_scratch_on_either_rank() {
         let order: Vec<u32> = (0..samples as u32).rev().collect();
         let groups: Vec<&[u32]> = order.chunks(batch).collect();
         let (x, y) = (data.train.features.clone(), data.train.targets.clone());
-        let samples = Samples::Resident { x, y };
-        let input = Batch::<CpuBackend> {
-            samples: &samples,
-            row_len: features,
-            target_dim: 1,
+        let set = Dataset {
+            features: x,
+            targets: y,
+            len: samples,
+            ..Dataset::default()
         };
+        let samples = Samples::new(&backend, set, (features, 1), true).unwrap();
+        let input = Batch::<CpuBackend> { samples: &samples };
         let settings = SETTINGS;
         let mut stats = backend.new_stats().unwrap();
         let mut micro_step = 0;
@@ -401,18 +406,15 @@ fn counted_steps<B: Engine>(
     }
     let mut optimizer = Optimizer::new(backend, &spec, params.len()).unwrap();
     let row_len = shape.iter().product();
-    let samples_in = Samples::Resident {
-        x: backend
-            .upload_vec(common::random_vec(samples * row_len, 3))
-            .unwrap(),
-        y: backend
-            .upload_vec((0..samples).map(|i| (i % 10) as f32).collect())
-            .unwrap(),
+    let set = Dataset {
+        features: common::random_vec(samples * row_len, 3),
+        targets: (0..samples).map(|i| (i % 10) as f32).collect(),
+        len: samples,
+        ..Dataset::default()
     };
+    let samples_in = Samples::new(backend, set, (row_len, 1), true).unwrap();
     let input = Batch::<B> {
         samples: &samples_in,
-        row_len,
-        target_dim: 1,
     };
     let order: Vec<u32> = (0..samples as u32).collect();
     let groups: Vec<&[u32]> = order.chunks(batch).collect();

@@ -7,7 +7,7 @@ use super::*;
 use crate::data::{Dataset, Preprocess};
 use crate::graph::Network;
 use crate::spec::LossKind;
-use crate::tensor::LossStats;
+use crate::tensor::{LossStats, RowsAt};
 
 /// `trainer eval`'s arguments.
 #[derive(clap::Args)]
@@ -144,8 +144,14 @@ impl Trained {
             let n = batch.min(set.len - first);
             rows.clear();
             rows.extend(first as u32..(first + n) as u32);
-            backend.upload_rows(&set.features, &rows, row_len, net.input_mut());
-            backend.upload_rows(&set.targets, &rows, target_dim, net.targets_mut());
+            backend.upload_rows(
+                &set.features,
+                &rows,
+                RowsAt::packed(row_len),
+                net.input_mut(),
+            );
+            let targets = RowsAt::packed(target_dim);
+            backend.upload_rows(&set.targets, &rows, targets, net.targets_mut());
             net.forward(&backend, n, false, 0);
             // Before the loss, which may write its gradient over the outputs.
             backend.download(

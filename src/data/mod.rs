@@ -4,6 +4,7 @@
 
 pub mod preprocess;
 mod sources;
+pub mod text;
 
 pub use preprocess::Preprocess;
 pub(crate) use sources::{idx_images, read_text};
@@ -22,6 +23,10 @@ pub struct Dataset {
     pub targets: Vec<f32>,
     pub len: usize,
     pub origin: Origin,
+    /// A text's samples: windows of tokens into `features` (the token ids), this many
+    /// tokens apart, whose targets are the tokens one on (`targets` is empty). None: a row
+    /// of features and of targets each.
+    pub windows: Option<usize>,
 }
 
 impl Dataset {
@@ -33,6 +38,7 @@ impl Dataset {
     fn select(&self, rows: &[usize], row_len: usize, target_dim: usize) -> Dataset {
         let mut out = Dataset {
             len: rows.len(),
+            windows: None,
             origin: self.origin.select(rows),
             ..Default::default()
         };
@@ -164,6 +170,7 @@ impl Data {
 
 pub fn load(spec: &DataSpec, seed: u64) -> Result<Data> {
     let raw = match spec.source {
+        DataSource::Text => return text::load(spec),
         DataSource::Digits => sources::digits()?,
         DataSource::Csv => sources::csv(spec, None)?,
         DataSource::Idx => sources::idx(spec)?,
@@ -184,7 +191,7 @@ pub fn load(spec: &DataSpec, seed: u64) -> Result<Data> {
                 DataSource::Digits => Some(10),
                 DataSource::Synthetic => Some(spec.synthetic_classes()),
                 // Named classes: as many as names (at least 2, as for class indices).
-                DataSource::Csv | DataSource::Idx => spec
+                DataSource::Csv | DataSource::Idx | DataSource::Text => spec
                     .classes
                     .or(raw.class_names.as_ref().map(|n| n.len().max(2))),
             };
@@ -242,6 +249,7 @@ pub fn load(spec: &DataSpec, seed: u64) -> Result<Data> {
         normalize: spec.normalize,
         shift,
         scale,
+        vocabulary: None,
     };
     for set in std::iter::once(&mut train).chain(eval.iter_mut().map(|(_, d)| d)) {
         preprocess.apply(&mut set.features);
@@ -402,6 +410,7 @@ mod tests {
             targets: vec![0.0; 6],
             len: 6,
             origin,
+            windows: None,
         };
         let idx = set(Origin {
             features: "images".into(),

@@ -3,6 +3,7 @@
 //! model.safetensors' metadata), so that `trainer eval` and `predict` apply to new data what
 //! training applied, without the training data.
 
+use super::text::Vocabulary;
 use crate::error::{Error, Result};
 use crate::spec::{DataSource, Normalize, Task};
 use serde::{Deserialize, Serialize};
@@ -37,6 +38,9 @@ pub struct Preprocess {
     /// Per feature, the model's input is (x - shift) * scale; both empty for "none".
     pub shift: Vec<f32>,
     pub scale: Vec<f32>,
+    /// text: how text becomes token ids and back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vocabulary: Option<Vocabulary>,
 }
 
 impl Preprocess {
@@ -97,6 +101,7 @@ impl Preprocess {
             normalize: Normalize::None,
             shift: Vec::new(),
             scale: Vec::new(),
+            vocabulary: None,
         }
     }
 
@@ -189,6 +194,7 @@ mod tests {
             normalize: Normalize::Standardize,
             shift,
             scale,
+            vocabulary: None,
         };
         p.apply(&mut features);
         // Mean 1.5e38, standard deviation 1.5e38·√3: -3e38 lies 4.5e38 below the mean.

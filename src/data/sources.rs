@@ -565,6 +565,7 @@ pub(crate) fn idx(spec: &DataSpec) -> Result<Raw> {
                 ..Origin::default()
             },
             len: shape[0],
+            windows: None,
         };
         Ok((data, shape))
     };
@@ -614,9 +615,14 @@ pub(crate) fn idx_images(path: &Path) -> Result<Option<(Vec<usize>, Vec<f32>)>> 
 }
 
 /// A text file's contents (gunzipped when it is gzip).
+/// A file's bytes, unpacked when it is gzip.
+pub(crate) fn read_bytes(path: &Path) -> Result<Vec<u8>> {
+    gunzip_if_needed(read_file(path)?, &path.display().to_string())
+}
+
 pub(crate) fn read_text(path: &Path) -> Result<String> {
     let name = path.display().to_string();
-    let bytes = gunzip_if_needed(read_file(path)?, &name)?;
+    let bytes = read_bytes(path)?;
     String::from_utf8(bytes).map_err(|e| {
         Error::Job(format!(
             "{name}: not UTF-8 text (byte {})",

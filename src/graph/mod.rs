@@ -48,8 +48,13 @@ impl Layer {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Objective {
     pub loss: LossFn,
-    /// Values per sample in the targets buffer: 1 (a class index) or the output width.
+    /// Values per sample in the targets buffer: 1 (a class index), a class index per
+    /// position (sequences), or the output width.
     pub target_dim: usize,
+    /// Rows of the output per sample that the loss scores each on its own: the positions of
+    /// a sequence of class labels (a language model's next tokens), 1 otherwise. The loss
+    /// is the mean over the batch's rows.
+    pub rows: usize,
     /// Whether accuracy is meaningful (classification, or binary targets with bce).
     pub has_accuracy: bool,
 }
@@ -434,6 +439,19 @@ fn objective(
                         .into(),
                 });
             };
+            // A class label per position: [T, classes] logits against T labels.
+            let (&last, leading) = out_shape.split_last().expect("a shape has an axis");
+            let positions = numel(leading);
+            if !leading.is_empty() && data.target_dim == positions && last == classes {
+                return Ok(Objective {
+                    loss: LossFn::CrossEntropy {
+                        label_smoothing: spec.loss.label_smoothing as f32,
+                    },
+                    target_dim: positions,
+                    rows: positions,
+                    has_accuracy: true,
+                });
+            }
             if out_shape.len() != 1 || width != classes {
                 // More outputs than labels found: classes without samples, which data.classes
                 // can name; fewer: the model is too narrow for the labels there are.
@@ -451,6 +469,7 @@ fn objective(
             Ok(Objective {
                 loss: LossFn::CrossEntropy { label_smoothing },
                 target_dim: 1,
+                rows: 1,
                 has_accuracy: true,
             })
         }
@@ -480,6 +499,7 @@ fn objective(
             Ok(Objective {
                 loss,
                 target_dim,
+                rows: 1,
                 has_accuracy: is_bce,
             })
         }

@@ -525,7 +525,12 @@ impl<B: Engine> Network<B> {
     pub fn loss(&mut self, backend: &B, n: usize, grad_scale: Option<f32>, stats: &mut B::Stats) {
         let out_slot = self.plan.slot[self.graph.layers.len()];
         let dout_slot = self.plan.grad_slot[self.graph.layers.len()];
-        let dim = numel(self.graph.output_shape());
+        let len = numel(self.graph.output_shape());
+        // A sequence's positions are rows of their own.
+        let (rows, dim) = (
+            n * self.graph.objective.rows,
+            len / self.graph.objective.rows,
+        );
         let f = self.graph.objective.loss;
         let dout = grad_scale.map(|_| &mut self.dacts[dout_slot]);
         let scale = grad_scale.unwrap_or(0.0);
@@ -533,7 +538,7 @@ impl<B: Engine> Network<B> {
             f,
             &self.acts[out_slot],
             &self.targets,
-            n,
+            rows,
             dim,
             scale,
             dout,
@@ -541,7 +546,7 @@ impl<B: Engine> Network<B> {
         );
         // The loss runs in f32 on the (half) output; its gradient flows back in half.
         if grad_scale.is_some() {
-            Self::round(backend, self.half, &mut self.dacts[dout_slot], n * dim);
+            Self::round(backend, self.half, &mut self.dacts[dout_slot], n * len);
         }
     }
 

@@ -21,6 +21,7 @@ pub mod embedding;
 pub mod layernorm;
 pub mod linear;
 pub mod pool;
+pub mod position_embedding;
 pub mod rmsnorm;
 pub mod softmax;
 pub mod view;
@@ -39,6 +40,7 @@ pub use embedding::EmbeddingSpec;
 pub use layernorm::LayerNormSpec;
 pub use linear::LinearSpec;
 pub use pool::PoolSpec;
+pub use position_embedding::PositionEmbeddingSpec;
 pub use rmsnorm::RmsNormSpec;
 pub use view::ReshapeSpec;
 
@@ -154,6 +156,8 @@ layer_kinds! {
     /// Multi-head scaled dot-product attention, causal by default: [T, 3·C] (queries, keys
     /// and values side by side, from a linear layer) → [T, C].
     "attention" => Attention(AttentionSpec) by attention::build,
+    /// Adds a learned vector per position to [T, C] samples (GPT's position embedding).
+    "position_embedding" => PositionEmbedding(PositionEmbeddingSpec) by position_embedding::build,
 }
 
 impl LayerSpec {
@@ -209,6 +213,7 @@ ops! {
     Softmax(softmax::Softmax),
     Embedding(embedding::Embedding),
     Attention(attention::Attention),
+    PositionEmbedding(position_embedding::PositionEmbedding),
 }
 
 /// The ops that keep kernels of their own (each one's `Kernels`, implemented in its folder
@@ -225,8 +230,18 @@ macro_rules! engine {
 }
 
 engine!(
-    activation, attention, batchnorm, conv2d, dropout, embedding, layernorm, linear, pool, rmsnorm,
-    softmax
+    activation,
+    attention,
+    batchnorm,
+    conv2d,
+    dropout,
+    embedding,
+    layernorm,
+    linear,
+    pool,
+    position_embedding,
+    rmsnorm,
+    softmax,
 );
 
 impl std::ops::Deref for Op {

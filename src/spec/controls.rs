@@ -126,7 +126,7 @@ pub fn eval_metrics(spec: &JobSpec) -> Vec<String> {
     let has_test = match d.source {
         DataSource::Csv => d.test_path.is_some(),
         DataSource::Idx => d.test_images.is_some(),
-        DataSource::Digits | DataSource::Synthetic => false,
+        DataSource::Digits | DataSource::Synthetic | DataSource::Text => false,
     };
     if has_test {
         splits.push("test");

@@ -96,6 +96,21 @@ pub enum DataSource {
     Idx,
     /// Seeded generated data, for classification or regression.
     Synthetic,
+    /// A UTF-8 text file (plain or gzip) for a language model: samples are windows of
+    /// block_size tokens, and their targets the next token at each position.
+    Text,
+}
+
+/// How a text becomes token ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Tokenizer {
+    /// One id per character: the vocabulary is the text's characters, sorted (nanoGPT's
+    /// shakespeare_char).
+    #[default]
+    Char,
+    /// One id per byte: 256 ids, any file.
+    Bytes,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -147,6 +162,7 @@ pub struct DataSpec {
     #[schemars(range(min = 1, max = 16777216))]
     pub global_batch_size: Option<usize>,
     /// Fraction of the training samples held out (seeded) for validation; 0 for none.
+    /// text: the last fraction of the text (nanoGPT's 0.1).
     #[serde(default)]
     #[schemars(range(min = 0), extend("exclusiveMaximum" = 1))]
     pub val_fraction: f64,
@@ -161,7 +177,7 @@ pub struct DataSpec {
     pub normalize: Normalize,
 
     // csv
-    /// csv: the file with the training samples.
+    /// csv: the file with the training samples. text: the text file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<PathBuf>,
     /// csv: a test file with the same columns (reported as split "test").
@@ -220,6 +236,15 @@ pub struct DataSpec {
     /// synthetic: standard deviation of the noise added to each sample.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub noise: Option<f64>,
+
+    // text
+    /// text: how the text becomes token ids, "char" (default) or "bytes".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<Tokenizer>,
+    /// text: tokens per sample, the context length (nanoGPT's block_size).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 16777216))]
+    pub block_size: Option<usize>,
 }
 
 /// The data keys' defaults, in one place: the loaders, validation and config.toml read them
@@ -245,6 +270,11 @@ impl DataSpec {
     /// csv: whether the first row holds column names.
     pub fn header(&self) -> bool {
         self.header.unwrap_or(true)
+    }
+
+    /// text: the tokenizer.
+    pub fn tokenizer(&self) -> Tokenizer {
+        self.tokenizer.unwrap_or_default()
     }
 
     /// synthetic: samples to generate.
@@ -1209,6 +1239,13 @@ impl JobSpec {
                 }
                 fill(&["data", "noise"], data.noise().into());
             }
+            DataSource::Text => {
+                let tokenizer = match data.tokenizer() {
+                    Tokenizer::Char => "char",
+                    Tokenizer::Bytes => "bytes",
+                };
+                fill(&["data", "tokenizer"], tokenizer.into());
+            }
             DataSource::Digits | DataSource::Idx => {}
         }
         fill(&["checkpoint", "activations"], "none".into());
@@ -1364,6 +1401,7 @@ mod tests {
               { type = "softmax" }, { type = "log_softmax" },
               { type = "embedding", num_embeddings = 20, embedding_dim = 8 },
               { type = "attention", heads = 4, causal = false },
+              { type = "position_embedding", num_positions = 64 },
             ]"#,
         );
         let kinds: Vec<&str> = read.iter().map(|l| l.layer.kind()).collect();

@@ -107,7 +107,9 @@ fn validate_data(d: &DataSpec, p: &mut Problems) {
         }
     };
     use DataSource::*;
-    only(d.path.is_some(), "path", &[Csv]);
+    only(d.path.is_some(), "path", &[Csv, Text]);
+    only(d.tokenizer.is_some(), "tokenizer", &[Text]);
+    only(d.block_size.is_some(), "block_size", &[Text]);
     only(d.test_path.is_some(), "test_path", &[Csv]);
     only(d.header.is_some(), "header", &[Csv]);
     only(d.label.is_some(), "label", &[Csv]);
@@ -149,6 +151,18 @@ fn validate_data(d: &DataSpec, p: &mut Problems) {
             "data.path",
             "missing: source = \"csv\" needs a file path",
         ),
+        Text => {
+            p.check(
+                d.path.is_some(),
+                "data.path",
+                "missing: source = \"text\" needs a text file's path",
+            );
+            p.check(
+                d.block_size.is_some(),
+                "data.block_size",
+                "missing: source = \"text\" needs the tokens per sample (the context length)",
+            );
+        }
         Idx => {
             p.check(
                 d.train_images.is_some(),

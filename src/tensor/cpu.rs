@@ -4,7 +4,8 @@
 
 use super::matmul::Parallelism;
 use super::{
-    cast, AdamStep, Backend, Capture, HalfKind, LossFn, LossStats, Matrices, SgdStep, UpdatedParams,
+    cast, AdamStep, Backend, Capture, HalfKind, LossFn, LossStats, Matrices, RowsAt, SgdStep,
+    UpdatedParams,
 };
 use crate::error::Result;
 use rayon::prelude::*;
@@ -158,15 +159,14 @@ impl Backend for CpuBackend {
         dst[..len].copy_from_slice(&src[..len]);
     }
 
-    fn gather_rows(&self, src: &Vec<f32>, rows: &[u32], row_len: usize, dst: &mut Vec<f32>) {
-        self.upload_rows(src, rows, row_len, dst);
+    fn gather_rows(&self, src: &Vec<f32>, rows: &[u32], at: RowsAt, dst: &mut Vec<f32>) {
+        self.upload_rows(src, rows, at, dst);
     }
 
     /// Host memory is this device's memory: the rows go straight into `dst`.
-    fn upload_rows(&self, src: &[f32], rows: &[u32], row_len: usize, dst: &mut Vec<f32>) {
-        for (out, &r) in dst.chunks_exact_mut(row_len).zip(rows) {
-            let start = r as usize * row_len;
-            out.copy_from_slice(&src[start..start + row_len]);
+    fn upload_rows(&self, src: &[f32], rows: &[u32], at: RowsAt, dst: &mut Vec<f32>) {
+        for (out, &r) in dst.chunks_exact_mut(at.len).zip(rows) {
+            out.copy_from_slice(&src[at.start(r)..][..at.len]);
         }
     }
 

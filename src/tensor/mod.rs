@@ -156,6 +156,32 @@ pub struct Matrices {
     pub transposed: bool,
 }
 
+/// Where row r of a data set lies: `len` values from r·stride + offset. Samples one after
+/// another are `packed`; a text's windows of tokens overlap (stride 1, or a block apart) and
+/// their targets are the same tokens one on (offset 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowsAt {
+    pub len: usize,
+    pub stride: usize,
+    pub offset: usize,
+}
+
+impl RowsAt {
+    /// Rows of `len` values one after another.
+    pub fn packed(len: usize) -> RowsAt {
+        RowsAt {
+            len,
+            stride: len,
+            offset: 0,
+        }
+    }
+
+    /// Where row `r` starts.
+    pub fn start(&self, r: u32) -> usize {
+        r as usize * self.stride + self.offset
+    }
+}
+
 /// The ops a device implements. Buffers are flat f32 arrays; every op gets its sizes
 /// explicitly, and uses only the prefix it needs (a smaller last batch reuses the buffers).
 /// Recording ops and replaying them (CUDA graphs) is `Capture`'s part.
@@ -190,13 +216,13 @@ pub trait Backend: Capture {
     /// Sets `buf[range]` of an f32 buffer to `value`.
     fn fill_range(&self, buf: &mut Self::Buf, range: std::ops::Range<usize>, value: f32);
     fn copy(&self, src: &Self::Buf, dst: &mut Self::Buf, len: usize);
-    /// dst[i] = src[idx[i]] for rows of `row_len` values: assembles a batch from a data set
-    /// held on the device.
-    fn gather_rows(&self, src: &Self::Buf, rows: &[u32], row_len: usize, dst: &mut Self::Buf);
+    /// dst's row i = the row `rows[i]` of src (laid out as `at` says): assembles a batch from
+    /// a data set held on the device.
+    fn gather_rows(&self, src: &Self::Buf, rows: &[u32], at: RowsAt, dst: &mut Self::Buf);
     /// The same from a data set in host memory (device.data = "streamed"): a GPU gathers the
     /// rows on the host into pinned memory and copies them asynchronously, queued before the
     /// work that reads them. `src` may change once this returns.
-    fn upload_rows(&self, src: &[f32], rows: &[u32], row_len: usize, dst: &mut Self::Buf);
+    fn upload_rows(&self, src: &[f32], rows: &[u32], at: RowsAt, dst: &mut Self::Buf);
     /// Device memory not in use by anyone (None on the CPU): whether the data set fits.
     fn free_memory(&self) -> Option<usize> {
         None

@@ -240,8 +240,6 @@ struct Training<'a, B: Engine> {
     finishing: bool,
     batch_size: usize,
     train_len: usize,
-    row_len: usize,
-    target_dim: usize,
     data_finite: bool,
     /// Optimizer steps of the whole run, and of all its epochs (more, when max_steps ends
     /// it first).
@@ -318,17 +316,16 @@ impl<'a, B: Engine> Training<'a, B> {
         }
         let mut optimizer = Optimizer::new(backend, spec, param_len)?;
 
-        let (row_len, target_dim, data_finite) =
-            (data.row_len(), data.target_dim, data.all_finite());
+        let (shape, data_finite) = ((data.row_len(), data.target_dim), data.all_finite());
         let train_len = data.train.len;
         let total = total_steps(spec, train_len);
         let schedule = Schedule::new(spec.optimizer.lr, &spec.optimizer.schedule, total);
         let resident = samples::resident(backend, spec.device.data, data.bytes());
-        let train_samples = Samples::new(backend, data.train, resident)?;
+        let train_samples = Samples::new(backend, data.train, shape, resident)?;
         let eval_sets = data
             .eval
             .into_iter()
-            .map(|(name, d)| EvalSet::new(backend, name, d, resident))
+            .map(|(name, d)| EvalSet::new(backend, name, d, shape, resident))
             .collect::<Result<Vec<_>>>()?;
         // The test split waits for the end when asked to (it comes last in the data's
         // evaluation splits).
@@ -392,8 +389,6 @@ impl<'a, B: Engine> Training<'a, B> {
             finishing,
             batch_size,
             train_len,
-            row_len,
-            target_dim,
             data_finite,
             total,
             all_epochs_steps: steps_per_epoch(spec, train_len) * spec.train.epochs,
@@ -463,8 +458,6 @@ impl<'a, B: Engine> Training<'a, B> {
         let window_before = skip_nonfinite.then(|| peek_stats(backend, &mut self.train_stats));
         let batch = Batch {
             samples: &self.train_samples,
-            row_len: self.row_len,
-            target_dim: self.target_dim,
         };
         let cx = StepContext {
             backend,
@@ -926,11 +919,9 @@ fn nonfinite_state(
     }
 }
 
-/// Where the training samples are, and their row sizes.
+/// Where the training samples are.
 pub struct Batch<'a, B: Engine> {
     pub samples: &'a Samples<B>,
-    pub row_len: usize,
-    pub target_dim: usize,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -1025,7 +1016,7 @@ pub(crate) fn accumulate_gradients<'r, B: Engine>(
         if n > 0 {
             net.set_sample_offset(mine.start);
             let rows = &all_rows[mine];
-            (batch.samples).load(backend, rows, batch.row_len, batch.target_dim, net);
+            batch.samples.load(backend, rows, net);
             // Only the last micro-batch's backward pass averages (accumulation steps
             // exchange nothing).
             let sync = match &mut sync {
@@ -1118,11 +1109,17 @@ struct EvalSet<B: Engine> {
 }
 
 impl<B: Engine> EvalSet<B> {
-    fn new(backend: &B, name: &'static str, d: Dataset, resident: bool) -> Result<Self> {
+    fn new(
+        backend: &B,
+        name: &'static str,
+        d: Dataset,
+        shape: (usize, usize),
+        resident: bool,
+    ) -> Result<Self> {
         Ok(EvalSet {
             name,
             len: d.len,
-            samples: Samples::new(backend, d, resident)?,
+            samples: Samples::new(backend, d, shape, resident)?,
         })
     }
 }
@@ -1138,8 +1135,6 @@ fn evaluate<B: Engine>(
     outcome: &mut Outcome,
 ) -> Result<BTreeMap<String, f64>> {
     let mut evaluation = BTreeMap::new();
-    let row_len: usize = net.graph.input_shape.iter().product();
-    let target_dim = net.graph.objective.target_dim;
     let batch = net.max_batch();
     let mut rows: Vec<u32> = Vec::with_capacity(batch);
     for set in sets {
@@ -1147,7 +1142,7 @@ fn evaluate<B: Engine>(
             let n = batch.min(set.len - first);
             rows.clear();
             rows.extend(first as u32..(first + n) as u32);
-            set.samples.load(backend, &rows, row_len, target_dim, net);
+            set.samples.load(backend, &rows, net);
             net.forward(backend, n, false, 0);
             net.loss(backend, n, None, stats);
         }

@@ -740,13 +740,9 @@ fn follow<B: Engine>(
         .map_err(Error::Runtime)?;
     drop((params, state));
     let resident = super::samples::resident(backend, spec.device.data, data.train.bytes());
-    let (row_len, target_dim) = (data.row_len(), data.target_dim);
-    let samples = Samples::new(backend, data.train, resident)?;
-    let batch = Batch {
-        samples: &samples,
-        row_len,
-        target_dim,
-    };
+    let shape = (data.row_len(), data.target_dim);
+    let samples = Samples::new(backend, data.train, shape, resident)?;
+    let batch = Batch { samples: &samples };
     let mut stats = backend.new_stats()?;
     let place = Rank {
         rank: world.rank,

@@ -8,9 +8,19 @@ use crate::error::Result;
 use crate::graph::Network;
 use crate::ops::Engine;
 use crate::spec::DataPlacement;
+use crate::tensor::RowsAt;
 
-/// A split's samples (features and targets, row by row).
-pub enum Samples<B: Engine> {
+/// A split's samples, and where each one's inputs and targets lie in them.
+pub struct Samples<B: Engine> {
+    store: Store<B>,
+    inputs: RowsAt,
+    targets: RowsAt,
+    /// The targets are read from the features: a text's next tokens.
+    targets_in_features: bool,
+}
+
+/// Features and targets, row by row (a text's targets: empty).
+enum Store<B: Engine> {
     /// Uploaded once; a batch is a gather on the device.
     Resident { x: B::Buf, y: B::Buf },
     /// In host memory; a batch is gathered there and copied.
@@ -18,37 +28,56 @@ pub enum Samples<B: Engine> {
 }
 
 impl<B: Engine> Samples<B> {
-    pub fn new(backend: &B, set: Dataset, resident: bool) -> Result<Self> {
-        Ok(if resident {
-            Samples::Resident {
+    /// `set`'s samples of `row_len` input values and `target_dim` targets each.
+    pub fn new(
+        backend: &B,
+        set: Dataset,
+        (row_len, target_dim): (usize, usize),
+        resident: bool,
+    ) -> Result<Self> {
+        let (inputs, targets, targets_in_features) = match set.windows {
+            // Windows of tokens `stride` apart; the targets are the next tokens.
+            Some(stride) => {
+                let at = |offset| RowsAt {
+                    len: row_len,
+                    stride,
+                    offset,
+                };
+                (at(0), at(1), true)
+            }
+            None => (RowsAt::packed(row_len), RowsAt::packed(target_dim), false),
+        };
+        let store = if resident {
+            Store::Resident {
                 x: backend.upload_vec(set.features)?,
                 y: backend.upload_vec(set.targets)?,
             }
         } else {
-            Samples::Streamed {
+            Store::Streamed {
                 x: set.features,
                 y: set.targets,
             }
+        };
+        Ok(Samples {
+            store,
+            inputs,
+            targets,
+            targets_in_features,
         })
     }
 
     /// Puts the samples `rows` into the network's input and target buffers.
-    pub fn load(
-        &self,
-        backend: &B,
-        rows: &[u32],
-        row_len: usize,
-        target_dim: usize,
-        net: &mut Network<B>,
-    ) {
-        match self {
-            Samples::Resident { x, y } => {
-                backend.gather_rows(x, rows, row_len, net.input_mut());
-                backend.gather_rows(y, rows, target_dim, net.targets_mut());
+    pub fn load(&self, backend: &B, rows: &[u32], net: &mut Network<B>) {
+        match &self.store {
+            Store::Resident { x, y } => {
+                let y = if self.targets_in_features { x } else { y };
+                backend.gather_rows(x, rows, self.inputs, net.input_mut());
+                backend.gather_rows(y, rows, self.targets, net.targets_mut());
             }
-            Samples::Streamed { x, y } => {
-                backend.upload_rows(x, rows, row_len, net.input_mut());
-                backend.upload_rows(y, rows, target_dim, net.targets_mut());
+            Store::Streamed { x, y } => {
+                let y = if self.targets_in_features { x } else { y };
+                backend.upload_rows(x, rows, self.inputs, net.input_mut());
+                backend.upload_rows(y, rows, self.targets, net.targets_mut());
             }
         }
     }

@@ -15,7 +15,7 @@ use trainer::tensor::cpu::CpuBackend;
 use trainer::tensor::cuda::CudaBackend;
 use trainer::tensor::cuda::CudaBuf;
 use trainer::tensor::{
-    Activation, AdamStep, Backend, GradWrite, HalfKind, LossFn, SgdStep, UpdatedParams,
+    Activation, AdamStep, Backend, GradWrite, HalfKind, LossFn, RowsAt, SgdStep, UpdatedParams,
 };
 
 pub(crate) fn gpu() -> Option<CudaBackend> {
@@ -226,9 +226,9 @@ fn reductions_fills_gathers_and_copies_match_the_cpu() {
     let src = random_vec(100 * 13, 11);
     let rows: Vec<u32> = (0..64).map(|i| (i * 37 % 100) as u32).collect();
     let mut dst_cpu = vec![f32::NAN; 64 * 13];
-    CPU.gather_rows(&src, &rows, 13, &mut dst_cpu);
+    CPU.gather_rows(&src, &rows, RowsAt::packed(13), &mut dst_cpu);
     let mut dst_gpu = poisoned(&g, 64 * 13);
-    g.gather_rows(&up(&g, &src), &rows, 13, &mut dst_gpu);
+    g.gather_rows(&up(&g, &src), &rows, RowsAt::packed(13), &mut dst_gpu);
     assert_eq!(down(&g, &dst_gpu, 64 * 13), dst_cpu, "gather");
     // The same rows from host memory (a streamed data set), through every pinned staging
     // buffer in turn and round again, each batch queued before the previous was read back.
@@ -236,12 +236,12 @@ fn reductions_fills_gathers_and_copies_match_the_cpu() {
     for k in 0..9u32 {
         let rows: Vec<u32> = (0..64).map(|i| (i * 37 + k * 11) % 100).collect();
         let mut dst = poisoned(&g, 64 * 13);
-        g.upload_rows(&src, &rows, 13, &mut dst);
+        g.upload_rows(&src, &rows, RowsAt::packed(13), &mut dst);
         batches.push((rows, dst));
     }
     for (rows, dst) in &batches {
         let mut expected = vec![f32::NAN; 64 * 13];
-        CPU.gather_rows(&src, rows, 13, &mut expected);
+        CPU.gather_rows(&src, rows, RowsAt::packed(13), &mut expected);
         assert_eq!(down(&g, dst, 64 * 13), expected, "upload_rows");
     }
 
@@ -437,13 +437,13 @@ fn half_width_buffers_hold_what_rounded_f32_buffers_hold() {
         let data = random_vec(100 * 13, 23);
         let rows: Vec<u32> = (0..64).map(|i| (i * 37 % 100) as u32).collect();
         let mut expected = vec![0.0; 64 * 13];
-        CPU.gather_rows(&data, &rows, 13, &mut expected);
+        CPU.gather_rows(&data, &rows, RowsAt::packed(13), &mut expected);
         let expected = rounded(kind, &expected);
         let mut gathered = poisoned_half(&g, kind, 64 * 13);
-        g.gather_rows(&up(&g, &data), &rows, 13, &mut gathered);
+        g.gather_rows(&up(&g, &data), &rows, RowsAt::packed(13), &mut gathered);
         assert_bits(&down(&g, &gathered, 64 * 13), &expected, "gather into half");
         let mut streamed = poisoned_half(&g, kind, 64 * 13);
-        g.upload_rows(&data, &rows, 13, &mut streamed);
+        g.upload_rows(&data, &rows, RowsAt::packed(13), &mut streamed);
         assert_bits(
             &down(&g, &streamed, 64 * 13),
             &expected,

@@ -504,3 +504,52 @@ fn linear_over_the_last_axis_applies_per_row() {
         }
     }
 }
+
+/// Sequences with a class label at every position (a language model's next tokens).
+fn labelled_sequences() -> DataShape {
+    DataShape {
+        sample_shape: vec![3, 4],
+        classes: Some(5),
+        classes_from: None,
+        target_dim: 3,
+    }
+}
+
+const PER_POSITION_JOB: &str = r#"
+    [data]
+    source = "synthetic"
+    [model]
+    layers = [{ type = "linear", out = 8 }, { type = "gelu" }, { type = "linear", out = 5 }]
+    [optimizer]
+    type = "sgd"
+    lr = 0.1
+"#;
+
+#[test]
+fn cross_entropy_at_every_position_gradients() {
+    check_gradients(PER_POSITION_JOB, labelled_sequences());
+}
+
+/// [T, classes] logits against T labels: the loss is the mean over batch × T of each
+/// position's cross-entropy, as F.cross_entropy(logits.view(-1, C), targets.view(-1)).
+#[test]
+fn cross_entropy_at_every_position_is_the_mean_over_positions() {
+    let b = CpuBackend::new(1);
+    let mut net = network(&spec(PER_POSITION_JOB), &labelled_sequences(), N, 4);
+    net.forward(&b, N, false, 0);
+    let (logits, labels) = (
+        net.output()[..N * 15].to_vec(),
+        net.targets_mut()[..N * 3].to_vec(),
+    );
+    let mut expected = 0.0f64;
+    for (row, &label) in logits.chunks_exact(5).zip(&labels) {
+        let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
+        let total: f64 = row.iter().map(|&v| (v as f64 - max).exp()).sum();
+        expected += max + total.ln() - row[label as usize] as f64;
+    }
+    expected /= (N * 3) as f64;
+    let mut stats = b.new_stats().unwrap();
+    net.loss(&b, N, None, &mut stats);
+    let loss = stats.loss_sum / stats.samples;
+    assert!((loss - expected).abs() < 1e-6, "{loss} vs {expected}");
+}

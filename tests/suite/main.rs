@@ -25,6 +25,7 @@ mod rendezvous;
 mod results;
 mod spatial;
 mod sweep_devices;
+mod text;
 mod training;
 mod training_reference;
 mod weights;

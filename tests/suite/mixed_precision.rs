@@ -6,6 +6,7 @@ use crate::common;
 
 use common::{network_in, spec, stderr, trainer};
 use std::path::{Path, PathBuf};
+use trainer::data::Dataset;
 use trainer::graph::DataShape;
 use trainer::optim::Optimizer;
 use trainer::tensor::cast::{round_to_half, HalfKind};
@@ -77,12 +78,14 @@ fn a_step_with_an_inf_gradient_is_skipped_leaving_parameters_and_optimizer_state
     let mut optimizer = Optimizer::new(&b, &spec, net.graph.param_len).unwrap();
     let x = common::random_vec(n * 6, 4);
     let y: Vec<f32> = (0..n).map(|i| (i % 5) as f32).collect();
-    let samples = Samples::Resident { x, y };
-    let batch = Batch::<CpuBackend> {
-        samples: &samples,
-        row_len: 6,
-        target_dim: 1,
+    let set = Dataset {
+        features: x,
+        targets: y,
+        len: n,
+        ..Dataset::default()
     };
+    let samples = Samples::new(&b, set, (6, 1), true).unwrap();
+    let batch = Batch::<CpuBackend> { samples: &samples };
     let rows: Vec<u32> = (0..n as u32).collect();
     let mut stats = b.new_stats().unwrap();
     let mut micro_step = 0;

@@ -16,6 +16,8 @@ mod layernorm;
 mod linear;
 #[path = "../../src/ops/pool/tests.rs"]
 mod pool;
+#[path = "../../src/ops/position_embedding/tests.rs"]
+mod position_embedding;
 #[path = "../../src/ops/rmsnorm/tests.rs"]
 mod rmsnorm;
 #[path = "../../src/ops/softmax/tests.rs"]

@@ -494,6 +494,9 @@ fn layer_json(op: &Op, out_shape: &[usize]) -> String {
         Op::Add(_) => "[\"add\"]".into(),
         Op::Embedding(e) => format!("[\"embedding\", {}, {}]", e.vocab, e.dim),
         Op::Concat(_) => "[\"concat\"]".into(),
+        Op::PositionEmbedding(p) => {
+            format!("[\"position_embedding\", {}, {}]", p.positions, p.width)
+        }
         Op::Attention(a) => format!("[\"attention\", {}, {}]", a.shape.heads, a.shape.causal),
         Op::Softmax(s) => {
             format!("[\"{}\"]", if s.log { "log_softmax" } else { "softmax" })
@@ -536,7 +539,9 @@ const EMBEDDING_LAYERS: &str = r#"[
 /// Each image as a sequence of its 8 rows: causal attention over them, as nanoGPT's
 /// CausalSelfAttention computes it (tests/fixtures/torch_load_model.py).
 const ATTENTION_LAYERS: &str = r#"[
-  { type = "reshape", shape = [8, 8] }, { type = "linear", out = 24, name = "c_attn" },
+  { type = "reshape", shape = [8, 8] },
+  { type = "position_embedding", num_positions = 10, name = "wpe" },
+  { type = "linear", out = 24, name = "c_attn" },
   { type = "attention", heads = 2 }, { type = "linear", out = 8, name = "c_proj" },
   { type = "layernorm" }, { type = "flatten" }, { type = "linear", out = 10 },
 ]"#;

@@ -12,7 +12,7 @@ mod launch;
 
 use super::{
     cast, Activation, AdamStep, Backend, Capture, Conv2d, HalfKind, LossFn, LossStats, Matrices,
-    Pool2d, SgdStep, UpdatedParams,
+    Pool2d, RowsAt, SgdStep, UpdatedParams,
 };
 use crate::error::{Error, Result};
 use cudarc::cublas::sys::{cublasMath_t, cublasOperation_t};
@@ -1501,7 +1501,7 @@ impl Backend for CudaBackend {
         self.record("device copy", r);
     }
 
-    fn gather_rows(&self, src: &CudaBuf, rows: &[u32], row_len: usize, dst: &mut CudaBuf) {
+    fn gather_rows(&self, src: &CudaBuf, rows: &[u32], at: RowsAt, dst: &mut CudaBuf) {
         if rows.is_empty() {
             return;
         }
@@ -1524,14 +1524,11 @@ impl Backend for CudaBackend {
         if self.record("copying batch indices", r).is_none() {
             return;
         }
-        let (n_rows, row_len, ds) = (rows.len() as u64, row_len as u64, dst.storage());
+        let (n_rows, ds) = (rows.len() as u64, dst.storage());
+        let [row_len, stride, offset] = [at.len, at.stride, at.offset].map(|v| v as u64);
         let mut b = Launch::new(&self.stream, &self.f.gather_rows);
-        b.arg(&src.mem)
-            .arg(&*index)
-            .arg(&n_rows)
-            .arg(&row_len)
-            .arg(&mut dst.mem)
-            .arg(&ds);
+        b.arg(&src.mem).arg(&*index).arg(&n_rows).arg(&row_len);
+        b.arg(&stride).arg(&offset).arg(&mut dst.mem).arg(&ds);
         // SAFETY: reads src rows named by index (validated < dataset length by the loader),
         // writes n_rows·row_len elements of dst.
         self.launch("gather", unsafe {
@@ -1539,7 +1536,7 @@ impl Backend for CudaBackend {
         });
     }
 
-    fn upload_rows(&self, src: &[f32], rows: &[u32], row_len: usize, dst: &mut CudaBuf) {
+    fn upload_rows(&self, src: &[f32], rows: &[u32], at: RowsAt, dst: &mut CudaBuf) {
         if rows.is_empty() {
             return;
         }
@@ -1553,7 +1550,7 @@ impl Backend for CudaBackend {
         let Some(host) = self.record("writing a staging buffer", staged.as_mut_slice()) else {
             return;
         };
-        let batch = rows.iter().map(|&r| r as usize * row_len);
+        let (row_len, batch) = (at.len, rows.iter().map(|&r| at.start(r)));
         match dst.half {
             None => {
                 for (out, start) in host.chunks_exact_mut(row_len).zip(batch) {

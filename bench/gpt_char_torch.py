@@ -1,0 +1,82 @@
+"""The model of jobs/gpt_char.toml in PyTorch (nanoGPT's GPT with layer-norm biases, no weight
+tying), trained on random windows of the same text, for tokens/s side by side with trainer.
+
+python3 bench/gpt_char_torch.py [steps]   (2 threads, as trainer on this machine)
+"""
+
+import gzip
+import math
+import sys
+import time
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+torch.set_num_threads(2)
+torch.manual_seed(1337)
+B, T, C, H, L = 12, 64, 128, 4, 4
+text = gzip.open("jobs/data/shakespeare.txt.gz").read().decode()
+chars = sorted(set(text))
+V = len(chars)
+index = {c: i for i, c in enumerate(chars)}
+data = torch.tensor([index[c] for c in text], dtype=torch.long)
+train = data[: int(0.9 * len(data))]
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln_1, self.ln_2 = nn.LayerNorm(C), nn.LayerNorm(C)
+        self.c_attn, self.attn_proj = nn.Linear(C, 3 * C, bias=False), nn.Linear(C, C, bias=False)
+        self.c_fc, self.mlp_proj = nn.Linear(C, 4 * C, bias=False), nn.Linear(4 * C, C, bias=False)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
+        q, k, v = (z.view(b, t, H, c // H).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.attn_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x))))
+
+
+class GPT(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(V, C), nn.Embedding(T, C)
+        self.h = nn.ModuleList(Block() for _ in range(L))
+        self.ln_f, self.lm_head = nn.LayerNorm(C), nn.Linear(C, V, bias=False)
+
+    def forward(self, idx, targets):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        for block in self.h:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, V), targets.view(-1))
+
+
+model = GPT()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)
+steps = int(sys.argv[1]) if len(sys.argv) > 1 else 200
+
+
+def step():
+    ix = torch.randint(len(train) - T, (B,))
+    x = torch.stack([train[i : i + T] for i in ix])
+    y = torch.stack([train[i + 1 : i + 1 + T] for i in ix])
+    loss = model(x, y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return loss
+
+
+for _ in range(20):
+    step()
+start = time.perf_counter()
+for _ in range(steps):
+    loss = step()
+elapsed = time.perf_counter() - start
+print(f"pytorch {torch.__version__}: {steps} steps in {elapsed:.2f} s, "
+      f"{steps * B * T / elapsed:.0f} tokens/s, loss {loss.item():.4f}")
