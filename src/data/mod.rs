@@ -5,6 +5,7 @@
 pub mod preprocess;
 mod sources;
 pub mod text;
+pub mod vocabulary;
 
 pub use preprocess::Preprocess;
 pub(crate) use sources::{idx_images, read_text};

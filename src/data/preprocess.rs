@@ -3,7 +3,7 @@
 //! model.safetensors' metadata), so that `trainer eval` and `predict` apply to new data what
 //! training applied, without the training data.
 
-use super::text::Vocabulary;
+use super::vocabulary::Vocabulary;
 use crate::error::{Error, Result};
 use crate::spec::{DataSource, Normalize, Task};
 use serde::{Deserialize, Serialize};

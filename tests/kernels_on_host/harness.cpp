@@ -262,7 +262,7 @@ static void image_and_row_kernels() {
     for (uint64_t r = 0; r < n_rows; r++) picked[r] = (uint32_t)(r * 5 % rows);
     half_gives_f32_rounded("gather_rows", {0.0f}, [&](int s, Buffer&) {
         Buffer dst(s, n_rows * row_len);
-        launch(dst.n, [&] { gather_rows((const float*)data.p(), picked.data(), n_rows, row_len, dst.p(), s); });
+        launch(dst.n, [&] { gather_rows((const float*)data.p(), picked.data(), n_rows, row_len, row_len, 0, dst.p(), s); });
         return dst.values();
     });
     half_gives_f32_rounded("copy_rows", random_values(7 * 20), [&](int s, Buffer& src) {
