@@ -18,6 +18,7 @@ Examples:
   trainer sweep jobs/mlp.toml --grid optimizer.lr=1e-4,3e-4,1e-3 --devices cuda:0,cuda:1
   trainer eval runs/mlp/20261122-160622-ebbc --split val --confusion confusion.csv
   trainer predict runs/mlp/20261122-160622-ebbc inputs.csv -o predictions.csv --keep-columns id
+  trainer sample runs/gpt_char/20261128-123045-d53a --prompt \"ROMEO:\" --tokens 200 --top-k 40
   trainer ls
   trainer compare runs/mlp/sweep-1a2b3c4d --format markdown
   trainer plot runs/mlp/sweep-1a2b3c4d --metric loss,val_accuracy --x epoch -o curves.png
@@ -141,6 +142,8 @@ enum Command {
     /// the label left out or not, or IDX images), with the class and its probabilities, or the
     /// predicted values.
     Predict(commands::PredictArgs),
+    /// Write text with a run's language model: the prompt and the tokens drawn after it.
+    Sample(commands::SampleArgs),
     /// List the runs under a runs directory: keys that differ, status, final and best metrics.
     Ls {
         /// The runs directory to list (every run and sweep under it).
@@ -315,6 +318,7 @@ fn main() -> ExitCode {
         Command::Predict(args) => commands::predict(&args).and_then(|rows| {
             print_out(&format!("{}: {rows} predictions\n", args.output.display()))
         }),
+        Command::Sample(args) => commands::sample(&args).and_then(|text| print_out(&text)),
         Command::Ls { runs_dir, shown } => {
             results::list(&[runs_dir], &shown.options()).and_then(|t| print_out(&t))
         }

@@ -54,18 +54,18 @@ pub struct Evaluation {
 }
 
 /// A trained model read back from its run directory, on the CPU.
-struct Trained {
-    spec: JobSpec,
-    graph: Graph,
-    params: Vec<f32>,
-    running_stats: Vec<f32>,
-    preprocess: Preprocess,
+pub(super) struct Trained {
+    pub spec: JobSpec,
+    pub graph: Graph,
+    pub params: Vec<f32>,
+    pub running_stats: Vec<f32>,
+    pub preprocess: Preprocess,
     /// The file the weights came from.
     weights: PathBuf,
 }
 
 impl Trained {
-    fn load(run: &Path, checkpoint: Option<&Path>) -> Result<Trained> {
+    pub fn load(run: &Path, checkpoint: Option<&Path>) -> Result<Trained> {
         let config = run.join("config.toml");
         if !config.is_file() {
             return Err(Error::Job(format!(

@@ -32,6 +32,7 @@ mod check;
 mod evaluate;
 pub mod launch;
 mod memory;
+mod sample;
 mod start;
 
 pub use check::{check, devices, Checked};
@@ -39,6 +40,7 @@ pub use evaluate::{evaluate, predict, report, EvalArgs, Evaluation, PredictArgs}
 pub use memory::bytes;
 use memory::{all_replicas_memory, check_device_memory, check_host_memory, memory_plan};
 pub use memory::{Need, Place};
+pub use sample::{sample, SampleArgs};
 pub use start::job_of;
 use start::{
     final_rows, job_command, nothing_left_to_train, plan_start, resume_command,

@@ -80,10 +80,10 @@ fn bytes_read_any_file_and_bad_text_is_a_clear_error() {
     );
 }
 
-/// jobs/gpt_char.toml, shortened, trains on the bundled text: its loss falls from ln(73), and
-/// the run keeps the vocabulary.
+/// jobs/gpt_char.toml, shortened, trains on the bundled text: its loss falls from ln(73), the
+/// run keeps the vocabulary, and `trainer sample` writes with it.
 #[test]
-fn the_char_gpt_job_trains_and_saves_its_vocabulary() {
+fn the_char_gpt_job_trains_and_samples_with_its_vocabulary() {
     let tmp = tempfile::tempdir().unwrap();
     let runs = tmp.path().to_str().unwrap();
     let out = trainer(&[
@@ -116,5 +116,28 @@ fn the_char_gpt_job_trains_and_saves_its_vocabulary() {
     assert!(
         preprocess.contains("\"tokenizer\": \"char\""),
         "{preprocess}"
+    );
+
+    let run = dir.to_str().unwrap();
+    let sample = |extra: &[&str]| {
+        let mut args = vec!["sample", run, "--tokens", "40"];
+        args.extend_from_slice(extra);
+        trainer(&args)
+    };
+    let out = sample(&["--prompt", "KING", "--seed", "7", "--top-k", "10"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.starts_with("KING") && text.chars().count() >= 44,
+        "{text:?}"
+    );
+    let again = sample(&["--prompt", "KING", "--seed", "7", "--top-k", "10"]);
+    assert_eq!(stdout(&again), text, "the same seed, the same text");
+    let out = sample(&["--prompt", "KING\u{e9}"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("is not in the run's vocabulary"),
+        "{}",
+        stderr(&out)
     );
 }
