@@ -351,11 +351,11 @@ static void layernorm_kernels() {
             Buffer y(s, n), dy = buffer_of(s, dy_values), dx(s, n), saved(0, 2 * rows);
             Buffer dgamma = buffer_of(0, dgamma0), dbeta = buffer_of(0, dbeta0);
             float *sv = (float*)saved.p(), *g = (float*)gamma.p(), *b = (float*)beta.p();
-            launch_blocks(rows, THREADS, [&] { layernorm_forward(x.p(), s, y.p(), s, rows, width, g, b, sv, eps); });
+            launch_blocks(rows, THREADS, [&] { layernorm_forward(x.p(), s, y.p(), s, rows, width, g, b, 1, sv, eps); });
             launch_blocks(rows, THREADS,
                           [&] { layernorm_backward(x.p(), s, dy.p(), s, dx.p(), s, rows, width, g, sv); });
             launch(width, [&] {
-                layernorm_param_grads(x.p(), s, dy.p(), s, rows, width, sv, (float*)dgamma.p(), (float*)dbeta.p());
+                layernorm_param_grads(x.p(), s, dy.p(), s, rows, width, sv, (float*)dgamma.p(), (float*)dbeta.p(), 1);
             });
             return Outputs(joined({y.values(), dx.values()}),
                            joined({widened(saved.values()), widened(dgamma.values()), widened(dbeta.values())}));

@@ -471,7 +471,7 @@ fn layer_json(op: &Op, out_shape: &[usize]) -> String {
             p.geom.pad.0,
             p.geom.pad.1
         ),
-        Op::LayerNorm(l) => format!("[\"layernorm\", {}, {}]", l.width, l.eps),
+        Op::LayerNorm(l) => format!("[\"layernorm\", {}, {}, {}]", l.width, l.eps, l.bias),
         Op::RmsNorm(r) => format!("[\"rmsnorm\", {}, {}]", r.width, r.eps),
         Op::Linear(l) => {
             format!("[\"linear\", {}, {}, {}]", l.inp, l.out, l.bias.is_some())
@@ -543,7 +543,7 @@ const ATTENTION_LAYERS: &str = r#"[
   { type = "position_embedding", num_positions = 10, name = "wpe" },
   { type = "linear", out = 24, name = "c_attn" },
   { type = "attention", heads = 2 }, { type = "linear", out = 8, name = "c_proj" },
-  { type = "layernorm" }, { type = "flatten" }, { type = "linear", out = 10 },
+  { type = "layernorm", bias = false }, { type = "flatten" }, { type = "linear", out = 10 },
 ]"#;
 
 #[test]

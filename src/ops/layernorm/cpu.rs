@@ -10,14 +10,12 @@ impl Kernels for CpuBackend {
         y: &mut Vec<f32>,
         (rows, width): (usize, usize),
         params: &Vec<f32>,
-        gamma: usize,
+        (gamma, bias): (usize, bool),
         saved: &mut Vec<f32>,
         eps: f32,
     ) {
-        let (g, b) = (
-            &params[gamma..gamma + width],
-            &params[gamma + width..gamma + 2 * width],
-        );
+        let g = &params[gamma..gamma + width];
+        let b = bias.then(|| &params[gamma + width..gamma + 2 * width]);
         let (mean, invstd) = saved[..2 * rows].split_at_mut(rows);
         layernorm_forward(x, y, rows, width, g, b, (mean, invstd), eps);
     }
@@ -30,10 +28,12 @@ impl Kernels for CpuBackend {
         (rows, width): (usize, usize),
         params: &Vec<f32>,
         grads: &mut Vec<f32>,
-        gamma: usize,
+        (gamma, bias): (usize, bool),
         saved: &Vec<f32>,
     ) {
-        let (dgamma, dbeta) = grads[gamma..gamma + 2 * width].split_at_mut(width);
+        let len = if bias { 2 * width } else { width };
+        let (dgamma, dbeta) = grads[gamma..gamma + len].split_at_mut(width);
+        let dbeta = bias.then_some(dbeta);
         let stats = (&saved[..rows], &saved[rows..2 * rows]);
         let g = &params[gamma..gamma + width];
         layernorm_backward(
@@ -49,7 +49,7 @@ impl Kernels for CpuBackend {
     }
 }
 
-/// Layer norm over the last `width` values of each of `rows` rows, with γ and β per position.
+/// Layer norm over the last `width` values of each of `rows` rows, with γ (and β) per position.
 /// Saves each row's mean and invstd for the backward pass.
 #[allow(clippy::too_many_arguments)]
 pub fn layernorm_forward(
@@ -58,7 +58,7 @@ pub fn layernorm_forward(
     rows: usize,
     width: usize,
     gamma: &[f32],
-    beta: &[f32],
+    beta: Option<&[f32]>,
     (mean, invstd): (&mut [f32], &mut [f32]),
     eps: f32,
 ) {
@@ -69,7 +69,7 @@ pub fn layernorm_forward(
         mean[r] = mu as f32;
         invstd[r] = (1.0 / (var + eps as f64).sqrt()) as f32;
         for (j, out) in y[r * width..(r + 1) * width].iter_mut().enumerate() {
-            *out = (row[j] - mean[r]) * invstd[r] * gamma[j] + beta[j];
+            *out = (row[j] - mean[r]) * invstd[r] * gamma[j] + beta.map_or(0.0, |b| b[j]);
         }
     }
 }
@@ -83,7 +83,7 @@ pub fn layernorm_backward(
     width: usize,
     gamma: &[f32],
     (mean, invstd): (&[f32], &[f32]),
-    (dgamma, dbeta): (&mut [f32], &mut [f32]),
+    (dgamma, mut dbeta): (&mut [f32], Option<&mut [f32]>),
 ) {
     let mut dx = dx;
     for r in 0..rows {
@@ -98,7 +98,9 @@ pub fn layernorm_backward(
             sum_g += g;
             sum_g_xhat += g * xhat(j);
             dgamma[j] += dyr[j] * xhat(j) as f32;
-            dbeta[j] += dyr[j];
+            if let Some(dbeta) = dbeta.as_deref_mut() {
+                dbeta[j] += dyr[j];
+            }
         }
         if let Some(dx) = dx.as_deref_mut() {
             for j in 0..width {

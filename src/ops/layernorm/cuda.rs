@@ -10,7 +10,7 @@ impl Kernels for CudaBackend {
         y: &mut CudaBuf,
         shape: (usize, usize),
         params: &CudaBuf,
-        gamma: usize,
+        (gamma, bias): (usize, bool),
         saved: &mut CudaBuf,
         eps: f32,
     ) {
@@ -21,13 +21,15 @@ impl Kernels for CudaBackend {
         let params = &params.mem;
         let (rows, width) = shape;
         let (r64, w64) = (rows as u64, width as u64);
-        let (g, b) = (
-            params.slice(gamma..gamma + width),
-            params.slice(gamma + width..gamma + 2 * width),
-        );
+        // Without β the kernel is told so, and given γ's address to hold instead.
+        let (g, has_beta) = (params.slice(gamma..gamma + width), i32::from(bias));
+        let b = match bias {
+            true => params.slice(gamma + width..gamma + 2 * width),
+            false => params.slice(gamma..gamma + width),
+        };
         let mut l = Launch::new(self.stream(), self.kernel("layernorm_forward"));
         l.arg(&x.mem).arg(&xs).arg(&mut y.mem).arg(&ys);
-        l.arg(&r64).arg(&w64).arg(&g).arg(&b);
+        l.arg(&r64).arg(&w64).arg(&g).arg(&b).arg(&has_beta);
         l.arg(&mut saved.mem).arg(&eps);
         // SAFETY: one block per row.
         self.launch("layer norm", unsafe { l.launch(per_item(rows)) });
@@ -41,7 +43,7 @@ impl Kernels for CudaBackend {
         shape: (usize, usize),
         params: &CudaBuf,
         grads: &mut CudaBuf,
-        gamma: usize,
+        (gamma, bias): (usize, bool),
         saved: &CudaBuf,
     ) {
         if !self.all_f32("layer norm backward", &[params, grads, saved]) {
@@ -62,15 +64,14 @@ impl Kernels for CudaBackend {
             // SAFETY: one block per row writes its dx.
             self.launch("layer norm backward", unsafe { l.launch(per_item(rows)) });
         }
-        let mut both = grads.slice_mut(gamma..gamma + 2 * width);
+        // Without β, dβ is an empty view the kernel does not write.
+        let (has_beta, len) = (i32::from(bias), if bias { 2 * width } else { width });
+        let mut both = grads.slice_mut(gamma..gamma + len);
         let (mut dg, mut db) = both.split_at_mut(width);
         let mut l = Launch::new(self.stream(), self.kernel("layernorm_param_grads"));
         l.arg(&x.mem).arg(&xs).arg(&dy.mem).arg(&dys);
-        l.arg(&r64)
-            .arg(&w64)
-            .arg(&saved.mem)
-            .arg(&mut dg)
-            .arg(&mut db);
+        l.arg(&r64).arg(&w64).arg(&saved.mem);
+        l.arg(&mut dg).arg(&mut db).arg(&has_beta);
         // SAFETY: one thread per column.
         self.launch("layer norm parameter gradients", unsafe {
             l.launch(grid(width))

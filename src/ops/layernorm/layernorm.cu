@@ -1,6 +1,7 @@
 // Layer norm over rows of `width`, one block per row; saved = [mean | invstd], rows each.
 extern "C" __global__ void layernorm_forward(const void* x, int xs, void* y, int ys, u64 rows, u64 width,
-                                             const float* gamma, const float* beta, float* saved, float eps) {
+                                             const float* gamma, const float* beta, int has_beta, float* saved,
+                                             float eps) {
     u64 r = blockIdx.x;
     if (r >= rows) return;
     u64 row = r * width;
@@ -22,7 +23,7 @@ extern "C" __global__ void layernorm_forward(const void* x, int xs, void* y, int
     __syncthreads();
     float m = (float)mu, is = is_s;
     for (u64 j = threadIdx.x; j < width; j += blockDim.x)
-        store(y, ys, row + j, (load(x, xs, row + j) - m) * is * gamma[j] + beta[j]);
+        store(y, ys, row + j, (load(x, xs, row + j) - m) * is * gamma[j] + (has_beta ? beta[j] : 0.0f));
 }
 
 // dx per row (one block per row); dgamma/dbeta are column sums (layernorm_param_grads).
@@ -53,9 +54,9 @@ extern "C" __global__ void layernorm_backward(const void* x, int xs, const void*
     }
 }
 
-// dgamma[j] += sum_r dy*xhat, dbeta[j] += sum_r dy; one thread per column.
+// dgamma[j] += sum_r dy*xhat, dbeta[j] += sum_r dy (with has_beta); one thread per column.
 extern "C" __global__ void layernorm_param_grads(const void* x, int xs, const void* dy, int dys, u64 rows, u64 width,
-                                                 const float* saved, float* dgamma, float* dbeta) {
+                                                 const float* saved, float* dgamma, float* dbeta, int has_beta) {
     GRID_STRIDE(j, width) {
         float g = 0.0f, b = 0.0f;
         for (u64 r = 0; r < rows; r++) {
@@ -64,6 +65,6 @@ extern "C" __global__ void layernorm_param_grads(const void* x, int xs, const vo
             b += d;
         }
         dgamma[j] += g;
-        dbeta[j] += b;
+        if (has_beta) dbeta[j] += b;
     }
 }

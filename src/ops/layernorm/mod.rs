@@ -21,6 +21,13 @@ pub struct LayerNormSpec {
     #[serde(default = "default_norm_eps")]
     #[schemars(extend("exclusiveMinimum" = 0))]
     pub eps: f64,
+    /// A learned shift β after the scale (PyTorch's default); nanoGPT's GPT has none.
+    #[serde(default = "yes")]
+    pub bias: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 pub(super) fn default_norm_eps() -> f64 {
@@ -34,20 +41,22 @@ impl LayerNormSpec {
     }
 }
 
-/// Over rows of `width` values; γ at `gamma`, β right after it.
+/// Over rows of `width` values; γ at `gamma`, β (with `bias`) right after it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LayerNorm {
     pub width: usize,
     pub gamma: usize,
+    pub bias: bool,
     pub eps: f32,
 }
 
 pub fn build(spec: &LayerNormSpec, at: &mut Build) -> Result<(Op, Vec<usize>)> {
     let width = *at.in_shape().last().unwrap_or(&1);
-    let gamma = at.reserve(2 * width);
+    let gamma = at.reserve(if spec.bias { 2 * width } else { width });
     let op = LayerNorm {
         width,
         gamma,
+        bias: spec.bias,
         eps: spec.eps as f32,
     };
     Ok((Op::LayerNorm(op), at.in_shape().to_vec()))
@@ -55,8 +64,8 @@ pub fn build(spec: &LayerNormSpec, at: &mut Build) -> Result<(Op, Vec<usize>)> {
 
 /// The backend's side of layer norm: a CPU and a CUDA implementation, in this folder.
 pub trait Kernels: Backend {
-    /// Layer norm over rows of `width`, γ = params[gamma..], β = params[gamma + width..];
-    /// `saved` = [mean | invstd] per row.
+    /// Layer norm over rows of `width`, γ = params[gamma..], β = params[gamma + width..]
+    /// with `bias` (else none); `saved` = [mean | invstd] per row.
     #[allow(clippy::too_many_arguments)]
     fn layernorm_forward(
         &self,
@@ -64,12 +73,13 @@ pub trait Kernels: Backend {
         y: &mut Self::Buf,
         shape: (usize, usize),
         params: &Self::Buf,
-        gamma: usize,
+        at: (usize, bool),
         saved: &mut Self::Buf,
         eps: f32,
     );
 
-    /// dx (where given) from dy and the saved statistics; dγ and dβ added to `grads`.
+    /// dx (where given) from dy and the saved statistics; dγ (and dβ with `bias`) added to
+    /// `grads`.
     #[allow(clippy::too_many_arguments)]
     fn layernorm_backward(
         &self,
@@ -79,7 +89,7 @@ pub trait Kernels: Backend {
         shape: (usize, usize),
         params: &Self::Buf,
         grads: &mut Self::Buf,
-        gamma: usize,
+        at: (usize, bool),
         saved: &Self::Buf,
     );
 }
@@ -103,7 +113,9 @@ impl OpKind for LayerNorm {
         }
     }
     fn parameters(&self) -> Vec<ParamTensor> {
-        norm_parameters(self.width, self.gamma)
+        let mut tensors = norm_parameters(self.width, self.gamma);
+        tensors.truncate(if self.bias { 2 } else { 1 });
+        tensors
     }
     fn written_params(&self) -> Vec<Range<usize>> {
         Vec::new()
@@ -138,14 +150,15 @@ impl<B: Engine> Compute<B> for LayerNorm {
     fn forward(&self, f: &mut Forward<'_, B>) {
         let (backend, shape) = (f.backend, (f.out_len / self.width, self.width));
         let io = f.io();
-        backend.layernorm_forward(io.x, io.y, shape, io.params, self.gamma, io.state, self.eps);
+        let at = (self.gamma, self.bias);
+        backend.layernorm_forward(io.x, io.y, shape, io.params, at, io.state, self.eps);
     }
 
     fn backward(&self, b: &mut Backward<'_, B>) -> Dx {
         let (backend, shape) = (b.backend, (b.out_len / self.width, self.width));
         let g = b.io();
-        let (params, gamma) = (g.params, self.gamma);
-        backend.layernorm_backward(g.x, g.dy, g.dx, shape, params, g.grads, gamma, g.state);
+        let (params, at) = (g.params, (self.gamma, self.bias));
+        backend.layernorm_backward(g.x, g.dy, g.dx, shape, params, g.grads, at, g.state);
         Dx::Written { exact: false }
     }
 }

@@ -35,7 +35,7 @@ fn layernorm_matches_pytorch() {
             rows,
             width,
             &gamma,
-            &beta,
+            Some(&beta),
             (&mut mean, &mut invstd),
             eps,
         );
@@ -50,7 +50,7 @@ fn layernorm_matches_pytorch() {
             width,
             &gamma,
             (&mean, &invstd),
-            (&mut dg, &mut db),
+            (&mut dg, Some(&mut db)),
         );
         crate::spatial::assert_close(&dx, &floats(&c["dx"]), "layernorm dx");
         crate::spatial::assert_close(&dg, &floats(&c["dgamma"]), "layernorm dgamma");
@@ -61,6 +61,10 @@ fn layernorm_matches_pytorch() {
 #[test]
 fn layernorm_gradients() {
     check_gradients(&image_job(r#"{ type = "layernorm" }"#), images());
+    check_gradients(
+        &image_job(r#"{ type = "layernorm", bias = false }"#),
+        images(),
+    );
 }
 
 /// CUDA against the CPU on random inputs, with activations in f32 and in each half format.
@@ -70,8 +74,8 @@ fn layernorm_on_cuda_matches_the_cpu() {
         return;
     };
     let (g, cpu) = (&g, CpuBackend::new(2));
-    for storage in STORAGES {
-        let (tol, at) = (tolerance(storage), format!("{storage:?}"));
+    for (storage, bias) in STORAGES.into_iter().flat_map(|s| [(s, true), (s, false)]) {
+        let (tol, at) = (tolerance(storage), format!("{storage:?} bias {bias}"));
         let (rows, width) = (37, 300);
         let (x, dy) = (random_vec(rows * width, 30), random_vec(rows * width, 31));
         let (x, dy) = (stored(storage, &x), stored(storage, &dy));
@@ -82,7 +86,7 @@ fn layernorm_on_cuda_matches_the_cpu() {
             &mut y_cpu,
             (rows, width),
             &params,
-            0,
+            (0, bias),
             &mut saved_cpu,
             1e-5,
         );
@@ -91,7 +95,15 @@ fn layernorm_on_cuda_matches_the_cpu() {
             g.alloc(2 * rows).unwrap(),
             poisoned_in(g, storage, rows * width),
         );
-        g.layernorm_forward(&xg, &mut yg, (rows, width), &pg, 0, &mut saved_gpu, 1e-5);
+        g.layernorm_forward(
+            &xg,
+            &mut yg,
+            (rows, width),
+            &pg,
+            (0, bias),
+            &mut saved_gpu,
+            1e-5,
+        );
         assert_within(
             &down(g, &yg, rows * width),
             &stored(storage, &y_cpu),
@@ -106,7 +118,7 @@ fn layernorm_on_cuda_matches_the_cpu() {
             (rows, width),
             &params,
             &mut gr_cpu,
-            0,
+            (0, bias),
             &saved_cpu,
         );
         let (mut gr_gpu, mut dxg) = (
@@ -120,7 +132,7 @@ fn layernorm_on_cuda_matches_the_cpu() {
             (rows, width),
             &pg,
             &mut gr_gpu,
-            0,
+            (0, bias),
             &saved_gpu,
         );
         assert_within(
