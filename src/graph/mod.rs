@@ -127,14 +127,26 @@ impl Graph {
             let in_shapes: Vec<&[usize]> = inputs.iter().map(|&n| &node_shapes[n][..]).collect();
             let in_shape = in_shapes[0].to_vec();
             let kind = entry.layer.kind();
+            let named: Vec<(&str, &Op)> = (layers.iter())
+                .filter_map(|l: &Layer| Some((l.name.as_deref()?, &l.op)))
+                .collect();
+            let offset_before = offset;
             let mut at = Build {
                 layer: i,
                 in_shapes: &in_shapes,
                 reads_data: reads_data[inputs[0]],
                 offset: &mut offset,
+                named: &named,
             };
             let (op, out_shape) = entry.layer.build(&mut at)?;
-            let param_count = op.parameters().iter().map(|t| numel(&t.shape)).sum();
+            // Only the tensors it holds itself: a tied weight is its earlier layer's.
+            let own = |t: &&crate::ops::ParamTensor| t.offset >= offset_before;
+            let param_count = op
+                .parameters()
+                .iter()
+                .filter(own)
+                .map(|t| numel(&t.shape))
+                .sum();
             sample_values += values(&out_shape);
             let too_large = |what: String| Err(layer_error(i, kind, what));
             if sample_values > MAX_SAMPLE_VALUES {

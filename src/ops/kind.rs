@@ -134,6 +134,8 @@ pub struct Build<'a> {
     pub reads_data: bool,
     /// The flat parameter buffer's length so far.
     pub offset: &'a mut usize,
+    /// The earlier layers that have a name, with their ops (weight tying).
+    pub named: &'a [(&'a str, &'a super::Op)],
 }
 
 impl Build<'_> {
@@ -145,6 +147,14 @@ impl Build<'_> {
     /// Reserves `len` parameters at the buffer's next aligned offset.
     pub fn reserve(&mut self, len: usize) -> usize {
         reserve(self.offset, len)
+    }
+
+    /// The op of the earlier layer called `name`, if any.
+    pub fn layer_named(&self, name: &str) -> Option<&super::Op> {
+        self.named
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, op)| *op)
     }
 
     /// An error naming this layer and its kind.

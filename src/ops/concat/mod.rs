@@ -110,6 +110,7 @@ mod tests {
             in_shapes: shapes,
             reads_data: false,
             offset: &mut offset,
+            named: &[],
         };
         build(&NoSettings {}, &mut at).map(|(_, out)| out)
     }

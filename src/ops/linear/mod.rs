@@ -28,6 +28,11 @@ pub struct LinearSpec {
     pub in_features: Option<usize>,
     #[serde(default = "yes")]
     pub bias: bool,
+    /// Use this earlier embedding layer's table as the weight (weight tying, as GPT-2's
+    /// output layer shares the token embedding): its [num_embeddings, embedding_dim] must
+    /// be [out, in]. The matrix is counted once; its gradient is the sum of both uses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tied_to: Option<String>,
 }
 
 fn yes() -> bool {
@@ -63,7 +68,10 @@ pub fn build(spec: &LinearSpec, at: &mut Build) -> Result<(Op, Vec<usize>)> {
             return Err(at.error("linear", why));
         }
     }
-    let weight = at.reserve(inp * spec.out);
+    let weight = match &spec.tied_to {
+        Some(name) => tied_weight(name, (spec.out, inp), at)?,
+        None => at.reserve(inp * spec.out),
+    };
     let bias = spec.bias.then(|| at.reserve(spec.out));
     let mut out_shape = leading.clone();
     out_shape.push(spec.out);
@@ -76,6 +84,24 @@ pub fn build(spec: &LinearSpec, at: &mut Build) -> Result<(Op, Vec<usize>)> {
         bias,
     };
     Ok((Op::Linear(op), out_shape))
+}
+
+/// The offset of the table of embedding layer `name`, which must be [out, inp].
+fn tied_weight(name: &str, (out, inp): (usize, usize), at: &Build) -> Result<usize> {
+    let fail = |why: String| Err(at.error("linear", format!("tied_to = \"{name}\": {why}")));
+    let Some(op) = at.layer_named(name) else {
+        return fail("no earlier layer has that name".into());
+    };
+    let Op::Embedding(table) = op else {
+        return fail("that layer is not an embedding, whose table a weight is tied to".into());
+    };
+    if (table.vocab, table.dim) != (out, inp) {
+        return fail(format!(
+            "its table is [{}, {}], but this layer's weight is [out, in] = [{out}, {inp}]",
+            table.vocab, table.dim
+        ));
+    }
+    Ok(table.weight)
 }
 
 /// The backend's side of linear: a CPU and a CUDA implementation, in this folder.

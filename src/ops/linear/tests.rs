@@ -1,9 +1,10 @@
 //! linear's tests. The library does not compile this file: tests/suite/ops.rs does, so
 //! that its CUDA tests run on the emulated GPU with the rest.
 
-use crate::common::random_vec;
+use crate::common::{random_vec, spec};
 use crate::cuda_parity::{assert_close, down, gpu, poisoned, stale_grads, up};
-use crate::gradients::{between_linears, check_gradients, classes};
+use crate::gradients::{between_linears, check_gradients, check_gradients_on, classes};
+use trainer::graph::{DataShape, Graph};
 use trainer::ops::linear::Kernels;
 use trainer::tensor::cpu::CpuBackend;
 use trainer::tensor::{Activation, Backend, GradWrite, HalfKind};
@@ -110,4 +111,77 @@ fn linear_without_bias_gradients() {
         &between_linears(r#"{ type = "linear", out = 5, bias = false }"#),
         classes(3),
     );
+}
+
+/// A language model's output layer tied to its token embedding: one matrix, its gradient
+/// the sum of both uses, counted once.
+const TIED_JOB: &str = r#"
+    [data]
+    source = "synthetic"
+    [model]
+    layers = [
+      { type = "embedding", num_embeddings = 7, embedding_dim = 3, name = "wte" },
+      { type = "tanh" },
+      { type = "linear", out = 7, bias = false, tied_to = "wte", name = "lm_head" },
+    ]
+    [optimizer]
+    type = "sgd"
+    lr = 0.1
+"#;
+
+fn token_sequences() -> DataShape {
+    DataShape {
+        sample_shape: vec![4],
+        classes: Some(7),
+        classes_from: None,
+        target_dim: 4,
+    }
+}
+
+#[test]
+fn a_tied_weight_is_one_matrix_with_the_gradient_of_both_uses() {
+    let graph = Graph::build(&spec(TIED_JOB), &token_sequences()).unwrap();
+    assert_eq!(graph.parameter_count(), 21);
+    let names: Vec<(String, usize)> = (graph.state_dict_entries().into_iter())
+        .map(|e| (e.name, e.offset))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("wte.weight".to_string(), 0),
+            ("lm_head.weight".to_string(), 0)
+        ]
+    );
+    let ids: Vec<f32> = (0..20).map(|i| ((i * 3) % 7) as f32).collect();
+    check_gradients_on(TIED_JOB, token_sequences(), Some(&ids));
+}
+
+#[test]
+fn a_tied_weight_must_name_an_earlier_embedding_of_its_shape() {
+    let cases = [
+        (
+            "tied_to = \"wte\", out = 5",
+            "its table is [7, 3], but this layer's weight is [out, in] = [5, 3]",
+        ),
+        (
+            "tied_to = \"act\", out = 7",
+            "that layer is not an embedding",
+        ),
+        (
+            "tied_to = \"nope\", out = 7",
+            "no earlier layer has that name",
+        ),
+    ];
+    for (settings, expected) in cases {
+        let job = TIED_JOB
+            .replace("{ type = \"tanh\" }", "{ type = \"tanh\", name = \"act\" }")
+            .replace("out = 7, bias = false, tied_to = \"wte\"", settings);
+        let e = Graph::build(&spec(&job), &token_sequences())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(expected) && e.contains("model.layers[2] (linear)"),
+            "{e}"
+        );
+    }
 }
