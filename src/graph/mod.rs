@@ -14,7 +14,7 @@ pub use network::{GradientSync, Network};
 
 use crate::error::{layer_error, Error, Result};
 use crate::ops::{shape_str, values, Build, Init, Scratch, MAX_SAMPLE_VALUES};
-use crate::spec::{ActivationCheckpointing, ActivationMode, JobSpec, LossKind};
+use crate::spec::{ActivationCheckpointing, ActivationMode, InitScheme, JobSpec, LossKind};
 use crate::tensor::rng::{derive, Rng};
 use crate::tensor::LossFn;
 
@@ -69,6 +69,8 @@ pub struct Graph {
     pub objective: Objective,
     /// Activation checkpointing: the number of segments, or None for none.
     pub checkpoint_segments: Option<usize>,
+    /// How `init_params` starts the parameters.
+    pub init: InitScheme,
 }
 
 /// What the data provides that the graph is checked against.
@@ -196,6 +198,7 @@ impl Graph {
             param_len: offset,
             objective,
             checkpoint_segments,
+            init: spec.model.init,
         })
     }
 
@@ -372,14 +375,14 @@ impl Graph {
         Some(aligned)
     }
 
-    /// PyTorch's default initialisation for every parameter, from the job's seed (a stream
-    /// per layer, so adding a layer does not change the others' initial values).
+    /// The initial parameters by the model's scheme (`InitScheme`), from the job's seed (a
+    /// stream per layer, so adding a layer does not change the others' initial values).
     pub fn init_params(&self, seed: u64) -> Vec<f32> {
         let mut params = vec![0.0f32; self.param_len];
         let mut rngs: Vec<Option<Rng>> = vec![None; self.layers.len()];
         for t in self.parameter_tensors() {
             let values = &mut params[t.offset..t.offset + numel(&t.shape)];
-            match t.init {
+            match self.init_of(&t) {
                 Init::Uniform(bound) => {
                     let rng = rngs[t.layer]
                         .get_or_insert_with(|| Rng::new(derive(seed, 1000 + t.layer as u64)));
@@ -398,6 +401,27 @@ impl Graph {
             }
         }
         params
+    }
+}
+
+impl Graph {
+    /// A tensor's initialisation under the model's scheme.
+    fn init_of(&self, t: &ParameterTensor) -> Init {
+        match self.init {
+            InitScheme::Pytorch => t.init,
+            InitScheme::Gpt2 if t.shape.len() >= 2 => {
+                let layers = self.layers.iter();
+                let attention = layers.filter(|l| l.kind == "attention").count().max(1);
+                let into_residual =
+                    (self.layers[t.layer].name.as_deref()).is_some_and(|n| n.ends_with("c_proj"));
+                match into_residual {
+                    true => Init::Normal(0.02 / (2.0 * attention as f64).sqrt()),
+                    false => Init::Normal(0.02),
+                }
+            }
+            InitScheme::Gpt2 if t.name == "bias" => Init::Constant(0.0),
+            InitScheme::Gpt2 => t.init,
+        }
     }
 }
 

@@ -323,6 +323,22 @@ pub struct ModelSpec {
     /// run's model.safetensors. Names and shapes are checked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init_from: Option<PathBuf>,
+    /// How the parameters start: "pytorch" (each layer's PyTorch default) or "gpt2".
+    #[serde(default)]
+    pub init: InitScheme,
+}
+
+/// Initial parameter values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum InitScheme {
+    /// Each layer's PyTorch default (linear: kaiming-uniform; embedding: N(0, 1); ...).
+    #[default]
+    Pytorch,
+    /// GPT-2's, as nanoGPT: every matrix (linear, conv, embedding tables) N(0, 0.02), biases
+    /// 0, norm scales 1; layers whose name ends in `c_proj` (the projections into the
+    /// residual stream) N(0, 0.02/√(2·L)), L the number of attention layers.
+    Gpt2,
 }
 
 /// One layer of the model: its kind and settings, and optionally a name and its inputs.

@@ -141,3 +141,55 @@ fn the_char_gpt_job_trains_and_samples_with_its_vocabulary() {
         stderr(&out)
     );
 }
+
+/// model.init = "gpt2": matrices N(0, 0.02), the projections into the residual stream
+/// N(0, 0.02/√(2·L)), biases 0, norm scales 1 (nanoGPT's _init_weights).
+#[test]
+fn gpt2_initialisation_is_nanogpts() {
+    let job = spec(
+        r#"
+        [data]
+        source = "synthetic"
+        [model]
+        init = "gpt2"
+        layers = [
+          { type = "layernorm", name = "ln" },
+          { type = "linear", out = 384, name = "c_attn" },
+          { type = "attention", heads = 2 },
+          { type = "linear", out = 128, name = "c_proj" },
+          { type = "linear", out = 384, bias = false },
+          { type = "attention", heads = 1 },
+          { type = "linear", out = 128, name = "mlp_c_proj" },
+        ]
+        [loss]
+        type = "mse"
+        [optimizer]
+        type = "sgd"
+        lr = 0.1
+        "#,
+    );
+    let data = trainer::graph::DataShape {
+        sample_shape: vec![8, 128],
+        classes: None,
+        classes_from: None,
+        target_dim: 1024,
+    };
+    let graph = trainer::graph::Graph::build(&job, &data).unwrap();
+    let params = graph.init_params(3);
+    let tensor = |name: &str| {
+        let e = graph
+            .state_dict_entries()
+            .into_iter()
+            .find(|e| e.name == name)
+            .unwrap();
+        let len: usize = e.shape.iter().product();
+        params[e.offset..e.offset + len].to_vec()
+    };
+    let std =
+        |v: &[f32]| (v.iter().map(|&x| (x as f64).powi(2)).sum::<f64>() / v.len() as f64).sqrt();
+    assert!((std(&tensor("c_attn.weight")) - 0.02).abs() < 0.001);
+    // Two attention layers: 0.02/√4.
+    assert!((std(&tensor("c_proj.weight")) - 0.01).abs() < 0.0005);
+    assert!(tensor("c_attn.bias").iter().all(|&b| b == 0.0));
+    assert!(tensor("ln.weight").iter().all(|&g| g == 1.0));
+}
