@@ -32,13 +32,15 @@ extern "C" __global__ void clip_by_norm(float* g, u64 n, const double* sum_sq, d
 // Mixed precision: with half_s = 1 (f16) or 2 (bf16) each updated parameter is also stored,
 // rounded, into the half-width copy the products read (`Backend::sgd_step`'s `half_copy`):
 // refreshing it here saves a second pass over the parameters. half_s = 0: no copy.
+// With has_decays, decays[i] = 0 exempts parameter i from weight decay.
 extern "C" __global__ void sgd_step(float* p, const float* g, float* buf, u64 n, float momentum,
                                     float dampening, int nesterov, float weight_decay, const float* args,
-                                    void* half_copy, int half_s) {
+                                    void* half_copy, int half_s, const float* decays, int has_decays) {
     float lr = args[0];
     int first_step = args[1] != 0.0f;
     GRID_STRIDE(i, n) {
-        float d = g[i] + weight_decay * p[i];
+        float wd = has_decays && decays[i] == 0.0f ? 0.0f : weight_decay;
+        float d = g[i] + wd * p[i];
         if (momentum != 0.0f) {
             buf[i] = first_step ? d : momentum * buf[i] + (1.0f - dampening) * d;
             d = nesterov ? d + momentum * buf[i] : buf[i];
@@ -50,13 +52,15 @@ extern "C" __global__ void sgd_step(float* p, const float* g, float* buf, u64 n,
 }
 
 // args = [decay, step_size, sqrt(bias_correction2)] (AdamStep::args): decay = 1 - lr*wd for
-// AdamW (l2 = 0); decay = 1 and l2 = wd for Adam. half_copy, half_s: as sgd_step's.
+// AdamW (l2 = 0); decay = 1 and l2 = wd for Adam. half_copy, half_s, decays: as sgd_step's.
 extern "C" __global__ void adam_step(float* p, const float* g, float* m, float* v, u64 n, float beta1, float beta2,
-                                     float eps, float l2, const float* args, void* half_copy, int half_s) {
+                                     float eps, float l2, const float* args, void* half_copy, int half_s,
+                                     const float* decays, int has_decays) {
     float decay = args[0], step_size = args[1], bias_correction2_sqrt = args[2];
     GRID_STRIDE(i, n) {
-        float grad = g[i] + l2 * p[i];
-        float param = p[i] * decay;
+        int exempt = has_decays && decays[i] == 0.0f;
+        float grad = g[i] + (exempt ? 0.0f : l2) * p[i];
+        float param = p[i] * (exempt ? 1.0f : decay);
         float mi = m[i] + (grad - m[i]) * (1.0f - beta1);
         float vi = v[i] * beta2 + (1.0f - beta2) * grad * grad;
         m[i] = mi;

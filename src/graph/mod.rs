@@ -274,6 +274,15 @@ impl Graph {
             .collect()
     }
 
+    /// Where the matrices lie in the flat buffer: the tensors of two or more dimensions
+    /// (linear and conv weights, embedding tables), which nanoGPT's AdamW decays.
+    pub fn matrix_ranges(&self) -> Vec<std::ops::Range<usize>> {
+        (self.parameter_tensors().into_iter())
+            .filter(|t| t.shape.len() >= 2)
+            .map(|t| t.offset..t.offset + numel(&t.shape))
+            .collect()
+    }
+
     /// Per layer, where its parameters lie in the flat buffer (None for a layer without).
     pub fn parameter_spans(&self) -> Vec<Option<std::ops::Range<usize>>> {
         let mut spans: Vec<Option<std::ops::Range<usize>>> = vec![None; self.layers.len()];

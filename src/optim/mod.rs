@@ -8,7 +8,8 @@ pub use scaler::LossScaler;
 pub use schedule::Schedule;
 
 use crate::error::Result;
-use crate::spec::{JobSpec, OptimizerKind};
+use crate::graph::Graph;
+use crate::spec::{DecayOn, JobSpec, OptimizerKind};
 use crate::tensor::record::Recorder;
 use crate::tensor::{AdamStep, Backend, SgdStep, UpdatedParams};
 
@@ -74,6 +75,8 @@ pub struct Optimizer<B: Backend> {
     /// Records the update (with clipping and the half-precision weights) once and replays
     /// it (CUDA graphs), keyed by the clipping threshold's bits.
     updates: Recorder<B, Option<u64>>,
+    /// 1 where weight decay applies, 0 where not (`decay_only`); None: everywhere.
+    decays: Option<B::Buf>,
 }
 
 /// State buffers of the size of the parameters that a job's optimizer keeps.
@@ -108,7 +111,22 @@ impl<B: Backend> Optimizer<B> {
             names: state_names(spec),
             args: backend.alloc(STEP_ARGS)?,
             updates: Recorder::new(spec.device.cuda_graphs),
+            decays: None,
         })
+    }
+
+    /// An optimizer for `graph`'s parameters: `new`, with weight decay only on its matrices
+    /// where the job says so (`optimizer.weight_decay_on`).
+    pub fn for_graph(backend: &B, spec: &JobSpec, graph: &Graph) -> Result<Self> {
+        let mut optimizer = Self::new(backend, spec, graph.param_len)?;
+        if spec.optimizer.weight_decay_on == DecayOn::Matrices {
+            let mut decays = vec![0.0f32; graph.param_len];
+            for range in graph.matrix_ranges() {
+                decays[range].fill(1.0);
+            }
+            optimizer.decays = Some(backend.upload_vec(decays)?);
+        }
+        Ok(optimizer)
     }
 
     pub fn steps(&self) -> u64 {
@@ -180,12 +198,13 @@ impl<B: Backend> Optimizer<B> {
         match self.kind {
             OptimizerKind::Sgd => {
                 let h = self.sgd();
-                backend.sgd_step(out, grads, &mut self.state1, &h, &self.args);
+                let decays = self.decays.as_ref();
+                backend.sgd_step(out, grads, &mut self.state1, &h, &self.args, decays);
             }
             OptimizerKind::Adam | OptimizerKind::Adamw => {
                 let h = self.adam();
                 let (m, v) = (&mut self.state1, &mut self.state2);
-                backend.adam_step(out, grads, m, v, &h, &self.args);
+                backend.adam_step(out, grads, m, v, &h, &self.args, self.decays.as_ref());
             }
         }
     }

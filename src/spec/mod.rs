@@ -455,6 +455,18 @@ pub struct LossSpec {
     pub label_smoothing: f64,
 }
 
+/// Which parameters weight decay applies to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DecayOn {
+    /// Every parameter (PyTorch's one parameter group).
+    #[default]
+    All,
+    /// Tensors of two or more dimensions only: linear and conv weights, embedding tables;
+    /// not biases or norm scales (nanoGPT's configure_optimizers).
+    Matrices,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum OptimizerKind {
@@ -495,6 +507,9 @@ pub struct OptimizerSpec {
     #[serde(default = "default_eps")]
     #[schemars(extend("exclusiveMinimum" = 0))]
     pub eps: f64,
+    /// Which parameters weight decay applies to: "all" or "matrices" (nanoGPT's).
+    #[serde(default)]
+    pub weight_decay_on: DecayOn,
     #[serde(default)]
     pub schedule: ScheduleSpec,
 }

@@ -335,18 +335,22 @@ impl Backend for CpuBackend {
         momentum: &mut Vec<f32>,
         h: &SgdStep,
         args: &Vec<f32>,
+        decays: Option<&Vec<f32>>,
     ) {
         let params = out.params;
         let (lr, first_step, wd) = (args[0], args[1] != 0.0, h.weight_decay);
+        let chunk_of = |c: usize, len: usize| decays.map(|k| &k[c * CHUNK..c * CHUNK + len]);
         if h.momentum == 0.0 {
             // No momentum buffer is kept (it is empty).
             params
                 .par_chunks_mut(CHUNK)
                 .zip(grads.par_chunks(CHUNK))
-                .for_each(|(p, g)| {
+                .enumerate()
+                .for_each(|(c, (p, g))| {
+                    let decays = chunk_of(c, p.len());
                     vectorized(|| {
-                        for (p, &g) in p.iter_mut().zip(g) {
-                            *p -= lr * (g + wd * *p);
+                        for i in 0..p.len() {
+                            p[i] -= lr * (g[i] + decay_at(decays, i, wd) * p[i]);
                         }
                     })
                 });
@@ -357,12 +361,14 @@ impl Backend for CpuBackend {
             .par_chunks_mut(CHUNK)
             .zip(grads.par_chunks(CHUNK))
             .zip(momentum.par_chunks_mut(CHUNK))
-            .for_each(|((p, g), buf)| {
+            .enumerate()
+            .for_each(|(c, ((p, g), b))| {
+                let decays = chunk_of(c, p.len());
                 vectorized(|| {
-                    for ((p, &g), b) in p.iter_mut().zip(g).zip(buf.iter_mut()) {
-                        let d = g + wd * *p;
-                        *b = if first_step { d } else { mu * *b + keep * d };
-                        *p -= lr * if h.nesterov { d + mu * *b } else { *b };
+                    for i in 0..p.len() {
+                        let d = g[i] + decay_at(decays, i, wd) * p[i];
+                        b[i] = if first_step { d } else { mu * b[i] + keep * d };
+                        p[i] -= lr * if h.nesterov { d + mu * b[i] } else { b[i] };
                     }
                 })
             });
@@ -377,6 +383,7 @@ impl Backend for CpuBackend {
         exp_avg_sq: &mut Vec<f32>,
         h: &AdamStep,
         args: &Vec<f32>,
+        decays: Option<&Vec<f32>>,
     ) {
         // Branch-free so it vectorises: AdamW decays the parameters (decay < 1, no L2 term),
         // Adam adds the L2 term to the gradient (decay = 1). x·1 and g + 0·x are exact.
@@ -392,20 +399,34 @@ impl Backend for CpuBackend {
                     .par_chunks_mut(CHUNK)
                     .zip(exp_avg_sq.par_chunks_mut(CHUNK)),
             )
-            .for_each(|((p, g), (m, v))| {
+            .enumerate()
+            .for_each(|(c, ((p, g), (m, v)))| {
+                let decays = decays.map(|k| &k[c * CHUNK..c * CHUNK + p.len()]);
                 vectorized(|| {
-                    for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut())
-                    {
-                        let grad = g + l2 * *p;
-                        *p *= decay;
-                        *m += (grad - *m) * (1.0 - beta1);
-                        *v = *v * beta2 + (1.0 - beta2) * grad * grad;
-                        let denom = v.sqrt() / bias_correction2_sqrt + eps;
-                        *p -= step_size * *m / denom;
+                    for i in 0..p.len() {
+                        let (decay, l2) = match decays {
+                            Some(k) if k[i] == 0.0 => (1.0, 0.0),
+                            _ => (decay, l2),
+                        };
+                        let grad = g[i] + l2 * p[i];
+                        p[i] *= decay;
+                        m[i] += (grad - m[i]) * (1.0 - beta1);
+                        v[i] = v[i] * beta2 + (1.0 - beta2) * grad * grad;
+                        let denom = v[i].sqrt() / bias_correction2_sqrt + eps;
+                        p[i] -= step_size * m[i] / denom;
                     }
                 })
             });
         refresh_half_copy(params, out.half_copy);
+    }
+}
+
+/// The weight decay of parameter `i` of a chunk: `wd`, or 0 where `decays` says it has none.
+#[inline(always)]
+fn decay_at(decays: Option<&[f32]>, i: usize, wd: f32) -> f32 {
+    match decays {
+        Some(k) if k[i] == 0.0 => 0.0,
+        _ => wd,
     }
 }
 

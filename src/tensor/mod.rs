@@ -314,6 +314,8 @@ pub trait Backend: Capture {
     /// Nothing to do in a buffer that stores `kind` (`alloc_half`).
     fn round_to_half(&self, kind: HalfKind, buf: &mut Self::Buf, len: usize);
     /// One SGD update; `args` holds `SgdStep::args` (uploaded by the caller).
+    /// `decays`: 1 where weight decay applies and 0 where not (None: everywhere).
+    #[allow(clippy::too_many_arguments)]
     fn sgd_step(
         &self,
         out: UpdatedParams<'_, Self::Buf>,
@@ -321,8 +323,11 @@ pub trait Backend: Capture {
         momentum: &mut Self::Buf,
         h: &SgdStep,
         args: &Self::Buf,
+        decays: Option<&Self::Buf>,
     );
     /// One Adam/AdamW update; `args` holds `AdamStep::args` (uploaded by the caller).
+    /// `decays` as `sgd_step`'s.
+    #[allow(clippy::too_many_arguments)]
     fn adam_step(
         &self,
         out: UpdatedParams<'_, Self::Buf>,
@@ -331,6 +336,7 @@ pub trait Backend: Capture {
         exp_avg_sq: &mut Self::Buf,
         h: &AdamStep,
         args: &Self::Buf,
+        decays: Option<&Self::Buf>,
     );
 
     /// Data parallelism across processes, rank 0: a new id for a device-side collective

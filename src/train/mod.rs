@@ -314,7 +314,7 @@ impl<'a, B: Engine> Training<'a, B> {
         if let Some(stats) = running_stats {
             net.set_running_stats(backend, &stats)?;
         }
-        let mut optimizer = Optimizer::new(backend, spec, param_len)?;
+        let mut optimizer = Optimizer::for_graph(backend, spec, &net.graph)?;
 
         let (shape, data_finite) = ((data.row_len(), data.target_dim), data.all_finite());
         let train_len = data.train.len;

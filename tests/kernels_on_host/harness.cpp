@@ -649,7 +649,7 @@ static void optimizer_kernels() {
             Buffer p = buffer_of(0, p0), g = buffer_of(0, g0), buf = buffer_of(0, buf0), copy = buffer_of(half_s, g0);
             launch(n, [&] {
                 sgd_step((float*)p.p(), (const float*)g.p(), (float*)buf.p(), n, momentum, dampening, nesterov,
-                         weight_decay, args, half_s ? copy.p() : nullptr, half_s);
+                         weight_decay, args, half_s ? copy.p() : nullptr, half_s, nullptr, 0);
             });
             expect_half_copy("sgd_step half copy", half_s, copy, p);
             std::vector<double> want_p(n), want_buf(n);
@@ -671,7 +671,7 @@ static void optimizer_kernels() {
                    copy = buffer_of(half_s, g0);
             launch(n, [&] {
                 adam_step((float*)p.p(), (const float*)g.p(), (float*)m.p(), (float*)v.p(), n, beta1, beta2, eps,
-                          adamw ? 0.0f : wd, args, half_s ? copy.p() : nullptr, half_s);
+                          adamw ? 0.0f : wd, args, half_s ? copy.p() : nullptr, half_s, nullptr, 0);
             });
             expect_half_copy("adam_step half copy", half_s, copy, p);
             std::vector<double> want_p(n), want_m(n), want_v(n);

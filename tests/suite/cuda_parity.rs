@@ -624,9 +624,9 @@ fn optimizer_updates_match_the_cpu() {
             };
             let args = SgdStep::args(0.05, step == 0);
             let out = targets(&mut p_cpu, copy_cpu.as_mut());
-            CPU.sgd_step(out, grad, &mut m_cpu, &h, &args.to_vec());
+            CPU.sgd_step(out, grad, &mut m_cpu, &h, &args.to_vec(), None);
             let out = targets(&mut p_gpu, copy_gpu.as_mut());
-            g.sgd_step(out, &up(&g, grad), &mut m_gpu, &h, &up(&g, &args));
+            g.sgd_step(out, &up(&g, grad), &mut m_gpu, &h, &up(&g, &args), None);
         }
         let what = format!("sgd momentum={momentum} nesterov={nesterov} half copy={copy:?}");
         assert_close(&down(&g, &p_gpu, n), &p_cpu, &what);
@@ -652,10 +652,10 @@ fn optimizer_updates_match_the_cpu() {
             };
             let args = h.args(1e-3, step as u64 + 1);
             let out = targets(&mut p_cpu, copy_cpu.as_mut());
-            CPU.adam_step(out, grad, &mut m_cpu, &mut v_cpu, &h, &args.to_vec());
+            CPU.adam_step(out, grad, &mut m_cpu, &mut v_cpu, &h, &args.to_vec(), None);
             let out = targets(&mut p_gpu, copy_gpu.as_mut());
             let (grad, args) = (up(&g, grad), up(&g, &args));
-            g.adam_step(out, &grad, &mut m_gpu, &mut v_gpu, &h, &args);
+            g.adam_step(out, &grad, &mut m_gpu, &mut v_gpu, &h, &args, None);
         }
         let what = format!("adam decoupled={decoupled} half copy={copy:?}");
         assert_close(&down(&g, &p_gpu, n), &p_cpu, &format!("{what} params"));
@@ -679,6 +679,7 @@ fn optimizer_updates_match_the_cpu() {
         &mut g.alloc(0).unwrap(),
         &h,
         &args,
+        None,
     );
     let err = g.status().unwrap_err().to_string();
     assert!(err.contains("half copy"), "{err}");
@@ -1475,5 +1476,69 @@ fn activation_checkpointing_on_cuda_gives_the_same_bits() {
                 == std::fs::read(b.join("model.safetensors")).unwrap(),
             "{mode}: final weights differ"
         );
+    }
+}
+
+/// optimizer.weight_decay_on = "matrices": after one step the matrices are where an optimizer
+/// decaying everything puts them, and the biases and norm scales where one without weight
+/// decay puts them, bit for bit, on the CPU and on CUDA.
+#[test]
+fn weight_decay_on_matrices_leaves_biases_and_norm_scales_undecayed() {
+    use trainer::graph::{DataShape, Graph};
+    use trainer::optim::Optimizer;
+    let job = |kind: &str, wd: f64, on: &str| {
+        common::spec(&format!(
+            "[data]\nsource = \"synthetic\"\n[model]\nlayers = [{{ type = \"linear\", out = 6 }}, \
+             {{ type = \"layernorm\" }}, {{ type = \"linear\", out = 3 }}]\n[optimizer]\n\
+             type = \"{kind}\"\nlr = 0.1\nmomentum = {}\nweight_decay = {wd}\nweight_decay_on = \"{on}\"\n",
+            if kind == "sgd" { 0.9 } else { 0.0 }
+        ))
+    };
+    let data = DataShape {
+        sample_shape: vec![4],
+        classes: Some(3),
+        classes_from: None,
+        target_dim: 1,
+    };
+    fn one_step<B: Backend>(b: &B, spec: &trainer::spec::JobSpec, graph: &Graph) -> Vec<f32> {
+        let n = graph.param_len;
+        let mut params = b.upload_vec(random_vec(n, 1)).unwrap();
+        let grads = b.upload_vec(random_vec(n, 2)).unwrap();
+        let mut optimizer = Optimizer::for_graph(b, spec, graph).unwrap();
+        optimizer.step(b, targets(&mut params, None), &grads, 0.1);
+        let mut out = vec![0.0; n];
+        b.download(&params, &mut out);
+        out
+    }
+    let gpu = gpu();
+    for kind in ["adamw", "adam", "sgd"] {
+        let graph = Graph::build(&job(kind, 0.1, "matrices"), &data).unwrap();
+        let matrices = graph.matrix_ranges();
+        let is_matrix = |i: usize| matrices.iter().any(|r| r.contains(&i));
+        assert!(matrices.len() == 2 && (0..graph.param_len).any(|i| !is_matrix(i)));
+        let runs = |b: &dyn Fn(&trainer::spec::JobSpec) -> Vec<f32>| {
+            let spec = |wd, on| job(kind, wd, on);
+            (
+                b(&spec(0.1, "matrices")),
+                b(&spec(0.1, "all")),
+                b(&spec(0.0, "all")),
+            )
+        };
+        let cpu = CpuBackend::new(1);
+        let mut results = vec![runs(&|s| one_step(&cpu, s, &graph))];
+        if let Some(g) = &gpu {
+            results.push(runs(&|s| one_step(g, s, &graph)));
+        }
+        for (matrices_only, all, none) in results {
+            for i in 0..graph.param_len {
+                let want = if is_matrix(i) { all[i] } else { none[i] };
+                assert_eq!(
+                    matrices_only[i].to_bits(),
+                    want.to_bits(),
+                    "{kind} parameter {i}"
+                );
+            }
+            assert_ne!(all, none, "{kind}: weight decay changed nothing");
+        }
     }
 }

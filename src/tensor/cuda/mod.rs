@@ -1816,6 +1816,7 @@ impl Backend for CudaBackend {
         momentum: &mut CudaBuf,
         h: &SgdStep,
         args: &CudaBuf,
+        decays: Option<&CudaBuf>,
     ) {
         let Some((params, half_copy, half_s)) = self.update_targets("sgd step", out) else {
             return;
@@ -1841,6 +1842,9 @@ impl Backend for CudaBackend {
             .arg(args)
             .arg(&half_copy)
             .arg(&half_s);
+        // Without a mask the kernel is told so, and given `args` to hold instead.
+        let has_decays = i32::from(decays.is_some());
+        l.arg(decays.map_or(args, |k| &k.mem)).arg(&has_decays);
         // SAFETY: updates n parameters; the momentum buffer (n long when momentum != 0) is only
         // touched when momentum != 0; the half copy (n long) only when half_s != 0.
         self.launch("sgd step", unsafe { l.launch(grid(n as usize)) });
@@ -1854,6 +1858,7 @@ impl Backend for CudaBackend {
         exp_avg_sq: &mut CudaBuf,
         h: &AdamStep,
         args: &CudaBuf,
+        decays: Option<&CudaBuf>,
     ) {
         let Some((params, half_copy, half_s)) = self.update_targets("adam step", out) else {
             return;
@@ -1881,6 +1886,9 @@ impl Backend for CudaBackend {
             .arg(args)
             .arg(&half_copy)
             .arg(&half_s);
+        // Without a mask the kernel is told so, and given `args` to hold instead.
+        let has_decays = i32::from(decays.is_some());
+        l.arg(decays.map_or(args, |k| &k.mem)).arg(&has_decays);
         // SAFETY: updates n elements of each buffer (of the half copy only when half_s != 0).
         self.launch("adam step", unsafe { l.launch(grid(n as usize)) });
     }
