@@ -193,3 +193,115 @@ fn gpt2_initialisation_is_nanogpts() {
     assert!(tensor("c_attn.bias").iter().all(|&b| b == 0.0));
     assert!(tensor("ln.weight").iter().all(|&g| g == 1.0));
 }
+
+/// `init_values` of tests/fixtures/make_gpt_reference.py: tensor `index`'s stream of a
+/// 64-bit LCG, each value its top 24 bits scaled to about ±0.035, exact in f32.
+fn init_values(index: usize, n: usize) -> Vec<f32> {
+    let mut state = (index as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (0..n)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (((state >> 40) as f64 / 16_777_216.0 * 2.0 - 1.0) * 0.0346) as f32
+        })
+        .collect()
+}
+
+/// jobs/gpt_char.toml's first 50 steps give PyTorch's losses (nanoGPT's model and AdamW
+/// groups, tests/fixtures/make_gpt_reference.py) within 1e-4, from the same initial weights
+/// over the same batches.
+#[test]
+fn the_char_gpt_follows_pytorch_for_50_steps() {
+    let path = crate::common::root().join("tests/fixtures/gpt_reference.json");
+    let fixture: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let want: Vec<f64> = (fixture["losses"].as_array().unwrap().iter())
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+
+    // The initial weights, in PyTorch's order of its tensors (the output layer is tied).
+    let mut names = vec!["wte".to_string(), "wpe".to_string()];
+    for i in 0..4 {
+        for part in [
+            "ln_1",
+            "attn_c_attn",
+            "attn_c_proj",
+            "ln_2",
+            "mlp_c_fc",
+            "mlp_c_proj",
+        ] {
+            names.push(format!("h{i}_{part}"));
+        }
+    }
+    names.push("ln_f".into());
+    let shape = |name: &str| match name {
+        "wte" => vec![73, 128],
+        "wpe" => vec![64, 128],
+        n if n.contains("ln_") => vec![128],
+        n if n.ends_with("c_attn") => vec![384, 128],
+        n if n.ends_with("c_fc") => vec![512, 128],
+        n if n.ends_with("mlp_c_proj") => vec![128, 512],
+        _ => vec![128, 128],
+    };
+    let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = (names.iter().enumerate())
+        .map(|(index, name)| {
+            let shape = shape(name);
+            let n = shape.iter().product();
+            let values = match shape.len() {
+                1 => vec![1.0; n],
+                _ => init_values(index, n),
+            };
+            (format!("{name}.weight"), shape, values)
+        })
+        .collect();
+    tensors.push(("lm_head.weight".into(), vec![73, 128], tensors[0].2.clone()));
+    let tmp = tempfile::tempdir().unwrap();
+    let init = tmp.path().join("init.safetensors");
+    let views = tensors.iter().map(|(name, shape, values)| {
+        let bytes: &[u8] = bytemuck::cast_slice(values);
+        let view =
+            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes);
+        (name.as_str(), view.unwrap())
+    });
+    std::fs::write(&init, safetensors::serialize(views, None).unwrap()).unwrap();
+
+    let init_from = format!("model.init_from={:?}", init.to_str().unwrap());
+    let out = trainer(&[
+        "run",
+        "jobs/gpt_char.toml",
+        "-q",
+        "--runs-dir",
+        tmp.path().to_str().unwrap(),
+        "--set",
+        &init_from,
+        "--set",
+        "data.shuffle=false",
+        "--set",
+        "train.max_steps=50",
+        "--set",
+        "train.log_every=1",
+        "--set",
+        "optimizer.schedule.warmup_steps=10",
+        "--set",
+        "device.type=\"cpu\"",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let dir = std::path::PathBuf::from(stdout(&out).trim());
+    let metrics = std::fs::read_to_string(dir.join("metrics.csv")).unwrap();
+    let got: Vec<f64> = (metrics.lines().skip(1))
+        .filter(|l| l.contains(",train,"))
+        .map(|l| l.split(',').nth(3).unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(got.len(), want.len());
+    let mut largest = 0.0f64;
+    for (step, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            (g - w).abs() <= 1e-4 * w,
+            "step {}: trainer {g}, PyTorch {w}",
+            step + 1
+        );
+        largest = largest.max((g - w).abs() / w);
+    }
+    println!("largest relative difference over 50 steps: {largest:.1e}");
+}
