@@ -194,6 +194,13 @@ pub(super) fn problems(spec: &JobSpec) -> Vec<(String, String)> {
             out.push(("train.max_time".into(), why));
         }
     }
+    if t.eval_every_steps.is_some() && eval_metrics(spec).is_empty() {
+        out.push((
+            "train.eval_every_steps".to_string(),
+            "this job has no evaluation split: set data.val_fraction (or a test set) first"
+                .to_string(),
+        ));
+    }
     if let Some(es) = &t.early_stopping {
         let key = "train.early_stopping.metric".to_string();
         let produced = eval_metrics(spec);

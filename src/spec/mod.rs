@@ -583,6 +583,16 @@ pub struct TrainSpec {
     /// Evaluate on the validation and test splits every this many epochs (0: never).
     #[serde(default = "one")]
     pub eval_every_epochs: usize,
+    /// Also evaluate every this many optimizer steps (runs measured in steps, as a language
+    /// model's): nanoGPT's eval_interval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub eval_every_steps: Option<usize>,
+    /// An evaluation every eval_every_steps reads at most this many batches of each split
+    /// (nanoGPT's eval_iters); the evaluations after epochs and at the end read it all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub eval_steps: Option<usize>,
     /// When the test split is evaluated: "every_evaluation" (beside val) or "at_end" (once,
     /// after training, so that nothing is chosen by it).
     #[serde(default, skip_serializing_if = "EvaluateTest::is_default")]
@@ -617,6 +627,8 @@ impl Default for TrainSpec {
             clip_grad_norm: None,
             log_every: default_log_every(),
             eval_every_epochs: 1,
+            eval_every_steps: None,
+            eval_steps: None,
             evaluate_test: EvaluateTest::EveryEvaluation,
             threads: None,
             early_stopping: None,

@@ -419,6 +419,18 @@ fn validate_train(t: &TrainSpec, p: &mut Problems) {
         "train.grad_accum_steps",
         format!("{} given; must be at least 1", t.grad_accum_steps),
     );
+    for (key, value) in [
+        ("train.eval_every_steps", t.eval_every_steps),
+        ("train.eval_steps", t.eval_steps),
+    ] {
+        let v = value.unwrap_or(1);
+        p.check(v >= 1, key, format!("{v} given; must be at least 1"));
+    }
+    p.check(
+        t.eval_steps.is_none() || t.eval_every_steps.is_some(),
+        "train.eval_steps",
+        "only applies with train.eval_every_steps",
+    );
     p.check(
         t.log_every >= 1,
         "train.log_every",

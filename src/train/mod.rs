@@ -185,6 +185,14 @@ pub fn train_session<B: Engine>(
                 t.log_train_row(epoch, lr, &result, samples)?;
             }
 
+            // At the last step the final evaluation follows the loop.
+            let eval_due = (t.spec.train.eval_every_steps)
+                .is_some_and(|n| step.is_multiple_of(n as u64))
+                && (step as usize) < t.total;
+            if eval_due {
+                t.evaluate(0..t.periodic_sets, epoch, t.spec.train.eval_steps)?;
+            }
+
             let signal = t.stop_signal();
             // At the last step the final checkpoint follows (after the final evaluation).
             let due = (t.spec.checkpoint.every_steps)
@@ -619,7 +627,7 @@ impl<'a, B: Engine> Training<'a, B> {
     fn end_epoch(&mut self, epoch: usize) -> Result<EpochEnd> {
         let mut evaluation = BTreeMap::new();
         if self.evaluates_after(epoch) {
-            evaluation = self.evaluate(0..self.periodic_sets, epoch)?;
+            evaluation = self.evaluate(0..self.periodic_sets, epoch, None)?;
             if let Some(es) = self.early_stopping.as_mut() {
                 let stop = es.should_stop(&self.outcome.last_eval);
                 self.st.early_stopping = Some(es.progress().clone());
@@ -642,13 +650,19 @@ impl<'a, B: Engine> Training<'a, B> {
         Ok(EpochEnd::Continue)
     }
 
-    /// Evaluates `sets` of the evaluation splits, writing a row for each.
-    fn evaluate(&mut self, sets: Range<usize>, epoch: usize) -> Result<BTreeMap<String, f64>> {
+    /// Evaluates `sets` of the evaluation splits (at most `batches` batches of each),
+    /// writing a row for each.
+    fn evaluate(
+        &mut self,
+        sets: Range<usize>,
+        epoch: usize,
+        batches: Option<usize>,
+    ) -> Result<BTreeMap<String, f64>> {
         let elapsed_s = self.elapsed();
         evaluate(
             self.backend,
             &mut self.net,
-            &self.eval_sets[sets],
+            (&self.eval_sets[sets], batches),
             &mut self.eval_stats,
             (epoch, self.st.step, elapsed_s),
             self.metrics,
@@ -678,7 +692,7 @@ impl<'a, B: Engine> Training<'a, B> {
         let first = if early_stopped { self.periodic_sets } else { 0 };
         let sets = first..self.eval_sets.len();
         if self.spec.train.eval_every_epochs > 0 && !sets.is_empty() && !self.finishing {
-            let evaluation = self.evaluate(sets, last_epoch)?;
+            let evaluation = self.evaluate(sets, last_epoch, None)?;
             if early_stopped {
                 self.st.evaluation.extend(evaluation);
             } else {
@@ -1124,11 +1138,12 @@ impl<B: Engine> EvalSet<B> {
     }
 }
 
-/// Evaluates on `sets`, writing a row for each, at (epoch, step, elapsed seconds).
+/// Evaluates on `sets` (at most `batches` batches of each), writing a row for each, at
+/// (epoch, step, elapsed seconds).
 fn evaluate<B: Engine>(
     backend: &B,
     net: &mut Network<B>,
-    sets: &[EvalSet<B>],
+    (sets, batches): (&[EvalSet<B>], Option<usize>),
     stats: &mut B::Stats,
     (epoch, step, elapsed_s): (usize, u64, f64),
     metrics: &mut MetricsWriter,
@@ -1138,7 +1153,7 @@ fn evaluate<B: Engine>(
     let batch = net.max_batch();
     let mut rows: Vec<u32> = Vec::with_capacity(batch);
     for set in sets {
-        for first in (0..set.len).step_by(batch) {
+        for first in (0..set.len).step_by(batch).take(batches.unwrap_or(usize::MAX)) {
             let n = batch.min(set.len - first);
             rows.clear();
             rows.extend(first as u32..(first + n) as u32);

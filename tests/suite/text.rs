@@ -100,6 +100,10 @@ fn the_char_gpt_job_trains_and_samples_with_its_vocabulary() {
         "data.val_fraction=0.001",
         "--set",
         "optimizer.schedule.warmup_steps=5",
+        "--set",
+        "train.eval_every_steps=10",
+        "--set",
+        "train.eval_steps=1",
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let dir = std::path::PathBuf::from(stdout(&out).trim());
@@ -111,6 +115,12 @@ fn the_char_gpt_job_trains_and_samples_with_its_vocabulary() {
         .map(|l| l.split(',').nth(3).unwrap().parse().unwrap())
         .collect();
     assert_eq!(losses.len(), 3, "{metrics}");
+    // Evaluations every 10 steps (of one batch), and the final one after step 30.
+    let val_steps: Vec<&str> = (metrics.lines())
+        .filter(|l| l.contains(",val,"))
+        .map(|l| l.split(',').next().unwrap())
+        .collect();
+    assert_eq!(val_steps, ["10", "20", "30"], "{metrics}");
     assert!(losses[2] < 0.85 * 73f64.ln(), "{losses:?}");
     let preprocess = std::fs::read_to_string(dir.join("preprocess.json")).unwrap();
     assert!(
