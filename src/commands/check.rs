@@ -112,13 +112,21 @@ pub fn check(job: &Path, sets: &[String]) -> Result<Checked> {
         .max()
         .unwrap_or(0);
     let inputs_width = inputs.iter().map(String::len).max().unwrap_or(0);
+    // The longest type, with " *" for an in-place layer.
+    let kind_width = graph
+        .layers
+        .iter()
+        .map(|l| l.kind.len() + 2)
+        .max()
+        .unwrap_or(0)
+        .max(15);
     let row = |layer: &str, kind: &str, inputs: &str, shape: &str, params: &str| {
         let inputs = if sequential {
             String::new()
         } else {
             format!("{inputs:<inputs_width$}  ")
         };
-        format!("{layer:<name_width$}  {kind:<15} {inputs}{shape:<16} {params:>10}\n")
+        format!("{layer:<name_width$}  {kind:<kind_width$} {inputs}{shape:<16} {params:>10}\n")
     };
     out += &row("layer", "type", "inputs", "output", "params");
     out += &row("input", "", "", &format!("{:?}", graph.input_shape), "");

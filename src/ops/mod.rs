@@ -22,6 +22,7 @@ pub mod layernorm;
 pub mod linear;
 pub mod pool;
 pub mod position_embedding;
+pub mod repeat;
 pub mod rmsnorm;
 pub mod softmax;
 pub mod view;
@@ -41,6 +42,7 @@ pub use layernorm::LayerNormSpec;
 pub use linear::LinearSpec;
 pub use pool::PoolSpec;
 pub use position_embedding::PositionEmbeddingSpec;
+pub use repeat::RepeatSpec;
 pub use rmsnorm::RmsNormSpec;
 pub use view::ReshapeSpec;
 
@@ -158,6 +160,10 @@ layer_kinds! {
     "attention" => Attention(AttentionSpec) by attention::build,
     /// Adds a learned vector per position to [T, C] samples (GPT's position embedding).
     "position_embedding" => PositionEmbedding(PositionEmbeddingSpec) by position_embedding::build,
+    /// The layers of model.blocks.BLOCK, `times` copies in a row (transformer blocks). A
+    /// copy's layer `x` is named BLOCK<i>_x, and its last layer BLOCK<i> unless named;
+    /// `"block_input"` in `inputs` is the copy's input.
+    "repeat" => Repeat(RepeatSpec) by repeat::build,
 }
 
 impl LayerSpec {

@@ -65,6 +65,7 @@ pub fn load_job(path: &Path, sets: &[String]) -> Result<JobSpec> {
     resolve_paths(&mut spec, base);
     let sources = KeySources::of_tables(file, sets, file_table);
     take_the_higher_of_two_ways(&mut spec, &sources, &set_table);
+    super::blocks::expand(&mut spec.model)?;
     validate(&spec, &sources)?;
     warn_of_choosing_by_the_test_set(&spec);
     warn_of_parallel_settings_without_data_parallelism(&spec);

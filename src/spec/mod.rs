@@ -1,6 +1,7 @@
 //! What a job file may say: the serde types (which are also the JSON Schema), their defaults,
 //! the layered loading (file, environment, `--set`) and the validation that runs before any work.
 
+mod blocks;
 mod controls;
 mod env;
 mod explain;
@@ -35,6 +36,7 @@ pub const DEFAULT_BUCKET_MB: f64 = 25.0;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 /// A training job: what to train, on what data, how and where.
@@ -326,6 +328,9 @@ pub struct ModelSpec {
     /// How the parameters start: "pytorch" (each layer's PyTorch default) or "gpt2".
     #[serde(default)]
     pub init: InitScheme,
+    /// Named lists of layers that `repeat` layers write out in their place.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub blocks: BTreeMap<String, Vec<ModelLayer>>,
 }
 
 /// Initial parameter values.
@@ -1445,6 +1450,7 @@ mod tests {
               { type = "embedding", num_embeddings = 20, embedding_dim = 8 },
               { type = "attention", heads = 4, causal = false },
               { type = "position_embedding", num_positions = 64 },
+              { type = "repeat", block = "h", times = 2 },
             ]"#,
         );
         let kinds: Vec<&str> = read.iter().map(|l| l.layer.kind()).collect();

@@ -1153,7 +1153,10 @@ fn evaluate<B: Engine>(
     let batch = net.max_batch();
     let mut rows: Vec<u32> = Vec::with_capacity(batch);
     for set in sets {
-        for first in (0..set.len).step_by(batch).take(batches.unwrap_or(usize::MAX)) {
+        for first in (0..set.len)
+            .step_by(batch)
+            .take(batches.unwrap_or(usize::MAX))
+        {
             let n = batch.min(set.len - first);
             rows.clear();
             rows.extend(first as u32..(first + n) as u32);
