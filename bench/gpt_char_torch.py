@@ -1,5 +1,6 @@
-"""The model of jobs/gpt_char.toml in PyTorch (nanoGPT's GPT with layer-norm biases, no weight
-tying), trained on random windows of the same text, for tokens/s side by side with trainer.
+"""The model of jobs/gpt_char.toml in PyTorch (nanoGPT's GPT: no biases, tied embeddings, AdamW
+with decay on matrices), trained on random windows of the same text, for tokens/s side by
+side with trainer.
 
 python3 bench/gpt_char_torch.py [steps]   (2 threads, as trainer on this machine)
 """
@@ -27,7 +28,7 @@ train = data[: int(0.9 * len(data))]
 class Block(nn.Module):
     def __init__(self):
         super().__init__()
-        self.ln_1, self.ln_2 = nn.LayerNorm(C), nn.LayerNorm(C)
+        self.ln_1, self.ln_2 = nn.LayerNorm(C, bias=False), nn.LayerNorm(C, bias=False)
         self.c_attn, self.attn_proj = nn.Linear(C, 3 * C, bias=False), nn.Linear(C, C, bias=False)
         self.c_fc, self.mlp_proj = nn.Linear(C, 4 * C, bias=False), nn.Linear(4 * C, C, bias=False)
 
@@ -45,7 +46,8 @@ class GPT(nn.Module):
         super().__init__()
         self.wte, self.wpe = nn.Embedding(V, C), nn.Embedding(T, C)
         self.h = nn.ModuleList(Block() for _ in range(L))
-        self.ln_f, self.lm_head = nn.LayerNorm(C), nn.Linear(C, V, bias=False)
+        self.ln_f, self.lm_head = nn.LayerNorm(C, bias=False), nn.Linear(C, V, bias=False)
+        self.lm_head.weight = self.wte.weight
 
     def forward(self, idx, targets):
         x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
@@ -56,7 +58,12 @@ class GPT(nn.Module):
 
 
 model = GPT()
-opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)
+params = list(model.parameters())
+groups = [
+    {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+    {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+]
+opt = torch.optim.AdamW(groups, lr=1e-3, betas=(0.9, 0.99))
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else 200
 
 

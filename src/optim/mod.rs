@@ -8,10 +8,10 @@ pub use scaler::LossScaler;
 pub use schedule::Schedule;
 
 use crate::error::Result;
-use crate::graph::Graph;
 use crate::spec::{DecayOn, JobSpec, OptimizerKind};
 use crate::tensor::record::Recorder;
 use crate::tensor::{AdamStep, Backend, SgdStep, UpdatedParams};
+use std::ops::Range;
 
 /// torch.nn.utils.clip_grad_norm_: returns the global L2 norm of `grads` and, when a
 /// `max_norm` is given and exceeded, scales them by max_norm / (norm + 1e-6).
@@ -115,14 +115,19 @@ impl<B: Backend> Optimizer<B> {
         })
     }
 
-    /// An optimizer for `graph`'s parameters: `new`, with weight decay only on its matrices
-    /// where the job says so (`optimizer.weight_decay_on`).
-    pub fn for_graph(backend: &B, spec: &JobSpec, graph: &Graph) -> Result<Self> {
-        let mut optimizer = Self::new(backend, spec, graph.param_len)?;
+    /// `new` for a model whose matrices lie at `matrices` in the flat buffer: weight decay
+    /// then applies to them alone where the job says so (`optimizer.weight_decay_on`).
+    pub fn for_model(
+        backend: &B,
+        spec: &JobSpec,
+        param_len: usize,
+        matrices: &[Range<usize>],
+    ) -> Result<Self> {
+        let mut optimizer = Self::new(backend, spec, param_len)?;
         if spec.optimizer.weight_decay_on == DecayOn::Matrices {
-            let mut decays = vec![0.0f32; graph.param_len];
-            for range in graph.matrix_ranges() {
-                decays[range].fill(1.0);
+            let mut decays = vec![0.0f32; param_len];
+            for range in matrices {
+                decays[range.clone()].fill(1.0);
             }
             optimizer.decays = Some(backend.upload_vec(decays)?);
         }

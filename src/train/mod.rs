@@ -217,6 +217,16 @@ pub fn train_session<B: Engine>(
     t.finish()
 }
 
+/// The job's optimizer for `graph`'s parameters (weight decay on its matrices alone where
+/// the job says so).
+pub fn optimizer_for<B: crate::tensor::Backend>(
+    backend: &B,
+    spec: &JobSpec,
+    graph: &Graph,
+) -> Result<Optimizer<B>> {
+    Optimizer::for_model(backend, spec, graph.param_len, &graph.matrix_ranges())
+}
+
 /// Whether training goes on after an epoch's evaluation.
 #[derive(PartialEq, Eq)]
 enum EpochEnd {
@@ -322,7 +332,7 @@ impl<'a, B: Engine> Training<'a, B> {
         if let Some(stats) = running_stats {
             net.set_running_stats(backend, &stats)?;
         }
-        let mut optimizer = Optimizer::for_graph(backend, spec, &net.graph)?;
+        let mut optimizer = optimizer_for(backend, spec, &net.graph)?;
 
         let (shape, data_finite) = ((data.row_len(), data.target_dim), data.all_finite());
         let train_len = data.train.len;

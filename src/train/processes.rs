@@ -734,7 +734,7 @@ fn follow<B: Engine>(
     let rows = spec.batch_size().min(data.largest_split());
     let replica_batch = rows.div_ceil(world.world_size);
     let mut net = super::training_network(backend, graph, &params, replica_batch, spec)?;
-    let mut optimizer = Optimizer::for_graph(backend, spec, &net.graph)?;
+    let mut optimizer = super::optimizer_for(backend, spec, &net.graph)?;
     optimizer
         .restore(backend, &state, optimizer_steps, n)
         .map_err(Error::Runtime)?;

@@ -196,7 +196,7 @@ impl DataParallel<CpuBackend> for CpuReplicas {
                     net.max_batch(),
                     spec,
                 )?;
-                let mut replica_optimizer = Optimizer::for_graph(&backend, spec, &net.graph)?;
+                let mut replica_optimizer = super::optimizer_for(&backend, spec, &net.graph)?;
                 replica_optimizer
                     .restore(&backend, &state, optimizer.steps(), n)
                     .map_err(Error::Runtime)?;

@@ -494,7 +494,7 @@ fn an_unknown_layer_key_is_pointed_at_and_suggested_among_every_layer_key() {
         2,
         &[
             &format!("bad.toml:{line}:{column}: key `model.layers[1].input`"),
-            "expected one of `out`, `in`, `bias`, `name`, `inputs` (did you mean `inputs`?)",
+            "expected one of `out`, `in`, `bias`, `tied_to`, `name`, `inputs` (did you mean `inputs`?)",
         ],
     );
 }

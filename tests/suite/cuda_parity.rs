@@ -1485,7 +1485,6 @@ fn activation_checkpointing_on_cuda_gives_the_same_bits() {
 #[test]
 fn weight_decay_on_matrices_leaves_biases_and_norm_scales_undecayed() {
     use trainer::graph::{DataShape, Graph};
-    use trainer::optim::Optimizer;
     let job = |kind: &str, wd: f64, on: &str| {
         common::spec(&format!(
             "[data]\nsource = \"synthetic\"\n[model]\nlayers = [{{ type = \"linear\", out = 6 }}, \
@@ -1504,7 +1503,7 @@ fn weight_decay_on_matrices_leaves_biases_and_norm_scales_undecayed() {
         let n = graph.param_len;
         let mut params = b.upload_vec(random_vec(n, 1)).unwrap();
         let grads = b.upload_vec(random_vec(n, 2)).unwrap();
-        let mut optimizer = Optimizer::for_graph(b, spec, graph).unwrap();
+        let mut optimizer = trainer::train::optimizer_for(b, spec, graph).unwrap();
         optimizer.step(b, targets(&mut params, None), &grads, 0.1);
         let mut out = vec![0.0; n];
         b.download(&params, &mut out);
