@@ -242,7 +242,9 @@ fn model_for(job: &Path, sets: &[String], spec: &JobSpec, data: &Data) -> Result
         }
         e => e,
     })?;
-    check_token_ids(job, &graph, data, spec.data.normalize != Normalize::None)?;
+    // A text's token ids are never normalised (data.normalize does not apply to them).
+    let normalized = spec.data.normalize != Normalize::None && data.preprocess.vocabulary.is_none();
+    check_token_ids(job, &graph, data, normalized)?;
     check_batch_norm_batches(job, spec, &graph, data.train.len)?;
     Ok(graph)
 }
@@ -364,13 +366,19 @@ fn check_token_ids(job: &Path, graph: &Graph, data: &Data, normalized: bool) -> 
             .enumerate()
             .find(|(_, v)| !(v.fract() == 0.0 && (0.0..vocab as f32).contains(*v)))
         {
+            // A text's ids are one stream of tokens, the windows' and targets' alike.
+            let place = match set.windows {
+                Some(_) => format!("{}: token {i}", set.origin.features),
+                None => format!(
+                    "{}, feature {}",
+                    set.origin.place(&set.origin.features, i / row),
+                    i % row
+                ),
+            };
             return Err(Error::Job(format!(
-                "{}: model.layers[{layer}] (embedding): the {split} data holds {v} ({}, \
-                 feature {}), but token ids must be whole numbers in [0, {vocab}) \
-                 (num_embeddings{}){}",
+                "{}: model.layers[{layer}] (embedding): the {split} data holds {v} ({place}), \
+                 but token ids must be whole numbers in [0, {vocab}) (num_embeddings{}){}",
                 job.display(),
-                set.origin.place(&set.origin.features, i / row),
-                i % row,
                 if embeddings.len() > 1 {
                     ", the smallest of the embeddings'"
                 } else {

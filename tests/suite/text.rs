@@ -315,3 +315,36 @@ fn the_char_gpt_follows_pytorch_for_50_steps() {
     }
     println!("largest relative difference over 50 steps: {largest:.1e}");
 }
+
+/// An embedding smaller than the text's vocabulary: the first token past it is named by its
+/// place in the text.
+#[test]
+fn a_token_past_the_embedding_table_is_named_by_its_place_in_the_text() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("t.txt"), "abcabcabcabcd").unwrap();
+    let job = tmp.path().join("job.toml");
+    std::fs::write(
+        &job,
+        r#"
+        [data]
+        source = "text"
+        path = "t.txt"
+        block_size = 4
+        [model]
+        layers = [{ type = "embedding", num_embeddings = 3, embedding_dim = 2 },
+                  { type = "linear", out = 4 }]
+        [optimizer]
+        type = "sgd"
+        lr = 0.1
+        "#,
+    )
+    .unwrap();
+    let out = trainer(&["check", job.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let e = stderr(&out);
+    assert!(
+        e.contains("the train data holds 3 (") && e.contains("t.txt: token 12)"),
+        "{e}"
+    );
+    assert!(!e.contains("normalize"), "{e}");
+}
