@@ -389,9 +389,10 @@ impl Graph {
     pub fn init_params(&self, seed: u64) -> Vec<f32> {
         let mut params = vec![0.0f32; self.param_len];
         let mut rngs: Vec<Option<Rng>> = vec![None; self.layers.len()];
+        let projections = self.layers.iter().filter(|l| into_residual(l)).count();
         for t in self.parameter_tensors() {
             let values = &mut params[t.offset..t.offset + numel(&t.shape)];
-            match self.init_of(&t) {
+            match self.init_of(&t, projections) {
                 Init::Uniform(bound) => {
                     let rng = rngs[t.layer]
                         .get_or_insert_with(|| Rng::new(derive(seed, 1000 + t.layer as u64)));
@@ -414,24 +415,25 @@ impl Graph {
 }
 
 impl Graph {
-    /// A tensor's initialisation under the model's scheme.
-    fn init_of(&self, t: &ParameterTensor) -> Init {
+    /// A tensor's initialisation under the model's scheme, with `projections` layers that
+    /// project into the residual stream.
+    fn init_of(&self, t: &ParameterTensor, projections: usize) -> Init {
         match self.init {
             InitScheme::Pytorch => t.init,
-            InitScheme::Gpt2 if t.shape.len() >= 2 => {
-                let layers = self.layers.iter();
-                let attention = layers.filter(|l| l.kind == "attention").count().max(1);
-                let into_residual =
-                    (self.layers[t.layer].name.as_deref()).is_some_and(|n| n.ends_with("c_proj"));
-                match into_residual {
-                    true => Init::Normal(0.02 / (2.0 * attention as f64).sqrt()),
-                    false => Init::Normal(0.02),
-                }
-            }
+            InitScheme::Gpt2 if t.shape.len() >= 2 => match into_residual(&self.layers[t.layer]) {
+                true => Init::Normal(0.02 / (projections as f64).sqrt()),
+                false => Init::Normal(0.02),
+            },
             InitScheme::Gpt2 if t.name == "bias" => Init::Constant(0.0),
             InitScheme::Gpt2 => t.init,
         }
     }
+}
+
+/// Whether GPT-2's initialisation scales the layer down: its name ends in `c_proj`, as
+/// nanoGPT's attention and MLP output projections.
+fn into_residual(layer: &Layer) -> bool {
+    layer.name.as_deref().is_some_and(|n| n.ends_with("c_proj"))
 }
 
 #[derive(Debug, Clone)]

@@ -342,7 +342,7 @@ pub enum InitScheme {
     Pytorch,
     /// GPT-2's, as nanoGPT: every matrix (linear, conv, embedding tables) N(0, 0.02), biases
     /// 0, norm scales 1; layers whose name ends in `c_proj` (the projections into the
-    /// residual stream) N(0, 0.02/√(2·L)), L the number of attention layers.
+    /// residual stream) N(0, 0.02/√P), P the number of such layers (2 per GPT block).
     Gpt2,
 }
 

@@ -1,7 +1,7 @@
 //! position_embedding on the CPU.
 
 use super::Kernels;
-use crate::tensor::cpu::CpuBackend;
+use crate::tensor::cpu::{map1, CpuBackend};
 use rayon::prelude::*;
 
 impl Kernels for CpuBackend {
@@ -34,15 +34,11 @@ impl Kernels for CpuBackend {
         len: usize,
     ) {
         // Each value's sum over the samples, in sample order (as the CUDA kernel).
-        grads[w..w + len]
-            .par_chunks_mut(4096)
-            .enumerate()
-            .for_each(|(c, g)| {
-                let first = c * 4096;
-                for (j, g) in g.iter_mut().enumerate() {
-                    let sum: f32 = (0..n).map(|b| dy[b * len + first + j]).sum();
-                    *g += sum;
-                }
-            });
+        map1(&mut grads[w..w + len], |g, first| {
+            for (j, g) in g.iter_mut().enumerate() {
+                let sum: f32 = (0..n).map(|b| dy[b * len + first + j]).sum();
+                *g += sum;
+            }
+        });
     }
 }
