@@ -12,6 +12,7 @@ pub mod geometry;
 pub mod matmul;
 pub mod record;
 pub mod rng;
+pub mod vector_math;
 
 use crate::error::Result;
 pub use cast::HalfKind;

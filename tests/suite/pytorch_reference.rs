@@ -5,7 +5,7 @@
 use crate::common;
 
 use serde_json::Value;
-use trainer::ops::activation::cpu::{activation, activation_derivative};
+use trainer::ops::activation::Kernels;
 use trainer::optim::{clip_grad_norm, Optimizer, Schedule};
 use trainer::spec::ScheduleSpec;
 use trainer::tensor::cpu::CpuBackend;
@@ -151,12 +151,10 @@ fn activations_and_derivatives_match_pytorch() {
             other => panic!("unknown activation {other}"),
         };
         let x = floats(&case["x"]);
-        let y: Vec<f32> = x.iter().map(|&v| activation(f, v)).collect();
-        let d: Vec<f32> = x
-            .iter()
-            .zip(&y)
-            .map(|(&v, &y)| activation_derivative(f, v, y))
-            .collect();
+        let (len, cpu) = (x.len(), CpuBackend::new(1));
+        let (mut y, mut d) = (vec![0.0; len], vec![0.0; len]);
+        cpu.activation_forward(f, &x, &mut y, len);
+        cpu.activation_backward(f, &x, &y, &vec![1.0; len], &mut d, len);
         assert_close(&y, &floats(&case["y"]), 2e-6, 1e-7, &format!("{f:?}"));
         assert_close(
             &d,

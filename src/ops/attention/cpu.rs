@@ -1,8 +1,10 @@
-//! attention on the CPU: one sample per task, its heads in turn, each row's scores, softmax
-//! and weighted sum in one pass (nothing masked is computed).
+//! attention on the CPU: one sample per task, its heads in turn, each head a few
+//! single-threaded matrix products around a row softmax.
 
 use super::Kernels;
 use crate::tensor::cpu::{vectorized, CpuBackend};
+use crate::tensor::matmul::matmul_into_rows;
+use crate::tensor::vector_math::exp;
 use crate::tensor::Attention as Shape;
 use rayon::prelude::*;
 
@@ -41,7 +43,7 @@ impl Kernels for CpuBackend {
         let (t, c) = (shape.len, shape.width());
         dqkv[..n * t * 3 * c]
             .par_chunks_mut(t * 3 * c)
-            .zip(workspace[..n * t].par_chunks_mut(t))
+            .zip(workspace[..n * t * t].par_chunks_mut(t * t))
             .zip(qkv[..n * t * 3 * c].par_chunks(t * 3 * c))
             .zip(probs[..n * shape.probs_len()].par_chunks(shape.probs_len()))
             .zip(dy[..n * t * c].par_chunks(t * c))
@@ -51,54 +53,61 @@ impl Kernels for CpuBackend {
     }
 }
 
-/// Workspace values for `max_batch` samples: one row of score gradients each.
+/// Workspace values for `max_batch` samples: one head's score gradients [T, T] each.
 pub fn workspace_len(shape: &Shape, max_batch: usize) -> usize {
-    max_batch * shape.len
+    max_batch * shape.len * shape.len
 }
 
-/// Where head `h`'s query, key and value of position `i` start in a [T, 3·C] sample.
-fn at(shape: &Shape, i: usize, part: usize, h: usize) -> usize {
-    let c = shape.width();
-    i * 3 * c + part * c + h * shape.head_dim
+/// Where head `h`'s queries (part 0), keys (1) or values (2) start in a [T, 3·C] sample;
+/// their rows lie 3·C apart.
+fn part(shape: &Shape, part: usize, h: usize) -> usize {
+    part * shape.width() + h * shape.head_dim
 }
 
 const Q: usize = 0;
 const K: usize = 1;
 const V: usize = 2;
 
-/// One sample: x [T, 3·C] → y [T, C], probabilities p [heads, T, T].
+/// One sample: x [T, 3·C] → y [T, C], probabilities p [heads, T, T]. Each head is two
+/// matrix products, S = Q·Kᵀ and Y = P·V, around a row softmax. The products also cover
+/// the masked half (its probabilities are 0): at these sizes a whole product runs faster
+/// than half of one by hand.
 pub fn forward_sample(x: &[f32], y: &mut [f32], p: &mut [f32], shape: &Shape) {
     let (t, c, d) = (shape.len, shape.width(), shape.head_dim);
-    let scale = shape.scale();
+    let xs = 3 * c;
     for h in 0..shape.heads {
+        let p = &mut p[h * t * t..][..t * t];
+        let (q, k, v) = (part(shape, Q, h), part(shape, K, h), part(shape, V, h));
+        matmul_into_rows(p, t, false, &x[q..], (xs, 1), &x[k..], (1, xs), (t, t, d));
         for i in 0..t {
-            let row = &mut p[(h * t + i) * t..][..t];
-            let last = shape.attended(i);
-            let q = &x[at(shape, i, Q, h)..][..d];
-            let mut max = f32::NEG_INFINITY;
-            for (j, s) in row[..last].iter_mut().enumerate() {
-                *s = dot(q, &x[at(shape, j, K, h)..][..d]) * scale;
-                max = max.max(*s);
-            }
-            let mut total = 0.0f64;
-            for s in &mut row[..last] {
-                *s = (*s - max).exp();
-                total += *s as f64;
-            }
-            let inv = (1.0 / total) as f32;
-            row[..last].iter_mut().for_each(|s| *s *= inv);
-            row[last..].fill(0.0);
-            let out = &mut y[i * c + h * d..][..d];
-            out.fill(0.0);
-            for (j, &pj) in row[..last].iter().enumerate() {
-                axpy(pj, &x[at(shape, j, V, h)..][..d], out);
-            }
+            softmax_row(&mut p[i * t..][..t], shape.attended(i), shape.scale());
         }
+        matmul_into_rows(
+            &mut y[h * d..],
+            c,
+            false,
+            p,
+            (t, 1),
+            &x[v..],
+            (xs, 1),
+            (t, d, t),
+        );
     }
 }
 
-/// One sample's input gradient dx [T, 3·C] from dy [T, C]; `ds` holds one row of score
-/// gradients.
+/// row = softmax(row[..last]·scale), 0 past `last`.
+fn softmax_row(row: &mut [f32], last: usize, scale: f32) {
+    let (row, masked) = row.split_at_mut(last);
+    masked.fill(0.0);
+    let max = row.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s)) * scale;
+    zip_map(row, |s| exp(s * scale - max));
+    let inv = 1.0 / sum(row);
+    zip_map(row, |s| s * inv);
+}
+
+/// One sample's input gradient dx [T, 3·C] from dy [T, C]; `ds` holds one head's score
+/// gradients [T, T]. Per head: dV = Pᵀ·dY, dP = dY·Vᵀ, dS = P∘(dP − rowsum(P∘dP))/√d,
+/// dQ = dS·K, dK = dSᵀ·Q.
 pub fn backward_sample(
     x: &[f32],
     p: &[f32],
@@ -108,36 +117,65 @@ pub fn backward_sample(
     shape: &Shape,
 ) {
     let (t, c, d) = (shape.len, shape.width(), shape.head_dim);
-    let scale = shape.scale();
-    dx.fill(0.0);
+    let (xs, scale) = (3 * c, shape.scale());
     for h in 0..shape.heads {
+        let p = &p[h * t * t..][..t * t];
+        let (q, k, v) = (part(shape, Q, h), part(shape, K, h), part(shape, V, h));
+        let dyh = &dy[h * d..];
+        matmul_into_rows(&mut dx[v..], xs, false, p, (1, t), dyh, (c, 1), (t, d, t));
+        matmul_into_rows(ds, t, false, dyh, (c, 1), &x[v..], (1, xs), (t, t, d));
         for i in 0..t {
             let last = shape.attended(i);
-            let row = &p[(h * t + i) * t..][..last];
-            let dyi = &dy[i * c + h * d..][..d];
-            // dv_j += p_ij·dy_i; dp_ij = dy_i·v_j.
-            let mut total = 0.0f64;
-            for (j, &pj) in row.iter().enumerate() {
-                let dp = dot(dyi, &x[at(shape, j, V, h)..][..d]);
-                ds[j] = dp;
-                total += (dp * pj) as f64;
-                axpy(pj, dyi, &mut dx[at(shape, j, V, h)..][..d]);
-            }
-            // Through the softmax and the scale: ds_ij = p_ij·(dp_ij − Σ_j p_ij·dp_ij)/√d.
-            let total = total as f32;
-            for (s, &pj) in ds[..last].iter_mut().zip(row) {
-                *s = pj * (*s - total) * scale;
-            }
-            // dq_i += Σ_j ds_ij·k_j; dk_j += ds_ij·q_i.
-            for (j, &s) in ds[..last].iter().enumerate() {
-                let (qi, kj) = (at(shape, i, Q, h), at(shape, j, K, h));
-                axpy(s, &x[kj..][..d], &mut dx[qi..][..d]);
-                axpy(s, &x[qi..][..d], &mut dx[kj..][..d]);
-            }
+            let (dp, p) = (&mut ds[i * t..][..t], &p[i * t..][..last]);
+            let total = dot(&dp[..last], p);
+            vectorized(|| {
+                for (s, &pj) in dp[..last].iter_mut().zip(p) {
+                    *s = pj * (*s - total) * scale;
+                }
+            });
+            dp[last..].fill(0.0);
         }
+        matmul_into_rows(
+            &mut dx[q..],
+            xs,
+            false,
+            ds,
+            (t, 1),
+            &x[k..],
+            (xs, 1),
+            (t, d, t),
+        );
+        matmul_into_rows(
+            &mut dx[k..],
+            xs,
+            false,
+            ds,
+            (1, t),
+            &x[q..],
+            (xs, 1),
+            (t, d, t),
+        );
     }
 }
 
+fn zip_map(row: &mut [f32], f: impl Fn(f32) -> f32) {
+    for s in row {
+        *s = f(*s);
+    }
+}
+
+/// The sum, in eight lanes (which vectorise) and then across them.
+fn sum(a: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let a8 = a.chunks_exact(8);
+    let tail: f32 = a8.remainder().iter().sum();
+    for x in a8 {
+        for l in 0..8 {
+            lanes[l] += x[l];
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
 /// a·b, summed in eight lanes (which vectorise) and then across them.
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut lanes = [0.0f32; 8];
@@ -151,11 +189,4 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
         }
     }
     lanes.iter().sum::<f32>() + tail
-}
-
-/// y += a·x.
-fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
-    for (y, &x) in y.iter_mut().zip(x) {
-        *y += a * x;
-    }
 }
