@@ -2,7 +2,7 @@
 //! their derivatives in f32 as PyTorch computes them.
 
 use super::Kernels;
-use crate::tensor::cpu::{map1, map2, CpuBackend};
+use crate::tensor::cpu::{map1, map2, simd_fn, CpuBackend};
 use crate::tensor::vector_math::{erfc, exp};
 use crate::tensor::{Activation, Backend, HalfKind};
 
@@ -105,37 +105,13 @@ fn chain(dx: &mut [f32], dy: &[f32], at: &[f32], derivative: impl Fn(f32) -> f32
     });
 }
 
-/// out = f(a, b) elementwise, in a loop compiled for AVX-512 or AVX2 where the CPU has it.
-/// `f` is inlined into that loop, so it vectorises 16 or 8 wide (map2's own AVX2 closure does not always
-/// inline a closure this size).
-#[inline(always)]
-fn zip_with(out: &mut [f32], a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32 + Copy) {
-    #[inline(always)]
-    fn each(out: &mut [f32], a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) {
+simd_fn! {
+    /// out = f(a, b) elementwise, `f` inlined into a loop of each width.
+    fn zip_with(out: &mut [f32], a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32 + Copy) {
         for ((o, &a), &b) in out.iter_mut().zip(a).zip(b) {
             *o = f(a, b);
         }
     }
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx2")]
-        unsafe fn each_avx2(out: &mut [f32], a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) {
-            each(out, a, b, f)
-        }
-        #[target_feature(enable = "avx512f")]
-        unsafe fn each_avx512(out: &mut [f32], a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) {
-            each(out, a, b, f)
-        }
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU supports AVX-512F, checked just above.
-            return unsafe { each_avx512(out, a, b, f) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2, checked just above.
-            return unsafe { each_avx2(out, a, b, f) };
-        }
-    }
-    each(out, a, b, f)
 }
 
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;

@@ -1,7 +1,8 @@
-//! layer norm on the CPU: one row at a time, statistics in f64.
+//! layer norm on the CPU: bands of rows in parallel, each row's statistics in f64.
 
 use super::Kernels;
 use crate::tensor::cpu::CpuBackend;
+use rayon::prelude::*;
 
 impl Kernels for CpuBackend {
     fn layernorm_forward(
@@ -49,8 +50,13 @@ impl Kernels for CpuBackend {
     }
 }
 
+/// Rows per parallel task: at least 16k values, so a task outweighs its scheduling.
+fn band(width: usize) -> usize {
+    (16_384 / width.max(1)).max(1)
+}
+
 /// Layer norm over the last `width` values of each of `rows` rows, with γ (and β) per position.
-/// Saves each row's mean and invstd for the backward pass.
+/// Saves each row's mean and invstd for the backward pass. Bands of rows run in parallel.
 #[allow(clippy::too_many_arguments)]
 pub fn layernorm_forward(
     x: &[f32],
@@ -62,18 +68,28 @@ pub fn layernorm_forward(
     (mean, invstd): (&mut [f32], &mut [f32]),
     eps: f32,
 ) {
-    for r in 0..rows {
-        let row = &x[r * width..(r + 1) * width];
-        let mu = row.iter().map(|&v| v as f64).sum::<f64>() / width as f64;
-        let var = row.iter().map(|&v| (v as f64 - mu).powi(2)).sum::<f64>() / width as f64;
-        mean[r] = mu as f32;
-        invstd[r] = (1.0 / (var + eps as f64).sqrt()) as f32;
-        for (j, out) in y[r * width..(r + 1) * width].iter_mut().enumerate() {
-            *out = (row[j] - mean[r]) * invstd[r] * gamma[j] + beta.map_or(0.0, |b| b[j]);
-        }
-    }
+    let band = band(width);
+    (y[..rows * width].par_chunks_mut(band * width))
+        .zip(mean[..rows].par_chunks_mut(band))
+        .zip(invstd[..rows].par_chunks_mut(band))
+        .enumerate()
+        .for_each(|(i, ((y, mean), invstd))| {
+            let x = &x[i * band * width..];
+            for (r, y) in y.chunks_mut(width).enumerate() {
+                let row = &x[r * width..(r + 1) * width];
+                let mu = row.iter().map(|&v| v as f64).sum::<f64>() / width as f64;
+                let var = row.iter().map(|&v| (v as f64 - mu).powi(2)).sum::<f64>() / width as f64;
+                mean[r] = mu as f32;
+                invstd[r] = (1.0 / (var + eps as f64).sqrt()) as f32;
+                for (j, out) in y.iter_mut().enumerate() {
+                    *out = (row[j] - mean[r]) * invstd[r] * gamma[j] + beta.map_or(0.0, |b| b[j]);
+                }
+            }
+        });
 }
 
+/// dx by bands of rows, then dγ (and dβ) by bands of columns, each summed over the rows in
+/// order: the same sums as one thread, no per-thread partials to allocate.
 #[allow(clippy::too_many_arguments)]
 pub fn layernorm_backward(
     x: &[f32],
@@ -83,32 +99,55 @@ pub fn layernorm_backward(
     width: usize,
     gamma: &[f32],
     (mean, invstd): (&[f32], &[f32]),
-    (dgamma, mut dbeta): (&mut [f32], Option<&mut [f32]>),
+    (dgamma, dbeta): (&mut [f32], Option<&mut [f32]>),
 ) {
-    let mut dx = dx;
-    for r in 0..rows {
-        let (xr, dyr) = (
-            &x[r * width..(r + 1) * width],
-            &dy[r * width..(r + 1) * width],
-        );
-        let xhat = |j: usize| ((xr[j] - mean[r]) * invstd[r]) as f64;
-        let (mut sum_g, mut sum_g_xhat) = (0.0f64, 0.0f64);
-        for j in 0..width {
-            let g = dyr[j] as f64 * gamma[j] as f64;
-            sum_g += g;
-            sum_g_xhat += g * xhat(j);
-            dgamma[j] += dyr[j] * xhat(j) as f32;
-            if let Some(dbeta) = dbeta.as_deref_mut() {
-                dbeta[j] += dyr[j];
+    let xhat = |r: usize, j: usize| ((x[r * width + j] - mean[r]) * invstd[r]) as f64;
+    if let Some(dx) = dx {
+        let band = band(width);
+        (dx[..rows * width].par_chunks_mut(band * width))
+            .enumerate()
+            .for_each(|(i, dx)| {
+                for (k, dx) in dx.chunks_mut(width).enumerate() {
+                    let r = i * band + k;
+                    let dyr = &dy[r * width..(r + 1) * width];
+                    let (mut sum_g, mut sum_g_xhat) = (0.0f64, 0.0f64);
+                    for j in 0..width {
+                        let g = dyr[j] as f64 * gamma[j] as f64;
+                        sum_g += g;
+                        sum_g_xhat += g * xhat(r, j);
+                    }
+                    let w = width as f64;
+                    for j in 0..width {
+                        let g = dyr[j] as f64 * gamma[j] as f64;
+                        dx[j] = (invstd[r] as f64 * (g - sum_g / w - xhat(r, j) * sum_g_xhat / w))
+                            as f32;
+                    }
+                }
+            });
+    }
+    let columns = width.div_ceil(rayon::current_num_threads()).max(8);
+    let dgamma = &mut dgamma[..width];
+    let add_columns = |first: usize, dgamma: &mut [f32], dbeta: Option<&mut [f32]>| {
+        for r in 0..rows {
+            let dyr = &dy[r * width + first..][..dgamma.len()];
+            for (j, (dg, &d)) in dgamma.iter_mut().zip(dyr).enumerate() {
+                *dg += d * xhat(r, first + j) as f32;
             }
         }
-        if let Some(dx) = dx.as_deref_mut() {
-            for j in 0..width {
-                let g = dyr[j] as f64 * gamma[j] as f64;
-                let w = width as f64;
-                dx[r * width + j] =
-                    (invstd[r] as f64 * (g - sum_g / w - xhat(j) * sum_g_xhat / w)) as f32;
+        if let Some(dbeta) = dbeta {
+            for r in 0..rows {
+                let dyr = &dy[r * width + first..][..dbeta.len()];
+                dbeta.iter_mut().zip(dyr).for_each(|(db, &d)| *db += d);
             }
         }
+    };
+    match dbeta {
+        Some(dbeta) => (dgamma.par_chunks_mut(columns))
+            .zip(dbeta[..width].par_chunks_mut(columns))
+            .enumerate()
+            .for_each(|(i, (dg, db))| add_columns(i * columns, dg, Some(db))),
+        None => (dgamma.par_chunks_mut(columns))
+            .enumerate()
+            .for_each(|(i, dg)| add_columns(i * columns, dg, None)),
     }
 }
