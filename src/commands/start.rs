@@ -216,7 +216,7 @@ pub(super) fn plan_start(
     let c = &point.checkpoint;
     // Its rows up to the checkpoint must be there before anything of the run is rewritten.
     let metrics = point.run_dir.join("metrics.csv");
-    let (_, rows) = MetricsWriter::resumable_len(&metrics, c.state.metrics_rows, args.force)?;
+    let (_, rows, _) = MetricsWriter::resumable_len(&metrics, c.state.metrics_rows, args.force)?;
     if rows < c.state.metrics_rows {
         tracing::warn!(
             "--force: {} has {rows} of the {} rows written before the checkpoint; the run goes \

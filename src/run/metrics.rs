@@ -8,7 +8,7 @@ use std::path::Path;
 
 /// The columns, in order. Documented in README ("Reading metrics.csv"); new columns are only
 /// ever appended.
-pub const METRICS_COLUMNS: [&str; 14] = [
+pub const METRICS_COLUMNS: [&str; 15] = [
     "step",
     "epoch",
     "split",
@@ -23,6 +23,7 @@ pub const METRICS_COLUMNS: [&str; 14] = [
     "loss_scale",
     "skipped_steps",
     "global_batch",
+    "tokens_per_sec",
 ];
 
 /// One row; `None` leaves the cell empty (e.g. accuracy for a regression).
@@ -45,6 +46,8 @@ pub struct MetricsRow {
     pub skipped_steps: Option<u64>,
     /// Samples per full optimizer step, all replicas and micro-batches (train rows).
     pub global_batch: Option<usize>,
+    /// Target tokens a second, for jobs with a loss at every position (language models).
+    pub tokens_per_sec: Option<f64>,
 }
 
 /// A value as the shortest text that reads back to it; from 1e16 up in exponent form (a
@@ -69,6 +72,9 @@ pub struct MetricsWriter {
     /// The file's length after the last whole row: a row a full disk cut short is taken back
     /// to it, so the file never ends in half a row.
     whole: u64,
+    /// The columns its header has: all of METRICS_COLUMNS, or the first ones where a run
+    /// an earlier trainer started is resumed (its rows keep that shape).
+    columns: usize,
 }
 
 impl MetricsWriter {
@@ -86,6 +92,7 @@ impl MetricsWriter {
             path: name,
             rows: 0,
             whole: 0,
+            columns: METRICS_COLUMNS.len(),
         };
         w.write_record(METRICS_COLUMNS.iter().map(|s| s.to_string()).collect())?;
         Ok(w)
@@ -97,13 +104,14 @@ impl MetricsWriter {
     /// file cut short by hand or by a disk) are an error, unless `force`: then the run goes
     /// on after the rows that are there, and the missing ones stay missing.
     /// A file that is gone, empty or cut inside its header has no rows: with `force` it
-    /// starts again from its header (length 0).
-    pub fn resumable_len(path: &Path, keep_rows: u64, force: bool) -> Result<(u64, u64)> {
+    /// starts again from its header (length 0). Also returns how many columns its header has.
+    pub fn resumable_len(path: &Path, keep_rows: u64, force: bool) -> Result<(u64, u64, usize)> {
+        let all = METRICS_COLUMNS.len();
         let name = path.display().to_string();
         let header = METRICS_COLUMNS.join(",");
         let text = match std::fs::read_to_string(path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && (force || keep_rows == 0) => {
-                return Ok((0, 0))
+                return Ok((0, 0, all))
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(Error::Job(format!(
@@ -120,7 +128,7 @@ impl MetricsWriter {
         };
         if header.starts_with(text.trim_end_matches('\n')) && text.len() < header.len() {
             return match force || keep_rows == 0 {
-                true => Ok((0, 0)),
+                true => Ok((0, 0, all)),
                 false => Err(Error::Job(format!(
                     "{name} is empty or cut inside its header: the {keep_rows} rows written \
                      before the checkpoint are missing (restore the file, or pass --force to go \
@@ -128,17 +136,20 @@ impl MetricsWriter {
                 ))),
             };
         }
-        if text.lines().next() != Some(header.as_str()) {
+        // An earlier trainer's header is the first of today's columns.
+        let first_line = text.lines().next().unwrap_or("");
+        let Some(columns) = (1..=all).find(|&n| METRICS_COLUMNS[..n].join(",") == first_line)
+        else {
             return Err(Error::Job(format!(
                 "{name} does not start with the header `{header}`; it is not this run's metrics"
             )));
-        }
+        };
         // Cells are numbers and split names: a row never spans lines.
-        let mut end = (header.len() + 1).min(text.len());
+        let mut end = (first_line.len() + 1).min(text.len());
         for row in 0..keep_rows {
             match text[end..].find('\n') {
                 Some(i) => end += i + 1,
-                None if force => return Ok((end as u64, row)),
+                None if force => return Ok((end as u64, row, columns)),
                 None => {
                     return Err(Error::Job(format!(
                         "{name} has {row} rows but the checkpoint was written after row \
@@ -148,20 +159,20 @@ impl MetricsWriter {
                 }
             }
         }
-        Ok((end as u64, keep_rows))
+        Ok((end as u64, keep_rows, columns))
     }
 
     /// Reopens a resumed run's metrics.csv: keeps the header and the first `keep_rows`
     /// rows, drops the rest, and appends after them (`force`: see `resumable_len`).
     pub fn resume(path: &Path, keep_rows: u64, force: bool) -> Result<Self> {
-        let (end, keep_rows) = Self::resumable_len(path, keep_rows, force)?;
+        let (end, keep_rows, columns) = Self::resumable_len(path, keep_rows, force)?;
         if end == 0 {
             return Self::create(path);
         }
         let name = path.display().to_string();
         // A header that lost its line end (the file cut right after it) gets it back, or the
         // first row would join the header line.
-        let header_alone = end == METRICS_COLUMNS.join(",").len() as u64;
+        let header_alone = end == METRICS_COLUMNS[..columns].join(",").len() as u64;
         let file = std::fs::OpenOptions::new()
             .append(true)
             .open(path)
@@ -177,6 +188,7 @@ impl MetricsWriter {
             path: name,
             rows: keep_rows,
             whole: end + u64::from(header_alone),
+            columns,
         })
     }
 
@@ -210,12 +222,14 @@ impl MetricsWriter {
             opt(row.loss_scale),
             row.skipped_steps.map_or(String::new(), |s| s.to_string()),
             row.global_batch.map_or(String::new(), |b| b.to_string()),
+            opt(row.tokens_per_sec.map(|s| s.round())),
         ])?;
         self.rows += 1;
         Ok(())
     }
 
-    fn write_record(&mut self, fields: Vec<String>) -> Result<()> {
+    fn write_record(&mut self, mut fields: Vec<String>) -> Result<()> {
+        fields.truncate(self.columns);
         self.line.clear();
         {
             let mut line = csv::Writer::from_writer(&mut self.line);

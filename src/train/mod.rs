@@ -555,6 +555,9 @@ impl<'a, B: Engine> Training<'a, B> {
             return Ok(());
         }
         let st = &self.st;
+        let samples_per_sec = st.window_samples as f64 / st.window_seconds.max(1e-9);
+        // A language model's loss is at every position: its speed is also in tokens.
+        let positions = self.net.graph.objective.rows;
         let row = MetricsRow {
             step: st.step,
             epoch,
@@ -564,12 +567,13 @@ impl<'a, B: Engine> Training<'a, B> {
                 .then(|| stats.correct / stats.samples),
             lr: Some(lr),
             grad_norm: result.grad_norm,
-            samples_per_sec: Some(st.window_samples as f64 / st.window_seconds.max(1e-9)),
+            samples_per_sec: Some(samples_per_sec),
             elapsed_s: self.elapsed(),
             gpu_mem: self.backend.memory(),
             loss_scale: st.loss_scaler.as_ref().map(|s| s.scale),
             skipped_steps: Some(st.skipped_steps),
             global_batch: Some(step_samples),
+            tokens_per_sec: (positions > 1).then_some(samples_per_sec * positions as f64),
         };
         check_finite(
             &row,
@@ -1312,6 +1316,9 @@ fn progress_line(row: &MetricsRow, total_steps: usize) -> String {
     }
     if let Some(s) = row.samples_per_sec {
         line += &format!(" {s:.0} samples/s");
+    }
+    if let Some(t) = row.tokens_per_sec {
+        line += &format!(" {t:.0} tokens/s");
     }
     line
 }

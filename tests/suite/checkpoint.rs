@@ -1236,7 +1236,7 @@ fn a_metrics_row_cut_short_by_a_full_disk_is_taken_back() {
     assert_eq!(summary(&dir)["status"], "failed");
     let text = std::fs::read_to_string(dir.join("metrics.csv")).unwrap();
     assert!(text.ends_with('\n'), "{text}");
-    assert!(text.lines().all(|l| l.split(',').count() == 14), "{text}");
+    assert!(text.lines().all(|l| l.split(',').count() == 15), "{text}");
 }
 
 /// A resume that fails while it sets the run directory up (here train.log cannot be
@@ -1363,4 +1363,34 @@ fn a_sweep_resumes_a_killed_point_keeping_its_later_rows_aside() {
     let folders = superseded(&point);
     assert_eq!(folders.len(), 1, "{folders:?}");
     assert_eq!(metrics(&folders[0]), whole);
+}
+
+/// A run an earlier trainer started, whose metrics.csv has fewer columns (tokens_per_sec came
+/// later), resumes with its rows in that shape: the file stays one table.
+#[test]
+fn a_run_with_an_earlier_metrics_header_resumes_in_its_columns() {
+    let job = write_job(SMALL_JOB);
+    let dir = run_dir(&job.run(&[]));
+    let metrics_path = dir.join("metrics.csv");
+    let text = std::fs::read_to_string(&metrics_path).unwrap();
+    // One label a sample: no tokens/s.
+    assert!(
+        text.lines().next().unwrap().ends_with(",tokens_per_sec"),
+        "{text}"
+    );
+    assert!(text.lines().skip(1).all(|l| l.ends_with(',')), "{text}");
+    let older = 14;
+    let earlier: String = (text.lines())
+        .map(|l| l.split(',').take(older).collect::<Vec<_>>().join(",") + "\n")
+        .collect();
+    assert!(earlier.starts_with("step,epoch,"), "{earlier}");
+    std::fs::write(&metrics_path, &earlier).unwrap();
+    let more = job.run(&["--resume", dir.to_str().unwrap(), "--set", "train.epochs=6"]);
+    assert!(more.status.success(), "{}", stderr(&more));
+    let now = std::fs::read_to_string(&metrics_path).unwrap();
+    assert!(now.starts_with(&earlier), "{now}");
+    assert!(now.lines().count() > earlier.lines().count(), "{now}");
+    for line in now.lines() {
+        assert_eq!(line.split(',').count(), older, "{line}");
+    }
 }

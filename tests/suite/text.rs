@@ -2,7 +2,7 @@
 //! next tokens, the validation split at the text's end, the vocabulary saved with the run, and
 //! the errors for text that cannot be read as asked.
 
-use crate::common::{spec, stderr, stdout, trainer};
+use crate::common::{self, spec, stderr, stdout, trainer};
 use std::path::Path;
 use trainer::data;
 
@@ -121,6 +121,15 @@ fn the_char_gpt_job_trains_and_samples_with_its_vocabulary() {
         .map(|l| l.split(',').next().unwrap())
         .collect();
     assert_eq!(val_steps, ["10", "20", "30"], "{metrics}");
+    // A loss at each of the 64 positions: tokens/s is 64 × samples/s (both rounded).
+    let rows: Vec<Vec<String>> = (metrics.lines())
+        .map(|l| l.split(',').map(str::to_string).collect())
+        .collect();
+    for row in rows[1..].iter().filter(|r| r[2] == "train") {
+        let per_sec = |name| common::column(&rows[0], row, name).parse::<f64>().unwrap();
+        let (samples, tokens) = (per_sec("samples_per_sec"), per_sec("tokens_per_sec"));
+        assert!((tokens - 64.0 * samples).abs() <= 32.0, "{row:?}");
+    }
     assert!(losses[2] < 0.85 * 73f64.ln(), "{losses:?}");
     let preprocess = std::fs::read_to_string(dir.join("preprocess.json")).unwrap();
     assert!(
