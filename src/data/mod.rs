@@ -5,6 +5,7 @@
 pub mod preprocess;
 mod sources;
 pub mod text;
+mod tokens;
 pub mod vocabulary;
 
 pub use preprocess::Preprocess;
@@ -172,6 +173,7 @@ impl Data {
 pub fn load(spec: &DataSpec, seed: u64) -> Result<Data> {
     let raw = match spec.source {
         DataSource::Text => return text::load(spec),
+        DataSource::Tokens => return tokens::load(spec),
         DataSource::Digits => sources::digits()?,
         DataSource::Csv => sources::csv(spec, None)?,
         DataSource::Idx => sources::idx(spec)?,
@@ -192,7 +194,7 @@ pub fn load(spec: &DataSpec, seed: u64) -> Result<Data> {
                 DataSource::Digits => Some(10),
                 DataSource::Synthetic => Some(spec.synthetic_classes()),
                 // Named classes: as many as names (at least 2, as for class indices).
-                DataSource::Csv | DataSource::Idx | DataSource::Text => spec
+                DataSource::Csv | DataSource::Idx | DataSource::Text | DataSource::Tokens => spec
                     .classes
                     .or(raw.class_names.as_ref().map(|n| n.len().max(2))),
             };

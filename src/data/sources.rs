@@ -614,7 +614,6 @@ pub(crate) fn idx_images(path: &Path) -> Result<Option<(Vec<usize>, Vec<f32>)>> 
     Ok(Some((vec![shape[0], 1, shape[1], shape[2]], features)))
 }
 
-/// A text file's contents (gunzipped when it is gzip).
 /// A file's bytes, unpacked when it is gzip.
 pub(crate) fn read_bytes(path: &Path) -> Result<Vec<u8>> {
     gunzip_if_needed(read_file(path)?, &path.display().to_string())

@@ -42,49 +42,75 @@ pub fn load(spec: &DataSpec) -> Result<Data> {
     if ids.is_empty() {
         return Err(Error::Job(format!("{name}: the file is empty")));
     }
-    let total = ids.len();
-    let val_len = (total as f64 * spec.val_fraction).round() as usize;
-    let train_len = total - val_len;
+    let val_len = (ids.len() as f64 * spec.val_fraction).round() as usize;
+    let mut train = ids;
+    let val = train.split_off(train.len() - val_len);
+    let val_what = format!(
+        "the validation text (data.val_fraction = {})",
+        spec.val_fraction
+    );
+    let splits = Splits {
+        origin: Origin::file(&name, None),
+        train: (format!("{name}: the training text"), train),
+        val: (format!("{name}: {val_what}"), val),
+    };
+    let classes = vocabulary.len();
+    windows(splits, block, classes, DataSource::Text, Some(vocabulary))
+}
+
+/// A language model's token ids: the training split's and the validation split's (empty
+/// for none), each with the words that name it in an error.
+pub(super) struct Splits {
+    pub origin: Origin,
+    pub train: (String, Vec<f32>),
+    pub val: (String, Vec<f32>),
+}
+
+/// Token ids as samples: windows of `block` tokens whose targets are the next tokens. The
+/// training windows start at every token; the validation windows a block apart.
+pub(super) fn windows(
+    splits: Splits,
+    block: usize,
+    classes: usize,
+    source: DataSource,
+    vocabulary: Option<Vocabulary>,
+) -> Result<Data> {
     let short = |what: &str, len: usize| {
         Error::Job(format!(
-            "{name}: {what} holds {len} tokens, fewer than data.block_size + 1 = {}: a sample is \
+            "{what} holds {len} tokens, fewer than data.block_size + 1 = {}: a sample is \
              block_size tokens and the token after them",
             block + 1
         ))
     };
-    if train_len < block + 1 {
-        return Err(short("the training text", train_len));
+    let Splits {
+        origin,
+        train: (train_what, train),
+        val: (val_what, val),
+    } = splits;
+    if train.len() < block + 1 {
+        return Err(short(&train_what, train.len()));
     }
-    if val_len > 0 && val_len < block + 1 {
-        return Err(short(
-            &format!(
-                "the validation text (data.val_fraction = {})",
-                spec.val_fraction
-            ),
-            val_len,
-        ));
+    if !val.is_empty() && val.len() < block + 1 {
+        return Err(short(&val_what, val.len()));
     }
-    let origin = Origin::file(&name, None);
+    let val_len = val.len();
     let val = Dataset {
-        features: ids[train_len..].to_vec(),
+        features: val,
         targets: Vec::new(),
         len: val_len.saturating_sub(1) / block,
         origin: origin.clone(),
         windows: Some(block),
     };
-    let mut features = ids;
-    features.truncate(train_len);
     let train = Dataset {
-        features,
+        len: train.len() - block,
+        features: train,
         targets: Vec::new(),
-        len: train_len - block,
         origin,
         windows: Some(1),
     };
-    let classes = vocabulary.len();
     let preprocess = Preprocess {
         format: super::preprocess::FORMAT.into(),
-        source: DataSource::Text,
+        source,
         sample_shape: vec![block],
         task: Task::Classification,
         classes: Some(classes),
@@ -95,7 +121,7 @@ pub fn load(spec: &DataSpec) -> Result<Data> {
         normalize: Normalize::None,
         shift: Vec::new(),
         scale: Vec::new(),
-        vocabulary: Some(vocabulary),
+        vocabulary,
     };
     let eval = if val_len > 0 {
         vec![("val", val)]

@@ -120,13 +120,13 @@ pub fn has_accuracy(spec: &JobSpec) -> bool {
 pub fn eval_metrics(spec: &JobSpec) -> Vec<String> {
     let d = &spec.data;
     let mut splits = Vec::new();
-    if d.val_fraction > 0.0 {
+    if d.val_fraction > 0.0 || d.val_path.is_some() {
         splits.push("val");
     }
     let has_test = match d.source {
         DataSource::Csv => d.test_path.is_some(),
         DataSource::Idx => d.test_images.is_some(),
-        DataSource::Digits | DataSource::Synthetic | DataSource::Text => false,
+        DataSource::Digits | DataSource::Synthetic | DataSource::Text | DataSource::Tokens => false,
     };
     if has_test {
         splits.push("test");

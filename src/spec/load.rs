@@ -382,6 +382,7 @@ fn resolve_paths(spec: &mut JobSpec, base: &Path) {
     let d = &mut spec.data;
     for p in [
         &mut d.path,
+        &mut d.val_path,
         &mut d.test_path,
         &mut d.train_images,
         &mut d.train_labels,

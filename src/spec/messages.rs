@@ -167,6 +167,7 @@ pub(super) fn read_as(
         let free_text = [
             "name",
             "path",
+            "val_path",
             "test_path",
             "train_images",
             "train_labels",

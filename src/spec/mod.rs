@@ -101,6 +101,22 @@ pub enum DataSource {
     /// A UTF-8 text file (plain or gzip) for a language model: samples are windows of
     /// block_size tokens, and their targets the next token at each position.
     Text,
+    /// Token files for a language model (llm.c's shards or nanoGPT's uint16 .bin), in
+    /// windows as `text`.
+    Tokens,
+}
+
+/// How a token file stores its ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+pub enum TokenFormat {
+    /// llm.c's: a header of 256 int32 (magic 20240520, version 1 for uint16 ids or 2 for
+    /// uint32, the token count), then the ids.
+    #[default]
+    #[serde(rename = "llm.c")]
+    LlmC,
+    /// nanoGPT's train.bin and val.bin: uint16 ids, no header.
+    #[serde(rename = "uint16")]
+    Uint16,
 }
 
 /// How a text becomes token ids.
@@ -179,7 +195,8 @@ pub struct DataSpec {
     pub normalize: Normalize,
 
     // csv
-    /// csv: the file with the training samples. text: the text file.
+    /// csv: the file with the training samples. text: the text file. tokens: the token
+    /// file, or shards by a glob in the file name (`train_*.bin`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<PathBuf>,
     /// csv: a test file with the same columns (reported as split "test").
@@ -228,6 +245,7 @@ pub struct DataSpec {
     pub num_features: Option<usize>,
     /// csv, idx, synthetic: number of classes; labels must lie in 0..classes
     /// (csv and idx default: the largest label + 1; synthetic default: 4).
+    /// tokens: the vocabulary's size; ids must lie below it (default: the largest + 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 2))]
     pub classes: Option<usize>,
@@ -243,19 +261,29 @@ pub struct DataSpec {
     /// text: how the text becomes token ids, "char" (default) or "bytes".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokenizer: Option<Tokenizer>,
-    /// text: tokens per sample, the context length (nanoGPT's block_size).
+    /// text, tokens: tokens per sample, the context length (nanoGPT's block_size).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 16777216))]
     pub block_size: Option<usize>,
+
+    // tokens
+    /// tokens: how the files store their ids, "llm.c" (default) or "uint16".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_format: Option<TokenFormat>,
+    /// tokens: the validation file, or shards by a glob in the file name (`val_*.bin`),
+    /// instead of data.val_fraction.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub val_path: Option<PathBuf>,
 }
 
 /// The data keys' defaults, in one place: the loaders, validation and config.toml read them
 /// here.
 impl DataSpec {
     /// The keys that name data files, with their values.
-    pub fn path_keys(&self) -> [(&'static str, &Option<PathBuf>); 6] {
+    pub fn path_keys(&self) -> [(&'static str, &Option<PathBuf>); 7] {
         [
             ("data.path", &self.path),
+            ("data.val_path", &self.val_path),
             ("data.test_path", &self.test_path),
             ("data.train_images", &self.train_images),
             ("data.train_labels", &self.train_labels),
@@ -1293,6 +1321,13 @@ impl JobSpec {
                     Tokenizer::Bytes => "bytes",
                 };
                 fill(&["data", "tokenizer"], tokenizer.into());
+            }
+            DataSource::Tokens => {
+                let format = match data.token_format.unwrap_or_default() {
+                    TokenFormat::LlmC => "llm.c",
+                    TokenFormat::Uint16 => "uint16",
+                };
+                fill(&["data", "token_format"], format.into());
             }
             DataSource::Digits | DataSource::Idx => {}
         }

@@ -107,9 +107,11 @@ fn validate_data(d: &DataSpec, p: &mut Problems) {
         }
     };
     use DataSource::*;
-    only(d.path.is_some(), "path", &[Csv, Text]);
+    only(d.path.is_some(), "path", &[Csv, Text, Tokens]);
     only(d.tokenizer.is_some(), "tokenizer", &[Text]);
-    only(d.block_size.is_some(), "block_size", &[Text]);
+    only(d.block_size.is_some(), "block_size", &[Text, Tokens]);
+    only(d.token_format.is_some(), "token_format", &[Tokens]);
+    only(d.val_path.is_some(), "val_path", &[Tokens]);
     only(d.test_path.is_some(), "test_path", &[Csv]);
     only(d.header.is_some(), "header", &[Csv]);
     only(d.label.is_some(), "label", &[Csv]);
@@ -122,7 +124,11 @@ fn validate_data(d: &DataSpec, p: &mut Problems) {
     only(d.task.is_some(), "task", &[Csv, Synthetic]);
     only(d.samples.is_some(), "samples", &[Synthetic]);
     only(d.num_features.is_some(), "num_features", &[Synthetic]);
-    only(d.classes.is_some(), "classes", &[Csv, Idx, Synthetic]);
+    only(
+        d.classes.is_some(),
+        "classes",
+        &[Csv, Idx, Synthetic, Tokens],
+    );
     only(d.targets.is_some(), "targets", &[Synthetic]);
     only(d.noise.is_some(), "noise", &[Synthetic]);
     if d.features.is_some() && d.exclude.is_some() {
@@ -151,6 +157,24 @@ fn validate_data(d: &DataSpec, p: &mut Problems) {
             "data.path",
             "missing: source = \"csv\" needs a file path",
         ),
+        Tokens => {
+            p.check(
+                d.path.is_some(),
+                "data.path",
+                "missing: source = \"tokens\" needs a token file's path (or a glob of shards)",
+            );
+            p.check(
+                d.block_size.is_some(),
+                "data.block_size",
+                "missing: source = \"tokens\" needs the tokens per sample (the context length)",
+            );
+            p.check(
+                d.val_path.is_none() || d.val_fraction == 0.0,
+                "data.val_fraction",
+                "give data.val_path (a validation file) or data.val_fraction (the last part of \
+                 the training tokens), not both",
+            );
+        }
         Text => {
             p.check(
                 d.path.is_some(),

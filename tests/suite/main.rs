@@ -26,6 +26,7 @@ mod results;
 mod spatial;
 mod sweep_devices;
 mod text;
+mod tokens;
 mod training;
 mod training_reference;
 mod weights;

@@ -1,0 +1,206 @@
+//! Token files for language models, already tokenized: llm.c's shards (a header of 256
+//! int32, then uint16 or uint32 ids) or nanoGPT's train.bin (uint16 ids, no header). A path
+//! whose file name holds `*` or `?` names every matching file, in name order, read as one
+//! stream. Samples are windows as for text (`text::windows`).
+//!
+//! Every id is held as an f32 (4 bytes a token; exact below 2^24).
+
+use super::text::{windows, Splits};
+use super::{sources, Data, Origin};
+use crate::error::{Error, Result};
+use crate::spec::{DataSource, DataSpec, TokenFormat};
+use std::path::{Path, PathBuf};
+
+/// llm.c's header: 256 little-endian int32.
+const HEADER_BYTES: usize = 256 * 4;
+const LLMC_MAGIC: i32 = 20240520;
+/// Ids are exact in an f32 below this.
+const LARGEST_VOCABULARY: usize = 1 << 24;
+
+pub fn load(spec: &DataSpec) -> Result<Data> {
+    let (Some(path), Some(block)) = (&spec.path, spec.block_size) else {
+        return Err(Error::Job(
+            "source = \"tokens\" needs data.path and data.block_size".into(),
+        ));
+    };
+    let format = spec.token_format.unwrap_or_default();
+    let train_files = files(path, "data.path")?;
+    let mut train = read_all(&train_files, format, spec.classes)?;
+    let name = path.display().to_string();
+    let val = match &spec.val_path {
+        Some(val_path) => {
+            let val_files = files(val_path, "data.val_path")?;
+            let val = read_all(&val_files, format, spec.classes)?;
+            (format!("{} (data.val_path)", val_path.display()), val)
+        }
+        None => {
+            let val_len = (train.len() as f64 * spec.val_fraction).round() as usize;
+            let val = train.split_off(train.len() - val_len);
+            let what = format!(
+                "{name}: the validation tokens (data.val_fraction = {})",
+                spec.val_fraction
+            );
+            (what, val)
+        }
+    };
+    let largest = (train.iter().chain(&val.1)).fold(0.0f32, |m, &id| m.max(id)) as usize;
+    let classes = spec.classes.unwrap_or(largest + 1).max(2);
+    let splits = Splits {
+        origin: Origin::file(&name, None),
+        train: (format!("{name}: the training tokens"), train),
+        val,
+    };
+    windows(splits, block, classes, DataSource::Tokens, None)
+}
+
+/// The file `path` names, or the files its glob matches (in the file name only), sorted.
+fn files(path: &Path, key: &str) -> Result<Vec<PathBuf>> {
+    let pattern = path.file_name().map(|n| n.to_string_lossy().into_owned());
+    let Some(pattern) = pattern.filter(|p| p.contains(['*', '?'])) else {
+        return Ok(vec![path.to_path_buf()]);
+    };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let entries = std::fs::read_dir(dir).map_err(|e| {
+        Error::Job(format!(
+            "{key} = {}: cannot list {}: {e}",
+            path.display(),
+            dir.display()
+        ))
+    })?;
+    let mut found: Vec<PathBuf> = entries
+        .flatten()
+        .filter(|e| glob_match(pattern.as_bytes(), e.file_name().as_encoded_bytes()))
+        .map(|e| e.path())
+        .collect();
+    found.sort();
+    if found.is_empty() {
+        return Err(Error::Job(format!(
+            "{key} = {}: no file in {} matches {pattern}",
+            path.display(),
+            dir.display()
+        )));
+    }
+    Ok(found)
+}
+
+/// Whether `name` matches `pattern`, where `*` is any run of bytes and `?` any one byte.
+fn glob_match(pattern: &[u8], name: &[u8]) -> bool {
+    match (pattern.first(), name.first()) {
+        (None, None) => true,
+        (Some(b'*'), _) => {
+            glob_match(&pattern[1..], name) || (!name.is_empty() && glob_match(pattern, &name[1..]))
+        }
+        (Some(b'?'), Some(_)) => glob_match(&pattern[1..], &name[1..]),
+        (Some(p), Some(n)) if p == n => glob_match(&pattern[1..], &name[1..]),
+        _ => false,
+    }
+}
+
+/// The ids of `files`, one after another, each checked against `classes` where given.
+fn read_all(files: &[PathBuf], format: TokenFormat, classes: Option<usize>) -> Result<Vec<f32>> {
+    let mut ids = Vec::new();
+    for path in files {
+        let first = ids.len();
+        read_ids(path, format, &mut ids)?;
+        let limit = classes.unwrap_or(LARGEST_VOCABULARY);
+        if let Some(at) = ids[first..].iter().position(|&id| id as usize >= limit) {
+            let why = match classes {
+                Some(c) => format!("not below data.classes = {c}, the vocabulary's size"),
+                None => format!("past the largest vocabulary trainer holds, {LARGEST_VOCABULARY}"),
+            };
+            return Err(Error::Job(format!(
+                "{}: token {at} is {}, {why}",
+                path.display(),
+                ids[first + at]
+            )));
+        }
+    }
+    Ok(ids)
+}
+
+/// Appends one file's ids to `ids`.
+fn read_ids(path: &Path, format: TokenFormat, ids: &mut Vec<f32>) -> Result<()> {
+    let name = path.display().to_string();
+    let bytes = sources::read_bytes(path)?;
+    let (body, width) = match format {
+        TokenFormat::Uint16 => (&bytes[..], 2),
+        TokenFormat::LlmC => llmc_body(&name, &bytes)?,
+    };
+    if body.len() % width != 0 {
+        return Err(Error::Job(format!(
+            "{name}: {} bytes of ids is not a whole number of {width}-byte tokens",
+            body.len()
+        )));
+    }
+    ids.reserve(body.len() / width);
+    match width {
+        2 => {
+            ids.extend((body.chunks_exact(2)).map(|b| f32::from(u16::from_le_bytes([b[0], b[1]]))))
+        }
+        _ => ids.extend(
+            (body.chunks_exact(4)).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f32),
+        ),
+    }
+    Ok(())
+}
+
+/// An llm.c file's ids (after its header) and their width in bytes, its header checked.
+fn llmc_body<'a>(name: &str, bytes: &'a [u8]) -> Result<(&'a [u8], usize)> {
+    let int = |i: usize| i32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().unwrap());
+    if bytes.len() >= 4 && int(0) != LLMC_MAGIC {
+        let magic = int(0);
+        return Err(Error::Job(format!(
+            "{name}: not an llm.c token file: its magic number is {magic}, not {LLMC_MAGIC} \
+             (nanoGPT's headerless train.bin: data.token_format = \"uint16\")"
+        )));
+    }
+    if bytes.len() < HEADER_BYTES {
+        return Err(Error::Job(format!(
+            "{name}: {} bytes, shorter than llm.c's header of 256 int32 ({HEADER_BYTES} bytes)",
+            bytes.len()
+        )));
+    }
+    let (version, count) = (int(1), int(2));
+    let width = match version {
+        1 => 2,
+        2 => 4,
+        _ => {
+            return Err(Error::Job(format!(
+                "{name}: llm.c token file version {version}; trainer reads 1 (uint16 ids) and \
+                 2 (uint32 ids)"
+            )))
+        }
+    };
+    let body = &bytes[HEADER_BYTES..];
+    let expected = usize::try_from(count)
+        .ok()
+        .and_then(|c| c.checked_mul(width));
+    if expected != Some(body.len()) {
+        return Err(Error::Job(format!(
+            "{name}: its header says {count} tokens ({} bytes after the header), but {} bytes \
+             follow: the file is cut short or not what its header says",
+            expected.map_or("an impossible number of".into(), |e| e.to_string()),
+            body.len()
+        )));
+    }
+    Ok((body, width))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glob_match;
+
+    #[test]
+    fn globs_match_as_a_shell_does_in_one_folder() {
+        let m = |p: &str, n: &str| glob_match(p.as_bytes(), n.as_bytes());
+        assert!(m("train_*.bin", "train_000001.bin"));
+        assert!(m("*", "x"));
+        assert!(m("a?c", "abc"));
+        assert!(!m("train_*.bin", "val_000000.bin"));
+        assert!(!m("a?c", "ac"));
+        assert!(!m("*.bin", "x.bin.gz"));
+    }
+}

@@ -1,0 +1,243 @@
+//! Token files for language models: llm.c's shards and nanoGPT's uint16 .bin read as the ids
+//! their text tokenizes to, shards by a glob, a validation file, and the errors for files
+//! that are not what their format says.
+
+use crate::common::{spec, stderr, stdout, trainer};
+use std::path::Path;
+use trainer::data;
+
+const TEXT: &str = "to be, or not to be, that is the question: whether 'tis nobler in the mind";
+
+fn job(data: &str) -> trainer::spec::JobSpec {
+    spec(&format!(
+        r#"
+        [data]
+        {data}
+        block_size = 8
+        [model]
+        layers = [{{ type = "linear", out = 2 }}]
+        [optimizer]
+        type = "sgd"
+        lr = 0.1
+        "#
+    ))
+}
+
+fn tokens_spec(path: &Path, extra: &str) -> trainer::spec::JobSpec {
+    let mut s = job(&format!("source = \"tokens\"\npath = \"x\"\n{extra}"));
+    s.data.path = Some(path.to_path_buf());
+    s
+}
+
+/// An llm.c file: the header (magic, version, count, then zeros) and the ids.
+fn llmc(ids: &[u32], version: i32) -> Vec<u8> {
+    let mut header = vec![0i32; 256];
+    header[..3].copy_from_slice(&[20240520, version, ids.len() as i32]);
+    let mut bytes: Vec<u8> = header.iter().flat_map(|v| v.to_le_bytes()).collect();
+    for &id in ids {
+        match version {
+            1 => bytes.extend((id as u16).to_le_bytes()),
+            _ => bytes.extend(id.to_le_bytes()),
+        }
+    }
+    bytes
+}
+
+fn uint16(ids: &[u32]) -> Vec<u8> {
+    ids.iter()
+        .flat_map(|&id| (id as u16).to_le_bytes())
+        .collect()
+}
+
+/// The char ids of TEXT, as its text source reads them, and that source's data.
+fn text_ids(dir: &Path) -> (Vec<u32>, data::Data) {
+    let path = dir.join("t.txt");
+    std::fs::write(&path, TEXT).unwrap();
+    let mut s = job("source = \"text\"\npath = \"x\"\nval_fraction = 0.25");
+    s.data.path = Some(path);
+    let d = data::load(&s.data, 1).unwrap();
+    let ids = (d.train.features.iter().chain(&d.eval[0].1.features))
+        .map(|&v| v as u32)
+        .collect();
+    (ids, d)
+}
+
+#[test]
+fn token_files_hold_the_ids_their_text_tokenizes_to() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (ids, text) = text_ids(tmp.path());
+    let split = ids.len() / 2;
+    std::fs::write(tmp.path().join("one.bin"), llmc(&ids, 1)).unwrap();
+    std::fs::write(tmp.path().join("wide.bin"), llmc(&ids, 2)).unwrap();
+    std::fs::write(tmp.path().join("shard_000.bin"), llmc(&ids[..split], 1)).unwrap();
+    std::fs::write(tmp.path().join("shard_001.bin"), llmc(&ids[split..], 1)).unwrap();
+    std::fs::write(tmp.path().join("nanogpt.bin"), uint16(&ids)).unwrap();
+    let cases = [
+        ("one.bin", ""),
+        ("wide.bin", ""),
+        ("shard_*.bin", ""),
+        ("nanogpt.bin", "token_format = \"uint16\""),
+    ];
+    for (file, extra) in cases {
+        let s = tokens_spec(
+            &tmp.path().join(file),
+            &format!("val_fraction = 0.25\n{extra}"),
+        );
+        let d = data::load(&s.data, 1).unwrap();
+        assert_eq!(d.train.features, text.train.features, "{file}");
+        assert_eq!(d.eval[0].1.features, text.eval[0].1.features, "{file}");
+        assert_eq!(
+            (
+                d.train.len,
+                d.eval[0].1.len,
+                d.classes,
+                d.sample_shape.clone()
+            ),
+            (text.train.len, text.eval[0].1.len, text.classes, vec![8]),
+            "{file}"
+        );
+        assert!(d.preprocess.vocabulary.is_none());
+    }
+
+    // A validation file of its own; data.classes sets the vocabulary past the largest id.
+    std::fs::write(tmp.path().join("val.bin"), llmc(&ids[..20], 1)).unwrap();
+    let mut s = tokens_spec(&tmp.path().join("one.bin"), "classes = 50");
+    s.data.val_path = Some(tmp.path().join("val.bin"));
+    let d = data::load(&s.data, 1).unwrap();
+    assert_eq!(d.train.features.len(), ids.len());
+    let want: Vec<f32> = ids[..20].iter().map(|&i| i as f32).collect();
+    assert_eq!((d.eval[0].1.features.clone(), d.eval[0].1.len), (want, 2));
+    assert_eq!(d.classes, Some(50));
+}
+
+#[test]
+fn token_files_that_are_not_what_their_format_says_are_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ids: Vec<u32> = (0..40).map(|i| i % 7).collect();
+    let write = |name: &str, bytes: Vec<u8>| {
+        let path = tmp.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        path
+    };
+    let error = |path: &Path, extra: &str| {
+        let e = data::load(&tokens_spec(path, extra).data, 1).unwrap_err();
+        e.to_string()
+    };
+    let raw = write("raw.bin", uint16(&ids));
+    let e = error(&raw, "");
+    assert!(
+        e.contains("raw.bin: not an llm.c token file: its magic number is")
+            && e.contains("data.token_format = \"uint16\""),
+        "{e}"
+    );
+    let mut v3 = llmc(&ids, 1);
+    v3[4] = 3;
+    let e = error(&write("v3.bin", v3), "");
+    assert!(e.contains("llm.c token file version 3"), "{e}");
+    let mut cut = llmc(&ids, 1);
+    cut.truncate(cut.len() - 2);
+    let e = error(&write("cut.bin", cut), "");
+    assert!(
+        e.contains("header says 40 tokens (80 bytes after the header), but 78"),
+        "{e}"
+    );
+    let e = error(&write("tiny.bin", llmc(&ids, 1)[..100].to_vec()), "");
+    assert!(e.contains("100 bytes, shorter than llm.c's header"), "{e}");
+    let e = error(
+        &write("odd.bin", vec![1, 0, 2]),
+        "token_format = \"uint16\"",
+    );
+    assert!(
+        e.contains("3 bytes of ids is not a whole number of 2-byte tokens"),
+        "{e}"
+    );
+    let e = error(&write("ok.bin", llmc(&ids, 1)), "classes = 5");
+    assert!(
+        e.contains("ok.bin: token 5 is 5, not below data.classes = 5"),
+        "{e}"
+    );
+    let e = error(&tmp.path().join("none_*.bin"), "");
+    assert!(
+        e.contains("no file in") && e.contains("matches none_*.bin"),
+        "{e}"
+    );
+    let short = write("short.bin", llmc(&ids[..8], 1));
+    let e = error(&short, "");
+    assert!(
+        e.contains("the training tokens holds 8 tokens, fewer than"),
+        "{e}"
+    );
+}
+
+/// A job reads its shards by a glob relative to the job file, trains, writes the token
+/// format into config.toml, and refuses a validation file given with val_fraction.
+#[test]
+fn a_job_trains_on_token_shards() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (ids, _) = text_ids(tmp.path());
+    std::fs::create_dir(tmp.path().join("shards")).unwrap();
+    let split = ids.len() / 2;
+    std::fs::write(
+        tmp.path().join("shards/train_0.bin"),
+        llmc(&ids[..split], 1),
+    )
+    .unwrap();
+    std::fs::write(
+        tmp.path().join("shards/train_1.bin"),
+        llmc(&ids[split..], 1),
+    )
+    .unwrap();
+    std::fs::write(tmp.path().join("shards/val_0.bin"), llmc(&ids[..20], 1)).unwrap();
+    let job = tmp.path().join("job.toml");
+    let text = r#"
+        [data]
+        source = "tokens"
+        path = "shards/train_*.bin"
+        val_path = "shards/val_*.bin"
+        classes = 32
+        block_size = 8
+        batch_size = 4
+        [model]
+        layers = [{ type = "embedding", num_embeddings = 32, embedding_dim = 8 },
+                  { type = "linear", out = 32 }]
+        [optimizer]
+        type = "adam"
+        lr = 0.01
+        [train]
+        max_steps = 6
+        log_every = 3
+        "#;
+    std::fs::write(&job, text).unwrap();
+    let runs = tmp.path().join("runs");
+    let out = trainer(&[
+        "run",
+        job.to_str().unwrap(),
+        "-q",
+        "--runs-dir",
+        runs.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let dir = std::path::PathBuf::from(stdout(&out).trim());
+    let metrics = std::fs::read_to_string(dir.join("metrics.csv")).unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("6,") && l.contains(",val,")),
+        "{metrics}"
+    );
+    let config = std::fs::read_to_string(dir.join("config.toml")).unwrap();
+    assert!(config.contains("token_format = \"llm.c\""), "{config}");
+
+    std::fs::write(
+        &job,
+        text.replace("block_size = 8", "block_size = 8\nval_fraction = 0.1"),
+    )
+    .unwrap();
+    let out = trainer(&["check", job.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("give data.val_path"),
+        "{}",
+        stderr(&out)
+    );
+}
