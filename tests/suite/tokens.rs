@@ -241,3 +241,30 @@ fn a_job_trains_on_token_shards() {
         stderr(&out)
     );
 }
+
+/// jobs/gpt2_124m.toml builds GPT-2 small with the parameter count llm.c reports for it
+/// (the padded vocabulary, tied), on llm.c's token shards.
+#[test]
+fn the_gpt2_124m_job_is_gpt2_small() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ids: Vec<u32> = (0..3000).map(|i| i * 17 % 50257).collect();
+    std::fs::write(tmp.path().join("fineweb_train_000001.bin"), llmc(&ids, 1)).unwrap();
+    std::fs::write(tmp.path().join("fineweb_val_000000.bin"), llmc(&ids, 1)).unwrap();
+    let dir = tmp.path().display();
+    let out = trainer(&[
+        "check",
+        "jobs/gpt2_124m.toml",
+        "--set",
+        &format!("data.path='{dir}/fineweb_train_*.bin'"),
+        "--set",
+        &format!("data.val_path='{dir}/fineweb_val_*.bin'"),
+        "--set",
+        "device.type='cpu'",
+        "--set",
+        "data.batch_size=1",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("total parameters: 124,475,904"), "{text}");
+    assert!(text.contains("h11_mlp_c_proj"), "{text}");
+}
