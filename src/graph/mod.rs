@@ -14,7 +14,9 @@ pub use network::{GradientSync, Network};
 
 use crate::error::{layer_error, Error, Result};
 use crate::ops::{shape_str, values, Build, Init, Scratch, MAX_SAMPLE_VALUES};
-use crate::spec::{ActivationCheckpointing, ActivationMode, InitScheme, JobSpec, LossKind};
+use crate::spec::{
+    ActivationCheckpointing, ActivationMode, InitScheme, JobSpec, LossKind, StateDictNames,
+};
 use crate::tensor::rng::{derive, Rng};
 use crate::tensor::LossFn;
 
@@ -71,6 +73,8 @@ pub struct Graph {
     pub checkpoint_segments: Option<usize>,
     /// How `init_params` starts the parameters.
     pub init: InitScheme,
+    /// How model.safetensors names the tensors.
+    pub names: StateDictNames,
 }
 
 /// What the data provides that the graph is checked against.
@@ -199,6 +203,7 @@ impl Graph {
             objective,
             checkpoint_segments,
             init: spec.model.init,
+            names: spec.model.state_dict_names,
         })
     }
 
@@ -260,6 +265,11 @@ impl Graph {
         }
     }
 
+    /// Layer `index`'s prefix in model.safetensors: its name or index, as `names` spells it.
+    pub fn state_dict_prefix(&self, index: usize) -> String {
+        self.names.prefix(&self.layers[index].prefix(index))
+    }
+
     /// PyTorch state_dict names of every parameter tensor: the layer's prefix (its `name`,
     /// else its index in model.layers, as nn.Sequential numbers them), then `.weight`
     /// ([out, in] for linear) or `.bias`.
@@ -267,7 +277,7 @@ impl Graph {
         self.parameter_tensors()
             .into_iter()
             .map(|t| StateDictEntry {
-                name: format!("{}.{}", self.layers[t.layer].prefix(t.layer), t.name),
+                name: format!("{}.{}", self.state_dict_prefix(t.layer), t.name),
                 shape: t.shape,
                 offset: t.offset,
             })
@@ -326,7 +336,7 @@ impl Graph {
             };
             for name in state.names {
                 entries.push(StateDictEntry {
-                    name: format!("{}.{name}", l.prefix(i)),
+                    name: format!("{}.{name}", self.state_dict_prefix(i)),
                     shape: vec![state.len],
                     offset,
                 });
@@ -345,7 +355,7 @@ impl Graph {
     /// `num_batches_tracked`).
     pub fn batchnorm_prefixes(&self) -> Vec<String> {
         let counts = |l: &Layer| l.op.saved_state().is_some_and(|s| s.counts_batches);
-        let bn = |(i, l): (usize, &Layer)| counts(l).then(|| l.prefix(i));
+        let bn = |(i, l): (usize, &Layer)| counts(l).then(|| self.state_dict_prefix(i));
         self.layers.iter().enumerate().filter_map(bn).collect()
     }
 

@@ -359,6 +359,81 @@ pub struct ModelSpec {
     /// Named lists of layers that `repeat` layers write out in their place.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub blocks: BTreeMap<String, Vec<ModelLayer>>,
+    /// The tensor names in model.safetensors (and what init_from reads): "sequential"
+    /// (`<layer name or index>.weight`, as nn.Sequential) or "nanogpt" (nanoGPT's GPT module:
+    /// wte → transformer.wte, h3_attn_c_attn → transformer.h.3.attn.c_attn, lm_head).
+    #[serde(default)]
+    pub state_dict_names: StateDictNames,
+}
+
+/// How parameter tensors are named in a state_dict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum StateDictNames {
+    /// `<layer name, else its index>.<tensor>`, as nn.Sequential and named modules.
+    #[default]
+    Sequential,
+    /// nanoGPT's GPT module, from trainer's layer names: `lm_head` stays; `h<i>_<part>`
+    /// becomes `transformer.h.<i>.<part>` with `attn_` and `mlp_` read as `attn.` and `mlp.`;
+    /// any other name `transformer.<name>`.
+    Nanogpt,
+}
+
+impl StateDictNames {
+    /// The state_dict prefix of a layer whose own prefix (name or index) is `layer`.
+    pub fn prefix(self, layer: &str) -> String {
+        match self {
+            StateDictNames::Sequential => layer.to_string(),
+            StateDictNames::Nanogpt => nanogpt_prefix(layer),
+        }
+    }
+}
+
+fn nanogpt_prefix(layer: &str) -> String {
+    if layer == "lm_head" {
+        return layer.to_string();
+    }
+    let block = layer.strip_prefix('h').and_then(|rest| {
+        let (index, part) = rest.split_once('_')?;
+        index
+            .bytes()
+            .all(|b| b.is_ascii_digit())
+            .then_some((index, part))
+    });
+    match block {
+        Some((index, part)) => {
+            let part = match part.split_once('_') {
+                Some((module @ ("attn" | "mlp"), inner)) => format!("{module}.{inner}"),
+                _ => part.to_string(),
+            };
+            format!("transformer.h.{index}.{part}")
+        }
+        None => format!("transformer.{layer}"),
+    }
+}
+
+#[cfg(test)]
+mod state_dict_names_tests {
+    use super::StateDictNames::Nanogpt;
+
+    #[test]
+    fn nanogpt_names_are_its_gpt_modules() {
+        for (ours, theirs) in [
+            ("wte", "transformer.wte"),
+            ("wpe", "transformer.wpe"),
+            ("ln_f", "transformer.ln_f"),
+            ("lm_head", "lm_head"),
+            ("h0_ln_1", "transformer.h.0.ln_1"),
+            ("h11_attn_c_attn", "transformer.h.11.attn.c_attn"),
+            ("h3_attn_c_proj", "transformer.h.3.attn.c_proj"),
+            ("h3_mlp_c_fc", "transformer.h.3.mlp.c_fc"),
+            ("h3_mlp_c_proj", "transformer.h.3.mlp.c_proj"),
+            ("head_x", "transformer.head_x"),
+            ("7", "transformer.7"),
+        ] {
+            assert_eq!(Nanogpt.prefix(ours), theirs);
+        }
+    }
 }
 
 /// Initial parameter values.

@@ -5,6 +5,7 @@
 use crate::common::{self, spec, stderr, stdout, trainer};
 use std::path::Path;
 use trainer::data;
+use trainer::spec::StateDictNames;
 
 fn text_spec(path: &Path, extra: &str) -> trainer::spec::JobSpec {
     let mut s = spec(&format!(
@@ -272,9 +273,12 @@ fn the_char_gpt_follows_pytorch_for_50_steps() {
                 1 => vec![1.0; n],
                 _ => init_values(index, n),
             };
-            (format!("{name}.weight"), shape, values)
+            // The job names its tensors as nanoGPT does, which init_from reads.
+            let prefix = StateDictNames::Nanogpt.prefix(name);
+            (format!("{prefix}.weight"), shape, values)
         })
         .collect();
+    assert_eq!(tensors[3].0, "transformer.h.0.attn.c_attn.weight");
     tensors.push(("lm_head.weight".into(), vec![73, 128], tensors[0].2.clone()));
     let tmp = tempfile::tempdir().unwrap();
     let init = tmp.path().join("init.safetensors");

@@ -612,3 +612,78 @@ fn compare_with_torch(layers: &str) {
     println!("{python}: {text}");
     assert!(out.status.success(), "torch disagrees:\n{text}");
 }
+
+/// A GPT run's model.safetensors (jobs/gpt_char.toml names its tensors as nanoGPT does)
+/// loads, strict, into nanoGPT's GPT module, which computes trainer's logits.
+#[test]
+fn nanogpt_loads_a_gpt_runs_weights_and_computes_the_same_logits() {
+    let Some(python) = torch_python() else {
+        println!("skipped: no Python with torch and safetensors (set TRAINER_TORCH_PYTHON to one)");
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let out = trainer(&[
+        "run",
+        "jobs/gpt_char.toml",
+        "-q",
+        "--runs-dir",
+        tmp.path().to_str().unwrap(),
+        "--set",
+        "train.max_steps=3",
+        "--set",
+        "data.val_fraction=0.001",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let dir = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
+    let model = dir.join("model.safetensors");
+    let bytes = std::fs::read(&model).unwrap();
+    let file = SafeTensors::deserialize(&bytes).unwrap();
+    let names: Vec<String> = file.names().into_iter().map(|n| n.to_string()).collect();
+    assert!(
+        names
+            .iter()
+            .any(|n| n == "transformer.h.3.mlp.c_proj.weight"),
+        "{names:?}"
+    );
+
+    let spec = trainer::spec::load_job(&dir.join("config.toml"), &[]).unwrap();
+    let (n, t, vocabulary) = (2, 64, 73);
+    let data = DataShape {
+        sample_shape: vec![t],
+        classes: Some(vocabulary),
+        classes_from: None,
+        target_dim: t,
+    };
+    let graph = Graph::build(&spec, &data).unwrap();
+    let w = weights::read(&model, &graph).unwrap();
+    let backend = CpuBackend::new(1);
+    let mut net = Network::new(&backend, graph, &w.params, n, 0).unwrap();
+    let input: Vec<f32> = (0..n * t)
+        .map(|i| ((i * 31 + i / 7) % vocabulary) as f32)
+        .collect();
+    net.input_mut().copy_from_slice(&input);
+    net.forward(&backend, n, false, 0);
+    let expected = net.output()[..n * t * vocabulary].to_vec();
+    let case = tmp.path().join("case.safetensors");
+    let views = [
+        ("input", input.as_slice(), vec![n, t]),
+        ("expected", expected.as_slice(), vec![n, t, vocabulary]),
+    ];
+    let tensors = views.iter().map(|(name, values, shape)| {
+        let bytes: &[u8] = bytemuck::cast_slice(values);
+        let view =
+            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes);
+        (*name, view.unwrap())
+    });
+    std::fs::write(&case, safetensors::serialize(tensors, None).unwrap()).unwrap();
+    let config = r#"{"vocab": 73, "block": 64, "width": 128, "heads": 4, "layers": 4,
+                     "bias": false, "gelu": "none"}"#;
+    let out = Command::new(&python)
+        .arg(root().join("tests/fixtures/nanogpt_logits.py"))
+        .args([model.to_str().unwrap(), case.to_str().unwrap(), config])
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
+    println!("{python}: {text}");
+    assert!(out.status.success(), "nanoGPT disagrees:\n{text}");
+}
