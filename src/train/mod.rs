@@ -190,7 +190,9 @@ pub fn train_session<B: Engine>(
                 .is_some_and(|n| step.is_multiple_of(n as u64))
                 && (step as usize) < t.total;
             if eval_due {
-                t.evaluate(0..t.periodic_sets, epoch, t.spec.train.eval_steps)?;
+                // eval_steps batches of the job's batch size, however many replicas share it.
+                let samples = (t.spec.train.eval_steps).map(|s| s * t.spec.batch_size());
+                t.evaluate(0..t.periodic_sets, epoch, samples)?;
             }
 
             let signal = t.stop_signal();
@@ -670,13 +672,13 @@ impl<'a, B: Engine> Training<'a, B> {
         &mut self,
         sets: Range<usize>,
         epoch: usize,
-        batches: Option<usize>,
+        samples: Option<usize>,
     ) -> Result<BTreeMap<String, f64>> {
         let elapsed_s = self.elapsed();
         evaluate(
             self.backend,
             &mut self.net,
-            (&self.eval_sets[sets], batches),
+            (&self.eval_sets[sets], samples),
             &mut self.eval_stats,
             (epoch, self.st.step, elapsed_s),
             self.metrics,
@@ -1152,12 +1154,12 @@ impl<B: Engine> EvalSet<B> {
     }
 }
 
-/// Evaluates on `sets` (at most `batches` batches of each), writing a row for each, at
+/// Evaluates on `sets` (at most `samples` samples of each), writing a row for each, at
 /// (epoch, step, elapsed seconds).
 fn evaluate<B: Engine>(
     backend: &B,
     net: &mut Network<B>,
-    (sets, batches): (&[EvalSet<B>], Option<usize>),
+    (sets, samples): (&[EvalSet<B>], Option<usize>),
     stats: &mut B::Stats,
     (epoch, step, elapsed_s): (usize, u64, f64),
     metrics: &mut MetricsWriter,
@@ -1167,11 +1169,9 @@ fn evaluate<B: Engine>(
     let batch = net.max_batch();
     let mut rows: Vec<u32> = Vec::with_capacity(batch);
     for set in sets {
-        for first in (0..set.len)
-            .step_by(batch)
-            .take(batches.unwrap_or(usize::MAX))
-        {
-            let n = batch.min(set.len - first);
+        let end = set.len.min(samples.unwrap_or(usize::MAX));
+        for first in (0..end).step_by(batch) {
+            let n = batch.min(end - first);
             rows.clear();
             rows.extend(first as u32..(first + n) as u32);
             set.samples.load(backend, &rows, net);

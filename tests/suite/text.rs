@@ -362,3 +362,172 @@ fn a_token_past_the_embedding_table_is_named_by_its_place_in_the_text() {
     );
     assert!(!e.contains("normalize"), "{e}");
 }
+
+/// A small GPT: two repeated blocks of attention and an MLP, on a generated text.
+const SMALL_GPT: &str = r#"
+[job]
+seed = 7
+[data]
+source = "text"
+path = "t.txt"
+block_size = 8
+batch_size = 4
+val_fraction = 0.1
+[model]
+init = "gpt2"
+layers = [
+  { type = "embedding", num_embeddings = 12, embedding_dim = 16, name = "wte" },
+  { type = "position_embedding", num_positions = 8, name = "wpe" },
+  { type = "repeat", block = "h", times = 2 },
+  { type = "layernorm", name = "ln_f" },
+  { type = "linear", out = 12, bias = false, tied_to = "wte", name = "lm_head" },
+]
+[model.blocks]
+h = [
+  { type = "layernorm", name = "ln_1" },
+  { type = "linear", out = 48, name = "attn_c_attn" },
+  { type = "attention", heads = 2 },
+  { type = "linear", out = 16, name = "attn_c_proj" },
+  { type = "add", inputs = ["block_input", "attn_c_proj"], name = "attn_out" },
+  { type = "layernorm", name = "ln_2" },
+  { type = "linear", out = 64, name = "mlp_c_fc" },
+  { type = "gelu" },
+  { type = "linear", out = 16, name = "mlp_c_proj" },
+  { type = "add", inputs = ["attn_out", "mlp_c_proj"] },
+]
+[loss]
+type = "cross_entropy"
+[optimizer]
+type = "adamw"
+lr = 3e-3
+weight_decay = 0.1
+weight_decay_on = "matrices"
+[train]
+max_steps = 30
+log_every = 5
+eval_every_steps = 10
+eval_steps = 2
+clip_grad_norm = 1.0
+[checkpoint]
+every_steps = 10
+"#;
+
+/// The small GPT's job file and text in `dir`.
+fn small_gpt(dir: &Path) -> std::path::PathBuf {
+    let text: String = (0..3000)
+        .map(|i| (b'a' + ((i * 7 + i / 13) % 12) as u8) as char)
+        .collect();
+    std::fs::write(dir.join("t.txt"), text).unwrap();
+    let job = dir.join("job.toml");
+    std::fs::write(&job, SMALL_GPT).unwrap();
+    job
+}
+
+fn run_gpt(job: &Path, runs: &Path, extra: &[&str]) -> std::path::PathBuf {
+    let mut args = vec![
+        "run",
+        job.to_str().unwrap(),
+        "-q",
+        "--runs-dir",
+        runs.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    let out = trainer(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    std::path::PathBuf::from(stdout(&out).trim())
+}
+
+/// metrics.csv without its timing columns.
+fn metrics_without_timing(dir: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(dir.join("metrics.csv")).unwrap();
+    let header: Vec<&str> = text.lines().next().unwrap().split(',').collect();
+    let timing = ["samples_per_sec", "elapsed_s", "tokens_per_sec"];
+    (text.lines())
+        .map(|l| {
+            (l.split(',').zip(&header))
+                .filter(|(_, h)| !timing.contains(h))
+                .map(|(v, _)| v)
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .collect()
+}
+
+/// A GPT run resumed from its step-20 checkpoint, with gradient accumulation and activation
+/// checkpointing, ends as the uninterrupted run: the same windows in the same order, the same
+/// losses and the same final weights, bit for bit.
+#[test]
+fn a_resumed_gpt_run_gives_the_uninterrupted_run_exactly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = small_gpt(tmp.path());
+    let runs = tmp.path().join("runs");
+    let sets = [
+        "--set",
+        "train.grad_accum_steps=2",
+        "--set",
+        "checkpoint.activations=\"all\"",
+    ];
+    let full = run_gpt(&job, &runs, &sets);
+    let crashed = tmp.path().join("crashed");
+    std::fs::create_dir_all(crashed.join("checkpoints")).unwrap();
+    for name in ["metrics.csv", "config.toml", "train.log"] {
+        std::fs::copy(full.join(name), crashed.join(name)).unwrap();
+    }
+    for step in ["step-00000010.safetensors", "step-00000020.safetensors"] {
+        let (from, to) = (full.join("checkpoints"), crashed.join("checkpoints"));
+        std::fs::copy(from.join(step), to.join(step)).unwrap();
+    }
+    let resume = [&sets[..], &["--resume", crashed.to_str().unwrap()]].concat();
+    run_gpt(&job, &runs, &resume);
+    assert_eq!(
+        metrics_without_timing(&crashed),
+        metrics_without_timing(&full)
+    );
+    assert_eq!(
+        std::fs::read(crashed.join("model.safetensors")).unwrap(),
+        std::fs::read(full.join("model.safetensors")).unwrap()
+    );
+}
+
+/// Two replicas in threads train the small GPT as one device does: each takes half of every
+/// micro-batch's windows, and the averaged gradients give the same losses up to rounding.
+#[test]
+fn a_gpt_on_two_replicas_follows_one_device() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = small_gpt(tmp.path());
+    let runs = tmp.path().join("runs");
+    let one = run_gpt(&job, &runs, &[]);
+    let two = run_gpt(&job, &runs, &["--set", "parallel.replicas=2"]);
+    let losses = |dir: &Path| -> Vec<f64> {
+        (metrics_without_timing(dir).iter().skip(1))
+            .map(|l| l.split(',').nth(3).unwrap().parse().unwrap())
+            .collect()
+    };
+    let (a, b) = (losses(&one), losses(&two));
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x - y).abs() <= 1e-5 * x.abs(), "{a:?}\n{b:?}");
+    }
+}
+
+/// The small GPT in bf16 (emulated on the CPU: half-width values, f32 master weights)
+/// follows its fp32 run: every loss within 2%.
+#[test]
+fn a_gpt_in_bf16_follows_its_fp32_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = small_gpt(tmp.path());
+    let runs = tmp.path().join("runs");
+    let fp32 = run_gpt(&job, &runs, &[]);
+    let bf16 = run_gpt(&job, &runs, &["--set", "precision.mode=\"bf16\""]);
+    let losses = |dir: &Path| -> Vec<f64> {
+        (metrics_without_timing(dir).iter().skip(1))
+            .map(|l| l.split(',').nth(3).unwrap().parse().unwrap())
+            .collect()
+    };
+    let (a, b) = (losses(&fp32), losses(&bf16));
+    assert_eq!(a.len(), b.len());
+    assert!(a != b, "bf16 gave fp32's bits: was it applied?");
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x - y).abs() <= 0.02 * x.abs(), "{a:?}\n{b:?}");
+    }
+}
