@@ -24,7 +24,7 @@ pub fn matmul(
     // Threads take a band of rows each, every band one single-threaded product: the crate's
     // own threading gains little at these sizes (1.25x on two threads for 768×128·128×384).
     if let Parallelism::Rayon(threads) = threads {
-        if threads > 1 && m >= 2 * MIN_BAND_ROWS && k > 0 {
+        if threads > 1 && m >= 2 * MIN_BAND_ROWS && n > 0 && k > 0 {
             let band = m.div_ceil(threads).next_multiple_of(MIN_BAND_ROWS / 2);
             return dst[..m * n]
                 .par_chunks_mut(band * n)
