@@ -242,9 +242,7 @@ fn model_for(job: &Path, sets: &[String], spec: &JobSpec, data: &Data) -> Result
         }
         e => e,
     })?;
-    // A text's token ids are never normalised (data.normalize does not apply to them).
-    let normalized = spec.data.normalize != Normalize::None && data.preprocess.vocabulary.is_none();
-    check_token_ids(job, &graph, data, normalized)?;
+    check_token_ids(job, &graph, data)?;
     check_batch_norm_batches(job, spec, &graph, data.train.len)?;
     Ok(graph)
 }
@@ -351,7 +349,9 @@ fn every_gpu(source: &str) -> Result<Vec<String>> {
 
 /// An embedding reads token ids from the data: every feature must be a whole number in
 /// [0, num_embeddings), or the job is refused naming the layer, the value and where it is.
-fn check_token_ids(job: &Path, graph: &Graph, data: &Data, normalized: bool) -> Result<()> {
+fn check_token_ids(job: &Path, graph: &Graph, data: &Data) -> Result<()> {
+    // What the loader applied: text and token files are never normalised.
+    let normalized = data.preprocess.normalize != Normalize::None;
     let embeddings = graph.embeddings();
     let Some(&(layer, vocab)) = embeddings.iter().min_by_key(|&&(_, v)| v) else {
         return Ok(());

@@ -42,18 +42,7 @@ pub fn load(spec: &DataSpec) -> Result<Data> {
     if ids.is_empty() {
         return Err(Error::Job(format!("{name}: the file is empty")));
     }
-    let val_len = (ids.len() as f64 * spec.val_fraction).round() as usize;
-    let mut train = ids;
-    let val = train.split_off(train.len() - val_len);
-    let val_what = format!(
-        "the validation text (data.val_fraction = {})",
-        spec.val_fraction
-    );
-    let splits = Splits {
-        origin: Origin::file(&name, None),
-        train: (format!("{name}: the training text"), train),
-        val: (format!("{name}: {val_what}"), val),
-    };
+    let splits = Splits::at_end(&name, "text", ids, spec.val_fraction);
     let classes = vocabulary.len();
     windows(splits, block, classes, DataSource::Text, Some(vocabulary))
 }
@@ -64,6 +53,23 @@ pub(super) struct Splits {
     pub origin: Origin,
     pub train: (String, Vec<f32>),
     pub val: (String, Vec<f32>),
+}
+
+impl Splits {
+    /// The last `fraction` of `ids` validates, the rest trains; `what` is "text" or
+    /// "tokens", for errors.
+    pub fn at_end(name: &str, what: &str, mut ids: Vec<f32>, fraction: f64) -> Self {
+        let val_len = (ids.len() as f64 * fraction).round() as usize;
+        let val = ids.split_off(ids.len() - val_len);
+        Splits {
+            origin: Origin::file(name, None),
+            train: (format!("{name}: the training {what}"), ids),
+            val: (
+                format!("{name}: the validation {what} (data.val_fraction = {fraction})"),
+                val,
+            ),
+        }
+    }
 }
 
 /// Token ids as samples: windows of `block` tokens whose targets are the next tokens. The

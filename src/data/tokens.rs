@@ -25,31 +25,23 @@ pub fn load(spec: &DataSpec) -> Result<Data> {
     };
     let format = spec.token_format.unwrap_or_default();
     let train_files = files(path, "data.path")?;
-    let mut train = read_all(&train_files, format, spec.classes)?;
+    let train = read_all(&train_files, format, spec.classes)?;
     let name = path.display().to_string();
-    let val = match &spec.val_path {
+    let splits = match &spec.val_path {
         Some(val_path) => {
             let val_files = files(val_path, "data.val_path")?;
             let val = read_all(&val_files, format, spec.classes)?;
-            (format!("{} (data.val_path)", val_path.display()), val)
+            Splits {
+                origin: Origin::file(&name, None),
+                train: (format!("{name}: the training tokens"), train),
+                val: (format!("{} (data.val_path)", val_path.display()), val),
+            }
         }
-        None => {
-            let val_len = (train.len() as f64 * spec.val_fraction).round() as usize;
-            let val = train.split_off(train.len() - val_len);
-            let what = format!(
-                "{name}: the validation tokens (data.val_fraction = {})",
-                spec.val_fraction
-            );
-            (what, val)
-        }
+        None => Splits::at_end(&name, "tokens", train, spec.val_fraction),
     };
-    let largest = (train.iter().chain(&val.1)).fold(0.0f32, |m, &id| m.max(id)) as usize;
+    let ids = splits.train.1.iter().chain(&splits.val.1);
+    let largest = ids.fold(0.0f32, |m, &id| m.max(id)) as usize;
     let classes = spec.classes.unwrap_or(largest + 1).max(2);
-    let splits = Splits {
-        origin: Origin::file(&name, None),
-        train: (format!("{name}: the training tokens"), train),
-        val,
-    };
     windows(splits, block, classes, DataSource::Tokens, None)
 }
 

@@ -57,13 +57,12 @@ pub fn matmul(
     );
 }
 
-/// `matmul` on one thread into a destination whose rows lie `dst_rs` values apart (a
+/// dst = lhs·rhs on one thread, into a destination whose rows lie `dst_rs` values apart (a
 /// column block of a wider matrix, such as one head's slice of attention's output).
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_into_rows(
     dst: &mut [f32],
     dst_rs: usize,
-    accumulate: bool,
     lhs: &[f32],
     lhs_strides: (usize, usize),
     rhs: &[f32],
@@ -75,7 +74,7 @@ pub fn matmul_into_rows(
     product(
         dst,
         dst_rs,
-        accumulate,
+        false,
         lhs,
         lhs_strides,
         rhs,

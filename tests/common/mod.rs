@@ -288,3 +288,14 @@ pub fn only_run_dir(runs: &Path) -> PathBuf {
     assert_eq!(dirs.len(), 1, "{dirs:?}");
     dirs[0].clone()
 }
+
+/// Writes f32 tensors, each (name, values, shape), to a safetensors file.
+pub fn write_f32_safetensors(path: &Path, tensors: &[(&str, &[f32], Vec<usize>)]) {
+    let views = tensors.iter().map(|(name, values, shape)| {
+        let bytes: &[u8] = bytemuck::cast_slice(values);
+        let view =
+            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes);
+        (*name, view.unwrap())
+    });
+    std::fs::write(path, safetensors::serialize(views, None).unwrap()).unwrap();
+}

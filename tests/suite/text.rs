@@ -282,13 +282,10 @@ fn the_char_gpt_follows_pytorch_for_50_steps() {
     tensors.push(("lm_head.weight".into(), vec![73, 128], tensors[0].2.clone()));
     let tmp = tempfile::tempdir().unwrap();
     let init = tmp.path().join("init.safetensors");
-    let views = tensors.iter().map(|(name, shape, values)| {
-        let bytes: &[u8] = bytemuck::cast_slice(values);
-        let view =
-            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes);
-        (name.as_str(), view.unwrap())
-    });
-    std::fs::write(&init, safetensors::serialize(views, None).unwrap()).unwrap();
+    let views: Vec<(&str, &[f32], Vec<usize>)> = (tensors.iter())
+        .map(|(name, shape, values)| (name.as_str(), values.as_slice(), shape.clone()))
+        .collect();
+    common::write_f32_safetensors(&init, &views);
 
     let init_from = format!("model.init_from={:?}", init.to_str().unwrap());
     let out = trainer(&[
@@ -437,6 +434,13 @@ fn run_gpt(job: &Path, runs: &Path, extra: &[&str]) -> std::path::PathBuf {
     std::path::PathBuf::from(stdout(&out).trim())
 }
 
+/// The loss of every metrics.csv row, train and val.
+fn losses(dir: &Path) -> Vec<f64> {
+    (metrics_without_timing(dir).iter().skip(1))
+        .map(|l| l.split(',').nth(3).unwrap().parse().unwrap())
+        .collect()
+}
+
 /// metrics.csv without its timing columns.
 fn metrics_without_timing(dir: &Path) -> Vec<String> {
     let text = std::fs::read_to_string(dir.join("metrics.csv")).unwrap();
@@ -498,11 +502,6 @@ fn a_gpt_on_two_replicas_follows_one_device() {
     let runs = tmp.path().join("runs");
     let one = run_gpt(&job, &runs, &[]);
     let two = run_gpt(&job, &runs, &["--set", "parallel.replicas=2"]);
-    let losses = |dir: &Path| -> Vec<f64> {
-        (metrics_without_timing(dir).iter().skip(1))
-            .map(|l| l.split(',').nth(3).unwrap().parse().unwrap())
-            .collect()
-    };
     let (a, b) = (losses(&one), losses(&two));
     assert_eq!(a.len(), b.len());
     for (x, y) in a.iter().zip(&b) {
@@ -519,11 +518,6 @@ fn a_gpt_in_bf16_follows_its_fp32_run() {
     let runs = tmp.path().join("runs");
     let fp32 = run_gpt(&job, &runs, &[]);
     let bf16 = run_gpt(&job, &runs, &["--set", "precision.mode=\"bf16\""]);
-    let losses = |dir: &Path| -> Vec<f64> {
-        (metrics_without_timing(dir).iter().skip(1))
-            .map(|l| l.split(',').nth(3).unwrap().parse().unwrap())
-            .collect()
-    };
     let (a, b) = (losses(&fp32), losses(&bf16));
     assert_eq!(a.len(), b.len());
     assert!(a != b, "bf16 gave fp32's bits: was it applied?");

@@ -585,23 +585,13 @@ fn compare_with_torch(layers: &str) {
     net.forward(&backend, n, false, 0);
     let expected = net.output()[..n * 10].to_vec();
     let case = tmp.path().join("case.safetensors");
-    let views = [
-        ("input", input.as_slice(), vec![n, 1, 8, 8]),
-        ("expected", expected.as_slice(), vec![n, 10]),
-    ];
-    let tensors: Vec<(&str, safetensors::tensor::TensorView)> = views
-        .iter()
-        .map(|(name, values, shape)| {
-            let view = safetensors::tensor::TensorView::new(
-                safetensors::Dtype::F32,
-                shape.clone(),
-                bytemuck::cast_slice(values),
-            )
-            .unwrap();
-            (*name, view)
-        })
-        .collect();
-    std::fs::write(&case, safetensors::serialize(tensors, None).unwrap()).unwrap();
+    common::write_f32_safetensors(
+        &case,
+        &[
+            ("input", &input, vec![n, 1, 8, 8]),
+            ("expected", &expected, vec![n, 10]),
+        ],
+    );
 
     let out = Command::new(&python)
         .arg(root().join("tests/fixtures/torch_load_model.py"))
@@ -665,17 +655,13 @@ fn nanogpt_loads_a_gpt_runs_weights_and_computes_the_same_logits() {
     net.forward(&backend, n, false, 0);
     let expected = net.output()[..n * t * vocabulary].to_vec();
     let case = tmp.path().join("case.safetensors");
-    let views = [
-        ("input", input.as_slice(), vec![n, t]),
-        ("expected", expected.as_slice(), vec![n, t, vocabulary]),
-    ];
-    let tensors = views.iter().map(|(name, values, shape)| {
-        let bytes: &[u8] = bytemuck::cast_slice(values);
-        let view =
-            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes);
-        (*name, view.unwrap())
-    });
-    std::fs::write(&case, safetensors::serialize(tensors, None).unwrap()).unwrap();
+    common::write_f32_safetensors(
+        &case,
+        &[
+            ("input", &input, vec![n, t]),
+            ("expected", &expected, vec![n, t, vocabulary]),
+        ],
+    );
     let config = r#"{"vocab": 73, "block": 64, "width": 128, "heads": 4, "layers": 4,
                      "bias": false, "gelu": "none"}"#;
     let out = Command::new(&python)

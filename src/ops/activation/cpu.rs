@@ -86,15 +86,11 @@ impl Kernels for CpuBackend {
 
 /// y = f(x), in parallel chunks.
 fn map_from(y: &mut [f32], x: &[f32], f: impl Fn(f32) -> f32 + Sync + Copy) {
-    map2(y, x, |y, x, _| zip_with(y, x, x, |x, _| f(x)));
+    map2(y, x, |y, x, _| apply(y, x, f));
 }
 
 fn map_in_place(buf: &mut [f32], f: impl Fn(f32) -> f32 + Sync + Copy) {
-    map1(buf, |buf, _| {
-        for v in buf {
-            *v = f(*v);
-        }
-    });
+    map1(buf, |buf, _| apply_in_place(buf, f));
 }
 
 /// dx = dy · f'(at), where `at` is the input or the output, whichever f' reads.
@@ -105,8 +101,24 @@ fn chain(dx: &mut [f32], dy: &[f32], at: &[f32], derivative: impl Fn(f32) -> f32
     });
 }
 
+// `f` is inlined into a loop of each width (`simd_fn!`).
 simd_fn! {
-    /// out = f(a, b) elementwise, `f` inlined into a loop of each width.
+    fn apply(out: &mut [f32], a: &[f32], f: impl Fn(f32) -> f32 + Copy) {
+        for (o, &a) in out.iter_mut().zip(a) {
+            *o = f(a);
+        }
+    }
+}
+
+simd_fn! {
+    fn apply_in_place(buf: &mut [f32], f: impl Fn(f32) -> f32 + Copy) {
+        for v in buf {
+            *v = f(*v);
+        }
+    }
+}
+
+simd_fn! {
     fn zip_with(out: &mut [f32], a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32 + Copy) {
         for ((o, &a), &b) in out.iter_mut().zip(a).zip(b) {
             *o = f(a, b);

@@ -78,20 +78,11 @@ pub fn forward_sample(x: &[f32], y: &mut [f32], p: &mut [f32], shape: &Shape) {
     for h in 0..shape.heads {
         let p = &mut p[h * t * t..][..t * t];
         let (q, k, v) = (part(shape, Q, h), part(shape, K, h), part(shape, V, h));
-        matmul_into_rows(p, t, false, &x[q..], (xs, 1), &x[k..], (1, xs), (t, t, d));
+        matmul_into_rows(p, t, &x[q..], (xs, 1), &x[k..], (1, xs), (t, t, d));
         for i in 0..t {
             softmax_row(&mut p[i * t..][..t], shape.attended(i), shape.scale());
         }
-        matmul_into_rows(
-            &mut y[h * d..],
-            c,
-            false,
-            p,
-            (t, 1),
-            &x[v..],
-            (xs, 1),
-            (t, d, t),
-        );
+        matmul_into_rows(&mut y[h * d..], c, p, (t, 1), &x[v..], (xs, 1), (t, d, t));
     }
 }
 
@@ -100,9 +91,9 @@ fn softmax_row(row: &mut [f32], last: usize, scale: f32) {
     let (row, masked) = row.split_at_mut(last);
     masked.fill(0.0);
     let max = row.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s)) * scale;
-    zip_map(row, |s| exp(s * scale - max));
-    let inv = 1.0 / sum(row);
-    zip_map(row, |s| s * inv);
+    row.iter_mut().for_each(|s| *s = exp(*s * scale - max));
+    let inv = 1.0 / in_lanes(row, row, |s, _| s);
+    row.iter_mut().for_each(|s| *s *= inv);
 }
 
 /// One sample's input gradient dx [T, 3·C] from dy [T, C]; `ds` holds one head's score
@@ -122,70 +113,32 @@ pub fn backward_sample(
         let p = &p[h * t * t..][..t * t];
         let (q, k, v) = (part(shape, Q, h), part(shape, K, h), part(shape, V, h));
         let dyh = &dy[h * d..];
-        matmul_into_rows(&mut dx[v..], xs, false, p, (1, t), dyh, (c, 1), (t, d, t));
-        matmul_into_rows(ds, t, false, dyh, (c, 1), &x[v..], (1, xs), (t, t, d));
+        matmul_into_rows(&mut dx[v..], xs, p, (1, t), dyh, (c, 1), (t, d, t));
+        matmul_into_rows(ds, t, dyh, (c, 1), &x[v..], (1, xs), (t, t, d));
         for i in 0..t {
             let last = shape.attended(i);
             let (dp, p) = (&mut ds[i * t..][..t], &p[i * t..][..last]);
-            let total = dot(&dp[..last], p);
-            vectorized(|| {
-                for (s, &pj) in dp[..last].iter_mut().zip(p) {
-                    *s = pj * (*s - total) * scale;
-                }
-            });
+            let total = in_lanes(&dp[..last], p, |g, pj| g * pj);
+            for (s, &pj) in dp[..last].iter_mut().zip(p) {
+                *s = pj * (*s - total) * scale;
+            }
             dp[last..].fill(0.0);
         }
-        matmul_into_rows(
-            &mut dx[q..],
-            xs,
-            false,
-            ds,
-            (t, 1),
-            &x[k..],
-            (xs, 1),
-            (t, d, t),
-        );
-        matmul_into_rows(
-            &mut dx[k..],
-            xs,
-            false,
-            ds,
-            (1, t),
-            &x[q..],
-            (xs, 1),
-            (t, d, t),
-        );
+        matmul_into_rows(&mut dx[q..], xs, ds, (t, 1), &x[k..], (xs, 1), (t, d, t));
+        matmul_into_rows(&mut dx[k..], xs, ds, (1, t), &x[q..], (xs, 1), (t, d, t));
     }
 }
 
-fn zip_map(row: &mut [f32], f: impl Fn(f32) -> f32) {
-    for s in row {
-        *s = f(*s);
-    }
-}
-
-/// The sum, in eight lanes (which vectorise) and then across them.
-fn sum(a: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; 8];
-    let a8 = a.chunks_exact(8);
-    let tail: f32 = a8.remainder().iter().sum();
-    for x in a8 {
-        for l in 0..8 {
-            lanes[l] += x[l];
-        }
-    }
-    lanes.iter().sum::<f32>() + tail
-}
-/// a·b, summed in eight lanes (which vectorise) and then across them.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+/// Σ term(a_i, b_i), summed in eight lanes (which vectorise) and then across them.
+fn in_lanes(a: &[f32], b: &[f32], term: impl Fn(f32, f32) -> f32) -> f32 {
     let mut lanes = [0.0f32; 8];
     let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
     let tail: f32 = (a8.remainder().iter().zip(b8.remainder()))
-        .map(|(x, y)| x * y)
+        .map(|(&x, &y)| term(x, y))
         .sum();
     for (x, y) in a8.zip(b8) {
         for l in 0..8 {
-            lanes[l] += x[l] * y[l];
+            lanes[l] += term(x[l], y[l]);
         }
     }
     lanes.iter().sum::<f32>() + tail

@@ -126,28 +126,25 @@ pub fn layernorm_backward(
             });
     }
     let columns = width.div_ceil(rayon::current_num_threads()).max(8);
-    let dgamma = &mut dgamma[..width];
-    let add_columns = |first: usize, dgamma: &mut [f32], dbeta: Option<&mut [f32]>| {
-        for r in 0..rows {
-            let dyr = &dy[r * width + first..][..dgamma.len()];
-            for (j, (dg, &d)) in dgamma.iter_mut().zip(dyr).enumerate() {
-                *dg += d * xhat(r, first + j) as f32;
-            }
-        }
-        if let Some(dbeta) = dbeta {
+    (dgamma[..width].par_chunks_mut(columns))
+        .enumerate()
+        .for_each(|(i, dgamma)| {
+            let first = i * columns;
             for r in 0..rows {
-                let dyr = &dy[r * width + first..][..dbeta.len()];
-                dbeta.iter_mut().zip(dyr).for_each(|(db, &d)| *db += d);
+                let dyr = &dy[r * width + first..][..dgamma.len()];
+                for (j, (dg, &d)) in dgamma.iter_mut().zip(dyr).enumerate() {
+                    *dg += d * xhat(r, first + j) as f32;
+                }
             }
-        }
-    };
-    match dbeta {
-        Some(dbeta) => (dgamma.par_chunks_mut(columns))
-            .zip(dbeta[..width].par_chunks_mut(columns))
+        });
+    if let Some(dbeta) = dbeta {
+        (dbeta[..width].par_chunks_mut(columns))
             .enumerate()
-            .for_each(|(i, (dg, db))| add_columns(i * columns, dg, Some(db))),
-        None => (dgamma.par_chunks_mut(columns))
-            .enumerate()
-            .for_each(|(i, dg)| add_columns(i * columns, dg, None)),
+            .for_each(|(i, dbeta)| {
+                for r in 0..rows {
+                    let dyr = &dy[r * width + i * columns..][..dbeta.len()];
+                    dbeta.iter_mut().zip(dyr).for_each(|(db, &d)| *db += d);
+                }
+            });
     }
 }
