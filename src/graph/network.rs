@@ -294,14 +294,11 @@ impl<B: Engine> Network<B> {
     /// to step: then the reason is returned and every step runs op by op.
     pub fn enable_step_graphs(&mut self) -> std::result::Result<(), String> {
         // Dropout draws a new mask every micro-step from a key passed by value.
-        if let Some(i) = self
-            .graph
-            .layers
-            .iter()
-            .position(|l| l.op.properties().draws_masks)
-        {
+        let layers = &self.graph.layers;
+        if let Some(i) = layers.iter().position(|l| l.op.properties().draws_masks) {
+            let kind = layers[i].kind;
             return Err(format!(
-                "model.layers[{i}] (dropout) draws a new mask every step"
+                "model.layers[{i}] ({kind}) draws a new dropout mask every step"
             ));
         }
         self.graphs.enable();
@@ -483,6 +480,7 @@ impl<B: Engine> Network<B> {
         Mask {
             key: self.dropout_key(i, step_key),
             first: self.dropout_first(i),
+            sample: self.sample_offset as u64,
         }
     }
 

@@ -41,6 +41,9 @@ pub struct Fusion {
 pub struct Mask {
     pub key: u64,
     pub first: u64,
+    /// The batch's first sample in the micro-batch (not 0 for a data-parallel replica's
+    /// share), for masks over something other than the output.
+    pub sample: u64,
 }
 
 /// What an op's backward pass leaves to the executor.

@@ -162,6 +162,45 @@ fn the_char_gpt_job_trains_and_samples_with_its_vocabulary() {
     );
 }
 
+/// jobs/gpt_shakespeare.toml is nanoGPT's shakespeare_char model (10.65M parameters there
+/// without the position table and with 65 characters; 73 here), and trains with its dropout:
+/// two short steps on the CPU, in bf16 as the job asks.
+#[test]
+fn the_shakespeare_gpt_job_is_nanogpts_and_trains_with_dropout() {
+    let out = trainer(&[
+        "check",
+        "jobs/gpt_shakespeare.toml",
+        "--set",
+        "device.type='cpu'",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let without_wpe_with_65 = 10_748_160 - 256 * 384 - (73 - 65) * 384;
+    assert_eq!(without_wpe_with_65, 10_646_784);
+    assert!(text.contains("total parameters: 10,748,160"), "{text}");
+    let tmp = tempfile::tempdir().unwrap();
+    let sets = [
+        "device.type='cpu'",
+        "train.max_steps=2",
+        "data.batch_size=2",
+        "train.eval_every_steps=2",
+        "train.eval_steps=1",
+        "train.log_every=1",
+    ];
+    let mut args = vec!["run", "jobs/gpt_shakespeare.toml", "-q", "--runs-dir"];
+    args.push(tmp.path().to_str().unwrap());
+    args.extend(sets.iter().flat_map(|s| ["--set", s]));
+    let out = trainer(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let dir = std::path::PathBuf::from(stdout(&out).trim());
+    let losses = losses(&dir);
+    assert_eq!(losses.len(), 3, "two steps and an evaluation: {losses:?}");
+    assert!(
+        losses.iter().all(|l| (l - 73f64.ln()).abs() < 1.0),
+        "{losses:?}"
+    );
+}
+
 /// model.init = "gpt2": matrices N(0, 0.02), the projections into the residual stream
 /// N(0, 0.02/√P) with P of them (2·L in a GPT of L blocks), biases 0, norm scales 1
 /// (nanoGPT's _init_weights).
@@ -457,9 +496,12 @@ fn metrics_without_timing(dir: &Path) -> Vec<String> {
         .collect()
 }
 
-/// A GPT run resumed from its step-20 checkpoint, with gradient accumulation and activation
-/// checkpointing, ends as the uninterrupted run: the same windows in the same order, the same
-/// losses and the same final weights, bit for bit.
+/// Dropout on the small GPT's attention probabilities, as `--set` arguments.
+const ATTENTION_DROPOUT: [&str; 2] = ["--set", "model.blocks.h[2].dropout=0.2"];
+
+/// A GPT run resumed from its step-20 checkpoint, with gradient accumulation, activation
+/// checkpointing and attention dropout, ends as the uninterrupted run: the same windows in
+/// the same order, the same masks, the same losses and the same final weights, bit for bit.
 #[test]
 fn a_resumed_gpt_run_gives_the_uninterrupted_run_exactly() {
     let tmp = tempfile::tempdir().unwrap();
@@ -470,6 +512,8 @@ fn a_resumed_gpt_run_gives_the_uninterrupted_run_exactly() {
         "train.grad_accum_steps=2",
         "--set",
         "checkpoint.activations=\"all\"",
+        ATTENTION_DROPOUT[0],
+        ATTENTION_DROPOUT[1],
     ];
     let full = run_gpt(&job, &runs, &sets);
     let crashed = tmp.path().join("crashed");
@@ -494,19 +538,26 @@ fn a_resumed_gpt_run_gives_the_uninterrupted_run_exactly() {
 }
 
 /// Two replicas in threads train the small GPT as one device does: each takes half of every
-/// micro-batch's windows, and the averaged gradients give the same losses up to rounding.
+/// micro-batch's windows and draws the attention dropout masks one device would for them,
+/// and the averaged gradients give the same losses up to rounding.
 #[test]
 fn a_gpt_on_two_replicas_follows_one_device() {
     let tmp = tempfile::tempdir().unwrap();
     let job = small_gpt(tmp.path());
     let runs = tmp.path().join("runs");
-    let one = run_gpt(&job, &runs, &[]);
-    let two = run_gpt(&job, &runs, &["--set", "parallel.replicas=2"]);
+    let one = run_gpt(&job, &runs, &ATTENTION_DROPOUT);
+    let two = run_gpt(
+        &job,
+        &runs,
+        &[&ATTENTION_DROPOUT[..], &["--set", "parallel.replicas=2"]].concat(),
+    );
     let (a, b) = (losses(&one), losses(&two));
     assert_eq!(a.len(), b.len());
     for (x, y) in a.iter().zip(&b) {
         assert!((x - y).abs() <= 1e-5 * x.abs(), "{a:?}\n{b:?}");
     }
+    let without_dropout = losses(&run_gpt(&job, &runs, &[]));
+    assert_ne!(without_dropout, a, "the dropout was not applied");
 }
 
 /// The small GPT in bf16 (emulated on the CPU: half-width values, f32 master weights)

@@ -52,13 +52,31 @@ extern "C" __global__ void attention_softmax(float* p, u64 rows, u64 T, float sc
     for (u64 j = threadIdx.x; j < T; j += blockDim.x) row[j] = j < last ? expf(row[j] * scale - m) * inv : 0.0f;
 }
 
+// Dropout's factor for element i of the probabilities' stream: 0 or 1/(1 − p), as the CPU's
+// ProbsDropout::factor.
+__device__ __forceinline__ float kept_factor(float p, u64 key, u64 first, u64 i) {
+    return rng_uniform(key, first + i) >= p ? 1.0f / (1.0f - p) : 0.0f;
+}
+
+// The kept probabilities: w[at + i] = p[i]·factor(i).
+extern "C" __global__ void attention_dropout(const float* p, float* w, u64 at, u64 len, float drop, u64 key,
+                                             u64 first) {
+    GRID_STRIDE(i, len) w[at + i] = p[i] * kept_factor(drop, key, first, i);
+}
+
 // One block per row, in place over the probabilities' gradient:
-// ds = p·(dp − Σ_j p·dp)·scale (0 where masked, as p is).
-extern "C" __global__ void attention_softmax_backward(const float* p, float* dp, u64 rows, u64 T, float scale) {
+// ds = p·(dp − Σ_j p·dp)·scale (0 where masked, as p is). With dropout (drop > 0), dp is first
+// the kept probabilities' gradient, and is masked and scaled as they were.
+extern "C" __global__ void attention_softmax_backward(const float* p, float* dp, u64 rows, u64 T, float scale,
+                                                      float drop, u64 key, u64 first) {
     u64 r = blockIdx.x;
     if (r >= rows) return;
     const float* prow = p + r * T;
     float* row = dp + r * T;
+    if (drop > 0.0f) {
+        for (u64 j = threadIdx.x; j < T; j += blockDim.x) row[j] *= kept_factor(drop, key, first, r * T + j);
+        __syncthreads();
+    }
     double s = 0.0;
     for (u64 j = threadIdx.x; j < T; j += blockDim.x) s += (double)prow[j] * (double)row[j];
     s = block_sum(s);

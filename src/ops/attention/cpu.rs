@@ -1,7 +1,7 @@
 //! attention on the CPU: one sample per task, its heads in turn, each head a few
 //! single-threaded matrix products around a row softmax.
 
-use super::Kernels;
+use super::{Kernels, ProbsDropout};
 use crate::tensor::cpu::{vectorized, CpuBackend};
 use crate::tensor::matmul::matmul_into_rows;
 use crate::tensor::vector_math::exp;
@@ -18,16 +18,22 @@ impl Kernels for CpuBackend {
         qkv: &Vec<f32>,
         y: &mut Vec<f32>,
         probs: &mut Vec<f32>,
-        _: &mut Vec<f32>,
+        workspace: &mut Vec<f32>,
         n: usize,
         shape: &Shape,
+        dropout: Option<ProbsDropout>,
     ) {
         let (t, c) = (shape.len, shape.width());
         y[..n * t * c]
             .par_chunks_mut(t * c)
             .zip(probs[..n * shape.probs_len()].par_chunks_mut(shape.probs_len()))
+            .zip(workspace[..n * t * t].par_chunks_mut(t * t))
             .zip(qkv[..n * t * 3 * c].par_chunks(t * 3 * c))
-            .for_each(|((y, p), x)| vectorized(|| forward_sample(x, y, p, shape)));
+            .enumerate()
+            .for_each(|(b, (((y, p), kept), x))| {
+                let dropout = dropout.map(|d| d.from_sample(b, shape));
+                vectorized(|| forward_sample(x, y, p, kept, shape, dropout))
+            });
     }
 
     fn attention_backward(
@@ -39,6 +45,7 @@ impl Kernels for CpuBackend {
         workspace: &mut Vec<f32>,
         n: usize,
         shape: &Shape,
+        dropout: Option<ProbsDropout>,
     ) {
         let (t, c) = (shape.len, shape.width());
         dqkv[..n * t * 3 * c]
@@ -47,15 +54,26 @@ impl Kernels for CpuBackend {
             .zip(qkv[..n * t * 3 * c].par_chunks(t * 3 * c))
             .zip(probs[..n * shape.probs_len()].par_chunks(shape.probs_len()))
             .zip(dy[..n * t * c].par_chunks(t * c))
-            .for_each(|((((dx, ds), x), p), dy)| {
-                vectorized(|| backward_sample(x, p, dy, dx, ds, shape))
+            .enumerate()
+            .for_each(|(b, ((((dx, ds), x), p), dy))| {
+                let dropout = dropout.map(|d| d.from_sample(b, shape));
+                vectorized(|| backward_sample(x, p, dy, dx, ds, shape, dropout))
             });
     }
 }
 
-/// Workspace values for `max_batch` samples: one head's score gradients [T, T] each.
+/// Workspace values for `max_batch` samples: one head's [T, T] each (the kept probabilities
+/// in forward when dropout is on, the score gradients in backward).
 pub fn workspace_len(shape: &Shape, max_batch: usize) -> usize {
     max_batch * shape.len * shape.len
+}
+
+/// kept = p ∘ mask / (1 − p) for head `h`'s probabilities p [T, T].
+fn drop_probs(p: &[f32], kept: &mut [f32], d: ProbsDropout, h: usize) {
+    let first = (h * p.len()) as u64;
+    for (i, (k, &p)) in kept.iter_mut().zip(p).enumerate() {
+        *k = p * d.factor(first + i as u64);
+    }
 }
 
 /// Where head `h`'s queries (part 0), keys (1) or values (2) start in a [T, 3·C] sample;
@@ -69,10 +87,18 @@ const K: usize = 1;
 const V: usize = 2;
 
 /// One sample: x [T, 3·C] → y [T, C], probabilities p [heads, T, T]. Each head is two
-/// matrix products, S = Q·Kᵀ and Y = P·V, around a row softmax. The products also cover
-/// the masked half (its probabilities are 0): at these sizes a whole product runs faster
-/// than half of one by hand.
-pub fn forward_sample(x: &[f32], y: &mut [f32], p: &mut [f32], shape: &Shape) {
+/// matrix products, S = Q·Kᵀ and Y = P·V, around a row softmax; with dropout, V is weighted
+/// by the kept probabilities, written to `kept` [T, T]. The products also cover the masked
+/// half (its probabilities are 0): at these sizes a whole product runs faster than half of
+/// one by hand.
+fn forward_sample(
+    x: &[f32],
+    y: &mut [f32],
+    p: &mut [f32],
+    kept: &mut [f32],
+    shape: &Shape,
+    dropout: Option<ProbsDropout>,
+) {
     let (t, c, d) = (shape.len, shape.width(), shape.head_dim);
     let xs = 3 * c;
     for h in 0..shape.heads {
@@ -82,7 +108,22 @@ pub fn forward_sample(x: &[f32], y: &mut [f32], p: &mut [f32], shape: &Shape) {
         for i in 0..t {
             softmax_row(&mut p[i * t..][..t], shape.attended(i), shape.scale());
         }
-        matmul_into_rows(&mut y[h * d..], c, p, (t, 1), &x[v..], (xs, 1), (t, d, t));
+        let weights: &[f32] = match dropout {
+            Some(dropout) => {
+                drop_probs(p, kept, dropout, h);
+                kept
+            }
+            None => p,
+        };
+        matmul_into_rows(
+            &mut y[h * d..],
+            c,
+            weights,
+            (t, 1),
+            &x[v..],
+            (xs, 1),
+            (t, d, t),
+        );
     }
 }
 
@@ -98,14 +139,16 @@ fn softmax_row(row: &mut [f32], last: usize, scale: f32) {
 
 /// One sample's input gradient dx [T, 3·C] from dy [T, C]; `ds` holds one head's score
 /// gradients [T, T]. Per head: dV = Pᵀ·dY, dP = dY·Vᵀ, dS = P∘(dP − rowsum(P∘dP))/√d,
-/// dQ = dS·K, dK = dSᵀ·Q.
-pub fn backward_sample(
+/// dQ = dS·K, dK = dSᵀ·Q. With dropout, dV reads the kept probabilities (drawn into `ds`
+/// first) and dP is masked and scaled as they were.
+fn backward_sample(
     x: &[f32],
     p: &[f32],
     dy: &[f32],
     dx: &mut [f32],
     ds: &mut [f32],
     shape: &Shape,
+    dropout: Option<ProbsDropout>,
 ) {
     let (t, c, d) = (shape.len, shape.width(), shape.head_dim);
     let (xs, scale) = (3 * c, shape.scale());
@@ -113,11 +156,24 @@ pub fn backward_sample(
         let p = &p[h * t * t..][..t * t];
         let (q, k, v) = (part(shape, Q, h), part(shape, K, h), part(shape, V, h));
         let dyh = &dy[h * d..];
-        matmul_into_rows(&mut dx[v..], xs, p, (1, t), dyh, (c, 1), (t, d, t));
+        let weights: &[f32] = match dropout {
+            Some(dropout) => {
+                drop_probs(p, ds, dropout, h);
+                ds
+            }
+            None => p,
+        };
+        matmul_into_rows(&mut dx[v..], xs, weights, (1, t), dyh, (c, 1), (t, d, t));
         matmul_into_rows(ds, t, dyh, (c, 1), &x[v..], (1, xs), (t, t, d));
         for i in 0..t {
             let last = shape.attended(i);
             let (dp, p) = (&mut ds[i * t..][..t], &p[i * t..][..last]);
+            if let Some(dropout) = dropout {
+                let first = (h * t * t + i * t) as u64;
+                for (j, g) in dp[..last].iter_mut().enumerate() {
+                    *g *= dropout.factor(first + j as u64);
+                }
+            }
             let total = in_lanes(&dp[..last], p, |g, pj| g * pj);
             for (s, &pj) in dp[..last].iter_mut().zip(p) {
                 *s = pj * (*s - total) * scale;

@@ -3,9 +3,10 @@
 //!
 //! The workspace, for n samples (E = n·T·C values a part, P = n·H·T·T):
 //! [q | k | v | y or dy heads | dp | dq | dk | dv], at 0, E, 2E, 3E, 4E, 4E+P, 5E+P, 6E+P.
-//! Every product reads what lies before the part it writes.
+//! Every product reads what lies before the part it writes, except that with dropout the
+//! kept probabilities wait in dp's place for the product before it.
 
-use super::Kernels;
+use super::{Kernels, ProbsDropout};
 use crate::tensor::cuda::{grid, per_item, CudaBackend, CudaBuf, Launch};
 use crate::tensor::{Attention as Shape, Matrices};
 
@@ -54,6 +55,7 @@ impl Kernels for CudaBackend {
         workspace: &mut CudaBuf,
         n: usize,
         s: &Shape,
+        dropout: Option<ProbsDropout>,
     ) {
         if !self.all_f32("attention", &[probs, workspace]) {
             return;
@@ -76,11 +78,16 @@ impl Kernels for CudaBackend {
             .arg(&causal);
         // SAFETY: one block per row of T scores.
         self.launch("attention softmax", unsafe { l.launch(per_item(rows)) });
+        if let Some(dropout) = dropout {
+            self.drop_probs(probs, workspace, 4 * e, n * s.probs_len(), dropout);
+        }
         {
             let (front, mut back) = workspace.mem.split_at_mut(3 * e);
-            let (front, p) = (front.as_view(), probs.mem.as_view());
-            let operands = [(&p, scores(s, 0)), (&front, heads(s, 2 * e))];
-            let out = (&mut back, heads(s, 0));
+            let (mut y_heads, kept) = back.split_at_mut(e);
+            let (front, p, kept) = (front.as_view(), probs.mem.as_view(), kept.as_view());
+            let weights = if dropout.is_some() { &kept } else { &p };
+            let operands = [(weights, scores(s, 0)), (&front, heads(s, 2 * e))];
+            let out = (&mut y_heads, heads(s, 0));
             self.strided_gemm("attention output", (t, d, t), batch, operands, out, false);
         }
         self.merge(workspace, 3 * e, y, n, s, 1);
@@ -95,6 +102,7 @@ impl Kernels for CudaBackend {
         workspace: &mut CudaBuf,
         n: usize,
         s: &Shape,
+        dropout: Option<ProbsDropout>,
     ) {
         if !self.all_f32("attention backward", &[probs, workspace]) {
             return;
@@ -105,11 +113,21 @@ impl Kernels for CudaBackend {
         self.split(qkv, workspace, 0, n, s, 3);
         self.split(dy, workspace, 3 * e, n, s, 1);
         // Each product writes past what it reads in the workspace.
+        if let Some(dropout) = dropout {
+            self.drop_probs(probs, workspace, dp, n * s.probs_len(), dropout);
+        }
         {
-            // dv = pᵀ·dy
+            // dv = pᵀ·dy, p the kept probabilities with dropout
             let (front, mut back) = workspace.mem.split_at_mut(dv);
             let (front, p) = (front.as_view(), probs.mem.as_view());
-            let operands = [(&p, transposed(scores(s, 0))), (&front, heads(s, 3 * e))];
+            let (weights, at) = match dropout {
+                Some(_) => (&front, dp),
+                None => (&p, 0),
+            };
+            let operands = [
+                (weights, transposed(scores(s, at))),
+                (&front, heads(s, 3 * e)),
+            ];
             let out = (&mut back, heads(s, 0));
             self.strided_gemm("attention dv", (t, d, t), batch, operands, out, false);
         }
@@ -127,13 +145,22 @@ impl Kernels for CudaBackend {
         let (rows, t64, scale) = (batch * t, t as u64, s.scale());
         let rows64 = rows as u64;
         {
+            // p = 0 keeps every probability: no dropout.
+            let d = dropout.unwrap_or(ProbsDropout {
+                p: 0.0,
+                key: 0,
+                first: 0,
+            });
             let (_, mut ds) = workspace.mem.split_at_mut(dp);
             let mut l = Launch::new(self.stream(), self.kernel("attention_softmax_backward"));
             l.arg(&probs.mem)
                 .arg(&mut ds)
                 .arg(&rows64)
                 .arg(&t64)
-                .arg(&scale);
+                .arg(&scale)
+                .arg(&d.p)
+                .arg(&d.key)
+                .arg(&d.first);
             // SAFETY: one block per row of T values.
             self.launch("attention softmax backward", unsafe {
                 l.launch(per_item(rows))
@@ -162,6 +189,16 @@ impl Kernels for CudaBackend {
 }
 
 impl CudaBackend {
+    /// The kept probabilities, p ∘ mask / (1 − p), into the workspace at `at`.
+    fn drop_probs(&self, p: &CudaBuf, w: &mut CudaBuf, at: usize, len: usize, d: ProbsDropout) {
+        let (at, len64) = (at as u64, len as u64);
+        let mut l = Launch::new(self.stream(), self.kernel("attention_dropout"));
+        l.arg(&p.mem).arg(&mut w.mem).arg(&at).arg(&len64);
+        l.arg(&d.p).arg(&d.key).arg(&d.first);
+        // SAFETY: grid-stride over the len probabilities.
+        self.launch("attention dropout", unsafe { l.launch(grid(len)) });
+    }
+
     /// `parts` parts of x's rows ([n, T, parts, H, hd]) as heads into the workspace at `at`.
     fn split(&self, x: &CudaBuf, w: &mut CudaBuf, at: usize, n: usize, s: &Shape, parts: usize) {
         let xs = x.storage();

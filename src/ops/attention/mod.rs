@@ -10,7 +10,8 @@ mod cuda;
 
 pub use cuda::workspace_len as cuda_workspace_len;
 
-use super::{shape_str, Backward, Build, Checks, Compute, Dx, Engine, Forward, Op, OpKind};
+use super::Pass;
+use super::{shape_str, Backward, Build, Checks, Compute, Dx, Engine, Forward, Mask, Op, OpKind};
 use super::{ParamTensor, Properties, SavedState, Scratch};
 use crate::error::Result;
 use crate::tensor::{Attention as Shape, Backend};
@@ -28,6 +29,11 @@ pub struct AttentionSpec {
     /// mask). Default true.
     #[serde(default = "yes")]
     pub causal: bool,
+    /// Dropout on the attention probabilities in training, in [0, 1): nanoGPT's
+    /// `attn_dropout`. Default 0.
+    #[serde(default)]
+    #[schemars(range(min = 0), extend("exclusiveMaximum" = 1))]
+    pub dropout: f64,
 }
 
 fn yes() -> bool {
@@ -37,12 +43,44 @@ fn yes() -> bool {
 impl AttentionSpec {
     pub(super) fn check(&self, c: &mut Checks) {
         c.size("heads", self.heads, 1);
+        let message = format!("{} given; must be in [0, 1)", self.dropout);
+        c.check((0.0..1.0).contains(&self.dropout), "dropout", message);
     }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Attention {
     pub shape: Shape,
+    /// Dropout's probability on the attention probabilities in training.
+    pub dropout: f32,
+}
+
+/// Dropout on the attention probabilities in one training pass, as nanoGPT's attn_dropout:
+/// each is kept with probability 1 − p and then scaled by 1/(1 − p). The mask is drawn again
+/// in backward, never stored: probability i of sample b (in [heads, T, T] order) is element
+/// `first + b·probs_len + i` of the stream `key`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ProbsDropout {
+    pub p: f32,
+    pub key: u64,
+    pub first: u64,
+}
+
+impl ProbsDropout {
+    /// What element `index` of the stream multiplies its probability by: 0 or 1/(1 − p).
+    #[inline]
+    pub fn factor(&self, index: u64) -> f32 {
+        match crate::tensor::rng::uniform(self.key, self.first + index) >= self.p {
+            true => 1.0 / (1.0 - self.p),
+            false => 0.0,
+        }
+    }
+
+    /// The same mask for the samples from `sample` on.
+    pub fn from_sample(self, sample: usize, shape: &Shape) -> Self {
+        let first = self.first + (sample * shape.probs_len()) as u64;
+        ProbsDropout { first, ..self }
+    }
 }
 
 pub fn build(spec: &AttentionSpec, at: &mut Build) -> Result<(Op, Vec<usize>)> {
@@ -73,7 +111,11 @@ pub fn build(spec: &AttentionSpec, at: &mut Build) -> Result<(Op, Vec<usize>)> {
         head_dim: width / spec.heads,
         causal: spec.causal,
     };
-    Ok((Op::Attention(Attention { shape }), vec![len, width]))
+    let dropout = spec.dropout as f32;
+    Ok((
+        Op::Attention(Attention { shape, dropout }),
+        vec![len, width],
+    ))
 }
 
 /// The backend's side of attention: a CPU and a CUDA implementation, in this folder.
@@ -81,8 +123,9 @@ pub trait Kernels: Backend {
     /// The scratch `attention_forward` and `attention_backward` need for `max_batch` samples.
     fn attention_workspace_len(&self, shape: &Shape, max_batch: usize) -> usize;
 
-    /// y [n, T, C] from qkv [n, T, 3·C]: per head, softmax(q·kᵀ/√d, masked)·v. Keeps the
-    /// probabilities [n, heads, T, T] in `probs` for backward (0 where masked).
+    /// y [n, T, C] from qkv [n, T, 3·C]: per head, dropout(softmax(q·kᵀ/√d, masked))·v.
+    /// Keeps the probabilities [n, heads, T, T], before dropout, in `probs` for backward (0
+    /// where masked).
     #[allow(clippy::too_many_arguments)]
     fn attention_forward(
         &self,
@@ -92,9 +135,11 @@ pub trait Kernels: Backend {
         workspace: &mut Self::Buf,
         n: usize,
         shape: &Shape,
+        dropout: Option<ProbsDropout>,
     );
 
-    /// dqkv [n, T, 3·C] from dy [n, T, C], the input and the kept probabilities.
+    /// dqkv [n, T, 3·C] from dy [n, T, C], the input and the kept probabilities; `dropout`
+    /// as in the forward pass.
     #[allow(clippy::too_many_arguments)]
     fn attention_backward(
         &self,
@@ -105,6 +150,7 @@ pub trait Kernels: Backend {
         workspace: &mut Self::Buf,
         n: usize,
         shape: &Shape,
+        dropout: Option<ProbsDropout>,
     );
 }
 
@@ -122,7 +168,7 @@ impl OpKind for Attention {
             multiplies_input: false,
             rounds_dx_after: true,
             token_vocab: None,
-            draws_masks: false,
+            draws_masks: self.dropout > 0.0,
             one_value_per_channel: false,
         }
     }
@@ -144,18 +190,31 @@ impl OpKind for Attention {
     }
 }
 
+impl Attention {
+    /// The probabilities' dropout in this pass: none in evaluation or at p = 0.
+    fn dropout(&self, pass: Pass, mask: Mask) -> Option<ProbsDropout> {
+        (pass != Pass::Eval && self.dropout > 0.0).then(|| ProbsDropout {
+            p: self.dropout,
+            key: mask.key,
+            first: mask.sample * self.shape.probs_len() as u64,
+        })
+    }
+}
+
 impl<B: Engine> Compute<B> for Attention {
     fn forward(&self, f: &mut Forward<'_, B>) {
-        let (backend, n) = (f.backend, f.n);
+        let (backend, n, s) = (f.backend, f.n, &self.shape);
+        let dropout = self.dropout(f.pass, f.mask);
         let io = f.io();
-        backend.attention_forward(io.x, io.y, io.state, io.workspace, n, &self.shape);
+        backend.attention_forward(io.x, io.y, io.state, io.workspace, n, s, dropout);
     }
 
     fn backward(&self, b: &mut Backward<'_, B>) -> Dx {
-        let (backend, n) = (b.backend, b.n);
+        let (backend, n, s) = (b.backend, b.n, &self.shape);
+        let dropout = self.dropout(Pass::Train, b.mask);
         let g = b.io();
         if let Some(dx) = g.dx {
-            backend.attention_backward(g.x, g.state, g.dy, dx, g.workspace, n, &self.shape);
+            backend.attention_backward(g.x, g.state, g.dy, dx, g.workspace, n, s, dropout);
         }
         Dx::Written { exact: false }
     }

@@ -1,18 +1,24 @@
 //! attention's tests. The library does not compile this file: tests/suite/ops.rs does, so
 //! that its CUDA tests run on the emulated GPU with the rest.
 
-use crate::common::{random_vec, spec};
+use crate::common::{expect_error, random_vec, spec};
 use crate::cuda_parity::{
     assert_within, down, gpu, loss_curve, poisoned_in, stored, tolerance, up_in, STORAGES,
 };
 use crate::gradients::{check_gradients, sequence_job, sequences};
 use trainer::graph::Graph;
-use trainer::ops::attention::Kernels;
+use trainer::ops::attention::{Kernels, ProbsDropout};
 use trainer::tensor::cpu::CpuBackend;
 use trainer::tensor::{Attention, Backend};
 
-/// Attention by its definition, in f64: per sample and head, softmax(q·kᵀ/√d + mask)·v.
-fn reference(qkv: &[f32], n: usize, s: &Attention) -> (Vec<f64>, Vec<f64>) {
+/// Attention by its definition, in f64: per sample and head, dropout(softmax(q·kᵀ/√d +
+/// mask))·v, the probabilities returned before dropout.
+fn reference(
+    qkv: &[f32],
+    n: usize,
+    s: &Attention,
+    dropout: Option<ProbsDropout>,
+) -> (Vec<f64>, Vec<f64>) {
     let (t, c, d) = (s.len, s.width(), s.head_dim);
     let value = |b: usize, i: usize, part: usize, h: usize, e: usize| {
         qkv[((b * t + i) * 3 + part) * c + h * d + e] as f64
@@ -34,11 +40,13 @@ fn reference(qkv: &[f32], n: usize, s: &Attention) -> (Vec<f64>, Vec<f64>) {
                     .collect();
                 let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let total: f64 = scores.iter().map(|s| (s - max).exp()).sum();
-                for j in 0..t {
-                    let p = (scores[j] - max).exp() / total;
-                    probs[((b * s.heads + h) * t + i) * t + j] = p;
+                for (j, score) in scores.iter().enumerate() {
+                    let p = (score - max).exp() / total;
+                    let at = ((b * s.heads + h) * t + i) * t + j;
+                    probs[at] = p;
+                    let kept = p * dropout.map_or(1.0, |d| d.factor(at as u64) as f64);
                     for e in 0..d {
-                        y[(b * t + i) * c + h * d + e] += p * value(b, j, 2, h, e);
+                        y[(b * t + i) * c + h * d + e] += kept * value(b, j, 2, h, e);
                     }
                 }
             }
@@ -56,26 +64,57 @@ fn shape(causal: bool) -> Attention {
     }
 }
 
+/// Dropout on the probabilities, as a training pass of sample 5 on would draw it.
+const DROPOUT: ProbsDropout = ProbsDropout {
+    p: 0.3,
+    key: 0x5eed_cafe,
+    first: 5 * 90,
+};
+
 #[test]
 fn attention_is_scaled_dot_product_attention() {
     let b = CpuBackend::new(2);
-    for causal in [true, false] {
+    for (causal, dropout) in [(true, None), (false, None), (true, Some(DROPOUT))] {
         let (s, n) = (shape(causal), 2);
         let qkv = random_vec(n * s.len * 3 * s.width(), 1);
         let mut y = vec![f32::NAN; n * s.len * s.width()];
         let mut probs = vec![f32::NAN; n * s.probs_len()];
         let mut workspace = vec![0.0; b.attention_workspace_len(&s, n)];
-        b.attention_forward(&qkv, &mut y, &mut probs, &mut workspace, n, &s);
-        let (y_ref, probs_ref) = reference(&qkv, n, &s);
+        b.attention_forward(&qkv, &mut y, &mut probs, &mut workspace, n, &s, dropout);
+        let (y_ref, probs_ref) = reference(&qkv, n, &s, dropout);
         for (what, got, want) in [("y", &y, &y_ref), ("probs", &probs, &probs_ref)] {
             for (i, (&g, &w)) in got.iter().zip(want.iter()).enumerate() {
                 assert!(
                     (g as f64 - w).abs() <= 1e-5 * (1.0 + w.abs()),
-                    "causal {causal}: {what}[{i}] = {g}, by definition {w}"
+                    "causal {causal}, {dropout:?}: {what}[{i}] = {g}, by definition {w}"
                 );
             }
         }
     }
+}
+
+/// Dropout drops about p of the attended probabilities, a new set in each step.
+#[test]
+fn attention_dropout_drops_p_of_the_probabilities() {
+    let s = Attention {
+        len: 32,
+        heads: 4,
+        head_dim: 8,
+        causal: false,
+    };
+    let n = 8;
+    let dropped = |key: u64| -> Vec<bool> {
+        let d = ProbsDropout { key, ..DROPOUT };
+        (0..(n * s.probs_len()) as u64)
+            .map(|i| d.factor(i) == 0.0)
+            .collect()
+    };
+    let (a, b) = (dropped(1), dropped(2));
+    let share = a.iter().filter(|&&d| d).count() as f64 / a.len() as f64;
+    assert!((share - 0.3).abs() < 0.01, "dropped {share}, p = 0.3");
+    assert_ne!(a, b, "two steps drew the same mask");
+    let kept = DROPOUT.factor(a.iter().position(|&d| !d).unwrap() as u64);
+    assert_eq!(kept, 1.0 / 0.7);
 }
 
 #[test]
@@ -86,6 +125,9 @@ fn attention_gradients() {
         );
         check_gradients(&sequence_job(&middle), sequences());
     }
+    let middle =
+        r#"{ type = "linear", out = 12 }, { type = "attention", heads = 2, dropout = 0.3 }"#;
+    check_gradients(&sequence_job(middle), sequences());
 }
 
 #[test]
@@ -104,6 +146,11 @@ fn attention_refuses_heads_that_do_not_divide_the_width_and_inputs_that_are_not_
             "it reads [length, 3·width] samples",
         ),
     ];
+    let job = sequence_job(
+        r#"{ type = "linear", out = 12 }, { type = "attention", heads = 2, dropout = 1.0 }"#,
+    );
+    let needles = ["model.layers[2].dropout", "1 given; must be in [0, 1)"];
+    expect_error(&job, &["check", "JOB"], 2, &needles);
     for (middle, expected) in cases {
         let job = spec(&sequence_job(middle));
         let e = Graph::build(&job, &sequences()).unwrap_err().to_string();
@@ -122,18 +169,19 @@ fn attention_on_cuda_matches_the_cpu() {
     };
     let (g, cpu) = (&g, CpuBackend::new(2));
     for storage in STORAGES {
-        for causal in [true, false] {
+        for (causal, dropout) in [(true, None), (false, None), (true, Some(DROPOUT))] {
             let (s, n) = (shape(causal), 3);
-            let (tol, at) = (tolerance(storage), format!("{storage:?} causal {causal}"));
+            let tol = tolerance(storage);
+            let at = format!("{storage:?} causal {causal} {dropout:?}");
             let (x_len, y_len) = (n * s.len * 3 * s.width(), n * s.len * s.width());
             let x = stored(storage, &random_vec(x_len, 2));
             let dy = stored(storage, &random_vec(y_len, 3));
             let mut y = vec![f32::NAN; y_len];
             let mut probs = vec![f32::NAN; n * s.probs_len()];
             let mut w = vec![0.0; cpu.attention_workspace_len(&s, n)];
-            cpu.attention_forward(&x, &mut y, &mut probs, &mut w, n, &s);
+            cpu.attention_forward(&x, &mut y, &mut probs, &mut w, n, &s, dropout);
             let mut dx = vec![f32::NAN; x_len];
-            cpu.attention_backward(&x, &probs, &dy, &mut dx, &mut w, n, &s);
+            cpu.attention_backward(&x, &probs, &dy, &mut dx, &mut w, n, &s, dropout);
 
             let xg = up_in(g, storage, &x);
             let (mut yg, mut probs_g) = (
@@ -141,7 +189,7 @@ fn attention_on_cuda_matches_the_cpu() {
                 g.alloc(n * s.probs_len()).unwrap(),
             );
             let mut wg = g.alloc(g.attention_workspace_len(&s, n)).unwrap();
-            g.attention_forward(&xg, &mut yg, &mut probs_g, &mut wg, n, &s);
+            g.attention_forward(&xg, &mut yg, &mut probs_g, &mut wg, n, &s, dropout);
             let mut dxg = poisoned_in(g, storage, x_len);
             g.attention_backward(
                 &xg,
@@ -151,6 +199,7 @@ fn attention_on_cuda_matches_the_cpu() {
                 &mut wg,
                 n,
                 &s,
+                dropout,
             );
             let probs_gpu = down(g, &probs_g, n * s.probs_len());
             assert_within(&probs_gpu, &probs, 1e-5, &format!("{at} probabilities"));
