@@ -47,8 +47,8 @@ pub fn sample(args: &SampleArgs) -> Result<String> {
     let trained = Trained::load(&args.run, args.checkpoint.as_deref())?;
     let Some(vocabulary) = trained.preprocess.vocabulary.clone() else {
         return Err(Error::Job(format!(
-            "{}: its model was not trained on text (data.source = \"text\"), so it has no \
-             vocabulary to write with",
+            "{}: its model was not trained on text (data.source = \"text\") or on token \
+             files with a data.tokenizer, so it has no vocabulary to write with",
             args.run.display()
         )));
     };
@@ -63,12 +63,19 @@ pub fn sample(args: &SampleArgs) -> Result<String> {
             "--prompt: empty; give at least one character".into(),
         ));
     }
-    let generated = generate(trained, &mut ids, args)?;
+    let generated = generate(trained, &mut ids, vocabulary.len(), args)?;
     Ok(args.prompt.clone() + &vocabulary.decode(&generated))
 }
 
-/// Appends `args.tokens` drawn tokens to `ids`; returns them.
-fn generate(trained: Trained, ids: &mut Vec<u32>, args: &SampleArgs) -> Result<Vec<u32>> {
+/// Appends `args.tokens` drawn tokens to `ids`; returns them. Tokens are drawn from the
+/// vocabulary's `known` ids only: a padded output layer (GPT-2's 50,304 logits for 50,257
+/// tokens) has logits for ids no text holds.
+fn generate(
+    trained: Trained,
+    ids: &mut Vec<u32>,
+    known: usize,
+    args: &SampleArgs,
+) -> Result<Vec<u32>> {
     let backend = CpuBackend::new(cpu_threads(&trained.spec));
     let block = trained.preprocess.sample_shape.iter().product::<usize>();
     let vocab = trained.preprocess.classes.unwrap_or(0);
@@ -90,7 +97,7 @@ fn generate(trained: Trained, ids: &mut Vec<u32>, args: &SampleArgs) -> Result<V
         backend.upload(&input, net.input_mut());
         net.forward(&backend, 1, false, 0);
         backend.download(net.output(), &mut logits);
-        let last = &logits[(context.len() - 1) * vocab..context.len() * vocab];
+        let last = &logits[(context.len() - 1) * vocab..][..known.min(vocab)];
         let next = draw(last, args.temperature, args.top_k, &mut rng);
         ids.push(next);
         drawn.push(next);

@@ -1,5 +1,5 @@
-//! Text for language models: a UTF-8 file (plain or gzip) as token ids, one per character or
-//! per byte. A sample is a window of block_size tokens; its targets are the tokens one
+//! Text for language models: a UTF-8 file (plain or gzip) as token ids, one per character,
+//! per byte or per GPT-2 token. A sample is a window of block_size tokens; its targets are the tokens one
 //! position on. Training windows start at every token (nanoGPT draws random offsets; an
 //! epoch here visits each offset once, in a seeded order). Validation is the text's last
 //! `val_fraction`, in windows a block apart.
@@ -24,7 +24,7 @@ pub fn load(spec: &DataSpec) -> Result<Data> {
             Vocabulary::of(tokenizer, ""),
             bytes.iter().map(|&b| f32::from(b)).collect::<Vec<f32>>(),
         ),
-        Tokenizer::Char => {
+        Tokenizer::Char | Tokenizer::Gpt2 => {
             let text = std::str::from_utf8(&bytes).map_err(|e| {
                 Error::Job(format!(
                     "{name}: not UTF-8 text: byte {} starts no character (data.tokenizer = \
@@ -43,8 +43,23 @@ pub fn load(spec: &DataSpec) -> Result<Data> {
         return Err(Error::Job(format!("{name}: the file is empty")));
     }
     let splits = Splits::at_end(&name, "text", ids, spec.val_fraction);
-    let classes = vocabulary.len();
+    let classes = classes(spec, &vocabulary)?;
     windows(splits, block, classes, DataSource::Text, Some(vocabulary))
+}
+
+/// The model's classes: the vocabulary's size, or `data.classes` where that pads it (GPT-2's
+/// 50,257 tokens to 50,304, a multiple of 64, as llm.c and nanoGPT do).
+pub(super) fn classes(spec: &DataSpec, vocabulary: &Vocabulary) -> Result<usize> {
+    match spec.classes {
+        Some(c) if c < vocabulary.len() => Err(Error::Job(format!(
+            "data.classes = {c} is smaller than the vocabulary of data.tokenizer = \"{}\", {} \
+             tokens; it may only pad the vocabulary",
+            vocabulary.tokenizer.name(),
+            vocabulary.len()
+        ))),
+        Some(c) => Ok(c),
+        None => Ok(vocabulary.len()),
+    }
 }
 
 /// A language model's token ids: the training split's and the validation split's (empty

@@ -5,7 +5,8 @@
 //!
 //! Every id is held as an f32 (4 bytes a token; exact below 2^24).
 
-use super::text::{windows, Splits};
+use super::text::{classes, windows, Splits};
+use super::vocabulary::Vocabulary;
 use super::{sources, Data, Origin};
 use crate::error::{Error, Result};
 use crate::spec::{DataSource, DataSpec, TokenFormat};
@@ -24,13 +25,30 @@ pub fn load(spec: &DataSpec) -> Result<Data> {
         ));
     };
     let format = spec.token_format.unwrap_or_default();
+    // The tokenizer that wrote the files, if the job names it: ids must lie in its vocabulary.
+    let vocabulary = spec.tokenizer.map(|t| Vocabulary::of(t, ""));
+    let limit = match (&vocabulary, spec.classes) {
+        (Some(v), None) => Some(Limit {
+            classes: v.len(),
+            from: format!(
+                "the {} tokens of data.tokenizer = \"{}\"",
+                v.len(),
+                v.tokenizer.name()
+            ),
+        }),
+        (v, Some(c)) => Some(Limit {
+            classes: v.as_ref().map_or(Ok(c), |v| classes(spec, v))?,
+            from: format!("data.classes = {c}, the vocabulary's size"),
+        }),
+        (None, None) => None,
+    };
     let train_files = files(path, "data.path")?;
-    let train = read_all(&train_files, format, spec.classes)?;
+    let train = read_all(&train_files, format, limit.as_ref())?;
     let name = path.display().to_string();
     let splits = match &spec.val_path {
         Some(val_path) => {
             let val_files = files(val_path, "data.val_path")?;
-            let val = read_all(&val_files, format, spec.classes)?;
+            let val = read_all(&val_files, format, limit.as_ref())?;
             Splits {
                 origin: Origin::file(&name, None),
                 train: (format!("{name}: the training tokens"), train),
@@ -41,8 +59,8 @@ pub fn load(spec: &DataSpec) -> Result<Data> {
     };
     let ids = splits.train.1.iter().chain(&splits.val.1);
     let largest = ids.fold(0.0f32, |m, &id| m.max(id)) as usize;
-    let classes = spec.classes.unwrap_or(largest + 1).max(2);
-    windows(splits, block, classes, DataSource::Tokens, None)
+    let classes = limit.map_or(largest + 1, |l| l.classes).max(2);
+    windows(splits, block, classes, DataSource::Tokens, vocabulary)
 }
 
 /// The file `path` names, or the files its glob matches (in the file name only), sorted.
@@ -91,16 +109,22 @@ fn glob_match(pattern: &[u8], name: &[u8]) -> bool {
     }
 }
 
-/// The ids of `files`, one after another, each checked against `classes` where given.
-fn read_all(files: &[PathBuf], format: TokenFormat, classes: Option<usize>) -> Result<Vec<f32>> {
+/// The vocabulary's size where the job gives it, and which key gives it.
+struct Limit {
+    classes: usize,
+    from: String,
+}
+
+/// The ids of `files`, one after another, each checked against `limit` where given.
+fn read_all(files: &[PathBuf], format: TokenFormat, limit: Option<&Limit>) -> Result<Vec<f32>> {
     let mut ids = Vec::new();
     for path in files {
         let first = ids.len();
         read_ids(path, format, &mut ids)?;
-        let limit = classes.unwrap_or(LARGEST_VOCABULARY);
-        if let Some(at) = ids[first..].iter().position(|&id| id as usize >= limit) {
-            let why = match classes {
-                Some(c) => format!("not below data.classes = {c}, the vocabulary's size"),
+        let below = limit.map_or(LARGEST_VOCABULARY, |l| l.classes);
+        if let Some(at) = ids[first..].iter().position(|&id| id as usize >= below) {
+            let why = match limit {
+                Some(l) => format!("not below {}", l.from),
                 None => format!("past the largest vocabulary trainer holds, {LARGEST_VOCABULARY}"),
             };
             return Err(Error::Job(format!(

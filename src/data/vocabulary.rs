@@ -1,4 +1,5 @@
 //! How text becomes token ids and back, for the text data source and for writing samples.
+//! GPT-2's encoding comes from tiktoken-rs, whose tables are built into the binary.
 
 use crate::spec::Tokenizer;
 use serde::{Deserialize, Serialize};
@@ -9,13 +10,16 @@ use std::collections::BTreeSet;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Vocabulary {
     pub tokenizer: Tokenizer,
-    /// char: the characters by id (sorted). Empty for bytes.
+    /// char: the characters by id (sorted). Empty for bytes and gpt2.
     #[serde(default)]
     pub chars: String,
 }
 
+/// GPT-2's vocabulary: 50,000 merges, 256 bytes and `<|endoftext|>`.
+pub const GPT2_VOCABULARY: usize = 50_257;
+
 impl Vocabulary {
-    /// The vocabulary of `text` (char: its characters; bytes: all 256).
+    /// The vocabulary of `text` (char: its characters; bytes and gpt2: their fixed ones).
     pub fn of(tokenizer: Tokenizer, text: &str) -> Vocabulary {
         let chars = match tokenizer {
             Tokenizer::Char => text
@@ -23,7 +27,7 @@ impl Vocabulary {
                 .collect::<BTreeSet<char>>()
                 .into_iter()
                 .collect(),
-            Tokenizer::Bytes => String::new(),
+            Tokenizer::Bytes | Tokenizer::Gpt2 => String::new(),
         };
         Vocabulary { tokenizer, chars }
     }
@@ -33,6 +37,7 @@ impl Vocabulary {
         match self.tokenizer {
             Tokenizer::Char => self.chars.chars().count(),
             Tokenizer::Bytes => 256,
+            Tokenizer::Gpt2 => GPT2_VOCABULARY,
         }
     }
 
@@ -44,6 +49,7 @@ impl Vocabulary {
     pub fn encode(&self, text: &str) -> std::result::Result<Vec<u32>, char> {
         match self.tokenizer {
             Tokenizer::Bytes => Ok(text.bytes().map(u32::from).collect()),
+            Tokenizer::Gpt2 => Ok(tiktoken_rs::r50k_base_singleton().encode_ordinary(text)),
             Tokenizer::Char => {
                 let chars: Vec<char> = self.chars.chars().collect();
                 text.chars()
@@ -54,11 +60,22 @@ impl Vocabulary {
     }
 
     /// The text of token ids (bytes that are not UTF-8 are replaced, as Python's
-    /// errors="replace").
+    /// errors="replace"); ids past the vocabulary write nothing.
     pub fn decode(&self, ids: &[u32]) -> String {
         match self.tokenizer {
             Tokenizer::Bytes => {
                 let bytes: Vec<u8> = ids.iter().map(|&i| i as u8).collect();
+                String::from_utf8_lossy(&bytes).into_owned()
+            }
+            Tokenizer::Gpt2 => {
+                let known: Vec<u32> = ids
+                    .iter()
+                    .copied()
+                    .filter(|&i| (i as usize) < GPT2_VOCABULARY)
+                    .collect();
+                let bytes = tiktoken_rs::r50k_base_singleton()
+                    .decode_bytes(&known)
+                    .unwrap_or_default();
                 String::from_utf8_lossy(&bytes).into_owned()
             }
             Tokenizer::Char => {

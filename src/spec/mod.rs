@@ -129,6 +129,20 @@ pub enum Tokenizer {
     Char,
     /// One id per byte: 256 ids, any file.
     Bytes,
+    /// GPT-2's byte-pair encoding (tiktoken's r50k_base, 50,257 ids), as nanoGPT's and
+    /// llm.c's data scripts use it: `<|endoftext|>` in the text is read as plain text.
+    Gpt2,
+}
+
+impl Tokenizer {
+    /// Its name in a job file.
+    pub fn name(self) -> &'static str {
+        match self {
+            Tokenizer::Char => "char",
+            Tokenizer::Bytes => "bytes",
+            Tokenizer::Gpt2 => "gpt2",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -258,7 +272,9 @@ pub struct DataSpec {
     pub noise: Option<f64>,
 
     // text
-    /// text: how the text becomes token ids, "char" (default) or "bytes".
+    /// text: how the text becomes token ids, "char" (default), "bytes" or "gpt2".
+    /// tokens: the tokenizer that made the files ("gpt2" or "bytes"), so that `trainer
+    /// sample` can read a prompt and write text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokenizer: Option<Tokenizer>,
     /// text, tokens: tokens per sample, the context length (nanoGPT's block_size).
@@ -1391,11 +1407,7 @@ impl JobSpec {
                 fill(&["data", "noise"], data.noise().into());
             }
             DataSource::Text => {
-                let tokenizer = match data.tokenizer() {
-                    Tokenizer::Char => "char",
-                    Tokenizer::Bytes => "bytes",
-                };
-                fill(&["data", "tokenizer"], tokenizer.into());
+                fill(&["data", "tokenizer"], data.tokenizer().name().into());
             }
             DataSource::Tokens => {
                 let format = match data.token_format.unwrap_or_default() {

@@ -108,7 +108,7 @@ fn validate_data(d: &DataSpec, p: &mut Problems) {
     };
     use DataSource::*;
     only(d.path.is_some(), "path", &[Csv, Text, Tokens]);
-    only(d.tokenizer.is_some(), "tokenizer", &[Text]);
+    only(d.tokenizer.is_some(), "tokenizer", &[Text, Tokens]);
     only(d.block_size.is_some(), "block_size", &[Text, Tokens]);
     only(d.token_format.is_some(), "token_format", &[Tokens]);
     only(d.val_path.is_some(), "val_path", &[Tokens]);
@@ -127,10 +127,17 @@ fn validate_data(d: &DataSpec, p: &mut Problems) {
     only(
         d.classes.is_some(),
         "classes",
-        &[Csv, Idx, Synthetic, Tokens],
+        &[Csv, Idx, Synthetic, Text, Tokens],
     );
     only(d.targets.is_some(), "targets", &[Synthetic]);
     only(d.noise.is_some(), "noise", &[Synthetic]);
+    if source == Tokens && d.tokenizer == Some(crate::spec::Tokenizer::Char) {
+        p.add(
+            "data.tokenizer",
+            "\"char\" builds its vocabulary from a text, which token files do not hold; \
+             allowed here: \"gpt2\" or \"bytes\"",
+        );
+    }
     if d.features.is_some() && d.exclude.is_some() {
         p.add(
             "data.exclude",

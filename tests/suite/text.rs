@@ -5,7 +5,8 @@
 use crate::common::{self, spec, stderr, stdout, trainer};
 use std::path::Path;
 use trainer::data;
-use trainer::spec::StateDictNames;
+use trainer::data::vocabulary::Vocabulary;
+use trainer::spec::{StateDictNames, Tokenizer};
 
 fn text_spec(path: &Path, extra: &str) -> trainer::spec::JobSpec {
     let mut s = spec(&format!(
@@ -78,6 +79,76 @@ fn bytes_read_any_file_and_bad_text_is_a_clear_error() {
     assert!(
         e.contains("holds 4 tokens, fewer than data.block_size + 1 = 5"),
         "{e}"
+    );
+}
+
+/// data.tokenizer = "gpt2" gives tiktoken's r50k_base ids (GPT-2's), reads
+/// `<|endoftext|>` in a text as plain text, and decodes what it encodes.
+#[test]
+fn the_gpt2_tokenizer_gives_gpt2s_ids() {
+    let v = Vocabulary::of(Tokenizer::Gpt2, "");
+    assert_eq!(v.len(), 50_257);
+    assert_eq!(v.encode("Hello world").unwrap(), [15496, 995]);
+    let special = v.encode("a<|endoftext|>").unwrap();
+    assert!(!special.contains(&50_256), "{special:?}");
+    let text = "O Romeo, Romeo! wherefore art thou Romeo?\n\u{e9}t\u{e9} \u{1F600}";
+    assert_eq!(v.decode(&v.encode(text).unwrap()), text);
+    // Ids past the vocabulary (a padded output layer's) write nothing.
+    assert_eq!(v.decode(&[15496, 50_300, 995]), "Hello world");
+}
+
+/// A small GPT on text through GPT-2's tokenizer, its output layer padded to 50,304 as
+/// llm.c's: it trains, saves the tokenizer, and `trainer sample` continues a prompt in it.
+/// data.classes below the vocabulary is refused.
+#[test]
+fn a_gpt_on_gpt2_tokens_trains_and_samples() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = small_gpt(tmp.path());
+    let text = "The king is dead. Long live the king! The queen is dead. ".repeat(40);
+    std::fs::write(tmp.path().join("t.txt"), text).unwrap();
+    let runs = tmp.path().join("runs");
+    let sets = [
+        "data.tokenizer='gpt2'",
+        "data.classes=50304",
+        "model.layers[0].num_embeddings=50304",
+        "model.layers[4].out=50304",
+        "train.max_steps=4",
+        "train.eval_every_steps=4",
+    ];
+    let args: Vec<&str> = sets.iter().flat_map(|s| ["--set", *s]).collect();
+    let dir = run_gpt(&job, &runs, &args);
+    let preprocess = std::fs::read_to_string(dir.join("preprocess.json")).unwrap();
+    assert!(
+        preprocess.contains("\"tokenizer\": \"gpt2\""),
+        "{preprocess}"
+    );
+    let run = dir.to_str().unwrap();
+    let out = trainer(&["sample", run, "--prompt", "The king", "--tokens", "5"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let written = stdout(&out);
+    let v = Vocabulary::of(Tokenizer::Gpt2, "");
+    let ids = v.encode(&written).unwrap();
+    assert!(
+        written.starts_with("The king") && ids.len() >= 6,
+        "{written:?} is {ids:?}"
+    );
+
+    let mut args = vec!["run", job.to_str().unwrap(), "--runs-dir"];
+    args.push(runs.to_str().unwrap());
+    args.extend([
+        "--set",
+        "data.tokenizer='gpt2'",
+        "--set",
+        "data.classes=1000",
+    ]);
+    let out = trainer(&args);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(
+            "data.classes = 1000 is smaller than the vocabulary of data.tokenizer = \"gpt2\""
+        ),
+        "{}",
+        stderr(&out)
     );
 }
 

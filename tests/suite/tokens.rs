@@ -156,6 +156,14 @@ fn token_files_that_are_not_what_their_format_says_are_named() {
         e.contains("ok.bin: token 5 is 5, not below data.classes = 5"),
         "{e}"
     );
+    let e = error(
+        &write("big.bin", llmc(&[50, 50_257], 1)),
+        "tokenizer = \"gpt2\"",
+    );
+    assert!(
+        e.contains("token 1 is 50257, not below the 50257 tokens of data.tokenizer = \"gpt2\""),
+        "{e}"
+    );
     let e = error(&tmp.path().join("none_*.bin"), "");
     assert!(
         e.contains("no file in") && e.contains("matches none_*.bin"),
@@ -237,6 +245,19 @@ fn a_job_trains_on_token_shards() {
     assert_eq!(out.status.code(), Some(2));
     assert!(
         stderr(&out).contains("give data.val_path"),
+        "{}",
+        stderr(&out)
+    );
+    // The char tokenizer's vocabulary comes from a text, which token files do not hold.
+    std::fs::write(
+        &job,
+        text.replace("block_size = 8", "block_size = 8\ntokenizer = \"char\""),
+    )
+    .unwrap();
+    let out = trainer(&["check", job.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("data.tokenizer") && stderr(&out).contains("allowed here: \"gpt2\""),
         "{}",
         stderr(&out)
     );
