@@ -8,10 +8,14 @@
 // One warp per row of logits; 8 rows per block of 256 threads.
 extern "C" __global__ void cross_entropy(const void* logits, int ls, const float* labels, u64 n, u64 classes,
                                          float smoothing, float grad_scale, int write_grad, void* dout, int ds,
-                                         double* row_stats) {
+                                         double* row_stats, int counted, float ignore) {
     int lane = threadIdx.x & 31;
     u64 row = (u64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row < n) {
+    if (row < n && counted && labels[row] == ignore) {
+        // Not scored: no loss, no hit, no gradient.
+        for (u64 j = lane; j < classes && write_grad; j += 32) store(dout, ds, row * classes + j, 0.0f);
+        if (lane == 0) row_stats[row] = row_stats[n + row] = 0.0;
+    } else if (row < n) {
         u64 x = row * classes;  // the row's first logit
         u64 label = (u64)labels[row];
         // max and argmax (lowest index among equal maxima, as torch.argmax)
@@ -40,7 +44,9 @@ extern "C" __global__ void cross_entropy(const void* logits, int ls, const float
             ? (1.0 - smoothing) * nll + smoothing * (lse - sum_x / (double)classes)
             : nll;
         if (write_grad) {
-            double g = (double)grad_scale / (double)n;
+            // The mean over the rows scored (count_scored's, when some are ignored).
+            double scored = counted ? row_stats[2 * n] : (double)n;
+            double g = (double)grad_scale / scored;
             double uniform = (double)smoothing / (double)classes;
             for (u64 j = lane; j < classes; j += 32) {
                 double p = exp((double)load(logits, ls, x + j) - lse);
@@ -84,7 +90,17 @@ extern "C" __global__ void elementwise_loss(int kind, const void* out, int os, c
 }
 
 // One block: stats += [sum of losses, sum of hits, n], each thread summing a fixed stride.
-extern "C" __global__ void reduce_stats(const double* row_stats, u64 n, double* stats) {
+// The rows a cross-entropy scores, those whose label is not `ignore`, into row_stats[2n]. One
+// block.
+extern "C" __global__ void count_scored(const float* labels, u64 n, float ignore, double* row_stats) {
+    double c = 0.0;
+    for (u64 i = threadIdx.x; i < n; i += blockDim.x) c += labels[i] != ignore ? 1.0 : 0.0;
+    c = block_sum(c);
+    if (threadIdx.x == 0) row_stats[2 * n] = c;
+}
+
+// Adds the rows' losses, hits and the rows scored (row_stats[2n] when `counted`, else n).
+extern "C" __global__ void reduce_stats(const double* row_stats, u64 n, int counted, double* stats) {
     double loss = 0.0, hits = 0.0;
     for (u64 i = threadIdx.x; i < n; i += blockDim.x) {
         loss += row_stats[i];
@@ -95,6 +111,6 @@ extern "C" __global__ void reduce_stats(const double* row_stats, u64 n, double* 
     if (threadIdx.x == 0) {
         stats[0] += loss;
         stats[1] += hits;
-        stats[2] += (double)n;
+        stats[2] += counted ? row_stats[2 * n] : (double)n;
     }
 }

@@ -496,14 +496,26 @@ fn objective(
                         .into(),
                 });
             };
+            let loss = LossFn::CrossEntropy {
+                label_smoothing: spec.loss.label_smoothing as f32,
+                ignore_index: spec.loss.ignore_index,
+            };
+            if let Some(ignored) = spec.loss.ignore_index.filter(|&i| i as usize >= classes) {
+                return Err(Error::AtKey {
+                    key: "loss.ignore_index".into(),
+                    message: format!(
+                        "loss.ignore_index = {ignored} is no class: the data has {classes} \
+                         (0..{}){classes_from}",
+                        classes - 1
+                    ),
+                });
+            }
             // A class label per position: [T, classes] logits against T labels.
             let (&last, leading) = out_shape.split_last().expect("a shape has an axis");
             let positions = numel(leading);
             if !leading.is_empty() && data.target_dim == positions && last == classes {
                 return Ok(Objective {
-                    loss: LossFn::CrossEntropy {
-                        label_smoothing: spec.loss.label_smoothing as f32,
-                    },
+                    loss,
                     target_dim: positions,
                     rows: positions,
                     has_accuracy: true,
@@ -522,9 +534,8 @@ fn objective(
                     "cross_entropy needs one logit per class ({classes} classes{classes_from}{hint})"
                 ));
             }
-            let label_smoothing = spec.loss.label_smoothing as f32;
             Ok(Objective {
-                loss: LossFn::CrossEntropy { label_smoothing },
+                loss,
                 target_dim: 1,
                 rows: 1,
                 has_accuracy: true,

@@ -577,6 +577,12 @@ pub struct LossSpec {
     #[serde(default)]
     #[schemars(range(min = 0, max = 1))]
     pub label_smoothing: f64,
+    /// cross_entropy: targets of this class are not scored: they add nothing to the loss,
+    /// its mean, the accuracy or the gradient (PyTorch's ignore_index). A class index, e.g.
+    /// a padding token's id. Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 16777215))]
+    pub ignore_index: Option<u32>,
 }
 
 /// Which parameters weight decay applies to.

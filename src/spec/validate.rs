@@ -300,6 +300,11 @@ fn validate_loss(spec: &JobSpec, p: &mut Problems) {
         "loss.label_smoothing",
         "only applies to type = \"cross_entropy\"",
     );
+    p.check(
+        l.ignore_index.is_none() || l.kind == LossKind::CrossEntropy,
+        "loss.ignore_index",
+        "only applies to type = \"cross_entropy\"",
+    );
 }
 
 fn validate_optimizer(o: &OptimizerSpec, p: &mut Problems) {

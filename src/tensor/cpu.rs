@@ -221,12 +221,27 @@ impl Backend for CpuBackend {
         mut dout: Option<&mut Vec<f32>>,
         stats: &mut LossStats,
     ) {
-        let g = grad_scale as f64 / n as f64;
+        let ignored = |s: usize| match f {
+            LossFn::CrossEntropy {
+                ignore_index: Some(i),
+                ..
+            } => targets[s] == i as f32,
+            _ => false,
+        };
+        let scored = (0..n).filter(|&s| !ignored(s)).count();
+        // The mean over the rows scored; none scored: no gradient (PyTorch's would be NaN).
+        let g = grad_scale as f64 / scored.max(1) as f64;
         for s in 0..n {
             let x = &out[s * dim..(s + 1) * dim];
             let mut grad = dout.as_deref_mut().map(|d| &mut d[s * dim..(s + 1) * dim]);
+            if ignored(s) {
+                grad.into_iter().for_each(|d| d.fill(0.0));
+                continue;
+            }
             let (loss, correct) = match f {
-                LossFn::CrossEntropy { label_smoothing } => {
+                LossFn::CrossEntropy {
+                    label_smoothing, ..
+                } => {
                     let label = targets[s] as usize;
                     cross_entropy_row(x, label, label_smoothing as f64, g, grad.as_deref_mut())
                 }
@@ -260,7 +275,7 @@ impl Backend for CpuBackend {
             stats.loss_sum += loss;
             stats.correct += correct;
         }
-        stats.samples += n as f64;
+        stats.samples += scored as f64;
     }
 
     fn new_stats(&self) -> Result<LossStats> {

@@ -43,8 +43,12 @@ pub enum Activation {
 /// The loss functions, each fused with its gradient.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum LossFn {
-    /// Softmax cross-entropy over `dim` logits with a class index per sample.
-    CrossEntropy { label_smoothing: f32 },
+    /// Softmax cross-entropy over `dim` logits with a class index per sample; rows whose
+    /// class is `ignore_index` are not scored, and the mean is over the others.
+    CrossEntropy {
+        label_smoothing: f32,
+        ignore_index: Option<u32>,
+    },
     /// Mean squared error over `dim` targets per sample.
     Mse,
     /// Sigmoid + binary cross-entropy over `dim` logits with targets in [0, 1].
@@ -134,6 +138,7 @@ pub enum GradWrite {
 pub struct LossStats {
     pub loss_sum: f64,
     pub correct: f64,
+    /// The rows scored: samples, or positions of a sequence, less those ignored.
     pub samples: f64,
 }
 

@@ -86,28 +86,18 @@ pub(crate) fn stale_grads(mut grads: Vec<f32>, written: usize, dw_write: GradWri
 #[test]
 fn losses_and_statistics_match_the_cpu() {
     let Some(g) = gpu() else { return };
-    let cases: [(LossFn, usize, usize); 5] = [
-        (
-            LossFn::CrossEntropy {
-                label_smoothing: 0.0,
-            },
-            300,
-            10,
-        ),
-        (
-            LossFn::CrossEntropy {
-                label_smoothing: 0.1,
-            },
-            77,
-            1000,
-        ),
-        (
-            LossFn::CrossEntropy {
-                label_smoothing: 0.0,
-            },
-            5,
-            3,
-        ),
+    let cross_entropy = |label_smoothing, ignore_index| LossFn::CrossEntropy {
+        label_smoothing,
+        ignore_index,
+    };
+    let cases: [(LossFn, usize, usize); 8] = [
+        (cross_entropy(0.0, None), 300, 10),
+        (cross_entropy(0.1, None), 77, 1000),
+        (cross_entropy(0.0, None), 5, 3),
+        // Some rows ignored; then every row.
+        (cross_entropy(0.0, Some(3)), 300, 10),
+        (cross_entropy(0.1, Some(0)), 77, 1000),
+        (cross_entropy(0.0, Some(0)), 1, 3),
         (LossFn::Mse, 129, 3),
         (LossFn::BceWithLogits, 257, 2),
     ];
@@ -161,7 +151,14 @@ fn losses_and_statistics_match_the_cpu() {
                 s.correct,
                 stats_cpu.correct
             );
-            assert_eq!(s.samples, n as f64);
+            assert_eq!(s.samples, stats_cpu.samples, "{what}: rows scored");
+            if let LossFn::CrossEntropy {
+                ignore_index: Some(_),
+                ..
+            } = f
+            {
+                assert!(stats_cpu.samples < n as f64, "{what}: nothing ignored");
+            }
             if with_grad {
                 assert_close(&down(&g, &dg, n * dim), &d_cpu, &format!("{what} gradient"));
             } else {
@@ -525,6 +522,7 @@ fn half_width_buffers_hold_what_rounded_f32_buffers_hold() {
         let labels: Vec<f32> = (0..rows).map(|r| (r * 7 % classes) as f32).collect();
         let f = LossFn::CrossEntropy {
             label_smoothing: 0.1,
+            ignore_index: Some(4),
         };
         let (mut stats_cpu, mut dout_cpu) = (CPU.new_stats().unwrap(), vec![0.0; rows * classes]);
         CPU.loss(

@@ -159,6 +159,35 @@ fn cross_entropy_with_label_smoothing_gradients() {
     );
 }
 
+/// Positions whose label is loss.ignore_index add nothing; the mean is over the others.
+#[test]
+fn cross_entropy_with_an_ignored_class_gradients() {
+    let job = format!("{PER_POSITION_JOB}\n[loss]\nignore_index = 2\nlabel_smoothing = 0.1");
+    check_gradients(&job, labelled_sequences());
+}
+
+/// An ignored class with any other loss, or past the classes, is refused.
+#[test]
+fn an_ignore_index_that_cannot_apply_is_refused() {
+    let cases = [
+        (
+            "type = \"mse\"\nignore_index = 1",
+            "key `loss.ignore_index`: only applies to type = \"cross_entropy\"",
+        ),
+        (
+            "ignore_index = 3",
+            "loss.ignore_index = 3 is no class: the data has 3 (0..2)",
+        ),
+    ];
+    for (loss, needle) in cases {
+        let job = format!(
+            "[data]\nsource = \"synthetic\"\nclasses = 3\n[model]\nlayers = [{{ type = \"linear\", out = 3 }}]\n\
+             [loss]\n{loss}\n[optimizer]\ntype = \"sgd\"\nlr = 0.1\n"
+        );
+        crate::common::expect_error(&job, &["check", "JOB"], 2, &[needle]);
+    }
+}
+
 /// PyTorch allows label_smoothing = 1: the target is the uniform distribution alone.
 #[test]
 fn cross_entropy_with_full_label_smoothing_gradients() {
@@ -531,25 +560,41 @@ fn cross_entropy_at_every_position_gradients() {
 }
 
 /// [T, classes] logits against T labels: the loss is the mean over batch × T of each
-/// position's cross-entropy, as F.cross_entropy(logits.view(-1, C), targets.view(-1)).
+/// position's cross-entropy, as F.cross_entropy(logits.view(-1, C), targets.view(-1)); with
+/// an ignored class, the mean over the positions of the other classes.
 #[test]
 fn cross_entropy_at_every_position_is_the_mean_over_positions() {
     let b = CpuBackend::new(1);
-    let mut net = network(&spec(PER_POSITION_JOB), &labelled_sequences(), N, 4);
-    net.forward(&b, N, false, 0);
-    let (logits, labels) = (
-        net.output()[..N * 15].to_vec(),
-        net.targets_mut()[..N * 3].to_vec(),
-    );
-    let mut expected = 0.0f64;
-    for (row, &label) in logits.chunks_exact(5).zip(&labels) {
-        let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
-        let total: f64 = row.iter().map(|&v| (v as f64 - max).exp()).sum();
-        expected += max + total.ln() - row[label as usize] as f64;
+    for ignored in [None, Some(2)] {
+        let job = match ignored {
+            Some(i) => format!("{PER_POSITION_JOB}\n[loss]\nignore_index = {i}"),
+            None => PER_POSITION_JOB.to_string(),
+        };
+        let mut net = network(&spec(&job), &labelled_sequences(), N, 4);
+        net.forward(&b, N, false, 0);
+        let (logits, labels) = (
+            net.output()[..N * 15].to_vec(),
+            net.targets_mut()[..N * 3].to_vec(),
+        );
+        let (mut expected, mut scored) = (0.0f64, 0);
+        for (row, &label) in logits.chunks_exact(5).zip(&labels) {
+            if ignored == Some(label as u32) {
+                continue;
+            }
+            let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
+            let total: f64 = row.iter().map(|&v| (v as f64 - max).exp()).sum();
+            expected += max + total.ln() - row[label as usize] as f64;
+            scored += 1;
+        }
+        assert!(ignored.is_none() || scored < N * 3, "no label 2 drawn");
+        expected /= scored as f64;
+        let mut stats = b.new_stats().unwrap();
+        net.loss(&b, N, None, &mut stats);
+        let loss = stats.loss_sum / stats.samples;
+        assert!(
+            (loss - expected).abs() < 1e-6,
+            "{ignored:?}: {loss} vs {expected}"
+        );
+        assert_eq!(stats.samples, scored as f64);
     }
-    expected /= (N * 3) as f64;
-    let mut stats = b.new_stats().unwrap();
-    net.loss(&b, N, None, &mut stats);
-    let loss = stats.loss_sum / stats.samples;
-    assert!((loss - expected).abs() < 1e-6, "{loss} vs {expected}");
 }

@@ -102,6 +102,7 @@ fn losses_and_their_gradients_match_pytorch() {
         let f = match case["type"].as_str().unwrap() {
             "cross_entropy" => LossFn::CrossEntropy {
                 label_smoothing: case["label_smoothing"].as_f64().unwrap() as f32,
+                ignore_index: case["ignore_index"].as_u64().map(|i| i as u32),
             },
             "mse" => LossFn::Mse,
             "bce_with_logits" => LossFn::BceWithLogits,

@@ -175,6 +175,7 @@ struct Functions {
     cross_entropy: CudaFunction,
     elementwise_loss: CudaFunction,
     reduce_stats: CudaFunction,
+    count_scored: CudaFunction,
     sum_squares_partial: CudaFunction,
     sum_partials: CudaFunction,
     clip_by_norm: CudaFunction,
@@ -590,6 +591,7 @@ impl CudaBackend {
             cross_entropy: load("cross_entropy")?,
             elementwise_loss: load("elementwise_loss")?,
             reduce_stats: load("reduce_stats")?,
+            count_scored: load("count_scored")?,
             sum_squares_partial: load("sum_squares_partial")?,
             sum_partials: load("sum_partials")?,
             clip_by_norm: load("clip_by_norm")?,
@@ -1602,9 +1604,10 @@ impl Backend for CudaBackend {
         };
         let (targets, os) = (&targets.mem, out.storage());
         let (rows, width) = (n as u64, dim as u64);
+        // Each row's loss and hit, then the number of rows scored.
         let mut row_stats = self.row_stats.borrow_mut();
-        if row_stats.len() < 2 * n {
-            match self.stream.alloc_zeros::<f64>(2 * n) {
+        if row_stats.len() < 2 * n + 1 {
+            match self.stream.alloc_zeros::<f64>(2 * n + 1) {
                 Ok(grown) => {
                     self.count(grown.len() * 8);
                     let old = std::mem::replace(&mut *row_stats, grown);
@@ -1613,8 +1616,34 @@ impl Backend for CudaBackend {
                 Err(e) => return self.launch("allocating loss statistics", Err(e)),
             }
         }
+        // Rows with an ignored class: counted on the device first, so that the gradient is
+        // the mean's over the others with nothing read back.
+        let ignore = match f {
+            LossFn::CrossEntropy {
+                ignore_index: Some(i),
+                ..
+            } => Some(i as f32),
+            _ => None,
+        };
+        let (counted, ignored_label) = (i32::from(ignore.is_some()), ignore.unwrap_or(0.0));
+        if ignore.is_some() {
+            let mut l = Launch::new(&self.stream, &self.f.count_scored);
+            l.arg(targets)
+                .arg(&rows)
+                .arg(&ignored_label)
+                .arg(&mut *row_stats);
+            let one_block = LaunchConfig {
+                grid_dim: (1, 1, 1),
+                block_dim: (1024, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: reads n labels, writes row_stats[2n].
+            self.launch("loss rows scored", unsafe { l.launch(one_block) });
+        }
         match f {
-            LossFn::CrossEntropy { label_smoothing } => {
+            LossFn::CrossEntropy {
+                label_smoothing, ..
+            } => {
                 let mut l = Launch::new(&self.stream, &self.f.cross_entropy);
                 l.arg(&out.mem)
                     .arg(&os)
@@ -1626,7 +1655,9 @@ impl Backend for CudaBackend {
                     .arg(&write_grad)
                     .arg(dout_ptr)
                     .arg(&ds)
-                    .arg(&mut *row_stats);
+                    .arg(&mut *row_stats)
+                    .arg(&counted)
+                    .arg(&ignored_label);
                 let warps_per_block = (THREADS / 32) as usize;
                 let cfg = LaunchConfig {
                     grid_dim: (n.div_ceil(warps_per_block).max(1) as u32, 1, 1),
@@ -1662,13 +1693,13 @@ impl Backend for CudaBackend {
             }
         }
         let mut l = Launch::new(&self.stream, &self.f.reduce_stats);
-        l.arg(&*row_stats).arg(&rows).arg(&mut *stats);
+        l.arg(&*row_stats).arg(&rows).arg(&counted).arg(&mut *stats);
         let one_block = LaunchConfig {
             grid_dim: (1, 1, 1),
             block_dim: (1024, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: reads 2n doubles of row_stats, adds to the three of stats.
+        // SAFETY: reads 2n + 1 doubles of row_stats, adds to the three of stats.
         self.launch("loss statistics", unsafe { l.launch(one_block) });
     }
 
