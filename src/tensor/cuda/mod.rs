@@ -47,9 +47,9 @@ const DEVICE_FAULTS: [&str; 6] = [
 const NORM_BLOCKS: u32 = 1024;
 /// The bytes a backend allocates for itself as it starts, besides cuBLAS's workspace: the
 /// gradient norm's per-block partials and its total, and the one-value buffers that the
-/// batch's row indices (u32), the loss's per-row statistics (2 f64) and the two converted
-/// inputs of a matrix product (u16 each) grow from.
-const START_BYTES: usize = NORM_BLOCKS as usize * 8 + 8 + 4 + 2 * 8 + 2 * 2;
+/// batch's row indices (u32), the loss's per-row statistics (2 f64 and the rows scored) and
+/// the two converted inputs of a matrix product (u16 each) grow from.
+const START_BYTES: usize = NORM_BLOCKS as usize * 8 + 8 + 4 + 3 * 8 + 2 * 2;
 
 /// The device memory a backend holds besides the buffers it is asked for, in a run of
 /// batches of up to `batch` samples (a replica's micro-batch) gathered on the device from a
@@ -64,7 +64,7 @@ pub fn own_bytes(batch: usize, gathers: bool) -> usize {
     } else {
         0
     };
-    let row_stats = if batch > 1 { 16 * batch } else { 0 };
+    let row_stats = if batch > 1 { 8 * (2 * batch + 1) } else { 0 };
     CUBLAS_WORKSPACE + START_BYTES + row_indices + row_stats + 2 * 8 * LOSS_STATS
 }
 
@@ -639,7 +639,7 @@ impl CudaBackend {
             .alloc_zeros::<u32>(1)
             .map_err(|e| cuda_err("allocating", e))?;
         let row_stats = stream
-            .alloc_zeros::<f64>(2)
+            .alloc_zeros::<f64>(3)
             .map_err(|e| cuda_err("allocating", e))?;
         let (half_a, half_b) = (
             stream
