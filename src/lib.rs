@@ -12,6 +12,7 @@ pub mod logging;
 pub mod ops;
 pub mod optim;
 pub mod parallel;
+pub mod profile;
 pub mod provenance;
 pub mod results;
 pub mod run;

@@ -83,7 +83,15 @@ enum Command {
         /// <runs-dir>/<name>/<run-id>/; `sweep --devices` starts its points this way.
         #[arg(long, value_name = "DIR", conflicts_with = "resume")]
         run_dir: Option<PathBuf>,
+        /// Profile optimizer steps A to B (both included): each op timed on its own, written
+        /// to the run directory as profile.txt, profile.csv and trace.json (Chrome trace).
+        #[arg(long, value_name = "A..B", value_parser = trainer::profile::ProfileSteps::parse)]
+        profile_steps: Option<trainer::profile::ProfileSteps>,
     },
+    /// Profile a job: run warm-up steps, then time each op of the measured steps and print
+    /// the table (time, share, GFLOP/s, GB/s, memory by layer); the run directory keeps it
+    /// with profile.csv and a Chrome trace, trace.json.
+    Profile(commands::ProfileArgs),
     /// Validate a job and print its layers, output shapes, parameter counts and memory.
     Check {
         /// The job file (TOML).
@@ -244,7 +252,9 @@ fn main() -> ExitCode {
     };
     let quiet = matches!(
         cli.command,
-        Command::Run { quiet: true, .. } | Command::Sweep { quiet: true, .. }
+        Command::Run { quiet: true, .. }
+            | Command::Sweep { quiet: true, .. }
+            | Command::Profile(commands::ProfileArgs { quiet: true, .. })
     );
     trainer::logging::init(quiet);
     let result = match cli.command {
@@ -258,6 +268,7 @@ fn main() -> ExitCode {
             force,
             run_dir,
             quiet,
+            profile_steps,
         } => {
             let job_given = job.is_some();
             commands::job_of(job, resume.as_deref()).and_then(|job| {
@@ -273,6 +284,7 @@ fn main() -> ExitCode {
                     dir: run_dir,
                     quiet,
                     print_run_dir: true,
+                    profile: profile_steps,
                 })
             })
         }
@@ -319,6 +331,7 @@ fn main() -> ExitCode {
             print_out(&format!("{}: {rows} predictions\n", args.output.display()))
         }),
         Command::Sample(args) => commands::sample(&args).and_then(|text| print_out(&text)),
+        Command::Profile(args) => commands::profile(&args),
         Command::Ls { runs_dir, shown } => {
             results::list(&[runs_dir], &shown.options()).and_then(|t| print_out(&t))
         }

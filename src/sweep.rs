@@ -435,6 +435,7 @@ fn run_here(sweep: &Sweep, todo: &[Pending]) -> Result<Trained> {
             resume: pending.resume.clone(),
             force: false,
             quiet: args.quiet,
+            profile: None,
             print_run_dir: false,
         });
         sweep.write_index(&[])?;

@@ -10,6 +10,7 @@ use crate::graph::{ActivationStorage, DataShape, GradBuckets, Graph, MemoryPlan}
 use crate::ops::{self, Engine, Scratch};
 use crate::optim;
 use crate::parallel::{BatchLayout, CpuAllReduce, Rendezvous};
+use crate::profile::ProfileSteps;
 use crate::run::summary::{self, Ended};
 use crate::run::{EndReason, MetricsRow, MetricsWriter, RunDir, Summary};
 use crate::signals::Stop;
@@ -32,6 +33,7 @@ mod check;
 mod evaluate;
 pub mod launch;
 mod memory;
+mod profile;
 mod sample;
 mod start;
 
@@ -40,6 +42,7 @@ pub use evaluate::{evaluate, predict, report, EvalArgs, Evaluation, PredictArgs}
 pub use memory::bytes;
 use memory::{all_replicas_memory, check_device_memory, check_host_memory, memory_plan};
 pub use memory::{Need, Place};
+pub use profile::{profile, ProfileArgs};
 pub use sample::{sample, SampleArgs};
 pub use start::job_of;
 use start::{
@@ -68,6 +71,9 @@ pub struct RunArgs {
     /// Print the run directory on stdout as soon as it exists (`trainer run`, so that a
     /// script has it however the run ends; not a sweep's points, which sweep.csv names).
     pub print_run_dir: bool,
+    /// Steps to profile (`--profile-steps`, `trainer profile`); the files go to the run
+    /// directory.
+    pub profile: Option<ProfileSteps>,
 }
 
 /// How a run begins: fresh (from the seeded initialisation or model.init_from), or from a
@@ -935,11 +941,16 @@ fn run_in<B: Engine>(
     };
     let mut metrics = metrics.map_err(fail)?;
     let resumed_from = session.resume.as_ref().map(|c| c.path.clone());
+    let profile = (args.profile.clone()).map(|p| ProfileSteps {
+        dir: run.path.clone(),
+        ..p
+    });
     let session = Session {
         checkpoint_dir: Some(run.path.join(checkpoint::DIR)),
         stop: Some(stop),
         parallel,
         finishing,
+        profile,
         ..session
     };
     let weights_graph = graph.clone();

@@ -519,6 +519,7 @@ mod tests {
             force: false,
             dir: None,
             quiet: false,
+            profile: None,
             print_run_dir: false,
         };
         let want = r#"trainer run jobs/mlp.toml --name 'lr 3' --set train.epochs=30 --set 'optimizer.schedule={type="step", step_size=5}' --set 'job.name='\''x'\'''"#;

@@ -5,6 +5,7 @@
 mod buckets;
 mod buffers;
 mod network;
+pub mod profiler;
 pub mod wiring;
 
 pub use crate::ops::{numel, Op, PARAM_ALIGN};

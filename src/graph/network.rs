@@ -14,6 +14,7 @@
 //! (`BufferPlan::mixed`), the buffer comes from `Backend::alloc_half`, which CUDA stores in
 //! that format (half the bytes, every write rounding) and the CPU as f32.
 
+use super::profiler::{Part, Profiler};
 use super::{numel, BufferPlan, GradBuckets, Graph, Layer};
 use crate::error::Result;
 use crate::ops::{round, Backward, Dx, Forward, Fusion, Mask, Pass};
@@ -22,8 +23,11 @@ use crate::tensor::record::Recorder;
 use crate::tensor::rng::derive;
 use crate::tensor::{Activation, GradWrite, HalfKind, UpdatedParams};
 use std::ops::Range;
+use std::time::Instant;
 
 pub struct Network<B: Engine> {
+    /// Times each op while a step is profiled (`trainer profile`, `--profile-steps`).
+    profiler: Option<Box<Profiler>>,
     pub graph: Graph,
     pub params: B::Buf,
     pub grads: B::Buf,
@@ -241,6 +245,7 @@ impl<B: Engine> Network<B> {
             rounded_data,
             graphs: Recorder::off(),
             buckets: None,
+            profiler: None,
         };
         network.refresh_half_params(backend);
         Ok(network)
@@ -355,7 +360,9 @@ impl<B: Engine> Network<B> {
         // A smaller last batch (or a replica's smaller share) runs op by op: recording it
         // would replace the full batch's recording for one step. (The sample offset matters
         // only to dropout, which step graphs exclude.)
-        if !self.graphs.enabled() || n != self.max_batch {
+        // A profiled step runs op by op, to time each.
+        let profiled = self.profiler.as_ref().is_some_and(|p| p.in_step());
+        if !self.graphs.enabled() || n != self.max_batch || profiled {
             self.run_train_step(backend, at, stats, dw, sync);
         } else {
             let mut graphs = std::mem::replace(&mut self.graphs, Recorder::off());
@@ -422,6 +429,32 @@ impl<B: Engine> Network<B> {
         Ok(())
     }
 
+    /// Attaches a profiler (None detaches it); returns the one attached before.
+    pub fn set_profiler(&mut self, profiler: Option<Box<Profiler>>) -> Option<Box<Profiler>> {
+        std::mem::replace(&mut self.profiler, profiler)
+    }
+
+    pub fn profiler_mut(&mut self) -> Option<&mut Profiler> {
+        self.profiler.as_deref_mut()
+    }
+
+    /// With a profiler inside a profiled step: now, after the device's queued work.
+    pub fn profile_start(&self, backend: &B) -> Option<Instant> {
+        self.profiler.as_ref().and_then(|p| p.start(backend))
+    }
+
+    /// Records the span from `start` (`profile_start`'s) to now as `part` on `samples`.
+    pub fn profile_end(&mut self, backend: &B, start: Option<Instant>, part: Part, samples: usize) {
+        if let (Some(p), Some(start)) = (self.profiler.as_mut(), start) {
+            p.record(backend, start, part, samples);
+        }
+    }
+
+    /// The half format of the activations, in mixed precision.
+    pub fn half(&self) -> Option<HalfKind> {
+        self.half
+    }
+
     pub fn max_batch(&self) -> usize {
         self.max_batch
     }
@@ -471,7 +504,9 @@ impl<B: Engine> Network<B> {
         }
         for i in 0..self.graph.layers.len() {
             let pass = if train { Pass::Train } else { Pass::Eval };
+            let t = self.profile_start(backend);
             self.forward_layer(backend, i, n, pass, step_key);
+            self.profile_end(backend, t, Part::Forward(i), n);
         }
     }
 
@@ -521,6 +556,18 @@ impl<B: Engine> Network<B> {
     /// The loss of the last forward pass against the first `n` targets, added to `stats`.
     /// With `grad_scale`, also seeds the backward pass with d(mean loss)/d(output) · scale.
     pub fn loss(&mut self, backend: &B, n: usize, grad_scale: Option<f32>, stats: &mut B::Stats) {
+        let t = self.profile_start(backend);
+        self.loss_unprofiled(backend, n, grad_scale, stats);
+        self.profile_end(backend, t, Part::Loss, n);
+    }
+
+    fn loss_unprofiled(
+        &mut self,
+        backend: &B,
+        n: usize,
+        grad_scale: Option<f32>,
+        stats: &mut B::Stats,
+    ) {
         let out_slot = self.plan.slot[self.graph.layers.len()];
         let dout_slot = self.plan.grad_slot[self.graph.layers.len()];
         let len = numel(self.graph.output_shape());
@@ -606,19 +653,27 @@ impl<B: Engine> Network<B> {
             let layers = self.plan.segments[s].clone();
             for i in layers.clone() {
                 if self.plan.recompute[i] {
+                    let t = self.profile_start(backend);
                     self.forward_layer(backend, i, n, Pass::Recompute, step_key);
+                    self.profile_end(backend, t, Part::Recompute(i), n);
                 }
             }
             for i in layers.rev() {
+                let t = self.profile_start(backend);
                 self.backward_layer(backend, i, n, step_key, dw);
+                self.profile_end(backend, t, Part::Backward(i), n);
                 let ready = buckets.as_ref().and_then(|b| b.after_layer(i));
                 if let (Some(sync), Some(bucket)) = (sync.as_mut(), ready) {
+                    let t = self.profile_start(backend);
                     sync.ready(backend, &mut self.grads, bucket);
+                    self.profile_end(backend, t, Part::AllReduce, 0);
                 }
             }
         }
         if let (Some(sync), Some(_)) = (sync, &buckets) {
+            let t = self.profile_start(backend);
             sync.finished(backend, &mut self.grads);
+            self.profile_end(backend, t, Part::AllReduce, 0);
         }
         self.buckets = buckets;
     }
@@ -627,6 +682,12 @@ impl<B: Engine> Network<B> {
     /// backward passes hand over (all at once without buckets), so that every replica issues
     /// the same all-reduces in the same order.
     pub fn sync_after_backward(&mut self, backend: &B, sync: &mut dyn GradientSync<B>) {
+        let t = self.profile_start(backend);
+        self.sync_after_backward_unprofiled(backend, sync);
+        self.profile_end(backend, t, Part::AllReduce, 0);
+    }
+
+    fn sync_after_backward_unprofiled(&mut self, backend: &B, sync: &mut dyn GradientSync<B>) {
         match self.buckets.take() {
             Some(buckets) => {
                 for bucket in buckets.in_backward_order() {

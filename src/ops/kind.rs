@@ -29,6 +29,35 @@ pub trait OpKind: std::fmt::Debug {
 
     /// The scratch it needs, by its backend's `rules` (values).
     fn workspace(&self, rules: &Scratch) -> Option<usize>;
+
+    /// Its floating-point operations on one sample, for profiles: a multiply-add is two.
+    fn flops(&self, in_shape: &[usize], out_shape: &[usize]) -> Flops;
+}
+
+/// An op's floating-point operations on one sample, forward and backward.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Flops {
+    pub forward: f64,
+    pub backward: f64,
+}
+
+impl Flops {
+    /// `forward` and `backward` operations for each value of `shape`: an elementwise op.
+    pub fn per_value(shape: &[usize], forward: f64, backward: f64) -> Flops {
+        let n = super::numel(shape) as f64;
+        Flops {
+            forward: forward * n,
+            backward: backward * n,
+        }
+    }
+
+    /// A matrix product of `macs` multiply-adds: backward is two more (dx and dw).
+    pub fn product(macs: usize) -> Flops {
+        Flops {
+            forward: 2.0 * macs as f64,
+            backward: 4.0 * macs as f64,
+        }
+    }
 }
 
 /// A backend's rules for the scratch of the ops that need some (`OpKind::workspace`), in

@@ -29,7 +29,7 @@ pub mod view;
 
 pub use checks::{size_range, Checks, MAX_SIZE};
 pub use context::{round, Backward, Dx, Forward, Fusion, Grads, Io, Mask, Pass};
-pub use kind::{Build, Compute, Init, OpKind, ParamTensor, Properties, SavedState, Scratch};
+pub use kind::{Build, Compute, Flops, Init, OpKind, ParamTensor, Properties, SavedState, Scratch};
 pub use shape::{numel, reserve, shape_str, values, MAX_SAMPLE_VALUES, PARAM_ALIGN};
 
 pub use activation::{GeluApproximation, GeluSpec};

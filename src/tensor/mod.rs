@@ -382,4 +382,8 @@ pub trait Backend: Capture {
     fn memory(&self) -> Option<(usize, usize)> {
         None
     }
+
+    /// Waits until the device has done the work queued so far (nothing to wait for on the
+    /// CPU, whose ops return when done): a profile times each op on its own.
+    fn synchronize(&self) {}
 }

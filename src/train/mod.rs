@@ -36,10 +36,12 @@ use crate::checkpoint::weights::Weights;
 use crate::checkpoint::{self, Checkpoint, Saving, TrainState};
 use crate::data::{batches_per_epoch, epoch_order, Data, Dataset};
 use crate::error::{Error, Result};
+use crate::graph::profiler::{Part, Profiler};
 use crate::graph::{GradBuckets, GradientSync, Graph, Network};
 use crate::ops::Engine;
 use crate::optim::{clip_grad_norm, unscale_and_clip, LossScaler, Optimizer, Schedule};
 use crate::parallel::share;
+use crate::profile::ProfileSteps;
 use crate::run::{EndReason, MetricsRow, MetricsWriter};
 use crate::signals::Stop;
 use crate::spec::{EvaluateTest, JobSpec, OnNonFinite, PrecisionMode, MAX_SKIPPED_IN_A_ROW};
@@ -105,6 +107,8 @@ pub struct Session<'a, B: Engine> {
     /// was stopped while writing its weights or summary): train and evaluate nothing, only
     /// give its outcome (the caller adds the final rows, which metrics.csv holds).
     pub finishing: bool,
+    /// Steps to profile, and where the profile goes.
+    pub profile: Option<ProfileSteps>,
 }
 
 impl<B: Engine> Default for Session<'_, B> {
@@ -116,6 +120,7 @@ impl<B: Engine> Default for Session<'_, B> {
             stop: None,
             parallel: None,
             finishing: false,
+            profile: None,
         }
     }
 }
@@ -239,6 +244,8 @@ enum EpochEnd {
 /// A training run under way: rank 0's network, optimizer and data, its state as
 /// checkpoints keep it (`st`), what it reports (`outcome`), and the settings of its loop.
 struct Training<'a, B: Engine> {
+    /// Steps to profile (`trainer profile`, `--profile-steps`).
+    profile: Option<ProfileSteps>,
     backend: &'a B,
     spec: &'a JobSpec,
     metrics: &'a mut MetricsWriter,
@@ -298,6 +305,7 @@ impl<'a, B: Engine> Training<'a, B> {
             stop,
             mut parallel,
             finishing,
+            profile,
         } = session;
         let batch_size = spec.batch_size();
         let param_len = graph.param_len;
@@ -421,6 +429,7 @@ impl<'a, B: Engine> Training<'a, B> {
             window_first: st.step + 1,
             first_nonfinite: None,
             skipped_in_a_row: 0,
+            profile,
             st,
         })
     }
@@ -462,6 +471,7 @@ impl<'a, B: Engine> Training<'a, B> {
         let step_start = Instant::now();
         self.outcome.first_step_at.get_or_insert(step_start);
         let step = self.st.step + 1;
+        let profiled = self.start_profiled_step(step);
         // Skipped steps (mixed precision) do not advance the schedule, as with GradScaler.
         let lr = self
             .schedule
@@ -515,7 +525,54 @@ impl<'a, B: Engine> Training<'a, B> {
         st.steps_in_epoch += 1;
         self.progress.set(step);
         st.window_seconds += step_start.elapsed().as_secs_f64();
+        if let Some(start) = profiled {
+            self.finish_profiled_step(start, step)?;
+        }
         Ok((lr, result, samples))
+    }
+
+    /// Attaches a profiler when `step` is the first profiled one; in a profiled step, starts
+    /// its timing.
+    fn start_profiled_step(&mut self, step: u64) -> Option<Instant> {
+        let steps = self.profile.as_ref().filter(|p| p.covers(step))?;
+        if self.net.profiler_mut().is_none() {
+            let events_per_step = 3 * self.net.graph.layers.len() + 8;
+            let profiler = Profiler::new(steps.len(), events_per_step);
+            self.net.set_profiler(Some(Box::new(profiler)));
+        }
+        (self.net.profiler_mut()).map(|p| p.start_step(self.backend, step))
+    }
+
+    fn finish_profiled_step(&mut self, start: Instant, step: u64) -> Result<()> {
+        if let Some(p) = self.net.profiler_mut() {
+            p.finish_step(self.backend, start);
+        }
+        match self.profile.as_ref() {
+            Some(p) if p.last == step => self.write_profile(),
+            _ => Ok(()),
+        }
+    }
+
+    /// Writes the profile of the steps profiled (all asked for, or those the run reached)
+    /// and detaches the profiler.
+    fn write_profile(&mut self) -> Result<()> {
+        let (Some(steps), Some(profiler)) = (self.profile.as_ref(), self.net.set_profiler(None))
+        else {
+            return Ok(());
+        };
+        let positions = self.net.graph.objective.rows;
+        // Activations are half values, 2 bytes, in a device's half-width buffers; the CPU
+        // (no device memory of its own) keeps them in f32.
+        let half_width = self.net.half().is_some() && self.backend.memory().is_some();
+        let cx = crate::profile::Context {
+            graph: &self.net.graph,
+            device: self.backend.describe(),
+            value_bytes: if half_width { 2 } else { 4 },
+            max_batch: self.net.max_batch(),
+            tokens_per_sample: (positions > 1).then_some(positions),
+            peak_flops: crate::profile::measured_peak(self.backend)?,
+        };
+        crate::profile::write(&profiler, &cx, steps)
     }
 
     /// A step that was not applied (inf/NaN gradients): counted, its loss taken out of the
@@ -689,6 +746,8 @@ impl<'a, B: Engine> Training<'a, B> {
     /// After the loop: why the run ended, the final evaluation and checkpoint, and the
     /// final weights.
     fn finish(mut self) -> Result<Outcome> {
+        // The run ended before the last profiled step: the steps it profiled.
+        self.write_profile()?;
         let early_stopped = self.outcome.end_reason == EndReason::EarlyStopped;
         if self.outcome.end_reason == EndReason::Completed
             && self.all_steps_done()
@@ -1046,7 +1105,9 @@ pub(crate) fn accumulate_gradients<'r, B: Engine>(
         if n > 0 {
             net.set_sample_offset(mine.start);
             let rows = &all_rows[mine];
+            let t = net.profile_start(backend);
             batch.samples.load(backend, rows, net);
+            net.profile_end(backend, t, Part::Data, n);
             // Only the last micro-batch's backward pass averages (accumulation steps
             // exchange nothing).
             let sync = match &mut sync {
@@ -1076,7 +1137,9 @@ pub(crate) fn apply_gradients<B: Engine>(
 ) -> StepResult {
     let (backend, net, optimizer) = (cx.backend, &mut *cx.net, &mut *cx.optimizer);
     let check = settings.loss_scale.is_some() || settings.skip_nonfinite;
-    if !check && optimizer.records_updates() {
+    let t = net.profile_start(backend);
+    // A profiled step times clipping and the update apart, so it replays no recording.
+    if !check && optimizer.records_updates() && t.is_none() {
         // Nothing decided on the host: clipping, the update and the half-precision weights
         // are recorded once and replayed (CUDA graphs); only this step's values are copied.
         // A log row reads the norm before (no clipping) or after (the clip's) the replay.
@@ -1114,10 +1177,13 @@ pub(crate) fn apply_gradients<B: Engine>(
             .want_grad_norm
             .then(|| clip_grad_norm(backend, &mut net.grads, None)),
     };
+    net.profile_end(backend, t, Part::Clip, 0);
     let skipped = check && !grad_norm.is_some_and(f64::is_finite);
     if !skipped {
+        let t = net.profile_start(backend);
         let (out, grads) = net.update_buffers();
         optimizer.step(backend, out, grads, settings.lr);
+        net.profile_end(backend, t, Part::Update, 0);
     }
     StepResult { grad_norm, skipped }
 }

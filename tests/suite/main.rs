@@ -20,6 +20,7 @@ mod multiprocess;
 mod nonfinite;
 mod ops;
 mod primitives;
+mod profile;
 mod pytorch_reference;
 mod rendezvous;
 mod results;

@@ -4,6 +4,7 @@
 pub mod cpu;
 mod cuda;
 
+use super::Flops;
 use super::{Backward, Build, Checks, Compute, Dx, Engine, Forward, NoSettings, Op, OpKind};
 use super::{ParamTensor, Properties, SavedState, Scratch};
 use crate::error::Result;
@@ -150,6 +151,11 @@ impl OpKind for Activation {
     }
     fn workspace(&self, _: &Scratch) -> Option<usize> {
         None
+    }
+
+    fn flops(&self, _: &[usize], out: &[usize]) -> Flops {
+        // Elementwise: one operation a value, two in backward.
+        Flops::per_value(out, 1.0, 2.0)
     }
 }
 

@@ -1,5 +1,6 @@
 //! add: the elementwise sum of two or more inputs of one shape (residual connections).
 
+use super::Flops;
 use super::{round, shape_str, Backward, Build, Compute, Dx, Forward, NoSettings, Op, OpKind};
 use super::{ParamTensor, Properties, SavedState, Scratch};
 use crate::error::Result;
@@ -54,6 +55,10 @@ impl OpKind for Add {
     }
     fn workspace(&self, _: &Scratch) -> Option<usize> {
         None
+    }
+
+    fn flops(&self, _: &[usize], out: &[usize]) -> Flops {
+        Flops::per_value(out, 1.0, 0.0)
     }
 }
 

@@ -10,6 +10,7 @@ mod cuda;
 
 pub use cuda::workspace_len as cuda_workspace_len;
 
+use super::Flops;
 use super::Pass;
 use super::{shape_str, Backward, Build, Checks, Compute, Dx, Engine, Forward, Mask, Op, OpKind};
 use super::{ParamTensor, Properties, SavedState, Scratch};
@@ -187,6 +188,17 @@ impl OpKind for Attention {
     }
     fn workspace(&self, rules: &Scratch) -> Option<usize> {
         Some((rules.attention)(&self.shape))
+    }
+
+    fn flops(&self, _: &[usize], _: &[usize]) -> Flops {
+        // Per head, Q·Kᵀ and P·V, each T·T·d multiply-adds over the whole square (the
+        // products cover the masked half too); backward has four such products.
+        let s = &self.shape;
+        let macs = (2 * s.len * s.len * s.width()) as f64;
+        Flops {
+            forward: 2.0 * macs,
+            backward: 4.0 * macs,
+        }
     }
 }
 

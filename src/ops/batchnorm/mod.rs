@@ -8,6 +8,7 @@ mod cuda;
 
 use super::layernorm::{default_norm_eps, norm_parameters};
 use super::shape::chw;
+use super::Flops;
 use super::{shape_str, Backward, Build, Checks, Compute, Dx, Engine, Forward, Op, OpKind};
 use super::{ParamTensor, Pass, Properties, SavedState, Scratch};
 use crate::error::Result;
@@ -167,6 +168,11 @@ impl OpKind for BatchNorm {
     }
     fn workspace(&self, _: &Scratch) -> Option<usize> {
         None
+    }
+
+    fn flops(&self, _: &[usize], out: &[usize]) -> Flops {
+        // Mean, variance, normalise and scale; backward about eight a value.
+        Flops::per_value(out, 5.0, 8.0)
     }
 }
 

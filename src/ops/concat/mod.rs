@@ -1,6 +1,7 @@
 //! concat: its inputs joined along the first per-sample dimension (channels for images,
 //! features for vectors); the other dimensions must agree.
 
+use super::Flops;
 use super::{numel, round, shape_str, Backward, Build, Compute, Dx, Forward, NoSettings, Op};
 use super::{OpKind, ParamTensor, Properties, SavedState, Scratch};
 use crate::error::Result;
@@ -67,6 +68,11 @@ impl OpKind for Concat {
     }
     fn workspace(&self, _: &Scratch) -> Option<usize> {
         None
+    }
+
+    fn flops(&self, _: &[usize], _: &[usize]) -> Flops {
+        // Copies only.
+        Flops::per_value(&[], 0.0, 0.0)
     }
 }
 

@@ -11,6 +11,7 @@ pub mod row_dots;
 pub use cuda::conv_workspace_len as cuda_workspace_len;
 
 use super::shape::chw;
+use super::{numel, Flops};
 use super::{values, Backward, Build, Checks, Compute, Dx, Engine, Forward, Init, Op, OpKind};
 use super::{ParamTensor, Properties, SavedState, Scratch, MAX_SAMPLE_VALUES};
 use crate::error::Result;
@@ -252,6 +253,11 @@ impl OpKind for Conv2d {
     }
     fn workspace(&self, rules: &Scratch) -> Option<usize> {
         Some((rules.conv)(&self.geom))
+    }
+
+    fn flops(&self, _: &[usize], out: &[usize]) -> Flops {
+        // Each output value is a dot product over its group's window.
+        Flops::product(numel(out) * self.geom.group_rows())
     }
 }
 

@@ -6,6 +6,7 @@
 pub mod cpu;
 mod cuda;
 
+use super::Flops;
 use super::{Backward, Build, Checks, Compute, Dx, Engine, Forward, Op, OpKind, Pass};
 use super::{ParamTensor, Properties, SavedState, Scratch};
 use crate::error::Result;
@@ -106,6 +107,10 @@ impl OpKind for Dropout {
     }
     fn workspace(&self, _: &Scratch) -> Option<usize> {
         None
+    }
+
+    fn flops(&self, _: &[usize], out: &[usize]) -> Flops {
+        Flops::per_value(out, 1.0, 1.0)
     }
 }
 

@@ -5,6 +5,7 @@
 pub mod cpu;
 mod cuda;
 
+use super::Flops;
 use super::{Backward, Build, Checks, Compute, Dx, Engine, Forward, Init, Op, OpKind, ParamTensor};
 use super::{Properties, SavedState, Scratch};
 use crate::error::Result;
@@ -119,6 +120,11 @@ impl OpKind for Embedding {
     }
     fn workspace(&self, _: &Scratch) -> Option<usize> {
         None
+    }
+
+    fn flops(&self, _: &[usize], out: &[usize]) -> Flops {
+        // A gather; its backward adds rows into the table.
+        Flops::per_value(out, 0.0, 1.0)
     }
 }
 

@@ -5,6 +5,7 @@
 pub mod cpu;
 mod cuda;
 
+use super::Flops;
 use super::ParamTensor;
 use super::{numel, Properties, SavedState, Scratch};
 use super::{Backward, Build, Checks, Compute, Dx, Engine, Forward, Init, Op, OpKind};
@@ -129,6 +130,11 @@ impl OpKind for LayerNorm {
     }
     fn workspace(&self, _: &Scratch) -> Option<usize> {
         None
+    }
+
+    fn flops(&self, _: &[usize], out: &[usize]) -> Flops {
+        // Mean, variance, normalise and scale; backward about eight a value.
+        Flops::per_value(out, 5.0, 8.0)
     }
 }
 

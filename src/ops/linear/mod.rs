@@ -6,6 +6,7 @@
 mod cpu;
 mod cuda;
 
+use super::Flops;
 use super::{
     numel, Backward, Build, Checks, Compute, Dx, Engine, Forward, Init, OpKind, ParamTensor,
 };
@@ -190,6 +191,11 @@ impl OpKind for Linear {
     }
     fn workspace(&self, _: &Scratch) -> Option<usize> {
         None
+    }
+
+    fn flops(&self, _: &[usize], out: &[usize]) -> Flops {
+        // Each output value is a dot product of the input row's features.
+        Flops::product(numel(out) * self.inp)
     }
 }
 

@@ -7,6 +7,7 @@ mod cuda;
 pub mod max_pool_2x2;
 
 use super::shape::chw;
+use super::Flops;
 use super::{Backward, Build, Checks, Compute, Dx, Engine, Forward, NoSettings, Op, OpKind};
 use super::{ParamTensor, Properties, SavedState, Scratch, Size2};
 use crate::error::Result;
@@ -169,6 +170,11 @@ impl OpKind for Pool {
     }
     fn workspace(&self, _: &Scratch) -> Option<usize> {
         None
+    }
+
+    fn flops(&self, input: &[usize], _: &[usize]) -> Flops {
+        // Each input value read once.
+        Flops::per_value(input, 1.0, 1.0)
     }
 }
 

@@ -6,6 +6,7 @@
 mod cpu;
 mod cuda;
 
+use super::Flops;
 use super::{shape_str, Backward, Build, Checks, Compute, Dx, Engine, Forward, Init, Op, OpKind};
 use super::{ParamTensor, Properties, SavedState, Scratch};
 use crate::error::Result;
@@ -127,6 +128,10 @@ impl OpKind for PositionEmbedding {
     }
     fn workspace(&self, _: &Scratch) -> Option<usize> {
         None
+    }
+
+    fn flops(&self, _: &[usize], out: &[usize]) -> Flops {
+        Flops::per_value(out, 1.0, 1.0)
     }
 }
 

@@ -5,6 +5,7 @@
 mod cpu;
 mod cuda;
 
+use super::Flops;
 use super::{numel, Backward, Build, Checks, Compute, Dx, Engine, Forward, Init, Op, OpKind};
 use super::{ParamTensor, Properties, SavedState, Scratch};
 use crate::error::Result;
@@ -121,6 +122,10 @@ impl OpKind for RmsNorm {
     }
     fn workspace(&self, _: &Scratch) -> Option<usize> {
         None
+    }
+
+    fn flops(&self, _: &[usize], out: &[usize]) -> Flops {
+        Flops::per_value(out, 4.0, 7.0)
     }
 }
 

@@ -4,6 +4,7 @@
 pub mod cpu;
 mod cuda;
 
+use super::Flops;
 use super::{Backward, Build, Compute, Dx, Engine, Forward, NoSettings, Op, OpKind};
 use super::{ParamTensor, Properties, SavedState, Scratch};
 use crate::error::Result;
@@ -87,6 +88,10 @@ impl OpKind for Softmax {
     }
     fn workspace(&self, _: &Scratch) -> Option<usize> {
         None
+    }
+
+    fn flops(&self, _: &[usize], out: &[usize]) -> Flops {
+        Flops::per_value(out, 3.0, 3.0)
     }
 }
 

@@ -1,6 +1,7 @@
 //! flatten and reshape: the input seen with another per-sample shape. A view shares its
 //! input's buffers, gradient included, and runs nothing.
 
+use super::Flops;
 use super::{numel, shape_str, values, Backward, Build, Checks, Compute, Dx, Forward, Op};
 use super::{size_range, NoSettings};
 use super::{OpKind, ParamTensor, Properties, SavedState, Scratch, MAX_SIZE};
@@ -103,6 +104,11 @@ impl OpKind for View {
     }
     fn workspace(&self, _: &Scratch) -> Option<usize> {
         None
+    }
+
+    fn flops(&self, _: &[usize], _: &[usize]) -> Flops {
+        // A view computes nothing.
+        Flops::per_value(&[], 0.0, 0.0)
     }
 }
 

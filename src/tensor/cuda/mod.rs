@@ -1934,6 +1934,10 @@ impl Backend for CudaBackend {
     fn memory(&self) -> Option<(usize, usize)> {
         Some((self.allocated.get(), self.peak.get()))
     }
+
+    fn synchronize(&self) {
+        self.record("waiting for the GPU", self.stream.synchronize());
+    }
 }
 
 /// The kernels' storage id of values in `half` (kernels/cast.cu's `load`): 0 f32, 1 f16,
