@@ -47,12 +47,9 @@ impl ProfileSteps {
         (self.first..=self.last).contains(&step)
     }
 
-    pub fn len(&self) -> usize {
+    /// How many steps the range holds.
+    pub fn count(&self) -> usize {
         (self.last - self.first + 1) as usize
-    }
-
-    pub fn is_empty(&self) -> bool {
-        false
     }
 }
 

@@ -537,7 +537,7 @@ impl<'a, B: Engine> Training<'a, B> {
         let steps = self.profile.as_ref().filter(|p| p.covers(step))?;
         if self.net.profiler_mut().is_none() {
             let events_per_step = 3 * self.net.graph.layers.len() + 8;
-            let profiler = Profiler::new(steps.len(), events_per_step);
+            let profiler = Profiler::new(steps.count(), events_per_step);
             self.net.set_profiler(Some(Box::new(profiler)));
         }
         (self.net.profiler_mut()).map(|p| p.start_step(self.backend, step))
