@@ -131,13 +131,6 @@ fn validate_data(d: &DataSpec, p: &mut Problems) {
     );
     only(d.targets.is_some(), "targets", &[Synthetic]);
     only(d.noise.is_some(), "noise", &[Synthetic]);
-    if source == Tokens && d.tokenizer == Some(crate::spec::Tokenizer::Char) {
-        p.add(
-            "data.tokenizer",
-            "\"char\" builds its vocabulary from a text, which token files do not hold; \
-             allowed here: \"gpt2\" or \"bytes\"",
-        );
-    }
     if d.features.is_some() && d.exclude.is_some() {
         p.add(
             "data.exclude",
@@ -180,6 +173,12 @@ fn validate_data(d: &DataSpec, p: &mut Problems) {
                 "data.val_fraction",
                 "give data.val_path (a validation file) or data.val_fraction (the last part of \
                  the training tokens), not both",
+            );
+            p.check(
+                d.tokenizer != Some(crate::spec::Tokenizer::Char),
+                "data.tokenizer",
+                "\"char\" builds its vocabulary from a text, which token files do not hold; \
+                 allowed here: \"gpt2\" or \"bytes\"",
             );
         }
         Text => {

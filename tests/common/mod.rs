@@ -192,6 +192,21 @@ pub fn expect_error(job_text: &str, args: &[&str], code: i32, needles: &[&str]) 
     );
 }
 
+/// `trainer run JOB -q --runs-dir RUNS EXTRA...`, which must succeed: its run directory.
+pub fn run_job(job: &Path, runs: &Path, extra: &[&str]) -> PathBuf {
+    let mut args = vec![
+        "run",
+        job.to_str().unwrap(),
+        "-q",
+        "--runs-dir",
+        runs.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    let out = trainer(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    PathBuf::from(stdout(&out).trim())
+}
+
 pub fn has_summary(dir: &Path) -> bool {
     walk(dir).iter().any(|p| p.ends_with("summary.json"))
 }

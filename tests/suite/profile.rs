@@ -2,7 +2,7 @@
 //! and backward, the loss, data, clipping and the update; the shares add up to the step, and
 //! trace.json is a Chrome trace whose op events lie inside their steps.
 
-use crate::common::{gpu_present, only_run_dir, read_csv, stderr, stdout, trainer};
+use crate::common::{gpu_present, only_run_dir, read_csv, run_job, stderr, stdout, trainer};
 use std::path::Path;
 
 /// profile.csv's rows, as (part, pass, calls, share).
@@ -115,26 +115,15 @@ fn a_profile_times_every_layer_and_its_shares_add_up_to_the_step() {
 #[test]
 fn a_run_profiles_the_steps_it_is_asked_to() {
     let tmp = tempfile::tempdir().unwrap();
-    let runs = tmp.path().to_str().unwrap();
-    let out = trainer(&[
-        "run",
-        "jobs/gpt_char.toml",
-        "-q",
-        "--runs-dir",
-        runs,
-        "--profile-steps",
-        "2..3",
-        "--set",
+    let sets = [
         "train.max_steps=4",
-        "--set",
         "train.eval_steps=1",
-        "--set",
         "checkpoint.activations=\"all\"",
-        "--set",
         "device.type='cpu'",
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let dir = std::path::PathBuf::from(stdout(&out).trim());
+    ];
+    let mut args = vec!["--profile-steps", "2..3"];
+    args.extend(sets.iter().flat_map(|s| ["--set", *s]));
+    let dir = run_job(Path::new("jobs/gpt_char.toml"), tmp.path(), &args);
     let table = std::fs::read_to_string(dir.join("profile.txt")).unwrap();
     assert!(table.contains("tokens/s"), "{table}");
     let rows = profile_rows(&dir);

@@ -2,7 +2,7 @@
 //! next tokens, the validation split at the text's end, the vocabulary saved with the run, and
 //! the errors for text that cannot be read as asked.
 
-use crate::common::{self, spec, stderr, stdout, trainer};
+use crate::common::{self, run_job, spec, stderr, stdout, trainer};
 use std::path::Path;
 use trainer::data;
 use trainer::data::vocabulary::Vocabulary;
@@ -116,7 +116,7 @@ fn a_gpt_on_gpt2_tokens_trains_and_samples() {
         "train.eval_every_steps=4",
     ];
     let args: Vec<&str> = sets.iter().flat_map(|s| ["--set", *s]).collect();
-    let dir = run_gpt(&job, &runs, &args);
+    let dir = run_job(&job, &runs, &args);
     let preprocess = std::fs::read_to_string(dir.join("preprocess.json")).unwrap();
     assert!(
         preprocess.contains("\"tokenizer\": \"gpt2\""),
@@ -157,28 +157,16 @@ fn a_gpt_on_gpt2_tokens_trains_and_samples() {
 #[test]
 fn the_char_gpt_job_trains_and_samples_with_its_vocabulary() {
     let tmp = tempfile::tempdir().unwrap();
-    let runs = tmp.path().to_str().unwrap();
-    let out = trainer(&[
-        "run",
-        "jobs/gpt_char.toml",
-        "-q",
-        "--runs-dir",
-        runs,
-        "--set",
+    let sets = [
         "train.max_steps=30",
-        "--set",
         "train.log_every=10",
-        "--set",
         "data.val_fraction=0.001",
-        "--set",
         "optimizer.schedule.warmup_steps=5",
-        "--set",
         "train.eval_every_steps=10",
-        "--set",
         "train.eval_steps=1",
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let dir = std::path::PathBuf::from(stdout(&out).trim());
+    ];
+    let args: Vec<&str> = sets.iter().flat_map(|s| ["--set", *s]).collect();
+    let dir = run_job(Path::new("jobs/gpt_char.toml"), tmp.path(), &args);
     let metrics = std::fs::read_to_string(dir.join("metrics.csv")).unwrap();
     let losses: Vec<f64> = metrics
         .lines()
@@ -258,12 +246,8 @@ fn the_shakespeare_gpt_job_is_nanogpts_and_trains_with_dropout() {
         "train.eval_steps=1",
         "train.log_every=1",
     ];
-    let mut args = vec!["run", "jobs/gpt_shakespeare.toml", "-q", "--runs-dir"];
-    args.push(tmp.path().to_str().unwrap());
-    args.extend(sets.iter().flat_map(|s| ["--set", s]));
-    let out = trainer(&args);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let dir = std::path::PathBuf::from(stdout(&out).trim());
+    let args: Vec<&str> = sets.iter().flat_map(|s| ["--set", *s]).collect();
+    let dir = run_job(Path::new("jobs/gpt_shakespeare.toml"), tmp.path(), &args);
     let losses = losses(&dir);
     assert_eq!(losses.len(), 3, "two steps and an evaluation: {losses:?}");
     assert!(
@@ -530,20 +514,6 @@ fn small_gpt(dir: &Path) -> std::path::PathBuf {
     job
 }
 
-fn run_gpt(job: &Path, runs: &Path, extra: &[&str]) -> std::path::PathBuf {
-    let mut args = vec![
-        "run",
-        job.to_str().unwrap(),
-        "-q",
-        "--runs-dir",
-        runs.to_str().unwrap(),
-    ];
-    args.extend(extra);
-    let out = trainer(&args);
-    assert!(out.status.success(), "{}", stderr(&out));
-    std::path::PathBuf::from(stdout(&out).trim())
-}
-
 /// The loss of every metrics.csv row, train and val.
 fn losses(dir: &Path) -> Vec<f64> {
     (metrics_without_timing(dir).iter().skip(1))
@@ -586,7 +556,7 @@ fn a_resumed_gpt_run_gives_the_uninterrupted_run_exactly() {
         ATTENTION_DROPOUT[0],
         ATTENTION_DROPOUT[1],
     ];
-    let full = run_gpt(&job, &runs, &sets);
+    let full = run_job(&job, &runs, &sets);
     let crashed = tmp.path().join("crashed");
     std::fs::create_dir_all(crashed.join("checkpoints")).unwrap();
     for name in ["metrics.csv", "config.toml", "train.log"] {
@@ -597,7 +567,7 @@ fn a_resumed_gpt_run_gives_the_uninterrupted_run_exactly() {
         std::fs::copy(from.join(step), to.join(step)).unwrap();
     }
     let resume = [&sets[..], &["--resume", crashed.to_str().unwrap()]].concat();
-    run_gpt(&job, &runs, &resume);
+    run_job(&job, &runs, &resume);
     assert_eq!(
         metrics_without_timing(&crashed),
         metrics_without_timing(&full)
@@ -616,8 +586,8 @@ fn a_gpt_on_two_replicas_follows_one_device() {
     let tmp = tempfile::tempdir().unwrap();
     let job = small_gpt(tmp.path());
     let runs = tmp.path().join("runs");
-    let one = run_gpt(&job, &runs, &ATTENTION_DROPOUT);
-    let two = run_gpt(
+    let one = run_job(&job, &runs, &ATTENTION_DROPOUT);
+    let two = run_job(
         &job,
         &runs,
         &[&ATTENTION_DROPOUT[..], &["--set", "parallel.replicas=2"]].concat(),
@@ -627,7 +597,7 @@ fn a_gpt_on_two_replicas_follows_one_device() {
     for (x, y) in a.iter().zip(&b) {
         assert!((x - y).abs() <= 1e-5 * x.abs(), "{a:?}\n{b:?}");
     }
-    let without_dropout = losses(&run_gpt(&job, &runs, &[]));
+    let without_dropout = losses(&run_job(&job, &runs, &[]));
     assert_ne!(without_dropout, a, "the dropout was not applied");
 }
 
@@ -638,8 +608,8 @@ fn a_gpt_in_bf16_follows_its_fp32_run() {
     let tmp = tempfile::tempdir().unwrap();
     let job = small_gpt(tmp.path());
     let runs = tmp.path().join("runs");
-    let fp32 = run_gpt(&job, &runs, &[]);
-    let bf16 = run_gpt(&job, &runs, &["--set", "precision.mode=\"bf16\""]);
+    let fp32 = run_job(&job, &runs, &[]);
+    let bf16 = run_job(&job, &runs, &["--set", "precision.mode=\"bf16\""]);
     let (a, b) = (losses(&fp32), losses(&bf16));
     assert_eq!(a.len(), b.len());
     assert!(a != b, "bf16 gave fp32's bits: was it applied?");
