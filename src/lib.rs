@@ -11,7 +11,6 @@ pub mod graph;
 pub mod logging;
 pub mod ops;
 pub mod optim;
-pub mod parallel;
 pub mod profile;
 pub mod provenance;
 pub mod results;

@@ -224,7 +224,7 @@ impl Shown {
 /// Tells the other ranks of a multi-process run (RANK and WORLD_SIZE set) why this one
 /// stopped before it could join them, as `trainer run` does for a bad job.
 fn tell_waiting_ranks(usage_error: &str) {
-    use trainer::parallel::{tell_stopped, Rendezvous};
+    use trainer::train::parallel::{tell_stopped, Rendezvous};
     if let Some(Ok(world)) = Rendezvous::from_env(|k| std::env::var(k).ok()) {
         let first_line = usage_error.lines().next().unwrap_or_default();
         let why = first_line.trim_start_matches("error: ");

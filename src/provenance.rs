@@ -2,10 +2,10 @@
 //! number or a figure back to the binary, the machine, the command and the exact spec.
 
 use crate::error::Result;
-use crate::parallel::BatchLayout;
 use crate::run::RunDir;
 use crate::runtime_err;
 use crate::spec::JobSpec;
+use crate::train::parallel::BatchLayout;
 
 /// FNV-1a, 64 bits: small, stable across Rust versions and platforms (unlike `Hash`).
 pub fn fnv1a64(bytes: &[u8]) -> u64 {

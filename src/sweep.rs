@@ -115,7 +115,7 @@ struct Trained {
 /// started once per rank by torchrun or srun, every rank would write the same sweep. Each
 /// point of a multi-process sweep is a `trainer run` launched per rank.
 fn refuse_multi_process_environment() -> Result<()> {
-    match crate::parallel::Rendezvous::from_env(|k| std::env::var(k).ok()) {
+    match crate::train::parallel::Rendezvous::from_env(|k| std::env::var(k).ok()) {
         Some(Ok(world)) => Err(job_err!(
             "trainer sweep runs as one process, but RANK={} and WORLD_SIZE={} are set (a \
              torchrun/srun launch with several ranks); launch `trainer run` per rank for each \

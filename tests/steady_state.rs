@@ -187,7 +187,7 @@ fn training_steps_allocate_nothing_but_gemm_scratch_and_retain_nothing() {
 #[test]
 fn multi_process_steps_allocate_nothing_but_gemm_scratch_on_either_rank() {
     use trainer::data::{Data, Dataset};
-    use trainer::parallel::Rendezvous;
+    use trainer::train::parallel::Rendezvous;
 
     let _turn = common::one_at_a_time();
     let (batch, features, samples) = (32, 40, 256);

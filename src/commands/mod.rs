@@ -9,7 +9,6 @@ use crate::error::{Error, Result};
 use crate::graph::{ActivationStorage, DataShape, GradBuckets, Graph, MemoryPlan};
 use crate::ops::{self, Engine, Scratch};
 use crate::optim;
-use crate::parallel::{BatchLayout, CpuAllReduce, Rendezvous};
 use crate::profile::ProfileSteps;
 use crate::run::summary::{self, Ended};
 use crate::run::{EndReason, MetricsRow, MetricsWriter, RunDir, Summary};
@@ -21,6 +20,7 @@ use crate::spec::{
 use crate::tensor::cpu::CpuBackend;
 use crate::tensor::cuda::{self, CudaBackend};
 use crate::tensor::Backend;
+use crate::train::parallel::{BatchLayout, CpuAllReduce, Rendezvous};
 use crate::train::{
     self, CpuReplicas, DataParallel, OneDeviceCollective, ProcessReplicas, Session,
 };
@@ -31,7 +31,6 @@ use std::time::Instant;
 
 mod check;
 mod evaluate;
-pub mod launch;
 mod memory;
 mod profile;
 mod sample;
@@ -74,6 +73,40 @@ pub struct RunArgs {
     /// Steps to profile (`--profile-steps`, `trainer profile`); the files go to the run
     /// directory.
     pub profile: Option<ProfileSteps>,
+}
+
+impl RunArgs {
+    /// The arguments of `trainer run` that give this run again: what each rank of a launched
+    /// run is started with.
+    fn rank_arguments(&self) -> Vec<std::ffi::OsString> {
+        let mut out: Vec<std::ffi::OsString> = vec![
+            self.job.clone().into(),
+            "--runs-dir".into(),
+            self.runs_dir.clone().into(),
+        ];
+        for set in &self.sets {
+            out.extend(["--set".into(), set.into()]);
+        }
+        if let Some(name) = &self.name {
+            out.extend(["--name".into(), name.into()]);
+        }
+        if let Some(resume) = &self.resume {
+            out.extend(["--resume".into(), resume.into()]);
+        }
+        if let Some(dir) = &self.dir {
+            out.extend(["--run-dir".into(), dir.into()]);
+        }
+        for (flag, on) in [
+            ("--resume-fallback", self.resume_fallback),
+            ("--force", self.force),
+            ("--quiet", self.quiet),
+        ] {
+            if on {
+                out.push(flag.into());
+            }
+        }
+        out
+    }
 }
 
 /// How a run begins: fresh (from the seeded initialisation or model.init_from), or from a
@@ -525,7 +558,7 @@ fn tell_waiting_ranks(error: &Error) {
         return; // a launcher stopping ranks that never met expects them to end at once
     }
     if let Some(Ok(world)) = Rendezvous::from_env(|k| std::env::var(k).ok()) {
-        crate::parallel::tell_stopped(&world, error);
+        crate::train::parallel::tell_stopped(&world, error);
     }
 }
 
@@ -535,7 +568,7 @@ fn run_job(args: &RunArgs) -> Result<()> {
     if spec.parallel.launches_processes(&spec.device.kind) {
         // This process only starts and watches the replicas' processes.
         drop((data, graph));
-        return launch::run(args, &spec);
+        return crate::train::parallel::launch::run(&args.rank_arguments(), &spec);
     }
     let rank = spec.parallel.world.as_ref().map_or(0, |w| w.rank);
     // Only rank 0 reads checkpoints and init_from files: it sends the others its state.
@@ -551,7 +584,7 @@ fn run_job(args: &RunArgs) -> Result<()> {
         Device::Cpu => {
             check_host_memory(&spec, &graph, &data)?;
             // With data parallelism every replica gets a pool of its own part of the threads
-            // (train::replicas); rank 0's is this one.
+            // (train::parallel::replicas); rank 0's is this one.
             let threads = replica_threads(&spec);
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)

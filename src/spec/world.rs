@@ -1,5 +1,5 @@
 //! Where this process stands in a multi-process run, from torchrun's or SLURM's
-//! environment: part of what a run is, resolved beside the job. `parallel::rendezvous`
+//! environment: part of what a run is, resolved beside the job. `train::parallel::rendezvous`
 //! connects the ranks.
 
 use crate::error::{Error, Result};

@@ -17,12 +17,12 @@
 //! a re-run of the sweep leaves points that are still training alone.
 
 use super::{interrupted, Pending, Sweep, Trained};
-use crate::commands::launch;
 use crate::commands::{Need, Place};
 use crate::error::{Error, Result};
 use crate::signals::{Stop, SIGINT, SIGTERM};
 use crate::spec::{parse_device, DeviceChoice, JobSpec};
 use crate::tensor::cuda;
+use crate::train::parallel::launch;
 use crate::{job_err, runtime_err};
 use std::collections::VecDeque;
 use std::os::unix::process::ExitStatusExt;

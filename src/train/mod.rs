@@ -17,19 +17,17 @@
 //! over the steps applied in its window. `MAX_SKIPPED_IN_A_ROW` skipped steps in a row end
 //! the run as diverged.
 //!
-//! Data parallelism (`replicas`): this loop drives rank 0's replica and leaves each
+//! Data parallelism (`parallel`): this loop drives rank 0's replica and leaves each
 //! optimizer step to `DataParallel::step`, which runs every replica on its share of the
 //! micro-batches; logging, evaluation and checkpoints stay rank 0's alone.
 
-mod processes;
-mod replicas;
+pub mod parallel;
 mod samples;
 pub use samples::fits_on_device;
 mod stopping;
 
-pub use processes::{serve, ProcessReplicas};
-pub(crate) use replicas::DeviceSync;
-pub use replicas::{CpuReplicas, DataParallel, OneDeviceCollective};
+pub use parallel::processes::{serve, ProcessReplicas};
+pub use parallel::replicas::{CpuReplicas, DataParallel, OneDeviceCollective};
 pub use samples::Samples;
 
 use crate::checkpoint::weights::Weights;
@@ -40,12 +38,12 @@ use crate::graph::profiler::{Part, Profiler};
 use crate::graph::{GradBuckets, GradientSync, Graph, Network};
 use crate::ops::Engine;
 use crate::optim::{clip_grad_norm, unscale_and_clip, LossScaler, Optimizer, Schedule};
-use crate::parallel::share;
 use crate::profile::ProfileSteps;
 use crate::run::{EndReason, MetricsRow, MetricsWriter};
 use crate::signals::Stop;
 use crate::spec::{EvaluateTest, JobSpec, OnNonFinite, PrecisionMode, MAX_SKIPPED_IN_A_ROW};
 use crate::tensor::{HalfKind, LossStats};
+use parallel::share;
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::PathBuf;

@@ -11,7 +11,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use trainer::parallel::{exchange, Rendezvous};
+use trainer::train::parallel::{exchange, Rendezvous};
 
 fn at(rank: usize, world_size: usize, port: u16, timeout: Duration) -> Rendezvous {
     Rendezvous {

@@ -27,20 +27,21 @@
 //! with the matching code. A signal on any rank stops the whole run after the current step
 //! with a checkpoint, as on one process.
 
-use super::{
-    accumulate_gradients, apply_gradients, Batch, DataParallel, DeviceSync, Rank, Samples,
-    StepContext, StepResult, StepSettings,
-};
+use super::replicas::{DataParallel, DeviceSync};
+use super::{connect, Link, Rendezvous, Tag};
 use crate::checkpoint;
 use crate::data::Data;
 use crate::error::{Error, Result};
 use crate::graph::{GradientSync, Graph, Network};
 use crate::ops::Engine;
 use crate::optim::Optimizer;
-use crate::parallel::{connect, Link, Rendezvous, Tag};
 use crate::signals::Stop;
 use crate::spec::{CollectiveBackend, JobSpec, ParallelDevices};
 use crate::tensor::LossStats;
+use crate::train::{
+    accumulate_gradients, apply_gradients, Batch, Rank, Samples, StepContext, StepResult,
+    StepSettings,
+};
 use serde::{Deserialize, Serialize};
 use std::marker::PhantomData;
 use std::ops::Range;
@@ -733,13 +734,13 @@ fn follow<B: Engine>(
 
     let rows = spec.batch_size().min(data.largest_split());
     let replica_batch = rows.div_ceil(world.world_size);
-    let mut net = super::training_network(backend, graph, &params, replica_batch, spec)?;
-    let mut optimizer = super::optimizer_for(backend, spec, &net.graph)?;
+    let mut net = crate::train::training_network(backend, graph, &params, replica_batch, spec)?;
+    let mut optimizer = crate::train::optimizer_for(backend, spec, &net.graph)?;
     optimizer
         .restore(backend, &state, optimizer_steps, n)
         .map_err(Error::Runtime)?;
     drop((params, state));
-    let resident = super::samples::resident(backend, spec.device.data, data.train.bytes());
+    let resident = crate::train::samples::resident(backend, spec.device.data, data.train.bytes());
     let shape = (data.row_len(), data.target_dim);
     let samples = Samples::new(backend, data.train, shape, resident)?;
     let batch = Batch { samples: &samples };

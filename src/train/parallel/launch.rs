@@ -2,7 +2,7 @@
 //! process drives one GPU, as DDP recommends), or parallel.launch = "processes". This
 //! process trains nothing: it starts one `trainer run` per replica with RANK, WORLD_SIZE,
 //! LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set as torchrun sets them (so
-//! the ranks are exactly a multi-process run, `train::processes`), relays their stderr
+//! the ranks are exactly a multi-process run, `processes`), relays their stderr
 //! prefixed with the rank and its device, prints rank 0's run directory, and ends as the
 //! ranks end.
 //!
@@ -16,11 +16,11 @@
 //! parallel.timeout, so once rank 0 has ended or a rank has failed, the ranks still running
 //! a grace period later get SIGTERM, and SIGKILL two grace periods after that.
 
-use super::RunArgs;
 use crate::error::{Error, Result};
 use crate::runtime_err;
 use crate::signals::{Received, SIGINT, SIGTERM};
 use crate::spec::JobSpec;
+use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -42,7 +42,8 @@ struct Rank {
 
 /// Starts the job's replicas as processes and waits for them (rank 0 prints the run
 /// directory).
-pub fn run(args: &RunArgs, spec: &JobSpec) -> Result<()> {
+/// `run_arguments` are this `trainer run`'s own arguments, which every rank gets.
+pub fn run(run_arguments: &[OsString], spec: &JobSpec) -> Result<()> {
     let world = spec.parallel.replicas().unwrap_or(1);
     let devices = rank_devices(spec, world);
     let program = std::env::current_exe()
@@ -58,7 +59,7 @@ pub fn run(args: &RunArgs, spec: &JobSpec) -> Result<()> {
     );
     let mut ranks = Vec::with_capacity(world);
     for (rank, device) in devices.iter().enumerate() {
-        let mut cmd = rank_command(&program, args, rank, world, port);
+        let mut cmd = rank_command(&program, run_arguments, rank, world, port);
         let mut child = match cmd.spawn() {
             Ok(child) => child,
             Err(e) => {
@@ -111,37 +112,13 @@ fn rank_devices(spec: &JobSpec, world: usize) -> Vec<String> {
 /// `trainer run` with this run's arguments, as `rank` of `world`.
 fn rank_command(
     program: &std::path::Path,
-    args: &RunArgs,
+    run_arguments: &[OsString],
     rank: usize,
     world: usize,
     port: u16,
 ) -> Command {
     let mut cmd = Command::new(program);
-    cmd.arg("run")
-        .arg(&args.job)
-        .arg("--runs-dir")
-        .arg(&args.runs_dir);
-    for set in &args.sets {
-        cmd.arg("--set").arg(set);
-    }
-    if let Some(name) = &args.name {
-        cmd.arg("--name").arg(name);
-    }
-    if let Some(resume) = &args.resume {
-        cmd.arg("--resume").arg(resume);
-    }
-    if let Some(dir) = &args.dir {
-        cmd.arg("--run-dir").arg(dir);
-    }
-    for (flag, on) in [
-        ("--resume-fallback", args.resume_fallback),
-        ("--force", args.force),
-        ("--quiet", args.quiet),
-    ] {
-        if on {
-            cmd.arg(flag);
-        }
-    }
+    cmd.arg("run").args(run_arguments);
     cmd.env("RANK", rank.to_string())
         .env("WORLD_SIZE", world.to_string())
         .env("LOCAL_RANK", rank.to_string())

@@ -15,17 +15,17 @@
 //! are done, so control (logging, signals, early stopping, evaluation) needs no
 //! coordination: only the loop's thread ever decides anything.
 
-use super::{
-    accumulate_gradients, apply_gradients, Batch, Rank, StepContext, StepResult, StepSettings,
-};
+use super::CpuAllReduce;
 use crate::error::{Error, Result};
 use crate::graph::{GradientSync, Network};
 use crate::ops::Engine;
 use crate::optim::Optimizer;
-use crate::parallel::CpuAllReduce;
 use crate::spec::JobSpec;
 use crate::tensor::cpu::CpuBackend;
 use crate::tensor::{Backend, LossStats};
+use crate::train::{
+    accumulate_gradients, apply_gradients, Batch, Rank, StepContext, StepResult, StepSettings,
+};
 use rayon::ThreadPool;
 
 /// What the training loop needs from data parallelism. Rank 0's replica is the loop's own
@@ -189,14 +189,15 @@ impl DataParallel<CpuBackend> for CpuReplicas {
         self.others = (1..self.replicas())
             .map(|_| {
                 let backend = CpuBackend::new(self.threads);
-                let replica_net = super::training_network(
+                let replica_net = crate::train::training_network(
                     &backend,
                     net.graph.clone(),
                     &net.params,
                     net.max_batch(),
                     spec,
                 )?;
-                let mut replica_optimizer = super::optimizer_for(&backend, spec, &net.graph)?;
+                let mut replica_optimizer =
+                    crate::train::optimizer_for(&backend, spec, &net.graph)?;
                 replica_optimizer
                     .restore(&backend, &state, optimizer.steps(), n)
                     .map_err(Error::Runtime)?;
