@@ -1,7 +1,10 @@
 //! `trainer sample`: text from a run's language model. The prompt, in the run's vocabulary,
 //! then one token at a time: the model reads the last block_size tokens, and the next token
 //! is drawn from its last position's logits (divided by the temperature, cut to the top k).
-//! The whole context is recomputed for each token (no key/value cache yet).
+//!
+//! The context is recomputed for each token: there is no key/value cache. The model reads a
+//! window of the next power of two at or above the context's length (`window`), not the
+//! whole block, so a token's cost grows with its context as nanoGPT's `generate` does.
 
 use super::evaluate::Trained;
 use super::*;
@@ -76,33 +79,112 @@ fn generate(
     known: usize,
     args: &SampleArgs,
 ) -> Result<Vec<u32>> {
+    generate_in_windows(trained, ids, known, args, true)
+}
+
+/// `generate`, reading windows shorter than the block where `shorter` (else always the block).
+fn generate_in_windows(
+    trained: Trained,
+    ids: &mut Vec<u32>,
+    known: usize,
+    args: &SampleArgs,
+    shorter: bool,
+) -> Result<Vec<u32>> {
     let backend = CpuBackend::new(cpu_threads(&trained.spec));
     let block = trained.preprocess.sample_shape.iter().product::<usize>();
     let vocab = trained.preprocess.classes.unwrap_or(0);
-    let half = train::half_kind(trained.spec.precision.mode);
-    let seed = trained.spec.job.seed;
-    let mut net = Network::with_precision(&backend, trained.graph, &trained.params, 1, seed, half)?;
-    net.set_running_stats(&backend, &trained.running_stats)?;
     let mut rng = Rng::new(args.seed);
-    let (mut input, mut logits) = (vec![0.0f32; block], vec![0.0f32; block * vocab]);
+    let mut shorter = shorter;
+    let mut model: Option<Window> = None;
     let mut drawn = Vec::with_capacity(args.tokens);
     for _ in 0..args.tokens {
-        // The last `block` tokens, padded after them: causal attention keeps later positions
-        // from the ones read.
         let context = &ids[ids.len().saturating_sub(block)..];
-        input.fill(0.0);
-        for (x, &id) in input.iter_mut().zip(context) {
-            *x = id as f32;
+        let len = match shorter {
+            true => window(context.len(), block),
+            false => block,
+        };
+        if model.as_ref().is_none_or(|m| m.len != len) {
+            model = match Window::new(&backend, &trained, len) {
+                Ok(m) => Some(m),
+                // A layer fixes the length: read the whole block from now on.
+                Err(_) if len != block => {
+                    shorter = false;
+                    Some(Window::new(&backend, &trained, block)?)
+                }
+                Err(e) => return Err(e),
+            };
         }
-        backend.upload(&input, net.input_mut());
-        net.forward(&backend, 1, false, 0);
-        backend.download(net.output(), &mut logits);
+        let model = model.as_mut().expect("built above");
+        let logits = model.logits(&backend, context, vocab);
         let last = &logits[(context.len() - 1) * vocab..][..known.min(vocab)];
         let next = draw(last, args.temperature, args.top_k, &mut rng);
         ids.push(next);
         drawn.push(next);
     }
     Ok(drawn)
+}
+
+/// The window a context of `len` tokens is read in: the next power of two, at least 16 and
+/// at most the block.
+fn window(len: usize, block: usize) -> usize {
+    len.next_power_of_two().clamp(16, block.max(16)).min(block)
+}
+
+/// The model built for sequences of `len` tokens, with the run's weights.
+struct Window {
+    len: usize,
+    net: Network<CpuBackend>,
+    input: Vec<f32>,
+    logits: Vec<f32>,
+}
+
+impl Window {
+    /// Fails where the model cannot read `len` tokens with the same parameters (a layer that
+    /// fixes the length); the caller keeps the window it has.
+    fn new(backend: &CpuBackend, trained: &Trained, len: usize) -> Result<Window> {
+        let block = trained.preprocess.sample_shape.iter().product::<usize>();
+        let graph = if len == block {
+            trained.graph.clone()
+        } else {
+            let shape = DataShape {
+                sample_shape: vec![len],
+                classes: trained.preprocess.classes,
+                classes_from: None,
+                target_dim: len,
+            };
+            let graph = Graph::build(&trained.spec, &shape)?;
+            if graph.param_len != trained.graph.param_len {
+                return Err(crate::runtime_err!(
+                    "the model's parameters depend on its length"
+                ));
+            }
+            graph
+        };
+        let half = train::half_kind(trained.spec.precision.mode);
+        let seed = trained.spec.job.seed;
+        let mut net = Network::with_precision(backend, graph, &trained.params, 1, seed, half)?;
+        net.set_running_stats(backend, &trained.running_stats)?;
+        let vocab = trained.preprocess.classes.unwrap_or(0);
+        Ok(Window {
+            len,
+            net,
+            input: vec![0.0; len],
+            logits: vec![0.0; len * vocab],
+        })
+    }
+
+    /// The logits at every position for `context` (at most `len` tokens), padded after it:
+    /// causal attention keeps the padding from the positions read.
+    fn logits(&mut self, backend: &CpuBackend, context: &[u32], vocab: usize) -> &[f32] {
+        self.input.fill(0.0);
+        for (x, &id) in self.input.iter_mut().zip(context) {
+            *x = id as f32;
+        }
+        backend.upload(&self.input, self.net.input_mut());
+        self.net.forward(backend, 1, false, 0);
+        backend.download(self.net.output(), &mut self.logits);
+        &self.logits[..context.len() * vocab]
+    }
 }
 
 /// A token drawn from softmax(logits / temperature) over the `top_k` largest logits.
@@ -152,6 +234,58 @@ mod tests {
         // e^2 / (e^2 + e^1.9) = 0.525
         let share = counts[1] as f64 / 20_000.0;
         assert!((share - 0.525).abs() < 0.015, "{share}");
+    }
+
+    #[test]
+    fn windows_are_powers_of_two_within_the_block() {
+        let got: Vec<usize> = [1, 16, 17, 33, 64, 100].map(|n| window(n, 64)).to_vec();
+        assert_eq!(got, [16, 16, 32, 64, 64, 64]);
+        assert_eq!(window(3, 8), 8);
+    }
+
+    /// Reading shorter windows draws the same tokens as reading the whole block each time:
+    /// through contexts of every window and past the block (the context then slides).
+    #[test]
+    fn shorter_windows_draw_what_the_whole_block_draws() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let run = tmp.path().join("run");
+        let sets = [
+            "train.max_steps=3",
+            "train.log_every=3",
+            "device.type=\"cpu\"",
+        ];
+        crate::commands::run(&RunArgs {
+            job: root.join("jobs/gpt_char.toml"),
+            job_given: true,
+            sets: sets.map(String::from).to_vec(),
+            name: None,
+            runs_dir: tmp.path().to_path_buf(),
+            resume: None,
+            resume_fallback: false,
+            force: false,
+            dir: Some(run.clone()),
+            quiet: true,
+            print_run_dir: false,
+            profile: None,
+        })
+        .unwrap();
+        let args = SampleArgs {
+            run: run.clone(),
+            checkpoint: None,
+            prompt: "K".into(),
+            tokens: 90,
+            temperature: 1.0,
+            top_k: None,
+            seed: 5,
+        };
+        let draws = |shorter: bool| {
+            let trained = Trained::load(&run, None).unwrap();
+            let known = trained.preprocess.vocabulary.as_ref().unwrap().len();
+            let mut ids = vec![3];
+            generate_in_windows(trained, &mut ids, known, &args, shorter).unwrap()
+        };
+        assert_eq!(draws(true), draws(false));
     }
 
     #[test]
