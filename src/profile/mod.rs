@@ -78,6 +78,55 @@ pub fn write(p: &Profiler, cx: &Context, steps: &ProfileSteps) -> Result<()> {
     Ok(())
 }
 
+/// What utilisation (MFU) is measured against.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Peak {
+    pub flops: f64,
+    /// Where the figure comes from, as the table says it.
+    pub source: String,
+}
+
+/// The peak of the device's matrix products for the job's precision: a known GPU's datasheet
+/// figure (dense, no sparsity), as llm.c and nanoGPT count MFU; else a measured f32 product.
+pub fn peak<B: Backend>(backend: &B, half: bool) -> Result<Peak> {
+    if let Some(peak) = datasheet_peak(&backend.describe(), half) {
+        return Ok(peak);
+    }
+    Ok(Peak {
+        flops: measured_peak(backend)?,
+        source: "the device's measured f32 matrix product".into(),
+    })
+}
+
+/// A known GPU's dense peak, TFLOP/s: (f32, TF32, bf16 and fp16) from NVIDIA's datasheets.
+/// More specific names come first (an H100 PCIe is not an SXM H100).
+const DATASHEETS: [(&str, [f64; 3]); 7] = [
+    ("H100 PCIe", [51.0, 378.0, 756.0]),
+    ("H100 NVL", [60.0, 417.5, 835.5]),
+    ("H200 NVL", [60.0, 417.5, 835.5]),
+    ("GH200", [67.0, 494.7, 989.4]),
+    ("H100", [67.0, 494.7, 989.4]),
+    ("H200", [67.0, 494.7, 989.4]),
+    ("A100", [19.5, 156.0, 312.0]),
+];
+
+/// The datasheet peak of the card `description` names (`Backend::describe`), for half
+/// precision products or f32 ones (TF32 where the description says it is allowed).
+fn datasheet_peak(description: &str, half: bool) -> Option<Peak> {
+    let (name, figures) = DATASHEETS
+        .iter()
+        .find(|(name, _)| description.contains(name))?;
+    let (tflops, kind) = match (half, description.contains("TF32 allowed")) {
+        (true, _) => (figures[2], "bf16/fp16"),
+        (false, true) => (figures[1], "TF32"),
+        (false, false) => (figures[0], "f32"),
+    };
+    Some(Peak {
+        flops: tflops * 1e12,
+        source: format!("the {name}'s datasheet {kind} peak (dense)"),
+    })
+}
+
 /// The device's f32 matrix-product rate, FLOP/s: the best of a few 1024³ products.
 pub fn measured_peak<B: Backend>(backend: &B) -> Result<f64> {
     const N: usize = 1024;
@@ -115,8 +164,8 @@ pub struct Context<'a> {
     pub max_batch: usize,
     /// Tokens in a sample, for sequence jobs (a loss at every position).
     pub tokens_per_sample: Option<usize>,
-    /// The device's measured f32 matrix-product rate, FLOP/s.
-    pub peak_flops: f64,
+    /// What utilisation is measured against.
+    pub peak: Peak,
 }
 
 /// One line of the table: a part of the step, summed over the profiled steps.
@@ -148,7 +197,7 @@ pub struct Report {
     pub tokens: Option<usize>,
     pub lines: Vec<Line>,
     pub model_flops: f64,
-    pub peak_flops: f64,
+    pub peak: Peak,
     pub device: String,
 }
 
@@ -185,7 +234,7 @@ impl Report {
             tokens: cx.tokens_per_sample.map(|t| t * samples),
             lines,
             model_flops,
-            peak_flops: cx.peak_flops,
+            peak: cx.peak.clone(),
             device: cx.device.clone(),
         }
     }
@@ -237,13 +286,14 @@ impl Report {
         }
         let achieved = rate(self.model_flops, self.seconds);
         out += &format!(
-            " on {}\nmodel FLOPs: {:.3} GFLOP a step, {:.1} GFLOP/s; the device's measured f32 \
-             matrix product: {:.1} GFLOP/s; utilisation (MFU) {:.1}%\n",
+            " on {}\nmodel FLOPs: {:.3} GFLOP a step, {:.1} GFLOP/s; {}: {:.1} GFLOP/s; \
+             utilisation (MFU) {:.1}%\n",
             self.device,
             self.model_flops / self.steps.max(1) as f64 / 1e9,
             achieved / 1e9,
-            self.peak_flops / 1e9,
-            100.0 * achieved / self.peak_flops.max(1.0),
+            self.peak.source,
+            self.peak.flops / 1e9,
+            100.0 * achieved / self.peak.flops.max(1.0),
         );
         out
     }
@@ -412,5 +462,41 @@ fn cost(part: Part, samples: usize, cx: &Context) -> (f64, f64) {
             (4.0 * out as f64, (2 * out * cx.value_bytes) as f64)
         }
         Part::Data | Part::AllReduce | Part::Clip | Part::Update => (0.0, 0.0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_known_card_is_measured_against_its_datasheet_peak_for_the_precision() {
+        let peak = |description: &str, half: bool| {
+            datasheet_peak(description, half).map(|p| (p.flops / 1e12, p.source))
+        };
+        let h100 = "cuda:0 (NVIDIA H100 80GB HBM3, sm_90, 79.2 GiB, driver 13.0)";
+        assert_eq!(
+            peak(h100, true),
+            Some((989.4, "the H100's datasheet bf16/fp16 peak (dense)".into()))
+        );
+        assert_eq!(peak(h100, false).unwrap().0, 67.0);
+        assert_eq!(
+            peak(&format!("{h100}, TF32 allowed"), false).unwrap().0,
+            494.7
+        );
+        assert_eq!(
+            peak("cuda:0 (NVIDIA H100 PCIe, sm_90)", true).unwrap().0,
+            756.0
+        );
+        assert_eq!(peak("cuda:1 (NVIDIA H200, sm_90)", true).unwrap().0, 989.4);
+        assert_eq!(
+            peak("cuda:0 (NVIDIA A100-SXM4-80GB, sm_80)", true)
+                .unwrap()
+                .0,
+            312.0
+        );
+        // Anything else is measured.
+        assert_eq!(peak("cuda:0 (NVIDIA GeForce RTX 4090, sm_89)", true), None);
+        assert_eq!(peak("cpu (2 threads)", false), None);
     }
 }

@@ -568,7 +568,7 @@ impl<'a, B: Engine> Training<'a, B> {
             value_bytes: if half_width { 2 } else { 4 },
             max_batch: self.net.max_batch(),
             tokens_per_sample: (positions > 1).then_some(positions),
-            peak_flops: crate::profile::measured_peak(self.backend)?,
+            peak: crate::profile::peak(self.backend, self.net.half().is_some())?,
         };
         crate::profile::write(&profiler, &cx, steps)
     }
