@@ -6,7 +6,7 @@ use std::fs::File;
 use std::io::Write;
 use std::path::Path;
 
-/// The columns, in order. Documented in README ("Reading metrics.csv"); new columns are only
+/// The columns, in order. Documented in docs/metrics.md; new columns are only
 /// ever appended.
 pub const METRICS_COLUMNS: [&str; 15] = [
     "step",

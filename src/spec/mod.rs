@@ -836,7 +836,7 @@ impl PrecisionMode {
     }
 }
 
-/// Mixed precision with autocast's and GradScaler's semantics (see README, "Mixed precision").
+/// Mixed precision with autocast's and GradScaler's semantics (docs/mixed-precision.md).
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PrecisionSpec {

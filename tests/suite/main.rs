@@ -12,6 +12,7 @@ mod cli;
 mod cuda_kernels;
 mod cuda_parity;
 mod data_parallel;
+mod docs;
 mod gradients;
 mod kernels_on_host;
 mod layout;

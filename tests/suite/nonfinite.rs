@@ -259,7 +259,7 @@ fn with_error_a_nonfinite_loss_fails_the_run_and_keeps_its_last_good_checkpoint(
 
 /// The loss is checked at train rows only: a checkpoint due between rows after an inf/NaN
 /// step is not written (its weights are already spoilt), so the newest checkpoint stays the
-/// last good state, and the README's way on from it (skip, --force) completes the run.
+/// last good state, and docs/errors.md's way on from it (skip, --force) completes the run.
 #[test]
 fn no_checkpoint_is_written_after_a_nonfinite_step_and_the_last_good_one_goes_on() {
     let tmp = tempfile::tempdir().unwrap();

@@ -194,7 +194,7 @@ fn two_replicas_follow_pytorch_on_one_device() {
 /// (where fp32's differs), the losses stay within 1% of autocast's over the run (bf16 itself
 /// moves PyTorch's loss 0.24% from its fp32 run here), and the same steps are skipped, except
 /// where the documented deviation shows: PyTorch rounds weight gradients to fp16, trainer
-/// accumulates them in f32 (README, "Mixed precision").
+/// accumulates them in f32 (docs/mixed-precision.md).
 #[test]
 fn mixed_precision_follows_pytorch_autocast() {
     for case in fixture()["cases"].as_array().unwrap() {
