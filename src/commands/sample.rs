@@ -2,9 +2,11 @@
 //! then one token at a time: the model reads the last block_size tokens, and the next token
 //! is drawn from its last position's logits (divided by the temperature, cut to the top k).
 //!
-//! The context is recomputed for each token: there is no key/value cache. The model reads a
-//! window of the next power of two at or above the context's length (`window`), not the
-//! whole block, so a token's cost grows with its context as nanoGPT's `generate` does.
+//! While the text fits in the block, a `Decoder` reads one token a step and its attention
+//! layers keep the earlier positions' keys and values (a key/value cache). Past the block
+//! the context slides, every position moves, and the model reads the context again for each
+//! token: in a window of the next power of two at or above its length (`window`). So does a
+//! model with a layer that mixes positions other than causal attention.
 
 use super::evaluate::Trained;
 use super::*;
@@ -79,15 +81,17 @@ fn generate(
     known: usize,
     args: &SampleArgs,
 ) -> Result<Vec<u32>> {
-    generate_in_windows(trained, ids, known, args, true)
+    generate_with(trained, ids, known, args, true, true)
 }
 
-/// `generate`, reading windows shorter than the block where `shorter` (else always the block).
-fn generate_in_windows(
+/// `generate`, with the key/value cache where `cached`, and reading windows shorter than the
+/// block where `shorter` (else always the block).
+fn generate_with(
     trained: Trained,
     ids: &mut Vec<u32>,
     known: usize,
     args: &SampleArgs,
+    cached: bool,
     shorter: bool,
 ) -> Result<Vec<u32>> {
     let backend = CpuBackend::new(cpu_threads(&trained.spec));
@@ -96,8 +100,24 @@ fn generate_in_windows(
     let mut rng = Rng::new(args.seed);
     let mut shorter = shorter;
     let mut model: Option<Window> = None;
+    let mut decoder = match cached {
+        true => Decoder::new(&backend, &trained, block).ok(),
+        false => None,
+    };
     let mut drawn = Vec::with_capacity(args.tokens);
     for _ in 0..args.tokens {
+        if let Some(decoder) = decoder.as_mut().filter(|_| ids.len() <= block) {
+            let logits = decoder.logits(&backend, ids, vocab);
+            let next = draw(
+                &logits[..known.min(vocab)],
+                args.temperature,
+                args.top_k,
+                &mut rng,
+            );
+            ids.push(next);
+            drawn.push(next);
+            continue;
+        }
         let context = &ids[ids.len().saturating_sub(block)..];
         let len = match shorter {
             true => window(context.len(), block),
@@ -122,6 +142,85 @@ fn generate_in_windows(
         drawn.push(next);
     }
     Ok(drawn)
+}
+
+/// The layers a `Decoder` may run: each treats a position on its own, or is causal attention.
+/// Any other (a concat along the positions, a reshape) needs the whole context at once.
+const ONE_POSITION_AT_A_TIME: [&str; 14] = [
+    "embedding",
+    "position_embedding",
+    "attention",
+    "linear",
+    "layernorm",
+    "rmsnorm",
+    "gelu",
+    "relu",
+    "tanh",
+    "sigmoid",
+    "dropout",
+    "add",
+    "softmax",
+    "log_softmax",
+];
+
+/// The model reading one token a step (`Graph::for_decoding`), the keys and values of the
+/// tokens before kept by its attention layers.
+struct Decoder {
+    net: Network<CpuBackend>,
+    /// Tokens read so far: the positions the cache holds.
+    read: usize,
+    input: Vec<f32>,
+    logits: Vec<f32>,
+}
+
+impl Decoder {
+    /// Fails for a model with a layer that needs the whole context (then `Window`s serve).
+    fn new(backend: &CpuBackend, trained: &Trained, block: usize) -> Result<Decoder> {
+        if let Some(layer) =
+            (trained.graph.layers.iter()).find(|l| !ONE_POSITION_AT_A_TIME.contains(&l.kind))
+        {
+            return Err(crate::runtime_err!(
+                "a {} layer needs the whole context",
+                layer.kind
+            ));
+        }
+        let shape = DataShape {
+            sample_shape: vec![1],
+            classes: trained.preprocess.classes,
+            classes_from: None,
+            target_dim: 1,
+        };
+        let graph = Graph::for_decoding(&trained.spec, &shape, block)?;
+        if graph.param_len != trained.graph.param_len {
+            return Err(crate::runtime_err!(
+                "the model's parameters depend on its length"
+            ));
+        }
+        let half = train::half_kind(trained.spec.precision.mode);
+        let seed = trained.spec.job.seed;
+        let mut net = Network::with_precision(backend, graph, &trained.params, 1, seed, half)?;
+        net.set_running_stats(backend, &trained.running_stats)?;
+        let vocab = trained.preprocess.classes.unwrap_or(0);
+        Ok(Decoder {
+            net,
+            read: 0,
+            input: vec![0.0],
+            logits: vec![0.0; vocab],
+        })
+    }
+
+    /// The logits after the last of `ids` (at most the block), reading those not read yet.
+    fn logits(&mut self, backend: &CpuBackend, ids: &[u32], vocab: usize) -> &[f32] {
+        for &id in &ids[self.read..] {
+            self.net.set_position(self.read);
+            self.input[0] = id as f32;
+            backend.upload(&self.input, self.net.input_mut());
+            self.net.forward(backend, 1, false, 0);
+            self.read += 1;
+        }
+        backend.download(self.net.output(), &mut self.logits);
+        &self.logits[..vocab]
+    }
 }
 
 /// The window a context of `len` tokens is read in: the next power of two, at least 16 and
@@ -243,13 +342,10 @@ mod tests {
         assert_eq!(window(3, 8), 8);
     }
 
-    /// Reading shorter windows draws the same tokens as reading the whole block each time:
-    /// through contexts of every window and past the block (the context then slides).
-    #[test]
-    fn shorter_windows_draw_what_the_whole_block_draws() {
-        let tmp = tempfile::tempdir().unwrap();
+    /// A run of jobs/gpt_char.toml, 3 steps, in `dir`.
+    fn tiny_gpt(dir: &std::path::Path) -> PathBuf {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-        let run = tmp.path().join("run");
+        let run = dir.join("run");
         let sets = [
             "train.max_steps=3",
             "train.log_every=3",
@@ -260,7 +356,7 @@ mod tests {
             job_given: true,
             sets: sets.map(String::from).to_vec(),
             name: None,
-            runs_dir: tmp.path().to_path_buf(),
+            runs_dir: dir.to_path_buf(),
             resume: None,
             resume_fallback: false,
             force: false,
@@ -270,6 +366,59 @@ mod tests {
             profile: None,
         })
         .unwrap();
+        run
+    }
+
+    /// The key/value cache gives each position the logits the whole block gives it (to
+    /// rounding: its softmax scales before the exponent), and draws the same tokens, through
+    /// the block and past it.
+    #[test]
+    fn the_key_value_cache_reads_what_the_whole_block_reads() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = tiny_gpt(tmp.path());
+        let trained = Trained::load(&run, None).unwrap();
+        let backend = CpuBackend::new(1);
+        let (block, vocab) = (64, trained.preprocess.classes.unwrap());
+        let ids: Vec<u32> = (0..block as u32)
+            .map(|i| (i * 7 + 3) % vocab as u32)
+            .collect();
+        let mut whole = Window::new(&backend, &trained, block).unwrap();
+        let all = whole.logits(&backend, &ids, vocab).to_vec();
+        let mut decoder = Decoder::new(&backend, &trained, block).unwrap();
+        for t in 0..block {
+            let got = decoder.logits(&backend, &ids[..=t], vocab);
+            let want = &all[t * vocab..][..vocab];
+            for (g, w) in got.iter().zip(want) {
+                assert!(
+                    (g - w).abs() <= 1e-4 * (1.0 + w.abs()),
+                    "position {t}: {g} {w}"
+                );
+            }
+        }
+        let args = SampleArgs {
+            run: run.clone(),
+            checkpoint: None,
+            prompt: "K".into(),
+            tokens: 90,
+            temperature: 1.0,
+            top_k: None,
+            seed: 5,
+        };
+        let draws = |cached: bool| {
+            let trained = Trained::load(&run, None).unwrap();
+            let known = trained.preprocess.vocabulary.as_ref().unwrap().len();
+            let mut ids = vec![3];
+            generate_with(trained, &mut ids, known, &args, cached, false).unwrap()
+        };
+        assert_eq!(draws(true), draws(false));
+    }
+
+    /// Reading shorter windows draws the same tokens as reading the whole block each time:
+    /// through contexts of every window and past the block (the context then slides).
+    #[test]
+    fn shorter_windows_draw_what_the_whole_block_draws() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = tiny_gpt(tmp.path());
         let args = SampleArgs {
             run: run.clone(),
             checkpoint: None,
@@ -283,7 +432,7 @@ mod tests {
             let trained = Trained::load(&run, None).unwrap();
             let known = trained.preprocess.vocabulary.as_ref().unwrap().len();
             let mut ids = vec![3];
-            generate_in_windows(trained, &mut ids, known, &args, shorter).unwrap()
+            generate_with(trained, &mut ids, known, &args, false, shorter).unwrap()
         };
         assert_eq!(draws(true), draws(false));
     }

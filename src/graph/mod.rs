@@ -107,6 +107,17 @@ const MAX_PARAMS: u128 = 1 << 36;
 impl Graph {
     /// Builds the graph for a job and its data, inferring every shape; errors name the layer.
     pub fn build(spec: &JobSpec, data: &DataShape) -> Result<Graph> {
+        Self::build_with(spec, data, None)
+    }
+
+    /// The graph of a language model that reads one token a step, each attention layer
+    /// keeping the keys and values of up to `positions` earlier ones (a key/value cache).
+    /// `data` holds one token per sample. The parameters are laid out as in `build`'s.
+    pub fn for_decoding(spec: &JobSpec, data: &DataShape, positions: usize) -> Result<Graph> {
+        Self::build_with(spec, data, Some(positions))
+    }
+
+    fn build_with(spec: &JobSpec, data: &DataShape, decoding: Option<usize>) -> Result<Graph> {
         let input_shape = match &spec.model.input_shape {
             Some(shape) if values(shape) != values(&data.sample_shape) => {
                 return Err(Error::AtKey {
@@ -144,6 +155,7 @@ impl Graph {
                 reads_data: reads_data[inputs[0]],
                 offset: &mut offset,
                 named: &named,
+                decoding,
             };
             let (op, out_shape) = entry.layer.build(&mut at)?;
             // Only the tensors it holds itself: a tied weight is its earlier layer's.

@@ -51,6 +51,8 @@ pub struct Network<B: Engine> {
     dropout_seed: u64,
     /// Where this batch's first sample stands in the micro-batch (see `set_sample_offset`).
     sample_offset: usize,
+    /// The position the next forward pass reads, in a graph built `for_decoding`.
+    position: usize,
     /// Mixed precision: the half format of activations and of `half_params`.
     half: Option<HalfKind>,
     /// The parameters rounded to `half`, which linear and conv layers compute with.
@@ -238,6 +240,7 @@ impl<B: Engine> Network<B> {
             max_batch,
             dropout_seed: derive(seed, 77),
             sample_offset: 0,
+            position: 0,
             graph,
             half,
             half_params,
@@ -481,6 +484,13 @@ impl<B: Engine> Network<B> {
         self.sample_offset = first;
     }
 
+    /// The position of the token the next forward pass reads, in a graph built
+    /// `Graph::for_decoding`: each attention layer adds its key and value there, and
+    /// attends to the positions up to it.
+    pub fn set_position(&mut self, position: usize) {
+        self.position = position;
+    }
+
     fn dropout_key(&self, layer: usize, step_key: u64) -> u64 {
         derive(derive(self.dropout_seed, layer as u64), step_key)
     }
@@ -533,6 +543,7 @@ impl<B: Engine> Network<B> {
             fusion: self.fused[i],
             relu_after: self.fused.get(i + 1).is_some_and(|f| f.by_product),
             mask,
+            position: self.position,
             params: &self.params,
             // Products compute with the half copy of the parameters, if any.
             weights: self.half_params.as_ref().unwrap_or(&self.params),

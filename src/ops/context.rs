@@ -80,6 +80,9 @@ pub struct Forward<'a, B: Backend> {
     /// The ReLU after it is applied by its product (`Fusion::by_product`).
     pub relu_after: bool,
     pub mask: Mask,
+    /// The position of the sequence's first value in this pass: 0, but for a model that
+    /// reads one token a step (`Graph::for_decoding`).
+    pub position: usize,
     /// The fp32 parameters.
     pub params: &'a B::Buf,
     /// The parameters products compute with: their half copy in mixed precision.

@@ -165,6 +165,9 @@ pub struct Build<'a> {
     pub offset: &'a mut usize,
     /// The earlier layers that have a name, with their ops (weight tying).
     pub named: &'a [(&'a str, &'a super::Op)],
+    /// A model that reads one position a step, keeping each attention layer's keys and
+    /// values for this many positions (`trainer sample`); None when training.
+    pub decoding: Option<usize>,
 }
 
 impl Build<'_> {

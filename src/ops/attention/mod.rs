@@ -7,6 +7,7 @@
 
 pub mod cpu;
 mod cuda;
+mod decode;
 
 pub use cuda::workspace_len as cuda_workspace_len;
 
@@ -54,6 +55,9 @@ pub struct Attention {
     pub shape: Shape,
     /// Dropout's probability on the attention probabilities in training.
     pub dropout: f32,
+    /// In a model that reads one token a step (`Graph::for_decoding`): the positions its
+    /// key/value cache holds.
+    pub cache: Option<usize>,
 }
 
 /// Dropout on the attention probabilities in one training pass, as nanoGPT's attn_dropout:
@@ -113,8 +117,17 @@ pub fn build(spec: &AttentionSpec, at: &mut Build) -> Result<(Op, Vec<usize>)> {
         causal: spec.causal,
     };
     let dropout = spec.dropout as f32;
+    if at.decoding.is_some() && !(len == 1 && spec.causal) {
+        let why = "a key/value cache needs causal attention that reads one position a step";
+        return Err(at.error("attention", why));
+    }
+    let cache = at.decoding;
     Ok((
-        Op::Attention(Attention { shape, dropout }),
+        Op::Attention(Attention {
+            shape,
+            dropout,
+            cache,
+        }),
         vec![len, width],
     ))
 }
@@ -180,14 +193,20 @@ impl OpKind for Attention {
         Vec::new()
     }
     fn state_len(&self, _: &[usize], max_batch: usize) -> usize {
-        // The probabilities, which backward reads.
-        max_batch * self.shape.probs_len()
+        match self.cache {
+            Some(positions) => decode::state_len(&self.shape, positions, max_batch),
+            // The probabilities, which backward reads.
+            None => max_batch * self.shape.probs_len(),
+        }
     }
     fn saved_state(&self) -> Option<SavedState> {
         None
     }
     fn workspace(&self, rules: &Scratch) -> Option<usize> {
-        Some((rules.attention)(&self.shape))
+        let decoding = self
+            .cache
+            .map_or(0, |p| decode::workspace_len(&self.shape, p));
+        Some((rules.attention)(&self.shape).max(decoding))
     }
 
     fn flops(&self, _: &[usize], _: &[usize]) -> Flops {
@@ -215,10 +234,19 @@ impl Attention {
 
 impl<B: Engine> Compute<B> for Attention {
     fn forward(&self, f: &mut Forward<'_, B>) {
-        let (backend, n, s) = (f.backend, f.n, &self.shape);
+        let (backend, n, s, position) = (f.backend, f.n, &self.shape, f.position);
         let dropout = self.dropout(f.pass, f.mask);
         let io = f.io();
-        backend.attention_forward(io.x, io.y, io.state, io.workspace, n, s, dropout);
+        match self.cache {
+            Some(positions) => {
+                let cache = decode::Cache {
+                    positions,
+                    position,
+                };
+                decode::forward(backend, io.x, io.y, io.state, io.workspace, n, s, cache);
+            }
+            None => backend.attention_forward(io.x, io.y, io.state, io.workspace, n, s, dropout),
+        }
     }
 
     fn backward(&self, b: &mut Backward<'_, B>) -> Dx {

@@ -117,6 +117,7 @@ mod tests {
             reads_data: false,
             offset: &mut offset,
             named: &[],
+            decoding: None,
         };
         build(&NoSettings {}, &mut at).map(|(_, out)| out)
     }

@@ -138,8 +138,10 @@ impl OpKind for PositionEmbedding {
 impl<B: Engine> Compute<B> for PositionEmbedding {
     fn forward(&self, f: &mut Forward<'_, B>) {
         let (backend, n, len) = (f.backend, f.n, self.len * self.width);
+        // Rows from the pass's position on: one token a step reads its own position's row.
+        let weight = self.weight + f.position * self.width;
         let io = f.io();
-        backend.position_embedding_forward(io.x, io.params, self.weight, io.y, n, len);
+        backend.position_embedding_forward(io.x, io.params, weight, io.y, n, len);
     }
 
     /// dx = dy; the table's gradient sums dy over the samples.
