@@ -12,6 +12,7 @@ use super::evaluate::Trained;
 use super::*;
 use crate::graph::Network;
 use crate::tensor::rng::Rng;
+use crate::tensor::HalfKind;
 
 /// `trainer sample`'s arguments.
 #[derive(clap::Args)]
@@ -36,6 +37,9 @@ pub struct SampleArgs {
     /// The seed of the draws.
     #[arg(long, default_value_t = 1337)]
     pub seed: u64,
+    /// Where the model runs: cpu, cuda or cuda:N. On CUDA it computes in fp32.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
 }
 
 /// The prompt and the generated text.
@@ -68,46 +72,84 @@ pub fn sample(args: &SampleArgs) -> Result<String> {
             "--prompt: empty; give at least one character".into(),
         ));
     }
-    let generated = generate(trained, &mut ids, vocabulary.len(), args)?;
+    let known = vocabulary.len();
+    let generated = match parse_device(&args.device) {
+        Some(DeviceChoice::Cpu) => {
+            let backend = CpuBackend::new(cpu_threads(&trained.spec));
+            let half = train::half_kind(trained.spec.precision.mode);
+            generate(&backend, half, &trained, &mut ids, known, args)?
+        }
+        Some(DeviceChoice::Cuda(n)) => {
+            let backend = CudaBackend::new(n, false)?;
+            // fp32: the key/value cache's products take f32 buffers.
+            let generated = generate(&backend, None, &trained, &mut ids, known, args)?;
+            backend.status()?;
+            generated
+        }
+        _ => {
+            return Err(Error::Job(format!(
+                "--device {}: not a device; allowed: cpu, cuda, cuda:N",
+                args.device
+            )))
+        }
+    };
     Ok(args.prompt.clone() + &vocabulary.decode(&generated))
 }
 
 /// Appends `args.tokens` drawn tokens to `ids`; returns them. Tokens are drawn from the
 /// vocabulary's `known` ids only: a padded output layer (GPT-2's 50,304 logits for 50,257
 /// tokens) has logits for ids no text holds.
-fn generate(
-    trained: Trained,
+fn generate<B: Engine>(
+    backend: &B,
+    half: Option<HalfKind>,
+    trained: &Trained,
     ids: &mut Vec<u32>,
     known: usize,
     args: &SampleArgs,
 ) -> Result<Vec<u32>> {
-    generate_with(trained, ids, known, args, true, true)
+    let how = How {
+        backend,
+        half,
+        cached: true,
+        shorter: true,
+    };
+    generate_with(how, trained, ids, known, args)
 }
 
-/// `generate`, with the key/value cache where `cached`, and reading windows shorter than the
+/// How `generate_with` runs the model: on `backend` with activations in `half` (None:
+/// fp32), with the key/value cache where `cached`, and reading windows shorter than the
 /// block where `shorter` (else always the block).
-fn generate_with(
-    trained: Trained,
+struct How<'a, B: Engine> {
+    backend: &'a B,
+    half: Option<HalfKind>,
+    cached: bool,
+    shorter: bool,
+}
+
+/// `generate`, run as `how` says.
+fn generate_with<B: Engine>(
+    how: How<B>,
+    trained: &Trained,
     ids: &mut Vec<u32>,
     known: usize,
     args: &SampleArgs,
-    cached: bool,
-    shorter: bool,
 ) -> Result<Vec<u32>> {
-    let backend = CpuBackend::new(cpu_threads(&trained.spec));
+    let (backend, half, shorter) = (how.backend, how.half, how.shorter);
     let block = trained.preprocess.sample_shape.iter().product::<usize>();
     let vocab = trained.preprocess.classes.unwrap_or(0);
     let mut rng = Rng::new(args.seed);
     let mut shorter = shorter;
-    let mut model: Option<Window> = None;
-    let mut decoder = match cached {
-        true => Decoder::new(&backend, &trained, block).ok(),
+    let mut model: Option<Window<B>> = None;
+    let mut decoder = match how.cached {
+        true => Decoder::new(backend, trained, block, half)
+            .inspect_err(|why| tracing::debug!("no key/value cache: {why}"))
+            .ok(),
         false => None,
     };
     let mut drawn = Vec::with_capacity(args.tokens);
     for _ in 0..args.tokens {
         if let Some(decoder) = decoder.as_mut().filter(|_| ids.len() <= block) {
-            let logits = decoder.logits(&backend, ids, vocab);
+            let logits = decoder.logits(backend, ids, vocab);
             let next = draw(
                 &logits[..known.min(vocab)],
                 args.temperature,
@@ -124,18 +166,18 @@ fn generate_with(
             false => block,
         };
         if model.as_ref().is_none_or(|m| m.len != len) {
-            model = match Window::new(&backend, &trained, len) {
+            model = match Window::new(backend, trained, len, half) {
                 Ok(m) => Some(m),
                 // A layer fixes the length: read the whole block from now on.
                 Err(_) if len != block => {
                     shorter = false;
-                    Some(Window::new(&backend, &trained, block)?)
+                    Some(Window::new(backend, trained, block, half)?)
                 }
                 Err(e) => return Err(e),
             };
         }
         let model = model.as_mut().expect("built above");
-        let logits = model.logits(&backend, context, vocab);
+        let logits = model.logits(backend, context, vocab);
         let last = &logits[(context.len() - 1) * vocab..][..known.min(vocab)];
         let next = draw(last, args.temperature, args.top_k, &mut rng);
         ids.push(next);
@@ -165,17 +207,17 @@ const ONE_POSITION_AT_A_TIME: [&str; 14] = [
 
 /// The model reading one token a step (`Graph::for_decoding`), the keys and values of the
 /// tokens before kept by its attention layers.
-struct Decoder {
-    net: Network<CpuBackend>,
+struct Decoder<B: Engine> {
+    net: Network<B>,
     /// Tokens read so far: the positions the cache holds.
     read: usize,
     input: Vec<f32>,
     logits: Vec<f32>,
 }
 
-impl Decoder {
+impl<B: Engine> Decoder<B> {
     /// Fails for a model with a layer that needs the whole context (then `Window`s serve).
-    fn new(backend: &CpuBackend, trained: &Trained, block: usize) -> Result<Decoder> {
+    fn new(backend: &B, trained: &Trained, block: usize, half: Option<HalfKind>) -> Result<Self> {
         if let Some(layer) =
             (trained.graph.layers.iter()).find(|l| !ONE_POSITION_AT_A_TIME.contains(&l.kind))
         {
@@ -196,12 +238,11 @@ impl Decoder {
                 "the model's parameters depend on its length"
             ));
         }
-        let half = train::half_kind(trained.spec.precision.mode);
         let seed = trained.spec.job.seed;
         let mut net = Network::with_precision(backend, graph, &trained.params, 1, seed, half)?;
         net.set_running_stats(backend, &trained.running_stats)?;
         let vocab = trained.preprocess.classes.unwrap_or(0);
-        Ok(Decoder {
+        Ok(Self {
             net,
             read: 0,
             input: vec![0.0],
@@ -210,7 +251,7 @@ impl Decoder {
     }
 
     /// The logits after the last of `ids` (at most the block), reading those not read yet.
-    fn logits(&mut self, backend: &CpuBackend, ids: &[u32], vocab: usize) -> &[f32] {
+    fn logits(&mut self, backend: &B, ids: &[u32], vocab: usize) -> &[f32] {
         for &id in &ids[self.read..] {
             self.net.set_position(self.read);
             self.input[0] = id as f32;
@@ -230,17 +271,17 @@ fn window(len: usize, block: usize) -> usize {
 }
 
 /// The model built for sequences of `len` tokens, with the run's weights.
-struct Window {
+struct Window<B: Engine> {
     len: usize,
-    net: Network<CpuBackend>,
+    net: Network<B>,
     input: Vec<f32>,
     logits: Vec<f32>,
 }
 
-impl Window {
+impl<B: Engine> Window<B> {
     /// Fails where the model cannot read `len` tokens with the same parameters (a layer that
     /// fixes the length); the caller keeps the window it has.
-    fn new(backend: &CpuBackend, trained: &Trained, len: usize) -> Result<Window> {
+    fn new(backend: &B, trained: &Trained, len: usize, half: Option<HalfKind>) -> Result<Self> {
         let block = trained.preprocess.sample_shape.iter().product::<usize>();
         let graph = if len == block {
             trained.graph.clone()
@@ -259,12 +300,11 @@ impl Window {
             }
             graph
         };
-        let half = train::half_kind(trained.spec.precision.mode);
         let seed = trained.spec.job.seed;
         let mut net = Network::with_precision(backend, graph, &trained.params, 1, seed, half)?;
         net.set_running_stats(backend, &trained.running_stats)?;
         let vocab = trained.preprocess.classes.unwrap_or(0);
-        Ok(Window {
+        Ok(Self {
             len,
             net,
             input: vec![0.0; len],
@@ -274,7 +314,7 @@ impl Window {
 
     /// The logits at every position for `context` (at most `len` tokens), padded after it:
     /// causal attention keeps the padding from the positions read.
-    fn logits(&mut self, backend: &CpuBackend, context: &[u32], vocab: usize) -> &[f32] {
+    fn logits(&mut self, backend: &B, context: &[u32], vocab: usize) -> &[f32] {
         self.input.fill(0.0);
         for (x, &id) in self.input.iter_mut().zip(context) {
             *x = id as f32;
@@ -382,9 +422,10 @@ mod tests {
         let ids: Vec<u32> = (0..block as u32)
             .map(|i| (i * 7 + 3) % vocab as u32)
             .collect();
-        let mut whole = Window::new(&backend, &trained, block).unwrap();
+        let half = train::half_kind(trained.spec.precision.mode);
+        let mut whole = Window::new(&backend, &trained, block, half).unwrap();
         let all = whole.logits(&backend, &ids, vocab).to_vec();
-        let mut decoder = Decoder::new(&backend, &trained, block).unwrap();
+        let mut decoder = Decoder::new(&backend, &trained, block, half).unwrap();
         for t in 0..block {
             let got = decoder.logits(&backend, &ids[..=t], vocab);
             let want = &all[t * vocab..][..vocab];
@@ -403,12 +444,20 @@ mod tests {
             temperature: 1.0,
             top_k: None,
             seed: 5,
+            device: "cpu".into(),
         };
         let draws = |cached: bool| {
             let trained = Trained::load(&run, None).unwrap();
             let known = trained.preprocess.vocabulary.as_ref().unwrap().len();
             let mut ids = vec![3];
-            generate_with(trained, &mut ids, known, &args, cached, false).unwrap()
+            let backend = CpuBackend::new(1);
+            let how = How {
+                backend: &backend,
+                half: None,
+                cached,
+                shorter: false,
+            };
+            generate_with(how, &trained, &mut ids, known, &args).unwrap()
         };
         assert_eq!(draws(true), draws(false));
     }
@@ -427,12 +476,20 @@ mod tests {
             temperature: 1.0,
             top_k: None,
             seed: 5,
+            device: "cpu".into(),
         };
         let draws = |shorter: bool| {
             let trained = Trained::load(&run, None).unwrap();
             let known = trained.preprocess.vocabulary.as_ref().unwrap().len();
             let mut ids = vec![3];
-            generate_with(trained, &mut ids, known, &args, false, shorter).unwrap()
+            let backend = CpuBackend::new(1);
+            let how = How {
+                backend: &backend,
+                half: None,
+                cached: false,
+                shorter,
+            };
+            generate_with(how, &trained, &mut ids, known, &args).unwrap()
         };
         assert_eq!(draws(true), draws(false));
     }

@@ -219,6 +219,13 @@ fn the_char_gpt_job_trains_and_samples_with_its_vocabulary() {
         "{}",
         stderr(&out)
     );
+    let out = sample(&["--device", "tpu"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("--device tpu: not a device; allowed: cpu, cuda, cuda:N"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 /// jobs/gpt_shakespeare.toml is nanoGPT's shakespeare_char model (10.65M parameters there
