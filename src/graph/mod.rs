@@ -158,6 +158,11 @@ impl Graph {
                 decoding,
             };
             let (op, out_shape) = entry.layer.build(&mut at)?;
+            if decoding.is_some() && !op.properties().one_position_at_a_time {
+                let why = "it reads the whole sequence at once; a model that reads one token a \
+                           step (a key/value cache) needs layers that read one position at a time";
+                return Err(layer_error(i, kind, why));
+            }
             // Only the tensors it holds itself: a tied weight is its earlier layer's.
             let own = |t: &&crate::ops::ParamTensor| t.offset >= offset_before;
             let param_count = op

@@ -106,6 +106,10 @@ pub struct Properties {
     /// It normalises with batch statistics over one value per channel, which a batch of
     /// one sample cannot train (variance 0; PyTorch refuses it).
     pub one_value_per_channel: bool,
+    /// It can read a sequence one position a step (`Graph::for_decoding`): its output at a
+    /// position depends on its inputs at that position, or, as causal attention's, at the
+    /// positions up to it.
+    pub one_position_at_a_time: bool,
 }
 
 /// An op's forward and backward passes on backend `B`.

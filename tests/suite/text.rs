@@ -624,3 +624,39 @@ fn a_gpt_in_bf16_follows_its_fp32_run() {
         assert!((x - y).abs() <= 0.02 * x.abs(), "{a:?}\n{b:?}");
     }
 }
+
+/// A model that reads one token a step takes only layers that read one position at a time:
+/// a flatten, which mixes the positions, is refused by name; a GPT's layers are taken.
+#[test]
+fn decoding_refuses_a_layer_that_reads_the_whole_sequence() {
+    use trainer::graph::{DataShape, Graph};
+    let job = |layers: &str| {
+        common::spec(&format!(
+            "[data]\nsource = \"text\"\npath = \"x.txt\"\nblock_size = 8\n\
+             [model]\nlayers = [{layers}]\n[optimizer]\ntype = \"adam\"\nlr = 1e-3\n"
+        ))
+    };
+    let one_token = DataShape {
+        sample_shape: vec![1],
+        classes: Some(10),
+        classes_from: None,
+        target_dim: 1,
+    };
+    let embedding = "{ type = \"embedding\", num_embeddings = 10, embedding_dim = 8 }";
+    let flat = job(&format!(
+        "{embedding}, {{ type = \"flatten\" }}, {{ type = \"linear\", out = 10 }}"
+    ));
+    let err = Graph::for_decoding(&flat, &one_token, 8)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("flatten") && err.contains("one position at a time"),
+        "{err}"
+    );
+    let gpt = job(&format!(
+        "{embedding}, {{ type = \"position_embedding\", num_positions = 8 }}, \
+         {{ type = \"linear\", out = 24 }}, {{ type = \"attention\", heads = 2 }}, \
+         {{ type = \"layernorm\" }}, {{ type = \"linear\", out = 10 }}"
+    ));
+    assert!(Graph::for_decoding(&gpt, &one_token, 8).is_ok());
+}

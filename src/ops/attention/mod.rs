@@ -184,6 +184,7 @@ impl OpKind for Attention {
             token_vocab: None,
             draws_masks: self.dropout > 0.0,
             one_value_per_channel: false,
+            one_position_at_a_time: true,
         }
     }
     fn parameters(&self) -> Vec<ParamTensor> {

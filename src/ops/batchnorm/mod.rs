@@ -143,6 +143,7 @@ impl OpKind for BatchNorm {
             token_vocab: None,
             draws_masks: false,
             one_value_per_channel: self.spatial == 1,
+            one_position_at_a_time: false,
         }
     }
     fn parameters(&self) -> Vec<ParamTensor> {

@@ -220,6 +220,7 @@ impl OpKind for Conv2d {
             token_vocab: None,
             draws_masks: false,
             one_value_per_channel: false,
+            one_position_at_a_time: false,
         }
     }
     fn parameters(&self) -> Vec<ParamTensor> {

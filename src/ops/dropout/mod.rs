@@ -91,6 +91,7 @@ impl OpKind for Dropout {
             token_vocab: None,
             draws_masks: true,
             one_value_per_channel: false,
+            one_position_at_a_time: true,
         }
     }
     fn parameters(&self) -> Vec<ParamTensor> {

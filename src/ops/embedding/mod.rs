@@ -99,6 +99,7 @@ impl OpKind for Embedding {
             token_vocab: Some(self.vocab),
             draws_masks: false,
             one_value_per_channel: false,
+            one_position_at_a_time: true,
         }
     }
     fn parameters(&self) -> Vec<ParamTensor> {

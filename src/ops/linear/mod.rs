@@ -159,6 +159,7 @@ impl OpKind for Linear {
             token_vocab: None,
             draws_masks: false,
             one_value_per_channel: false,
+            one_position_at_a_time: true,
         }
     }
     fn parameters(&self) -> Vec<ParamTensor> {

@@ -100,6 +100,7 @@ impl OpKind for RmsNorm {
             token_vocab: None,
             draws_masks: false,
             one_value_per_channel: false,
+            one_position_at_a_time: true,
         }
     }
     fn parameters(&self) -> Vec<ParamTensor> {

@@ -88,6 +88,7 @@ impl OpKind for View {
             token_vocab: None,
             draws_masks: false,
             one_value_per_channel: false,
+            one_position_at_a_time: false,
         }
     }
     fn parameters(&self) -> Vec<ParamTensor> {
