@@ -23,11 +23,10 @@ use crate::tensor::record::Recorder;
 use crate::tensor::rng::derive;
 use crate::tensor::{Activation, GradWrite, HalfKind, UpdatedParams};
 use std::ops::Range;
-use std::time::Instant;
 
 pub struct Network<B: Engine> {
     /// Times each op while a step is profiled (`trainer profile`, `--profile-steps`).
-    profiler: Option<Box<Profiler>>,
+    profiler: Option<Box<Profiler<B>>>,
     pub graph: Graph,
     pub params: B::Buf,
     pub grads: B::Buf,
@@ -433,21 +432,22 @@ impl<B: Engine> Network<B> {
     }
 
     /// Attaches a profiler (None detaches it); returns the one attached before.
-    pub fn set_profiler(&mut self, profiler: Option<Box<Profiler>>) -> Option<Box<Profiler>> {
+    pub fn set_profiler(&mut self, profiler: Option<Box<Profiler<B>>>) -> Option<Box<Profiler<B>>> {
         std::mem::replace(&mut self.profiler, profiler)
     }
 
-    pub fn profiler_mut(&mut self) -> Option<&mut Profiler> {
+    pub fn profiler_mut(&mut self) -> Option<&mut Profiler<B>> {
         self.profiler.as_deref_mut()
     }
 
-    /// With a profiler inside a profiled step: now, after the device's queued work.
-    pub fn profile_start(&self, backend: &B) -> Option<Instant> {
-        self.profiler.as_ref().and_then(|p| p.start(backend))
+    /// With a profiler inside a profiled step: a span starts here (a mark in the device's
+    /// queue).
+    pub fn profile_start(&mut self, backend: &B) -> Option<usize> {
+        self.profiler.as_mut().and_then(|p| p.start(backend))
     }
 
-    /// Records the span from `start` (`profile_start`'s) to now as `part` on `samples`.
-    pub fn profile_end(&mut self, backend: &B, start: Option<Instant>, part: Part, samples: usize) {
+    /// The span from `start` (`profile_start`'s) to here is `part` on `samples`.
+    pub fn profile_end(&mut self, backend: &B, start: Option<usize>, part: Part, samples: usize) {
         if let (Some(p), Some(start)) = (self.profiler.as_mut(), start) {
             p.record(backend, start, part, samples);
         }

@@ -1,9 +1,9 @@
 //! A profile's report: the table by op (profile.txt), profile.csv and a Chrome trace
 //! (trace.json, as torch.profiler's `export_chrome_trace`, for Perfetto or
-//! chrome://tracing), from a `Profiler`'s events (graph::profiler).
+//! chrome://tracing), from a `Profiler`'s timings (graph::profiler).
 
 use crate::error::{Error, Result};
-use crate::graph::profiler::{Part, Profiler};
+use crate::graph::profiler::{Part, Timings};
 use crate::graph::Graph;
 use crate::ops::numel;
 use crate::tensor::{Backend, Matrices};
@@ -55,7 +55,7 @@ impl ProfileSteps {
 
 /// Writes profile.txt (the table), profile.csv and trace.json into `steps.dir`, and logs
 /// where they are.
-pub fn write(p: &Profiler, cx: &Context, steps: &ProfileSteps) -> Result<()> {
+pub fn write(p: &Timings, cx: &Context, steps: &ProfileSteps) -> Result<()> {
     if p.steps.is_empty() {
         return Ok(());
     }
@@ -71,7 +71,8 @@ pub fn write(p: &Profiler, cx: &Context, steps: &ProfileSteps) -> Result<()> {
     write_trace(p, cx.graph, &cx.device, &steps.dir.join("trace.json"))?;
     let (first, last) = (p.steps[0].0, p.steps[p.steps.len() - 1].0);
     tracing::info!(
-        "profile of steps {first}..{last} (each op timed on its own; CUDA graphs off in them) \
+        "profile of steps {first}..{last} (each op timed by marks in the device's queue; CUDA \
+         graphs off in them) \
          in {}: profile.txt, profile.csv, trace.json",
         steps.dir.display()
     );
@@ -202,7 +203,7 @@ pub struct Report {
 }
 
 impl Report {
-    pub fn new(p: &Profiler, cx: &Context) -> Report {
+    pub fn new(p: &Timings, cx: &Context) -> Report {
         let mut parts: BTreeMap<Part, Line> = BTreeMap::new();
         let mut samples = 0;
         for e in &p.events {
@@ -352,7 +353,7 @@ impl Report {
 
 /// trace.json: every step and every timed part as a complete event ("ph": "X"), in
 /// microseconds, one thread row for the device's queue.
-pub fn write_trace(p: &Profiler, graph: &Graph, device: &str, path: &Path) -> Result<()> {
+pub fn write_trace(p: &Timings, graph: &Graph, device: &str, path: &Path) -> Result<()> {
     let us = |d: Duration| d.as_secs_f64() * 1e6;
     let mut events = vec![
         json!({"name": "process_name", "ph": "M", "pid": 0, "tid": 0,

@@ -166,6 +166,20 @@ impl Capture for CpuBackend {
 impl Backend for CpuBackend {
     type Buf = Vec<f32>;
     type Stats = LossStats;
+    type Mark = std::time::Instant;
+
+    fn new_mark(&self) -> Result<std::time::Instant> {
+        Ok(std::time::Instant::now())
+    }
+
+    /// Every op has returned when done: now is after the queued work.
+    fn set_mark(&self, mark: &mut std::time::Instant) {
+        *mark = std::time::Instant::now();
+    }
+
+    fn between(&self, from: &std::time::Instant, to: &std::time::Instant) -> std::time::Duration {
+        to.saturating_duration_since(*from)
+    }
 
     fn describe(&self) -> String {
         threads_label(self.threads)

@@ -197,6 +197,9 @@ pub trait Backend: Capture {
     type Buf;
     /// Where a loss accumulates its statistics (kept on the device until read).
     type Stats;
+    /// A point in the device's queued work, for the profiler: a CUDA event, an instant on
+    /// the CPU. Marks time each op without waiting for the device after it.
+    type Mark;
 
     /// A short description for logs, e.g. "cpu (2 threads)".
     fn describe(&self) -> String;
@@ -386,4 +389,14 @@ pub trait Backend: Capture {
     /// Waits until the device has done the work queued so far (nothing to wait for on the
     /// CPU, whose ops return when done): a profile times each op on its own.
     fn synchronize(&self) {}
+
+    /// A mark for `set_mark` to place (made ahead: placing one allocates nothing).
+    fn new_mark(&self) -> Result<Self::Mark>;
+
+    /// Places `mark` after the work queued so far.
+    fn set_mark(&self, mark: &mut Self::Mark);
+
+    /// The device's time from one placed mark to a later one, once it has passed both
+    /// (after `synchronize`).
+    fn between(&self, from: &Self::Mark, to: &Self::Mark) -> std::time::Duration;
 }

@@ -469,7 +469,7 @@ impl<'a, B: Engine> Training<'a, B> {
         let step_start = Instant::now();
         self.outcome.first_step_at.get_or_insert(step_start);
         let step = self.st.step + 1;
-        let profiled = self.start_profiled_step(step);
+        let profiled = self.start_profiled_step(step)?;
         // Skipped steps (mixed precision) do not advance the schedule, as with GradScaler.
         let lr = self
             .schedule
@@ -523,27 +523,32 @@ impl<'a, B: Engine> Training<'a, B> {
         st.steps_in_epoch += 1;
         self.progress.set(step);
         st.window_seconds += step_start.elapsed().as_secs_f64();
-        if let Some(start) = profiled {
-            self.finish_profiled_step(start, step)?;
+        if profiled {
+            self.finish_profiled_step(step)?;
         }
         Ok((lr, result, samples))
     }
 
     /// Attaches a profiler when `step` is the first profiled one; in a profiled step, starts
-    /// its timing.
-    fn start_profiled_step(&mut self, step: u64) -> Option<Instant> {
-        let steps = self.profile.as_ref().filter(|p| p.covers(step))?;
+    /// its timing. Whether `step` is profiled.
+    fn start_profiled_step(&mut self, step: u64) -> Result<bool> {
+        let Some(steps) = self.profile.as_ref().filter(|p| p.covers(step)) else {
+            return Ok(false);
+        };
         if self.net.profiler_mut().is_none() {
             let events_per_step = 3 * self.net.graph.layers.len() + 8;
-            let profiler = Profiler::new(steps.count(), events_per_step);
+            let profiler = Profiler::new(self.backend, steps.count(), events_per_step)?;
             self.net.set_profiler(Some(Box::new(profiler)));
         }
-        (self.net.profiler_mut()).map(|p| p.start_step(self.backend, step))
+        if let Some(p) = self.net.profiler_mut() {
+            p.start_step(self.backend, step);
+        }
+        Ok(true)
     }
 
-    fn finish_profiled_step(&mut self, start: Instant, step: u64) -> Result<()> {
+    fn finish_profiled_step(&mut self, step: u64) -> Result<()> {
         if let Some(p) = self.net.profiler_mut() {
-            p.finish_step(self.backend, start);
+            p.finish_step(self.backend)?;
         }
         match self.profile.as_ref() {
             Some(p) if p.last == step => self.write_profile(),
@@ -570,7 +575,7 @@ impl<'a, B: Engine> Training<'a, B> {
             tokens_per_sample: (positions > 1).then_some(positions),
             peak: crate::profile::peak(self.backend, self.net.half().is_some())?,
         };
-        crate::profile::write(&profiler, &cx, steps)
+        crate::profile::write(&profiler.timings, &cx, steps)
     }
 
     /// A step that was not applied (inf/NaN gradients): counted, its loss taken out of the

@@ -40,10 +40,12 @@
 #include "kernels.cu"
 
 #include <signal.h>
+#include <time.h>
 #include <sys/mman.h>
 #include <sys/sysinfo.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <functional>
 #include <map>
 #include <memory>
@@ -66,6 +68,7 @@ typedef unsigned long long CUdeviceptr;
 enum : int {
     SUCCESS = 0,
     INVALID_VALUE = 1,
+    INVALID_HANDLE = 400,
     NOT_FOUND = 500,
     NOT_READY = 600,
     ILLEGAL_ADDRESS = 700,
@@ -239,7 +242,18 @@ struct Event {
     unsigned long long captured_after = 0;
     Stream* stream = nullptr;          // recorded outside a capture: where, and after how
     unsigned long long position = 0;   // many of its entries
+    bool timing = true;                // created without CU_EVENT_DISABLE_TIMING
+    // When its stream reached it (ms on the host's monotonic clock); NaN until then. Shared
+    // with the stamp queued by cuEventRecord, which a later record leaves writing to an
+    // orphan.
+    std::shared_ptr<double> reached = std::make_shared<double>(NAN);
 };
+
+double now_ms() {
+    timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
 
 struct Graph {
     std::vector<Op> ops;
@@ -595,9 +609,11 @@ CUresult cuStreamSynchronize(void* stream) {
     return emu::sticky;
 }
 CUresult cuStreamQuery(void* stream) { return cuStreamSynchronize(stream); }
-CUresult cuEventCreate(void** event, unsigned) {
+CUresult cuEventCreate(void** event, unsigned flags) {
     LOCKED;
-    return *event = new emu::Event(), SUCCESS;
+    auto e = new emu::Event();
+    e->timing = !(flags & 2);  // CU_EVENT_DISABLE_TIMING
+    return *event = e, SUCCESS;
 }
 CUresult cuEventDestroy_v2(void* event) {
     LOCKED;
@@ -611,6 +627,14 @@ CUresult cuEventRecord(void* event, void* stream) {
     emu::Stream* s = emu::stream_of(stream);
     e->capture = s->capture;
     if (s->capture) e->captured_in = s, e->captured_after = s->capture->recorded[s];
+    // Outside a capture, a timing event stamps the time its stream reaches it: queued work
+    // runs when the host waits, so the time between two events is that of the emulated work
+    // between them.
+    e->reached = std::make_shared<double>(NAN);
+    if (e->timing && !s->capture) {
+        auto reached = e->reached;
+        emu::submit(stream, [reached] { *reached = emu::now_ms(); });
+    }
     // The legacy stream runs its work at once: an event there is complete.
     e->stream = s->capture || s == &emu::legacy_stream ? nullptr : s;
     e->position = s->queued;
@@ -633,7 +657,15 @@ CUresult cuEventSynchronize(void* event) {
     if (e->stream && emu::streams.count(e->stream)) emu::run_until(e->stream, e->position);
     return emu::sticky;
 }
-CUresult cuEventElapsedTime(float* ms, void*, void*) { return *ms = 0.0f, SUCCESS; }
+// As CUDA: an event without timing is an invalid handle; one not reached yet is not ready.
+CUresult cuEventElapsedTime(float* ms, void* start, void* end) {
+    LOCKED;
+    auto a = (emu::Event*)start, b = (emu::Event*)end;
+    if (!a->timing || !b->timing || a->capture || b->capture) return INVALID_HANDLE;
+    if (std::isnan(*a->reached) || std::isnan(*b->reached)) return NOT_READY;
+    *ms = (float)(*b->reached - *a->reached);
+    return SUCCESS;
+}
 CUresult cuEventElapsedTime_v2(float* ms, void* a, void* b) { return cuEventElapsedTime(ms, a, b); }
 // A stream that waits on an event recorded in a capturing stream joins that capture;
 // otherwise the wait is queued: the stream runs the event's work before what follows.

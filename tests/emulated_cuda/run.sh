@@ -15,7 +15,7 @@ export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export TRAINER_REQUIRE_CUDA=1 TRAINER_CACHE_DIR="$dir/kernel-cache" TRAINER_EMULATED_GPUS=2
 # The areas with GPU tests (the others are the same with or without a GPU).
 if [ $# -eq 0 ]; then
-  set -- cuda_parity:: training_reference:: multiprocess:: cli:: nonfinite:: ops:: primitives::
+  set -- cuda_parity:: training_reference:: multiprocess:: cli:: nonfinite:: ops:: primitives:: profile::
   cargo test --test steady_state
 fi
 cargo test --test suite -- "$@"

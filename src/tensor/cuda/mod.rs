@@ -1293,6 +1293,23 @@ impl Capture for CudaBackend {
 impl Backend for CudaBackend {
     type Buf = CudaBuf;
     type Stats = CudaSlice<f64>;
+    type Mark = CudaEvent;
+
+    /// An event with timing (cudarc's default turns it off).
+    fn new_mark(&self) -> Result<CudaEvent> {
+        let flags = cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
+        (self.stream.context().new_event(Some(flags)))
+            .map_err(|e| cuda_err("creating a timing event", e))
+    }
+
+    fn set_mark(&self, mark: &mut CudaEvent) {
+        self.record("recording a timing event", mark.record(&self.stream));
+    }
+
+    fn between(&self, from: &CudaEvent, to: &CudaEvent) -> std::time::Duration {
+        let ms = self.record("reading a timing event", from.elapsed_ms(to));
+        std::time::Duration::from_secs_f64(f64::from(ms.unwrap_or(0.0)).max(0.0) / 1e3)
+    }
 
     fn collective_id(&self) -> Result<Option<Vec<u8>>> {
         if let Some(why) = nccl_missing() {
