@@ -156,6 +156,7 @@ impl Graph {
                 offset: &mut offset,
                 named: &named,
                 decoding,
+                flash_attention: spec.device.flash_attention,
             };
             let (op, out_shape) = entry.layer.build(&mut at)?;
             if decoding.is_some() && !op.properties().one_position_at_a_time {

@@ -172,6 +172,8 @@ pub struct Build<'a> {
     /// A model that reads one position a step, keeping each attention layer's keys and
     /// values for this many positions (`trainer sample`); None when training.
     pub decoding: Option<usize>,
+    /// `device.flash_attention`: attention keeps log-sum-exps, not probabilities.
+    pub flash_attention: bool,
 }
 
 impl Build<'_> {

@@ -792,6 +792,12 @@ pub struct DeviceSpec {
     /// memory either way ("streamed" runs the streaming code).
     #[serde(default)]
     pub data: DataPlacement,
+    /// Attention keeps each row's output and log-sum-exp instead of its T×T probabilities,
+    /// and backward computes them again, as FlashAttention: on CUDA fused kernels that never
+    /// store a T×T matrix; on the CPU the probabilities again, a head at a time. Saves
+    /// memory; the same results within rounding. Default false.
+    #[serde(default)]
+    pub flash_attention: bool,
 }
 
 impl Default for DeviceSpec {
@@ -802,6 +808,7 @@ impl Default for DeviceSpec {
             cuda_graphs: true,
             fused_epilogues: true,
             data: DataPlacement::Auto,
+            flash_attention: false,
         }
     }
 }

@@ -126,6 +126,9 @@ pub struct Attention {
     pub head_dim: usize,
     /// Each position attends to itself and the positions before it only.
     pub causal: bool,
+    /// Keeps each row's output and log-sum-exp, not its probabilities: backward computes
+    /// them again, as FlashAttention does (`device.flash_attention`).
+    pub flash: bool,
 }
 
 impl Attention {
@@ -141,6 +144,15 @@ impl Attention {
     /// The attention probabilities of one sample: heads × len × len.
     pub fn probs_len(&self) -> usize {
         self.heads * self.len * self.len
+    }
+
+    /// What one sample keeps for backward: its probabilities, or with `flash` its output
+    /// [T, C] and each row's log-sum-exp [heads, T].
+    pub fn saved_len(&self) -> usize {
+        match self.flash {
+            true => self.len * self.width() + self.heads * self.len,
+            false => self.probs_len(),
+        }
     }
 
     /// The positions row `i` attends to: 0..=i when causal, else all.

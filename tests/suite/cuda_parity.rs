@@ -1074,7 +1074,17 @@ fn the_planned_device_memory_is_what_a_run_uses() {
         return;
     }
     let bf16 = "precision.mode=\"bf16\"";
-    let cases: [(&str, &[&str]); 6] = [
+    let attention = [
+        "--set",
+        "model.input_shape=[8,8]",
+        "--set",
+        "model.layers=[{type=\"linear\",out=24},{type=\"attention\",heads=2},\
+         {type=\"flatten\"},{type=\"linear\",out=10}]",
+    ];
+    let flash = [&attention[..], &["--set", "device.flash_attention=true"]].concat();
+    let cases: [(&str, &[&str]); 8] = [
+        ("attention", &attention),
+        ("flash attention", &flash),
         ("mlp fp32", &[]),
         ("mlp bf16", &["--set", bf16]),
         ("conv net fp32", &["--set", RESIDUAL_NET]),

@@ -332,7 +332,7 @@ fn init_values(index: usize, n: usize) -> Vec<f32> {
 
 /// jobs/gpt_char.toml's first 50 steps give PyTorch's losses (nanoGPT's model and AdamW
 /// groups, tests/fixtures/make_gpt_reference.py) within 1e-4, from the same initial weights
-/// over the same batches.
+/// over the same batches; with device.flash_attention too.
 #[test]
 fn the_char_gpt_follows_pytorch_for_50_steps() {
     let path = crate::common::root().join("tests/fixtures/gpt_reference.json");
@@ -389,43 +389,49 @@ fn the_char_gpt_follows_pytorch_for_50_steps() {
     common::write_f32_safetensors(&init, &views);
 
     let init_from = format!("model.init_from={:?}", init.to_str().unwrap());
-    let out = trainer(&[
-        "run",
-        "jobs/gpt_char.toml",
-        "-q",
-        "--runs-dir",
-        tmp.path().to_str().unwrap(),
-        "--set",
-        &init_from,
-        "--set",
-        "data.shuffle=false",
-        "--set",
-        "train.max_steps=50",
-        "--set",
-        "train.log_every=1",
-        "--set",
-        "optimizer.schedule.warmup_steps=10",
-        "--set",
-        "device.type=\"cpu\"",
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let dir = std::path::PathBuf::from(stdout(&out).trim());
-    let metrics = std::fs::read_to_string(dir.join("metrics.csv")).unwrap();
-    let got: Vec<f64> = (metrics.lines().skip(1))
-        .filter(|l| l.contains(",train,"))
-        .map(|l| l.split(',').nth(3).unwrap().parse().unwrap())
-        .collect();
-    assert_eq!(got.len(), want.len());
-    let mut largest = 0.0f64;
-    for (step, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert!(
-            (g - w).abs() <= 1e-4 * w,
-            "step {}: trainer {g}, PyTorch {w}",
-            step + 1
-        );
-        largest = largest.max((g - w).abs() / w);
+    // Flash attention too: backward computes the probabilities again.
+    for flash in ["false", "true"] {
+        let flash_set = format!("device.flash_attention={flash}");
+        let out = trainer(&[
+            "run",
+            "jobs/gpt_char.toml",
+            "-q",
+            "--runs-dir",
+            tmp.path().to_str().unwrap(),
+            "--set",
+            &init_from,
+            "--set",
+            "data.shuffle=false",
+            "--set",
+            "train.max_steps=50",
+            "--set",
+            "train.log_every=1",
+            "--set",
+            "optimizer.schedule.warmup_steps=10",
+            "--set",
+            "device.type=\"cpu\"",
+            "--set",
+            &flash_set,
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let dir = std::path::PathBuf::from(stdout(&out).trim());
+        let metrics = std::fs::read_to_string(dir.join("metrics.csv")).unwrap();
+        let got: Vec<f64> = (metrics.lines().skip(1))
+            .filter(|l| l.contains(",train,"))
+            .map(|l| l.split(',').nth(3).unwrap().parse().unwrap())
+            .collect();
+        assert_eq!(got.len(), want.len());
+        let mut largest = 0.0f64;
+        for (step, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-4 * w,
+                "flash {flash}: step {}: trainer {g}, PyTorch {w}",
+                step + 1
+            );
+            largest = largest.max((g - w).abs() / w);
+        }
+        println!("flash {flash}: largest relative difference over 50 steps: {largest:.1e}");
     }
-    println!("largest relative difference over 50 steps: {largest:.1e}");
 }
 
 /// An embedding smaller than the text's vocabulary: the first token past it is named by its

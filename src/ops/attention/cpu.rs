@@ -23,16 +23,16 @@ impl Kernels for CpuBackend {
         shape: &Shape,
         dropout: Option<ProbsDropout>,
     ) {
-        let (t, c) = (shape.len, shape.width());
+        let (t, c, w) = (shape.len, shape.width(), workspace_len(shape, 1));
         y[..n * t * c]
             .par_chunks_mut(t * c)
-            .zip(probs[..n * shape.probs_len()].par_chunks_mut(shape.probs_len()))
-            .zip(workspace[..n * t * t].par_chunks_mut(t * t))
+            .zip(probs[..n * shape.saved_len()].par_chunks_mut(shape.saved_len()))
+            .zip(workspace[..n * w].par_chunks_mut(w))
             .zip(qkv[..n * t * 3 * c].par_chunks(t * 3 * c))
             .enumerate()
-            .for_each(|(b, (((y, p), kept), x))| {
+            .for_each(|(b, (((y, saved), scratch), x))| {
                 let dropout = dropout.map(|d| d.from_sample(b, shape));
-                vectorized(|| forward_sample(x, y, p, kept, shape, dropout))
+                vectorized(|| forward_sample(x, y, saved, scratch, shape, dropout))
             });
     }
 
@@ -47,25 +47,27 @@ impl Kernels for CpuBackend {
         shape: &Shape,
         dropout: Option<ProbsDropout>,
     ) {
-        let (t, c) = (shape.len, shape.width());
+        let (t, c, w) = (shape.len, shape.width(), workspace_len(shape, 1));
         dqkv[..n * t * 3 * c]
             .par_chunks_mut(t * 3 * c)
-            .zip(workspace[..n * t * t].par_chunks_mut(t * t))
+            .zip(workspace[..n * w].par_chunks_mut(w))
             .zip(qkv[..n * t * 3 * c].par_chunks(t * 3 * c))
-            .zip(probs[..n * shape.probs_len()].par_chunks(shape.probs_len()))
+            .zip(probs[..n * shape.saved_len()].par_chunks(shape.saved_len()))
             .zip(dy[..n * t * c].par_chunks(t * c))
             .enumerate()
-            .for_each(|(b, ((((dx, ds), x), p), dy))| {
+            .for_each(|(b, ((((dx, scratch), x), saved), dy))| {
                 let dropout = dropout.map(|d| d.from_sample(b, shape));
-                vectorized(|| backward_sample(x, p, dy, dx, ds, shape, dropout))
+                vectorized(|| backward_sample(x, saved, dy, dx, scratch, shape, dropout))
             });
     }
 }
 
 /// Workspace values for `max_batch` samples: one head's [T, T] each (the kept probabilities
-/// in forward when dropout is on, the score gradients in backward).
+/// in forward when dropout is on, the score gradients in backward); with `flash`, a second
+/// for the head's probabilities.
 pub fn workspace_len(shape: &Shape, max_batch: usize) -> usize {
-    max_batch * shape.len * shape.len
+    let heads_kept = if shape.flash { 2 } else { 1 };
+    max_batch * heads_kept * shape.len * shape.len
 }
 
 /// kept = p ∘ mask / (1 − p) for head `h`'s probabilities p [T, T].
@@ -86,27 +88,36 @@ const Q: usize = 0;
 const K: usize = 1;
 const V: usize = 2;
 
-/// One sample: x [T, 3·C] → y [T, C], probabilities p [heads, T, T]. Each head is two
-/// matrix products, S = Q·Kᵀ and Y = P·V, around a row softmax; with dropout, V is weighted
-/// by the kept probabilities, written to `kept` [T, T]. The products also cover the masked
-/// half (its probabilities are 0): at these sizes a whole product runs faster than half of
-/// one by hand.
+/// One sample: x [T, 3·C] → y [T, C]. Each head is two matrix products, S = Q·Kᵀ and
+/// Y = P·V, around a row softmax; with dropout, V is weighted by the kept probabilities.
+/// `saved` keeps the probabilities [heads, T, T]; with `flash`, y and each row's log-sum-exp
+/// [heads, T] instead, the probabilities a head's scratch. The products also cover the
+/// masked half (its probabilities are 0): at these sizes a whole product runs faster than
+/// half of one by hand.
 fn forward_sample(
     x: &[f32],
     y: &mut [f32],
-    p: &mut [f32],
-    kept: &mut [f32],
+    saved: &mut [f32],
+    scratch: &mut [f32],
     shape: &Shape,
     dropout: Option<ProbsDropout>,
 ) {
     let (t, c, d) = (shape.len, shape.width(), shape.head_dim);
     let xs = 3 * c;
+    let (kept, head_probs) = scratch.split_at_mut(t * t);
+    let (probs, lse) = saved.split_at_mut(if shape.flash { t * c } else { saved.len() });
     for h in 0..shape.heads {
-        let p = &mut p[h * t * t..][..t * t];
+        let p = match shape.flash {
+            true => &mut head_probs[..],
+            false => &mut probs[h * t * t..][..t * t],
+        };
         let (q, k, v) = (part(shape, Q, h), part(shape, K, h), part(shape, V, h));
         matmul_into_rows(p, t, &x[q..], (xs, 1), &x[k..], (1, xs), (t, t, d));
         for i in 0..t {
-            softmax_row(&mut p[i * t..][..t], shape.attended(i), shape.scale());
+            let row_lse = softmax_row(&mut p[i * t..][..t], shape.attended(i), shape.scale());
+            if shape.flash {
+                lse[h * t + i] = row_lse;
+            }
         }
         let weights: &[f32] = match dropout {
             Some(dropout) => {
@@ -125,23 +136,68 @@ fn forward_sample(
             (t, d, t),
         );
     }
+    if shape.flash {
+        probs.copy_from_slice(&y[..t * c]);
+    }
 }
 
-/// row = softmax(row[..last]·scale), 0 past `last`.
-fn softmax_row(row: &mut [f32], last: usize, scale: f32) {
+/// row = softmax(row[..last]·scale), 0 past `last`; returns the log-sum-exp of the scaled
+/// scores.
+fn softmax_row(row: &mut [f32], last: usize, scale: f32) -> f32 {
     let (row, masked) = row.split_at_mut(last);
     masked.fill(0.0);
     let max = row.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s)) * scale;
     row.iter_mut().for_each(|s| *s = exp(*s * scale - max));
-    let inv = 1.0 / in_lanes(row, row, |s, _| s);
+    let total = in_lanes(row, row, |s, _| s);
+    let inv = 1.0 / total;
     row.iter_mut().for_each(|s| *s *= inv);
+    max + total.ln()
 }
 
-/// One sample's input gradient dx [T, 3·C] from dy [T, C]; `ds` holds one head's score
-/// gradients [T, T]. Per head: dV = Pᵀ·dY, dP = dY·Vᵀ, dS = P∘(dP − rowsum(P∘dP))/√d,
-/// dQ = dS·K, dK = dSᵀ·Q. With dropout, dV reads the kept probabilities (drawn into `ds`
-/// first) and dP is masked and scaled as they were.
+/// Head `h`'s probabilities [T, T] again from its scores and the rows' log-sum-exps `lse`
+/// [T]: p = exp(s·scale − lse), 0 where masked.
+fn probs_again(x: &[f32], lse: &[f32], p: &mut [f32], shape: &Shape, h: usize) {
+    let (t, d, xs, scale) = (shape.len, shape.head_dim, 3 * shape.width(), shape.scale());
+    let (q, k) = (part(shape, Q, h), part(shape, K, h));
+    matmul_into_rows(p, t, &x[q..], (xs, 1), &x[k..], (1, xs), (t, t, d));
+    for (i, row) in p.chunks_exact_mut(t).enumerate() {
+        let (row, masked) = row.split_at_mut(shape.attended(i));
+        row.iter_mut().for_each(|s| *s = exp(*s * scale - lse[i]));
+        masked.fill(0.0);
+    }
+}
+
+/// One sample's input gradient dx [T, 3·C] from dy [T, C] and what forward saved; `scratch`
+/// holds one head's score gradients [T, T] (and with `flash` its probabilities again).
 fn backward_sample(
+    x: &[f32],
+    saved: &[f32],
+    dy: &[f32],
+    dx: &mut [f32],
+    scratch: &mut [f32],
+    shape: &Shape,
+    dropout: Option<ProbsDropout>,
+) {
+    let (t, c) = (shape.len, shape.width());
+    let (ds, head_probs) = scratch.split_at_mut(t * t);
+    for h in 0..shape.heads {
+        let p: &[f32] = match shape.flash {
+            true => {
+                probs_again(x, &saved[t * c + h * t..][..t], head_probs, shape, h);
+                head_probs
+            }
+            false => &saved[h * t * t..][..t * t],
+        };
+        backward_head(x, p, dy, dx, ds, shape, dropout, h);
+    }
+}
+
+/// Head `h`'s share of dx from its probabilities p [T, T]; `ds` holds its score gradients.
+/// dV = Pᵀ·dY, dP = dY·Vᵀ, dS = P∘(dP − rowsum(P∘dP))/√d, dQ = dS·K, dK = dSᵀ·Q. With
+/// dropout, dV reads the kept probabilities (drawn into `ds` first) and dP is masked and
+/// scaled as they were.
+#[allow(clippy::too_many_arguments)]
+fn backward_head(
     x: &[f32],
     p: &[f32],
     dy: &[f32],
@@ -149,40 +205,38 @@ fn backward_sample(
     ds: &mut [f32],
     shape: &Shape,
     dropout: Option<ProbsDropout>,
+    h: usize,
 ) {
     let (t, c, d) = (shape.len, shape.width(), shape.head_dim);
     let (xs, scale) = (3 * c, shape.scale());
-    for h in 0..shape.heads {
-        let p = &p[h * t * t..][..t * t];
-        let (q, k, v) = (part(shape, Q, h), part(shape, K, h), part(shape, V, h));
-        let dyh = &dy[h * d..];
-        let weights: &[f32] = match dropout {
-            Some(dropout) => {
-                drop_probs(p, ds, dropout, h);
-                ds
-            }
-            None => p,
-        };
-        matmul_into_rows(&mut dx[v..], xs, weights, (1, t), dyh, (c, 1), (t, d, t));
-        matmul_into_rows(ds, t, dyh, (c, 1), &x[v..], (1, xs), (t, t, d));
-        for i in 0..t {
-            let last = shape.attended(i);
-            let (dp, p) = (&mut ds[i * t..][..t], &p[i * t..][..last]);
-            if let Some(dropout) = dropout {
-                let first = (h * t * t + i * t) as u64;
-                for (j, g) in dp[..last].iter_mut().enumerate() {
-                    *g *= dropout.factor(first + j as u64);
-                }
-            }
-            let total = in_lanes(&dp[..last], p, |g, pj| g * pj);
-            for (s, &pj) in dp[..last].iter_mut().zip(p) {
-                *s = pj * (*s - total) * scale;
-            }
-            dp[last..].fill(0.0);
+    let (q, k, v) = (part(shape, Q, h), part(shape, K, h), part(shape, V, h));
+    let dyh = &dy[h * d..];
+    let weights: &[f32] = match dropout {
+        Some(dropout) => {
+            drop_probs(p, ds, dropout, h);
+            ds
         }
-        matmul_into_rows(&mut dx[q..], xs, ds, (t, 1), &x[k..], (xs, 1), (t, d, t));
-        matmul_into_rows(&mut dx[k..], xs, ds, (1, t), &x[q..], (xs, 1), (t, d, t));
+        None => p,
+    };
+    matmul_into_rows(&mut dx[v..], xs, weights, (1, t), dyh, (c, 1), (t, d, t));
+    matmul_into_rows(ds, t, dyh, (c, 1), &x[v..], (1, xs), (t, t, d));
+    for i in 0..t {
+        let last = shape.attended(i);
+        let (dp, p) = (&mut ds[i * t..][..t], &p[i * t..][..last]);
+        if let Some(dropout) = dropout {
+            let first = (h * t * t + i * t) as u64;
+            for (j, g) in dp[..last].iter_mut().enumerate() {
+                *g *= dropout.factor(first + j as u64);
+            }
+        }
+        let total = in_lanes(&dp[..last], p, |g, pj| g * pj);
+        for (s, &pj) in dp[..last].iter_mut().zip(p) {
+            *s = pj * (*s - total) * scale;
+        }
+        dp[last..].fill(0.0);
     }
+    matmul_into_rows(&mut dx[q..], xs, ds, (t, 1), &x[k..], (xs, 1), (t, d, t));
+    matmul_into_rows(&mut dx[k..], xs, ds, (1, t), &x[q..], (xs, 1), (t, d, t));
 }
 
 /// Σ term(a_i, b_i), summed in eight lanes (which vectorise) and then across them.

@@ -1,18 +1,23 @@
 //! attention on CUDA: heads split into the workspace, cuBLAS strided-batched products over
-//! n × heads matrices, and the kernels of attention.cu for the masked softmax.
+//! n × heads matrices, and the kernels of attention.cu for the masked softmax; or, with
+//! `device.flash_attention`, flash.cu's kernels, which never store the T×T matrix.
 //!
 //! The workspace, for n samples (E = n·T·C values a part, P = n·H·T·T):
 //! [q | k | v | y or dy heads | dp | dq | dk | dv], at 0, E, 2E, 3E, 4E, 4E+P, 5E+P, 6E+P.
 //! Every product reads what lies before the part it writes, except that with dropout the
 //! kept probabilities wait in dp's place for the product before it.
 
-use super::{Kernels, ProbsDropout};
+use super::{Kernels, ProbsDropout, MAX_FLASH_HEAD_DIM};
 use crate::tensor::cuda::{grid, per_item, CudaBackend, CudaBuf, Launch};
 use crate::tensor::{Attention as Shape, Matrices};
+use cudarc::driver::LaunchConfig;
 
-/// Workspace values for `max_batch` samples.
+/// Workspace values for `max_batch` samples; with `flash`, each row's delta (flash.cu).
 pub fn workspace_len(shape: &Shape, max_batch: usize) -> usize {
-    max_batch * (7 * shape.len * shape.width() + shape.probs_len())
+    match shape.flash {
+        true => max_batch * shape.heads * shape.len,
+        false => max_batch * (7 * shape.len * shape.width() + shape.probs_len()),
+    }
 }
 
 /// n·heads matrices of [T, head_dim] at `offset`.
@@ -59,6 +64,9 @@ impl Kernels for CudaBackend {
     ) {
         if !self.all_f32("attention", &[probs, workspace]) {
             return;
+        }
+        if s.flash {
+            return self.flash_forward(qkv, y, probs, n, s, dropout);
         }
         let (t, d, e, batch) = (s.len, s.head_dim, n * s.len * s.width(), n * s.heads);
         self.split(qkv, workspace, 0, n, s, 3);
@@ -107,6 +115,9 @@ impl Kernels for CudaBackend {
         if !self.all_f32("attention backward", &[probs, workspace]) {
             return;
         }
+        if s.flash {
+            return self.flash_backward(qkv, probs, dy, dqkv, workspace, n, s, dropout);
+        }
         let (t, d, e, batch) = (s.len, s.head_dim, n * s.len * s.width(), n * s.heads);
         let (dp, dq) = (4 * e, 4 * e + n * s.probs_len());
         let (dk, dv) = (dq + e, dq + 2 * e);
@@ -145,12 +156,7 @@ impl Kernels for CudaBackend {
         let (rows, t64, scale) = (batch * t, t as u64, s.scale());
         let rows64 = rows as u64;
         {
-            // p = 0 keeps every probability: no dropout.
-            let d = dropout.unwrap_or(ProbsDropout {
-                p: 0.0,
-                key: 0,
-                first: 0,
-            });
+            let d = dropout_args(dropout);
             let (_, mut ds) = workspace.mem.split_at_mut(dp);
             let mut l = Launch::new(self.stream(), self.kernel("attention_softmax_backward"));
             l.arg(&probs.mem)
@@ -188,7 +194,112 @@ impl Kernels for CudaBackend {
     }
 }
 
+/// flash.cu's launch: a block of FLASH_ROWS threads for each sample's head's FLASH_ROWS rows.
+fn flash_blocks(n: usize, s: &Shape) -> LaunchConfig {
+    const FLASH_ROWS: usize = 64;
+    LaunchConfig {
+        grid_dim: ((n * s.heads * s.len.div_ceil(FLASH_ROWS)) as u32, 1, 1),
+        block_dim: (FLASH_ROWS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// flash.cu's kernel `name` for the narrowest head width that holds `head_dim`.
+fn flash_kernel(name: &str, head_dim: usize) -> String {
+    let width = [32, 64, 128].into_iter().find(|&w| head_dim <= w);
+    format!("{name}_{}", width.unwrap_or(MAX_FLASH_HEAD_DIM))
+}
+
+/// Dropout's arguments: p = 0 keeps every probability.
+fn dropout_args(d: Option<ProbsDropout>) -> ProbsDropout {
+    d.unwrap_or(ProbsDropout {
+        p: 0.0,
+        key: 0,
+        first: 0,
+    })
+}
+
 impl CudaBackend {
+    /// y and `saved` (outputs, then log-sum-exps) from qkv, in one kernel.
+    fn flash_forward(
+        &self,
+        qkv: &CudaBuf,
+        y: &mut CudaBuf,
+        saved: &mut CudaBuf,
+        n: usize,
+        s: &Shape,
+        dropout: Option<ProbsDropout>,
+    ) {
+        let (xs, ys, d) = (qkv.storage(), y.storage(), dropout_args(dropout));
+        let [n64, t, h, hd] = [n, s.len, s.heads, s.head_dim].map(|v| v as u64);
+        let (scale, causal) = (s.scale(), i32::from(s.causal));
+        let name = flash_kernel("flash_forward", s.head_dim);
+        let mut l = Launch::new(self.stream(), self.kernel(&name));
+        l.arg(&qkv.mem).arg(&xs).arg(&mut y.mem).arg(&ys);
+        l.arg(&mut saved.mem).arg(&n64).arg(&t).arg(&h).arg(&hd);
+        l.arg(&scale)
+            .arg(&causal)
+            .arg(&d.p)
+            .arg(&d.key)
+            .arg(&d.first);
+        // SAFETY: one thread per row of each sample's head, as flash.cu lays them out.
+        self.launch("flash attention", unsafe { l.launch(flash_blocks(n, s)) });
+    }
+
+    /// dqkv from dy and what `flash_forward` saved: the rows' deltas into the workspace,
+    /// then dk and dv, then dq.
+    #[allow(clippy::too_many_arguments)]
+    fn flash_backward(
+        &self,
+        qkv: &CudaBuf,
+        saved: &CudaBuf,
+        dy: &CudaBuf,
+        dqkv: &mut CudaBuf,
+        workspace: &mut CudaBuf,
+        n: usize,
+        s: &Shape,
+        dropout: Option<ProbsDropout>,
+    ) {
+        let (xs, dys, dxs, d) = (
+            qkv.storage(),
+            dy.storage(),
+            dqkv.storage(),
+            dropout_args(dropout),
+        );
+        let [n64, t, h, hd] = [n, s.len, s.heads, s.head_dim].map(|v| v as u64);
+        let (scale, causal) = (s.scale(), i32::from(s.causal));
+        let mut l = Launch::new(self.stream(), self.kernel("flash_backward_delta"));
+        l.arg(&dy.mem)
+            .arg(&dys)
+            .arg(&saved.mem)
+            .arg(&mut workspace.mem);
+        l.arg(&n64).arg(&t).arg(&h).arg(&hd);
+        // SAFETY: grid-stride over the n·H·T rows.
+        self.launch("flash attention delta", unsafe {
+            l.launch(grid(n * s.heads * s.len))
+        });
+        for name in ["flash_backward_kv", "flash_backward_q"] {
+            let kernel = flash_kernel(name, s.head_dim);
+            let mut l = Launch::new(self.stream(), self.kernel(&kernel));
+            l.arg(&qkv.mem).arg(&xs).arg(&dy.mem).arg(&dys);
+            l.arg(&saved.mem)
+                .arg(&workspace.mem)
+                .arg(&mut dqkv.mem)
+                .arg(&dxs);
+            l.arg(&n64).arg(&t).arg(&h).arg(&hd);
+            l.arg(&scale)
+                .arg(&causal)
+                .arg(&d.p)
+                .arg(&d.key)
+                .arg(&d.first);
+            // SAFETY: one thread per row of each sample's head; the two write dqkv's
+            // disjoint parts (k and v, then q).
+            self.launch("flash attention backward", unsafe {
+                l.launch(flash_blocks(n, s))
+            });
+        }
+    }
+
     /// The kept probabilities, p ∘ mask / (1 − p), into the workspace at `at`.
     fn drop_probs(&self, p: &CudaBuf, w: &mut CudaBuf, at: usize, len: usize, d: ProbsDropout) {
         let (at, len64) = (at as u64, len as u64);

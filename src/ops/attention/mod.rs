@@ -38,6 +38,9 @@ pub struct AttentionSpec {
     pub dropout: f64,
 }
 
+/// The widest head `device.flash_attention` takes (its CUDA kernels keep a row in registers).
+pub const MAX_FLASH_HEAD_DIM: usize = 128;
+
 fn yes() -> bool {
     true
 }
@@ -110,11 +113,21 @@ pub fn build(spec: &AttentionSpec, at: &mut Build) -> Result<(Op, Vec<usize>)> {
         let why = format!("heads = {} does not divide the width {width}", spec.heads);
         return Err(at.error("attention", why));
     }
+    let head_dim = width / spec.heads;
+    if at.flash_attention && head_dim > MAX_FLASH_HEAD_DIM {
+        let why = format!(
+            "device.flash_attention holds a head's {head_dim} values in registers, at most \
+             {MAX_FLASH_HEAD_DIM}: use more heads, or device.flash_attention = false"
+        );
+        return Err(at.error("attention", why));
+    }
     let shape = Shape {
         len,
         heads: spec.heads,
-        head_dim: width / spec.heads,
+        head_dim,
         causal: spec.causal,
+        // A key/value cache keeps no probabilities either way.
+        flash: at.flash_attention && at.decoding.is_none(),
     };
     let dropout = spec.dropout as f32;
     if at.decoding.is_some() && !(len == 1 && spec.causal) {
@@ -139,7 +152,8 @@ pub trait Kernels: Backend {
 
     /// y [n, T, C] from qkv [n, T, 3·C]: per head, dropout(softmax(q·kᵀ/√d, masked))·v.
     /// Keeps the probabilities [n, heads, T, T], before dropout, in `probs` for backward (0
-    /// where masked).
+    /// where masked); with `shape.flash`, per sample its y [T, C] in f32 and then each row's
+    /// log-sum-exp of its scaled scores [heads, T].
     #[allow(clippy::too_many_arguments)]
     fn attention_forward(
         &self,
@@ -196,8 +210,8 @@ impl OpKind for Attention {
     fn state_len(&self, _: &[usize], max_batch: usize) -> usize {
         match self.cache {
             Some(positions) => decode::state_len(&self.shape, positions, max_batch),
-            // The probabilities, which backward reads.
-            None => max_batch * self.shape.probs_len(),
+            // The probabilities, which backward reads; with flash, outputs and log-sum-exps.
+            None => max_batch * self.shape.saved_len(),
         }
     }
     fn saved_state(&self) -> Option<SavedState> {

@@ -1,7 +1,7 @@
 //! attention's tests. The library does not compile this file: tests/suite/ops.rs does, so
 //! that its CUDA tests run on the emulated GPU with the rest.
 
-use crate::common::{expect_error, random_vec, spec};
+use crate::common::{expect_error, random_vec, spec, stderr, stdout, trainer};
 use crate::cuda_parity::{
     assert_within, down, gpu, loss_curve, poisoned_in, stored, tolerance, up_in, STORAGES,
 };
@@ -61,6 +61,18 @@ fn shape(causal: bool) -> Attention {
         heads: 3,
         head_dim: 5,
         causal,
+        flash: false,
+    }
+}
+
+/// Longer than flash.cu's 64 rows a block, and heads wider than its narrowest kernel.
+fn long_shape(causal: bool) -> Attention {
+    Attention {
+        len: 70,
+        heads: 2,
+        head_dim: 40,
+        causal,
+        flash: false,
     }
 }
 
@@ -101,6 +113,7 @@ fn attention_dropout_drops_p_of_the_probabilities() {
         heads: 4,
         head_dim: 8,
         causal: false,
+        flash: false,
     };
     let n = 8;
     let dropped = |key: u64| -> Vec<bool> {
@@ -117,6 +130,66 @@ fn attention_dropout_drops_p_of_the_probabilities() {
     assert_eq!(kept, 1.0 / 0.7);
 }
 
+/// One forward and backward pass on the CPU: (y, what forward saved, dqkv).
+fn cpu_pass(
+    s: &Attention,
+    n: usize,
+    qkv: &[f32],
+    dy: &[f32],
+    dropout: Option<ProbsDropout>,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let b = CpuBackend::new(2);
+    let qkv = qkv.to_vec();
+    let mut y = vec![f32::NAN; n * s.len * s.width()];
+    let mut saved = vec![f32::NAN; n * s.saved_len()];
+    let mut w = vec![f32::NAN; b.attention_workspace_len(s, n)];
+    b.attention_forward(&qkv, &mut y, &mut saved, &mut w, n, s, dropout);
+    let mut dx = vec![f32::NAN; qkv.len()];
+    b.attention_backward(&qkv, &saved, &dy.to_vec(), &mut dx, &mut w, n, s, dropout);
+    (y, saved, dx)
+}
+
+/// With flash, the CPU keeps y and each row's log-sum-exp instead of the probabilities and
+/// computes them again in backward: the same y, the same gradients within rounding.
+#[test]
+fn flash_attention_keeps_log_sum_exps_and_gives_the_same_gradients() {
+    for s in [shape(true), shape(false), long_shape(true)] {
+        for dropout in [None, Some(DROPOUT)] {
+            let n = 2;
+            let qkv = random_vec(n * s.len * 3 * s.width(), 4);
+            let dy = random_vec(n * s.len * s.width(), 5);
+            let flash = Attention { flash: true, ..s };
+            let (y, probs, dx) = cpu_pass(&s, n, &qkv, &dy, dropout);
+            let (y_flash, saved, dx_flash) = cpu_pass(&flash, n, &qkv, &dy, dropout);
+            let at = format!("{s:?} {dropout:?}");
+            assert_eq!(y, y_flash, "{at}: y");
+            // Per sample: its output [T, C], then its rows' log-sum-exps [heads, T].
+            let (t, c, d) = (s.len, s.width(), s.head_dim);
+            assert_eq!(saved.len(), n * (t * c + s.heads * t));
+            let per_sample = saved.chunks(t * c + s.heads * t);
+            for (b, (own, y)) in per_sample.zip(y.chunks(t * c)).enumerate() {
+                assert_eq!(&own[..t * c], y, "{at}: sample {b}'s output kept");
+            }
+            // exp(score·scale − lse) is the probability the first pass kept: compared at
+            // each row's first key, which every row attends to.
+            for r in 0..n * s.heads * t {
+                let (b, h, i) = (r / (s.heads * t), r / t % s.heads, r % t);
+                let l = saved[b * (t * c + s.heads * t) + t * c + h * t + i];
+                let q = |e: usize| qkv[((b * t + i) * 3) * c + h * d + e];
+                let k = |e: usize| qkv[((b * t) * 3 + 1) * c + h * d + e];
+                let score: f32 = (0..d).map(|e| q(e) * k(e)).sum::<f32>() * s.scale();
+                let p = probs[((b * s.heads + h) * t + i) * t];
+                assert!(
+                    ((score - l).exp() - p).abs() <= 1e-5,
+                    "{at}: row {r}: exp(s − lse) = {}, p = {p}",
+                    (score - l).exp()
+                );
+            }
+            assert_within(&dx_flash, &dx, 1e-5, &format!("{at}: dqkv"));
+        }
+    }
+}
+
 #[test]
 fn attention_gradients() {
     for causal in [true, false] {
@@ -128,6 +201,8 @@ fn attention_gradients() {
     let middle =
         r#"{ type = "linear", out = 12 }, { type = "attention", heads = 2, dropout = 0.3 }"#;
     check_gradients(&sequence_job(middle), sequences());
+    let flash = sequence_job(middle) + "\n[device]\nflash_attention = true\n";
+    check_gradients(&flash, sequences());
 }
 
 #[test]
@@ -161,23 +236,57 @@ fn attention_refuses_heads_that_do_not_divide_the_width_and_inputs_that_are_not_
     }
 }
 
-/// CUDA against the CPU on random inputs, with activations in f32 and in each half format.
+/// CUDA against the CPU on random inputs, with activations in f32 and in each half format;
+/// with flash, flash.cu's kernels against the CPU's, on more rows than a block holds too.
 #[test]
 fn attention_on_cuda_matches_the_cpu() {
     let Some(g) = gpu() else {
         return;
     };
     let (g, cpu) = (&g, CpuBackend::new(2));
+    let cases = [
+        (shape(true), None),
+        (shape(false), None),
+        (shape(true), Some(DROPOUT)),
+        (
+            Attention {
+                flash: true,
+                ..shape(true)
+            },
+            None,
+        ),
+        (
+            Attention {
+                flash: true,
+                ..shape(false)
+            },
+            Some(DROPOUT),
+        ),
+        (
+            Attention {
+                flash: true,
+                ..long_shape(true)
+            },
+            Some(DROPOUT),
+        ),
+        (
+            Attention {
+                flash: true,
+                ..long_shape(false)
+            },
+            None,
+        ),
+    ];
     for storage in STORAGES {
-        for (causal, dropout) in [(true, None), (false, None), (true, Some(DROPOUT))] {
-            let (s, n) = (shape(causal), 3);
+        for (s, dropout) in cases {
+            let (causal, n) = (s.causal, 3);
             let tol = tolerance(storage);
-            let at = format!("{storage:?} causal {causal} {dropout:?}");
+            let at = format!("{storage:?} causal {causal} flash {} {dropout:?}", s.flash);
             let (x_len, y_len) = (n * s.len * 3 * s.width(), n * s.len * s.width());
             let x = stored(storage, &random_vec(x_len, 2));
             let dy = stored(storage, &random_vec(y_len, 3));
             let mut y = vec![f32::NAN; y_len];
-            let mut probs = vec![f32::NAN; n * s.probs_len()];
+            let mut probs = vec![f32::NAN; n * s.saved_len()];
             let mut w = vec![0.0; cpu.attention_workspace_len(&s, n)];
             cpu.attention_forward(&x, &mut y, &mut probs, &mut w, n, &s, dropout);
             let mut dx = vec![f32::NAN; x_len];
@@ -186,7 +295,7 @@ fn attention_on_cuda_matches_the_cpu() {
             let xg = up_in(g, storage, &x);
             let (mut yg, mut probs_g) = (
                 poisoned_in(g, storage, y_len),
-                g.alloc(n * s.probs_len()).unwrap(),
+                g.alloc(n * s.saved_len()).unwrap(),
             );
             let mut wg = g.alloc(g.attention_workspace_len(&s, n)).unwrap();
             g.attention_forward(&xg, &mut yg, &mut probs_g, &mut wg, n, &s, dropout);
@@ -201,8 +310,10 @@ fn attention_on_cuda_matches_the_cpu() {
                 &s,
                 dropout,
             );
-            let probs_gpu = down(g, &probs_g, n * s.probs_len());
-            assert_within(&probs_gpu, &probs, 1e-5, &format!("{at} probabilities"));
+            // The probabilities, or the outputs (as the buffer stores them) and log-sum-exps.
+            let probs_gpu = down(g, &probs_g, n * s.saved_len());
+            let tol_saved = if s.flash { tol.max(1e-5) } else { 1e-5 };
+            assert_within(&probs_gpu, &probs, tol_saved, &format!("{at} saved"));
             let y_gpu = down(g, &yg, y_len);
             assert_within(&y_gpu, &stored(storage, &y), tol, &format!("{at} y"));
             let dx_gpu = down(g, &dxg, x_len);
@@ -221,12 +332,62 @@ fn an_attention_job_on_cuda_follows_the_cpu_loss_curve() {
                   {type=\"linear\",out=8},{type=\"layernorm\"},{type=\"gelu\"},\
                   {type=\"flatten\"},{type=\"linear\",out=10}]";
     let extra = ["--set", "model.input_shape=[8,8]", "--set", layers];
-    let (cpu, cuda) = (loss_curve("cpu", &extra), loss_curve("cuda", &extra));
+    let cpu = loss_curve("cpu", &extra);
+    let flash = [&extra[..], &["--set", "device.flash_attention=true"]].concat();
     assert_eq!(cpu.len(), 100);
-    for ((step, a), (_, b)) in cpu.iter().zip(&cuda) {
-        assert!(
-            (a - b).abs() <= 1e-4 * a.abs(),
-            "step {step}: cpu loss {a} vs cuda {b}"
-        );
+    for extra in [&extra[..], &flash[..]] {
+        let cuda = loss_curve("cuda", extra);
+        for ((step, a), (_, b)) in cpu.iter().zip(&cuda) {
+            assert!(
+                (a - b).abs() <= 1e-4 * a.abs(),
+                "step {step}: cpu loss {a} vs cuda {b} ({extra:?})"
+            );
+        }
     }
+}
+
+/// `trainer check`'s plan of jobs/gpt_shakespeare.toml (6 layers, batch 64, 6 heads, T 256,
+/// C 384): with flash attention each layer keeps its outputs and log-sum-exps, 64 × (256 ×
+/// 384 + 6 × 256) values, instead of 64 × 6 × 256 × 256 probabilities.
+#[test]
+fn flash_attention_plans_less_layer_state() {
+    let layer_state_mib = |extra: &[&str]| -> f64 {
+        let args = [
+            "check",
+            "jobs/gpt_shakespeare.toml",
+            "--set",
+            "device.type='cpu'",
+        ];
+        let out = trainer(&[&args[..], extra].concat());
+        assert!(out.status.success(), "{}", stderr(&out));
+        let text = stdout(&out);
+        let line = (text.lines())
+            .find(|l| l.trim_start().starts_with("layer state"))
+            .unwrap_or_else(|| panic!("no layer state in {text}"));
+        let words: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(words[3], "MiB", "{line}");
+        words[2].parse().unwrap()
+    };
+    let probs = layer_state_mib(&[]);
+    let flash = layer_state_mib(&["--set", "device.flash_attention=true"]);
+    let values_per_layer = 64.0 * (6.0 * 256.0 * 256.0 - (256.0 * 384.0 + 6.0 * 256.0));
+    let saved_mib = 6.0 * values_per_layer * 4.0 / (1u64 << 20) as f64;
+    assert!(
+        (probs - flash - saved_mib).abs() < 0.1,
+        "layer state {probs} MiB, with flash {flash} MiB: {saved_mib} MiB saved expected"
+    );
+}
+
+/// Flash attention's CUDA kernels hold a head in registers: a wider one is refused.
+#[test]
+fn flash_attention_refuses_heads_wider_than_its_kernels() {
+    let job = sequence_job(r#"{ type = "linear", out = 387 }, { type = "attention", heads = 1 }"#)
+        + "\n[device]\nflash_attention = true\n";
+    let e = Graph::build(&spec(&job), &sequences())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("model.layers[2] (attention)") && e.contains("a head's 129 values"),
+        "{e}"
+    );
 }

@@ -119,6 +119,7 @@ mod tests {
             offset: &mut offset,
             named: &[],
             decoding: None,
+            flash_attention: false,
         };
         build(&NoSettings {}, &mut at).map(|(_, out)| out)
     }

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 /// Every kernel file, in the order they are concatenated after common.cuh: the shared ones,
 /// then those of ops that keep their kernels in their own folder.
-pub const SOURCES: [(&str, &str); 17] = [
+pub const SOURCES: [(&str, &str); 18] = [
     ("cast.cu", include_str!("../../../kernels/cast.cu")),
     ("graph.cu", include_str!("../../../kernels/graph.cu")),
     (
@@ -52,6 +52,10 @@ pub const SOURCES: [(&str, &str); 17] = [
     (
         "ops/attention/attention.cu",
         include_str!("../../ops/attention/attention.cu"),
+    ),
+    (
+        "ops/attention/flash.cu",
+        include_str!("../../ops/attention/flash.cu"),
     ),
     (
         "ops/position_embedding/position_embedding.cu",

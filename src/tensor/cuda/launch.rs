@@ -13,7 +13,7 @@ use std::ffi::c_void;
 use std::marker::PhantomData;
 
 /// More than any kernel of ours takes.
-const MAX_ARGS: usize = 16;
+const MAX_ARGS: usize = 20;
 
 /// A launch of `func` on `stream` being given its arguments in the kernel's order.
 pub struct Launch<'a> {
