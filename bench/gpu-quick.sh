@@ -2,11 +2,28 @@
 # Short device calls with gpu.sh's helpers: `gemm` (default) puts the cuBLAS-bound MLP in
 # fp32 and bf16 beside PyTorch, steady state, with and without cuBLASLt's epilogues; `nccl`
 # alternates 1 replica through NCCL with no data parallelism, 3 times, on the launch-bound
-# MLP 784-1024-1024-10 and on the cuBLAS-bound one (issue 7's overhead).
+# MLP 784-1024-1024-10 and on the cuBLAS-bound one (issue 7's overhead); `gpt` times
+# jobs/gpt_shakespeare.toml (bf16) with attention's probabilities kept and with flash
+# attention, profiles a step of each with CUDA events, and times `trainer sample` on CUDA.
 set -uo pipefail
 source .gpu/nccl.sh
 eval "$(sed -n '/^out=/,/^}$/p' bench/gpu.sh)"
 big=(--set device.type=\"cuda\" --set data.samples=40960 --set train.epochs=20)
+if [ "${1:-gemm}" = gpt ]; then
+  gpt=(--set device.type=\"cuda\" --set train.max_steps=300 --set train.eval_every_steps=100000
+       --set train.log_every=50)
+  for flash in false true; do
+    log "== jobs/gpt_shakespeare.toml bf16, 300 steps, device.flash_attention=$flash"
+    log "trainer: $(trainer jobs/gpt_shakespeare.toml "${gpt[@]}" --set device.flash_attention=$flash)"
+    $bin profile jobs/gpt_shakespeare.toml --steps 5 --warmup 5 --runs-dir "$runs" --quiet \
+      --set device.type=\"cuda\" --set device.flash_attention=$flash | tee -a "$out"
+  done
+  dir=$($bin run jobs/gpt_shakespeare.toml "${gpt[@]}" --set train.max_steps=50 --runs-dir "$runs" --quiet)
+  start=$(date +%s%N)
+  $bin sample "$dir" --device cuda --prompt "ROMEO:" --tokens 500 --seed 1 > /dev/null
+  log "sample on CUDA, 500 tokens: $(( ($(date +%s%N) - start) / 1000000 )) ms"
+  exit 0
+fi
 if [ "${1:-gemm}" = nccl ]; then
   mid=(--set device.type=\"cuda\" --set data.samples=25600 --set train.epochs=10 --set train.log_every=100)
   for rep in 1 2 3; do

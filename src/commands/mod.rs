@@ -976,6 +976,7 @@ fn run_in<B: Engine>(
     let resumed_from = session.resume.as_ref().map(|c| c.path.clone());
     let profile = (args.profile.clone()).map(|p| ProfileSteps {
         dir: run.path.clone(),
+        planned_bytes: memory.total(),
         ..p
     });
     let session = Session {

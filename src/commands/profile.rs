@@ -55,6 +55,7 @@ pub fn profile(args: &ProfileArgs) -> Result<()> {
             last: total,
             dir: PathBuf::new(),
             print: true,
+            planned_bytes: 0,
         }),
     })
 }

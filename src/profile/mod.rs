@@ -20,6 +20,9 @@ pub struct ProfileSteps {
     pub last: u64,
     pub dir: PathBuf,
     pub print: bool,
+    /// The memory `trainer check` plans for one replica, which the table sets beside a
+    /// device's measured peak.
+    pub planned_bytes: usize,
 }
 
 impl ProfileSteps {
@@ -40,6 +43,7 @@ impl ProfileSteps {
             last,
             dir: PathBuf::new(),
             print: false,
+            planned_bytes: 0,
         })
     }
 
@@ -167,6 +171,9 @@ pub struct Context<'a> {
     pub tokens_per_sample: Option<usize>,
     /// What utilisation is measured against.
     pub peak: Peak,
+    /// A device's peak memory so far, and what `trainer check` planned (bytes); None on
+    /// the CPU, whose memory is the host's.
+    pub memory: Option<(usize, usize)>,
 }
 
 /// One line of the table: a part of the step, summed over the profiled steps.
@@ -200,6 +207,8 @@ pub struct Report {
     pub model_flops: f64,
     pub peak: Peak,
     pub device: String,
+    /// A device's (peak, planned) memory in bytes.
+    pub memory: Option<(usize, usize)>,
 }
 
 impl Report {
@@ -237,6 +246,7 @@ impl Report {
             model_flops,
             peak: cx.peak.clone(),
             device: cx.device.clone(),
+            memory: cx.memory,
         }
     }
 
@@ -296,6 +306,14 @@ impl Report {
             self.peak.flops / 1e9,
             100.0 * achieved / self.peak.flops.max(1.0),
         );
+        if let Some((peak, planned)) = self.memory {
+            let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
+            out += &format!(
+                "device memory: peak {:.1} MiB, planned {:.1} MiB (trainer check)\n",
+                mib(peak),
+                mib(planned)
+            );
+        }
         out
     }
 

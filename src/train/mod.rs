@@ -573,6 +573,8 @@ impl<'a, B: Engine> Training<'a, B> {
             value_bytes: if half_width { 2 } else { 4 },
             max_batch: self.net.max_batch(),
             tokens_per_sample: (positions > 1).then_some(positions),
+            // Read before `peak`, whose measured product allocates.
+            memory: (self.backend.memory()).map(|(_, peak)| (peak, steps.planned_bytes)),
             peak: crate::profile::peak(self.backend, self.net.half().is_some())?,
         };
         crate::profile::write(&profiler.timings, &cx, steps)

@@ -179,4 +179,15 @@ fn a_profile_on_cuda_times_every_layer() {
     let total: f64 = rows.iter().map(|r| r.3).sum();
     assert!((total - 1.0).abs() < 1e-9, "shares add up to {total}");
     check_trace(&dir, &[4, 5]);
+    // The device's peak memory beside the plan, which the emulated GPU meets to the byte.
+    let table = std::fs::read_to_string(dir.join("profile.txt")).unwrap();
+    let line = (table.lines())
+        .find(|l| l.starts_with("device memory: peak"))
+        .unwrap_or_else(|| panic!("no device memory in {table}"));
+    let gib: Vec<&str> = line
+        .split_whitespace()
+        .filter(|w| w.contains('.'))
+        .collect();
+    assert_eq!(gib.len(), 2, "{line}");
+    assert_eq!(gib[0], gib[1], "peak and planned: {line}");
 }
