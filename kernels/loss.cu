@@ -2,7 +2,8 @@
 // correct fraction to row_stats[n + r]; reduce_stats then adds their sums (in a fixed order, so
 // runs are bit-reproducible) to stats = [loss sum, correct, samples]. With write_grad = 0
 // (evaluation) `dout` is not touched. The gradient is d(mean loss)/d(out) * grad_scale, as in
-// src/tensor/cpu.rs. The model's output and its gradient come with their storage (`load`,
+// src/tensor/cpu.rs; cross_entropy's `dout` may be `logits` itself (each element is read by the
+// lane that writes it, after the row's reductions). The model's output and its gradient come with their storage (`load`,
 // `store`).
 
 // One warp per row of logits; 8 rows per block of 256 threads.
@@ -28,6 +29,8 @@ extern "C" __global__ void cross_entropy(const void* logits, int ls, const float
             u64 other_arg = __shfl_xor_sync(0xffffffffu, arg, o);
             if (other > best || (other == best && other_arg < arg)) { best = other; arg = other_arg; }
         }
+        // Read before any lane writes: the gradient may go over the logits (fused classifier).
+        double at_label = (double)load(logits, ls, x + label);
         double sum_exp = 0.0, sum_x = 0.0;
         for (u64 j = lane; j < classes; j += 32) {
             double v = (double)load(logits, ls, x + j);
@@ -39,7 +42,7 @@ extern "C" __global__ void cross_entropy(const void* logits, int ls, const float
             sum_x += __shfl_xor_sync(0xffffffffu, sum_x, o);
         }
         double lse = (double)best + log(sum_exp);
-        double nll = lse - (double)load(logits, ls, x + label);
+        double nll = lse - at_label;
         double row_loss = smoothing > 0.0f
             ? (1.0 - smoothing) * nll + smoothing * (lse - sum_x / (double)classes)
             : nll;
@@ -48,6 +51,9 @@ extern "C" __global__ void cross_entropy(const void* logits, int ls, const float
             double scored = counted ? row_stats[2 * n] : (double)n;
             double g = (double)grad_scale / scored;
             double uniform = (double)smoothing / (double)classes;
+            // Every lane has read the row (the shuffles above wait for all 32): a lane's
+            // writes reach no value another lane has yet to read.
+            __syncwarp();
             for (u64 j = lane; j < classes; j += 32) {
                 double p = exp((double)load(logits, ls, x + j) - lse);
                 double target = uniform + (j == label ? 1.0 - smoothing : 0.0);

@@ -27,6 +27,13 @@
 //! are shared by values whose lifetimes do not overlap, as PyTorch frees a gradient once it
 //! is used (`grad_slot`). A chain needs two, of the largest layer's size, however deep.
 //!
+//! A classifier's gradient is written over its logits (`loss_over_output`, as llm.c's fused
+//! classifier): cross-entropy reads a row of logits and then writes the row's gradient in
+//! its place, which the last layer's backward step reads. The logits' gradient, often the
+//! largest of all (a language model's vocabulary at every position), then has a buffer of
+//! no size. Only where nothing else needs the logits after the loss: the last layer's
+//! backward does not read its output, no layer reads it, and it is not written in place.
+//!
 //! A pooling straight after a ReLU (conv, relu, maxpool: the usual block) that is the
 //! ReLU's only reader takes the gradient back through both in its own step
 //! (`through_relu`): it sends each input position's gradient on to the ReLU's input where
@@ -67,6 +74,12 @@ pub struct BufferPlan {
     /// Mixed precision (`BufferPlan::mixed`): the buffers a device may store in the half
     /// format.
     pub half_width: Option<HalfWidth>,
+    /// The loss writes the output's gradient over the output (see the module's comment);
+    /// the output's gradient buffer is empty.
+    pub loss_over_output: bool,
+    /// Values per sample of the scratch a layer's input gradient goes through when it is
+    /// added to another (`accumulate`): the largest such input; 0 when none is added.
+    pub added_scratch: usize,
 }
 
 impl BufferPlan {
@@ -78,8 +91,9 @@ impl BufferPlan {
         layers: &[Layer],
         segments: Option<usize>,
         data_rounded: bool,
+        classifier: bool,
     ) -> Self {
-        let mut plan = Self::new(input_shape, layers, segments);
+        let mut plan = Self::new(input_shape, layers, segments, classifier);
         plan.half_width = Some(HalfWidth {
             input: data_rounded,
         });
@@ -87,8 +101,14 @@ impl BufferPlan {
     }
 
     /// The plan for `layers` after an input of `input_shape`; `segments` is None without
-    /// activation checkpointing.
-    pub fn new(input_shape: &[usize], layers: &[Layer], segments: Option<usize>) -> Self {
+    /// activation checkpointing; `classifier`: the loss is cross-entropy, which may write
+    /// its gradient over the output.
+    pub fn new(
+        input_shape: &[usize],
+        layers: &[Layer],
+        segments: Option<usize>,
+        classifier: bool,
+    ) -> Self {
         let count = layers.len();
         // 1. Values: node → value, where a flatten's output is its input's value.
         let mut value_of_node = vec![0usize];
@@ -235,8 +255,21 @@ impl BufferPlan {
                 _ => value_of_node[n],
             })
             .collect();
+        let added_scratch = (layers.iter().zip(&accumulate))
+            .filter(|(_, added)| added[0])
+            .map(|(l, _)| value_size[value_of_node[l.inputs[0]]])
+            .max()
+            .unwrap_or(0);
+        let output = value_of_node[count];
+        let loss_over_output = classifier
+            && count > 0
+            && !layers[count - 1].is_view()
+            && !in_place[count - 1]
+            && !layers[count - 1].op.properties().backward_reads_output
+            && readers[output] == 0;
+        let over_output = loss_over_output.then_some(output);
         let (grad_of_value, grad_sizes) =
-            gradient_buffers(layers, &grad_value_of_node, &value_size);
+            gradient_buffers(layers, &grad_value_of_node, &value_size, over_output);
         BufferPlan {
             slot: value_of_node
                 .iter()
@@ -255,6 +288,8 @@ impl BufferPlan {
             accumulate,
             is_data,
             half_width: None,
+            loss_over_output,
+            added_scratch,
         }
     }
 
@@ -263,7 +298,7 @@ impl BufferPlan {
     pub fn best_segments(input_shape: &[usize], layers: &[Layer]) -> usize {
         let mut best = (usize::MAX, 1);
         for parts in 1..=layers.len().max(1) {
-            let values = Self::new(input_shape, layers, Some(parts)).activation_values();
+            let values = Self::new(input_shape, layers, Some(parts), false).activation_values();
             if values <= best.0 {
                 best = (values, parts);
             }
@@ -279,17 +314,7 @@ impl BufferPlan {
     /// Activation-gradient values per sample held by the plan, the scratch that a gradient
     /// added to another goes through included.
     pub fn gradient_values(&self) -> usize {
-        let scratch = if self.accumulate.iter().flatten().any(|&a| a) {
-            self.largest_value()
-        } else {
-            0
-        };
-        self.grad_sizes.iter().sum::<usize>() + scratch
-    }
-
-    /// Values per sample of the largest activation (the input batch included).
-    pub fn largest_value(&self) -> usize {
-        self.sizes.iter().copied().max().unwrap_or(0)
+        self.grad_sizes.iter().sum::<usize>() + self.added_scratch
     }
 
     /// Layers whose forward pass runs again in backward.
@@ -340,10 +365,13 @@ impl HalfWidth {
 /// and writes its own input's gradient at the same step: a buffer is free again only from
 /// the next step. Values are placed in the order their gradients appear, each into the
 /// smallest free buffer that holds it, else the largest free one (grown), else a new one.
+/// `over_output`: the output's value, whose gradient lies over it; its buffer is an empty one
+/// of its own, last.
 fn gradient_buffers(
     layers: &[Layer],
     value_of_node: &[usize],
     value_size: &[usize],
+    over_output: Option<usize>,
 ) -> (Vec<usize>, Vec<usize>) {
     let count = layers.len();
     let time = |layer: usize| count - layer;
@@ -363,7 +391,9 @@ fn gradient_buffers(
     }
     let mut used = vec![false; values];
     value_of_node.iter().for_each(|&v| used[v] = true);
-    let mut order: Vec<usize> = (1..values).filter(|&v| used[v]).collect();
+    let mut order: Vec<usize> = (1..values)
+        .filter(|&v| used[v] && Some(v) != over_output)
+        .collect();
     order.sort_by_key(|&v| born[v]);
     let mut buffer_of = vec![usize::MAX; values];
     let mut sizes: Vec<usize> = Vec::new();
@@ -385,6 +415,10 @@ fn gradient_buffers(
         sizes[b] = sizes[b].max(value_size[v]);
         busy_until[b] = dies[v];
         buffer_of[v] = b;
+    }
+    if let Some(v) = over_output {
+        buffer_of[v] = sizes.len();
+        sizes.push(0);
     }
     (buffer_of, sizes)
 }
@@ -570,10 +604,36 @@ mod tests {
         for depth in [1, 3, 7] {
             let g = mlp(depth, "\"none\"");
             let plan = g.buffer_plan();
-            // The logits' buffer grows to take the first hidden layer's gradient.
-            assert_eq!(plan.grad_sizes, [1024, 1024]);
+            // The logits' gradient lies over the logits: its buffer is the empty last one.
+            assert_eq!(plan.grad_sizes, [1024, 1024, 0]);
             check_gradient_lifetimes(&g, &plan);
         }
+    }
+
+    /// Cross-entropy writes its gradient over the logits: they need no gradient buffer.
+    /// Not where the last layer's backward reads its output, nor for another loss.
+    #[test]
+    fn the_classifier_gradient_lies_over_the_logits() {
+        let layers = "{ type = \"linear\", out = 64 }, { type = \"relu\" }, \
+                      { type = \"linear\", out = 10 }";
+        let plan = graph(&job(layers, "\"none\""), vec![784]).buffer_plan();
+        assert!(plan.loss_over_output);
+        assert_eq!(plan.grad_slot[3], plan.grad_sizes.len() - 1);
+        assert_eq!(plan.grad_sizes, [64, 64, 0]);
+
+        let softmax_last = format!("{layers}, {{ type = \"log_softmax\" }}");
+        let plan = graph(&job(&softmax_last, "\"none\""), vec![784]).buffer_plan();
+        assert!(
+            !plan.loss_over_output,
+            "log_softmax's backward reads its output"
+        );
+        assert_eq!(plan.grad_sizes, [64, 64]);
+
+        let mut regression = graph(&job(layers, "\"none\""), vec![784]);
+        regression.objective.loss = crate::tensor::LossFn::Mse;
+        let plan = regression.buffer_plan();
+        assert!(!plan.loss_over_output, "mse");
+        assert_eq!(plan.grad_sizes, [64, 64]);
     }
 
     #[test]
@@ -586,9 +646,11 @@ mod tests {
         // conv, relu, maxpool, conv, relu, maxpool, flatten, linear, relu, linear
         let (f, t) = (false, true);
         assert_eq!(plan.through_relu, [f, f, t, f, f, t, f, f, f, f]);
-        // The ReLU output's gradient is its input's: the chain still needs two buffers.
+        // The ReLU output's gradient is its input's: the chain still needs two buffers
+        // (and the logits' gradient, over the logits, an empty one).
         assert_eq!(plan.grad_slot[2], plan.grad_slot[1]);
-        assert_eq!(plan.grad_sizes.len(), 2);
+        assert_eq!(plan.grad_sizes.len(), 3);
+        assert_eq!(plan.grad_sizes[2], 0);
         check_gradient_lifetimes(&cnn, &plan);
 
         let conv = "{ type = \"conv2d\", out = 2, kernel_size = 3, padding = 1 }";

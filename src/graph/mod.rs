@@ -244,10 +244,11 @@ impl Graph {
 
     /// The buffer plan with `segments` of activation checkpointing (None: off).
     fn plan_with(&self, segments: Option<usize>, mixed: bool) -> BufferPlan {
-        let shape = &self.input_shape;
+        let (shape, layers) = (&self.input_shape, &self.layers);
+        let classifier = matches!(self.objective.loss, LossFn::CrossEntropy { .. });
         match mixed {
-            true => BufferPlan::mixed(shape, &self.layers, segments, self.rounds_input()),
-            false => BufferPlan::new(shape, &self.layers, segments),
+            true => BufferPlan::mixed(shape, layers, segments, self.rounds_input(), classifier),
+            false => BufferPlan::new(shape, layers, segments, classifier),
         }
     }
 

@@ -21,7 +21,7 @@ use crate::ops::{round, Backward, Dx, Forward, Fusion, Mask, Pass};
 use crate::ops::{Engine, Scratch};
 use crate::tensor::record::Recorder;
 use crate::tensor::rng::derive;
-use crate::tensor::{Activation, GradWrite, HalfKind, UpdatedParams};
+use crate::tensor::{Activation, GradWrite, HalfKind, LossFn, UpdatedParams};
 use std::ops::Range;
 
 pub struct Network<B: Engine> {
@@ -204,11 +204,7 @@ impl<B: Engine> Network<B> {
                 backend.upload(&saved.initial, state);
             }
         }
-        let scratch_len = if plan.accumulate.iter().flatten().any(|&a| a) {
-            max_batch * plan.largest_value()
-        } else {
-            0
-        };
+        let scratch_len = max_batch * plan.added_scratch;
         let mut param_buf = backend.alloc(graph.param_len)?;
         backend.upload(params, &mut param_buf);
         let fused = fusions(&graph, &plan);
@@ -588,21 +584,37 @@ impl<B: Engine> Network<B> {
             len / self.graph.objective.rows,
         );
         let f = self.graph.objective.loss;
-        let dout = grad_scale.map(|_| &mut self.dacts[dout_slot]);
         let scale = grad_scale.unwrap_or(0.0);
-        backend.loss(
-            f,
-            &self.acts[out_slot],
-            &self.targets,
-            rows,
-            dim,
-            scale,
-            dout,
-            stats,
-        );
-        // The loss runs in f32 on the (half) output; its gradient flows back in half.
-        if grad_scale.is_some() {
-            Self::round(backend, self.half, &mut self.dacts[dout_slot], n * len);
+        let over_output = grad_scale.is_some() && self.plan.loss_over_output;
+        match f {
+            LossFn::CrossEntropy {
+                label_smoothing,
+                ignore_index,
+            } if over_output => {
+                // The gradient goes over the logits, which then wait in the (empty) gradient
+                // buffer's place for the last layer's backward step (`BufferPlan`).
+                let out = &mut self.acts[out_slot];
+                backend.cross_entropy_over_output(
+                    label_smoothing,
+                    ignore_index,
+                    out,
+                    &self.targets,
+                    rows,
+                    dim,
+                    scale,
+                    stats,
+                );
+                Self::round(backend, self.half, out, n * len);
+            }
+            _ => {
+                let dout = grad_scale.map(|_| &mut self.dacts[dout_slot]);
+                let out = &self.acts[out_slot];
+                backend.loss(f, out, &self.targets, rows, dim, scale, dout, stats);
+                // The loss runs in f32 on the (half) output; its gradient flows back in half.
+                if grad_scale.is_some() {
+                    Self::round(backend, self.half, &mut self.dacts[dout_slot], n * len);
+                }
+            }
         }
     }
 
@@ -711,7 +723,27 @@ impl<B: Engine> Network<B> {
         sync.finished(backend, &mut self.grads);
     }
 
+    /// The last layer's backward step when the loss wrote the output's gradient over the
+    /// output: that buffer stands in for the (empty) gradient buffer during the step.
     fn backward_layer(&mut self, backend: &B, i: usize, n: usize, step_key: u64, dw: GradWrite) {
+        let last = self.graph.layers.len() - 1;
+        if i != last || !self.plan.loss_over_output {
+            return self.backward_layer_unswapped(backend, i, n, step_key, dw);
+        }
+        let (out, dout) = (self.plan.slot[last + 1], self.plan.grad_slot[last + 1]);
+        std::mem::swap(&mut self.acts[out], &mut self.dacts[dout]);
+        self.backward_layer_unswapped(backend, i, n, step_key, dw);
+        std::mem::swap(&mut self.acts[out], &mut self.dacts[dout]);
+    }
+
+    fn backward_layer_unswapped(
+        &mut self,
+        backend: &B,
+        i: usize,
+        n: usize,
+        step_key: u64,
+        dw: GradWrite,
+    ) {
         let mask = self.mask(i, step_key);
         let layer = &self.graph.layers[i];
         let plan = &self.plan;

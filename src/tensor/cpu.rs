@@ -292,6 +292,37 @@ impl Backend for CpuBackend {
         stats.samples += scored as f64;
     }
 
+    fn cross_entropy_over_output(
+        &self,
+        label_smoothing: f32,
+        ignore_index: Option<u32>,
+        out: &mut Vec<f32>,
+        targets: &Vec<f32>,
+        n: usize,
+        dim: usize,
+        grad_scale: f32,
+        stats: &mut LossStats,
+    ) {
+        let ignored = |s: usize| ignore_index.is_some_and(|i| targets[s] == i as f32);
+        let scored = (0..n).filter(|&s| !ignored(s)).count();
+        let g = grad_scale as f64 / scored.max(1) as f64;
+        for (s, row) in out[..n * dim].chunks_exact_mut(dim).enumerate() {
+            if ignored(s) {
+                row.fill(0.0);
+                continue;
+            }
+            let label = targets[s] as usize;
+            let smoothing = label_smoothing as f64;
+            let (loss, correct, lse) = cross_entropy_stats(row, label, smoothing);
+            for (j, d) in row.iter_mut().enumerate() {
+                *d = cross_entropy_grad(*d, j, label, smoothing, dim, lse, g);
+            }
+            stats.loss_sum += loss;
+            stats.correct += correct;
+        }
+        stats.samples += scored as f64;
+    }
+
     fn new_stats(&self) -> Result<LossStats> {
         Ok(LossStats::default())
     }
@@ -552,6 +583,17 @@ fn cross_entropy_row(
     g: f64,
     grad: Option<&mut [f32]>,
 ) -> (f64, f64) {
+    let (loss, correct, lse) = cross_entropy_stats(x, label, smoothing);
+    if let Some(grad) = grad {
+        for (j, d) in grad.iter_mut().enumerate() {
+            *d = cross_entropy_grad(x[j], j, label, smoothing, x.len(), lse, g);
+        }
+    }
+    (loss, correct)
+}
+
+/// A row's loss, whether its argmax is the label, and its log-sum-exp.
+fn cross_entropy_stats(x: &[f32], label: usize, smoothing: f64) -> (f64, f64, f64) {
     let classes = x.len();
     let (mut max, mut argmax) = (f32::NEG_INFINITY, 0);
     for (j, &v) in x.iter().enumerate() {
@@ -570,13 +612,20 @@ fn cross_entropy_row(
     } else {
         nll
     };
-    if let Some(grad) = grad {
-        let uniform = smoothing / classes as f64;
-        for (j, d) in grad.iter_mut().enumerate() {
-            let p = (x[j] as f64 - log_sum_exp).exp();
-            let target = uniform + if j == label { 1.0 - smoothing } else { 0.0 };
-            *d = ((p - target) * g) as f32;
-        }
-    }
-    (loss, f64::from(argmax == label))
+    (loss, f64::from(argmax == label), log_sum_exp)
+}
+
+/// d(loss)/d(x_j) · g for logit `x` of class `j`: (softmax − target) · g.
+fn cross_entropy_grad(
+    x: f32,
+    j: usize,
+    label: usize,
+    smoothing: f64,
+    classes: usize,
+    log_sum_exp: f64,
+    g: f64,
+) -> f32 {
+    let p = (x as f64 - log_sum_exp).exp();
+    let target = smoothing / classes as f64 + if j == label { 1.0 - smoothing } else { 0.0 };
+    ((p - target) * g) as f32
 }

@@ -251,6 +251,21 @@ pub trait Backend: Capture {
         dout: Option<&mut Self::Buf>,
         stats: &mut Self::Stats,
     );
+    /// `loss` for `LossFn::CrossEntropy { label_smoothing, ignore_index }` with its gradient
+    /// written over `out`, each row read before it is written (llm.c's fused classifier):
+    /// the same values, and no gradient buffer.
+    #[allow(clippy::too_many_arguments)]
+    fn cross_entropy_over_output(
+        &self,
+        label_smoothing: f32,
+        ignore_index: Option<u32>,
+        out: &mut Self::Buf,
+        targets: &Self::Buf,
+        n: usize,
+        dim: usize,
+        grad_scale: f32,
+        stats: &mut Self::Stats,
+    );
     fn new_stats(&self) -> Result<Self::Stats>;
     /// Reads the statistics and resets them to zero.
     fn take_stats(&self, stats: &mut Self::Stats) -> LossStats;

@@ -7,7 +7,7 @@ import re
 import sys
 
 source = sys.stdin.read()
-WAITS = ("__syncthreads", "__shfl_down_sync", "__shfl_xor_sync")
+WAITS = ("__syncthreads", "__syncwarp", "__shfl_down_sync", "__shfl_xor_sync")
 KEYWORDS = {"if", "for", "while", "switch", "return", "sizeof"}
 
 

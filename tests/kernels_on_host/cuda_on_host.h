@@ -229,6 +229,8 @@ T __shfl_xor_sync(unsigned, T v, int mask) {
     return host_gpu::shuffle(v, [=](unsigned lane) { return lane ^ mask; });
 }
 inline void __syncthreads() { host_gpu::wait(host_gpu::AtSyncthreads); }
+// A warp's barrier: its lanes go on once all 32 are there, as at a shuffle.
+inline void __syncwarp(unsigned mask = 0xffffffffu) { (void)__shfl_xor_sync(mask, 0, 0); }
 
 // Runs `kernel` (a closure calling one kernel) as a launch of `grid` blocks of `block` threads
 // (a multiple of 32, at most 1024). A kernel with no barrier and no shuffle (`may_wait`

@@ -159,6 +159,55 @@ fn losses_and_statistics_match_the_cpu() {
             {
                 assert!(stats_cpu.samples < n as f64, "{what}: nothing ignored");
             }
+            if let (
+                true,
+                LossFn::CrossEntropy {
+                    label_smoothing,
+                    ignore_index,
+                },
+            ) = (with_grad, f)
+            {
+                // Written over the logits (the fused classifier): the same bits as into a
+                // buffer of its own, on each device.
+                let mut over = out.clone();
+                let mut stats_over = CPU.new_stats().unwrap();
+                let (smoothing, ignore) = (label_smoothing, ignore_index);
+                CPU.cross_entropy_over_output(
+                    smoothing,
+                    ignore,
+                    &mut over,
+                    &targets,
+                    n,
+                    dim,
+                    0.25,
+                    &mut stats_over,
+                );
+                assert_eq!(over, d_cpu, "{what}: the CPU's gradient over the logits");
+                assert_eq!(stats_over, stats_cpu, "{what}: the CPU's statistics");
+                let mut over_g = up(&g, &out);
+                let mut stats_over_g = g.new_stats().unwrap();
+                g.cross_entropy_over_output(
+                    smoothing,
+                    ignore,
+                    &mut over_g,
+                    &up(&g, &targets),
+                    n,
+                    dim,
+                    0.25,
+                    &mut stats_over_g,
+                );
+                let got = down(&g, &over_g, n * dim);
+                assert_eq!(
+                    got,
+                    down(&g, &dg, n * dim),
+                    "{what}: the GPU's over the logits"
+                );
+                assert_eq!(
+                    g.take_stats(&mut stats_over_g),
+                    s,
+                    "{what}: the GPU's statistics"
+                );
+            }
             if with_grad {
                 assert_close(&down(&g, &dg, n * dim), &d_cpu, &format!("{what} gradient"));
             } else {

@@ -1290,6 +1290,129 @@ impl Capture for CudaBackend {
     }
 }
 
+impl CudaBackend {
+    /// The loss kernels: each row's loss and hit, and the gradient into `dout` (its memory
+    /// and storage) when given; `dout` may be `out`'s own memory (cross-entropy only).
+    #[allow(clippy::too_many_arguments)]
+    fn run_loss(
+        &self,
+        f: LossFn,
+        out: &CudaBuf,
+        targets: &CudaBuf,
+        n: usize,
+        dim: usize,
+        grad_scale: f32,
+        dout: Option<(&CudaSlice<f32>, i32)>,
+        stats: &mut CudaSlice<f64>,
+    ) {
+        if !self.all_f32("loss", &[targets]) {
+            return;
+        }
+        let write_grad = i32::from(dout.is_some());
+        // Without a gradient the kernel never writes `dout`; it still needs a valid pointer.
+        let (dout_ptr, ds) = dout.unwrap_or((&out.mem, out.storage()));
+        let (targets, os) = (&targets.mem, out.storage());
+        let (rows, width) = (n as u64, dim as u64);
+        // Each row's loss and hit, then the number of rows scored.
+        let mut row_stats = self.row_stats.borrow_mut();
+        if row_stats.len() < 2 * n + 1 {
+            match self.stream.alloc_zeros::<f64>(2 * n + 1) {
+                Ok(grown) => {
+                    self.count(grown.len() * 8);
+                    let old = std::mem::replace(&mut *row_stats, grown);
+                    self.retired.borrow_mut().push(old);
+                }
+                Err(e) => return self.launch("allocating loss statistics", Err(e)),
+            }
+        }
+        // Rows with an ignored class: counted on the device first, so that the gradient is
+        // the mean's over the others with nothing read back.
+        let ignore = match f {
+            LossFn::CrossEntropy {
+                ignore_index: Some(i),
+                ..
+            } => Some(i as f32),
+            _ => None,
+        };
+        let (counted, ignored_label) = (i32::from(ignore.is_some()), ignore.unwrap_or(0.0));
+        if ignore.is_some() {
+            let mut l = Launch::new(&self.stream, &self.f.count_scored);
+            l.arg(targets)
+                .arg(&rows)
+                .arg(&ignored_label)
+                .arg(&mut *row_stats);
+            let one_block = LaunchConfig {
+                grid_dim: (1, 1, 1),
+                block_dim: (1024, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: reads n labels, writes row_stats[2n].
+            self.launch("loss rows scored", unsafe { l.launch(one_block) });
+        }
+        match f {
+            LossFn::CrossEntropy {
+                label_smoothing, ..
+            } => {
+                let mut l = Launch::new(&self.stream, &self.f.cross_entropy);
+                l.arg(&out.mem)
+                    .arg(&os)
+                    .arg(targets)
+                    .arg(&rows)
+                    .arg(&width)
+                    .arg(&label_smoothing)
+                    .arg(&grad_scale)
+                    .arg(&write_grad)
+                    .arg(dout_ptr)
+                    .arg(&ds)
+                    .arg(&mut *row_stats)
+                    .arg(&counted)
+                    .arg(&ignored_label);
+                let warps_per_block = (THREADS / 32) as usize;
+                let cfg = LaunchConfig {
+                    grid_dim: (n.div_ceil(warps_per_block).max(1) as u32, 1, 1),
+                    block_dim: (THREADS, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: one warp per row reads `dim` logits and a label, writes `dim`
+                // gradients when asked, and two doubles of row_stats.
+                self.launch("cross-entropy", unsafe { l.launch(cfg) });
+            }
+            LossFn::Mse | LossFn::BceWithLogits => {
+                let kind = i32::from(f == LossFn::BceWithLogits);
+                let mut l = Launch::new(&self.stream, &self.f.elementwise_loss);
+                l.arg(&kind)
+                    .arg(&out.mem)
+                    .arg(&os)
+                    .arg(targets)
+                    .arg(&rows)
+                    .arg(&width)
+                    .arg(&grad_scale)
+                    .arg(&write_grad)
+                    .arg(dout_ptr)
+                    .arg(&ds)
+                    .arg(&mut *row_stats);
+                let cfg = LaunchConfig {
+                    grid_dim: (n.div_ceil(THREADS as usize).max(1) as u32, 1, 1),
+                    block_dim: (THREADS, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: one thread per sample reads/writes its `dim` values and two doubles
+                // of row_stats.
+                self.launch("loss", unsafe { l.launch(cfg) });
+            }
+        }
+        let mut l = Launch::new(&self.stream, &self.f.reduce_stats);
+        l.arg(&*row_stats).arg(&rows).arg(&counted).arg(&mut *stats);
+        let one_block = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: reads 2n + 1 doubles of row_stats, adds to the three of stats.
+        self.launch("loss statistics", unsafe { l.launch(one_block) });
+    }
+}
+
 impl Backend for CudaBackend {
     type Buf = CudaBuf;
     type Stats = CudaSlice<f64>;
@@ -1610,114 +1733,28 @@ impl Backend for CudaBackend {
         dout: Option<&mut CudaBuf>,
         stats: &mut CudaSlice<f64>,
     ) {
-        if !self.all_f32("loss", &[targets]) {
-            return;
-        }
-        let write_grad = i32::from(dout.is_some());
-        // Without a gradient the kernel never writes `dout`; it still needs a valid pointer.
-        let (dout_ptr, ds) = match &dout {
-            Some(d) => (&d.mem, d.storage()),
-            None => (&out.mem, out.storage()),
+        let dout = dout.map(|d| (&d.mem, d.storage()));
+        self.run_loss(f, out, targets, n, dim, grad_scale, dout, stats);
+    }
+
+    fn cross_entropy_over_output(
+        &self,
+        label_smoothing: f32,
+        ignore_index: Option<u32>,
+        out: &mut CudaBuf,
+        targets: &CudaBuf,
+        n: usize,
+        dim: usize,
+        grad_scale: f32,
+        stats: &mut CudaSlice<f64>,
+    ) {
+        let f = LossFn::CrossEntropy {
+            label_smoothing,
+            ignore_index,
         };
-        let (targets, os) = (&targets.mem, out.storage());
-        let (rows, width) = (n as u64, dim as u64);
-        // Each row's loss and hit, then the number of rows scored.
-        let mut row_stats = self.row_stats.borrow_mut();
-        if row_stats.len() < 2 * n + 1 {
-            match self.stream.alloc_zeros::<f64>(2 * n + 1) {
-                Ok(grown) => {
-                    self.count(grown.len() * 8);
-                    let old = std::mem::replace(&mut *row_stats, grown);
-                    self.retired.borrow_mut().push(old);
-                }
-                Err(e) => return self.launch("allocating loss statistics", Err(e)),
-            }
-        }
-        // Rows with an ignored class: counted on the device first, so that the gradient is
-        // the mean's over the others with nothing read back.
-        let ignore = match f {
-            LossFn::CrossEntropy {
-                ignore_index: Some(i),
-                ..
-            } => Some(i as f32),
-            _ => None,
-        };
-        let (counted, ignored_label) = (i32::from(ignore.is_some()), ignore.unwrap_or(0.0));
-        if ignore.is_some() {
-            let mut l = Launch::new(&self.stream, &self.f.count_scored);
-            l.arg(targets)
-                .arg(&rows)
-                .arg(&ignored_label)
-                .arg(&mut *row_stats);
-            let one_block = LaunchConfig {
-                grid_dim: (1, 1, 1),
-                block_dim: (1024, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: reads n labels, writes row_stats[2n].
-            self.launch("loss rows scored", unsafe { l.launch(one_block) });
-        }
-        match f {
-            LossFn::CrossEntropy {
-                label_smoothing, ..
-            } => {
-                let mut l = Launch::new(&self.stream, &self.f.cross_entropy);
-                l.arg(&out.mem)
-                    .arg(&os)
-                    .arg(targets)
-                    .arg(&rows)
-                    .arg(&width)
-                    .arg(&label_smoothing)
-                    .arg(&grad_scale)
-                    .arg(&write_grad)
-                    .arg(dout_ptr)
-                    .arg(&ds)
-                    .arg(&mut *row_stats)
-                    .arg(&counted)
-                    .arg(&ignored_label);
-                let warps_per_block = (THREADS / 32) as usize;
-                let cfg = LaunchConfig {
-                    grid_dim: (n.div_ceil(warps_per_block).max(1) as u32, 1, 1),
-                    block_dim: (THREADS, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                // SAFETY: one warp per row reads `dim` logits and a label, writes `dim`
-                // gradients when asked, and two doubles of row_stats.
-                self.launch("cross-entropy", unsafe { l.launch(cfg) });
-            }
-            LossFn::Mse | LossFn::BceWithLogits => {
-                let kind = i32::from(f == LossFn::BceWithLogits);
-                let mut l = Launch::new(&self.stream, &self.f.elementwise_loss);
-                l.arg(&kind)
-                    .arg(&out.mem)
-                    .arg(&os)
-                    .arg(targets)
-                    .arg(&rows)
-                    .arg(&width)
-                    .arg(&grad_scale)
-                    .arg(&write_grad)
-                    .arg(dout_ptr)
-                    .arg(&ds)
-                    .arg(&mut *row_stats);
-                let cfg = LaunchConfig {
-                    grid_dim: (n.div_ceil(THREADS as usize).max(1) as u32, 1, 1),
-                    block_dim: (THREADS, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                // SAFETY: one thread per sample reads/writes its `dim` values and two doubles
-                // of row_stats.
-                self.launch("loss", unsafe { l.launch(cfg) });
-            }
-        }
-        let mut l = Launch::new(&self.stream, &self.f.reduce_stats);
-        l.arg(&*row_stats).arg(&rows).arg(&counted).arg(&mut *stats);
-        let one_block = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (1024, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: reads 2n + 1 doubles of row_stats, adds to the three of stats.
-        self.launch("loss statistics", unsafe { l.launch(one_block) });
+        // The kernel reads a row's logits before it writes their gradient.
+        let dout = Some((&out.mem, out.storage()));
+        self.run_loss(f, out, targets, n, dim, grad_scale, dout, stats);
     }
 
     fn new_stats(&self) -> Result<CudaSlice<f64>> {
