@@ -468,7 +468,9 @@ impl<B: Engine> Network<B> {
         &mut self.targets
     }
 
-    /// The model's output for the last forward pass.
+    /// The model's output for the last forward pass. After a loss with a gradient, where
+    /// the plan writes that gradient over the output (`BufferPlan::loss_over_output`), it
+    /// holds the gradient instead.
     pub fn output(&self) -> &B::Buf {
         &self.acts[self.plan.slot[self.graph.layers.len()]]
     }

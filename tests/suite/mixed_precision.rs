@@ -743,10 +743,11 @@ fn a_linear_layer_reading_token_ids_multiplies_them_rounded() {
         let mut stats = b.new_stats().unwrap();
         net.start_gradients();
         net.forward(&b, n, true, 1);
+        // Read before the loss, which may write its gradient over it.
+        let output = net.output()[..n * 3].to_vec();
         net.loss(&b, n, Some(1.0), &mut stats);
         net.backward(&b, n, 1);
         net.finish_gradients(&b);
-        let output = net.output()[..n * 3].to_vec();
         let dw = net.grads.clone();
         results.push((output, dw));
     }
