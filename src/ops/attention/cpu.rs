@@ -105,11 +105,12 @@ fn forward_sample(
     let (t, c, d) = (shape.len, shape.width(), shape.head_dim);
     let xs = 3 * c;
     let (kept, head_probs) = scratch.split_at_mut(t * t);
-    let (probs, lse) = saved.split_at_mut(if shape.flash { t * c } else { saved.len() });
+    // The probabilities [heads, T, T], or with flash y's copy [T, C] and then the lse.
+    let (front, lse) = saved.split_at_mut(if shape.flash { t * c } else { saved.len() });
     for h in 0..shape.heads {
         let p = match shape.flash {
             true => &mut head_probs[..],
-            false => &mut probs[h * t * t..][..t * t],
+            false => &mut front[h * t * t..][..t * t],
         };
         let (q, k, v) = (part(shape, Q, h), part(shape, K, h), part(shape, V, h));
         matmul_into_rows(p, t, &x[q..], (xs, 1), &x[k..], (1, xs), (t, t, d));
@@ -137,7 +138,7 @@ fn forward_sample(
         );
     }
     if shape.flash {
-        probs.copy_from_slice(&y[..t * c]);
+        front.copy_from_slice(&y[..t * c]);
     }
 }
 
