@@ -725,8 +725,9 @@ impl<B: Engine> Network<B> {
         sync.finished(backend, &mut self.grads);
     }
 
-    /// The last layer's backward step when the loss wrote the output's gradient over the
-    /// output: that buffer stands in for the (empty) gradient buffer during the step.
+    /// Layer `i`'s backward step. Where the loss wrote the output's gradient over the
+    /// output, the last layer's step reads it there: that buffer stands in for the (empty)
+    /// gradient buffer during the step.
     fn backward_layer(&mut self, backend: &B, i: usize, n: usize, step_key: u64, dw: GradWrite) {
         let last = self.graph.layers.len() - 1;
         if i != last || !self.plan.loss_over_output {
