@@ -22,6 +22,18 @@ extern "C" __global__ void gather_rows(const float* src, const u32* rows, u64 n_
     }
 }
 
+// gather_rows for token ids: into ids (ds = -1) or, as class indices, into values stored as
+// ds says (a text's targets).
+extern "C" __global__ void gather_ids(const u32* src, const u32* rows, u64 n_rows, u64 row_len, u64 stride,
+                                      u64 offset, void* dst, int ds) {
+    GRID_STRIDE(i, n_rows * row_len) {
+        u64 r = i / row_len, c = i % row_len;
+        u32 id = src[(u64)rows[r] * stride + offset + c];
+        if (ds < 0) ((u32*)dst)[i] = id;
+        else store(dst, ds, i, (float)id);
+    }
+}
+
 // y[r, :] = b, b = params + bias_at in the parameters' storage (mixed precision's half copy
 // is half-width).
 extern "C" __global__ void broadcast_rows(const void* params, int ps, u64 bias_at, u64 n, u64 width, void* y, int ys) {

@@ -156,7 +156,7 @@ fn training_steps_allocate_nothing_but_gemm_scratch_and_retain_nothing() {
             len: samples,
             ..Dataset::default()
         };
-        let samples = Samples::new(&backend, set, (features, 1), true).unwrap();
+        let samples = Samples::new(&backend, set, (features, 1), net.data_reads(), true).unwrap();
         let input = Batch::<CpuBackend> { samples: &samples };
         let settings = SETTINGS;
         let epoch = || {
@@ -270,7 +270,7 @@ fn multi_process_steps_allocate_nothing_but_gemm_scratch_on_either_rank() {
             len: samples,
             ..Dataset::default()
         };
-        let samples = Samples::new(&backend, set, (features, 1), true).unwrap();
+        let samples = Samples::new(&backend, set, (features, 1), net.data_reads(), true).unwrap();
         let input = Batch::<CpuBackend> { samples: &samples };
         let settings = SETTINGS;
         let mut stats = backend.new_stats().unwrap();
@@ -412,7 +412,7 @@ fn counted_steps<B: Engine>(
         len: samples,
         ..Dataset::default()
     };
-    let samples_in = Samples::new(backend, set, (row_len, 1), true).unwrap();
+    let samples_in = Samples::new(backend, set, (row_len, 1), net.data_reads(), true).unwrap();
     let input = Batch::<B> {
         samples: &samples_in,
     };

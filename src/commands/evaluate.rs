@@ -7,7 +7,8 @@ use super::*;
 use crate::data::{Dataset, Preprocess};
 use crate::graph::Network;
 use crate::spec::LossKind;
-use crate::tensor::{LossStats, RowsAt};
+use crate::tensor::LossStats;
+use crate::train::Samples;
 
 /// `trainer eval`'s arguments.
 #[derive(clap::Args)]
@@ -121,8 +122,8 @@ impl Trained {
 
     /// Runs the model over `set` in batches of `batch` (evaluation mode: no dropout, batch
     /// norm's running statistics): the loss statistics, as training's evaluation sums them,
-    /// and every sample's outputs.
-    fn outputs(self, set: &Dataset, batch: usize) -> Result<(LossStats, Vec<f32>)> {
+    /// and, if `keep`, every sample's outputs (else none).
+    fn outputs(self, set: &Dataset, batch: usize, keep: bool) -> Result<(LossStats, Vec<f32>)> {
         let backend = CpuBackend::new(cpu_threads(&self.spec));
         let half = train::half_kind(self.spec.precision.mode);
         let (row_len, target_dim) = (self.preprocess.row_len(), self.graph.objective.target_dim);
@@ -138,26 +139,21 @@ impl Trained {
         )?;
         net.set_running_stats(&backend, &self.running_stats)?;
         let mut stats = backend.new_stats()?;
-        let mut outputs = vec![0.0; set.len * width];
+        let mut outputs = vec![0.0; if keep { set.len * width } else { 0 }];
+        let shape = (row_len, target_dim);
+        let samples = Samples::new(&backend, set.clone(), shape, net.data_reads(), true)?;
         let mut rows: Vec<u32> = Vec::with_capacity(batch);
         for first in (0..set.len).step_by(batch) {
             let n = batch.min(set.len - first);
             rows.clear();
             rows.extend(first as u32..(first + n) as u32);
-            backend.upload_rows(
-                &set.features,
-                &rows,
-                RowsAt::packed(row_len),
-                net.input_mut(),
-            );
-            let targets = RowsAt::packed(target_dim);
-            backend.upload_rows(&set.targets, &rows, targets, net.targets_mut());
+            samples.load(&backend, &rows, &mut net);
             net.forward(&backend, n, false, 0);
             // Before the loss, which may write its gradient over the outputs.
-            backend.download(
-                net.output(),
-                &mut outputs[first * width..(first + n) * width],
-            );
+            if keep {
+                let out = &mut outputs[first * width..(first + n) * width];
+                backend.download(net.output(), out);
+            }
             net.loss(&backend, n, None, &mut stats);
         }
         Ok((backend.take_stats(&mut stats), outputs))
@@ -199,7 +195,10 @@ pub fn evaluate(args: &EvalArgs) -> Result<Evaluation> {
     let preprocess = trained.preprocess.clone();
     let width: usize = trained.graph.output_shape().iter().product();
     let weights = trained.weights.clone();
-    let (stats, outputs) = trained.outputs(&set, batch)?;
+    // A language model's outputs are a vocabulary's logits at every position: too many to
+    // keep, and its vocabulary too large for a confusion matrix.
+    let text = set.windows.is_some();
+    let (stats, outputs) = trained.outputs(&set, batch, !text)?;
     let mut evaluation = Evaluation {
         split: name,
         samples: set.len,
@@ -215,6 +214,10 @@ pub fn evaluate(args: &EvalArgs) -> Result<Evaluation> {
             .push(("accuracy".into(), stats.correct / stats.samples));
     }
     match (loss, classes) {
+        (LossKind::CrossEntropy, Some(_)) if text => {
+            let loss = stats.loss_sum / stats.samples;
+            evaluation.metrics.push(("perplexity".into(), loss.exp()));
+        }
         (LossKind::CrossEntropy, Some(classes)) => {
             let mut confusion = vec![vec![0u64; classes]; classes];
             for (row, &target) in outputs.chunks_exact(width).zip(&set.targets) {
@@ -408,7 +411,7 @@ pub fn report(e: &Evaluation) -> String {
         e.weights.display()
     );
     for (metric, value) in &e.metrics {
-        text += &format!("  {metric:<9} {value:.6}\n");
+        text += &format!("  {metric:<10} {value:.6}\n");
     }
     if !e.class_accuracy.is_empty() {
         text += "  accuracy by class:";
@@ -468,7 +471,7 @@ pub fn predict(args: &PredictArgs) -> Result<usize> {
     let width: usize = trained.graph.output_shape().iter().product();
     let batch = trained.spec.batch_size();
     let preprocess = trained.preprocess.clone();
-    let (_, outputs) = trained.outputs(&set, batch)?;
+    let (_, outputs) = trained.outputs(&set, batch, true)?;
     let io = |e: csv::Error| Error::Runtime(format!("cannot write {}: {e}", args.output.display()));
     let mut out = csv::Writer::from_path(&args.output).map_err(io)?;
     let mut header = inputs.kept_header.clone();

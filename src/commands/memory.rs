@@ -17,13 +17,6 @@ pub(super) fn memory_plan(
     let batch = BatchLayout::of(spec).buffer_rows(data.largest_split());
     let threads = replica_threads(spec);
     let mixed = spec.precision.mode != PrecisionMode::Fp32;
-    // Mixed precision with token ids: the data's rounded copy (`Graph::rounded_data_len`),
-    // half-width on a GPU.
-    let rounded_data = if mixed {
-        batch * graph.rounded_data_len() * if on_gpu { 2 } else { 4 }
-    } else {
-        0
-    };
     let (data_bytes, workspace) = if on_gpu {
         let conv = graph.workspace(&Scratch {
             conv: &|s| ops::conv2d::cuda_workspace_len(s, batch),
@@ -31,13 +24,16 @@ pub(super) fn memory_plan(
         });
         // With the row indices of a resident data set; taken out below if it is streamed.
         let own = cuda::own_bytes(batch, true);
-        (data.bytes(), own + 4 * conv + rounded_data)
+        (
+            data.held_bytes(graph.buffer_plan().data_reads()),
+            own + 4 * conv,
+        )
     } else {
         let conv = graph.workspace(&Scratch {
             conv: &|s| ops::conv2d::cpu::conv_workspace_len(s, threads, batch),
             attention: &|s| ops::attention::cpu::workspace_len(s, batch),
         });
-        (0, 4 * conv + rounded_data)
+        (0, 4 * conv)
     };
     let mut plan = MemoryPlan::new(
         graph,

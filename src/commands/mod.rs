@@ -399,21 +399,24 @@ fn check_token_ids(job: &Path, graph: &Graph, data: &Data) -> Result<()> {
     let sets =
         std::iter::once(("train", &data.train)).chain(data.eval.iter().map(|(n, d)| (*n, d)));
     for (split, set) in sets {
-        if let Some((i, v)) = set
-            .features
-            .iter()
-            .enumerate()
-            .find(|(_, v)| !(v.fract() == 0.0 && (0.0..vocab as f32).contains(*v)))
-        {
+        let outside = match set.windows {
             // A text's ids are one stream of tokens, the windows' and targets' alike.
-            let place = match set.windows {
-                Some(_) => format!("{}: token {i}", set.origin.features),
-                None => format!(
-                    "{}, feature {}",
-                    set.origin.place(&set.origin.features, i / row),
-                    i % row
-                ),
-            };
+            Some(_) => (set.tokens.iter().enumerate())
+                .find(|(_, &id)| id as usize >= vocab)
+                .map(|(i, id)| {
+                    (
+                        id.to_string(),
+                        format!("{}: token {i}", set.origin.features),
+                    )
+                }),
+            None => (set.features.iter().enumerate())
+                .find(|(_, v)| !(v.fract() == 0.0 && (0.0..vocab as f32).contains(*v)))
+                .map(|(i, v)| {
+                    let sample = set.origin.place(&set.origin.features, i / row);
+                    (v.to_string(), format!("{sample}, feature {}", i % row))
+                }),
+        };
+        if let Some((v, place)) = outside {
             return Err(Error::Job(format!(
                 "{}: model.layers[{layer}] (embedding): the {split} data holds {v} ({place}), \
                  but token ids must be whole numbers in [0, {vocab}) (num_embeddings{}){}",

@@ -192,7 +192,7 @@ struct Decoder<B: Engine> {
     net: Network<B>,
     /// Tokens read so far: the positions the cache holds.
     read: usize,
-    input: Vec<f32>,
+    input: Vec<u32>,
     logits: Vec<f32>,
 }
 
@@ -218,7 +218,7 @@ impl<B: Engine> Decoder<B> {
         Ok(Self {
             net,
             read: 0,
-            input: vec![0.0],
+            input: vec![0],
             logits: vec![0.0; vocab],
         })
     }
@@ -227,8 +227,8 @@ impl<B: Engine> Decoder<B> {
     fn logits(&mut self, backend: &B, ids: &[u32], vocab: usize) -> &[f32] {
         for &id in &ids[self.read..] {
             self.net.set_position(self.read);
-            self.input[0] = id as f32;
-            backend.upload(&self.input, self.net.input_mut());
+            self.input[0] = id;
+            self.net.set_ids(backend, &self.input);
             self.net.forward(backend, 1, false, 0);
             self.read += 1;
         }
@@ -247,7 +247,7 @@ fn window(len: usize, block: usize) -> usize {
 struct Window<B: Engine> {
     len: usize,
     net: Network<B>,
-    input: Vec<f32>,
+    input: Vec<u32>,
     logits: Vec<f32>,
 }
 
@@ -280,7 +280,7 @@ impl<B: Engine> Window<B> {
         Ok(Self {
             len,
             net,
-            input: vec![0.0; len],
+            input: vec![0; len],
             logits: vec![0.0; len * vocab],
         })
     }
@@ -288,11 +288,9 @@ impl<B: Engine> Window<B> {
     /// The logits at every position for `context` (at most `len` tokens), padded after it:
     /// causal attention keeps the padding from the positions read.
     fn logits(&mut self, backend: &B, context: &[u32], vocab: usize) -> &[f32] {
-        self.input.fill(0.0);
-        for (x, &id) in self.input.iter_mut().zip(context) {
-            *x = id as f32;
-        }
-        backend.upload(&self.input, self.net.input_mut());
+        self.input.fill(0);
+        self.input[..context.len()].copy_from_slice(context);
+        self.net.set_ids(backend, &self.input);
         self.net.forward(backend, 1, false, 0);
         backend.download(self.net.output(), &mut self.logits);
         &self.logits[..context.len() * vocab]

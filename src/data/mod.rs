@@ -18,23 +18,47 @@ use sources::MAX_CLASS_INDEX;
 use std::path::Path;
 
 /// Samples as flat rows: `features` is [len, numel(shape)], `targets` is [len, target_dim]
-/// (a class index stored as f32 for classification).
+/// (a class index stored as f32 for classification). A text's samples are windows of its
+/// `tokens` instead.
 #[derive(Debug, Clone, Default)]
 pub struct Dataset {
     pub features: Vec<f32>,
     pub targets: Vec<f32>,
+    /// A text's token ids (empty for other data).
+    pub tokens: Vec<u32>,
     pub len: usize,
     pub origin: Origin,
-    /// A text's samples: windows of tokens into `features` (the token ids), this many
-    /// tokens apart, whose targets are the tokens one on (`targets` is empty). None: a row
-    /// of features and of targets each.
+    /// A text's samples: windows of `tokens`, this many tokens apart, whose targets are the
+    /// tokens one on (`features` and `targets` are empty). None: a row of features and of
+    /// targets each.
     pub windows: Option<usize>,
 }
 
+/// What of the data a model reads: its values, its token ids (which embeddings read), or
+/// both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DataReads {
+    pub values: bool,
+    pub ids: bool,
+}
+
 impl Dataset {
-    /// The f32 bytes of its features and targets.
+    /// The bytes of its features, targets and tokens (4 each).
     pub fn bytes(&self) -> usize {
-        (self.features.len() + self.targets.len()) * 4
+        (self.features.len() + self.targets.len() + self.tokens.len()) * 4
+    }
+
+    /// The bytes of what a model that `reads` so keeps of it while training
+    /// (`train::Samples`): the values and the ids it reads, and the targets. A text's tokens
+    /// are its ids and its targets.
+    pub fn held_bytes(&self, reads: DataReads) -> usize {
+        let inputs = match self.windows {
+            Some(_) => self.tokens.len(),
+            None => self.features.len(),
+        };
+        let ids = self.windows.is_none() && reads.ids;
+        let copies = usize::from(reads.values) + usize::from(ids);
+        (inputs * copies + self.targets.len() + self.tokens.len()) * 4
     }
 
     fn select(&self, rows: &[usize], row_len: usize, target_dim: usize) -> Dataset {
@@ -164,9 +188,14 @@ impl Data {
                 .all(|v| v.is_finite())
     }
 
-    /// The f32 bytes of every split, features and targets.
+    /// The bytes of every split, features, targets and tokens.
     pub fn bytes(&self) -> usize {
         self.splits().map(Dataset::bytes).sum()
+    }
+
+    /// `Dataset::held_bytes` of every split.
+    pub fn held_bytes(&self, reads: DataReads) -> usize {
+        self.splits().map(|d| d.held_bytes(reads)).sum()
     }
 }
 
@@ -413,7 +442,7 @@ mod tests {
             targets: vec![0.0; 6],
             len: 6,
             origin,
-            windows: None,
+            ..Dataset::default()
         };
         let idx = set(Origin {
             features: "images".into(),

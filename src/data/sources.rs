@@ -565,7 +565,7 @@ pub(crate) fn idx(spec: &DataSpec) -> Result<Raw> {
                 ..Origin::default()
             },
             len: shape[0],
-            windows: None,
+            ..Dataset::default()
         };
         Ok((data, shape))
     };

@@ -22,7 +22,7 @@ pub fn load(spec: &DataSpec) -> Result<Data> {
     let (vocabulary, ids) = match tokenizer {
         Tokenizer::Bytes => (
             Vocabulary::of(tokenizer, ""),
-            bytes.iter().map(|&b| f32::from(b)).collect::<Vec<f32>>(),
+            bytes.iter().map(|&b| u32::from(b)).collect::<Vec<u32>>(),
         ),
         Tokenizer::Char | Tokenizer::Gpt2 => {
             let text = std::str::from_utf8(&bytes).map_err(|e| {
@@ -36,7 +36,7 @@ pub fn load(spec: &DataSpec) -> Result<Data> {
             let ids = vocabulary
                 .encode(text)
                 .expect("every character is in its own vocabulary");
-            (vocabulary, ids.into_iter().map(|i| i as f32).collect())
+            (vocabulary, ids)
         }
     };
     if ids.is_empty() {
@@ -66,14 +66,14 @@ pub(super) fn classes(spec: &DataSpec, vocabulary: &Vocabulary) -> Result<usize>
 /// for none), each with the words that name it in an error.
 pub(super) struct Splits {
     pub origin: Origin,
-    pub train: (String, Vec<f32>),
-    pub val: (String, Vec<f32>),
+    pub train: (String, Vec<u32>),
+    pub val: (String, Vec<u32>),
 }
 
 impl Splits {
     /// The last `fraction` of `ids` validates, the rest trains; `what` is "text" or
     /// "tokens", for errors.
-    pub fn at_end(name: &str, what: &str, mut ids: Vec<f32>, fraction: f64) -> Self {
+    pub fn at_end(name: &str, what: &str, mut ids: Vec<u32>, fraction: f64) -> Self {
         let val_len = (ids.len() as f64 * fraction).round() as usize;
         let val = ids.split_off(ids.len() - val_len);
         Splits {
@@ -116,18 +116,18 @@ pub(super) fn windows(
     }
     let val_len = val.len();
     let val = Dataset {
-        features: val,
-        targets: Vec::new(),
+        tokens: val,
         len: val_len.saturating_sub(1) / block,
         origin: origin.clone(),
         windows: Some(block),
+        ..Dataset::default()
     };
     let train = Dataset {
         len: train.len() - block,
-        features: train,
-        targets: Vec::new(),
+        tokens: train,
         origin,
         windows: Some(1),
+        ..Dataset::default()
     };
     let preprocess = Preprocess {
         format: super::preprocess::FORMAT.into(),

@@ -3,7 +3,7 @@
 //! whose file name holds `*` or `?` names every matching file, in name order, read as one
 //! stream. Samples are windows as for text (`text::windows`).
 //!
-//! Every id is held as an f32 (4 bytes a token; exact below 2^24).
+//! Every id is held as a u32 (4 bytes a token).
 
 use super::text::{classes, windows, Splits};
 use super::vocabulary::Vocabulary;
@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 /// llm.c's header: 256 little-endian int32.
 const HEADER_BYTES: usize = 256 * 4;
 const LLMC_MAGIC: i32 = 20240520;
-/// Ids are exact in an f32 below this.
+/// The loss reads a target token as an f32 class index, exact below this.
 const LARGEST_VOCABULARY: usize = 1 << 24;
 
 pub fn load(spec: &DataSpec) -> Result<Data> {
@@ -58,7 +58,7 @@ pub fn load(spec: &DataSpec) -> Result<Data> {
         None => Splits::at_end(&name, "tokens", train, spec.val_fraction),
     };
     let ids = splits.train.1.iter().chain(&splits.val.1);
-    let largest = ids.fold(0.0f32, |m, &id| m.max(id)) as usize;
+    let largest = ids.fold(0, |m, &id| m.max(id)) as usize;
     let classes = limit.map_or(largest + 1, |l| l.classes).max(2);
     windows(splits, block, classes, DataSource::Tokens, vocabulary)
 }
@@ -116,7 +116,7 @@ struct Limit {
 }
 
 /// The ids of `files`, one after another, each checked against `limit` where given.
-fn read_all(files: &[PathBuf], format: TokenFormat, limit: Option<&Limit>) -> Result<Vec<f32>> {
+fn read_all(files: &[PathBuf], format: TokenFormat, limit: Option<&Limit>) -> Result<Vec<u32>> {
     let mut ids = Vec::new();
     for path in files {
         let first = ids.len();
@@ -138,7 +138,7 @@ fn read_all(files: &[PathBuf], format: TokenFormat, limit: Option<&Limit>) -> Re
 }
 
 /// Appends one file's ids to `ids`.
-fn read_ids(path: &Path, format: TokenFormat, ids: &mut Vec<f32>) -> Result<()> {
+fn read_ids(path: &Path, format: TokenFormat, ids: &mut Vec<u32>) -> Result<()> {
     let name = path.display().to_string();
     let bytes = sources::read_bytes(path)?;
     let (body, width) = match format {
@@ -154,11 +154,11 @@ fn read_ids(path: &Path, format: TokenFormat, ids: &mut Vec<f32>) -> Result<()> 
     ids.reserve(body.len() / width);
     match width {
         2 => {
-            ids.extend((body.chunks_exact(2)).map(|b| f32::from(u16::from_le_bytes([b[0], b[1]]))))
+            ids.extend((body.chunks_exact(2)).map(|b| u32::from(u16::from_le_bytes([b[0], b[1]]))))
         }
-        _ => ids.extend(
-            (body.chunks_exact(4)).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f32),
-        ),
+        _ => {
+            ids.extend((body.chunks_exact(4)).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+        }
     }
     Ok(())
 }

@@ -42,6 +42,7 @@
 //! writes.
 
 use super::{numel, Layer};
+use crate::data::DataReads;
 use crate::tensor::Activation;
 use std::ops::Range;
 
@@ -49,8 +50,11 @@ use std::ops::Range;
 pub struct BufferPlan {
     /// node → buffer: node 0 is the input, node i+1 the output of layer i.
     pub slot: Vec<usize>,
-    /// Values per sample in each buffer; buffer 0 is the input batch.
+    /// Values per sample in each buffer; buffer 0 is the input batch: the data's values, or
+    /// nothing where only embeddings read the data (they read `token_ids`).
     pub sizes: Vec<usize>,
+    /// The data's token ids per sample, where an embedding reads them (0 otherwise).
+    pub token_ids: usize,
     /// Layer ranges the backward pass takes one at a time, from the last; a single range
     /// over all layers without activation checkpointing.
     pub segments: Vec<Range<usize>>,
@@ -71,9 +75,9 @@ pub struct BufferPlan {
     pub through_relu: Vec<bool>,
     /// Values per sample in each gradient buffer.
     pub grad_sizes: Vec<usize>,
-    /// Mixed precision (`BufferPlan::mixed`): the buffers a device may store in the half
-    /// format.
-    pub half_width: Option<HalfWidth>,
+    /// Mixed precision (`BufferPlan::mixed`): a device may store every activation buffer and
+    /// gradient buffer in the half format.
+    pub half_width: bool,
     /// The loss writes the output's gradient over the output (see the module's comment);
     /// the output's gradient buffer is empty.
     pub loss_over_output: bool,
@@ -84,19 +88,16 @@ pub struct BufferPlan {
 
 impl BufferPlan {
     /// `new` for mixed precision, where every activation and activation gradient holds a
-    /// half value (see graph::Network), and the data too when `data_rounded` (not token
-    /// ids): a device may store them in the half format itself (`half_width`).
+    /// half value, the data's values included (see graph::Network): a device may store them
+    /// in the half format itself (`half_width`). Token ids are u32 in any precision.
     pub fn mixed(
         input_shape: &[usize],
         layers: &[Layer],
         segments: Option<usize>,
-        data_rounded: bool,
         classifier: bool,
     ) -> Self {
         let mut plan = Self::new(input_shape, layers, segments, classifier);
-        plan.half_width = Some(HalfWidth {
-            input: data_rounded,
-        });
+        plan.half_width = true;
         plan
     }
 
@@ -132,6 +133,19 @@ impl BufferPlan {
             for &n in &layer.inputs {
                 readers[value_of_node[n]] += 1;
             }
+        }
+        // 1c. The data: token ids where an embedding reads it; values where another layer
+        //     reads it, or it is the output.
+        let reads_ids = |l: &Layer| l.op.properties().token_vocab.is_some();
+        let reads_data =
+            |l: &&Layer| !l.is_view() && l.inputs.iter().any(|&n| value_of_node[n] == 0);
+        let token_ids = match layers.iter().filter(reads_data).any(reads_ids) {
+            true => value_size[0],
+            false => 0,
+        };
+        let reads_values = layers.iter().filter(reads_data).any(|l| !reads_ids(l));
+        if !reads_values && value_of_node[count] != 0 {
+            value_size[0] = 0;
         }
         let mut stored: Vec<usize> = (0..value_size.len()).collect();
         let in_place: Vec<bool> = layers
@@ -287,7 +301,8 @@ impl BufferPlan {
             in_place,
             accumulate,
             is_data,
-            half_width: None,
+            token_ids,
+            half_width: false,
             loss_over_output,
             added_scratch,
         }
@@ -322,34 +337,24 @@ impl BufferPlan {
         self.recompute.iter().filter(|&&r| r).count()
     }
 
-    /// Bytes per sample of (the input batch, the activations, their gradients with the
-    /// scratch), with `half` buffers at 2 bytes a value and the others at 4.
-    pub fn bytes_per_sample(&self, half: Option<&HalfWidth>) -> (usize, usize, usize) {
-        let width = |is_half: bool| if is_half { 2 } else { 4 };
-        let half_input = half.is_some_and(|h| h.input);
-        let input = self.sizes[0] * width(half_input);
-        let values = self.activation_values() * width(half.is_some());
-        (
-            input,
-            values,
-            self.gradient_values() * width(half.is_some()),
-        )
+    /// What of the data the layers read.
+    pub fn data_reads(&self) -> DataReads {
+        DataReads {
+            values: self.sizes[0] > 0,
+            ids: self.token_ids > 0,
+        }
     }
-}
 
-/// Mixed precision: every buffer of activations and of their gradients (the scratch of
-/// added gradients included) holds half values, so a device may store it in the half format
-/// at 2 bytes a value, as CUDA does; the input batch only when the data is rounded (`input`;
-/// token ids are not).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HalfWidth {
-    pub input: bool,
-}
-
-impl HalfWidth {
-    /// Whether activation buffer `slot` (0: the input batch) is stored in the half format.
-    pub fn slot(&self, slot: usize) -> bool {
-        slot != 0 || self.input
+    /// Bytes per sample of (the input batch: its values and token ids, the activations,
+    /// their gradients with the scratch), with values at 2 bytes where `half` (a device
+    /// storing the half format) and at 4 otherwise; token ids at 4.
+    pub fn bytes_per_sample(&self, half: bool) -> (usize, usize, usize) {
+        let width = if half { 2 } else { 4 };
+        (
+            self.sizes[0] * width + self.token_ids * 4,
+            self.activation_values() * width,
+            self.gradient_values() * width,
+        )
     }
 }
 
@@ -724,20 +729,15 @@ mod tests {
             (cnn, "cnn"),
         ] {
             let plan = g.buffer_plan_for(true);
-            let width = plan.half_width.unwrap();
-            assert!(g.rounds_input() && width.input, "{activations}");
-            assert!(
-                (0..plan.sizes.len()).all(|s| width.slot(s)),
-                "{activations}"
-            );
-            let (input, acts, grads) = plan.bytes_per_sample(Some(&width));
-            let (input32, acts32, grads32) = plan.bytes_per_sample(None);
+            assert!(plan.half_width, "{activations}");
+            let (input, acts, grads) = plan.bytes_per_sample(true);
+            let (input32, acts32, grads32) = plan.bytes_per_sample(false);
             assert_eq!((2 * input, 2 * acts, 2 * grads), (input32, acts32, grads32));
             assert_eq!(acts32, 4 * plan.activation_values());
             assert_eq!(grads32, 4 * plan.gradient_values());
             // The same buffers as in fp32.
             let fp32 = BufferPlan {
-                half_width: None,
+                half_width: false,
                 ..plan.clone()
             };
             assert_eq!(fp32, g.buffer_plan());
@@ -745,21 +745,40 @@ mod tests {
     }
 
     #[test]
-    fn token_ids_stay_f32_in_mixed_precision() {
-        let g = graph(
+    fn token_ids_are_u32_beside_the_data_values() {
+        let embedding = "{ type = \"embedding\", num_embeddings = 50, embedding_dim = 8 }";
+        let ids_only = graph(
             &job(
-                "{ type = \"embedding\", num_embeddings = 50, embedding_dim = 8 }, { type = \"flatten\" }, \
-                 { type = \"linear\", out = 10 }",
+                &format!(
+                    "{embedding}, {{ type = \"flatten\" }}, {{ type = \"linear\", out = 10 }}"
+                ),
                 "\"none\"",
             ),
             vec![4],
         );
-        let plan = g.buffer_plan_for(true);
-        let width = plan.half_width.unwrap();
-        assert!(!g.rounds_input());
-        assert!(!width.slot(0));
-        assert!(width.slot(plan.slot[1]) && width.slot(plan.slot[3]));
-        let (input, acts, _) = plan.bytes_per_sample(Some(&width));
-        assert_eq!((input, acts), (4 * 4, 2 * plan.activation_values()));
+        for mixed in [false, true] {
+            let plan = ids_only.buffer_plan_for(mixed);
+            assert_eq!((plan.sizes[0], plan.token_ids), (0, 4));
+            let (input, acts, _) = plan.bytes_per_sample(mixed);
+            let width = if mixed { 2 } else { 4 };
+            assert_eq!((input, acts), (4 * 4, width * plan.activation_values()));
+        }
+        // A linear layer reads the data's values beside the embedding's ids.
+        let both = graph(
+            &job(
+                &format!(
+                    "{embedding}, {{ type = \"flatten\", name = \"e\" }}, \
+                     {{ type = \"linear\", out = 32, inputs = [\"input\"], name = \"v\" }}, \
+                     {{ type = \"concat\", inputs = [\"e\", \"v\"] }}, \
+                     {{ type = \"linear\", out = 10 }}"
+                ),
+                "\"none\"",
+            ),
+            vec![4],
+        );
+        let plan = both.buffer_plan_for(true);
+        assert_eq!((plan.sizes[0], plan.token_ids), (4, 4));
+        assert_eq!(plan.bytes_per_sample(true).0, 4 * 2 + 4 * 4);
+        assert_eq!(both.buffer_plan().sizes[0], 4);
     }
 }

@@ -10,7 +10,7 @@ pub mod wiring;
 
 pub use crate::ops::{numel, Op, PARAM_ALIGN};
 pub use buckets::GradBuckets;
-pub use buffers::{BufferPlan, HalfWidth};
+pub use buffers::BufferPlan;
 pub use network::{GradientSync, Network};
 
 use crate::error::{layer_error, Error, Result};
@@ -226,12 +226,6 @@ impl Graph {
         })
     }
 
-    /// Whether mixed precision rounds the data to the half format: not token ids (whole
-    /// numbers, which fp16 would move above 2048).
-    pub fn rounds_input(&self) -> bool {
-        self.embeddings().is_empty()
-    }
-
     /// Where the activations live, with this graph's activation checkpointing.
     pub fn buffer_plan(&self) -> BufferPlan {
         self.buffer_plan_for(false)
@@ -247,7 +241,7 @@ impl Graph {
         let (shape, layers) = (&self.input_shape, &self.layers);
         let classifier = matches!(self.objective.loss, LossFn::CrossEntropy { .. });
         match mixed {
-            true => BufferPlan::mixed(shape, layers, segments, self.rounds_input(), classifier),
+            true => BufferPlan::mixed(shape, layers, segments, classifier),
             false => BufferPlan::new(shape, layers, segments, classifier),
         }
     }
@@ -260,29 +254,13 @@ impl Graph {
         storage: ActivationStorage,
     ) -> (usize, usize, usize) {
         let plan = self.plan_with(segments, storage != ActivationStorage::F32);
-        let half_width = plan.half_width.as_ref();
-        plan.bytes_per_sample(half_width.filter(|_| storage == ActivationStorage::HalfWidth))
+        plan.bytes_per_sample(storage == ActivationStorage::HalfWidth)
     }
 
     /// The largest scratch of any layer, by a backend's `rules` (values, not bytes).
     pub fn workspace(&self, rules: &Scratch) -> usize {
         let scratch = |l: &Layer| l.op.workspace(rules);
         self.layers.iter().filter_map(scratch).max().unwrap_or(0)
-    }
-
-    /// Mixed precision where the data holds token ids, which stay f32 (`rounds_input`):
-    /// the values per sample of the data's rounded copy, which the linear and conv layers
-    /// reading the data compute with, as autocast casts their input. 0 where no such layer
-    /// reads it, or the data is rounded itself.
-    pub fn rounded_data_len(&self) -> usize {
-        let plan = self.buffer_plan_for(true);
-        let reads_data =
-            |l: &Layer| l.op.properties().multiplies_input && plan.slot[l.inputs[0]] == 0;
-        if self.rounds_input() || !self.layers.iter().any(reads_data) {
-            0
-        } else {
-            numel(&self.input_shape)
-        }
     }
 
     /// Layer `index`'s prefix in model.safetensors: its name or index, as `names` spells it.

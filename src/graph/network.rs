@@ -16,6 +16,7 @@
 
 use super::profiler::{Part, Profiler};
 use super::{numel, BufferPlan, GradBuckets, Graph, Layer};
+use crate::data::DataReads;
 use crate::error::Result;
 use crate::ops::{round, Backward, Dx, Forward, Fusion, Mask, Pass};
 use crate::ops::{Engine, Scratch};
@@ -30,8 +31,10 @@ pub struct Network<B: Engine> {
     pub graph: Graph,
     pub params: B::Buf,
     pub grads: B::Buf,
-    /// Activation buffers by slot; slot 0 is the input batch.
+    /// Activation buffers by slot; slot 0 is the input batch's values.
     acts: Vec<B::Buf>,
+    /// The input batch's token ids, which embeddings read (empty where none does).
+    ids: B::Ids,
     /// Gradients of the activations, by `plan.grad_slot` (buffers shared by values whose
     /// gradients are needed at different times in the backward pass).
     dacts: Vec<B::Buf>,
@@ -56,12 +59,6 @@ pub struct Network<B: Engine> {
     half: Option<HalfKind>,
     /// The parameters rounded to `half`, which linear and conv layers compute with.
     half_params: Option<B::Buf>,
-    /// Mixed precision rounds the data too, unless it holds token ids (whole numbers: an
-    /// fp16 id above 2048 would move).
-    round_input: bool,
-    /// Token ids that a linear or conv layer reads too: their rounded copy, which those
-    /// layers compute with (`Graph::rounded_data_len`), made by each forward pass.
-    rounded_data: Option<B::Buf>,
     /// Per layer: the rounding an in-place activation does for its neighbours (`Fusion`).
     fused: Vec<Fusion>,
     /// Records the training micro-step (forward, loss, backward) once and replays it (CUDA
@@ -176,19 +173,18 @@ impl<B: Engine> Network<B> {
         half: Option<HalfKind>,
     ) -> Result<Self> {
         let plan = graph.buffer_plan_for(half.is_some());
-        let round_input = graph.rounds_input();
-        // A buffer of `len` values, in the half format where the plan allows it.
-        let width = plan.half_width;
-        let alloc = |len: usize, is_half: bool| match half {
-            Some(kind) if is_half => backend.alloc_half(kind, len),
-            _ => backend.alloc(len),
+        // A buffer of `len` values: in mixed precision, in the half format.
+        let alloc = |len: usize| match half {
+            Some(kind) => backend.alloc_half(kind, len),
+            None => backend.alloc(len),
         };
-        let acts = (plan.sizes.iter().enumerate())
-            .map(|(s, &n)| alloc(max_batch * n, width.is_some_and(|w| w.slot(s))))
+        let acts = (plan.sizes.iter())
+            .map(|&n| alloc(max_batch * n))
             .collect::<Result<Vec<_>>>()?;
         let dacts = (plan.grad_sizes.iter())
-            .map(|&n| alloc(max_batch * n, width.is_some()))
+            .map(|&n| alloc(max_batch * n))
             .collect::<Result<Vec<_>>>()?;
+        let ids = backend.upload_ids(vec![0; max_batch * plan.token_ids])?;
         let workspace_len = graph.workspace(&Scratch {
             conv: &|geom| backend.conv_workspace_len(geom, max_batch),
             attention: &|shape| backend.attention_workspace_len(shape, max_batch),
@@ -213,10 +209,6 @@ impl<B: Engine> Network<B> {
             Some(kind) => Some(backend.alloc_half(kind, graph.param_len)?),
             None => None,
         };
-        let rounded_data = match graph.rounded_data_len() {
-            len if len > 0 && half.is_some() => Some(alloc(max_batch * len, true)?),
-            _ => None,
-        };
         let (written_grads, other_grads) = split_gradients(&graph);
         let mut network = Network {
             written_grads,
@@ -226,11 +218,12 @@ impl<B: Engine> Network<B> {
             grads: backend.alloc(graph.param_len)?,
             params: param_buf,
             acts,
+            ids,
             dacts,
             plan,
             targets: backend.alloc(max_batch * graph.objective.target_dim)?,
             workspace: backend.alloc(workspace_len)?,
-            dscratch: alloc(scratch_len, width.is_some())?,
+            dscratch: alloc(scratch_len)?,
             aux,
             max_batch,
             dropout_seed: derive(seed, 77),
@@ -239,8 +232,6 @@ impl<B: Engine> Network<B> {
             graph,
             half,
             half_params,
-            round_input,
-            rounded_data,
             graphs: Recorder::off(),
             buckets: None,
             profiler: None,
@@ -458,9 +449,49 @@ impl<B: Engine> Network<B> {
         self.max_batch
     }
 
-    /// The input batch buffer, [max_batch, input numel].
+    /// The input batch's values, [max_batch, input numel]; empty where only embeddings read
+    /// the data (`data_reads`).
     pub fn input_mut(&mut self) -> &mut B::Buf {
         &mut self.acts[0]
+    }
+
+    /// The input batch's token ids, [max_batch, input numel]; empty where no embedding reads
+    /// the data (`data_reads`).
+    pub fn ids_mut(&mut self) -> &mut B::Ids {
+        &mut self.ids
+    }
+
+    /// Puts samples of data `values` in the input batch: the values where layers read them,
+    /// and as token ids where embeddings do (whole numbers in [0, vocab), which loading
+    /// checks). For a few samples: training gathers its batches with `train::Samples`.
+    pub fn set_input(&mut self, backend: &B, values: &[f32]) {
+        let reads = self.data_reads();
+        if reads.values {
+            backend.upload(values, &mut self.acts[0]);
+        }
+        if reads.ids {
+            let ids: Vec<u32> = values.iter().map(|&v| v as u32).collect();
+            backend.write_ids(&ids, &mut self.ids);
+        }
+    }
+
+    /// Puts samples of token `ids` in the input batch: as ids where embeddings read them, and
+    /// as values where other layers do.
+    pub fn set_ids(&mut self, backend: &B, ids: &[u32]) {
+        let reads = self.data_reads();
+        if reads.ids {
+            backend.write_ids(ids, &mut self.ids);
+        }
+        if reads.values {
+            let values: Vec<f32> = ids.iter().map(|&id| id as f32).collect();
+            backend.upload(&values, &mut self.acts[0]);
+        }
+    }
+
+    /// What of the data the layers read: its values (`input_mut`), its token ids
+    /// (`ids_mut`), or both.
+    pub fn data_reads(&self) -> DataReads {
+        self.plan.data_reads()
     }
 
     /// The targets buffer, [max_batch, target_dim].
@@ -501,15 +532,12 @@ impl<B: Engine> Network<B> {
     /// Runs the layers on the first `n` samples of the input. `step_key` identifies the
     /// micro-step, so dropout draws a fresh mask each step and the same one in backward.
     pub fn forward(&mut self, backend: &B, n: usize, train: bool, step_key: u64) {
-        if self.round_input {
-            let input_len = n * numel(&self.graph.input_shape);
-            Self::round(backend, self.half, &mut self.acts[0], input_len);
-        }
-        if let Some(rounded) = &mut self.rounded_data {
-            let input_len = n * numel(&self.graph.input_shape);
-            backend.copy(&self.acts[0], rounded, input_len);
-            Self::round(backend, self.half, rounded, input_len);
-        }
+        Self::round(
+            backend,
+            self.half,
+            &mut self.acts[0],
+            n * self.plan.sizes[0],
+        );
         for i in 0..self.graph.layers.len() {
             let pass = if train { Pass::Train } else { Pass::Eval };
             let t = self.profile_start(backend);
@@ -551,7 +579,7 @@ impl<B: Engine> Network<B> {
             inputs: &layer.inputs,
             slot: &self.plan.slot,
             out_slot: self.plan.slot[i + 1],
-            rounded_data: self.rounded_data.as_ref(),
+            ids: &self.ids,
         };
         layer.op.compute().forward(&mut f);
         // Not where an in-place activation rounds it (this one, or the next: `Fusion`).
@@ -770,7 +798,7 @@ impl<B: Engine> Network<B> {
             acts: &self.acts,
             dacts: &mut self.dacts,
             dscratch: &mut self.dscratch,
-            rounded_data: self.rounded_data.as_ref(),
+            ids: &self.ids,
             inputs: &layer.inputs,
             slot: &plan.slot,
             grad_slot: &plan.grad_slot,

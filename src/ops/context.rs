@@ -94,8 +94,8 @@ pub struct Forward<'a, B: Backend> {
     pub(crate) inputs: &'a [usize],
     pub(crate) slot: &'a [usize],
     pub(crate) out_slot: usize,
-    /// The data's half copy, which a product reading the data multiplies.
-    pub(crate) rounded_data: Option<&'a B::Buf>,
+    /// The data's token ids (an embedding's input).
+    pub ids: &'a B::Ids,
 }
 
 /// An op's first input and its output, with the rest it may read or write.
@@ -117,24 +117,6 @@ impl<B: Backend> Forward<'_, B> {
     /// The first input and the output.
     pub fn io(&mut self) -> Io<'_, B> {
         let (x, y) = read_write(self.acts, self.slot[self.inputs[0]], self.out_slot);
-        Io {
-            x,
-            y,
-            params: self.params,
-            weights: self.weights,
-            state: self.state,
-            workspace: self.workspace,
-        }
-    }
-
-    /// `io` for a matrix product: where it reads the data and the data has a half copy
-    /// (token ids in mixed precision), the copy, as autocast casts a product's input.
-    pub fn product_io(&mut self) -> Io<'_, B> {
-        let (src, dst) = (self.slot[self.inputs[0]], self.out_slot);
-        let (x, y) = match self.rounded_data {
-            Some(rounded) if src == 0 => (rounded, &mut self.acts[dst]),
-            _ => read_write(self.acts, src, dst),
-        };
         Io {
             x,
             y,
@@ -182,7 +164,8 @@ pub struct Backward<'a, B: Backend> {
     pub(crate) dacts: &'a mut [B::Buf],
     /// Where an input gradient goes before it is added to the one other layers wrote.
     pub(crate) dscratch: &'a mut B::Buf,
-    pub(crate) rounded_data: Option<&'a B::Buf>,
+    /// The data's token ids (an embedding's input).
+    pub ids: &'a B::Ids,
     /// The nodes it reads, and the activation and gradient buffer of each node.
     pub(crate) inputs: &'a [usize],
     pub(crate) slot: &'a [usize],
@@ -199,8 +182,6 @@ pub struct Backward<'a, B: Backend> {
 pub struct Grads<'s, B: Backend> {
     pub x: &'s B::Buf,
     pub y: &'s B::Buf,
-    /// What its forward product multiplied (see `Forward::product_io`).
-    pub product_x: &'s B::Buf,
     pub dy: &'s B::Buf,
     /// Where the first input's gradient goes; None where none is needed (the data).
     pub dx: Option<&'s mut B::Buf>,
@@ -226,10 +207,6 @@ impl<B: Backend> Backward<'_, B> {
     pub fn io(&mut self) -> Grads<'_, B> {
         let (src, dsrc) = (self.slot[self.inputs[0]], self.grad_slot[self.inputs[0]]);
         let x = &self.acts[src];
-        let product_x = match self.rounded_data {
-            Some(rounded) if src == 0 => rounded,
-            _ => x,
-        };
         let (dy, dx) = if self.is_data[0] {
             (&self.dacts[self.out_grad_slot], None)
         } else if self.accumulate[0] {
@@ -241,7 +218,6 @@ impl<B: Backend> Backward<'_, B> {
         Grads {
             x,
             y: &self.acts[self.out_slot],
-            product_x,
             dy,
             dx,
             params: self.params,

@@ -4,8 +4,8 @@
 
 use super::matmul::Parallelism;
 use super::{
-    cast, AdamStep, Backend, Capture, HalfKind, LossFn, LossStats, Matrices, RowsAt, SgdStep,
-    UpdatedParams,
+    cast, AdamStep, Backend, Capture, HalfKind, IdsInto, LossFn, LossStats, Matrices, RowsAt,
+    SgdStep, UpdatedParams,
 };
 use crate::error::Result;
 use rayon::prelude::*;
@@ -165,6 +165,7 @@ impl Capture for CpuBackend {
 
 impl Backend for CpuBackend {
     type Buf = Vec<f32>;
+    type Ids = Vec<u32>;
     type Stats = LossStats;
     type Mark = std::time::Instant;
 
@@ -221,6 +222,34 @@ impl Backend for CpuBackend {
     fn upload_rows(&self, src: &[f32], rows: &[u32], at: RowsAt, dst: &mut Vec<f32>) {
         for (out, &r) in dst.chunks_exact_mut(at.len).zip(rows) {
             out.copy_from_slice(&src[at.start(r)..][..at.len]);
+        }
+    }
+
+    fn upload_ids(&self, ids: Vec<u32>) -> Result<Vec<u32>> {
+        Ok(ids)
+    }
+
+    fn write_ids(&self, src: &[u32], dst: &mut Vec<u32>) {
+        dst[..src.len()].copy_from_slice(src);
+    }
+
+    fn gather_ids(&self, src: &Vec<u32>, rows: &[u32], at: RowsAt, dst: IdsInto<'_, Self>) {
+        self.upload_id_rows(src, rows, at, dst);
+    }
+
+    fn upload_id_rows(&self, src: &[u32], rows: &[u32], at: RowsAt, dst: IdsInto<'_, Self>) {
+        let batch = rows.iter().map(|&r| &src[at.start(r)..][..at.len]);
+        match dst {
+            IdsInto::Ids(ids) => {
+                for (out, row) in ids.chunks_exact_mut(at.len).zip(batch) {
+                    out.copy_from_slice(row);
+                }
+            }
+            IdsInto::Values(values) => {
+                for (out, row) in values.chunks_exact_mut(at.len).zip(batch) {
+                    out.iter_mut().zip(row).for_each(|(v, &id)| *v = id as f32);
+                }
+            }
         }
     }
 

@@ -188,6 +188,13 @@ impl RowsAt {
     }
 }
 
+/// Where gathered token ids go: an embedding's ids, or values (class indices for the loss;
+/// exact below 2^24).
+pub enum IdsInto<'a, B: Backend + ?Sized> {
+    Ids(&'a mut B::Ids),
+    Values(&'a mut B::Buf),
+}
+
 /// The ops a device implements. Buffers are flat f32 arrays; every op gets its sizes
 /// explicitly, and uses only the prefix it needs (a smaller last batch reuses the buffers).
 /// Recording ops and replaying them (CUDA graphs) is `Capture`'s part.
@@ -195,6 +202,8 @@ pub trait Backend: Capture {
     /// Device memory holding f32 values (or, from `alloc_half`, half values in a format the
     /// backend chooses).
     type Buf;
+    /// Device memory holding token ids (u32), which an embedding reads.
+    type Ids;
     /// Where a loss accumulates its statistics (kept on the device until read).
     type Stats;
     /// A point in the device's queued work, for the profiler: a CUDA event, an instant on
@@ -232,6 +241,15 @@ pub trait Backend: Capture {
     /// rows on the host into pinned memory and copies them asynchronously, queued before the
     /// work that reads them. `src` may change once this returns.
     fn upload_rows(&self, src: &[f32], rows: &[u32], at: RowsAt, dst: &mut Self::Buf);
+    /// Token ids on the device (the CPU keeps the vector itself: no copy).
+    fn upload_ids(&self, ids: Vec<u32>) -> Result<Self::Ids>;
+    /// dst[..src.len()] = src.
+    fn write_ids(&self, src: &[u32], dst: &mut Self::Ids);
+    /// `gather_rows` for token ids: into ids, or into values (a text's targets, the next
+    /// tokens, which the loss reads as class indices).
+    fn gather_ids(&self, src: &Self::Ids, rows: &[u32], at: RowsAt, dst: IdsInto<'_, Self>);
+    /// `upload_rows` for token ids.
+    fn upload_id_rows(&self, src: &[u32], rows: &[u32], at: RowsAt, dst: IdsInto<'_, Self>);
     /// Device memory not in use by anyone (None on the CPU): whether the data set fits.
     fn free_memory(&self) -> Option<usize> {
         None

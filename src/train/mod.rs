@@ -32,7 +32,7 @@ pub use samples::Samples;
 
 use crate::checkpoint::weights::Weights;
 use crate::checkpoint::{self, Checkpoint, Saving, TrainState};
-use crate::data::{batches_per_epoch, epoch_order, Data, Dataset};
+use crate::data::{batches_per_epoch, epoch_order, Data, DataReads, Dataset};
 use crate::error::{Error, Result};
 use crate::graph::profiler::{Part, Profiler};
 use crate::graph::{GradBuckets, GradientSync, Graph, Network};
@@ -346,12 +346,13 @@ impl<'a, B: Engine> Training<'a, B> {
         let train_len = data.train.len;
         let total = total_steps(spec, train_len);
         let schedule = Schedule::new(spec.optimizer.lr, &spec.optimizer.schedule, total);
-        let resident = samples::resident(backend, spec.device.data, data.bytes());
-        let train_samples = Samples::new(backend, data.train, shape, resident)?;
+        let reads = net.data_reads();
+        let resident = samples::resident(backend, spec.device.data, data.held_bytes(reads));
+        let train_samples = Samples::new(backend, data.train, shape, reads, resident)?;
         let eval_sets = data
             .eval
             .into_iter()
-            .map(|(name, d)| EvalSet::new(backend, name, d, shape, resident))
+            .map(|(name, d)| EvalSet::new(backend, name, d, (shape, reads), resident))
             .collect::<Result<Vec<_>>>()?;
         // The test split waits for the end when asked to (it comes last in the data's
         // evaluation splits).
@@ -1214,13 +1215,13 @@ impl<B: Engine> EvalSet<B> {
         backend: &B,
         name: &'static str,
         d: Dataset,
-        shape: (usize, usize),
+        (shape, reads): ((usize, usize), DataReads),
         resident: bool,
     ) -> Result<Self> {
         Ok(EvalSet {
             name,
             len: d.len,
-            samples: Samples::new(backend, d, shape, resident)?,
+            samples: Samples::new(backend, d, shape, reads, resident)?,
         })
     }
 }

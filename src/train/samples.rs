@@ -3,39 +3,68 @@
 //! does not fit beside the training, gathered on the host and copied (pinned memory,
 //! asynchronously, on a GPU).
 
-use crate::data::Dataset;
+use crate::data::{DataReads, Dataset};
 use crate::error::Result;
 use crate::graph::Network;
 use crate::ops::Engine;
 use crate::spec::DataPlacement;
-use crate::tensor::RowsAt;
+use crate::tensor::{IdsInto, RowsAt};
 
 /// A split's samples, and where each one's inputs and targets lie in them.
 pub struct Samples<B: Engine> {
-    store: Store<B>,
+    /// The data's values, where a layer reads them.
+    values: Option<Held<B::Buf, f32>>,
+    /// Value data's token ids, where an embedding reads them (a text's are its targets').
+    ids: Option<Held<B::Ids, u32>>,
+    targets: Targets<B>,
+    /// Whether the network reads token ids.
+    feeds_ids: bool,
     inputs: RowsAt,
-    targets: RowsAt,
-    /// The targets are read from the features: a text's next tokens.
-    targets_in_features: bool,
+    targets_at: RowsAt,
 }
 
-/// Features and targets, row by row (a text's targets: empty).
-enum Store<B: Engine> {
-    /// Uploaded once; a batch is a gather on the device.
-    Resident { x: B::Buf, y: B::Buf },
-    /// In host memory; a batch is gathered there and copied.
-    Streamed { x: Vec<f32>, y: Vec<f32> },
+/// Where a sample's targets are.
+enum Targets<B: Engine> {
+    /// Rows of values.
+    Rows(Held<B::Buf, f32>),
+    /// A text's tokens: the targets are the tokens one on, and the inputs are these ids.
+    NextTokens(Held<B::Ids, u32>),
+}
+
+/// A data set on the device (`D`), where a batch is a gather, or in host memory (`H`
+/// values), where a batch is gathered and copied.
+enum Held<D, H> {
+    Resident(D),
+    Streamed(Vec<H>),
+}
+
+impl<D, H> Held<D, H> {
+    fn new(data: Vec<H>, resident: bool, upload: impl FnOnce(Vec<H>) -> Result<D>) -> Result<Self> {
+        Ok(match resident {
+            true => Held::Resident(upload(data)?),
+            false => Held::Streamed(data),
+        })
+    }
 }
 
 impl<B: Engine> Samples<B> {
-    /// `set`'s samples of `row_len` input values and `target_dim` targets each.
+    /// `set`'s samples of `row_len` input values and `target_dim` targets each, kept as the
+    /// network `reads` them: values, token ids, or both (converted once, here).
     pub fn new(
         backend: &B,
         set: Dataset,
         (row_len, target_dim): (usize, usize),
+        reads: DataReads,
         resident: bool,
     ) -> Result<Self> {
-        let (inputs, targets, targets_in_features) = match set.windows {
+        let Dataset {
+            features,
+            tokens,
+            targets,
+            windows,
+            ..
+        } = set;
+        let (inputs, targets_at) = match windows {
             // Windows of tokens `stride` apart; the targets are the next tokens.
             Some(stride) => {
                 let at = |offset| RowsAt {
@@ -43,41 +72,64 @@ impl<B: Engine> Samples<B> {
                     stride,
                     offset,
                 };
-                (at(0), at(1), true)
+                (at(0), at(1))
             }
-            None => (RowsAt::packed(row_len), RowsAt::packed(target_dim), false),
+            None => (RowsAt::packed(row_len), RowsAt::packed(target_dim)),
         };
-        let store = if resident {
-            Store::Resident {
-                x: backend.upload_vec(set.features)?,
-                y: backend.upload_vec(set.targets)?,
-            }
-        } else {
-            Store::Streamed {
-                x: set.features,
-                y: set.targets,
-            }
+        let text = windows.is_some();
+        // Value data's ids were checked to be whole numbers in [0, vocab) when loaded.
+        let ids = (reads.ids && !text).then(|| features.iter().map(|&v| v as u32).collect());
+        let values = match (reads.values, text) {
+            (false, _) => None,
+            (true, false) => Some(features),
+            (true, true) => Some(tokens.iter().map(|&id| id as f32).collect()),
+        };
+        let values = values.map(|v| Held::new(v, resident, |v| backend.upload_vec(v)));
+        let ids = ids.map(|v| Held::new(v, resident, |v| backend.upload_ids(v)));
+        let targets = match text {
+            true => Targets::NextTokens(Held::new(tokens, resident, |v| backend.upload_ids(v))?),
+            false => Targets::Rows(Held::new(targets, resident, |v| backend.upload_vec(v))?),
         };
         Ok(Samples {
-            store,
-            inputs,
+            values: values.transpose()?,
+            ids: ids.transpose()?,
             targets,
-            targets_in_features,
+            feeds_ids: reads.ids,
+            inputs,
+            targets_at,
         })
     }
 
     /// Puts the samples `rows` into the network's input and target buffers.
     pub fn load(&self, backend: &B, rows: &[u32], net: &mut Network<B>) {
-        match &self.store {
-            Store::Resident { x, y } => {
-                let y = if self.targets_in_features { x } else { y };
-                backend.gather_rows(x, rows, self.inputs, net.input_mut());
-                backend.gather_rows(y, rows, self.targets, net.targets_mut());
+        let (inputs, targets_at) = (self.inputs, self.targets_at);
+        match &self.values {
+            Some(Held::Resident(x)) => backend.gather_rows(x, rows, inputs, net.input_mut()),
+            Some(Held::Streamed(x)) => backend.upload_rows(x, rows, inputs, net.input_mut()),
+            None => {}
+        }
+        let ids = match &self.targets {
+            Targets::NextTokens(tokens) => Some(tokens),
+            Targets::Rows(_) => self.ids.as_ref(),
+        };
+        match ids.filter(|_| self.feeds_ids) {
+            Some(Held::Resident(ids)) => {
+                backend.gather_ids(ids, rows, inputs, IdsInto::Ids(net.ids_mut()))
             }
-            Store::Streamed { x, y } => {
-                let y = if self.targets_in_features { x } else { y };
-                backend.upload_rows(x, rows, self.inputs, net.input_mut());
-                backend.upload_rows(y, rows, self.targets, net.targets_mut());
+            Some(Held::Streamed(ids)) => {
+                backend.upload_id_rows(ids, rows, inputs, IdsInto::Ids(net.ids_mut()))
+            }
+            None => {}
+        }
+        let targets = net.targets_mut();
+        match &self.targets {
+            Targets::Rows(Held::Resident(y)) => backend.gather_rows(y, rows, targets_at, targets),
+            Targets::Rows(Held::Streamed(y)) => backend.upload_rows(y, rows, targets_at, targets),
+            Targets::NextTokens(Held::Resident(tokens)) => {
+                backend.gather_ids(tokens, rows, targets_at, IdsInto::Values(targets))
+            }
+            Targets::NextTokens(Held::Streamed(tokens)) => {
+                backend.upload_id_rows(tokens, rows, targets_at, IdsInto::Values(targets))
             }
         }
     }

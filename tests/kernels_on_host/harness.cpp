@@ -249,11 +249,12 @@ static void image_and_row_kernels() {
         }
     }
     const uint64_t count = 40, dim = 12, vocab = 9;
-    Buffer ids(0, count), table = random_buffer(0, vocab * dim);
-    for (uint64_t i = 0; i < count; i++) ids.set(i, (float)(i * 7 % vocab));
+    Buffer table = random_buffer(0, vocab * dim);
+    std::vector<uint32_t> ids(count);
+    for (uint64_t i = 0; i < count; i++) ids[i] = (uint32_t)(i * 7 % vocab);
     half_gives_f32_rounded("embedding_forward", {0.0f}, [&](int s, Buffer&) {
         Buffer y(s, count * dim);
-        launch(y.n, [&] { embedding_forward((const float*)ids.p(), (const float*)table.p(), y.p(), s, count, dim); });
+        launch(y.n, [&] { embedding_forward(ids.data(), (const float*)table.p(), y.p(), s, count, dim); });
         return y.values();
     });
     const uint64_t rows = 37, n_rows = 11, row_len = 13;
@@ -263,6 +264,18 @@ static void image_and_row_kernels() {
     half_gives_f32_rounded("gather_rows", {0.0f}, [&](int s, Buffer&) {
         Buffer dst(s, n_rows * row_len);
         launch(dst.n, [&] { gather_rows((const float*)data.p(), picked.data(), n_rows, row_len, row_len, 0, dst.p(), s); });
+        return dst.values();
+    });
+    // Token ids: gathered as ids (storage -1), and as class indices in any storage.
+    std::vector<uint32_t> tokens(rows * row_len + 1);
+    for (uint64_t i = 0; i < tokens.size(); i++) tokens[i] = (uint32_t)(i * 2654435761u % 50000);
+    std::vector<uint32_t> gathered(n_rows * row_len), next(n_rows * row_len);
+    for (uint64_t i = 0; i < next.size(); i++) next[i] = tokens[picked[i / row_len] * row_len + 1 + i % row_len];
+    launch(gathered.size(), [&] { gather_ids(tokens.data(), picked.data(), n_rows, row_len, row_len, 1, gathered.data(), -1); });
+    expect("gather_ids", -1, gathered, next);
+    half_gives_f32_rounded("gather_ids", {0.0f}, [&](int s, Buffer&) {
+        Buffer dst(s, n_rows * row_len);
+        launch(dst.n, [&] { gather_ids(tokens.data(), picked.data(), n_rows, row_len, row_len, 1, dst.p(), s); });
         return dst.values();
     });
     half_gives_f32_rounded("copy_rows", random_values(7 * 20), [&](int s, Buffer& src) {
@@ -503,19 +516,19 @@ static void parameter_gradient_kernels() {
             half_gives_f32_rounded("row_sums_add", random_values(rows * cols), run);
         }
     const uint64_t count = 50, dim = 7, vocab = 6;
-    Buffer ids(0, count);
-    for (uint64_t p = 0; p < count; p++) ids.set(p, (float)(p * p % vocab));
+    std::vector<uint32_t> ids(count);
+    for (uint64_t p = 0; p < count; p++) ids[p] = (uint32_t)(p * p % vocab);
     std::vector<float> dw0 = random_values(vocab * dim);
     auto run = [&](int s, Buffer& dy) {
         Buffer dw = buffer_of(0, dw0);
-        launch(dim, [&] { embedding_backward((const float*)ids.p(), dy.p(), s, (float*)dw.p(), count, dim); });
+        launch(dim, [&] { embedding_backward(ids.data(), dy.p(), s, (float*)dw.p(), count, dim); });
         return Outputs({}, widened(dw.values()));
     };
     Buffer dy = random_buffer(0, count * dim);
     std::vector<double> want = widened(dw0);
     for (uint64_t j = 0; j < dim; j++) {
         std::vector<float> sums(dw0);
-        for (uint64_t p = 0; p < count; p++) sums[(uint64_t)ids.get(p) * dim + j] += dy.get(p * dim + j);
+        for (uint64_t p = 0; p < count; p++) sums[ids[p] * dim + j] += dy.get(p * dim + j);
         for (uint64_t v = 0; v < vocab; v++) want[v * dim + j] = sums[v * dim + j];
     }
     expect("embedding_backward", 0, run(0, dy).wide, want);

@@ -39,7 +39,7 @@ pub(crate) fn check_gradients_on(job: &str, data: DataShape, input: Option<&[f32
     let spec = spec(job);
     let mut net = network(&spec, &data, N, 7);
     if let Some(input) = input {
-        net.input_mut()[..input.len()].copy_from_slice(input);
+        net.set_input(&b, input);
     }
     let analytic = gradients(&b, &mut net);
     assert!(

@@ -84,7 +84,7 @@ fn a_step_with_an_inf_gradient_is_skipped_leaving_parameters_and_optimizer_state
         len: n,
         ..Dataset::default()
     };
-    let samples = Samples::new(&b, set, (6, 1), true).unwrap();
+    let samples = Samples::new(&b, set, (6, 1), net.data_reads(), true).unwrap();
     let batch = Batch::<CpuBackend> { samples: &samples };
     let rows: Vec<u32> = (0..n as u32).collect();
     let mut stats = b.new_stats().unwrap();
@@ -736,7 +736,7 @@ fn a_linear_layer_reading_token_ids_multiplies_them_rounded() {
     let mut results = Vec::new();
     for (spec, params) in [(&with_ids, &params), (&alone, &weights)] {
         let mut net = common::network_with(spec, &shape, n, 1, kind, Some(params));
-        net.input_mut()[..n * 4].copy_from_slice(&ids);
+        net.set_input(&b, &ids);
         for (i, t) in net.targets_mut()[..n].iter_mut().enumerate() {
             *t = (i % 3) as f32;
         }

@@ -1787,7 +1787,7 @@ fn eval_reproduces_the_run_s_own_evaluation() {
     let (loss, _) = last_row(&run, "val");
     let printed: f64 = loss.parse().unwrap();
     assert!(
-        stdout(&out).contains(&format!("loss      {printed:.6}")),
+        stdout(&out).contains(&format!("loss       {printed:.6}")),
         "{}",
         stdout(&out)
     );

@@ -42,8 +42,8 @@ fn a_text_is_windows_of_char_ids_whose_targets_are_the_next_characters() {
     );
     // 11 characters: the first 5 train (one window of 4 and its next), the last 6 validate.
     assert_eq!(
-        (d.train.len, d.train.features.clone()),
-        (1, vec![0., 1., 2., 0., 1.])
+        (d.train.len, d.train.tokens.clone()),
+        (1, vec![0, 1, 2, 0, 1])
     );
     assert_eq!(d.train.windows, Some(1));
     let (name, val) = &d.eval[0];
@@ -198,6 +198,27 @@ fn the_char_gpt_job_trains_and_samples_with_its_vocabulary() {
     );
 
     let run = dir.to_str().unwrap();
+    // Evaluation reads the split's windows, as training's evaluation does.
+    let out = trainer(&["eval", run]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let metric = |name: &str| -> f64 {
+        let text = stdout(&out);
+        let line = text.lines().find(|l| l.trim_start().starts_with(name));
+        let value = line.and_then(|l| l.split_whitespace().nth(1));
+        value
+            .unwrap_or_else(|| panic!("no {name}: {text}"))
+            .parse()
+            .unwrap()
+    };
+    let loss = metric("loss");
+    assert!(loss > 0.0 && loss < 73f64.ln(), "{}", stdout(&out));
+    assert!((metric("perplexity") - loss.exp()).abs() < 1e-4 * loss.exp());
+    assert!(
+        !stdout(&out).contains("accuracy by class"),
+        "{}",
+        stdout(&out)
+    );
+
     let sample = |extra: &[&str]| {
         let mut args = vec!["sample", run, "--tokens", "40"];
         args.extend_from_slice(extra);

@@ -56,9 +56,7 @@ fn text_ids(dir: &Path) -> (Vec<u32>, data::Data) {
     let mut s = job("source = \"text\"\npath = \"x\"\nval_fraction = 0.25");
     s.data.path = Some(path);
     let d = data::load(&s.data, 1).unwrap();
-    let ids = (d.train.features.iter().chain(&d.eval[0].1.features))
-        .map(|&v| v as u32)
-        .collect();
+    let ids = [d.train.tokens.clone(), d.eval[0].1.tokens.clone()].concat();
     (ids, d)
 }
 
@@ -84,8 +82,8 @@ fn token_files_hold_the_ids_their_text_tokenizes_to() {
             &format!("val_fraction = 0.25\n{extra}"),
         );
         let d = data::load(&s.data, 1).unwrap();
-        assert_eq!(d.train.features, text.train.features, "{file}");
-        assert_eq!(d.eval[0].1.features, text.eval[0].1.features, "{file}");
+        assert_eq!(d.train.tokens, text.train.tokens, "{file}");
+        assert_eq!(d.eval[0].1.tokens, text.eval[0].1.tokens, "{file}");
         assert_eq!(
             (
                 d.train.len,
@@ -104,9 +102,8 @@ fn token_files_hold_the_ids_their_text_tokenizes_to() {
     let mut s = tokens_spec(&tmp.path().join("one.bin"), "classes = 50");
     s.data.val_path = Some(tmp.path().join("val.bin"));
     let d = data::load(&s.data, 1).unwrap();
-    assert_eq!(d.train.features.len(), ids.len());
-    let want: Vec<f32> = ids[..20].iter().map(|&i| i as f32).collect();
-    assert_eq!((d.eval[0].1.features.clone(), d.eval[0].1.len), (want, 2));
+    assert_eq!(d.train.tokens.len(), ids.len());
+    assert_eq!((&d.eval[0].1.tokens[..], d.eval[0].1.len), (&ids[..20], 2));
     assert_eq!(d.classes, Some(50));
 }
 

@@ -581,7 +581,7 @@ fn compare_with_torch(layers: &str) {
     } else {
         common::random_vec(n * 64, 5)
     };
-    net.input_mut().copy_from_slice(&input);
+    net.set_input(&backend, &input);
     net.forward(&backend, n, false, 0);
     let expected = net.output()[..n * 10].to_vec();
     let case = tmp.path().join("case.safetensors");
@@ -651,7 +651,7 @@ fn nanogpt_loads_a_gpt_runs_weights_and_computes_the_same_logits() {
     let input: Vec<f32> = (0..n * t)
         .map(|i| ((i * 31 + i / 7) % vocabulary) as f32)
         .collect();
-    net.input_mut().copy_from_slice(&input);
+    net.set_input(&backend, &input);
     net.forward(&backend, n, false, 0);
     let expected = net.output()[..n * t * vocabulary].to_vec();
     let case = tmp.path().join("case.safetensors");

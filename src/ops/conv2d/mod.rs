@@ -265,7 +265,7 @@ impl OpKind for Conv2d {
 impl<B: Engine> Compute<B> for Conv2d {
     fn forward(&self, f: &mut Forward<'_, B>) {
         let (backend, n) = (f.backend, f.n);
-        let io = f.product_io();
+        let io = f.io();
         let (w, b) = (self.weight, self.bias);
         backend.conv2d_forward(&self.geom, io.x, io.weights, w, b, io.y, n, io.workspace);
     }
@@ -275,7 +275,7 @@ impl<B: Engine> Compute<B> for Conv2d {
         let g = b.io();
         backend.conv2d_backward(
             &self.geom,
-            g.product_x,
+            g.x,
             g.dy,
             g.weights,
             g.grads,

@@ -7,7 +7,7 @@ use rayon::prelude::*;
 impl Kernels for CpuBackend {
     fn embedding_forward(
         &self,
-        ids: &Vec<f32>,
+        ids: &Vec<u32>,
         params: &Vec<f32>,
         w: usize,
         y: &mut Vec<f32>,
@@ -25,7 +25,7 @@ impl Kernels for CpuBackend {
 
     fn embedding_backward(
         &self,
-        ids: &Vec<f32>,
+        ids: &Vec<u32>,
         dy: &Vec<f32>,
         grads: &mut Vec<f32>,
         w: usize,

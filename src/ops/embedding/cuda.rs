@@ -1,22 +1,18 @@
 //! embedding on CUDA: the kernels of embedding.cu.
 
 use super::Kernels;
-use crate::tensor::cuda::{grid, CudaBackend, CudaBuf, Launch};
+use crate::tensor::cuda::{grid, CudaBackend, CudaBuf, CudaIds, Launch};
 
 impl Kernels for CudaBackend {
     fn embedding_forward(
         &self,
-        ids: &CudaBuf,
+        ids: &CudaIds,
         params: &CudaBuf,
         w: usize,
         y: &mut CudaBuf,
         count: usize,
         dim: usize,
     ) {
-        if ids.half.is_some() {
-            // The plan keeps token ids in f32 (halves hold integers exactly only up to 256).
-            return self.launch_error("embedding", "token ids in a half-width buffer");
-        }
         if !self.all_f32("embedding", &[params]) {
             return;
         }
@@ -31,16 +27,13 @@ impl Kernels for CudaBackend {
 
     fn embedding_backward(
         &self,
-        ids: &CudaBuf,
+        ids: &CudaIds,
         dy: &CudaBuf,
         grads: &mut CudaBuf,
         w: usize,
         count: usize,
         dim: usize,
     ) {
-        if ids.half.is_some() {
-            return self.launch_error("embedding backward", "token ids in a half-width buffer");
-        }
         if !self.all_f32("embedding backward", &[grads]) {
             return;
         }

@@ -1,5 +1,5 @@
-//! embedding: a learned vector per token id, as PyTorch's Embedding. It reads whole-number
-//! ids in [0, num_embeddings) from the data: [length] → [length, embedding_dim].
+//! embedding: a learned vector per token id, as PyTorch's Embedding. It reads the data's
+//! token ids (u32, in [0, num_embeddings)): [length] → [length, embedding_dim].
 //! Its kernels live here too: `cpu.rs`, `cuda.rs`, `embedding.cu`.
 
 pub mod cpu;
@@ -62,7 +62,7 @@ pub trait Kernels: Backend {
     #[allow(clippy::too_many_arguments)]
     fn embedding_forward(
         &self,
-        ids: &Self::Buf,
+        ids: &Self::Ids,
         params: &Self::Buf,
         w: usize,
         y: &mut Self::Buf,
@@ -74,7 +74,7 @@ pub trait Kernels: Backend {
     #[allow(clippy::too_many_arguments)]
     fn embedding_backward(
         &self,
-        ids: &Self::Buf,
+        ids: &Self::Ids,
         dy: &Self::Buf,
         grads: &mut Self::Buf,
         w: usize,
@@ -132,15 +132,17 @@ impl OpKind for Embedding {
 impl<B: Engine> Compute<B> for Embedding {
     fn forward(&self, f: &mut Forward<'_, B>) {
         let (backend, rows) = (f.backend, f.out_len / self.dim);
+        let ids = f.ids;
         let io = f.io();
-        backend.embedding_forward(io.x, io.params, self.weight, io.y, rows, self.dim);
+        backend.embedding_forward(ids, io.params, self.weight, io.y, rows, self.dim);
     }
 
     /// The ids need no gradient: only the table's.
     fn backward(&self, b: &mut Backward<'_, B>) -> Dx {
         let (backend, rows) = (b.backend, b.out_len / self.dim);
+        let ids = b.ids;
         let g = b.io();
-        backend.embedding_backward(g.x, g.dy, g.grads, self.weight, rows, self.dim);
+        backend.embedding_backward(ids, g.dy, g.grads, self.weight, rows, self.dim);
         Dx::Done
     }
 }

@@ -7,6 +7,7 @@ use crate::gradients::check_gradients_on;
 use trainer::graph::DataShape;
 use trainer::ops::embedding::Kernels;
 use trainer::tensor::cpu::CpuBackend;
+use trainer::tensor::Backend;
 
 const CPU: CpuBackend = CpuBackend::new(1);
 
@@ -49,11 +50,12 @@ fn embedding_on_cuda_matches_the_cpu() {
         // embedding: a table of 50 x 24, 300 ids with repeats, forward and the summed backward.
         let (vocab, dim, count) = (50, 24, 300);
         let table = random_vec(7 + vocab * dim, 36);
-        let ids: Vec<f32> = (0..count).map(|i| ((i * 37) % vocab) as f32).collect();
+        let ids: Vec<u32> = (0..count).map(|i| ((i * 37) % vocab) as u32).collect();
+        let gpu_ids = g.upload_ids(ids.clone()).unwrap();
         let mut y_cpu = vec![f32::NAN; count * dim];
         CPU.embedding_forward(&ids, &table, 7, &mut y_cpu, count, dim);
         let mut y_gpu = poisoned_in(g, storage, count * dim);
-        g.embedding_forward(&up(g, &ids), &up(g, &table), 7, &mut y_gpu, count, dim);
+        g.embedding_forward(&gpu_ids, &up(g, &table), 7, &mut y_gpu, count, dim);
         let y_cpu = stored(storage, &y_cpu);
         assert_bits(
             &down(g, &y_gpu, count * dim),
@@ -65,7 +67,7 @@ fn embedding_on_cuda_matches_the_cpu() {
         let mut dw_gpu = up(g, &dw_cpu);
         CPU.embedding_backward(&ids, &dy, &mut dw_cpu, 7, count, dim);
         g.embedding_backward(
-            &up(g, &ids),
+            &gpu_ids,
             &up_in(g, storage, &dy),
             &mut dw_gpu,
             7,

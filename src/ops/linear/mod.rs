@@ -205,7 +205,7 @@ impl<B: Engine> Compute<B> for Linear {
         let (backend, m) = (f.backend, f.n * self.rows);
         // The ReLU after it, which it applies (`Fusion::by_product`).
         let then = f.relu_after.then_some(Activation::Relu);
-        let io = f.product_io();
+        let io = f.io();
         let (inp, out, w, b) = (self.inp, self.out, self.weight, self.bias);
         backend.linear_forward(io.x, io.weights, w, b, io.y, m, inp, out, then);
     }
@@ -215,17 +215,7 @@ impl<B: Engine> Compute<B> for Linear {
         let g = b.io();
         let (inp, out, w, bias) = (self.inp, self.out, self.weight, self.bias);
         backend.linear_backward(
-            g.product_x,
-            g.dy,
-            g.weights,
-            g.grads,
-            dw,
-            w,
-            bias,
-            g.dx,
-            m,
-            inp,
-            out,
+            g.x, g.dy, g.weights, g.grads, dw, w, bias, g.dx, m, inp, out,
         );
         Dx::Written { exact: false }
     }

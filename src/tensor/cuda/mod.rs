@@ -11,8 +11,8 @@ pub mod kernels;
 mod launch;
 
 use super::{
-    cast, Activation, AdamStep, Backend, Capture, Conv2d, HalfKind, LossFn, LossStats, Matrices,
-    Pool2d, RowsAt, SgdStep, UpdatedParams,
+    cast, Activation, AdamStep, Backend, Capture, Conv2d, HalfKind, IdsInto, LossFn, LossStats,
+    Matrices, Pool2d, RowsAt, SgdStep, UpdatedParams,
 };
 use crate::error::{Error, Result};
 use cudarc::cublas::sys::{cublasMath_t, cublasOperation_t};
@@ -172,6 +172,7 @@ struct Functions {
     convert_values: CudaFunction,
     copy_rows: CudaFunction,
     gather_rows: CudaFunction,
+    gather_ids: CudaFunction,
     cross_entropy: CudaFunction,
     elementwise_loss: CudaFunction,
     reduce_stats: CudaFunction,
@@ -233,6 +234,22 @@ impl CudaBuf {
     /// The kernels' storage id of its values (`storage_id`).
     pub(crate) fn storage(&self) -> i32 {
         storage_id(self.half)
+    }
+}
+
+/// Token ids on the device (`Backend::Ids`): `len` u32 values.
+pub struct CudaIds {
+    pub(crate) mem: CudaSlice<u32>,
+    len: usize,
+}
+
+impl CudaIds {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 }
 
@@ -588,6 +605,7 @@ impl CudaBackend {
             convert_values: load("convert_values")?,
             copy_rows: load("copy_rows")?,
             gather_rows: load("gather_rows")?,
+            gather_ids: load("gather_ids")?,
             cross_entropy: load("cross_entropy")?,
             elementwise_loss: load("elementwise_loss")?,
             reduce_stats: load("reduce_stats")?,
@@ -769,6 +787,35 @@ impl CudaBackend {
 
     /// The next staging buffer, holding `len` values, once no queued copy reads it any more,
     /// with the event to record after the copy that will read it.
+    /// The batch's row indices on the device, for a gather.
+    fn batch_rows(&self, rows: &[u32]) -> Option<std::cell::RefMut<'_, CudaSlice<u32>>> {
+        let mut index = self.rows.borrow_mut();
+        if index.len() < rows.len() {
+            match self.stream.alloc_zeros::<u32>(rows.len()) {
+                Ok(grown) => {
+                    self.count((grown.len() - index.len()) * 4);
+                    *index = grown;
+                }
+                Err(e) => return self.record("allocating batch indices", Err(e)),
+            }
+        }
+        let r = (self.stream).memcpy_htod(rows, &mut index.slice_mut(..rows.len()));
+        self.record("copying batch indices", r)?;
+        Some(index)
+    }
+
+    /// Records the event of a staging buffer's copy `r` (`next_staging`).
+    fn batch_copied(
+        &self,
+        r: std::result::Result<(), cudarc::driver::DriverError>,
+        copied: &CudaEvent,
+    ) {
+        if self.record("copying a batch to the device", r).is_some() {
+            let r = copied.record(&self.stream);
+            self.record("recording a batch copy's event", r);
+        }
+    }
+
     fn next_staging(
         &self,
         len: usize,
@@ -1415,6 +1462,7 @@ impl CudaBackend {
 
 impl Backend for CudaBackend {
     type Buf = CudaBuf;
+    type Ids = CudaIds;
     type Stats = CudaSlice<f64>;
     type Mark = CudaEvent;
 
@@ -1650,22 +1698,9 @@ impl Backend for CudaBackend {
         if src.half.is_some() {
             return self.launch_error("gather", "a data set in a half-width buffer");
         }
-        let mut index = self.rows.borrow_mut();
-        if index.len() < rows.len() {
-            match self.stream.alloc_zeros::<u32>(rows.len()) {
-                Ok(grown) => {
-                    self.count((grown.len() - index.len()) * 4);
-                    *index = grown;
-                }
-                Err(e) => return self.launch("allocating batch indices", Err(e)),
-            }
-        }
-        let r = self
-            .stream
-            .memcpy_htod(rows, &mut index.slice_mut(..rows.len()));
-        if self.record("copying batch indices", r).is_none() {
+        let Some(index) = self.batch_rows(rows) else {
             return;
-        }
+        };
         let (n_rows, ds) = (rows.len() as u64, dst.storage());
         let [row_len, stride, offset] = [at.len, at.stride, at.offset].map(|v| v as u64);
         let mut b = Launch::new(&self.stream, &self.f.gather_rows);
@@ -1709,10 +1744,104 @@ impl Backend for CudaBackend {
             }
         }
         let r = self.stream.memcpy_htod(&*staged, &mut dst.mem);
-        if self.record("copying a batch to the device", r).is_some() {
-            let r = copied.record(&self.stream);
-            self.record("recording a batch copy's event", r);
+        self.batch_copied(r, copied);
+    }
+
+    fn upload_ids(&self, ids: Vec<u32>) -> Result<CudaIds> {
+        let len = ids.len();
+        let mem = self.stream.alloc_zeros::<u32>(len.max(1)).map_err(|e| {
+            Error::Runtime(format!(
+                "CUDA: cannot allocate {} bytes on {}: {e:?}",
+                len * 4,
+                self.description
+            ))
+        })?;
+        // As `alloc_buf` counts an empty buffer: as nothing.
+        self.count(len * 4);
+        let mut out = CudaIds { mem, len };
+        self.write_ids(&ids, &mut out);
+        Ok(out)
+    }
+
+    fn write_ids(&self, src: &[u32], dst: &mut CudaIds) {
+        if src.is_empty() {
+            return;
         }
+        let r = (self.stream).memcpy_htod(src, &mut dst.mem.slice_mut(..src.len()));
+        self.record("copying token ids to the device", r);
+    }
+
+    fn gather_ids(&self, src: &CudaIds, rows: &[u32], at: RowsAt, dst: IdsInto<'_, Self>) {
+        if rows.is_empty() {
+            return;
+        }
+        let Some(index) = self.batch_rows(rows) else {
+            return;
+        };
+        let n_rows = rows.len() as u64;
+        let [row_len, stride, offset] = [at.len, at.stride, at.offset].map(|v| v as u64);
+        let mut b = Launch::new(&self.stream, &self.f.gather_ids);
+        b.arg(&src.mem).arg(&*index).arg(&n_rows).arg(&row_len);
+        b.arg(&stride).arg(&offset);
+        // The kernel's storage id -1: u32 ids.
+        let ds = match dst {
+            IdsInto::Ids(ids) => {
+                b.arg(&mut ids.mem);
+                -1
+            }
+            IdsInto::Values(values) => {
+                b.arg(&mut values.mem);
+                values.storage()
+            }
+        };
+        b.arg(&ds);
+        // SAFETY: reads src rows named by index (validated < the data's length by the
+        // loader), writes n_rows·row_len elements of dst.
+        self.launch("gather token ids", unsafe {
+            b.launch(grid((n_rows * row_len) as usize))
+        });
+    }
+
+    fn upload_id_rows(&self, src: &[u32], rows: &[u32], at: RowsAt, dst: IdsInto<'_, Self>) {
+        if rows.is_empty() {
+            return;
+        }
+        let elements = match &dst {
+            IdsInto::Ids(ids) => ids.mem.len(),
+            IdsInto::Values(values) => values.mem.len(),
+        };
+        let Some(mut slot) = self.next_staging(elements) else {
+            return;
+        };
+        let (staged, copied) = &mut *slot;
+        // The slot's previous copy is done (`next_staging` waited for its event).
+        let Some(host) = self.record("writing a staging buffer", staged.as_mut_slice()) else {
+            return;
+        };
+        let (row_len, batch) = (at.len, rows.iter().map(|&r| &src[at.start(r)..][..at.len]));
+        let r = match dst {
+            IdsInto::Ids(ids) => {
+                let words: &mut [u32] = bytemuck::cast_slice_mut(host);
+                for (out, row) in words.chunks_exact_mut(row_len).zip(batch) {
+                    out.copy_from_slice(row);
+                }
+                // SAFETY: the staging buffer holds u32 words, as many as ids.mem.
+                let Some(mut words) = (unsafe { ids.mem.transmute_mut::<f32>(elements) }) else {
+                    return self.launch_error("upload token ids", "a staging buffer's length");
+                };
+                self.stream.memcpy_htod(&*staged, &mut words)
+            }
+            IdsInto::Values(values) => {
+                if values.half.is_some() {
+                    return self.launch_error("upload token ids", "values in a half-width buffer");
+                }
+                for (out, row) in host.chunks_exact_mut(row_len).zip(batch) {
+                    out.iter_mut().zip(row).for_each(|(v, &id)| *v = id as f32);
+                }
+                self.stream.memcpy_htod(&*staged, &mut values.mem)
+            }
+        };
+        self.batch_copied(r, copied);
     }
 
     fn free_memory(&self) -> Option<usize> {

@@ -96,6 +96,7 @@ pub struct ProcessReplicas<B: Engine> {
 fn data_hash(data: &Data) -> String {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
     h.update(bytemuck::cast_slice(&data.train.features));
+    h.update(bytemuck::cast_slice(&data.train.tokens));
     h.update(bytemuck::cast_slice(&data.train.targets));
     format!("{:016x}", h.digest())
 }
@@ -740,9 +741,10 @@ fn follow<B: Engine>(
         .restore(backend, &state, optimizer_steps, n)
         .map_err(Error::Runtime)?;
     drop((params, state));
-    let resident = crate::train::samples::resident(backend, spec.device.data, data.train.bytes());
+    let held = data.train.held_bytes(net.data_reads());
+    let resident = crate::train::samples::resident(backend, spec.device.data, held);
     let shape = (data.row_len(), data.target_dim);
-    let samples = Samples::new(backend, data.train, shape, resident)?;
+    let samples = Samples::new(backend, data.train, shape, net.data_reads(), resident)?;
     let batch = Batch { samples: &samples };
     let mut stats = backend.new_stats()?;
     let place = Rank {
