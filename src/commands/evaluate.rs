@@ -6,7 +6,7 @@
 use super::*;
 use crate::data::{Dataset, Preprocess};
 use crate::graph::Network;
-use crate::spec::LossKind;
+use crate::spec::{DataSource, LossKind};
 use crate::tensor::LossStats;
 use crate::train::Samples;
 
@@ -458,6 +458,14 @@ struct Inputs {
 /// `trainer predict`: one output row per input row; returns how many.
 pub fn predict(args: &PredictArgs) -> Result<usize> {
     let trained = Trained::load(&args.run, args.checkpoint.as_deref())?;
+    if let source @ (DataSource::Text | DataSource::Tokens) = trained.preprocess.source {
+        let run = args.run.display();
+        return Err(Error::Job(format!(
+            "{run} is a language model's run (data.source = {}): predict reads rows of a CSV \
+             or IDX file; write text with `trainer sample {run} --prompt TEXT`",
+            serde_json::to_value(source).unwrap_or_default()
+        )));
+    }
     let mut inputs = read_inputs(&trained, &args.input, &args.keep_columns)?;
     trained.preprocess.apply(&mut inputs.features);
     let target_dim = trained.graph.objective.target_dim;

@@ -10,12 +10,14 @@ use common::random_vec;
 use trainer::ops::activation::Kernels as _;
 use trainer::ops::conv2d::Kernels as _;
 use trainer::ops::dropout::Kernels as _;
+use trainer::ops::embedding::Kernels as _;
 use trainer::ops::linear::Kernels as _;
 use trainer::tensor::cpu::CpuBackend;
 use trainer::tensor::cuda::CudaBackend;
-use trainer::tensor::cuda::CudaBuf;
+use trainer::tensor::cuda::{CudaBuf, CudaIds};
 use trainer::tensor::{
-    Activation, AdamStep, Backend, GradWrite, HalfKind, LossFn, RowsAt, SgdStep, UpdatedParams,
+    Activation, AdamStep, Backend, GradWrite, HalfKind, IdsInto, LossFn, RowsAt, SgdStep,
+    UpdatedParams,
 };
 
 pub(crate) fn gpu() -> Option<CudaBackend> {
@@ -1633,4 +1635,64 @@ fn sample_on_cuda_writes_what_the_cpu_writes() {
     let cpu = text("cpu");
     assert!(cpu.chars().count() >= 81, "{cpu:?}");
     assert_eq!(text("cuda"), cpu);
+}
+
+/// Token ids gathered on the device and from host memory, into ids and into values (a
+/// text's targets), against the CPU: windows one token apart, their targets one on. The ids
+/// are read back through an embedding whose row i holds i.
+#[test]
+fn token_id_gathers_match_the_cpu() {
+    let Some(g) = gpu() else {
+        return;
+    };
+    let vocab = 50_304;
+    let tokens: Vec<u32> = (0..700u32)
+        .map(|i| i.wrapping_mul(2_654_435_761) % vocab)
+        .collect();
+    let table: Vec<f32> = (0..vocab).map(|i| i as f32).collect();
+    let (len, batch) = (13, 40);
+    let at = |offset| RowsAt {
+        len,
+        stride: 1,
+        offset,
+    };
+    let on_gpu = g.upload_ids(tokens.clone()).unwrap();
+    let gpu_table = up(&g, &table);
+    // The ids `ids` holds, as the embedding reads them.
+    let read_back = |ids: &CudaIds| {
+        let mut y = poisoned(&g, batch * len);
+        g.embedding_forward(ids, &gpu_table, 0, &mut y, batch * len, 1);
+        down(&g, &y, batch * len)
+    };
+    for k in 0..9u32 {
+        let rows: Vec<u32> = (0..batch as u32).map(|i| (i * 37 + k * 11) % 680).collect();
+        let mut want_ids = vec![0u32; batch * len];
+        CPU.gather_ids(&tokens, &rows, at(0), IdsInto::Ids(&mut want_ids));
+        let want_ids: Vec<f32> = want_ids.iter().map(|&id| id as f32).collect();
+        let mut want_targets = vec![f32::NAN; batch * len];
+        CPU.gather_ids(&tokens, &rows, at(1), IdsInto::Values(&mut want_targets));
+
+        let mut ids = g.upload_ids(vec![0; batch * len]).unwrap();
+        g.gather_ids(&on_gpu, &rows, at(0), IdsInto::Ids(&mut ids));
+        assert_eq!(read_back(&ids), want_ids, "gather_ids, round {k}");
+        let mut targets = poisoned(&g, batch * len);
+        g.gather_ids(&on_gpu, &rows, at(1), IdsInto::Values(&mut targets));
+        assert_eq!(
+            down(&g, &targets, batch * len),
+            want_targets,
+            "as values, round {k}"
+        );
+
+        // From host memory, through the pinned staging buffers in turn.
+        let mut ids = g.upload_ids(vec![0; batch * len]).unwrap();
+        g.upload_id_rows(&tokens, &rows, at(0), IdsInto::Ids(&mut ids));
+        assert_eq!(read_back(&ids), want_ids, "upload_id_rows, round {k}");
+        let mut targets = poisoned(&g, batch * len);
+        g.upload_id_rows(&tokens, &rows, at(1), IdsInto::Values(&mut targets));
+        assert_eq!(
+            down(&g, &targets, batch * len),
+            want_targets,
+            "uploaded as values, round {k}"
+        );
+    }
 }

@@ -219,6 +219,15 @@ fn the_char_gpt_job_trains_and_samples_with_its_vocabulary() {
         stdout(&out)
     );
 
+    let out = trainer(&["predict", run, "x.csv", "--output", "y.csv"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("is a language model's run (data.source = \"text\")")
+            && stderr(&out).contains("trainer sample"),
+        "{}",
+        stderr(&out)
+    );
+
     let sample = |extra: &[&str]| {
         let mut args = vec!["sample", run, "--tokens", "40"];
         args.extend_from_slice(extra);
