@@ -79,10 +79,20 @@ pub fn layernorm_forward(
                 let row = &x[r * width..(r + 1) * width];
                 let mu = row.iter().map(|&v| v as f64).sum::<f64>() / width as f64;
                 let var = row.iter().map(|&v| (v as f64 - mu).powi(2)).sum::<f64>() / width as f64;
-                mean[r] = mu as f32;
-                invstd[r] = (1.0 / (var + eps as f64).sqrt()) as f32;
-                for (j, out) in y.iter_mut().enumerate() {
-                    *out = (row[j] - mean[r]) * invstd[r] * gamma[j] + beta.map_or(0.0, |b| b[j]);
+                let (m, s) = (mu as f32, (1.0 / (var + eps as f64).sqrt()) as f32);
+                (mean[r], invstd[r]) = (m, s);
+                // Slices zipped, not indexed: the loops vectorize.
+                match beta {
+                    Some(b) => {
+                        for (((out, &v), &g), &b) in y.iter_mut().zip(row).zip(gamma).zip(b) {
+                            *out = (v - m) * s * g + b;
+                        }
+                    }
+                    None => {
+                        for ((out, &v), &g) in y.iter_mut().zip(row).zip(gamma) {
+                            *out = (v - m) * s * g + 0.0;
+                        }
+                    }
                 }
             }
         });
@@ -101,7 +111,8 @@ pub fn layernorm_backward(
     (mean, invstd): (&[f32], &[f32]),
     (dgamma, dbeta): (&mut [f32], Option<&mut [f32]>),
 ) {
-    let xhat = |r: usize, j: usize| ((x[r * width + j] - mean[r]) * invstd[r]) as f64;
+    // Slices zipped, not indexed, so that the loops over a row vectorize; the sums over a
+    // row stay in order.
     if let Some(dx) = dx {
         let band = band(width);
         (dx[..rows * width].par_chunks_mut(band * width))
@@ -109,18 +120,19 @@ pub fn layernorm_backward(
             .for_each(|(i, dx)| {
                 for (k, dx) in dx.chunks_mut(width).enumerate() {
                     let r = i * band + k;
-                    let dyr = &dy[r * width..(r + 1) * width];
+                    let (xr, dyr) = (&x[r * width..][..width], &dy[r * width..][..width]);
+                    let (m, s) = (mean[r], invstd[r]);
                     let (mut sum_g, mut sum_g_xhat) = (0.0f64, 0.0f64);
-                    for j in 0..width {
-                        let g = dyr[j] as f64 * gamma[j] as f64;
+                    for ((&v, &d), &gamma) in xr.iter().zip(dyr).zip(gamma) {
+                        let g = d as f64 * gamma as f64;
                         sum_g += g;
-                        sum_g_xhat += g * xhat(r, j);
+                        sum_g_xhat += g * ((v - m) * s) as f64;
                     }
-                    let w = width as f64;
-                    for j in 0..width {
-                        let g = dyr[j] as f64 * gamma[j] as f64;
-                        dx[j] = (invstd[r] as f64 * (g - sum_g / w - xhat(r, j) * sum_g_xhat / w))
-                            as f32;
+                    let (w, s64) = (width as f64, s as f64);
+                    let mean_g = sum_g / w;
+                    for (((out, &v), &d), &gamma) in dx.iter_mut().zip(xr).zip(dyr).zip(gamma) {
+                        let (g, xhat) = (d as f64 * gamma as f64, ((v - m) * s) as f64);
+                        *out = (s64 * (g - mean_g - xhat * sum_g_xhat / w)) as f32;
                     }
                 }
             });
@@ -131,9 +143,11 @@ pub fn layernorm_backward(
         .for_each(|(i, dgamma)| {
             let first = i * columns;
             for r in 0..rows {
+                let (m, s) = (mean[r], invstd[r]);
+                let xr = &x[r * width + first..][..dgamma.len()];
                 let dyr = &dy[r * width + first..][..dgamma.len()];
-                for (j, (dg, &d)) in dgamma.iter_mut().zip(dyr).enumerate() {
-                    *dg += d * xhat(r, first + j) as f32;
+                for ((dg, &d), &v) in dgamma.iter_mut().zip(dyr).zip(xr) {
+                    *dg += d * ((v - m) * s);
                 }
             }
         });
