@@ -1,7 +1,7 @@
 //! layer norm on the CPU: bands of rows in parallel, each row's statistics in f64.
 
 use super::Kernels;
-use crate::tensor::cpu::CpuBackend;
+use crate::tensor::cpu::{simd_fn, CpuBackend};
 use rayon::prelude::*;
 
 impl Kernels for CpuBackend {
@@ -74,28 +74,136 @@ pub fn layernorm_forward(
         .zip(invstd[..rows].par_chunks_mut(band))
         .enumerate()
         .for_each(|(i, ((y, mean), invstd))| {
-            let x = &x[i * band * width..];
-            for (r, y) in y.chunks_mut(width).enumerate() {
-                let row = &x[r * width..(r + 1) * width];
-                let mu = row.iter().map(|&v| v as f64).sum::<f64>() / width as f64;
-                let var = row.iter().map(|&v| (v as f64 - mu).powi(2)).sum::<f64>() / width as f64;
-                let (m, s) = (mu as f32, (1.0 / (var + eps as f64).sqrt()) as f32);
-                (mean[r], invstd[r]) = (m, s);
-                // Slices zipped, not indexed: the loops vectorize.
-                match beta {
-                    Some(b) => {
-                        for (((out, &v), &g), &b) in y.iter_mut().zip(row).zip(gamma).zip(b) {
-                            *out = (v - m) * s * g + b;
-                        }
+            let x = &x[i * band * width..][..y.len()];
+            forward_rows(x, y, width, gamma, beta, mean, invstd, eps);
+        });
+}
+
+// The loops zip slices rather than index them, so that they vectorise, in a copy for each
+// SIMD width (`simd_fn!`). Each row's sums are in f64, in LANES partial sums added at the end.
+simd_fn! {
+    /// `layernorm_forward` on a band of rows.
+    fn forward_rows(
+        x: &[f32],
+        y: &mut [f32],
+        width: usize,
+        gamma: &[f32],
+        beta: Option<&[f32]>,
+        mean: &mut [f32],
+        invstd: &mut [f32],
+        eps: f32,
+    ) {
+        for (r, (row, y)) in x.chunks_exact(width).zip(y.chunks_exact_mut(width)).enumerate() {
+            let mu = lane_sum(row, |v| v as f64) / width as f64;
+            let var = lane_sum(row, |v| (v as f64 - mu).powi(2)) / width as f64;
+            let (m, s) = (mu as f32, (1.0 / (var + eps as f64).sqrt()) as f32);
+            (mean[r], invstd[r]) = (m, s);
+            match beta {
+                Some(b) => {
+                    for (((out, &v), &g), &b) in y.iter_mut().zip(row).zip(gamma).zip(b) {
+                        *out = (v - m) * s * g + b;
                     }
-                    None => {
-                        for ((out, &v), &g) in y.iter_mut().zip(row).zip(gamma) {
-                            *out = (v - m) * s * g + 0.0;
-                        }
+                }
+                None => {
+                    for ((out, &v), &g) in y.iter_mut().zip(row).zip(gamma) {
+                        *out = (v - m) * s * g + 0.0;
                     }
                 }
             }
-        });
+        }
+    }
+}
+
+simd_fn! {
+    /// dx of a band of rows (`layernorm_backward`).
+    fn dx_rows(
+        x: &[f32],
+        dy: &[f32],
+        dx: &mut [f32],
+        width: usize,
+        gamma: &[f32],
+        mean: &[f32],
+        invstd: &[f32],
+    ) {
+        let rows = x.chunks_exact(width).zip(dy.chunks_exact(width));
+        for (r, ((xr, dyr), dx)) in rows.zip(dx.chunks_exact_mut(width)).enumerate() {
+            let (m, s) = (mean[r], invstd[r]);
+            let (sum_g, sum_g_xhat) = row_sums(xr, dyr, gamma, (m, s));
+            let (w, s64) = (width as f64, s as f64);
+            let mean_g = sum_g / w;
+            for (((out, &v), &d), &gamma) in dx.iter_mut().zip(xr).zip(dyr).zip(gamma) {
+                let (g, xhat) = (d as f64 * gamma as f64, ((v - m) * s) as f64);
+                *out = (s64 * (g - mean_g - xhat * sum_g_xhat / w)) as f32;
+            }
+        }
+    }
+}
+
+simd_fn! {
+    /// dγ[first..first + dgamma.len()] += Σ over the rows of dy·x̂, in row order.
+    fn dgamma_columns(
+        x: &[f32],
+        dy: &[f32],
+        width: usize,
+        first: usize,
+        mean: &[f32],
+        invstd: &[f32],
+        dgamma: &mut [f32],
+    ) {
+        let rows = x.chunks_exact(width).zip(dy.chunks_exact(width));
+        for ((xr, dyr), (&m, &s)) in rows.zip(mean.iter().zip(invstd)) {
+            let (xr, dyr) = (&xr[first..][..dgamma.len()], &dyr[first..][..dgamma.len()]);
+            for ((dg, &d), &v) in dgamma.iter_mut().zip(dyr).zip(xr) {
+                *dg += d * ((v - m) * s);
+            }
+        }
+    }
+}
+
+/// Σ f(v) over `values` in f64, in LANES partial sums side by side, added at the end.
+#[inline(always)]
+fn lane_sum(values: &[f32], f: impl Fn(f32) -> f64) -> f64 {
+    let mut lanes = [0.0f64; LANES];
+    let chunks = values.chunks_exact(LANES);
+    let tail: f64 = chunks.remainder().iter().map(|&v| f(v)).sum();
+    for chunk in chunks {
+        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+            *lane += f(v);
+        }
+    }
+    lanes.iter().sum::<f64>() + tail
+}
+
+/// Partial sums of `lane_sum` and `row_sums`: one AVX-512 register of f64.
+const LANES: usize = 8;
+
+/// Σ dy·γ and Σ dy·γ·x̂ over a row (x̂ = (x − mean)·invstd), in f64 lanes as `lane_sum`.
+#[inline(always)]
+fn row_sums(x: &[f32], dy: &[f32], gamma: &[f32], (m, s): (f32, f32)) -> (f64, f64) {
+    let (mut sum_g, mut sum_g_xhat) = ([0.0f64; LANES], [0.0f64; LANES]);
+    let whole = x.len() / LANES * LANES;
+    let chunks = (x[..whole].chunks_exact(LANES))
+        .zip(dy[..whole].chunks_exact(LANES))
+        .zip(gamma[..whole].chunks_exact(LANES));
+    // Two loops, one sum each: LLVM vectorises a loop with one array of lanes.
+    for ((_, dc), gc) in chunks.clone() {
+        for ((sum, &d), &gamma) in sum_g.iter_mut().zip(dc).zip(gc) {
+            *sum += d as f64 * gamma as f64;
+        }
+    }
+    for ((xc, dc), gc) in chunks {
+        for (((sum, &v), &d), &gamma) in sum_g_xhat.iter_mut().zip(xc).zip(dc).zip(gc) {
+            *sum += d as f64 * gamma as f64 * ((v - m) * s) as f64;
+        }
+    }
+    let (mut tail_g, mut tail_g_xhat) = (0.0f64, 0.0f64);
+    for ((&v, &d), &gamma) in x[whole..].iter().zip(&dy[whole..]).zip(&gamma[whole..]) {
+        let g = d as f64 * gamma as f64;
+        tail_g += g;
+        tail_g_xhat += g * ((v - m) * s) as f64;
+    }
+    let total = |lanes: [f64; LANES], tail: f64| lanes.iter().sum::<f64>() + tail;
+    (total(sum_g, tail_g), total(sum_g_xhat, tail_g_xhat))
 }
 
 /// dx by bands of rows, then dγ (and dβ) by bands of columns, each summed over the rows in
@@ -111,45 +219,31 @@ pub fn layernorm_backward(
     (mean, invstd): (&[f32], &[f32]),
     (dgamma, dbeta): (&mut [f32], Option<&mut [f32]>),
 ) {
-    // Slices zipped, not indexed, so that the loops over a row vectorize; the sums over a
-    // row stay in order.
+    let (x, dy) = (&x[..rows * width], &dy[..rows * width]);
     if let Some(dx) = dx {
         let band = band(width);
         (dx[..rows * width].par_chunks_mut(band * width))
             .enumerate()
             .for_each(|(i, dx)| {
-                for (k, dx) in dx.chunks_mut(width).enumerate() {
-                    let r = i * band + k;
-                    let (xr, dyr) = (&x[r * width..][..width], &dy[r * width..][..width]);
-                    let (m, s) = (mean[r], invstd[r]);
-                    let (mut sum_g, mut sum_g_xhat) = (0.0f64, 0.0f64);
-                    for ((&v, &d), &gamma) in xr.iter().zip(dyr).zip(gamma) {
-                        let g = d as f64 * gamma as f64;
-                        sum_g += g;
-                        sum_g_xhat += g * ((v - m) * s) as f64;
-                    }
-                    let (w, s64) = (width as f64, s as f64);
-                    let mean_g = sum_g / w;
-                    for (((out, &v), &d), &gamma) in dx.iter_mut().zip(xr).zip(dyr).zip(gamma) {
-                        let (g, xhat) = (d as f64 * gamma as f64, ((v - m) * s) as f64);
-                        *out = (s64 * (g - mean_g - xhat * sum_g_xhat / w)) as f32;
-                    }
-                }
+                let (first, len) = (i * band, dx.len() / width);
+                let at = first * width..(first + len) * width;
+                let stats = (&mean[first..][..len], &invstd[first..][..len]);
+                dx_rows(&x[at.clone()], &dy[at], dx, width, gamma, stats.0, stats.1);
             });
     }
     let columns = width.div_ceil(rayon::current_num_threads()).max(8);
     (dgamma[..width].par_chunks_mut(columns))
         .enumerate()
         .for_each(|(i, dgamma)| {
-            let first = i * columns;
-            for r in 0..rows {
-                let (m, s) = (mean[r], invstd[r]);
-                let xr = &x[r * width + first..][..dgamma.len()];
-                let dyr = &dy[r * width + first..][..dgamma.len()];
-                for ((dg, &d), &v) in dgamma.iter_mut().zip(dyr).zip(xr) {
-                    *dg += d * ((v - m) * s);
-                }
-            }
+            dgamma_columns(
+                x,
+                dy,
+                width,
+                i * columns,
+                &mean[..rows],
+                &invstd[..rows],
+                dgamma,
+            );
         });
     if let Some(dbeta) = dbeta {
         (dbeta[..width].par_chunks_mut(columns))
