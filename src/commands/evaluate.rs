@@ -295,6 +295,10 @@ fn own_split(
         train, mut eval, ..
     } = data;
     let set = match wanted {
+        // Its windows a block apart, as the validation split's, not at every token.
+        "train" if train.windows.is_some() => {
+            train.a_block_apart(trained.preprocess.sample_shape.iter().product())
+        }
         "train" => train,
         other => match eval.iter().position(|(n, _)| *n == other) {
             Some(i) => eval.swap_remove(i).1,

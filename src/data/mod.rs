@@ -48,6 +48,16 @@ impl Dataset {
         (self.features.len() + self.targets.len() + self.tokens.len()) * 4
     }
 
+    /// A text's windows a block apart, as evaluation reads them: each token is read once.
+    /// Training's start at every token.
+    pub fn a_block_apart(self, block: usize) -> Dataset {
+        Dataset {
+            len: self.tokens.len().saturating_sub(1) / block,
+            windows: Some(block),
+            ..self
+        }
+    }
+
     /// The bytes of what a model that `reads` so keeps of it while training
     /// (`train::Samples`): the values and the ids it reads, and the targets. A text's tokens
     /// are its ids and its targets.

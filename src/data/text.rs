@@ -117,11 +117,10 @@ pub(super) fn windows(
     let val_len = val.len();
     let val = Dataset {
         tokens: val,
-        len: val_len.saturating_sub(1) / block,
         origin: origin.clone(),
-        windows: Some(block),
         ..Dataset::default()
-    };
+    }
+    .a_block_apart(block);
     let train = Dataset {
         len: train.len() - block,
         tokens: train,

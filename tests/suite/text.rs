@@ -583,6 +583,43 @@ fn metrics_without_timing(dir: &Path) -> Vec<String> {
 /// Dropout on the small GPT's attention probabilities, as `--set` arguments.
 const ATTENTION_DROPOUT: [&str; 2] = ["--set", "model.blocks.h[2].dropout=0.2"];
 
+/// `trainer eval` reads a text's splits in windows a block apart, the training split's too
+/// (training reads one at every token), and reports perplexity beside the loss.
+#[test]
+fn eval_reads_a_texts_splits_a_block_apart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = small_gpt(tmp.path());
+    let dir = run_job(
+        &job,
+        &tmp.path().join("runs"),
+        &["--set", "train.max_steps=10"],
+    );
+    let run = dir.to_str().unwrap();
+    // 3,000 characters: 2,700 train and 300 validate, in windows of 8 and the token after.
+    for (split, windows) in [("train", 2699 / 8), ("val", 299 / 8)] {
+        let out = trainer(&["eval", run, "--split", split]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let text = stdout(&out);
+        assert!(
+            text.starts_with(&format!("{split} ({windows} samples)")),
+            "{text}"
+        );
+        let metric = |name: &str| -> f64 {
+            let line = text
+                .lines()
+                .find(|l| l.trim_start().starts_with(name))
+                .unwrap();
+            line.split_whitespace().nth(1).unwrap().parse().unwrap()
+        };
+        let loss = metric("loss");
+        assert!(loss > 0.0 && loss < 12f64.ln(), "{text}");
+        assert!(
+            (metric("perplexity") - loss.exp()).abs() < 1e-4 * loss.exp(),
+            "{text}"
+        );
+    }
+}
+
 /// A GPT run resumed from its step-20 checkpoint, with gradient accumulation, activation
 /// checkpointing and attention dropout, ends as the uninterrupted run: the same windows in
 /// the same order, the same masks, the same losses and the same final weights, bit for bit.
