@@ -60,3 +60,21 @@ pub fn exp(x: f32) -> f32 {
         << 23;
     p * f32::from_bits(two_to_n)
 }
+
+/// Partial sums of `lane_sum`: one AVX-512 register of f64.
+pub const LANES: usize = 8;
+
+/// Σ f(v) over `values` in f64, in LANES partial sums side by side (so that the loop
+/// vectorises), added at the end. A normalisation's row statistics use it.
+#[inline(always)]
+pub fn lane_sum(values: &[f32], f: impl Fn(f32) -> f64) -> f64 {
+    let mut lanes = [0.0f64; LANES];
+    let chunks = values.chunks_exact(LANES);
+    let tail: f64 = chunks.remainder().iter().map(|&v| f(v)).sum();
+    for chunk in chunks {
+        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+            *lane += f(v);
+        }
+    }
+    lanes.iter().sum::<f64>() + tail
+}

@@ -2,6 +2,7 @@
 
 use super::Kernels;
 use crate::tensor::cpu::{simd_fn, CpuBackend};
+use crate::tensor::vector_math::{lane_sum, LANES};
 use rayon::prelude::*;
 
 impl Kernels for CpuBackend {
@@ -159,23 +160,6 @@ simd_fn! {
         }
     }
 }
-
-/// Σ f(v) over `values` in f64, in LANES partial sums side by side, added at the end.
-#[inline(always)]
-fn lane_sum(values: &[f32], f: impl Fn(f32) -> f64) -> f64 {
-    let mut lanes = [0.0f64; LANES];
-    let chunks = values.chunks_exact(LANES);
-    let tail: f64 = chunks.remainder().iter().map(|&v| f(v)).sum();
-    for chunk in chunks {
-        for (lane, &v) in lanes.iter_mut().zip(chunk) {
-            *lane += f(v);
-        }
-    }
-    lanes.iter().sum::<f64>() + tail
-}
-
-/// Partial sums of `lane_sum` and `row_sums`: one AVX-512 register of f64.
-const LANES: usize = 8;
 
 /// Σ dy·γ and Σ dy·γ·x̂ over a row (x̂ = (x − mean)·invstd), in f64 lanes as `lane_sum`.
 #[inline(always)]
