@@ -135,6 +135,25 @@ macro_rules! simd_fn {
 }
 pub(crate) use simd_fn;
 
+/// Rows per parallel task of a row-wise op (a normalisation): at least 16k values, so that
+/// a task outweighs its scheduling.
+pub(crate) fn rows_per_band(width: usize) -> usize {
+    (16_384 / width.max(1)).max(1)
+}
+
+/// `f(rows, band)` for bands of whole rows of `out` ([rows, width]) in parallel, each with
+/// its range of rows.
+pub(crate) fn row_bands(
+    out: &mut [f32],
+    width: usize,
+    f: impl Fn(std::ops::Range<usize>, &mut [f32]) + Sync,
+) {
+    let band = rows_per_band(width);
+    (out.par_chunks_mut(band * width))
+        .enumerate()
+        .for_each(|(i, out)| f(i * band..i * band + out.len() / width, out));
+}
+
 /// `map2` over a single buffer, updated in place.
 pub(crate) fn map1(out: &mut [f32], f: impl Fn(&mut [f32], usize) + Sync) {
     if out.len() < PARALLEL_MIN_LEN {

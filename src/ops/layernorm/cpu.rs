@@ -1,7 +1,7 @@
 //! layer norm on the CPU: bands of rows in parallel, each row's statistics in f64.
 
 use super::Kernels;
-use crate::tensor::cpu::{simd_fn, CpuBackend};
+use crate::tensor::cpu::{row_bands, rows_per_band, simd_fn, CpuBackend};
 use crate::tensor::vector_math::{lane_sum, LANES};
 use rayon::prelude::*;
 
@@ -51,11 +51,6 @@ impl Kernels for CpuBackend {
     }
 }
 
-/// Rows per parallel task: at least 16k values, so a task outweighs its scheduling.
-fn band(width: usize) -> usize {
-    (16_384 / width.max(1)).max(1)
-}
-
 /// Layer norm over the last `width` values of each of `rows` rows, with γ (and β) per position.
 /// Saves each row's mean and invstd for the backward pass. Bands of rows run in parallel.
 #[allow(clippy::too_many_arguments)]
@@ -69,7 +64,7 @@ pub fn layernorm_forward(
     (mean, invstd): (&mut [f32], &mut [f32]),
     eps: f32,
 ) {
-    let band = band(width);
+    let band = rows_per_band(width);
     (y[..rows * width].par_chunks_mut(band * width))
         .zip(mean[..rows].par_chunks_mut(band))
         .zip(invstd[..rows].par_chunks_mut(band))
@@ -205,15 +200,11 @@ pub fn layernorm_backward(
 ) {
     let (x, dy) = (&x[..rows * width], &dy[..rows * width]);
     if let Some(dx) = dx {
-        let band = band(width);
-        (dx[..rows * width].par_chunks_mut(band * width))
-            .enumerate()
-            .for_each(|(i, dx)| {
-                let (first, len) = (i * band, dx.len() / width);
-                let at = first * width..(first + len) * width;
-                let stats = (&mean[first..][..len], &invstd[first..][..len]);
-                dx_rows(&x[at.clone()], &dy[at], dx, width, gamma, stats.0, stats.1);
-            });
+        row_bands(&mut dx[..rows * width], width, |rows, dx| {
+            let at = rows.start * width..rows.end * width;
+            let (mean, invstd) = (&mean[rows.clone()], &invstd[rows]);
+            dx_rows(&x[at.clone()], &dy[at], dx, width, gamma, mean, invstd);
+        });
     }
     let columns = width.div_ceil(rayon::current_num_threads()).max(8);
     (dgamma[..width].par_chunks_mut(columns))

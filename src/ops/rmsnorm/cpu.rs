@@ -1,7 +1,7 @@
 //! rmsnorm on the CPU: bands of rows in parallel, each row's sums in f64 (as layer norm's).
 
 use super::Kernels;
-use crate::tensor::cpu::{simd_fn, CpuBackend};
+use crate::tensor::cpu::{row_bands, rows_per_band, simd_fn, CpuBackend};
 use crate::tensor::vector_math::{lane_sum, LANES};
 use rayon::prelude::*;
 
@@ -17,7 +17,7 @@ impl Kernels for CpuBackend {
         eps: f32,
     ) {
         let gamma = &params[gamma..gamma + width];
-        let band = band(width);
+        let band = rows_per_band(width);
         (y[..rows * width].par_chunks_mut(band * width))
             .zip(saved[..rows].par_chunks_mut(band))
             .enumerate()
@@ -44,15 +44,10 @@ impl Kernels for CpuBackend {
         );
         let (x, dy, inv_rms) = (&x[..rows * width], &dy[..rows * width], &saved[..rows]);
         if let Some(dx) = dx {
-            let band = band(width);
-            (dx[..rows * width].par_chunks_mut(band * width))
-                .enumerate()
-                .for_each(|(i, dx)| {
-                    let (first, len) = (i * band, dx.len() / width);
-                    let at = first * width..(first + len) * width;
-                    let inv_rms = &inv_rms[first..][..len];
-                    dx_rows(&x[at.clone()], &dy[at], dx, width, g, inv_rms);
-                });
+            row_bands(&mut dx[..rows * width], width, |rows, dx| {
+                let at = rows.start * width..rows.end * width;
+                dx_rows(&x[at.clone()], &dy[at], dx, width, g, &inv_rms[rows]);
+            });
         }
         // dγ by bands of columns, each summed over the rows in order.
         let columns = width.div_ceil(rayon::current_num_threads()).max(8);
@@ -60,11 +55,6 @@ impl Kernels for CpuBackend {
             .enumerate()
             .for_each(|(i, dgamma)| dgamma_columns(x, dy, width, i * columns, inv_rms, dgamma));
     }
-}
-
-/// Rows per parallel task: at least 16k values, so a task outweighs its scheduling.
-fn band(width: usize) -> usize {
-    (16_384 / width.max(1)).max(1)
 }
 
 // The loops zip slices rather than index them, so that they vectorise, in a copy for each
