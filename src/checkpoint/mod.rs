@@ -18,6 +18,7 @@
 //! `spec_hash`, `format`, and the integrity fields of `file`.
 
 pub mod file;
+mod mapping;
 mod resume;
 pub mod superseded;
 pub mod weights;

@@ -11,8 +11,10 @@
 //! from `init_from` counts on from the file's).
 
 use super::file::{self, TensorOut, Values};
+use super::mapping::{Change, Mapping};
 use crate::error::{Error, Result};
 use crate::graph::{Graph, StateDictEntry};
+use crate::spec::StateDictNames;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -104,7 +106,9 @@ pub fn read_as(path: &Path, graph: &Graph, what: &str) -> Result<Weights> {
         .map(|e| e.name.as_str())
         .chain(tracked.iter().map(String::as_str))
         .collect();
-    let names: Vec<&str> = shapes.keys().map(String::as_str).collect();
+    let mapping = Mapping::new(&shapes, &params, graph.names);
+    // The model's names of the file's tensors.
+    let names: Vec<&str> = mapping.sources.keys().map(String::as_str).collect();
     let missing: Vec<&str> = wanted
         .iter()
         .copied()
@@ -130,25 +134,47 @@ pub fn read_as(path: &Path, graph: &Graph, what: &str) -> Result<Weights> {
                     .into(),
             ));
         }
+        let gpt = graph.names == StateDictNames::Sequential
+            && names.iter().any(|n| n.ends_with("wte.weight"));
+        let hint = match gpt {
+            true => {
+                "; a GPT's file (nanoGPT's or Hugging Face's) reads into a model with \
+                     model.state_dict_names = \"nanogpt\""
+            }
+            false => "",
+        };
         return Err(bad(format!(
             "{why}the model needs exactly: {} (PyTorch state_dict names: the layer's name, else \
-             its index in model.layers)",
+             its index in model.layers){hint}",
             expected.join(", ")
         )));
     }
     for e in params.iter().chain(&stats) {
-        let shape = &shapes[&e.name];
-        if *shape != e.shape {
+        let source = &mapping.sources[&e.name];
+        let theirs = &shapes[&source.name];
+        let shape = Mapping::shape_after(source.change, theirs, &e.shape);
+        if shape != e.shape {
+            let read_as = match source.name == e.name {
+                true => String::new(),
+                false => format!(" (read as `{}`)", e.name),
+            };
+            let layout = match source.change {
+                Change::Transpose => ", Conv1D's [in, out] of",
+                _ => "",
+            };
             return Err(bad(format!(
-                "tensor `{}` has shape {shape:?}, the model needs {:?}",
-                e.name, e.shape
+                "tensor `{}`{read_as} has shape {theirs:?}{layout}, the model needs {:?}",
+                source.name, e.shape
             )));
         }
     }
     let f = file::read(path).map_err(bad)?;
     let fill = |entries: &[StateDictEntry], out: &mut [f32]| -> Result<()> {
         for e in entries {
-            let values = f.f32s(&e.name).map_err(bad)?;
+            let source = &mapping.sources[&e.name];
+            let values = f.f32s(&source.name).map_err(bad)?;
+            let values =
+                Mapping::values_after(source.change, values, &shapes[&source.name], e.len());
             // A NaN would only show as a diverged loss or a NaN evaluation, far from its cause.
             if let Some((i, v)) = values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
                 return Err(bad(format!(
@@ -176,10 +202,44 @@ pub fn read_as(path: &Path, graph: &Graph, what: &str) -> Result<Weights> {
         running_stats: vec![0.0; graph.running_stats_len()],
         batches_tracked: tracked
             .iter()
-            .map(|n| f.count(n).map_err(bad))
+            .map(|n| f.count(&mapping.sources[n].name).map_err(bad))
             .collect::<Result<_>>()?,
     };
     fill(&params, &mut weights.params)?;
     fill(&stats, &mut weights.running_stats)?;
+    log_changes(&format!("{what}\"{shown}\""), &mapping, &shapes, &params);
     Ok(weights)
+}
+
+/// Says in train.log what reading a file changed: a Hugging Face layout, a cropped table.
+fn log_changes(
+    file: &str,
+    mapping: &Mapping,
+    shapes: &BTreeMap<String, Vec<usize>>,
+    model: &[StateDictEntry],
+) {
+    let changed = |change| mapping.sources.values().filter(move |s| s.change == change);
+    if mapping.hugging_face {
+        let skipped = match mapping.skipped.len() {
+            0 => String::new(),
+            n => format!("; {n} attention masks skipped"),
+        };
+        tracing::info!(
+            "{file}: a Hugging Face GPT-2 file: {} Conv1D matrices transposed to nn.Linear's \
+             [out, in]{skipped}",
+            changed(Change::Transpose).count()
+        );
+    }
+    for e in model {
+        let source = &mapping.sources[&e.name];
+        if source.change == Change::FirstRows {
+            tracing::info!(
+                "{file}: `{}` has {} positions; the model reads the first {}, as nanoGPT's \
+                 crop_block_size",
+                source.name,
+                shapes[&source.name][0],
+                e.shape[0]
+            );
+        }
+    }
 }

@@ -14,6 +14,7 @@ mod cuda_parity;
 mod data_parallel;
 mod docs;
 mod gradients;
+mod hugging_face;
 mod kernels_on_host;
 mod layout;
 mod mixed_precision;

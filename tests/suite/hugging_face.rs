@@ -1,0 +1,317 @@
+//! model.init_from reads Hugging Face GPT-2 files as nanoGPT's from_pretrained does: Conv1D
+//! matrices transposed, names with or without `transformer.`, attention masks and a tied
+//! lm_head skipped, and a longer position table cropped to the block. The model then computes
+//! transformers' own logits (tests/fixtures/make_hf_gpt2.py wrote both).
+
+use crate::common::{self, root, stderr, trainer};
+use safetensors::SafeTensors;
+use std::path::{Path, PathBuf};
+use trainer::checkpoint::weights;
+use trainer::graph::{DataShape, Graph, Network};
+use trainer::tensor::cpu::CpuBackend;
+
+const FIXTURE: &str = "tests/fixtures/hf_gpt2";
+/// The fixture's model: GPT-2's shape, small. Its position table has 32 rows; the job's
+/// block is 16.
+const VOCABULARY: usize = 256;
+const BLOCK: usize = 16;
+
+/// GPT-2's architecture at the fixture's size, on the bundled Shakespeare as bytes.
+fn job(init_from: &Path) -> String {
+    format!(
+        r#"[job]
+name = "hf"
+seed = 1
+[data]
+source = "text"
+path = "{data}"
+tokenizer = "bytes"
+block_size = {BLOCK}
+batch_size = 4
+[model]
+init_from = "{init_from}"
+state_dict_names = "nanogpt"
+layers = [
+  {{ type = "embedding", num_embeddings = {VOCABULARY}, embedding_dim = 32, name = "wte" }},
+  {{ type = "position_embedding", num_positions = {BLOCK}, name = "wpe" }},
+  {{ type = "repeat", block = "h", times = 2 }},
+  {{ type = "layernorm", name = "ln_f" }},
+  {{ type = "linear", out = {VOCABULARY}, bias = false, tied_to = "wte", name = "lm_head" }},
+]
+[model.blocks]
+h = [
+  {{ type = "layernorm", name = "ln_1" }},
+  {{ type = "linear", out = 96, name = "attn_c_attn" }},
+  {{ type = "attention", heads = 2 }},
+  {{ type = "linear", out = 32, name = "attn_c_proj" }},
+  {{ type = "add", inputs = ["block_input", "attn_c_proj"], name = "attn_out" }},
+  {{ type = "layernorm", name = "ln_2" }},
+  {{ type = "linear", out = 128, name = "mlp_c_fc" }},
+  {{ type = "gelu", approximate = "tanh" }},
+  {{ type = "linear", out = 32, name = "mlp_c_proj" }},
+  {{ type = "add", inputs = ["attn_out", "mlp_c_proj"] }},
+]
+[loss]
+type = "cross_entropy"
+[optimizer]
+type = "adamw"
+lr = 3e-5
+[train]
+max_steps = 2
+log_every = 1
+"#,
+        data = root().join("jobs/data/shakespeare.txt.gz").display(),
+        init_from = init_from.display(),
+    )
+}
+
+fn graph(dir: &Path, init_from: &Path) -> Graph {
+    let path = dir.join("job.toml");
+    std::fs::write(&path, job(init_from)).unwrap();
+    let spec = trainer::spec::load_job(&path, &[]).unwrap();
+    let data = DataShape {
+        sample_shape: vec![BLOCK],
+        classes: Some(VOCABULARY),
+        classes_from: None,
+        target_dim: BLOCK,
+    };
+    Graph::build(&spec, &data).unwrap()
+}
+
+/// (input ids, transformers' logits) from the fixture.
+fn expected() -> (Vec<f32>, Vec<f32>) {
+    let bytes = std::fs::read(root().join(FIXTURE).join("logits.safetensors")).unwrap();
+    let file = SafeTensors::deserialize(&bytes).unwrap();
+    let f32s = |name: &str| -> Vec<f32> {
+        let t = file.tensor(name).unwrap();
+        bytemuck::pod_collect_to_vec(t.data())
+    };
+    (f32s("input"), f32s("logits"))
+}
+
+/// Our logits for the fixture's input, from `file` read as model.init_from.
+fn logits(file: &Path) -> Vec<f32> {
+    let dir = tempfile::tempdir().unwrap();
+    let graph = graph(dir.path(), file);
+    let w = weights::read(file, &graph).unwrap();
+    let (input, _) = expected();
+    let n = input.len() / BLOCK;
+    let backend = CpuBackend::new(1);
+    let mut net = Network::new(&backend, graph, &w.params, n, 0).unwrap();
+    net.set_input(&backend, &input);
+    net.forward(&backend, n, false, 0);
+    net.output()[..n * BLOCK * VOCABULARY].to_vec()
+}
+
+fn assert_close(ours: &[f32], theirs: &[f32]) {
+    assert_eq!(ours.len(), theirs.len());
+    let worst = (ours.iter().zip(theirs))
+        .map(|(a, b)| (a - b).abs() / (1.0 + b.abs()))
+        .fold(0.0f32, f32::max);
+    assert!(worst < 1e-4, "logits differ from transformers' by {worst}");
+}
+
+/// save_pretrained's own file: `transformer.` names, Conv1D layouts, no lm_head.
+#[test]
+fn a_transformers_gpt2_file_gives_transformers_logits() {
+    let (_, theirs) = expected();
+    assert_close(
+        &logits(&root().join(FIXTURE).join("model.safetensors")),
+        &theirs,
+    );
+}
+
+/// The fixture rewritten as the hub's openai-community/gpt2 file is: names without
+/// `transformer.`, a causal mask `h.<i>.attn.bias` in each block, and lm_head.weight.
+fn hub_style(dir: &Path) -> PathBuf {
+    let bytes = std::fs::read(root().join(FIXTURE).join("model.safetensors")).unwrap();
+    let file = SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<(String, Vec<f32>, Vec<usize>)> = (file.tensors().into_iter())
+        .map(|(name, t)| {
+            let name = name.strip_prefix("transformer.").unwrap().to_string();
+            (
+                name,
+                bytemuck::pod_collect_to_vec(t.data()),
+                t.shape().to_vec(),
+            )
+        })
+        .collect();
+    let wte = tensors
+        .iter()
+        .find(|t| t.0 == "wte.weight")
+        .unwrap()
+        .clone();
+    tensors.push(("lm_head.weight".into(), wte.1, wte.2));
+    let mask: Vec<f32> = (0..32 * 32).map(|i| f32::from(i % 32 <= i / 32)).collect();
+    for block in 0..2 {
+        tensors.push((
+            format!("h.{block}.attn.bias"),
+            mask.clone(),
+            vec![1, 1, 32, 32],
+        ));
+    }
+    let path = dir.join("hub.safetensors");
+    let list: Vec<(&str, &[f32], Vec<usize>)> = (tensors.iter())
+        .map(|(n, v, s)| (n.as_str(), v.as_slice(), s.clone()))
+        .collect();
+    common::write_f32_safetensors(&path, &list);
+    path
+}
+
+#[test]
+fn the_hubs_gpt2_layout_gives_the_same_logits() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, theirs) = expected();
+    assert_close(&logits(&hub_style(dir.path())), &theirs);
+}
+
+/// Fine-tuning from the file: the run starts, says what it read, trains and samples.
+#[test]
+fn a_run_fine_tunes_a_gpt2_file_and_samples() {
+    let dir = tempfile::tempdir().unwrap();
+    let job_path = dir.path().join("job.toml");
+    let init_from = hub_style(dir.path());
+    std::fs::write(&job_path, job(&init_from)).unwrap();
+    let runs = dir.path().join("runs");
+    let out = trainer(&[
+        "run",
+        job_path.to_str().unwrap(),
+        "-q",
+        "--runs-dir",
+        runs.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let run = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    for said in [
+        "a Hugging Face GPT-2 file: 8 Conv1D matrices transposed",
+        "2 attention masks skipped",
+        "`wpe.weight` has 32 positions; the model reads the first 16",
+    ] {
+        assert!(log.contains(said), "train.log lacks {said:?}:\n{log}");
+    }
+    let out = trainer(&[
+        "sample",
+        run.to_str().unwrap(),
+        "--prompt",
+        "ROMEO:",
+        "--tokens",
+        "8",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("ROMEO:"));
+}
+
+/// GPT-2's vocabulary is 50,257: a job padded to 50,304 says which shape the file has.
+#[test]
+fn a_file_of_another_vocabulary_is_refused_naming_both_shapes() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = root().join(FIXTURE).join("model.safetensors");
+    let job_path = dir.path().join("job.toml");
+    let text = (job(&file).replace("= 256", "= 320")).replace(
+        "tokenizer = \"bytes\"",
+        "tokenizer = \"bytes\"\nclasses = 320",
+    );
+    std::fs::write(&job_path, text).unwrap();
+    let runs = dir.path().join("runs");
+    let out = trainer(&[
+        "run",
+        job_path.to_str().unwrap(),
+        "-q",
+        "--runs-dir",
+        runs.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains(
+            "tensor `transformer.wte.weight` has shape [256, 32], the model needs [320, 32]"
+        ),
+        "{err}"
+    );
+    assert!(!runs.join("hf").exists(), "nothing is written");
+}
+
+/// The hub's openai-community/gpt2 model.safetensors, its values all 0: its names and shapes
+/// (Conv1D matrices, a causal mask in each block, no lm_head), and a sparse data section.
+fn gpt2_small_hub_file(path: &Path) {
+    let (vocabulary, positions, width) = (50257, 1024, 768);
+    let mut shapes: Vec<(String, Vec<usize>)> = vec![
+        ("wte.weight".into(), vec![vocabulary, width]),
+        ("wpe.weight".into(), vec![positions, width]),
+        ("ln_f.weight".into(), vec![width]),
+        ("ln_f.bias".into(), vec![width]),
+    ];
+    for i in 0..12 {
+        for (name, shape) in [
+            ("ln_1.weight", vec![width]),
+            ("ln_1.bias", vec![width]),
+            ("attn.bias", vec![1, 1, positions, positions]),
+            ("attn.c_attn.weight", vec![width, 3 * width]),
+            ("attn.c_attn.bias", vec![3 * width]),
+            ("attn.c_proj.weight", vec![width, width]),
+            ("attn.c_proj.bias", vec![width]),
+            ("ln_2.weight", vec![width]),
+            ("ln_2.bias", vec![width]),
+            ("mlp.c_fc.weight", vec![width, 4 * width]),
+            ("mlp.c_fc.bias", vec![4 * width]),
+            ("mlp.c_proj.weight", vec![4 * width, width]),
+            ("mlp.c_proj.bias", vec![width]),
+        ] {
+            shapes.push((format!("h.{i}.{name}"), shape));
+        }
+    }
+    let mut header = serde_json::Map::new();
+    header.insert("__metadata__".into(), serde_json::json!({"format": "pt"}));
+    let mut end = 0;
+    for (name, shape) in shapes {
+        let start = end;
+        end += shape.iter().product::<usize>() * 4;
+        let entry =
+            serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [start, end]});
+        header.insert(name, entry);
+    }
+    let mut header = serde_json::to_vec(&header).unwrap();
+    header.resize(header.len().next_multiple_of(8), b' ');
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend(header);
+    std::fs::write(path, &bytes).unwrap();
+    let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    file.set_len((bytes.len() + end) as u64).unwrap();
+}
+
+/// jobs/gpt2_finetune.toml is GPT-2 small, 124,439,808 parameters, and reads the hub's file.
+#[test]
+fn the_finetune_job_reads_the_hubs_gpt2_small() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("model.safetensors");
+    gpt2_small_hub_file(&file);
+    let out = trainer(&[
+        "check",
+        "jobs/gpt2_finetune.toml",
+        "--set",
+        &format!("model.init_from='{}'", file.display()),
+        "--set",
+        "device.type='cpu'",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("total parameters: 124,439,808"), "{text}");
+}
+
+/// A model under nn.Sequential's names is told how to read a GPT's file.
+#[test]
+fn a_gpt_file_without_nanogpt_names_says_which_key_reads_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = root().join(FIXTURE).join("model.safetensors");
+    let job_path = dir.path().join("job.toml");
+    let text = job(&file).replace("state_dict_names = \"nanogpt\"\n", "");
+    std::fs::write(&job_path, text).unwrap();
+    let out = trainer(&["check", job_path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("with model.state_dict_names = \"nanogpt\""),
+        "{}",
+        stderr(&out)
+    );
+}
