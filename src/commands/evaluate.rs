@@ -13,7 +13,7 @@ use crate::train::Samples;
 /// `trainer eval`'s arguments.
 #[derive(clap::Args)]
 pub struct EvalArgs {
-    /// The run directory.
+    /// The run directory, or a job file whose model.init_from gives the weights.
     pub run: PathBuf,
     /// train, val or test (default: val, else test).
     #[arg(long)]
@@ -54,7 +54,8 @@ pub struct Evaluation {
     pub class_names: Vec<String>,
 }
 
-/// A trained model read back from its run directory, on the CPU.
+/// A trained model read back from its run directory, or a job's model.init_from weights,
+/// on the CPU.
 pub(super) struct Trained {
     pub spec: JobSpec,
     pub graph: Graph,
@@ -66,7 +67,12 @@ pub(super) struct Trained {
 }
 
 impl Trained {
+    /// `run`'s model: a run directory's final weights or `checkpoint`, or a job file's
+    /// model.init_from.
     pub fn load(run: &Path, checkpoint: Option<&Path>) -> Result<Trained> {
+        if run.is_file() && run.extension().is_some_and(|e| e == "toml") {
+            return Trained::from_job(run, checkpoint);
+        }
         let config = run.join("config.toml");
         if !config.is_file() {
             return Err(Error::Job(format!(
@@ -117,6 +123,42 @@ impl Trained {
             running_stats,
             preprocess,
             weights,
+        })
+    }
+
+    /// A job's model before training: the weights model.init_from names (GPT-2's, say), the
+    /// vocabulary and preprocessing of the job's data.
+    fn from_job(job: &Path, checkpoint: Option<&Path>) -> Result<Trained> {
+        let shown = job.display();
+        if checkpoint.is_some() {
+            return Err(Error::Job(format!(
+                "--checkpoint: {shown} is a job file; a checkpoint belongs to a run directory"
+            )));
+        }
+        let spec = spec::load_job(job, &[])?;
+        let Some(init_from) = spec.model.init_from.clone() else {
+            return Err(Error::Job(format!(
+                "{shown}: a job file's model is its model.init_from weights, and this job has \
+                 none: give a run directory, or a job that starts from weights"
+            )));
+        };
+        let data =
+            data::load(&spec.data, spec.job.seed).map_err(|e| with_data_key(job, &[], &spec, e))?;
+        let shape = DataShape {
+            sample_shape: data.sample_shape.clone(),
+            classes: data.classes,
+            classes_from: data.classes_from.clone(),
+            target_dim: data.target_dim,
+        };
+        let graph = Graph::build(&spec, &shape)?;
+        let weights = read_init_from(job, &[], &init_from, &graph)?;
+        Ok(Trained {
+            spec,
+            graph,
+            params: weights.params,
+            running_stats: weights.running_stats,
+            preprocess: data.preprocess,
+            weights: init_from,
         })
     }
 
@@ -433,7 +475,7 @@ pub fn report(e: &Evaluation) -> String {
 /// `trainer predict`'s arguments.
 #[derive(clap::Args)]
 pub struct PredictArgs {
-    /// The run directory.
+    /// The run directory, or a job file whose model.init_from gives the weights.
     pub run: PathBuf,
     /// The inputs: a CSV file of the run's columns (the label may be left out), or IDX
     /// images.

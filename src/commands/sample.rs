@@ -17,7 +17,8 @@ use crate::tensor::HalfKind;
 /// `trainer sample`'s arguments.
 #[derive(clap::Args)]
 pub struct SampleArgs {
-    /// The run directory of a model trained on text.
+    /// The run directory of a model trained on text, or a job file whose model.init_from
+    /// gives the weights (GPT-2's, say).
     pub run: PathBuf,
     /// A training checkpoint of the run instead of its final weights.
     #[arg(long, value_name = "FILE")]

@@ -28,6 +28,7 @@ path = "{data}"
 tokenizer = "bytes"
 block_size = {BLOCK}
 batch_size = 4
+val_fraction = 0.1
 [model]
 init_from = "{init_from}"
 state_dict_names = "nanogpt"
@@ -311,6 +312,50 @@ fn a_gpt_file_without_nanogpt_names_says_which_key_reads_it() {
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(
         stderr(&out).contains("with model.state_dict_names = \"nanogpt\""),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// sample and eval read a job file as GPT-2 before training: its init_from weights, its
+/// data's vocabulary.
+#[test]
+fn sample_and_eval_take_a_job_file_for_its_init_from_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let job_path = dir.path().join("job.toml");
+    std::fs::write(
+        &job_path,
+        job(&root().join(FIXTURE).join("model.safetensors")),
+    )
+    .unwrap();
+    let job_arg = job_path.to_str().unwrap();
+    let sample = |seed: &str| {
+        let out = trainer(&[
+            "sample", job_arg, "--prompt", "KING", "--tokens", "20", "--seed", seed,
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let text = sample("3");
+    assert!(text.starts_with("KING") && text.len() > 4, "{text:?}");
+    assert_eq!(sample("3"), text, "the same seed draws the same text");
+
+    let out = trainer(&["eval", job_arg]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(report.contains("perplexity"), "{report}");
+
+    let out = trainer(&["sample", job_arg, "--checkpoint", job_arg]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("is a job file"), "{}", stderr(&out));
+
+    let untrained = dir.path().join("untrained.toml");
+    let text = job(Path::new("x")).replace("init_from = \"x\"\n", "");
+    std::fs::write(&untrained, text).unwrap();
+    let out = trainer(&["sample", untrained.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("this job has none"),
         "{}",
         stderr(&out)
     );
