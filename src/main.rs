@@ -330,7 +330,7 @@ fn main() -> ExitCode {
         Command::Predict(args) => commands::predict(&args).and_then(|rows| {
             print_out(&format!("{}: {rows} predictions\n", args.output.display()))
         }),
-        Command::Sample(args) => commands::sample(&args).and_then(|text| print_out(&text)),
+        Command::Sample(args) => commands::sample(&args),
         Command::Profile(args) => commands::profile(&args),
         Command::Ls { runs_dir, shown } => {
             results::list(&[runs_dir], &shown.options()).and_then(|t| print_out(&t))

@@ -10,6 +10,7 @@
 
 use super::evaluate::Trained;
 use super::*;
+use crate::data::vocabulary::{TextStream, Vocabulary};
 use crate::graph::Network;
 use crate::tensor::rng::Rng;
 use crate::tensor::HalfKind;
@@ -43,8 +44,8 @@ pub struct SampleArgs {
     pub device: String,
 }
 
-/// The prompt and the generated text.
-pub fn sample(args: &SampleArgs) -> Result<String> {
+/// Writes the prompt, then each drawn token as soon as it is drawn.
+pub fn sample(args: &SampleArgs) -> Result<()> {
     if !(args.temperature > 0.0 && args.temperature.is_finite()) {
         return Err(Error::Job(format!(
             "--temperature {}: must be a positive number",
@@ -74,18 +75,20 @@ pub fn sample(args: &SampleArgs) -> Result<String> {
         ));
     }
     let known = vocabulary.len();
-    let generated = match parse_device(&args.device) {
+    let mut out = Output::new(&vocabulary);
+    out.write(&args.prompt);
+    let mut emit = |id| out.token(id);
+    match parse_device(&args.device) {
         Some(DeviceChoice::Cpu) => {
             let backend = CpuBackend::new(cpu_threads(&trained.spec));
             let half = train::half_kind(trained.spec.precision.mode);
-            generate(&backend, half, &trained, &mut ids, known, args)?
+            generate(&backend, half, &trained, &mut ids, known, args, &mut emit)?;
         }
         Some(DeviceChoice::Cuda(n)) => {
             let backend = CudaBackend::new(n, false)?;
             // fp32: the key/value cache's products take f32 buffers.
-            let generated = generate(&backend, None, &trained, &mut ids, known, args)?;
+            generate(&backend, None, &trained, &mut ids, known, args, &mut emit)?;
             backend.status()?;
-            generated
         }
         _ => {
             return Err(Error::Job(format!(
@@ -94,10 +97,59 @@ pub fn sample(args: &SampleArgs) -> Result<String> {
             )))
         }
     };
-    Ok(args.prompt.clone() + &vocabulary.decode(&generated))
+    out.finish()
 }
 
-/// Appends `args.tokens` drawn tokens to `ids`; returns them. Tokens are drawn from the
+/// Standard output, written token by token. A reader that goes away (`| head`) stops the
+/// drawing, quietly.
+struct Output<'a> {
+    vocabulary: &'a Vocabulary,
+    text: TextStream,
+    stdout: std::io::StdoutLock<'static>,
+    failed: Option<std::io::Error>,
+}
+
+impl<'a> Output<'a> {
+    fn new(vocabulary: &'a Vocabulary) -> Self {
+        Output {
+            vocabulary,
+            text: TextStream::default(),
+            stdout: std::io::stdout().lock(),
+            failed: None,
+        }
+    }
+
+    /// Whether the text still goes somewhere.
+    fn write(&mut self, text: &str) -> bool {
+        use std::io::Write;
+        if self.failed.is_none() {
+            let written =
+                (self.stdout.write_all(text.as_bytes())).and_then(|()| self.stdout.flush());
+            self.failed = written.err();
+        }
+        self.failed.is_none()
+    }
+
+    /// Writes what token `id` completes; whether to draw on.
+    fn token(&mut self, id: u32) -> bool {
+        let text = self.text.push(&self.vocabulary.token_bytes(id));
+        self.write(&text)
+    }
+
+    fn finish(mut self) -> Result<()> {
+        let rest = std::mem::take(&mut self.text).finish();
+        self.write(&rest);
+        match self.failed {
+            Some(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                Err(crate::runtime_err!("cannot write to stdout: {e}"))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Appends `args.tokens` drawn tokens to `ids`, each passed to `emit` as it is drawn; returns
+/// them. `emit` returning false stops the drawing. Tokens are drawn from the
 /// vocabulary's `known` ids only: a padded output layer (GPT-2's 50,304 logits for 50,257
 /// tokens) has logits for ids no text holds.
 fn generate<B: Engine>(
@@ -107,6 +159,7 @@ fn generate<B: Engine>(
     ids: &mut Vec<u32>,
     known: usize,
     args: &SampleArgs,
+    emit: &mut dyn FnMut(u32) -> bool,
 ) -> Result<Vec<u32>> {
     let how = How {
         backend,
@@ -114,7 +167,7 @@ fn generate<B: Engine>(
         cached: true,
         shorter: true,
     };
-    generate_with(how, trained, ids, known, args)
+    generate_with(how, trained, ids, known, args, emit)
 }
 
 /// How `generate_with` runs the model: on `backend` with activations in `half` (None:
@@ -134,6 +187,7 @@ fn generate_with<B: Engine>(
     ids: &mut Vec<u32>,
     known: usize,
     args: &SampleArgs,
+    emit: &mut dyn FnMut(u32) -> bool,
 ) -> Result<Vec<u32>> {
     let (backend, half, shorter) = (how.backend, how.half, how.shorter);
     let block = trained.preprocess.sample_shape.iter().product::<usize>();
@@ -159,7 +213,10 @@ fn generate_with<B: Engine>(
             );
             ids.push(next);
             drawn.push(next);
-            continue;
+            match emit(next) {
+                true => continue,
+                false => break,
+            }
         }
         let context = &ids[ids.len().saturating_sub(block)..];
         let len = match shorter {
@@ -183,6 +240,9 @@ fn generate_with<B: Engine>(
         let next = draw(last, args.temperature, args.top_k, &mut rng);
         ids.push(next);
         drawn.push(next);
+        if !emit(next) {
+            break;
+        }
     }
     Ok(drawn)
 }
@@ -402,7 +462,7 @@ mod tests {
             cached,
             shorter,
         };
-        generate_with(how, &trained, &mut vec![3], known, &args).unwrap()
+        generate_with(how, &trained, &mut vec![3], known, &args, &mut |_| true).unwrap()
     }
 
     /// The key/value cache gives each position the logits the whole block gives it (to

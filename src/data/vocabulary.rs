@@ -59,6 +59,21 @@ impl Vocabulary {
         }
     }
 
+    /// The bytes of one token id; an id past the vocabulary has none.
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        match self.tokenizer {
+            Tokenizer::Bytes => vec![id as u8],
+            Tokenizer::Gpt2 if (id as usize) < GPT2_VOCABULARY => {
+                (tiktoken_rs::r50k_base_singleton().decode_bytes(&[id])).unwrap_or_default()
+            }
+            Tokenizer::Gpt2 => Vec::new(),
+            Tokenizer::Char => match self.chars.chars().nth(id as usize) {
+                Some(c) => c.to_string().into_bytes(),
+                None => Vec::new(),
+            },
+        }
+    }
+
     /// The text of token ids (bytes that are not UTF-8 are replaced, as Python's
     /// errors="replace"); ids past the vocabulary write nothing.
     pub fn decode(&self, ids: &[u32]) -> String {
@@ -83,5 +98,81 @@ impl Vocabulary {
                 ids.iter().filter_map(|&i| chars.get(i as usize)).collect()
             }
         }
+    }
+}
+
+/// Text from token bytes as they come, the same as decoding them all at once: a character
+/// cut between two tokens waits for its end, and bytes that cannot be UTF-8 are replaced.
+#[derive(Debug, Default)]
+pub struct TextStream {
+    /// The start of a character whose end has not come yet.
+    pending: Vec<u8>,
+}
+
+impl TextStream {
+    /// The text that `bytes`, after those before, complete.
+    pub fn push(&mut self, bytes: &[u8]) -> String {
+        self.pending.extend_from_slice(bytes);
+        let mut text = String::new();
+        loop {
+            let error = match std::str::from_utf8(&self.pending) {
+                Ok(valid) => {
+                    text.push_str(valid);
+                    self.pending.clear();
+                    return text;
+                }
+                Err(e) => e,
+            };
+            let (valid, rest) = self.pending.split_at(error.valid_up_to());
+            text.push_str(std::str::from_utf8(valid).expect("checked up to here"));
+            match error.error_len() {
+                Some(invalid) => {
+                    text.push(char::REPLACEMENT_CHARACTER);
+                    self.pending = rest[invalid..].to_vec();
+                }
+                // Cut short: the rest of the character may come with the next token.
+                None => {
+                    self.pending = rest.to_vec();
+                    return text;
+                }
+            }
+        }
+    }
+
+    /// What is left: a character cut short at the end is replaced.
+    pub fn finish(self) -> String {
+        String::from_utf8_lossy(&self.pending).into_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Token by token, the stream writes what `decode` writes for all the ids at once.
+    fn streamed(v: &Vocabulary, ids: &[u32]) -> String {
+        let mut stream = TextStream::default();
+        let mut text: String = ids
+            .iter()
+            .map(|&id| stream.push(&v.token_bytes(id)))
+            .collect();
+        text += &stream.finish();
+        text
+    }
+
+    #[test]
+    fn a_stream_of_tokens_writes_what_decoding_them_all_writes() {
+        let gpt2 = Vocabulary::of(Tokenizer::Gpt2, "");
+        let ids = gpt2.encode("héllo 世界 🎉 naïve").unwrap();
+        assert_eq!(streamed(&gpt2, &ids), gpt2.decode(&ids));
+        assert_eq!(streamed(&gpt2, &ids), "héllo 世界 🎉 naïve");
+        let bytes = Vocabulary::of(Tokenizer::Bytes, "");
+        // Bytes that are not UTF-8: a lone continuation byte, a cut character, a bad lead.
+        let ids = [
+            104, 0x80, 0xe4, 0xb8, 105, 0xff, 0xf0, 0x9f, 0x8e, 0x89, 0xe4,
+        ];
+        assert_eq!(streamed(&bytes, &ids), bytes.decode(&ids));
+        let chars = Vocabulary::of(Tokenizer::Char, "ab€");
+        assert_eq!(streamed(&chars, &[2, 0, 1, 9]), chars.decode(&[2, 0, 1, 9]));
     }
 }

@@ -360,3 +360,41 @@ fn sample_and_eval_take_a_job_file_for_its_init_from_weights() {
         stderr(&out)
     );
 }
+
+/// sample writes each token as it is drawn, and stops when its reader goes away: a pipe
+/// closed after the first bytes ends a draw of ten million tokens, quietly.
+#[test]
+fn sample_streams_and_stops_when_the_reader_goes() {
+    use std::io::Read;
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().unwrap();
+    let job_path = dir.path().join("job.toml");
+    std::fs::write(
+        &job_path,
+        job(&root().join(FIXTURE).join("model.safetensors")),
+    )
+    .unwrap();
+    let mut child = Command::new(common::trainer_bin())
+        .args(["sample", job_path.to_str().unwrap(), "--prompt", "KING"])
+        .args(["--tokens", "10000000"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 12];
+    child.stdout.take().unwrap().read_exact(&mut first).unwrap();
+    assert!(first.starts_with(b"KING"), "{first:?}");
+    // The pipe is closed now. Without the stop, the draw would take many minutes.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("sample drew on after its reader went away");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
+}
