@@ -338,12 +338,18 @@ impl TensorFile {
         self.raw(name).map(|(_, shape, _)| shape)
     }
 
-    /// A tensor's values as f32; the error names the tensor and what it holds instead.
+    /// A tensor's values as f32, half-precision ones widened exactly (Hugging Face's files
+    /// are often F16 or BF16); the error names the tensor and what it holds instead.
     pub fn f32s(&self, name: &str) -> Result<Vec<f32>, String> {
+        let widened = |b: &[u8], widen: fn([u8; 2]) -> f32| -> Vec<f32> {
+            b.chunks_exact(2).map(|h| widen([h[0], h[1]])).collect()
+        };
         match self.raw(name) {
             Some((Dtype::F32, _, b)) => Ok(values_from(b)),
+            Some((Dtype::F16, _, b)) => Ok(widened(b, |h| half::f16::from_le_bytes(h).to_f32())),
+            Some((Dtype::BF16, _, b)) => Ok(widened(b, |h| half::bf16::from_le_bytes(h).to_f32())),
             Some((dtype, _, _)) => Err(format!(
-                "tensor `{name}` is {dtype:?}; only F32 is read (convert it with \
+                "tensor `{name}` is {dtype:?}; F32, F16 and BF16 are read (convert it with \
                  tensor.float() before saving)"
             )),
             None => Err(format!("it has no tensor `{name}`")),
@@ -491,5 +497,41 @@ mod tests {
         std::fs::write(&path, bytes).unwrap();
         assert_eq!(read(&path).unwrap().f32s("params").unwrap(), values);
         assert!(read_metadata_only(&path).is_some());
+    }
+
+    /// F16 and BF16 tensors are widened to f32 exactly; other types are named.
+    #[test]
+    fn half_precision_tensors_are_read_widened() {
+        use safetensors::tensor::TensorView;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.safetensors");
+        let values = [1.5f32, -0.25, 65504.0, 3.0e-5];
+        let f16: Vec<u8> = (values.iter())
+            .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+            .collect();
+        let bf16: Vec<u8> = (values.iter())
+            .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+            .collect();
+        let ints = [7u8; 16];
+        let views = [
+            ("a", TensorView::new(Dtype::F16, vec![4], &f16).unwrap()),
+            ("b", TensorView::new(Dtype::BF16, vec![4], &bf16).unwrap()),
+            ("c", TensorView::new(Dtype::I32, vec![4], &ints).unwrap()),
+        ];
+        safetensors::serialize_to_file(views, None, &path).unwrap();
+        let file = read(&path).unwrap();
+        let want = |to: fn(f32) -> f32| values.map(to).to_vec();
+        assert_eq!(
+            file.f32s("a").unwrap(),
+            want(|v| half::f16::from_f32(v).to_f32())
+        );
+        assert_eq!(
+            file.f32s("b").unwrap(),
+            want(|v| half::bf16::from_f32(v).to_f32())
+        );
+        assert!(file
+            .f32s("c")
+            .unwrap_err()
+            .contains("is I32; F32, F16 and BF16 are read"));
     }
 }
