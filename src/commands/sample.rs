@@ -27,9 +27,16 @@ pub struct SampleArgs {
     /// The text to continue (default: a new line).
     #[arg(long, default_value = "\n")]
     pub prompt: String,
+    /// Read the text to continue from this file instead (UTF-8).
+    #[arg(long, value_name = "FILE", conflicts_with = "prompt")]
+    pub prompt_file: Option<PathBuf>,
     /// How many tokens to generate.
     #[arg(long, default_value_t = 200)]
     pub tokens: usize,
+    /// How many texts to draw from the prompt, one after another, with a line of dashes
+    /// between them (nanoGPT's num_samples).
+    #[arg(long, default_value_t = 1)]
+    pub samples: usize,
     /// Divides the logits: below 1 sharper, above 1 flatter.
     #[arg(long, default_value_t = 1.0)]
     pub temperature: f64,
@@ -63,31 +70,45 @@ pub fn sample(args: &SampleArgs) -> Result<()> {
             args.run.display()
         )));
     };
-    let mut ids = vocabulary.encode(&args.prompt).map_err(|c| {
+    let (prompt, flag) = match &args.prompt_file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                Error::Job(format!(
+                    "--prompt-file {}: cannot read it: {e}",
+                    path.display()
+                ))
+            })?;
+            (text, "--prompt-file")
+        }
+        None => (args.prompt.clone(), "--prompt"),
+    };
+    let ids = vocabulary.encode(&prompt).map_err(|c| {
         Error::Job(format!(
-            "--prompt: the character {c:?} is not in the run's vocabulary of {} tokens",
+            "{flag}: the character {c:?} is not in the run's vocabulary of {} tokens",
             vocabulary.len()
         ))
     })?;
     if ids.is_empty() {
-        return Err(Error::Job(
-            "--prompt: empty; give at least one character".into(),
-        ));
+        return Err(Error::Job(format!(
+            "{flag}: empty; give at least one character"
+        )));
     }
-    let known = vocabulary.len();
+    let texts = Texts {
+        prompt: &prompt,
+        ids: &ids,
+        known: vocabulary.len(),
+    };
     let mut out = Output::new(&vocabulary);
-    out.write(&args.prompt);
-    let mut emit = |id| out.token(id);
     match parse_device(&args.device) {
         Some(DeviceChoice::Cpu) => {
             let backend = CpuBackend::new(cpu_threads(&trained.spec));
             let half = train::half_kind(trained.spec.precision.mode);
-            generate(&backend, half, &trained, &mut ids, known, args, &mut emit)?;
+            texts.write(&backend, half, &trained, args, &mut out)?;
         }
         Some(DeviceChoice::Cuda(n)) => {
             let backend = CudaBackend::new(n, false)?;
             // fp32: the key/value cache's products take f32 buffers.
-            generate(&backend, None, &trained, &mut ids, known, args, &mut emit)?;
+            texts.write(&backend, None, &trained, args, &mut out)?;
             backend.status()?;
         }
         _ => {
@@ -98,6 +119,51 @@ pub fn sample(args: &SampleArgs) -> Result<()> {
         }
     };
     out.finish()
+}
+
+/// The texts `sample` draws: each the prompt and what follows it.
+struct Texts<'a> {
+    prompt: &'a str,
+    ids: &'a [u32],
+    /// The vocabulary's size: ids at or past it are never drawn.
+    known: usize,
+}
+
+impl Texts<'_> {
+    /// Draws `args.samples` texts, one seeded stream of draws for all, and writes them to
+    /// `out` as they come.
+    fn write<B: Engine>(
+        &self,
+        backend: &B,
+        half: Option<HalfKind>,
+        trained: &Trained,
+        args: &SampleArgs,
+        out: &mut Output,
+    ) -> Result<()> {
+        let mut rng = Rng::new(args.seed);
+        for sample in 0..args.samples {
+            if sample > 0 {
+                out.end_text();
+                out.write("\n---------------\n");
+            }
+            out.write(self.prompt);
+            let mut ids = self.ids.to_vec();
+            let how = How {
+                backend,
+                half,
+                cached: true,
+                shorter: true,
+            };
+            let mut emit = |id| out.token(id);
+            generate_with(
+                how, trained, &mut ids, self.known, args, &mut rng, &mut emit,
+            )?;
+            if !out.open() {
+                break;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Standard output, written token by token. A reader that goes away (`| head`) stops the
@@ -136,9 +202,19 @@ impl<'a> Output<'a> {
         self.write(&text)
     }
 
-    fn finish(mut self) -> Result<()> {
+    /// Whether the reader is still there.
+    fn open(&self) -> bool {
+        self.failed.is_none()
+    }
+
+    /// Writes what is left of the text's last character.
+    fn end_text(&mut self) {
         let rest = std::mem::take(&mut self.text).finish();
         self.write(&rest);
+    }
+
+    fn finish(mut self) -> Result<()> {
+        self.end_text();
         match self.failed {
             Some(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
                 Err(crate::runtime_err!("cannot write to stdout: {e}"))
@@ -146,28 +222,6 @@ impl<'a> Output<'a> {
             _ => Ok(()),
         }
     }
-}
-
-/// Appends `args.tokens` drawn tokens to `ids`, each passed to `emit` as it is drawn; returns
-/// them. `emit` returning false stops the drawing. Tokens are drawn from the
-/// vocabulary's `known` ids only: a padded output layer (GPT-2's 50,304 logits for 50,257
-/// tokens) has logits for ids no text holds.
-fn generate<B: Engine>(
-    backend: &B,
-    half: Option<HalfKind>,
-    trained: &Trained,
-    ids: &mut Vec<u32>,
-    known: usize,
-    args: &SampleArgs,
-    emit: &mut dyn FnMut(u32) -> bool,
-) -> Result<Vec<u32>> {
-    let how = How {
-        backend,
-        half,
-        cached: true,
-        shorter: true,
-    };
-    generate_with(how, trained, ids, known, args, emit)
 }
 
 /// How `generate_with` runs the model: on `backend` with activations in `half` (None:
@@ -180,19 +234,22 @@ struct How<'a, B: Engine> {
     shorter: bool,
 }
 
-/// `generate`, run as `how` says.
+/// Appends `args.tokens` tokens to `ids`, drawn with `rng` from the model run as `how` says;
+/// returns them. Each is passed to `emit` as it is drawn; `emit` returning false stops the
+/// drawing. Tokens are drawn from the vocabulary's `known` ids only: a padded output layer
+/// (GPT-2's 50,304 logits for 50,257 tokens) has logits for ids no text holds.
 fn generate_with<B: Engine>(
     how: How<B>,
     trained: &Trained,
     ids: &mut Vec<u32>,
     known: usize,
     args: &SampleArgs,
+    rng: &mut Rng,
     emit: &mut dyn FnMut(u32) -> bool,
 ) -> Result<Vec<u32>> {
     let (backend, half, shorter) = (how.backend, how.half, how.shorter);
     let block = trained.preprocess.sample_shape.iter().product::<usize>();
     let vocab = trained.preprocess.classes.unwrap_or(0);
-    let mut rng = Rng::new(args.seed);
     let mut shorter = shorter;
     let mut model: Option<Window<B>> = None;
     let mut decoder = match how.cached {
@@ -209,7 +266,7 @@ fn generate_with<B: Engine>(
                 &logits[..known.min(vocab)],
                 args.temperature,
                 args.top_k,
-                &mut rng,
+                rng,
             );
             ids.push(next);
             drawn.push(next);
@@ -237,7 +294,7 @@ fn generate_with<B: Engine>(
         let model = model.as_mut().expect("built above");
         let logits = model.logits(backend, context, vocab);
         let last = &logits[(context.len() - 1) * vocab..][..known.min(vocab)];
-        let next = draw(last, args.temperature, args.top_k, &mut rng);
+        let next = draw(last, args.temperature, args.top_k, rng);
         ids.push(next);
         drawn.push(next);
         if !emit(next) {
@@ -447,7 +504,9 @@ mod tests {
             run: run.to_path_buf(),
             checkpoint: None,
             prompt: "K".into(),
+            prompt_file: None,
             tokens: 90,
+            samples: 1,
             temperature: 1.0,
             top_k: None,
             seed: 5,
@@ -462,7 +521,17 @@ mod tests {
             cached,
             shorter,
         };
-        generate_with(how, &trained, &mut vec![3], known, &args, &mut |_| true).unwrap()
+        let mut rng = Rng::new(args.seed);
+        generate_with(
+            how,
+            &trained,
+            &mut vec![3],
+            known,
+            &args,
+            &mut rng,
+            &mut |_| true,
+        )
+        .unwrap()
     }
 
     /// The key/value cache gives each position the logits the whole block gives it (to

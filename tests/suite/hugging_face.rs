@@ -66,6 +66,14 @@ log_every = 1
     )
 }
 
+/// The fixture's job, written in `dir` as `edit` changes it.
+fn write_job(dir: &Path, edit: impl Fn(String) -> String) -> PathBuf {
+    let path = dir.join("job.toml");
+    let text = edit(job(&root().join(FIXTURE).join("model.safetensors")));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
 fn graph(dir: &Path, init_from: &Path) -> Graph {
     let path = dir.join("job.toml");
     std::fs::write(&path, job(init_from)).unwrap();
@@ -207,13 +215,10 @@ fn a_run_fine_tunes_a_gpt2_file_and_samples() {
 #[test]
 fn a_file_of_another_vocabulary_is_refused_naming_both_shapes() {
     let dir = tempfile::tempdir().unwrap();
-    let file = root().join(FIXTURE).join("model.safetensors");
-    let job_path = dir.path().join("job.toml");
-    let text = (job(&file).replace("= 256", "= 320")).replace(
-        "tokenizer = \"bytes\"",
-        "tokenizer = \"bytes\"\nclasses = 320",
-    );
-    std::fs::write(&job_path, text).unwrap();
+    let job_path = write_job(dir.path(), |text| {
+        let padded = "tokenizer = \"bytes\"\nclasses = 320";
+        (text.replace("= 256", "= 320")).replace("tokenizer = \"bytes\"", padded)
+    });
     let runs = dir.path().join("runs");
     let out = trainer(&[
         "run",
@@ -304,10 +309,9 @@ fn the_finetune_job_reads_the_hubs_gpt2_small() {
 #[test]
 fn a_gpt_file_without_nanogpt_names_says_which_key_reads_it() {
     let dir = tempfile::tempdir().unwrap();
-    let file = root().join(FIXTURE).join("model.safetensors");
-    let job_path = dir.path().join("job.toml");
-    let text = job(&file).replace("state_dict_names = \"nanogpt\"\n", "");
-    std::fs::write(&job_path, text).unwrap();
+    let job_path = write_job(dir.path(), |text| {
+        text.replace("state_dict_names = \"nanogpt\"\n", "")
+    });
     let out = trainer(&["check", job_path.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(
@@ -322,12 +326,7 @@ fn a_gpt_file_without_nanogpt_names_says_which_key_reads_it() {
 #[test]
 fn sample_and_eval_take_a_job_file_for_its_init_from_weights() {
     let dir = tempfile::tempdir().unwrap();
-    let job_path = dir.path().join("job.toml");
-    std::fs::write(
-        &job_path,
-        job(&root().join(FIXTURE).join("model.safetensors")),
-    )
-    .unwrap();
+    let job_path = write_job(dir.path(), |text| text);
     let job_arg = job_path.to_str().unwrap();
     let sample = |seed: &str| {
         let out = trainer(&[
@@ -368,12 +367,7 @@ fn sample_streams_and_stops_when_the_reader_goes() {
     use std::io::Read;
     use std::process::{Command, Stdio};
     let dir = tempfile::tempdir().unwrap();
-    let job_path = dir.path().join("job.toml");
-    std::fs::write(
-        &job_path,
-        job(&root().join(FIXTURE).join("model.safetensors")),
-    )
-    .unwrap();
+    let job_path = write_job(dir.path(), |text| text);
     let mut child = Command::new(common::trainer_bin())
         .args(["sample", job_path.to_str().unwrap(), "--prompt", "KING"])
         .args(["--tokens", "10000000"])
@@ -397,4 +391,47 @@ fn sample_streams_and_stops_when_the_reader_goes() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     };
     assert!(status.success(), "{status:?}");
+}
+
+/// `--samples N` draws N texts from one seeded stream, a line of dashes between them, the
+/// first the text one sample draws; `--prompt-file` reads the prompt from a file.
+#[test]
+fn sample_draws_several_texts_and_reads_its_prompt_from_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let job_path = write_job(dir.path(), |text| text);
+    let prompt_file = dir.path().join("prompt.txt");
+    std::fs::write(&prompt_file, "KING").unwrap();
+    let sample = |extra: &[&str]| {
+        let mut args = vec!["sample", job_path.to_str().unwrap(), "--tokens", "12"];
+        args.extend(extra);
+        trainer(&args)
+    };
+    let text = |out: std::process::Output| {
+        assert!(out.status.success(), "{}", stderr(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let one = text(sample(&["--prompt", "KING"]));
+    let three = text(sample(&["--prompt", "KING", "--samples", "3"]));
+    let texts: Vec<&str> = three.split("\n---------------\n").collect();
+    assert_eq!(texts.len(), 3, "{three:?}");
+    assert_eq!(texts[0], one);
+    assert!(texts.iter().all(|t| t.starts_with("KING")), "{texts:?}");
+    assert!(
+        texts[1] != texts[2],
+        "the draws go on from one text to the next"
+    );
+    let from_file = text(sample(&["--prompt-file", prompt_file.to_str().unwrap()]));
+    assert_eq!(from_file, one);
+
+    let missing = dir.path().join("none.txt");
+    let out = sample(&["--prompt-file", missing.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--prompt-file"), "{}", stderr(&out));
+    let out = sample(&[
+        "--prompt",
+        "A",
+        "--prompt-file",
+        prompt_file.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
 }
