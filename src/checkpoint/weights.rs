@@ -11,6 +11,7 @@
 //! from `init_from` counts on from the file's).
 
 use super::file::{self, TensorOut, Values};
+use super::gpt2_config;
 use super::mapping::{Change, Mapping};
 use crate::error::{Error, Result};
 use crate::graph::{Graph, StateDictEntry};
@@ -168,6 +169,11 @@ pub fn read_as(path: &Path, graph: &Graph, what: &str) -> Result<Weights> {
             )));
         }
     }
+    // What the shapes cannot tell: heads, GELU's form, layer norm's epsilon.
+    let config_checked = match mapping.hugging_face {
+        true => gpt2_config::check(path, graph).map_err(bad)?,
+        false => false,
+    };
     let f = file::read(path).map_err(bad)?;
     let fill = |entries: &[StateDictEntry], out: &mut [f32]| -> Result<()> {
         for e in entries {
@@ -207,7 +213,8 @@ pub fn read_as(path: &Path, graph: &Graph, what: &str) -> Result<Weights> {
     };
     fill(&params, &mut weights.params)?;
     fill(&stats, &mut weights.running_stats)?;
-    log_changes(&format!("{what}\"{shown}\""), &mapping, &shapes, &params);
+    let file = format!("{what}\"{shown}\"");
+    log_changes(&file, &mapping, &shapes, &params, config_checked);
     Ok(weights)
 }
 
@@ -217,6 +224,7 @@ fn log_changes(
     mapping: &Mapping,
     shapes: &BTreeMap<String, Vec<usize>>,
     model: &[StateDictEntry],
+    config_checked: bool,
 ) {
     let changed = |change| mapping.sources.values().filter(move |s| s.change == change);
     if mapping.hugging_face {
@@ -224,9 +232,16 @@ fn log_changes(
             0 => String::new(),
             n => format!("; {n} attention masks skipped"),
         };
+        let config = match config_checked {
+            true => "; the model matches its config.json",
+            false => {
+                "; no config.json beside it, so the job's heads, GELU and layer norm \
+                      epsilon are taken on trust"
+            }
+        };
         tracing::info!(
             "{file}: a Hugging Face GPT-2 file: {} Conv1D matrices transposed to nn.Linear's \
-             [out, in]{skipped}",
+             [out, in]{skipped}{config}",
             changed(Change::Transpose).count()
         );
     }

@@ -127,7 +127,8 @@ impl Trained {
     }
 
     /// A job's model before training: the weights model.init_from names (GPT-2's, say), the
-    /// vocabulary and preprocessing of the job's data.
+    /// vocabulary and preprocessing of the job's data (read only where the vocabulary is the
+    /// data's).
     fn from_job(job: &Path, checkpoint: Option<&Path>) -> Result<Trained> {
         let shown = job.display();
         if checkpoint.is_some() {
@@ -142,13 +143,20 @@ impl Trained {
                  none: give a run directory, or a job that starts from weights"
             )));
         };
-        let data =
-            data::load(&spec.data, spec.job.seed).map_err(|e| with_data_key(job, &[], &spec, e))?;
+        // GPT-2's vocabulary is the tokenizer's: `sample` need not read a corpus for it.
+        let preprocess = match data::text::fixed_preprocess(&spec.data) {
+            Some(preprocess) => preprocess,
+            None => {
+                let data = data::load(&spec.data, spec.job.seed);
+                data.map_err(|e| with_data_key(job, &[], &spec, e))?
+                    .preprocess
+            }
+        };
         let shape = DataShape {
-            sample_shape: data.sample_shape.clone(),
-            classes: data.classes,
-            classes_from: data.classes_from.clone(),
-            target_dim: data.target_dim,
+            sample_shape: preprocess.sample_shape.clone(),
+            classes: preprocess.classes,
+            classes_from: None,
+            target_dim: preprocess.target_dim,
         };
         let graph = Graph::build(&spec, &shape)?;
         let weights = read_init_from(job, &[], &init_from, &graph)?;
@@ -157,7 +165,7 @@ impl Trained {
             graph,
             params: weights.params,
             running_stats: weights.running_stats,
-            preprocess: data.preprocess,
+            preprocess,
             weights: init_from,
         })
     }

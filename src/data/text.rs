@@ -128,21 +128,7 @@ pub(super) fn windows(
         windows: Some(1),
         ..Dataset::default()
     };
-    let preprocess = Preprocess {
-        format: super::preprocess::FORMAT.into(),
-        source,
-        sample_shape: vec![block],
-        task: Task::Classification,
-        classes: Some(classes),
-        target_dim: block,
-        feature_columns: None,
-        label_column: None,
-        class_names: None,
-        normalize: Normalize::None,
-        shift: Vec::new(),
-        scale: Vec::new(),
-        vocabulary,
-    };
+    let preprocess = preprocess(source, block, classes, vocabulary);
     let eval = if val_len > 0 {
         vec![("val", val)]
     } else {
@@ -157,4 +143,50 @@ pub(super) fn windows(
         eval,
         preprocess,
     })
+}
+
+/// A language model's preprocess.json: windows of `block` tokens, `classes` logits each.
+fn preprocess(
+    source: DataSource,
+    block: usize,
+    classes: usize,
+    vocabulary: Option<Vocabulary>,
+) -> Preprocess {
+    Preprocess {
+        format: super::preprocess::FORMAT.into(),
+        source,
+        sample_shape: vec![block],
+        task: Task::Classification,
+        classes: Some(classes),
+        target_dim: block,
+        feature_columns: None,
+        label_column: None,
+        class_names: None,
+        normalize: Normalize::None,
+        shift: Vec::new(),
+        scale: Vec::new(),
+        vocabulary,
+    }
+}
+
+/// The preprocess.json of a language model whose vocabulary the job fixes (the gpt2 and
+/// bytes tokenizers), without reading its data: what `trainer sample` needs from a job. None
+/// where the vocabulary comes from the data (char, or token files without a tokenizer).
+pub fn fixed_preprocess(spec: &DataSpec) -> Option<Preprocess> {
+    let tokenizer = match spec.source {
+        DataSource::Text => spec.tokenizer(),
+        DataSource::Tokens => spec.tokenizer?,
+        _ => return None,
+    };
+    if tokenizer == Tokenizer::Char {
+        return None;
+    }
+    let vocabulary = Vocabulary::of(tokenizer, "");
+    let classes = classes(spec, &vocabulary).ok()?;
+    Some(preprocess(
+        spec.source,
+        spec.block_size?,
+        classes,
+        Some(vocabulary),
+    ))
 }

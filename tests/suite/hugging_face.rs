@@ -194,7 +194,7 @@ fn a_run_fine_tunes_a_gpt2_file_and_samples() {
     let log = std::fs::read_to_string(run.join("train.log")).unwrap();
     for said in [
         "a Hugging Face GPT-2 file: 8 Conv1D matrices transposed",
-        "2 attention masks skipped",
+        "2 attention masks skipped; no config.json beside it",
         "`wpe.weight` has 32 positions; the model reads the first 16",
     ] {
         assert!(log.contains(said), "train.log lacks {said:?}:\n{log}");
@@ -434,4 +434,68 @@ fn sample_draws_several_texts_and_reads_its_prompt_from_a_file() {
         prompt_file.to_str().unwrap(),
     ]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
+
+/// config.json beside the file tells what the shapes cannot: the heads, GELU's form, layer
+/// norm's epsilon. A model that differs is refused, saying which key to set.
+#[test]
+fn a_gpt2_config_beside_the_file_is_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let weights = dir.path().join("model.safetensors");
+    std::fs::copy(root().join(FIXTURE).join("model.safetensors"), &weights).unwrap();
+    let config = std::fs::read_to_string(root().join(FIXTURE).join("config.json")).unwrap();
+    let job_path = dir.path().join("job.toml");
+    std::fs::write(&job_path, job(&weights)).unwrap();
+    let check = |config: &str| {
+        std::fs::write(dir.path().join("config.json"), config).unwrap();
+        trainer(&["check", job_path.to_str().unwrap()])
+    };
+    let out = check(&config);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("the model matches its config.json"),
+        "{}",
+        stderr(&out)
+    );
+    for (from, to, said) in [
+        (
+            "\"n_head\": 2",
+            "\"n_head\": 4",
+            "n_head = 4, and the model's attention has 2 heads: set heads = 4",
+        ),
+        (
+            "\"gelu_new\"",
+            "\"gelu\"",
+            "GELU's the exact form: set the gelu layer's approximate = \"none\"",
+        ),
+        (
+            "\"layer_norm_epsilon\": 1e-05",
+            "\"layer_norm_epsilon\": 1e-06",
+            "layer_norm_epsilon = 0.000001",
+        ),
+    ] {
+        assert!(config.contains(from), "{from}");
+        let out = check(&config.replace(from, to));
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert!(stderr(&out).contains(said), "{said}: {}", stderr(&out));
+    }
+}
+
+/// sample from a job whose tokenizer fixes the vocabulary (bytes, gpt2) reads no data: a
+/// corpus of gigabytes would be tokenized for nothing. eval reads it, and says when it is
+/// missing.
+#[test]
+fn sampling_from_a_job_with_a_fixed_vocabulary_reads_no_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let gone = dir.path().join("gone.txt");
+    let job_path = write_job(dir.path(), |text| {
+        let data = root().join("jobs/data/shakespeare.txt.gz");
+        text.replace(&data.display().to_string(), &gone.display().to_string())
+    });
+    let job_arg = job_path.to_str().unwrap();
+    let out = trainer(&["sample", job_arg, "--prompt", "KING", "--tokens", "5"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = trainer(&["eval", job_arg]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("gone.txt"), "{}", stderr(&out));
 }
