@@ -152,6 +152,9 @@ enum Command {
     Predict(commands::PredictArgs),
     /// Write text with a run's language model: the prompt and the tokens drawn after it.
     Sample(commands::SampleArgs),
+    /// Write a GPT run's model as Hugging Face's GPT-2 (model.safetensors and config.json),
+    /// which transformers' GPT2LMHeadModel.from_pretrained reads; prints the directory.
+    Export(commands::ExportArgs),
     /// List the runs under a runs directory: keys that differ, status, final and best metrics.
     Ls {
         /// The runs directory to list (every run and sweep under it).
@@ -331,6 +334,9 @@ fn main() -> ExitCode {
             print_out(&format!("{}: {rows} predictions\n", args.output.display()))
         }),
         Command::Sample(args) => commands::sample(&args),
+        Command::Export(args) => {
+            commands::export(&args).and_then(|dir| print_out(&format!("{}\n", dir.display())))
+        }
         Command::Profile(args) => commands::profile(&args),
         Command::Ls { runs_dir, shown } => {
             results::list(&[runs_dir], &shown.options()).and_then(|t| print_out(&t))

@@ -48,7 +48,7 @@ pub struct Mapping {
 const LM_HEAD: &str = "lm_head.weight";
 
 /// The Conv1D layers of GPT-2, as nanoGPT's `from_pretrained` lists them.
-const CONV1D: [&str; 4] = [
+pub const CONV1D: [&str; 4] = [
     "attn.c_attn.weight",
     "attn.c_proj.weight",
     "mlp.c_fc.weight",
@@ -153,7 +153,10 @@ fn is_attention_mask(name: &str, shape: &[usize]) -> bool {
 
 /// Whether a table of shape `theirs` holds more rows of the same width than `want`.
 fn is_longer(theirs: &[usize], want: &[usize]) -> bool {
-    matches!((theirs, want), ([rows, width], [want_rows, want_width]) if rows > want_rows && width == want_width)
+    match (theirs, want) {
+        ([rows, width], [want_rows, want_width]) => rows > want_rows && width == want_width,
+        _ => false,
+    }
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@
 //! `spec_hash`, `format`, and the integrity fields of `file`.
 
 pub mod file;
-mod gpt2_config;
+pub mod hugging_face;
 mod mapping;
 mod resume;
 pub mod superseded;

@@ -11,7 +11,7 @@
 //! from `init_from` counts on from the file's).
 
 use super::file::{self, TensorOut, Values};
-use super::gpt2_config;
+use super::hugging_face;
 use super::mapping::{Change, Mapping};
 use crate::error::{Error, Result};
 use crate::graph::{Graph, StateDictEntry};
@@ -171,7 +171,7 @@ pub fn read_as(path: &Path, graph: &Graph, what: &str) -> Result<Weights> {
     }
     // What the shapes cannot tell: heads, GELU's form, layer norm's epsilon.
     let config_checked = match mapping.hugging_face {
-        true => gpt2_config::check(path, graph).map_err(bad)?,
+        true => hugging_face::check(path, graph).map_err(bad)?,
         false => false,
     };
     let f = file::read(path).map_err(bad)?;

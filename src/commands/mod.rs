@@ -31,6 +31,7 @@ use std::time::Instant;
 
 mod check;
 mod evaluate;
+mod export;
 mod memory;
 mod profile;
 mod sample;
@@ -38,6 +39,7 @@ mod start;
 
 pub use check::{check, devices, Checked};
 pub use evaluate::{evaluate, predict, report, EvalArgs, Evaluation, PredictArgs};
+pub use export::{export, ExportArgs};
 pub use memory::bytes;
 use memory::{all_replicas_memory, check_device_memory, check_host_memory, memory_plan};
 pub use memory::{Need, Place};

@@ -499,3 +499,111 @@ fn sampling_from_a_job_with_a_fixed_vocabulary_reads_no_data() {
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("gone.txt"), "{}", stderr(&out));
 }
+
+/// `trainer export` writes a run's GPT-2 as transformers saves it. Read back with init_from,
+/// it gives the run's own weights, bit for bit; transformers, where installed, computes the
+/// run's logits from it.
+#[test]
+fn export_writes_what_init_from_and_transformers_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let job_path = write_job(dir.path(), |text| text);
+    let runs = dir.path().join("runs");
+    let out = trainer(
+        &["run", job_path.to_str().unwrap(), "-q", "--runs-dir"]
+            .into_iter()
+            .chain([runs.to_str().unwrap()])
+            .collect::<Vec<_>>(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let run = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
+    let exported = dir.path().join("hf");
+    let out = trainer(&["export", run.to_str().unwrap(), exported.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let config = std::fs::read_to_string(exported.join("config.json")).unwrap();
+    for field in [
+        "\"n_head\": 2",
+        "\"n_layer\": 2",
+        "\"n_embd\": 32",
+        "\"gelu_new\"",
+    ] {
+        assert!(config.contains(field), "{field}: {config}");
+    }
+
+    let graph = graph(dir.path(), &exported.join("model.safetensors"));
+    let ours = weights::read(&run.join("model.safetensors"), &graph).unwrap();
+    let back = weights::read(&exported.join("model.safetensors"), &graph).unwrap();
+    assert!(
+        ours.params == back.params,
+        "the round trip changes the weights"
+    );
+
+    let out = trainer(&["export", run.to_str().unwrap(), exported.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("never overwrites"),
+        "{}",
+        stderr(&out)
+    );
+
+    let Some(python) = common::torch_python() else {
+        println!("skipped transformers' half: no Python with torch");
+        return;
+    };
+    let (input, _) = expected();
+    let n = input.len() / BLOCK;
+    let backend = CpuBackend::new(1);
+    let mut net = Network::new(&backend, graph, &ours.params, n, 0).unwrap();
+    net.set_input(&backend, &input);
+    net.forward(&backend, n, false, 0);
+    let logits = net.output()[..n * BLOCK * VOCABULARY].to_vec();
+    let case = dir.path().join("case.safetensors");
+    common::write_f32_safetensors(
+        &case,
+        &[
+            ("input", &input, vec![n, BLOCK]),
+            ("expected", &logits, vec![n, BLOCK, VOCABULARY]),
+        ],
+    );
+    let out = std::process::Command::new(&python)
+        .arg(root().join("tests/fixtures/hf_from_pretrained.py"))
+        .args([exported.to_str().unwrap(), case.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
+    println!("{python}: {text}");
+    assert!(
+        matches!(out.status.code(), Some(0 | 3)),
+        "transformers disagrees:\n{text}"
+    );
+}
+
+/// A GPT without GPT-2's biases, or a model not named as nanoGPT's, is not exported.
+#[test]
+fn export_refuses_a_model_gpt2_cannot_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let job_path = write_job(dir.path(), |text| {
+        let text = text.replace("init_from = ", "init = \"gpt2\"\n# init_from = ");
+        text.replace(
+            "{ type = \"layernorm\", name = \"ln_f\" }",
+            "{ type = \"layernorm\", bias = false, name = \"ln_f\" }",
+        )
+    });
+    let runs = dir.path().join("runs");
+    let out = trainer(&[
+        "run",
+        job_path.to_str().unwrap(),
+        "-q",
+        "--runs-dir",
+        runs.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let run = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let out = trainer(&["export", &run, dir.path().join("hf").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("missing transformer.ln_f.bias"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!dir.path().join("hf").exists(), "nothing is written");
+}
