@@ -74,6 +74,12 @@ fn write_job(dir: &Path, edit: impl Fn(String) -> String) -> PathBuf {
     path
 }
 
+/// `out` is a refusal, exit 2, whose message holds `said`.
+fn assert_refused(out: &std::process::Output, said: &str) {
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(out));
+    assert!(stderr(out).contains(said), "{said}: {}", stderr(out));
+}
+
 fn graph(dir: &Path, init_from: &Path) -> Graph {
     let path = dir.join("job.toml");
     std::fs::write(&path, job(init_from)).unwrap();
@@ -227,14 +233,8 @@ fn a_file_of_another_vocabulary_is_refused_naming_both_shapes() {
         "--runs-dir",
         runs.to_str().unwrap(),
     ]);
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    let err = stderr(&out);
-    assert!(
-        err.contains(
-            "tensor `transformer.wte.weight` has shape [256, 32], the model needs [320, 32]"
-        ),
-        "{err}"
-    );
+    let said = "tensor `transformer.wte.weight` has shape [256, 32], the model needs [320, 32]";
+    assert_refused(&out, said);
     assert!(!runs.join("hf").exists(), "nothing is written");
 }
 
@@ -313,12 +313,7 @@ fn a_gpt_file_without_nanogpt_names_says_which_key_reads_it() {
         text.replace("state_dict_names = \"nanogpt\"\n", "")
     });
     let out = trainer(&["check", job_path.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("with model.state_dict_names = \"nanogpt\""),
-        "{}",
-        stderr(&out)
-    );
+    assert_refused(&out, "with model.state_dict_names = \"nanogpt\"");
 }
 
 /// sample and eval read a job file as GPT-2 before training: its init_from weights, its
@@ -345,19 +340,13 @@ fn sample_and_eval_take_a_job_file_for_its_init_from_weights() {
     assert!(report.contains("perplexity"), "{report}");
 
     let out = trainer(&["sample", job_arg, "--checkpoint", job_arg]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("is a job file"), "{}", stderr(&out));
+    assert_refused(&out, "is a job file");
 
     let untrained = dir.path().join("untrained.toml");
     let text = job(Path::new("x")).replace("init_from = \"x\"\n", "");
     std::fs::write(&untrained, text).unwrap();
     let out = trainer(&["sample", untrained.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(
-        stderr(&out).contains("this job has none"),
-        "{}",
-        stderr(&out)
-    );
+    assert_refused(&out, "this job has none");
 }
 
 /// sample writes each token as it is drawn, and stops when its reader goes away: a pipe
@@ -425,8 +414,7 @@ fn sample_draws_several_texts_and_reads_its_prompt_from_a_file() {
 
     let missing = dir.path().join("none.txt");
     let out = sample(&["--prompt-file", missing.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("--prompt-file"), "{}", stderr(&out));
+    assert_refused(&out, "--prompt-file");
     let out = sample(&[
         "--prompt",
         "A",
@@ -476,8 +464,7 @@ fn a_gpt2_config_beside_the_file_is_checked() {
     ] {
         assert!(config.contains(from), "{from}");
         let out = check(&config.replace(from, to));
-        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-        assert!(stderr(&out).contains(said), "{said}: {}", stderr(&out));
+        assert_refused(&out, said);
     }
 }
 
@@ -496,8 +483,7 @@ fn sampling_from_a_job_with_a_fixed_vocabulary_reads_no_data() {
     let out = trainer(&["sample", job_arg, "--prompt", "KING", "--tokens", "5"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let out = trainer(&["eval", job_arg]);
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(stderr(&out).contains("gone.txt"), "{}", stderr(&out));
+    assert_refused(&out, "gone.txt");
 }
 
 /// `trainer export` writes a run's GPT-2 as transformers saves it. Read back with init_from,
@@ -538,12 +524,7 @@ fn export_writes_what_init_from_and_transformers_read() {
     );
 
     let out = trainer(&["export", run.to_str().unwrap(), exported.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("never overwrites"),
-        "{}",
-        stderr(&out)
-    );
+    assert_refused(&out, "never overwrites");
 
     let Some(python) = common::torch_python() else {
         println!("skipped transformers' half: no Python with torch");
@@ -599,11 +580,6 @@ fn export_refuses_a_model_gpt2_cannot_hold() {
     assert!(out.status.success(), "{}", stderr(&out));
     let run = String::from_utf8(out.stdout).unwrap().trim().to_string();
     let out = trainer(&["export", &run, dir.path().join("hf").to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("missing transformer.ln_f.bias"),
-        "{}",
-        stderr(&out)
-    );
+    assert_refused(&out, "missing transformer.ln_f.bias");
     assert!(!dir.path().join("hf").exists(), "nothing is written");
 }
