@@ -11,7 +11,6 @@
 use super::file::{self, TensorOut, Values};
 use super::mapping::{Change, Mapping, CONV1D};
 use crate::graph::Graph;
-use crate::ops::Op;
 use crate::spec::StateDictNames;
 use crate::tensor::Activation as Function;
 use serde::Deserialize;
@@ -74,30 +73,31 @@ pub fn check(weights: &Path, graph: &Graph) -> Result<bool, String> {
         return differs(format!("scale_attn_by_inverse_layer_idx = true; {why}"));
     }
     for layer in &graph.layers {
-        match &layer.op {
-            Op::Attention(a) if a.shape.heads != config.n_head => {
-                return differs(format!(
-                    "n_head = {}, and the model's attention has {} heads: set heads = {}",
-                    config.n_head, a.shape.heads, config.n_head
-                ))
-            }
-            Op::Activation(a) if is_gelu(a.f) && a.f != gelu => {
-                let (theirs, ours) = match gelu {
-                    Function::GeluTanh => ("the tanh form", "approximate = \"tanh\""),
-                    _ => ("the exact form", "approximate = \"none\""),
-                };
-                return differs(format!(
-                    "activation_function = {:?}, GELU's {theirs}: set the gelu layer's {ours}",
-                    config.activation_function
-                ));
-            }
-            Op::LayerNorm(n) if !same_eps(n.eps, config.layer_norm_epsilon) => {
-                return differs(format!(
-                    "layer_norm_epsilon = {}, and the model's layer norm has eps = {}",
-                    config.layer_norm_epsilon, n.eps
-                ))
-            }
-            _ => {}
+        let ops = layer.op.kind().properties();
+        if let Some(heads) = ops.attention_heads.filter(|&h| h != config.n_head) {
+            return differs(format!(
+                "n_head = {}, and the model's attention has {heads} heads: set heads = {}",
+                config.n_head, config.n_head
+            ));
+        }
+        if ops.activation.is_some_and(|f| is_gelu(f) && f != gelu) {
+            let (theirs, ours) = match gelu {
+                Function::GeluTanh => ("the tanh form", "approximate = \"tanh\""),
+                _ => ("the exact form", "approximate = \"none\""),
+            };
+            return differs(format!(
+                "activation_function = {:?}, GELU's {theirs}: set the gelu layer's {ours}",
+                config.activation_function
+            ));
+        }
+        if let Some(eps) = ops
+            .layer_norm_eps
+            .filter(|&e| !same_eps(e, config.layer_norm_epsilon))
+        {
+            return differs(format!(
+                "layer_norm_epsilon = {}, and the model's layer norm has eps = {eps}",
+                config.layer_norm_epsilon
+            ));
         }
     }
     Ok(true)
@@ -131,12 +131,10 @@ pub fn gpt2_of(graph: &Graph) -> Result<Gpt2, String> {
     let mut heads = Vec::new();
     let (mut gelus, mut eps) = (Vec::new(), Vec::new());
     for layer in &graph.layers {
-        match &layer.op {
-            Op::Attention(a) => heads.push(a.shape.heads),
-            Op::Activation(a) if is_gelu(a.f) => gelus.push(a.f),
-            Op::LayerNorm(n) => eps.push(n.eps),
-            _ => {}
-        }
+        let ops = layer.op.kind().properties();
+        heads.extend(ops.attention_heads);
+        gelus.extend(ops.activation.filter(|&f| is_gelu(f)));
+        eps.extend(ops.layer_norm_eps);
     }
     let (wte, wpe, c_fc) = (
         shape("transformer.wte.weight"),

@@ -83,7 +83,8 @@ impl Preprocess {
         }
     }
 
-    /// No normalisation, for samples made in memory (`source` "synthetic").
+    /// No normalisation, for samples made in memory (`source` "synthetic"). A language
+    /// model's windows take it with their own source and vocabulary.
     pub fn identity(sample_shape: Vec<usize>, classes: Option<usize>, target_dim: usize) -> Self {
         Preprocess {
             format: FORMAT.into(),

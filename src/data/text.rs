@@ -7,7 +7,7 @@
 use super::vocabulary::Vocabulary;
 use super::{sources, Data, Dataset, Origin, Preprocess};
 use crate::error::{Error, Result};
-use crate::spec::{DataSource, DataSpec, Normalize, Task, Tokenizer};
+use crate::spec::{DataSource, DataSpec, Tokenizer};
 
 /// The text of `spec.path` as a data set: token ids, split into training and validation.
 pub fn load(spec: &DataSpec) -> Result<Data> {
@@ -153,19 +153,9 @@ fn preprocess(
     vocabulary: Option<Vocabulary>,
 ) -> Preprocess {
     Preprocess {
-        format: super::preprocess::FORMAT.into(),
         source,
-        sample_shape: vec![block],
-        task: Task::Classification,
-        classes: Some(classes),
-        target_dim: block,
-        feature_columns: None,
-        label_column: None,
-        class_names: None,
-        normalize: Normalize::None,
-        shift: Vec::new(),
-        scale: Vec::new(),
         vocabulary,
+        ..Preprocess::identity(vec![block], Some(classes), block)
     }
 }
 

@@ -67,8 +67,8 @@ pub struct Scratch<'a> {
     pub attention: &'a dyn Fn(&Attention) -> usize,
 }
 
-/// What the buffer plan and the executor need to know of an op.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What the buffer plan, the executor and other programs' weight files need to know of an op.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Properties {
     /// It can write its output over its input (see `BufferPlan`).
     pub writes_in_place: bool,
@@ -110,6 +110,10 @@ pub struct Properties {
     /// position depends on its inputs at that position, or, as causal attention's, at the
     /// positions up to it.
     pub one_position_at_a_time: bool,
+    /// Its number of heads (attention): what a GPT-2 config.json calls n_head.
+    pub attention_heads: Option<usize>,
+    /// The epsilon it normalises with (layer norm): GPT-2's layer_norm_epsilon.
+    pub layer_norm_eps: Option<f32>,
 }
 
 /// An op's forward and backward passes on backend `B`.

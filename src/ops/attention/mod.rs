@@ -199,6 +199,8 @@ impl OpKind for Attention {
             draws_masks: self.dropout > 0.0,
             one_value_per_channel: false,
             one_position_at_a_time: true,
+            attention_heads: Some(self.shape.heads),
+            layer_norm_eps: None,
         }
     }
     fn parameters(&self) -> Vec<ParamTensor> {

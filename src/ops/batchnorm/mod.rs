@@ -144,6 +144,8 @@ impl OpKind for BatchNorm {
             draws_masks: false,
             one_value_per_channel: self.spatial == 1,
             one_position_at_a_time: false,
+            attention_heads: None,
+            layer_norm_eps: None,
         }
     }
     fn parameters(&self) -> Vec<ParamTensor> {

@@ -92,6 +92,8 @@ impl OpKind for Dropout {
             draws_masks: true,
             one_value_per_channel: false,
             one_position_at_a_time: true,
+            attention_heads: None,
+            layer_norm_eps: None,
         }
     }
     fn parameters(&self) -> Vec<ParamTensor> {

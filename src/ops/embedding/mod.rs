@@ -100,6 +100,8 @@ impl OpKind for Embedding {
             draws_masks: false,
             one_value_per_channel: false,
             one_position_at_a_time: true,
+            attention_heads: None,
+            layer_norm_eps: None,
         }
     }
     fn parameters(&self) -> Vec<ParamTensor> {

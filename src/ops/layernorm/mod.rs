@@ -112,6 +112,8 @@ impl OpKind for LayerNorm {
             draws_masks: false,
             one_value_per_channel: false,
             one_position_at_a_time: true,
+            attention_heads: None,
+            layer_norm_eps: Some(self.eps),
         }
     }
     fn parameters(&self) -> Vec<ParamTensor> {

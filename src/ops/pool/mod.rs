@@ -155,6 +155,8 @@ impl OpKind for Pool {
             draws_masks: false,
             one_value_per_channel: false,
             one_position_at_a_time: false,
+            attention_heads: None,
+            layer_norm_eps: None,
         }
     }
     fn parameters(&self) -> Vec<ParamTensor> {
