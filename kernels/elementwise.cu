@@ -14,21 +14,21 @@ extern "C" __global__ void scale_f32(float* buf, u64 n, float factor) {
 }
 
 // dst[r, :] = the row_len values of src from rows[r]·stride + offset
-extern "C" __global__ void gather_rows(const float* src, const u32* rows, u64 n_rows, u64 row_len, u64 stride,
+extern "C" __global__ void gather_rows(const float* src, const u64* rows, u64 n_rows, u64 row_len, u64 stride,
                                        u64 offset, void* dst, int ds) {
     GRID_STRIDE(i, n_rows * row_len) {
         u64 r = i / row_len, c = i % row_len;
-        store(dst, ds, i, src[(u64)rows[r] * stride + offset + c]);
+        store(dst, ds, i, src[rows[r] * stride + offset + c]);
     }
 }
 
 // gather_rows for token ids: into ids (ds = -1) or, as class indices, into values stored as
 // ds says (a text's targets).
-extern "C" __global__ void gather_ids(const u32* src, const u32* rows, u64 n_rows, u64 row_len, u64 stride,
+extern "C" __global__ void gather_ids(const u32* src, const u64* rows, u64 n_rows, u64 row_len, u64 stride,
                                       u64 offset, void* dst, int ds) {
     GRID_STRIDE(i, n_rows * row_len) {
         u64 r = i / row_len, c = i % row_len;
-        u32 id = src[(u64)rows[r] * stride + offset + c];
+        u32 id = src[rows[r] * stride + offset + c];
         if (ds < 0) ((u32*)dst)[i] = id;
         else store(dst, ds, i, (float)id);
     }

@@ -19,7 +19,8 @@ use trainer::optim::Optimizer;
 use trainer::tensor::cpu::CpuBackend;
 use trainer::tensor::{Backend, HalfKind};
 use trainer::train::{
-    optimizer_step, Batch, DataParallel, ProcessReplicas, Samples, StepContext, StepSettings,
+    optimizer_step, Batch, DataParallel, MicroBatches, ProcessReplicas, Samples, StepContext,
+    StepSettings,
 };
 
 struct Counting;
@@ -146,8 +147,8 @@ fn training_steps_allocate_nothing_but_gemm_scratch_and_retain_nothing() {
         let mut optimizer = Optimizer::new(&backend, &spec, params.len()).unwrap();
         let x = common::random_vec(samples * features, 2);
         let y: Vec<f32> = (0..samples).map(|i| (i % 10) as f32).collect();
-        let order: Vec<u32> = (0..samples as u32).rev().collect();
-        let groups: Vec<&[u32]> = order.chunks(batch).collect();
+        let order: Vec<u64> = (0..samples as u64).rev().collect();
+        let groups = order.len().div_ceil(batch);
         let mut stats = backend.new_stats().unwrap();
         let mut micro_step = 0;
         let set = Dataset {
@@ -160,7 +161,7 @@ fn training_steps_allocate_nothing_but_gemm_scratch_and_retain_nothing() {
         let input = Batch::<CpuBackend> { samples: &samples };
         let settings = SETTINGS;
         let epoch = || {
-            for pair in groups.chunks(2) {
+            for pair in order.chunks(2 * batch) {
                 let cx = StepContext {
                     backend: &backend,
                     net: &mut net,
@@ -168,14 +169,22 @@ fn training_steps_allocate_nothing_but_gemm_scratch_and_retain_nothing() {
                     stats: &mut stats,
                     micro_step: &mut micro_step,
                 };
-                optimizer_step(cx, &input, pair, settings);
+                optimizer_step(
+                    cx,
+                    &input,
+                    MicroBatches {
+                        rows: pair,
+                        size: batch,
+                    },
+                    settings,
+                );
             }
         };
         let allocations = counted_epochs("mlp", epoch);
         // Matrix products per optimizer step: per micro-batch, each of the 3 linear layers runs
         // forward and dW, and all but the first dx. At most gemm's two per product over the
         // two counted epochs, nothing else.
-        let products_per_epoch = groups.len() * (3 + 3 + 2);
+        let products_per_epoch = groups * (3 + 3 + 2);
         assert!(
             allocations <= 2 * 2 * products_per_epoch,
             "{allocations} allocations in 2 epochs of {products_per_epoch} matrix products"
@@ -261,8 +270,8 @@ fn multi_process_steps_allocate_nothing_but_gemm_scratch_on_either_rank() {
         replicas
             .broadcast(&spec, &net, &optimizer, &backend)
             .unwrap();
-        let order: Vec<u32> = (0..samples as u32).rev().collect();
-        let groups: Vec<&[u32]> = order.chunks(batch).collect();
+        let order: Vec<u64> = (0..samples as u64).rev().collect();
+        let groups = order.len().div_ceil(batch);
         let (x, y) = (data.train.features.clone(), data.train.targets.clone());
         let set = Dataset {
             features: x,
@@ -276,13 +285,17 @@ fn multi_process_steps_allocate_nothing_but_gemm_scratch_on_either_rank() {
         let mut stats = backend.new_stats().unwrap();
         let mut micro_step = 0;
         let mut epoch = |replicas: &mut ProcessReplicas<CpuBackend>| {
-            for pair in groups.chunks(2) {
+            for pair in order.chunks(2 * batch) {
                 let cx = StepContext {
                     backend: &backend,
                     net: &mut net,
                     optimizer: &mut optimizer,
                     stats: &mut stats,
                     micro_step: &mut micro_step,
+                };
+                let pair = MicroBatches {
+                    rows: pair,
+                    size: batch,
                 };
                 replicas.step(cx, &input, pair, settings).unwrap();
             }
@@ -299,7 +312,7 @@ fn multi_process_steps_allocate_nothing_but_gemm_scratch_on_either_rank() {
         COUNTING.store(false, Ordering::SeqCst);
         let allocations = ALLOCATIONS.load(Ordering::SeqCst);
         // Each rank: per micro-batch, 2 linear layers forward and dW, and one dx.
-        let products_per_epoch = groups.len() * (2 + 2 + 1);
+        let products_per_epoch = groups * (2 + 2 + 1);
         assert!(
             allocations <= 2 * 2 * 2 * products_per_epoch,
             "{allocations} allocations in 2 epochs of 2 ranks x {products_per_epoch} products"
@@ -416,8 +429,7 @@ fn counted_steps<B: Engine>(
     let input = Batch::<B> {
         samples: &samples_in,
     };
-    let order: Vec<u32> = (0..samples as u32).collect();
-    let groups: Vec<&[u32]> = order.chunks(batch).collect();
+    let order: Vec<u64> = (0..samples as u64).collect();
     let mut stats = backend.new_stats().unwrap();
     let mut micro_step = 0;
     let settings = StepSettings {
@@ -425,7 +437,7 @@ fn counted_steps<B: Engine>(
         ..SETTINGS
     };
     let epoch = || {
-        for pair in groups.chunks(2) {
+        for pair in order.chunks(2 * batch) {
             let cx = StepContext {
                 backend,
                 net: &mut net,
@@ -433,7 +445,15 @@ fn counted_steps<B: Engine>(
                 stats: &mut stats,
                 micro_step: &mut micro_step,
             };
-            optimizer_step(cx, &input, pair, settings);
+            optimizer_step(
+                cx,
+                &input,
+                MicroBatches {
+                    rows: pair,
+                    size: batch,
+                },
+                settings,
+            );
         }
     };
     let allocations = counted_epochs(what, epoch);

@@ -192,11 +192,11 @@ impl Trained {
         let mut outputs = vec![0.0; if keep { set.len * width } else { 0 }];
         let shape = (row_len, target_dim);
         let samples = Samples::new(&backend, set.clone(), shape, net.data_reads(), true)?;
-        let mut rows: Vec<u32> = Vec::with_capacity(batch);
+        let mut rows: Vec<u64> = Vec::with_capacity(batch);
         for first in (0..set.len).step_by(batch) {
             let n = batch.min(set.len - first);
             rows.clear();
-            rows.extend(first as u32..(first + n) as u32);
+            rows.extend(first as u64..(first + n) as u64);
             samples.load(&backend, &rows, &mut net);
             net.forward(&backend, n, false, 0);
             // Before the loss, which may write its gradient over the outputs.

@@ -2,12 +2,14 @@
 //! the seeded batch order. Everything is loaded and checked before a run directory exists:
 //! bad data is a bad job (exit 2) with the file and the row or byte offset named.
 
+pub mod order;
 pub mod preprocess;
 mod sources;
 pub mod text;
 mod tokens;
 pub mod vocabulary;
 
+pub use order::EpochOrder;
 pub use preprocess::Preprocess;
 pub(crate) use sources::{idx_images, read_text};
 
@@ -420,15 +422,6 @@ fn check_labels(raw: &Raw, classes: Option<usize>) -> Result<(usize, Option<Stri
         _ => format!("data.classes is not set and the largest label is {largest}{at}"),
     };
     Ok(((largest + 1).max(2), Some(from)))
-}
-
-/// The order of the training samples in an epoch: a seeded permutation, or 0..n.
-pub fn epoch_order(n: usize, shuffle: bool, seed: u64, epoch: usize) -> Vec<u32> {
-    let mut order: Vec<u32> = (0..n as u32).collect();
-    if shuffle {
-        Rng::new(derive(derive(seed, 12), epoch as u64)).shuffle(&mut order);
-    }
-    order
 }
 
 /// Batches per epoch for `n` samples: the last smaller batch counts unless dropped.

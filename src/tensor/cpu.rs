@@ -233,12 +233,12 @@ impl Backend for CpuBackend {
         dst[..len].copy_from_slice(&src[..len]);
     }
 
-    fn gather_rows(&self, src: &Vec<f32>, rows: &[u32], at: RowsAt, dst: &mut Vec<f32>) {
+    fn gather_rows(&self, src: &Vec<f32>, rows: &[u64], at: RowsAt, dst: &mut Vec<f32>) {
         self.upload_rows(src, rows, at, dst);
     }
 
     /// Host memory is this device's memory: the rows go straight into `dst`.
-    fn upload_rows(&self, src: &[f32], rows: &[u32], at: RowsAt, dst: &mut Vec<f32>) {
+    fn upload_rows(&self, src: &[f32], rows: &[u64], at: RowsAt, dst: &mut Vec<f32>) {
         for (out, &r) in dst.chunks_exact_mut(at.len).zip(rows) {
             out.copy_from_slice(&src[at.start(r)..][..at.len]);
         }
@@ -252,11 +252,11 @@ impl Backend for CpuBackend {
         dst[..src.len()].copy_from_slice(src);
     }
 
-    fn gather_ids(&self, src: &Vec<u32>, rows: &[u32], at: RowsAt, dst: IdsInto<'_, Self>) {
+    fn gather_ids(&self, src: &Vec<u32>, rows: &[u64], at: RowsAt, dst: IdsInto<'_, Self>) {
         self.upload_id_rows(src, rows, at, dst);
     }
 
-    fn upload_id_rows(&self, src: &[u32], rows: &[u32], at: RowsAt, dst: IdsInto<'_, Self>) {
+    fn upload_id_rows(&self, src: &[u32], rows: &[u64], at: RowsAt, dst: IdsInto<'_, Self>) {
         let batch = rows.iter().map(|&r| &src[at.start(r)..][..at.len]);
         match dst {
             IdsInto::Ids(ids) => {

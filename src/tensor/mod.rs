@@ -183,7 +183,7 @@ impl RowsAt {
     }
 
     /// Where row `r` starts.
-    pub fn start(&self, r: u32) -> usize {
+    pub fn start(&self, r: u64) -> usize {
         r as usize * self.stride + self.offset
     }
 }
@@ -236,20 +236,20 @@ pub trait Backend: Capture {
     fn copy(&self, src: &Self::Buf, dst: &mut Self::Buf, len: usize);
     /// dst's row i = the row `rows[i]` of src (laid out as `at` says): assembles a batch from
     /// a data set held on the device.
-    fn gather_rows(&self, src: &Self::Buf, rows: &[u32], at: RowsAt, dst: &mut Self::Buf);
+    fn gather_rows(&self, src: &Self::Buf, rows: &[u64], at: RowsAt, dst: &mut Self::Buf);
     /// The same from a data set in host memory (device.data = "streamed"): a GPU gathers the
     /// rows on the host into pinned memory and copies them asynchronously, queued before the
     /// work that reads them. `src` may change once this returns.
-    fn upload_rows(&self, src: &[f32], rows: &[u32], at: RowsAt, dst: &mut Self::Buf);
+    fn upload_rows(&self, src: &[f32], rows: &[u64], at: RowsAt, dst: &mut Self::Buf);
     /// Token ids on the device (the CPU keeps the vector itself: no copy).
     fn upload_ids(&self, ids: Vec<u32>) -> Result<Self::Ids>;
     /// dst[..src.len()] = src.
     fn write_ids(&self, src: &[u32], dst: &mut Self::Ids);
     /// `gather_rows` for token ids: into ids, or into values (a text's targets, the next
     /// tokens, which the loss reads as class indices).
-    fn gather_ids(&self, src: &Self::Ids, rows: &[u32], at: RowsAt, dst: IdsInto<'_, Self>);
+    fn gather_ids(&self, src: &Self::Ids, rows: &[u64], at: RowsAt, dst: IdsInto<'_, Self>);
     /// `upload_rows` for token ids.
-    fn upload_id_rows(&self, src: &[u32], rows: &[u32], at: RowsAt, dst: IdsInto<'_, Self>);
+    fn upload_id_rows(&self, src: &[u32], rows: &[u64], at: RowsAt, dst: IdsInto<'_, Self>);
     /// Device memory not in use by anyone (None on the CPU): whether the data set fits.
     fn free_memory(&self) -> Option<usize> {
         None

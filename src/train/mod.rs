@@ -28,11 +28,11 @@ mod stopping;
 
 pub use parallel::processes::{serve, ProcessReplicas};
 pub use parallel::replicas::{CpuReplicas, DataParallel, OneDeviceCollective};
-pub use samples::Samples;
+pub use samples::{MicroBatches, Samples};
 
 use crate::checkpoint::weights::Weights;
 use crate::checkpoint::{self, Checkpoint, Saving, TrainState};
-use crate::data::{batches_per_epoch, epoch_order, Data, DataReads, Dataset};
+use crate::data::{batches_per_epoch, Data, DataReads, Dataset, EpochOrder};
 use crate::error::{Error, Result};
 use crate::graph::profiler::{Part, Profiler};
 use crate::graph::{GradBuckets, GradientSync, Graph, Network};
@@ -158,19 +158,27 @@ pub fn train_session<B: Engine>(
 ) -> Result<Outcome> {
     let mut t = Training::start(backend, spec, graph, data, metrics, session)?;
     let (accum, batch_size, train_len) = (spec.train.grad_accum_steps, t.batch_size, t.train_len);
+    // A step's samples, refilled each step.
+    let step_samples = accum * batch_size;
+    let mut rows = Vec::with_capacity(step_samples);
     'epochs: for epoch in t.first_epoch()..=spec.train.epochs {
         t.st.epoch = epoch;
-        let order = epoch_order(train_len, spec.data.shuffle, spec.job.seed, epoch);
-        let mut batches: Vec<&[u32]> = order.chunks(batch_size).collect();
-        if spec.data.drop_last && !train_len.is_multiple_of(batch_size) {
-            batches.pop();
-        }
-        let steps_in_this_epoch = batches.len().div_ceil(accum);
+        let order = EpochOrder::new(
+            train_len,
+            t.windows,
+            spec.data.shuffle,
+            spec.job.seed,
+            epoch,
+        );
+        let batches = batches_per_epoch(train_len, batch_size, spec.data.drop_last);
+        // All samples but a smaller last batch's where it is dropped.
+        let epoch_samples = (batches * batch_size).min(train_len) as u64;
+        let steps_in_this_epoch = batches.div_ceil(accum);
         // Early stopping may end the run at this epoch's evaluation: its last step then
         // writes a train row, so that the rows cover every step trained.
         let may_stop_here = t.early_stopping.is_some() && t.evaluates_after(epoch);
         // A resumed run continues where the checkpoint stood in this epoch's order.
-        for group in batches.chunks(accum).skip(t.st.steps_in_epoch) {
+        for step_in_epoch in t.st.steps_in_epoch..steps_in_this_epoch {
             if t.all_steps_done() {
                 break 'epochs;
             }
@@ -183,6 +191,15 @@ pub fn train_session<B: Engine>(
                 || out_of_time
                 || (may_stop_here && epoch_ends);
 
+            let first = (step_in_epoch * step_samples) as u64;
+            order.fill(
+                first..epoch_samples.min(first + step_samples as u64),
+                &mut rows,
+            );
+            let group = MicroBatches {
+                rows: &rows,
+                size: batch_size,
+            };
             let (lr, result, samples) = t.optimizer_step(epoch, group, logging)?;
             if logging {
                 t.log_train_row(epoch, lr, &result, samples)?;
@@ -265,6 +282,8 @@ struct Training<'a, B: Engine> {
     finishing: bool,
     batch_size: usize,
     train_len: usize,
+    /// The training samples are a language model's windows (`EpochOrder`).
+    windows: bool,
     data_finite: bool,
     /// Optimizer steps of the whole run, and of all its epochs (more, when max_steps ends
     /// it first).
@@ -343,7 +362,7 @@ impl<'a, B: Engine> Training<'a, B> {
         let mut optimizer = optimizer_for(backend, spec, &net.graph)?;
 
         let (shape, data_finite) = ((data.row_len(), data.target_dim), data.all_finite());
-        let train_len = data.train.len;
+        let (train_len, windows) = (data.train.len, data.train.windows.is_some());
         let total = total_steps(spec, train_len);
         let schedule = Schedule::new(spec.optimizer.lr, &spec.optimizer.schedule, total);
         let reads = net.data_reads();
@@ -416,6 +435,7 @@ impl<'a, B: Engine> Training<'a, B> {
             finishing,
             batch_size,
             train_len,
+            windows,
             data_finite,
             total,
             all_epochs_steps: steps_per_epoch(spec, train_len) * spec.train.epochs,
@@ -463,7 +483,7 @@ impl<'a, B: Engine> Training<'a, B> {
     fn optimizer_step(
         &mut self,
         epoch: usize,
-        group: &[&[u32]],
+        group: MicroBatches,
         logging: bool,
     ) -> Result<(f64, StepResult, usize)> {
         let backend = self.backend;
@@ -517,7 +537,7 @@ impl<'a, B: Engine> Training<'a, B> {
             self.first_nonfinite = Some((step, epoch, sum));
         }
         // All replicas' and micro-batches' samples: fewer on an epoch's short last step.
-        let samples: usize = group.iter().map(|rows| rows.len()).sum();
+        let samples = group.rows.len();
         let st = &mut self.st;
         st.window_samples += samples as u64;
         st.step = step;
@@ -1059,10 +1079,10 @@ pub struct StepContext<'a, B: Engine> {
 pub fn optimizer_step<B: Engine>(
     mut cx: StepContext<B>,
     batch: &Batch<B>,
-    micro_batches: &[&[u32]],
+    micro_batches: MicroBatches,
     settings: StepSettings,
 ) -> StepResult {
-    let rows = micro_batches.iter().copied();
+    let rows = micro_batches.iter();
     accumulate_gradients(&mut cx, batch, rows, Rank::WHOLE, settings.loss_scale, None);
     apply_gradients(&mut cx, settings)
 }
@@ -1092,7 +1112,7 @@ impl Rank {
 pub(crate) fn accumulate_gradients<'r, B: Engine>(
     cx: &mut StepContext<B>,
     batch: &Batch<B>,
-    micro_batches: impl ExactSizeIterator<Item = &'r [u32]>,
+    micro_batches: impl ExactSizeIterator<Item = &'r [u64]>,
     replica: Rank,
     loss_scale: Option<f64>,
     mut sync: Option<&mut dyn GradientSync<B>>,
@@ -1239,13 +1259,13 @@ fn evaluate<B: Engine>(
 ) -> Result<BTreeMap<String, f64>> {
     let mut evaluation = BTreeMap::new();
     let batch = net.max_batch();
-    let mut rows: Vec<u32> = Vec::with_capacity(batch);
+    let mut rows: Vec<u64> = Vec::with_capacity(batch);
     for set in sets {
         let end = set.len.min(samples.unwrap_or(usize::MAX));
         for first in (0..end).step_by(batch) {
             let n = batch.min(end - first);
             rows.clear();
-            rows.extend(first as u32..(first + n) as u32);
+            rows.extend(first as u64..(first + n) as u64);
             set.samples.load(backend, &rows, net);
             net.forward(backend, n, false, 0);
             net.loss(backend, n, None, stats);

@@ -10,6 +10,19 @@ use crate::ops::Engine;
 use crate::spec::DataPlacement;
 use crate::tensor::{IdsInto, RowsAt};
 
+/// A step's samples: `rows` in micro-batches of `size` (the last may be smaller).
+#[derive(Debug, Clone, Copy)]
+pub struct MicroBatches<'a> {
+    pub rows: &'a [u64],
+    pub size: usize,
+}
+
+impl<'a> MicroBatches<'a> {
+    pub fn iter(self) -> std::slice::Chunks<'a, u64> {
+        self.rows.chunks(self.size)
+    }
+}
+
 /// A split's samples, and where each one's inputs and targets lie in them.
 pub struct Samples<B: Engine> {
     /// The data's values, where a layer reads them.
@@ -101,7 +114,7 @@ impl<B: Engine> Samples<B> {
     }
 
     /// Puts the samples `rows` into the network's input and target buffers.
-    pub fn load(&self, backend: &B, rows: &[u32], net: &mut Network<B>) {
+    pub fn load(&self, backend: &B, rows: &[u64], net: &mut Network<B>) {
         let (inputs, targets_at) = (self.inputs, self.targets_at);
         match &self.values {
             Some(Held::Resident(x)) => backend.gather_rows(x, rows, inputs, net.input_mut()),

@@ -259,8 +259,8 @@ static void image_and_row_kernels() {
     });
     const uint64_t rows = 37, n_rows = 11, row_len = 13;
     Buffer data = random_buffer(0, rows * row_len);
-    std::vector<uint32_t> picked(n_rows);
-    for (uint64_t r = 0; r < n_rows; r++) picked[r] = (uint32_t)(r * 5 % rows);
+    std::vector<u64> picked(n_rows);
+    for (uint64_t r = 0; r < n_rows; r++) picked[r] = r * 5 % rows;
     half_gives_f32_rounded("gather_rows", {0.0f}, [&](int s, Buffer&) {
         Buffer dst(s, n_rows * row_len);
         launch(dst.n, [&] { gather_rows((const float*)data.p(), picked.data(), n_rows, row_len, row_len, 0, dst.p(), s); });

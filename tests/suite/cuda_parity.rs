@@ -272,7 +272,7 @@ fn reductions_fills_gathers_and_copies_match_the_cpu() {
     assert_eq!(down(&g, &a, v.len()), want, "fill_range");
 
     let src = random_vec(100 * 13, 11);
-    let rows: Vec<u32> = (0..64).map(|i| (i * 37 % 100) as u32).collect();
+    let rows: Vec<u64> = (0..64).map(|i| i * 37 % 100).collect();
     let mut dst_cpu = vec![f32::NAN; 64 * 13];
     CPU.gather_rows(&src, &rows, RowsAt::packed(13), &mut dst_cpu);
     let mut dst_gpu = poisoned(&g, 64 * 13);
@@ -280,9 +280,9 @@ fn reductions_fills_gathers_and_copies_match_the_cpu() {
     assert_eq!(down(&g, &dst_gpu, 64 * 13), dst_cpu, "gather");
     // The same rows from host memory (a streamed data set), through every pinned staging
     // buffer in turn and round again, each batch queued before the previous was read back.
-    let mut batches: Vec<(Vec<u32>, CudaBuf)> = Vec::new();
-    for k in 0..9u32 {
-        let rows: Vec<u32> = (0..64).map(|i| (i * 37 + k * 11) % 100).collect();
+    let mut batches: Vec<(Vec<u64>, CudaBuf)> = Vec::new();
+    for k in 0..9u64 {
+        let rows: Vec<u64> = (0..64).map(|i| (i * 37 + k * 11) % 100).collect();
         let mut dst = poisoned(&g, 64 * 13);
         g.upload_rows(&src, &rows, RowsAt::packed(13), &mut dst);
         batches.push((rows, dst));
@@ -483,7 +483,7 @@ fn half_width_buffers_hold_what_rounded_f32_buffers_hold() {
 
         // The batch gather, from device and from host memory, rounds as the CPU does.
         let data = random_vec(100 * 13, 23);
-        let rows: Vec<u32> = (0..64).map(|i| (i * 37 % 100) as u32).collect();
+        let rows: Vec<u64> = (0..64).map(|i| i * 37 % 100).collect();
         let mut expected = vec![0.0; 64 * 13];
         CPU.gather_rows(&data, &rows, RowsAt::packed(13), &mut expected);
         let expected = rounded(kind, &expected);
@@ -1664,8 +1664,8 @@ fn token_id_gathers_match_the_cpu() {
         g.embedding_forward(ids, &gpu_table, 0, &mut y, batch * len, 1);
         down(&g, &y, batch * len)
     };
-    for k in 0..9u32 {
-        let rows: Vec<u32> = (0..batch as u32).map(|i| (i * 37 + k * 11) % 680).collect();
+    for k in 0..9u64 {
+        let rows: Vec<u64> = (0..batch as u64).map(|i| (i * 37 + k * 11) % 680).collect();
         let mut want_ids = vec![0u32; batch * len];
         CPU.gather_ids(&tokens, &rows, at(0), IdsInto::Ids(&mut want_ids));
         let want_ids: Vec<f32> = want_ids.iter().map(|&id| id as f32).collect();

@@ -12,7 +12,9 @@ use trainer::optim::Optimizer;
 use trainer::tensor::cast::{round_to_half, HalfKind};
 use trainer::tensor::cpu::CpuBackend;
 use trainer::tensor::Backend;
-use trainer::train::{half_kind, optimizer_step, Batch, Samples, StepContext, StepSettings};
+use trainer::train::{
+    half_kind, optimizer_step, Batch, MicroBatches, Samples, StepContext, StepSettings,
+};
 
 const SMALL_NET: &str = r#"
 [data]
@@ -86,7 +88,7 @@ fn a_step_with_an_inf_gradient_is_skipped_leaving_parameters_and_optimizer_state
     };
     let samples = Samples::new(&b, set, (6, 1), net.data_reads(), true).unwrap();
     let batch = Batch::<CpuBackend> { samples: &samples };
-    let rows: Vec<u32> = (0..n as u32).collect();
+    let rows: Vec<u64> = (0..n as u64).collect();
     let mut stats = b.new_stats().unwrap();
     let mut micro_step = 0;
     let mut step = |net: &mut _, optimizer: &mut _, loss_scale: f64| {
@@ -97,7 +99,11 @@ fn a_step_with_an_inf_gradient_is_skipped_leaving_parameters_and_optimizer_state
             loss_scale: Some(loss_scale),
             skip_nonfinite: false,
         };
-        let micro: [&[u32]; 2] = [&rows[..8], &rows[8..]];
+        // Two micro-batches of 8.
+        let micro = MicroBatches {
+            rows: &rows,
+            size: 8,
+        };
         let cx = StepContext {
             backend: &b,
             net,
@@ -105,7 +111,7 @@ fn a_step_with_an_inf_gradient_is_skipped_leaving_parameters_and_optimizer_state
             stats: &mut stats,
             micro_step: &mut micro_step,
         };
-        optimizer_step(cx, &batch, &micro, settings)
+        optimizer_step(cx, &batch, micro, settings)
     };
     // A clean step first, so the optimizer has state to protect.
     assert!(!step(&mut net, &mut optimizer, 1024.0).skipped);

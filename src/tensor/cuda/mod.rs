@@ -368,7 +368,7 @@ pub struct CudaBackend {
     blas: std::mem::ManuallyDrop<CudaBlas>,
     f: Functions,
     /// Row indices of the batch being gathered, grown to the largest batch once.
-    rows: RefCell<CudaSlice<u32>>,
+    rows: RefCell<CudaSlice<u64>>,
     /// A streamed data set's batches are gathered on the host into these pinned buffers, used
     /// in turn (inputs and targets of two batches), so the host fills one while the copy from
     /// the previous one may still be queued.
@@ -654,7 +654,7 @@ impl CudaBackend {
             }
         };
         let rows = stream
-            .alloc_zeros::<u32>(1)
+            .alloc_zeros::<u64>(1)
             .map_err(|e| cuda_err("allocating", e))?;
         let row_stats = stream
             .alloc_zeros::<f64>(3)
@@ -788,12 +788,12 @@ impl CudaBackend {
     /// The next staging buffer, holding `len` values, once no queued copy reads it any more,
     /// with the event to record after the copy that will read it.
     /// The batch's row indices on the device, for a gather.
-    fn batch_rows(&self, rows: &[u32]) -> Option<std::cell::RefMut<'_, CudaSlice<u32>>> {
+    fn batch_rows(&self, rows: &[u64]) -> Option<std::cell::RefMut<'_, CudaSlice<u64>>> {
         let mut index = self.rows.borrow_mut();
         if index.len() < rows.len() {
-            match self.stream.alloc_zeros::<u32>(rows.len()) {
+            match self.stream.alloc_zeros::<u64>(rows.len()) {
                 Ok(grown) => {
-                    self.count((grown.len() - index.len()) * 4);
+                    self.count((grown.len() - index.len()) * 8);
                     *index = grown;
                 }
                 Err(e) => return self.record("allocating batch indices", Err(e)),
@@ -1691,7 +1691,7 @@ impl Backend for CudaBackend {
         self.record("device copy", r);
     }
 
-    fn gather_rows(&self, src: &CudaBuf, rows: &[u32], at: RowsAt, dst: &mut CudaBuf) {
+    fn gather_rows(&self, src: &CudaBuf, rows: &[u64], at: RowsAt, dst: &mut CudaBuf) {
         if rows.is_empty() {
             return;
         }
@@ -1713,7 +1713,7 @@ impl Backend for CudaBackend {
         });
     }
 
-    fn upload_rows(&self, src: &[f32], rows: &[u32], at: RowsAt, dst: &mut CudaBuf) {
+    fn upload_rows(&self, src: &[f32], rows: &[u64], at: RowsAt, dst: &mut CudaBuf) {
         if rows.is_empty() {
             return;
         }
@@ -1771,7 +1771,7 @@ impl Backend for CudaBackend {
         self.record("copying token ids to the device", r);
     }
 
-    fn gather_ids(&self, src: &CudaIds, rows: &[u32], at: RowsAt, dst: IdsInto<'_, Self>) {
+    fn gather_ids(&self, src: &CudaIds, rows: &[u64], at: RowsAt, dst: IdsInto<'_, Self>) {
         if rows.is_empty() {
             return;
         }
@@ -1802,7 +1802,7 @@ impl Backend for CudaBackend {
         });
     }
 
-    fn upload_id_rows(&self, src: &[u32], rows: &[u32], at: RowsAt, dst: IdsInto<'_, Self>) {
+    fn upload_id_rows(&self, src: &[u32], rows: &[u64], at: RowsAt, dst: IdsInto<'_, Self>) {
         if rows.is_empty() {
             return;
         }

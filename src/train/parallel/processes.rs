@@ -39,8 +39,8 @@ use crate::signals::Stop;
 use crate::spec::{CollectiveBackend, JobSpec, ParallelDevices};
 use crate::tensor::LossStats;
 use crate::train::{
-    accumulate_gradients, apply_gradients, Batch, Rank, Samples, StepContext, StepResult,
-    StepSettings,
+    accumulate_gradients, apply_gradients, Batch, MicroBatches, Rank, Samples, StepContext,
+    StepResult, StepSettings,
 };
 use serde::{Deserialize, Serialize};
 use std::marker::PhantomData;
@@ -268,19 +268,16 @@ fn with_watchdog<T>(timeout: std::time::Duration, what: &str, f: impl FnOnce() -
 /// The step message: micro-step, lr, clip, loss scale (NaN for none), skip_nonfinite, the
 /// micro-batch size, then every micro-batch's sample indices (all but the last micro-batch
 /// of a step are full).
-fn encode_step(out: &mut Vec<u8>, micro_step: u64, s: &StepSettings, micro_batches: &[&[u32]]) {
+fn encode_step(out: &mut Vec<u8>, micro_step: u64, s: &StepSettings, micro_batches: MicroBatches) {
     out.clear();
     out.extend_from_slice(&micro_step.to_le_bytes());
     out.extend_from_slice(&s.lr.to_le_bytes());
     out.extend_from_slice(&s.clip.unwrap_or(f64::NAN).to_le_bytes());
     out.extend_from_slice(&s.loss_scale.unwrap_or(f64::NAN).to_le_bytes());
     out.push(u8::from(s.skip_nonfinite));
-    let chunk = micro_batches.first().map_or(0, |m| m.len());
-    out.extend_from_slice(&(chunk as u32).to_le_bytes());
-    for rows in micro_batches {
-        for row in *rows {
-            out.extend_from_slice(&row.to_le_bytes());
-        }
+    out.extend_from_slice(&(micro_batches.size as u32).to_le_bytes());
+    for row in micro_batches.rows {
+        out.extend_from_slice(&row.to_le_bytes());
     }
 }
 
@@ -293,8 +290,8 @@ struct StepOrder {
 
 const STEP_HEADER: usize = 8 * 4 + 1 + 4;
 
-fn decode_step(bytes: &[u8], rows: &mut Vec<u32>) -> Option<StepOrder> {
-    if bytes.len() < STEP_HEADER || !(bytes.len() - STEP_HEADER).is_multiple_of(4) {
+fn decode_step(bytes: &[u8], rows: &mut Vec<u64>) -> Option<StepOrder> {
+    if bytes.len() < STEP_HEADER || !(bytes.len() - STEP_HEADER).is_multiple_of(8) {
         return None;
     }
     let f64_at = |i: usize| f64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
@@ -310,8 +307,8 @@ fn decode_step(bytes: &[u8], rows: &mut Vec<u32>) -> Option<StepOrder> {
     rows.clear();
     rows.extend(
         bytes[STEP_HEADER..]
-            .chunks_exact(4)
-            .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes"))),
+            .chunks_exact(8)
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes"))),
     );
     (chunk > 0 || rows.is_empty()).then_some(StepOrder {
         micro_step: u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")),
@@ -392,7 +389,7 @@ impl<B: Engine> DataParallel<B> for ProcessReplicas<B> {
         &mut self,
         mut cx: StepContext<B>,
         batch: &Batch<B>,
-        micro_batches: &[&[u32]],
+        micro_batches: MicroBatches,
         settings: StepSettings,
     ) -> Result<StepResult> {
         let backend = cx.backend;
@@ -404,7 +401,7 @@ impl<B: Engine> DataParallel<B> for ProcessReplicas<B> {
             rank: 0,
             replicas: self.world.world_size,
         };
-        let rows = micro_batches.iter().copied();
+        let rows = micro_batches.iter();
         let scale = settings.loss_scale;
         // Averaged bucket by bucket during the backward pass: by NCCL on the devices, or
         // summed here as the other ranks send their buckets.
@@ -763,7 +760,10 @@ fn follow<B: Engine>(
                 link.read(&mut message)?;
                 let order = decode_step(&message, &mut rows).ok_or_else(|| bad("step"))?;
                 let mut micro_step = order.micro_step;
-                let micro_batches = rows.chunks(order.chunk);
+                let micro_batches = MicroBatches {
+                    rows: &rows,
+                    size: order.chunk,
+                };
                 let scale = order.settings.loss_scale;
                 {
                     let mut send = SendOverLink {
@@ -783,7 +783,14 @@ fn follow<B: Engine>(
                         stats: &mut stats,
                         micro_step: &mut micro_step,
                     };
-                    accumulate_gradients(&mut cx, &batch, micro_batches, place, scale, Some(sync));
+                    accumulate_gradients(
+                        &mut cx,
+                        &batch,
+                        micro_batches.iter(),
+                        place,
+                        scale,
+                        Some(sync),
+                    );
                     if let Some(e) = send.error {
                         return Err(e);
                     }
@@ -861,17 +868,21 @@ mod tests {
             loss_scale: Some(65536.0),
             skip_nonfinite: true,
         };
-        let (a, b, c) = ([4u32, 9, 2], [7u32, 1, 0], [5u32]);
+        // Three micro-batches of 3, 3 and 1 samples, one index past u32.
+        let sent = [4, 9, 2, 7, 1, 1 << 33, 5];
         let mut bytes = Vec::new();
-        encode_step(&mut bytes, 42, &settings, &[&a, &b, &c]);
+        let micro_batches = MicroBatches {
+            rows: &sent,
+            size: 3,
+        };
+        encode_step(&mut bytes, 42, &settings, micro_batches);
         let mut rows = Vec::new();
         let order = decode_step(&bytes, &mut rows).unwrap();
         assert_eq!(order.micro_step, 42);
         assert_eq!((order.settings.lr, order.settings.clip), (3e-4, None));
         assert_eq!(order.settings.loss_scale, Some(65536.0));
         assert!(order.settings.skip_nonfinite && !order.settings.want_grad_norm);
-        let batches: Vec<&[u32]> = rows.chunks(order.chunk).collect();
-        assert_eq!(batches, vec![&a[..], &b[..], &c[..]]);
+        assert_eq!((&rows[..], order.chunk), (&sent[..], 3));
         assert!(decode_step(&bytes[..bytes.len() - 1], &mut rows).is_none());
     }
 

@@ -24,7 +24,8 @@ use crate::spec::JobSpec;
 use crate::tensor::cpu::CpuBackend;
 use crate::tensor::{Backend, LossStats};
 use crate::train::{
-    accumulate_gradients, apply_gradients, Batch, Rank, StepContext, StepResult, StepSettings,
+    accumulate_gradients, apply_gradients, Batch, MicroBatches, Rank, StepContext, StepResult,
+    StepSettings,
 };
 use rayon::ThreadPool;
 
@@ -51,7 +52,7 @@ pub trait DataParallel<B: Engine> {
         &mut self,
         cx: StepContext<B>,
         batch: &Batch<B>,
-        micro_batches: &[&[u32]],
+        micro_batches: MicroBatches,
         settings: StepSettings,
     ) -> Result<StepResult>;
 
@@ -216,7 +217,7 @@ impl DataParallel<CpuBackend> for CpuReplicas {
         &mut self,
         mut cx: StepContext<CpuBackend>,
         batch: &Batch<CpuBackend>,
-        micro_batches: &[&[u32]],
+        micro_batches: MicroBatches,
         settings: StepSettings,
     ) -> Result<StepResult> {
         let replicas = self.replicas();
@@ -238,7 +239,7 @@ impl DataParallel<CpuBackend> for CpuReplicas {
                 stats: &mut r.stats,
                 micro_step: &mut micro_step,
             };
-            let rows = micro_batches.iter().copied();
+            let rows = micro_batches.iter();
             let scale = settings.loss_scale;
             accumulate_gradients(&mut theirs, batch, rows, place, scale, Some(&mut sync));
             apply_gradients(&mut theirs, quiet);
@@ -250,7 +251,7 @@ impl DataParallel<CpuBackend> for CpuReplicas {
                 all_reduce,
                 rank: 0,
             };
-            let rows = micro_batches.iter().copied();
+            let rows = micro_batches.iter();
             accumulate_gradients(&mut cx, batch, rows, place, scale, Some(&mut sync));
             apply_gradients(&mut cx, settings)
         });
@@ -327,10 +328,10 @@ impl<B: Engine> DataParallel<B> for OneDeviceCollective<B> {
         &mut self,
         mut cx: StepContext<B>,
         batch: &Batch<B>,
-        micro_batches: &[&[u32]],
+        micro_batches: MicroBatches,
         settings: StepSettings,
     ) -> Result<StepResult> {
-        let rows = micro_batches.iter().copied();
+        let rows = micro_batches.iter();
         let scale = settings.loss_scale;
         let sync = Some(&mut DeviceSync as &mut dyn GradientSync<B>);
         accumulate_gradients(&mut cx, batch, rows, Rank::WHOLE, scale, sync);
