@@ -47,7 +47,7 @@ pub(super) fn memory_plan(
     if mixed {
         plan.half_params = if on_gpu { plan.params / 2 } else { plan.params };
     }
-    let resident = match (spec.device.data, gpu_memory) {
+    let resident = match (data.placement(spec.device.data), gpu_memory) {
         (_, None) | (DataPlacement::Resident, _) => true,
         (DataPlacement::Streamed, _) => false,
         (DataPlacement::Auto, Some(memory)) => {

@@ -403,14 +403,12 @@ fn check_token_ids(job: &Path, graph: &Graph, data: &Data) -> Result<()> {
     for (split, set) in sets {
         let outside = match set.windows {
             // A text's ids are one stream of tokens, the windows' and targets' alike.
-            Some(_) => (set.tokens.iter().enumerate())
-                .find(|(_, &id)| id as usize >= vocab)
-                .map(|(i, id)| {
-                    (
-                        id.to_string(),
-                        format!("{}: token {i}", set.origin.features),
-                    )
-                }),
+            Some(_) => (set.tokens.first_at_or_past(vocab)).map(|(i, id)| {
+                (
+                    id.to_string(),
+                    format!("{}: token {i}", set.origin.features),
+                )
+            }),
             None => (set.features.iter().enumerate())
                 .find(|(_, v)| !(v.fract() == 0.0 && (0.0..vocab as f32).contains(*v)))
                 .map(|(i, v)| {

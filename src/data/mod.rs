@@ -6,15 +6,17 @@ pub mod order;
 pub mod preprocess;
 mod sources;
 pub mod text;
+mod token_ids;
 mod tokens;
 pub mod vocabulary;
 
 pub use order::EpochOrder;
 pub use preprocess::Preprocess;
 pub(crate) use sources::{idx_images, read_text};
+pub use token_ids::TokenIds;
 
 use crate::error::{Error, Result};
-use crate::spec::{DataSource, DataSpec, Task};
+use crate::spec::{DataPlacement, DataSource, DataSpec, Task};
 use crate::tensor::rng::{derive, Rng};
 use sources::MAX_CLASS_INDEX;
 use std::path::Path;
@@ -27,7 +29,7 @@ pub struct Dataset {
     pub features: Vec<f32>,
     pub targets: Vec<f32>,
     /// A text's token ids (empty for other data).
-    pub tokens: Vec<u32>,
+    pub tokens: TokenIds,
     pub len: usize,
     pub origin: Origin,
     /// A text's samples: windows of `tokens`, this many tokens apart, whose targets are the
@@ -45,9 +47,10 @@ pub struct DataReads {
 }
 
 impl Dataset {
-    /// The bytes of its features, targets and tokens (4 each).
+    /// The bytes of host memory its features, targets and tokens take (4 each; token
+    /// files mapped where they lie take none).
     pub fn bytes(&self) -> usize {
-        (self.features.len() + self.targets.len() + self.tokens.len()) * 4
+        (self.features.len() + self.targets.len()) * 4 + self.tokens.heap_bytes()
     }
 
     /// A text's windows a block apart, as evaluation reads them: each token is read once.
@@ -203,6 +206,21 @@ impl Data {
     /// The bytes of every split, features, targets and tokens.
     pub fn bytes(&self) -> usize {
         self.splits().map(Dataset::bytes).sum()
+    }
+
+    /// The bytes of the token files that every split reads where they lie (0 for none).
+    pub fn mapped_bytes(&self) -> usize {
+        self.splits().map(|d| d.tokens.mapped_bytes()).sum()
+    }
+
+    /// Where a run keeps the data set, as `device.data` asks: "auto" leaves token files
+    /// where they lie, since a batch copies a few hundred KB and the files may outgrow any
+    /// memory.
+    pub fn placement(&self, asked: DataPlacement) -> DataPlacement {
+        match asked {
+            DataPlacement::Auto if self.mapped_bytes() > 0 => DataPlacement::Streamed,
+            _ => asked,
+        }
     }
 
     /// `Dataset::held_bytes` of every split.

@@ -5,7 +5,7 @@
 //! `val_fraction`, in windows a block apart.
 
 use super::vocabulary::Vocabulary;
-use super::{sources, Data, Dataset, Origin, Preprocess};
+use super::{sources, Data, Dataset, Origin, Preprocess, TokenIds};
 use crate::error::{Error, Result};
 use crate::spec::{DataSource, DataSpec, Tokenizer};
 
@@ -42,7 +42,7 @@ pub fn load(spec: &DataSpec) -> Result<Data> {
     if ids.is_empty() {
         return Err(Error::Job(format!("{name}: the file is empty")));
     }
-    let splits = Splits::at_end(&name, "text", ids, spec.val_fraction);
+    let splits = Splits::at_end(&name, "text", TokenIds::Held(ids), spec.val_fraction);
     let classes = classes(spec, &vocabulary)?;
     windows(splits, block, classes, DataSource::Text, Some(vocabulary))
 }
@@ -66,16 +66,16 @@ pub(super) fn classes(spec: &DataSpec, vocabulary: &Vocabulary) -> Result<usize>
 /// for none), each with the words that name it in an error.
 pub(super) struct Splits {
     pub origin: Origin,
-    pub train: (String, Vec<u32>),
-    pub val: (String, Vec<u32>),
+    pub train: (String, TokenIds),
+    pub val: (String, TokenIds),
 }
 
 impl Splits {
     /// The last `fraction` of `ids` validates, the rest trains; `what` is "text" or
     /// "tokens", for errors.
-    pub fn at_end(name: &str, what: &str, mut ids: Vec<u32>, fraction: f64) -> Self {
+    pub fn at_end(name: &str, what: &str, mut ids: TokenIds, fraction: f64) -> Self {
         let val_len = (ids.len() as f64 * fraction).round() as usize;
-        let val = ids.split_off(ids.len() - val_len);
+        let val = ids.split_off_end(val_len);
         Splits {
             origin: Origin::file(name, None),
             train: (format!("{name}: the training {what}"), ids),

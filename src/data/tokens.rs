@@ -3,11 +3,12 @@
 //! whose file name holds `*` or `?` names every matching file, in name order, read as one
 //! stream. Samples are windows as for text (`text::windows`).
 //!
-//! Every id is held as a u32 (4 bytes a token).
+//! The files are read where they lie (memory-mapped, `TokenIds`), gzip files excepted.
 
 use super::text::{classes, windows, Splits};
+use super::token_ids::{FileBytes, TokenFile, TokenIds};
 use super::vocabulary::Vocabulary;
-use super::{sources, Data, Origin};
+use super::{Data, Origin};
 use crate::error::{Error, Result};
 use crate::spec::{DataSource, DataSpec, TokenFormat};
 use std::path::{Path, PathBuf};
@@ -57,8 +58,7 @@ pub fn load(spec: &DataSpec) -> Result<Data> {
         }
         None => Splits::at_end(&name, "tokens", train, spec.val_fraction),
     };
-    let ids = splits.train.1.iter().chain(&splits.val.1);
-    let largest = ids.fold(0, |m, &id| m.max(id)) as usize;
+    let largest = splits.train.1.largest().max(splits.val.1.largest()) as usize;
     let classes = limit.map_or(largest + 1, |l| l.classes).max(2);
     windows(splits, block, classes, DataSource::Tokens, vocabulary)
 }
@@ -116,33 +116,33 @@ struct Limit {
 }
 
 /// The ids of `files`, one after another, each checked against `limit` where given.
-fn read_all(files: &[PathBuf], format: TokenFormat, limit: Option<&Limit>) -> Result<Vec<u32>> {
-    let mut ids = Vec::new();
+fn read_all(files: &[PathBuf], format: TokenFormat, limit: Option<&Limit>) -> Result<TokenIds> {
+    let mut read = Vec::with_capacity(files.len());
     for path in files {
-        let first = ids.len();
-        read_ids(path, format, &mut ids)?;
+        let file = read_ids(path, format)?;
         let below = limit.map_or(LARGEST_VOCABULARY, |l| l.classes);
-        if let Some(at) = ids[first..].iter().position(|&id| id as usize >= below) {
+        if file.largest() as usize >= below {
             let why = match limit {
                 Some(l) => format!("not below {}", l.from),
                 None => format!("past the largest vocabulary trainer holds, {LARGEST_VOCABULARY}"),
             };
+            let (at, id) = file.first_at_or_past(below).expect("its largest id is");
             return Err(Error::Job(format!(
-                "{}: token {at} is {}, {why}",
-                path.display(),
-                ids[first + at]
+                "{}: token {at} is {id}, {why}",
+                path.display()
             )));
         }
+        read.push(file);
     }
-    Ok(ids)
+    Ok(TokenIds::of_files(read))
 }
 
-/// Appends one file's ids to `ids`.
-fn read_ids(path: &Path, format: TokenFormat, ids: &mut Vec<u32>) -> Result<()> {
+/// One file's ids.
+fn read_ids(path: &Path, format: TokenFormat) -> Result<TokenFile> {
     let name = path.display().to_string();
-    let bytes = sources::read_bytes(path)?;
+    let bytes = FileBytes::open(path)?;
     let (body, width) = match format {
-        TokenFormat::Uint16 => (&bytes[..], 2),
+        TokenFormat::Uint16 => (0..bytes.len(), 2),
         TokenFormat::LlmC => llmc_body(&name, &bytes)?,
     };
     if body.len() % width != 0 {
@@ -151,20 +151,12 @@ fn read_ids(path: &Path, format: TokenFormat, ids: &mut Vec<u32>) -> Result<()> 
             body.len()
         )));
     }
-    ids.reserve(body.len() / width);
-    match width {
-        2 => {
-            ids.extend((body.chunks_exact(2)).map(|b| u32::from(u16::from_le_bytes([b[0], b[1]]))))
-        }
-        _ => {
-            ids.extend((body.chunks_exact(4)).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])))
-        }
-    }
-    Ok(())
+    Ok(TokenFile::new(bytes, body, width))
 }
 
-/// An llm.c file's ids (after its header) and their width in bytes, its header checked.
-fn llmc_body<'a>(name: &str, bytes: &'a [u8]) -> Result<(&'a [u8], usize)> {
+/// Where an llm.c file's ids lie (after its header) and their width in bytes, its header
+/// checked.
+fn llmc_body(name: &str, bytes: &[u8]) -> Result<(std::ops::Range<usize>, usize)> {
     let int = |i: usize| i32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().unwrap());
     if bytes.len() >= 4 && int(0) != LLMC_MAGIC {
         let magic = int(0);
@@ -190,7 +182,7 @@ fn llmc_body<'a>(name: &str, bytes: &'a [u8]) -> Result<(&'a [u8], usize)> {
             )))
         }
     };
-    let body = &bytes[HEADER_BYTES..];
+    let body = HEADER_BYTES..bytes.len();
     let expected = usize::try_from(count)
         .ok()
         .and_then(|c| c.checked_mul(width));

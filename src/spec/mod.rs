@@ -788,8 +788,9 @@ pub struct DeviceSpec {
     /// Where the data set lives on a GPU: "resident" (uploaded once; a batch is gathered on
     /// the device), "streamed" (kept in host memory; each batch is gathered on the host into
     /// pinned memory and copied asynchronously), or "auto" (the default): resident when it
-    /// fits beside the training's own memory, else streamed. On the CPU the data are in host
-    /// memory either way ("streamed" runs the streaming code).
+    /// fits beside the training's own memory, else streamed. "auto" streams token files,
+    /// which stay where they lie. On the CPU the data are in host memory either way
+    /// ("streamed" runs the streaming code).
     #[serde(default)]
     pub data: DataPlacement,
     /// Attention keeps each row's output and log-sum-exp instead of its T×T probabilities,

@@ -4,8 +4,8 @@
 
 use super::matmul::Parallelism;
 use super::{
-    cast, AdamStep, Backend, Capture, HalfKind, IdsInto, LossFn, LossStats, Matrices, RowsAt,
-    SgdStep, UpdatedParams,
+    cast, AdamStep, Backend, Capture, HalfKind, HostIds, IdsInto, LossFn, LossStats, Matrices,
+    RowsAt, SgdStep, UpdatedParams,
 };
 use crate::error::Result;
 use rayon::prelude::*;
@@ -256,17 +256,18 @@ impl Backend for CpuBackend {
         self.upload_id_rows(src, rows, at, dst);
     }
 
-    fn upload_id_rows(&self, src: &[u32], rows: &[u64], at: RowsAt, dst: IdsInto<'_, Self>) {
-        let batch = rows.iter().map(|&r| &src[at.start(r)..][..at.len]);
+    fn upload_id_rows(&self, src: &dyn HostIds, rows: &[u64], at: RowsAt, dst: IdsInto<'_, Self>) {
         match dst {
             IdsInto::Ids(ids) => {
-                for (out, row) in ids.chunks_exact_mut(at.len).zip(batch) {
-                    out.copy_from_slice(row);
+                for (out, &r) in ids.chunks_exact_mut(at.len).zip(rows) {
+                    src.copy_ids(at.start(r), out);
                 }
             }
+            // Class indices: each id copied into its value's bits, then converted there.
             IdsInto::Values(values) => {
-                for (out, row) in values.chunks_exact_mut(at.len).zip(batch) {
-                    out.iter_mut().zip(row).for_each(|(v, &id)| *v = id as f32);
+                for (out, &r) in values.chunks_exact_mut(at.len).zip(rows) {
+                    src.copy_ids(at.start(r), bytemuck::cast_slice_mut(out));
+                    out.iter_mut().for_each(|v| *v = v.to_bits() as f32);
                 }
             }
         }

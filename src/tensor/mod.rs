@@ -188,6 +188,19 @@ impl RowsAt {
     }
 }
 
+/// Token ids in host memory, where a streamed batch copies its windows from: a vector, or
+/// token files mapped where they lie (`data::TokenIds`).
+pub trait HostIds: Sync {
+    /// Ids `start..start + out.len()` into `out`.
+    fn copy_ids(&self, start: usize, out: &mut [u32]);
+}
+
+impl HostIds for Vec<u32> {
+    fn copy_ids(&self, start: usize, out: &mut [u32]) {
+        out.copy_from_slice(&self[start..start + out.len()]);
+    }
+}
+
 /// Where gathered token ids go: an embedding's ids, or values (class indices for the loss;
 /// exact below 2^24).
 pub enum IdsInto<'a, B: Backend + ?Sized> {
@@ -249,7 +262,7 @@ pub trait Backend: Capture {
     /// tokens, which the loss reads as class indices).
     fn gather_ids(&self, src: &Self::Ids, rows: &[u64], at: RowsAt, dst: IdsInto<'_, Self>);
     /// `upload_rows` for token ids.
-    fn upload_id_rows(&self, src: &[u32], rows: &[u64], at: RowsAt, dst: IdsInto<'_, Self>);
+    fn upload_id_rows(&self, src: &dyn HostIds, rows: &[u64], at: RowsAt, dst: IdsInto<'_, Self>);
     /// Device memory not in use by anyone (None on the CPU): whether the data set fits.
     fn free_memory(&self) -> Option<usize> {
         None

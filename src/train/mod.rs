@@ -366,7 +366,8 @@ impl<'a, B: Engine> Training<'a, B> {
         let total = total_steps(spec, train_len);
         let schedule = Schedule::new(spec.optimizer.lr, &spec.optimizer.schedule, total);
         let reads = net.data_reads();
-        let resident = samples::resident(backend, spec.device.data, data.held_bytes(reads));
+        let held = data.held_bytes(reads);
+        let resident = samples::resident(backend, spec.device.data, &data, held);
         let train_samples = Samples::new(backend, data.train, shape, reads, resident)?;
         let eval_sets = data
             .eval

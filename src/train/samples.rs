@@ -3,12 +3,12 @@
 //! does not fit beside the training, gathered on the host and copied (pinned memory,
 //! asynchronously, on a GPU).
 
-use crate::data::{DataReads, Dataset};
+use crate::data::{Data, DataReads, Dataset, TokenIds};
 use crate::error::Result;
 use crate::graph::Network;
 use crate::ops::Engine;
 use crate::spec::DataPlacement;
-use crate::tensor::{IdsInto, RowsAt};
+use crate::tensor::{HostIds, IdsInto, RowsAt};
 
 /// A step's samples: `rows` in micro-batches of `size` (the last may be smaller).
 #[derive(Debug, Clone, Copy)]
@@ -26,9 +26,9 @@ impl<'a> MicroBatches<'a> {
 /// A split's samples, and where each one's inputs and targets lie in them.
 pub struct Samples<B: Engine> {
     /// The data's values, where a layer reads them.
-    values: Option<Held<B::Buf, f32>>,
+    values: Option<Held<B::Buf, Vec<f32>>>,
     /// Value data's token ids, where an embedding reads them (a text's are its targets').
-    ids: Option<Held<B::Ids, u32>>,
+    ids: Option<Held<B::Ids, Vec<u32>>>,
     targets: Targets<B>,
     /// Whether the network reads token ids.
     feeds_ids: bool,
@@ -39,24 +39,33 @@ pub struct Samples<B: Engine> {
 /// Where a sample's targets are.
 enum Targets<B: Engine> {
     /// Rows of values.
-    Rows(Held<B::Buf, f32>),
+    Rows(Held<B::Buf, Vec<f32>>),
     /// A text's tokens: the targets are the tokens one on, and the inputs are these ids.
-    NextTokens(Held<B::Ids, u32>),
+    NextTokens(Held<B::Ids, TokenIds>),
 }
 
-/// A data set on the device (`D`), where a batch is a gather, or in host memory (`H`
-/// values), where a batch is gathered and copied.
-enum Held<D, H> {
+/// A data set on the device (`D`), where a batch is a gather, or in host memory (`S`),
+/// where a batch is gathered and copied.
+enum Held<D, S> {
     Resident(D),
-    Streamed(Vec<H>),
+    Streamed(S),
 }
 
-impl<D, H> Held<D, H> {
-    fn new(data: Vec<H>, resident: bool, upload: impl FnOnce(Vec<H>) -> Result<D>) -> Result<Self> {
+impl<D, S> Held<D, S> {
+    fn new(data: S, resident: bool, upload: impl FnOnce(S) -> Result<D>) -> Result<Self> {
         Ok(match resident {
             true => Held::Resident(upload(data)?),
             false => Held::Streamed(data),
         })
+    }
+}
+
+impl<D, S: HostIds> Held<D, S> {
+    fn as_ids(&self) -> Held<&D, &dyn HostIds> {
+        match self {
+            Held::Resident(d) => Held::Resident(d),
+            Held::Streamed(s) => Held::Streamed(s),
+        }
     }
 }
 
@@ -95,12 +104,15 @@ impl<B: Engine> Samples<B> {
         let values = match (reads.values, text) {
             (false, _) => None,
             (true, false) => Some(features),
-            (true, true) => Some(tokens.iter().map(|&id| id as f32).collect()),
+            (true, true) => Some(tokens.to_vec().into_iter().map(|id| id as f32).collect()),
         };
         let values = values.map(|v| Held::new(v, resident, |v| backend.upload_vec(v)));
         let ids = ids.map(|v| Held::new(v, resident, |v| backend.upload_ids(v)));
         let targets = match text {
-            true => Targets::NextTokens(Held::new(tokens, resident, |v| backend.upload_ids(v))?),
+            true => {
+                let upload = |t: TokenIds| backend.upload_ids(t.into_vec());
+                Targets::NextTokens(Held::new(tokens, resident, upload)?)
+            }
             false => Targets::Rows(Held::new(targets, resident, |v| backend.upload_vec(v))?),
         };
         Ok(Samples {
@@ -122,8 +134,8 @@ impl<B: Engine> Samples<B> {
             None => {}
         }
         let ids = match &self.targets {
-            Targets::NextTokens(tokens) => Some(tokens),
-            Targets::Rows(_) => self.ids.as_ref(),
+            Targets::NextTokens(tokens) => Some(tokens.as_ids()),
+            Targets::Rows(_) => self.ids.as_ref().map(Held::as_ids),
         };
         match ids.filter(|_| self.feeds_ids) {
             Some(Held::Resident(ids)) => {
@@ -160,18 +172,21 @@ pub fn fits_on_device(bytes: usize, free: usize) -> bool {
     bytes + on_device_margin(free) <= free
 }
 
-/// Whether the data set (`bytes`, every split) is uploaded whole. "auto" uploads it when it
-/// fits in the device memory still free, with a margin for the scratch that grows during
-/// the first steps; call it after the network and the optimizer have their memory.
-pub fn resident<B: Engine>(backend: &B, placement: DataPlacement, bytes: usize) -> bool {
+/// Whether the data set (`bytes` of `data`) is uploaded whole, as `asked`. "auto" uploads it
+/// when it fits in the device memory still free, with a margin for the scratch that grows
+/// during the first steps, and leaves token files where they lie (`Data::placement`); call
+/// it after the network and the optimizer have their memory.
+pub fn resident<B: Engine>(backend: &B, asked: DataPlacement, data: &Data, bytes: usize) -> bool {
     let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
-    match placement {
+    match data.placement(asked) {
         DataPlacement::Resident => true,
         DataPlacement::Streamed => {
+            let why = match asked {
+                DataPlacement::Streamed => "device.data = \"streamed\"",
+                _ => "token files stay where they lie",
+            };
             if backend.free_memory().is_some() {
-                tracing::info!(
-                    "data: streamed from pinned host memory (device.data = \"streamed\")"
-                );
+                tracing::info!("data: streamed from pinned host memory ({why})");
             }
             false
         }

@@ -2,7 +2,10 @@
 //! their text tokenizes to, shards by a glob, a validation file, and the errors for files
 //! that are not what their format says.
 
-use crate::common::{spec, stderr, stdout, trainer};
+use crate::common::{
+    column, gpu_present, read_csv, run_job, spec, stderr, stdout, trainer, write_job,
+};
+use std::io::Write;
 use std::path::Path;
 use trainer::data;
 
@@ -56,7 +59,7 @@ fn text_ids(dir: &Path) -> (Vec<u32>, data::Data) {
     let mut s = job("source = \"text\"\npath = \"x\"\nval_fraction = 0.25");
     s.data.path = Some(path);
     let d = data::load(&s.data, 1).unwrap();
-    let ids = [d.train.tokens.clone(), d.eval[0].1.tokens.clone()].concat();
+    let ids = [d.train.tokens.to_vec(), d.eval[0].1.tokens.to_vec()].concat();
     (ids, d)
 }
 
@@ -103,7 +106,10 @@ fn token_files_hold_the_ids_their_text_tokenizes_to() {
     s.data.val_path = Some(tmp.path().join("val.bin"));
     let d = data::load(&s.data, 1).unwrap();
     assert_eq!(d.train.tokens.len(), ids.len());
-    assert_eq!((&d.eval[0].1.tokens[..], d.eval[0].1.len), (&ids[..20], 2));
+    assert_eq!(
+        (&d.eval[0].1.tokens.to_vec()[..], d.eval[0].1.len),
+        (&ids[..20], 2)
+    );
     assert_eq!(d.classes, Some(50));
 }
 
@@ -172,6 +178,83 @@ fn token_files_that_are_not_what_their_format_says_are_named() {
         e.contains("the training tokens holds 8 tokens, fewer than"),
         "{e}"
     );
+}
+
+/// Token files are read where they lie: mapped, they take no heap, and a run on them
+/// computes what a run on the same ids held in memory computes, bit for bit. A gzip file is
+/// read into memory.
+#[test]
+fn mapped_token_files_train_as_the_same_ids_held() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (ids, text) = text_ids(tmp.path());
+    let split = ids.len() / 3;
+    std::fs::write(tmp.path().join("s_0.bin"), llmc(&ids[..split], 1)).unwrap();
+    std::fs::write(tmp.path().join("s_1.bin"), llmc(&ids[split..], 2)).unwrap();
+    let s = tokens_spec(&tmp.path().join("s_*.bin"), "val_fraction = 0.25");
+    let d = data::load(&s.data, 1).unwrap();
+    assert_eq!((&d.train.tokens, d.bytes()), (&text.train.tokens, 0));
+    assert_eq!(d.mapped_bytes(), 2 * split + 4 * (ids.len() - split));
+
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&llmc(&ids, 1)).unwrap();
+    std::fs::write(tmp.path().join("g.bin"), gz.finish().unwrap()).unwrap();
+    let s = tokens_spec(&tmp.path().join("g.bin"), "val_fraction = 0.25");
+    let d = data::load(&s.data, 1).unwrap();
+    assert_eq!(
+        (d.train.tokens.to_vec(), d.mapped_bytes()),
+        (text.train.tokens.to_vec(), 0)
+    );
+    assert!(d.bytes() > 0);
+
+    let job = |data: &str| {
+        format!(
+            r#"
+            [data]
+            {data}
+            val_fraction = 0.25
+            classes = 32
+            block_size = 8
+            batch_size = 4
+            [model]
+            layers = [{{ type = "embedding", num_embeddings = 32, embedding_dim = 8 }},
+                      {{ type = "linear", out = 32 }}]
+            [optimizer]
+            type = "adam"
+            lr = 0.01
+            [train]
+            max_steps = 12
+            log_every = 3
+            eval_every_steps = 6
+            "#
+        )
+    };
+    let losses = |data: &str, device: &str| {
+        let dir = tmp.path().join(format!("{device}{}", data.len()));
+        std::fs::create_dir(&dir).unwrap();
+        let job = write_job(tmp.path(), &job(data));
+        let run = run_job(&job, &dir, &["--set", &format!("device.type={device}")]);
+        let (header, rows) = read_csv(&run.join("metrics.csv"));
+        let row =
+            |r: &Vec<String>| ["step", "split", "loss"].map(|c| column(&header, r, c).to_string());
+        let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+        (rows.iter().map(row).collect::<Vec<_>>(), log)
+    };
+    let (held, mapped) = (
+        "source = \"text\"\npath = \"t.txt\"",
+        "source = \"tokens\"\npath = \"s_*.bin\"",
+    );
+    let (cpu_held, _) = losses(held, "cpu");
+    assert_eq!(cpu_held.len(), 6, "{cpu_held:?}");
+    assert_eq!(cpu_held, losses(mapped, "cpu").0);
+    // On a GPU the held ids are gathered on the device, the mapped ones copied in each batch.
+    if gpu_present() {
+        let ((gpu_held, _), (gpu_mapped, log)) = (losses(held, "cuda"), losses(mapped, "cuda"));
+        assert_eq!(gpu_held, gpu_mapped);
+        assert!(
+            log.contains("streamed from pinned host memory (token files stay where they lie)"),
+            "{log}"
+        );
+    }
 }
 
 /// A job reads its shards by a glob relative to the job file, trains, writes the token

@@ -11,8 +11,8 @@ pub mod kernels;
 mod launch;
 
 use super::{
-    cast, Activation, AdamStep, Backend, Capture, Conv2d, HalfKind, IdsInto, LossFn, LossStats,
-    Matrices, Pool2d, RowsAt, SgdStep, UpdatedParams,
+    cast, Activation, AdamStep, Backend, Capture, Conv2d, HalfKind, HostIds, IdsInto, LossFn,
+    LossStats, Matrices, Pool2d, RowsAt, SgdStep, UpdatedParams,
 };
 use crate::error::{Error, Result};
 use cudarc::cublas::sys::{cublasMath_t, cublasOperation_t};
@@ -1802,7 +1802,7 @@ impl Backend for CudaBackend {
         });
     }
 
-    fn upload_id_rows(&self, src: &[u32], rows: &[u64], at: RowsAt, dst: IdsInto<'_, Self>) {
+    fn upload_id_rows(&self, src: &dyn HostIds, rows: &[u64], at: RowsAt, dst: IdsInto<'_, Self>) {
         if rows.is_empty() {
             return;
         }
@@ -1818,12 +1818,12 @@ impl Backend for CudaBackend {
         let Some(host) = self.record("writing a staging buffer", staged.as_mut_slice()) else {
             return;
         };
-        let (row_len, batch) = (at.len, rows.iter().map(|&r| &src[at.start(r)..][..at.len]));
+        let (row_len, starts) = (at.len, rows.iter().map(|&r| at.start(r)));
         let r = match dst {
             IdsInto::Ids(ids) => {
                 let words: &mut [u32] = bytemuck::cast_slice_mut(host);
-                for (out, row) in words.chunks_exact_mut(row_len).zip(batch) {
-                    out.copy_from_slice(row);
+                for (out, start) in words.chunks_exact_mut(row_len).zip(starts) {
+                    src.copy_ids(start, out);
                 }
                 // SAFETY: the staging buffer holds u32 words, as many as ids.mem.
                 let Some(mut words) = (unsafe { ids.mem.transmute_mut::<f32>(elements) }) else {
@@ -1835,8 +1835,10 @@ impl Backend for CudaBackend {
                 if values.half.is_some() {
                     return self.launch_error("upload token ids", "values in a half-width buffer");
                 }
-                for (out, row) in host.chunks_exact_mut(row_len).zip(batch) {
-                    out.iter_mut().zip(row).for_each(|(v, &id)| *v = id as f32);
+                // Each id copied into its value's bits, then converted there.
+                for (out, start) in host.chunks_exact_mut(row_len).zip(starts) {
+                    src.copy_ids(start, bytemuck::cast_slice_mut(out));
+                    out.iter_mut().for_each(|v| *v = v.to_bits() as f32);
                 }
                 self.stream.memcpy_htod(&*staged, &mut values.mem)
             }

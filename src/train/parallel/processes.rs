@@ -96,7 +96,7 @@ pub struct ProcessReplicas<B: Engine> {
 fn data_hash(data: &Data) -> String {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
     h.update(bytemuck::cast_slice(&data.train.features));
-    h.update(bytemuck::cast_slice(&data.train.tokens));
+    data.train.tokens.hash_into(&mut h);
     h.update(bytemuck::cast_slice(&data.train.targets));
     format!("{:016x}", h.digest())
 }
@@ -739,7 +739,7 @@ fn follow<B: Engine>(
         .map_err(Error::Runtime)?;
     drop((params, state));
     let held = data.train.held_bytes(net.data_reads());
-    let resident = crate::train::samples::resident(backend, spec.device.data, held);
+    let resident = crate::train::samples::resident(backend, spec.device.data, &data, held);
     let shape = (data.row_len(), data.target_dim);
     let samples = Samples::new(backend, data.train, shape, net.data_reads(), resident)?;
     let batch = Batch { samples: &samples };
