@@ -191,7 +191,9 @@ impl Trained {
         let mut stats = backend.new_stats()?;
         let mut outputs = vec![0.0; if keep { set.len * width } else { 0 }];
         let shape = (row_len, target_dim);
-        let samples = Samples::new(&backend, set.clone(), shape, net.data_reads(), true)?;
+        // Token files stay where they lie, as in training.
+        let resident = set.tokens.mapped_bytes() == 0;
+        let samples = Samples::new(&backend, set.clone(), shape, net.data_reads(), resident)?;
         let mut rows: Vec<u64> = Vec::with_capacity(batch);
         for first in (0..set.len).step_by(batch) {
             let n = batch.min(set.len - first);

@@ -47,9 +47,9 @@ const DEVICE_FAULTS: [&str; 6] = [
 const NORM_BLOCKS: u32 = 1024;
 /// The bytes a backend allocates for itself as it starts, besides cuBLAS's workspace: the
 /// gradient norm's per-block partials and its total, and the one-value buffers that the
-/// batch's row indices (u32), the loss's per-row statistics (2 f64 and the rows scored) and
+/// batch's row indices (u64), the loss's per-row statistics (2 f64 and the rows scored) and
 /// the two converted inputs of a matrix product (u16 each) grow from.
-const START_BYTES: usize = NORM_BLOCKS as usize * 8 + 8 + 4 + 3 * 8 + 2 * 2;
+const START_BYTES: usize = NORM_BLOCKS as usize * 8 + 8 + 8 + 3 * 8 + 2 * 2;
 
 /// The device memory a backend holds besides the buffers it is asked for, in a run of
 /// batches of up to `batch` samples (a replica's micro-batch) gathered on the device from a
@@ -60,7 +60,7 @@ const START_BYTES: usize = NORM_BLOCKS as usize * 8 + 8 + 4 + 3 * 8 + 2 * 2;
 /// these bytes and a run counts them (`gpu_mem_*`), so the two can agree to the byte.
 pub fn own_bytes(batch: usize, gathers: bool) -> usize {
     let row_indices = if gathers {
-        4 * batch.saturating_sub(1)
+        8 * batch.saturating_sub(1)
     } else {
         0
     };
