@@ -284,32 +284,49 @@ impl Backend for CpuBackend {
         mut dout: Option<&mut Vec<f32>>,
         stats: &mut LossStats,
     ) {
-        let ignored = |s: usize| match f {
-            LossFn::CrossEntropy {
-                ignore_index: Some(i),
-                ..
-            } => targets[s] == i as f32,
-            _ => false,
-        };
-        let scored = (0..n).filter(|&s| !ignored(s)).count();
-        // The mean over the rows scored; none scored: no gradient (PyTorch's would be NaN).
-        let g = grad_scale as f64 / scored.max(1) as f64;
+        if let LossFn::CrossEntropy {
+            label_smoothing,
+            ignore_index,
+        } = f
+        {
+            let rows = CrossEntropyRows::new(targets, n, dim, label_smoothing, ignore_index);
+            let g = rows.gradient_scale(grad_scale);
+            let (x, block) = (&out[..n * dim], SCORED_BLOCK * dim);
+            match (dout, rows.parallel()) {
+                (Some(d), false) => {
+                    let rows_of = x.chunks_exact(dim).zip(d.chunks_exact_mut(dim));
+                    let scored = rows_of
+                        .enumerate()
+                        .map(|(s, (x, d))| rows.row(s, x, g, Some(d)));
+                    add_in_order(scored, stats);
+                }
+                (None, false) => {
+                    let scored = x
+                        .chunks_exact(dim)
+                        .enumerate()
+                        .map(|(s, x)| rows.row(s, x, g, None));
+                    add_in_order(scored, stats);
+                }
+                (Some(d), true) => {
+                    let blocks = x.chunks(block).zip(d[..n * dim].chunks_mut(block));
+                    let blocks = blocks.map(|(x, d)| x.par_chunks(dim).zip(d.par_chunks_mut(dim)));
+                    rows.score(blocks, stats, |s, (x, d)| rows.row(s, x, g, Some(d)));
+                }
+                (None, true) => {
+                    let blocks = x.chunks(block).map(|x| x.par_chunks(dim));
+                    rows.score(blocks, stats, |s, x| rows.row(s, x, g, None));
+                }
+            }
+            return;
+        }
+        let g = grad_scale as f64 / n.max(1) as f64;
         for s in 0..n {
             let x = &out[s * dim..(s + 1) * dim];
             let mut grad = dout.as_deref_mut().map(|d| &mut d[s * dim..(s + 1) * dim]);
-            if ignored(s) {
-                grad.into_iter().for_each(|d| d.fill(0.0));
-                continue;
-            }
+            let t = &targets[s * dim..(s + 1) * dim];
             let (loss, correct) = match f {
-                LossFn::CrossEntropy {
-                    label_smoothing, ..
-                } => {
-                    let label = targets[s] as usize;
-                    cross_entropy_row(x, label, label_smoothing as f64, g, grad.as_deref_mut())
-                }
+                LossFn::CrossEntropy { .. } => unreachable!("scored above"),
                 LossFn::Mse => {
-                    let t = &targets[s * dim..(s + 1) * dim];
                     let mut sum = 0.0f64;
                     for j in 0..dim {
                         let diff = (x[j] - t[j]) as f64;
@@ -321,7 +338,6 @@ impl Backend for CpuBackend {
                     (sum / dim as f64, 0.0)
                 }
                 LossFn::BceWithLogits => {
-                    let t = &targets[s * dim..(s + 1) * dim];
                     let (mut sum, mut hits) = (0.0f64, 0.0f64);
                     for j in 0..dim {
                         let (xj, tj) = (x[j] as f64, t[j] as f64);
@@ -338,7 +354,7 @@ impl Backend for CpuBackend {
             stats.loss_sum += loss;
             stats.correct += correct;
         }
-        stats.samples += scored as f64;
+        stats.samples += n as f64;
     }
 
     fn cross_entropy_over_output(
@@ -352,24 +368,18 @@ impl Backend for CpuBackend {
         grad_scale: f32,
         stats: &mut LossStats,
     ) {
-        let ignored = |s: usize| ignore_index.is_some_and(|i| targets[s] == i as f32);
-        let scored = (0..n).filter(|&s| !ignored(s)).count();
-        let g = grad_scale as f64 / scored.max(1) as f64;
-        for (s, row) in out[..n * dim].chunks_exact_mut(dim).enumerate() {
-            if ignored(s) {
-                row.fill(0.0);
-                continue;
-            }
-            let label = targets[s] as usize;
-            let smoothing = label_smoothing as f64;
-            let (loss, correct, lse) = cross_entropy_stats(row, label, smoothing);
-            for (j, d) in row.iter_mut().enumerate() {
-                *d = cross_entropy_grad(*d, j, label, smoothing, dim, lse, g);
-            }
-            stats.loss_sum += loss;
-            stats.correct += correct;
+        let rows = CrossEntropyRows::new(targets, n, dim, label_smoothing, ignore_index);
+        let g = rows.gradient_scale(grad_scale);
+        let out = &mut out[..n * dim];
+        if rows.parallel() {
+            let blocks = out
+                .chunks_mut(SCORED_BLOCK * dim)
+                .map(|b| b.par_chunks_mut(dim));
+            rows.score(blocks, stats, |s, row| rows.row_in_place(s, row, g));
+        } else {
+            let rows_of = out.chunks_exact_mut(dim).enumerate();
+            add_in_order(rows_of.map(|(s, row)| rows.row_in_place(s, row, g)), stats);
         }
-        stats.samples += scored as f64;
     }
 
     fn new_stats(&self) -> Result<LossStats> {
@@ -625,20 +635,119 @@ fn refresh_half_copy(params: &[f32], half_copy: Option<(&mut Vec<f32>, HalfKind)
 
 /// Loss and hit (1 or 0) for one row of logits; writes the gradient times `g` when asked.
 /// PyTorch's label smoothing: the target is (1-ε)·onehot + ε/C.
-fn cross_entropy_row(
-    x: &[f32],
-    label: usize,
+/// A cross-entropy's rows: their labels, and which are scored.
+struct CrossEntropyRows<'a> {
+    targets: &'a [f32],
+    n: usize,
+    dim: usize,
     smoothing: f64,
-    g: f64,
-    grad: Option<&mut [f32]>,
-) -> (f64, f64) {
-    let (loss, correct, lse) = cross_entropy_stats(x, label, smoothing);
-    if let Some(grad) = grad {
-        for (j, d) in grad.iter_mut().enumerate() {
-            *d = cross_entropy_grad(x[j], j, label, smoothing, x.len(), lse, g);
+    ignore_index: Option<u32>,
+}
+
+/// Rows of a block scored together, their results on the stack.
+const SCORED_BLOCK: usize = 64;
+/// Logits a thread takes at least: a short row's loss is not worth a task.
+const LOGITS_PER_TASK: usize = 1 << 14;
+
+impl<'a> CrossEntropyRows<'a> {
+    fn new(
+        targets: &'a [f32],
+        n: usize,
+        dim: usize,
+        smoothing: f32,
+        ignore_index: Option<u32>,
+    ) -> Self {
+        CrossEntropyRows {
+            targets,
+            n,
+            dim,
+            smoothing: smoothing as f64,
+            ignore_index,
         }
     }
-    (loss, correct)
+
+    fn ignored(&self, s: usize) -> bool {
+        (self.ignore_index).is_some_and(|i| self.targets[s] == i as f32)
+    }
+
+    /// The factor of each row's gradient: the mean over the rows scored. None scored: no
+    /// gradient (PyTorch's would be NaN).
+    fn gradient_scale(&self, grad_scale: f32) -> f64 {
+        let scored = (0..self.n).filter(|&s| !self.ignored(s)).count();
+        grad_scale as f64 / scored.max(1) as f64
+    }
+
+    /// Row `s` of logits `x`: its loss and hit, and its gradient into `grad` where given
+    /// (zeros for an ignored row, which scores nothing).
+    fn row(&self, s: usize, x: &[f32], g: f64, grad: Option<&mut [f32]>) -> Option<(f64, f64)> {
+        if self.ignored(s) {
+            grad.into_iter().for_each(|d| d.fill(0.0));
+            return None;
+        }
+        let label = self.targets[s] as usize;
+        let (loss, correct, lse) = cross_entropy_stats(x, label, self.smoothing);
+        if let Some(grad) = grad {
+            for (j, d) in grad.iter_mut().enumerate() {
+                *d = cross_entropy_grad(x[j], j, label, self.smoothing, x.len(), lse, g);
+            }
+        }
+        Some((loss, correct))
+    }
+
+    /// `row`, with the gradient written over the logits.
+    fn row_in_place(&self, s: usize, row: &mut [f32], g: f64) -> Option<(f64, f64)> {
+        if self.ignored(s) {
+            row.fill(0.0);
+            return None;
+        }
+        let label = self.targets[s] as usize;
+        let (loss, correct, lse) = cross_entropy_stats(row, label, self.smoothing);
+        for (j, d) in row.iter_mut().enumerate() {
+            *d = cross_entropy_grad(*d, j, label, self.smoothing, self.dim, lse, g);
+        }
+        Some((loss, correct))
+    }
+
+    /// Whether the rows are worth threads: a small batch's loss is not.
+    fn parallel(&self) -> bool {
+        self.n * self.dim > LOGITS_PER_TASK
+    }
+
+    /// Scores every row, `score(s, its item of blocks)`, in parallel where the rows are long,
+    /// and adds the results to `stats` in row order: the same sums, to the bit, as one
+    /// thread's. `blocks` holds the rows in blocks of `SCORED_BLOCK`, whose results are on
+    /// the stack: nothing is allocated.
+    fn score<I>(
+        &self,
+        blocks: impl Iterator<Item = I>,
+        stats: &mut LossStats,
+        score: impl Fn(usize, I::Item) -> Option<(f64, f64)> + Sync + Send,
+    ) where
+        I: IndexedParallelIterator,
+    {
+        let min_rows = LOGITS_PER_TASK.div_ceil(self.dim);
+        let mut results = [None; SCORED_BLOCK];
+        let mut first = 0;
+        for block in blocks {
+            let m = block.len();
+            (block
+                .zip(results[..m].par_iter_mut())
+                .enumerate()
+                .with_min_len(min_rows))
+            .for_each(|(i, (item, result))| *result = score(first + i, item));
+            add_in_order(results[..m].iter().copied(), stats);
+            first += m;
+        }
+    }
+}
+
+/// Adds scored rows' (loss, hit) to `stats`, in order; None is a row not scored.
+fn add_in_order(scored: impl Iterator<Item = Option<(f64, f64)>>, stats: &mut LossStats) {
+    for (loss, correct) in scored.flatten() {
+        stats.loss_sum += loss;
+        stats.correct += correct;
+        stats.samples += 1.0;
+    }
 }
 
 /// A row's loss, whether its argmax is the label, and its log-sum-exp.
@@ -677,4 +786,67 @@ fn cross_entropy_grad(
     let p = (x as f64 - log_sum_exp).exp();
     let target = smoothing / classes as f64 + if j == label { 1.0 - smoothing } else { 0.0 };
     ((p - target) * g) as f32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A long loss is scored on threads, a block of rows at a time: the same bits as one row
+    /// at a time in order, with label smoothing, into a buffer and over the logits.
+    #[test]
+    fn a_long_loss_on_threads_gives_a_row_at_a_times_bits() {
+        let b = CpuBackend::new(2);
+        // 70 rows of 1,000 logits: past LOGITS_PER_TASK, and two blocks.
+        let (n, dim) = (70, 1000);
+        let out: Vec<f32> = (0..n * dim)
+            .map(|i| (i * 7919 % 1000) as f32 / 100.0 - 5.0)
+            .collect();
+        let targets: Vec<f32> = (0..n).map(|s| (s * 37 % dim) as f32).collect();
+        let f = LossFn::CrossEntropy {
+            label_smoothing: 0.1,
+            ignore_index: None,
+        };
+        // A gradient scale of n: each row's gradient is scaled by exactly 1 both ways.
+        let (mut grad, mut stats) = (vec![0.0; n * dim], LossStats::default());
+        b.loss(
+            f,
+            &out,
+            &targets,
+            n,
+            dim,
+            n as f32,
+            Some(&mut grad),
+            &mut stats,
+        );
+        let (mut by_rows, mut row_stats) = (vec![0.0; n * dim], LossStats::default());
+        for s in 0..n {
+            let x = out[s * dim..(s + 1) * dim].to_vec();
+            let mut d = vec![0.0; dim];
+            b.loss(
+                f,
+                &x,
+                &vec![targets[s]],
+                1,
+                dim,
+                1.0,
+                Some(&mut d),
+                &mut row_stats,
+            );
+            by_rows[s * dim..(s + 1) * dim].copy_from_slice(&d);
+        }
+        assert_eq!((&grad, stats), (&by_rows, row_stats));
+        let (mut over, mut over_stats) = (out.clone(), LossStats::default());
+        b.cross_entropy_over_output(
+            0.1,
+            None,
+            &mut over,
+            &targets,
+            n,
+            dim,
+            n as f32,
+            &mut over_stats,
+        );
+        assert_eq!((&over, over_stats), (&grad, stats));
+    }
 }
