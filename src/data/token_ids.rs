@@ -200,17 +200,22 @@ impl TokenIds {
 
     /// The bytes of this split's ids in mapped files, or in read ones.
     fn file_bytes(&self, mapped: bool) -> usize {
-        let TokenIds::Files { files, range } = self else {
-            return 0;
-        };
-        let in_range = |f: &TokenFile| {
-            let (start, end) = (f.first.max(range.start), (f.first + f.len()).min(range.end));
-            end.saturating_sub(start) * f.width
-        };
-        (files.iter())
-            .filter(|f| matches!(f.bytes, FileBytes::Mapped(_)) == mapped)
-            .map(in_range)
+        (self.spans())
+            .filter(|(f, _)| matches!(f.bytes, FileBytes::Mapped(_)) == mapped)
+            .map(|(f, ids)| ids.len() * f.width)
             .sum()
+    }
+
+    /// The files this split reads, each with the ids it reads of it (positions in the file).
+    fn spans(&self) -> impl Iterator<Item = (&TokenFile, Range<usize>)> {
+        let (files, range) = match self {
+            TokenIds::Held(_) => (&[][..], 0..0),
+            TokenIds::Files { files, range } => (&files[..], range.clone()),
+        };
+        files.iter().filter_map(move |f| {
+            let (from, to) = (f.first.max(range.start), (f.first + f.len()).min(range.end));
+            (from < to).then(|| (f, from - f.first..to - f.first))
+        })
     }
 
     /// Splits off the last `len` ids.
@@ -234,16 +239,11 @@ impl TokenIds {
     fn for_each_run(&self, mut f: impl FnMut(usize, &[u32])) {
         match self {
             TokenIds::Held(ids) => f(0, ids),
-            TokenIds::Files { files, range } => {
-                for file in files.iter() {
-                    let (start, end) = (file.first, file.first + file.len());
-                    let (from, to) = (start.max(range.start), end.min(range.end));
-                    if from >= to {
-                        continue;
-                    }
-                    let mut at = from;
-                    file.for_each_run(from - start..to - start, |run| {
-                        f(at - range.start, run);
+            TokenIds::Files { range, .. } => {
+                for (file, ids) in self.spans() {
+                    let mut at = file.first + ids.start - range.start;
+                    file.for_each_run(ids, |run| {
+                        f(at, run);
                         at += run.len();
                     });
                 }
@@ -299,9 +299,18 @@ impl TokenIds {
         }
     }
 
-    /// Feeds the ids' bytes to `hash` (every rank of a run compares them).
+    /// Feeds the ids' bytes to `hash`, as they lie: a file's at memory speed, not widened.
+    /// Every rank of a run compares them.
     pub fn hash_into(&self, hash: &mut xxhash_rust::xxh3::Xxh3) {
-        self.for_each_run(|_, run| hash.update(bytemuck::cast_slice(run)));
+        match self {
+            TokenIds::Held(ids) => hash.update(bytemuck::cast_slice(ids)),
+            TokenIds::Files { .. } => {
+                for (file, ids) in self.spans() {
+                    let bytes = file.body.start + ids.start * file.width;
+                    hash.update(&file.bytes[bytes..bytes + ids.len() * file.width]);
+                }
+            }
+        }
     }
 }
 
@@ -344,6 +353,23 @@ mod tests {
             TokenFile::new(FileBytes::Read(bytes), 0..2 * len, 2)
         });
         TokenIds::of_files(files.collect())
+    }
+
+    /// Ranks compare the hash of a split's ids as the files hold them.
+    #[test]
+    fn a_split_hashes_its_bytes_as_they_lie() {
+        let hash = |ids: &TokenIds| {
+            let mut h = xxhash_rust::xxh3::Xxh3::new();
+            ids.hash_into(&mut h);
+            h.digest()
+        };
+        let mut ids = files(&[5, 0, 3, 9000]);
+        let whole = hash(&ids);
+        assert_eq!(whole, hash(&files(&[5, 0, 3, 9000])));
+        let tail = ids.split_off_end(9001);
+        let bytes: Vec<u8> = (0u16..7).flat_map(|i| i.to_le_bytes()).collect();
+        assert_eq!(hash(&ids), xxhash_rust::xxh3::xxh3_64(&bytes));
+        assert_ne!(hash(&tail), whole);
     }
 
     #[test]
