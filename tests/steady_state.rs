@@ -161,7 +161,8 @@ fn training_steps_allocate_nothing_but_gemm_scratch_and_retain_nothing() {
         let input = Batch::<CpuBackend> { samples: &samples };
         let settings = SETTINGS;
         let epoch = || {
-            for pair in order.chunks(2 * batch) {
+            for rows in order.chunks(2 * batch) {
+                let pair = MicroBatches { rows, size: batch };
                 let cx = StepContext {
                     backend: &backend,
                     net: &mut net,
@@ -169,15 +170,7 @@ fn training_steps_allocate_nothing_but_gemm_scratch_and_retain_nothing() {
                     stats: &mut stats,
                     micro_step: &mut micro_step,
                 };
-                optimizer_step(
-                    cx,
-                    &input,
-                    MicroBatches {
-                        rows: pair,
-                        size: batch,
-                    },
-                    settings,
-                );
+                optimizer_step(cx, &input, pair, settings);
             }
         };
         let allocations = counted_epochs("mlp", epoch);
@@ -285,17 +278,14 @@ fn multi_process_steps_allocate_nothing_but_gemm_scratch_on_either_rank() {
         let mut stats = backend.new_stats().unwrap();
         let mut micro_step = 0;
         let mut epoch = |replicas: &mut ProcessReplicas<CpuBackend>| {
-            for pair in order.chunks(2 * batch) {
+            for rows in order.chunks(2 * batch) {
+                let pair = MicroBatches { rows, size: batch };
                 let cx = StepContext {
                     backend: &backend,
                     net: &mut net,
                     optimizer: &mut optimizer,
                     stats: &mut stats,
                     micro_step: &mut micro_step,
-                };
-                let pair = MicroBatches {
-                    rows: pair,
-                    size: batch,
                 };
                 replicas.step(cx, &input, pair, settings).unwrap();
             }
@@ -437,7 +427,8 @@ fn counted_steps<B: Engine>(
         ..SETTINGS
     };
     let epoch = || {
-        for pair in order.chunks(2 * batch) {
+        for rows in order.chunks(2 * batch) {
+            let pair = MicroBatches { rows, size: batch };
             let cx = StepContext {
                 backend,
                 net: &mut net,
@@ -445,15 +436,7 @@ fn counted_steps<B: Engine>(
                 stats: &mut stats,
                 micro_step: &mut micro_step,
             };
-            optimizer_step(
-                cx,
-                &input,
-                MicroBatches {
-                    rows: pair,
-                    size: batch,
-                },
-                settings,
-            );
+            optimizer_step(cx, &input, pair, settings);
         }
     };
     let allocations = counted_epochs(what, epoch);
