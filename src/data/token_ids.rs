@@ -55,6 +55,12 @@ impl FileBytes {
             message: format!("cannot read data file {}: {e}", path.display()),
         };
         let file = std::fs::File::open(path).map_err(unreadable)?;
+        if file.metadata().is_ok_and(|m| m.is_dir()) {
+            return Err(Error::Job(format!(
+                "{0} is a folder, not a token file: name its shards by a glob, e.g. {0}/*.bin",
+                path.display()
+            )));
+        }
         // SAFETY: the map is read-only, and the files must not change while a run reads
         // them (as with nanoGPT's np.memmap). A file cut short under the map ends the
         // process (SIGBUS).

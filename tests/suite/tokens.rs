@@ -172,6 +172,10 @@ fn token_files_that_are_not_what_their_format_says_are_named() {
         e.contains("no file in") && e.contains("matches none_*.bin"),
         "{e}"
     );
+    std::fs::create_dir(tmp.path().join("shards")).unwrap();
+    let e = error(&tmp.path().join("shards"), "");
+    assert!(e.contains("shards is a folder, not a token file"), "{e}");
+    assert!(e.contains("shards/*.bin"), "{e}");
     let short = write("short.bin", llmc(&ids[..8], 1));
     let e = error(&short, "");
     assert!(
