@@ -261,11 +261,20 @@ impl TokenIds {
     pub fn largest(&self) -> u32 {
         match self {
             TokenIds::Held(ids) => ids.iter().copied().max().unwrap_or(0),
-            TokenIds::Files { .. } => {
-                let mut largest = 0;
-                self.for_each_run(|_, run| largest = run.iter().fold(largest, |m, &id| m.max(id)));
-                largest
-            }
+            // A whole file's is known; a split's part of a file is read.
+            TokenIds::Files { .. } => (self.spans())
+                .map(|(file, ids)| match ids.len() == file.len() {
+                    true => file.largest,
+                    false => {
+                        let mut largest = 0;
+                        file.for_each_run(ids, |run| {
+                            largest = run.iter().fold(largest, |m, &id| m.max(id))
+                        });
+                        largest
+                    }
+                })
+                .max()
+                .unwrap_or(0),
         }
     }
 

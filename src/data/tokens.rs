@@ -45,11 +45,14 @@ pub fn load(spec: &DataSpec) -> Result<Data> {
     };
     let train_files = files(path, "data.path")?;
     let train = read_all(&train_files, format, limit.as_ref())?;
+    // Before any split: each whole file's largest id is known.
+    let mut largest = train.largest();
     let name = path.display().to_string();
     let splits = match &spec.val_path {
         Some(val_path) => {
             let val_files = files(val_path, "data.val_path")?;
             let val = read_all(&val_files, format, limit.as_ref())?;
+            largest = largest.max(val.largest());
             Splits {
                 origin: Origin::file(&name, None),
                 train: (format!("{name}: the training tokens"), train),
@@ -58,8 +61,7 @@ pub fn load(spec: &DataSpec) -> Result<Data> {
         }
         None => Splits::at_end(&name, "tokens", train, spec.val_fraction),
     };
-    let largest = splits.train.1.largest().max(splits.val.1.largest()) as usize;
-    let classes = limit.map_or(largest + 1, |l| l.classes).max(2);
+    let classes = limit.map_or(largest as usize + 1, |l| l.classes).max(2);
     windows(splits, block, classes, DataSource::Tokens, vocabulary)
 }
 

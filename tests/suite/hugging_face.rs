@@ -187,16 +187,7 @@ fn a_run_fine_tunes_a_gpt2_file_and_samples() {
     let job_path = dir.path().join("job.toml");
     let init_from = hub_style(dir.path());
     std::fs::write(&job_path, job(&init_from)).unwrap();
-    let runs = dir.path().join("runs");
-    let out = trainer(&[
-        "run",
-        job_path.to_str().unwrap(),
-        "-q",
-        "--runs-dir",
-        runs.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let run = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
+    let run = common::run_job(&job_path, &dir.path().join("runs"), &[]);
     let log = std::fs::read_to_string(run.join("train.log")).unwrap();
     for said in [
         "a Hugging Face GPT-2 file: 8 Conv1D matrices transposed",
@@ -569,17 +560,9 @@ fn export_refuses_a_model_gpt2_cannot_hold() {
             "{ type = \"layernorm\", bias = false, name = \"ln_f\" }",
         )
     });
-    let runs = dir.path().join("runs");
-    let out = trainer(&[
-        "run",
-        job_path.to_str().unwrap(),
-        "-q",
-        "--runs-dir",
-        runs.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let run = String::from_utf8(out.stdout).unwrap().trim().to_string();
-    let out = trainer(&["export", &run, dir.path().join("hf").to_str().unwrap()]);
+    let run = common::run_job(&job_path, &dir.path().join("runs"), &[]);
+    let run = run.to_str().unwrap();
+    let out = trainer(&["export", run, dir.path().join("hf").to_str().unwrap()]);
     assert_refused(&out, "missing transformer.ln_f.bias");
     assert!(!dir.path().join("hf").exists(), "nothing is written");
 }
