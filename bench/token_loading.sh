@@ -1,6 +1,7 @@
 #!/bin/bash
 # Command L: a 20-step run on llm.c token shards: its wall time, and its peak memory split
-# into heap (RssAnon) and mapped files (RssFile, the page cache a mapping shows).
+# into heap (RssAnon) and mapped files (RssFile: the page cache a mapping shows; 0 where the
+# files are read, not mapped).
 #   python3 bench/token_shards.py /tmp/shards 10      (1B tokens, 2 GB)
 #   bench/token_loading.sh /tmp/shards [TRAINER_BINARY]
 set -euo pipefail

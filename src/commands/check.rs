@@ -203,16 +203,16 @@ pub fn check(job: &Path, sets: &[String]) -> Result<Checked> {
         out += &format!("  {what:<24} {:>12}\n", bytes(b));
     }
     out += &format!("  {:<24} {:>12}\n", "total", bytes(m.total()));
-    let mapped = data.mapped_bytes();
+    let on_disk = data.on_disk_bytes();
     if on_gpu && m.data == 0 {
         let why = match spec.device.data {
             DataPlacement::Streamed => "device.data = \"streamed\"",
-            _ if mapped > 0 => "device.data = \"auto\": token files stay where they lie",
+            _ if on_disk > 0 => "device.data = \"auto\": token files stay where they lie",
             _ => "device.data = \"auto\": it does not fit beside the rest",
         };
         out += &format!(
             "  data set ({}) streamed from pinned host memory ({why})\n",
-            bytes(data.bytes() + mapped)
+            bytes(data.bytes() + on_disk)
         );
     }
     if spec.parallel.launches_processes(&spec.device.kind) {
@@ -247,8 +247,8 @@ pub fn check(job: &Path, sets: &[String]) -> Result<Checked> {
             format!("data set (host memory{streamed})"),
             bytes(data.bytes())
         );
-        if mapped > 0 {
-            out += &format!("  {:<24} {:>12}\n", "token files (mapped)", bytes(mapped));
+        if on_disk > 0 {
+            out += &format!("  {:<24} {:>12}\n", "token files (on disk)", bytes(on_disk));
         }
     }
     match graph.checkpoint_segments {

@@ -192,7 +192,7 @@ impl Trained {
         let mut outputs = vec![0.0; if keep { set.len * width } else { 0 }];
         let shape = (row_len, target_dim);
         // Token files stay where they lie, as in training.
-        let resident = set.tokens.mapped_bytes() == 0;
+        let resident = set.tokens.on_disk_bytes() == 0;
         let samples = Samples::new(&backend, set.clone(), shape, net.data_reads(), resident)?;
         let mut rows: Vec<u64> = Vec::with_capacity(batch);
         for first in (0..set.len).step_by(batch) {
@@ -208,6 +208,7 @@ impl Trained {
             }
             net.loss(&backend, n, None, &mut stats);
         }
+        samples.check_reads()?;
         Ok((backend.take_stats(&mut stats), outputs))
     }
 }

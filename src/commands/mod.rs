@@ -403,7 +403,7 @@ fn check_token_ids(job: &Path, graph: &Graph, data: &Data) -> Result<()> {
     for (split, set) in sets {
         let outside = match set.windows {
             // A text's ids are one stream of tokens, the windows' and targets' alike.
-            Some(_) => (set.tokens.first_at_or_past(vocab)).map(|(i, id)| {
+            Some(_) => (set.tokens.first_at_or_past(vocab)?).map(|(i, id)| {
                 (
                     id.to_string(),
                     format!("{}: token {i}", set.origin.features),

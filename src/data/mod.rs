@@ -48,7 +48,7 @@ pub struct DataReads {
 
 impl Dataset {
     /// The bytes of host memory its features, targets and tokens take (4 each; token
-    /// files mapped where they lie take none).
+    /// files read where they lie take none).
     pub fn bytes(&self) -> usize {
         (self.features.len() + self.targets.len()) * 4 + self.tokens.heap_bytes()
     }
@@ -209,8 +209,8 @@ impl Data {
     }
 
     /// The bytes of the token files that every split reads where they lie (0 for none).
-    pub fn mapped_bytes(&self) -> usize {
-        self.splits().map(|d| d.tokens.mapped_bytes()).sum()
+    pub fn on_disk_bytes(&self) -> usize {
+        self.splits().map(|d| d.tokens.on_disk_bytes()).sum()
     }
 
     /// Where a run keeps the data set, as `device.data` asks: "auto" leaves token files
@@ -218,7 +218,7 @@ impl Data {
     /// memory.
     pub fn placement(&self, asked: DataPlacement) -> DataPlacement {
         match asked {
-            DataPlacement::Auto if self.mapped_bytes() > 0 => DataPlacement::Streamed,
+            DataPlacement::Auto if self.on_disk_bytes() > 0 => DataPlacement::Streamed,
             _ => asked,
         }
     }

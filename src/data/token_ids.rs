@@ -1,13 +1,19 @@
 //! A language model's token ids: held in memory (a text tokenized at load), or read from
-//! token files where they lie. FineWeb's 10B tokens are 20 GB of uint16 shards: mapped,
-//! they cost no heap, no load time, and one copy in the page cache for every rank of a
-//! multi-process run. A batch copies its windows out, widened to u32.
+//! token files where they lie. FineWeb's 10B tokens are 20 GB of uint16 shards: read a
+//! window at a time, they cost no heap, no load time, and one copy in the page cache for
+//! every rank of a multi-process run. A batch copies its windows out, widened to u32.
+//!
+//! The files are read with positioned reads, as llm.c's data loader does, not mapped: a
+//! file cut short while a run reads it fails the run with a message naming it, where a
+//! mapping would end the process with SIGBUS and no summary.
 
 use crate::error::{Error, Result};
 use crate::tensor::HostIds;
+use std::io;
 use std::ops::Range;
-use std::path::Path;
-use std::sync::Arc;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
 
 /// One stream of token ids, or a stretch of one (a split).
 #[derive(Clone)]
@@ -29,65 +35,95 @@ pub struct TokenFile {
     first: usize,
     /// Its largest id (0 for none).
     largest: u32,
+    /// Why a batch's read failed: the file changed under the run. The batch read zeros,
+    /// and the step that took it fails the run (`TokenIds::check_reads`).
+    failure: OnceLock<String>,
 }
 
-/// A file's bytes: mapped where it lies, or read (a gzip file, decompressed).
+/// A file's bytes: read where they lie as batches need them, or read whole at load.
 pub enum FileBytes {
-    Mapped(memmap2::Mmap),
-    Read(Vec<u8>),
-}
-
-impl std::ops::Deref for FileBytes {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match self {
-            FileBytes::Mapped(map) => map,
-            FileBytes::Read(bytes) => bytes,
-        }
-    }
+    OnDisk {
+        file: std::fs::File,
+        path: PathBuf,
+        /// Its length when it was opened.
+        len: usize,
+    },
+    /// A gzip file's bytes, decompressed.
+    InMemory(Vec<u8>),
 }
 
 impl FileBytes {
-    /// `path`'s bytes: mapped, unless gzip (decompressed into memory).
+    /// `path`, opened to be read where it lies, unless gzip (decompressed into memory).
     pub fn open(path: &Path) -> Result<FileBytes> {
-        let unreadable = |e: std::io::Error| Error::UnreadableData {
+        let unreadable = |e: io::Error| Error::UnreadableData {
             path: path.to_path_buf(),
             message: format!("cannot read data file {}: {e}", path.display()),
         };
         let file = std::fs::File::open(path).map_err(unreadable)?;
-        if file.metadata().is_ok_and(|m| m.is_dir()) {
+        let metadata = file.metadata().map_err(unreadable)?;
+        if metadata.is_dir() {
             return Err(Error::Job(format!(
                 "{0} is a folder, not a token file: name its shards by a glob, e.g. {0}/*.bin",
                 path.display()
             )));
         }
-        // SAFETY: the map is read-only, and the files must not change while a run reads
-        // them (as with nanoGPT's np.memmap). A file cut short under the map ends the
-        // process (SIGBUS).
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(unreadable)?;
-        if map.starts_with(&[0x1f, 0x8b]) {
-            return super::sources::read_bytes(path).map(FileBytes::Read);
+        let bytes = FileBytes::OnDisk {
+            file,
+            path: path.to_path_buf(),
+            len: metadata.len() as usize,
+        };
+        let mut magic = [0u8; 2];
+        if bytes.len() >= 2 && bytes.read_at(0, &mut magic).is_ok() && magic == [0x1f, 0x8b] {
+            return super::sources::read_bytes(path).map(FileBytes::InMemory);
         }
-        Ok(FileBytes::Mapped(map))
+        Ok(bytes)
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            FileBytes::OnDisk { len, .. } => *len,
+            FileBytes::InMemory(bytes) => bytes.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Its bytes `at..at + out.len()` into `out`.
+    pub fn read_at(&self, at: usize, out: &mut [u8]) -> io::Result<()> {
+        match self {
+            FileBytes::OnDisk { file, .. } => file.read_exact_at(out, at as u64),
+            FileBytes::InMemory(bytes) => match bytes.get(at..at + out.len()) {
+                Some(b) => {
+                    out.copy_from_slice(b);
+                    Ok(())
+                }
+                None => Err(io::ErrorKind::UnexpectedEof.into()),
+            },
+        }
     }
 }
 
 impl TokenFile {
-    /// The ids at `body` of `bytes`, `width` bytes each.
-    pub fn new(bytes: FileBytes, body: Range<usize>, width: usize) -> Self {
+    /// The ids at `body` of `bytes`, `width` bytes each, read once for the largest.
+    pub fn new(bytes: FileBytes, body: Range<usize>, width: usize) -> Result<Self> {
         let mut file = TokenFile {
             bytes,
             body,
             width,
             first: 0,
             largest: 0,
+            failure: OnceLock::new(),
         };
         let mut largest = 0;
-        file.for_each_run(0..file.len(), |run| {
+        let all = 0..file.len();
+        file.for_each_run(all.clone(), |run| {
             largest = run.iter().fold(largest, |m, &id| m.max(id));
-        });
+        })
+        .map_err(|e| file.unreadable(all, e))?;
         file.largest = largest;
-        file
+        Ok(file)
     }
 
     pub fn len(&self) -> usize {
@@ -103,41 +139,79 @@ impl TokenFile {
     }
 
     /// Its first id at or past `limit`, and where.
-    pub fn first_at_or_past(&self, limit: usize) -> Option<(usize, u32)> {
+    pub fn first_at_or_past(&self, limit: usize) -> Result<Option<(usize, u32)>> {
         let (mut at, mut found) = (0, None);
         if self.largest as usize >= limit {
-            self.for_each_run(0..self.len(), |run| {
+            let all = 0..self.len();
+            self.for_each_run(all.clone(), |run| {
                 if found.is_none() {
                     found =
                         (run.iter().position(|&id| id as usize >= limit)).map(|i| (at + i, run[i]));
                 }
                 at += run.len();
-            });
+            })
+            .map_err(|e| self.unreadable(all, e))?;
         }
-        found
+        Ok(found)
     }
 
     /// Ids `at.start..at.end` of this file into `out`.
-    fn copy(&self, at: Range<usize>, out: &mut [u32]) {
-        let bytes = &self.bytes[self.body.start + at.start * self.width..][..at.len() * self.width];
-        match self.width {
-            2 => (out.iter_mut().zip(bytes.chunks_exact(2)))
-                .for_each(|(o, b)| *o = u32::from(u16::from_le_bytes([b[0], b[1]]))),
-            _ => (out.iter_mut().zip(bytes.chunks_exact(4)))
-                .for_each(|(o, b)| *o = u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+    fn copy(&self, at: Range<usize>, out: &mut [u32]) -> io::Result<()> {
+        let mut bytes = [0u8; 8192];
+        let per_read = bytes.len() / self.width;
+        for (k, out) in out.chunks_mut(per_read).enumerate() {
+            let bytes = &mut bytes[..out.len() * self.width];
+            let id = at.start + k * per_read;
+            self.bytes
+                .read_at(self.body.start + id * self.width, bytes)?;
+            match self.width {
+                2 => (out.iter_mut().zip(bytes.chunks_exact(2)))
+                    .for_each(|(o, b)| *o = u32::from(u16::from_le_bytes([b[0], b[1]]))),
+                _ => (out.iter_mut().zip(bytes.chunks_exact(4)))
+                    .for_each(|(o, b)| *o = u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            }
         }
+        Ok(())
     }
 
     /// Calls `f` with the ids of `at`, a few thousand at a time.
-    fn for_each_run(&self, at: Range<usize>, mut f: impl FnMut(&[u32])) {
-        let mut run = [0u32; 4096];
+    fn for_each_run(&self, at: Range<usize>, mut f: impl FnMut(&[u32])) -> io::Result<()> {
+        let mut run = vec![0u32; 1 << 16];
         let mut start = at.start;
         while start < at.end {
             let n = run.len().min(at.end - start);
-            self.copy(start..start + n, &mut run[..n]);
+            self.copy(start..start + n, &mut run[..n])?;
             f(&run[..n]);
             start += n;
         }
+        Ok(())
+    }
+
+    /// Why reading its ids `at` failed, with what changed: its length, most likely.
+    fn unreadable(&self, at: Range<usize>, e: io::Error) -> Error {
+        let FileBytes::OnDisk { file, path, len } = &self.bytes else {
+            return Error::Runtime(format!("reading ids {at:?} of a gzip token file: {e}"));
+        };
+        let e = match e.kind() {
+            io::ErrorKind::UnexpectedEof => "the file ends before them".to_string(),
+            _ => e.to_string(),
+        };
+        let now = match file.metadata() {
+            Ok(m) if m.len() as usize != *len => {
+                format!(
+                    "; it is {} bytes now, {len} when the run opened it",
+                    m.len()
+                )
+            }
+            _ => String::new(),
+        };
+        Error::Runtime(format!(
+            "{}: cannot read its ids {}..{}: {e}{now}. Token files must not change while a \
+             run reads them.",
+            path.display(),
+            at.start,
+            at.end
+        ))
     }
 }
 
@@ -155,13 +229,6 @@ impl std::fmt::Debug for TokenIds {
                 write!(f, "ids {range:?} of {} token files", files.len())
             }
         }
-    }
-}
-
-/// The same ids, however held.
-impl PartialEq for TokenIds {
-    fn eq(&self, other: &Self) -> bool {
-        self.len() == other.len() && self.to_vec() == other.to_vec()
     }
 }
 
@@ -190,9 +257,9 @@ impl TokenIds {
         self.len() == 0
     }
 
-    /// The bytes of its ids in files mapped where they lie: host memory only as a page
+    /// The bytes of its ids in files read where they lie: host memory only as a page
     /// cache. Held ids, and a gzip file's, take heap instead (`heap_bytes`).
-    pub fn mapped_bytes(&self) -> usize {
+    pub fn on_disk_bytes(&self) -> usize {
         self.file_bytes(true)
     }
 
@@ -204,10 +271,10 @@ impl TokenIds {
         }
     }
 
-    /// The bytes of this split's ids in mapped files, or in read ones.
-    fn file_bytes(&self, mapped: bool) -> usize {
+    /// The bytes of this split's ids in files on disk, or in memory.
+    fn file_bytes(&self, on_disk: bool) -> usize {
         (self.spans())
-            .filter(|(f, _)| matches!(f.bytes, FileBytes::Mapped(_)) == mapped)
+            .filter(|(f, _)| matches!(f.bytes, FileBytes::OnDisk { .. }) == on_disk)
             .map(|(f, ids)| ids.len() * f.width)
             .sum()
     }
@@ -240,50 +307,51 @@ impl TokenIds {
         }
     }
 
-    /// Calls `f` with every id's run in order, from position `first`, a file's at a time
-    /// or fewer: `f(position of the run's first id, the run)`.
-    fn for_each_run(&self, mut f: impl FnMut(usize, &[u32])) {
+    /// Calls `f` with every id's run in order, a file's at a time or fewer:
+    /// `f(position of the run's first id, the run)`.
+    fn for_each_run(&self, mut f: impl FnMut(usize, &[u32])) -> Result<()> {
         match self {
             TokenIds::Held(ids) => f(0, ids),
             TokenIds::Files { range, .. } => {
                 for (file, ids) in self.spans() {
                     let mut at = file.first + ids.start - range.start;
-                    file.for_each_run(ids, |run| {
+                    file.for_each_run(ids.clone(), |run| {
                         f(at, run);
                         at += run.len();
-                    });
+                    })
+                    .map_err(|e| file.unreadable(ids, e))?;
                 }
             }
         }
+        Ok(())
     }
 
     /// The largest id (0 for none).
-    pub fn largest(&self) -> u32 {
-        match self {
-            TokenIds::Held(ids) => ids.iter().copied().max().unwrap_or(0),
-            // A whole file's is known; a split's part of a file is read.
-            TokenIds::Files { .. } => (self.spans())
-                .map(|(file, ids)| match ids.len() == file.len() {
-                    true => file.largest,
-                    false => {
-                        let mut largest = 0;
-                        file.for_each_run(ids, |run| {
-                            largest = run.iter().fold(largest, |m, &id| m.max(id))
-                        });
-                        largest
-                    }
-                })
-                .max()
-                .unwrap_or(0),
+    pub fn largest(&self) -> Result<u32> {
+        if let TokenIds::Held(ids) = self {
+            return Ok(ids.iter().copied().max().unwrap_or(0));
         }
+        // A whole file's is known; a split's part of a file is read.
+        let mut largest = 0;
+        for (file, ids) in self.spans() {
+            if ids.len() == file.len() {
+                largest = largest.max(file.largest);
+                continue;
+            }
+            file.for_each_run(ids.clone(), |run| {
+                largest = run.iter().fold(largest, |m, &id| m.max(id))
+            })
+            .map_err(|e| file.unreadable(ids, e))?;
+        }
+        Ok(largest)
     }
 
     /// The first id at or past `limit`, and its position.
-    pub fn first_at_or_past(&self, limit: usize) -> Option<(usize, u32)> {
+    pub fn first_at_or_past(&self, limit: usize) -> Result<Option<(usize, u32)>> {
         if let TokenIds::Files { files, .. } = self {
             // Each file's largest id is known: most checks read nothing.
             if files.iter().all(|f| (f.largest as usize) < limit) {
-                return None;
+                return Ok(None);
             }
         }
         let mut found = None;
@@ -291,40 +359,50 @@ impl TokenIds {
             if found.is_none() {
                 found = (run.iter().position(|&id| id as usize >= limit)).map(|i| (at + i, run[i]));
             }
-        });
-        found
+        })?;
+        Ok(found)
     }
 
     /// The ids in memory: a held vector as it is, a file's copied out.
-    pub fn into_vec(self) -> Vec<u32> {
+    pub fn into_vec(self) -> Result<Vec<u32>> {
         match self {
-            TokenIds::Held(ids) => ids,
+            TokenIds::Held(ids) => Ok(ids),
             files => files.to_vec(),
         }
     }
 
-    pub fn to_vec(&self) -> Vec<u32> {
-        match self {
-            TokenIds::Held(ids) => ids.clone(),
-            TokenIds::Files { .. } => {
-                let mut ids = Vec::with_capacity(self.len());
-                self.for_each_run(|_, run| ids.extend_from_slice(run));
-                ids
-            }
-        }
+    pub fn to_vec(&self) -> Result<Vec<u32>> {
+        let mut ids = Vec::with_capacity(self.len());
+        self.for_each_run(|_, run| ids.extend_from_slice(run))?;
+        Ok(ids)
     }
 
-    /// Feeds the ids' bytes to `hash`, as they lie: a file's at memory speed, not widened.
-    /// Every rank of a run compares them.
-    pub fn hash_into(&self, hash: &mut xxhash_rust::xxh3::Xxh3) {
-        match self {
-            TokenIds::Held(ids) => hash.update(bytemuck::cast_slice(ids)),
-            TokenIds::Files { .. } => {
-                for (file, ids) in self.spans() {
-                    let bytes = file.body.start + ids.start * file.width;
-                    hash.update(&file.bytes[bytes..bytes + ids.len() * file.width]);
-                }
+    /// Feeds the ids' bytes to `hash`, as they lie, not widened. Every rank of a run
+    /// compares them.
+    pub fn hash_into(&self, hash: &mut xxhash_rust::xxh3::Xxh3) -> Result<()> {
+        if let TokenIds::Held(ids) = self {
+            hash.update(bytemuck::cast_slice(ids));
+            return Ok(());
+        }
+        let mut bytes = vec![0u8; 1 << 20];
+        for (file, ids) in self.spans() {
+            let (start, end) = (ids.start * file.width, ids.end * file.width);
+            for at in (start..end).step_by(bytes.len()) {
+                let bytes = &mut bytes[..(end - at).min(1 << 20)];
+                (file.bytes.read_at(file.body.start + at, bytes))
+                    .map_err(|e| file.unreadable(ids.clone(), e))?;
+                hash.update(bytes);
             }
+        }
+        Ok(())
+    }
+
+    /// Whether every batch read its windows: a file that changed under the run (cut
+    /// short) gave zeros, and fails the step that took them.
+    pub fn check_reads(&self) -> Result<()> {
+        match self.spans().find_map(|(file, _)| file.failure.get()) {
+            Some(why) => Err(Error::Runtime(why.clone())),
+            None => Ok(()),
         }
     }
 }
@@ -341,10 +419,15 @@ impl HostIds for TokenIds {
                 while done < out.len() {
                     let file = &files[index];
                     let n = (out.len() - done).min(file.first + file.len() - at);
-                    file.copy(
+                    let (ids, out) = (
                         at - file.first..at - file.first + n,
                         &mut out[done..done + n],
                     );
+                    if let Err(e) = file.copy(ids.clone(), out) {
+                        out.fill(0);
+                        file.failure
+                            .get_or_init(|| file.unreadable(ids, e).to_string());
+                    }
                     (done, at, index) = (done + n, at + n, index + 1);
                 }
             }
@@ -365,7 +448,7 @@ mod tests {
                 .flat_map(|i| (i as u16).to_le_bytes())
                 .collect();
             first += len;
-            TokenFile::new(FileBytes::Read(bytes), 0..2 * len, 2)
+            TokenFile::new(FileBytes::InMemory(bytes), 0..2 * len, 2).unwrap()
         });
         TokenIds::of_files(files.collect())
     }
@@ -375,7 +458,7 @@ mod tests {
     fn a_split_hashes_its_bytes_as_they_lie() {
         let hash = |ids: &TokenIds| {
             let mut h = xxhash_rust::xxh3::Xxh3::new();
-            ids.hash_into(&mut h);
+            ids.hash_into(&mut h).unwrap();
             h.digest()
         };
         let mut ids = files(&[5, 0, 3, 9000]);
@@ -391,23 +474,64 @@ mod tests {
     fn windows_read_across_files_as_one_stream() {
         let mut ids = files(&[5, 0, 3, 9000]);
         assert_eq!(ids.len(), 9008);
-        assert_eq!(ids.to_vec(), (0..9008).collect::<Vec<u32>>());
+        assert_eq!(ids.to_vec().unwrap(), (0..9008).collect::<Vec<u32>>());
         let mut out = [0u32; 6];
         ids.copy_ids(2, &mut out);
         assert_eq!(out, [2, 3, 4, 5, 6, 7]);
         let val = ids.split_off_end(9001);
-        assert_eq!(ids.to_vec(), [0, 1, 2, 3, 4, 5, 6]);
+        assert_eq!(ids.to_vec().unwrap(), [0, 1, 2, 3, 4, 5, 6]);
         val.copy_ids(0, &mut out);
         assert_eq!(out, [7, 8, 9, 10, 11, 12]);
-        assert_eq!(val.largest(), 9007);
-        assert_eq!(ids.largest(), 6);
-        assert_eq!(val.first_at_or_past(5000), Some((5000 - 7, 5000)));
-        assert_eq!(ids.first_at_or_past(7), None);
-        assert_eq!(TokenIds::Held(ids.to_vec()), ids);
+        assert_eq!(val.largest().unwrap(), 9007);
+        assert_eq!(ids.largest().unwrap(), 6);
+        assert_eq!(val.first_at_or_past(5000).unwrap(), Some((5000 - 7, 5000)));
+        assert_eq!(ids.first_at_or_past(7).unwrap(), None);
         let TokenIds::Files { files, .. } = &val else {
             unreachable!()
         };
-        assert_eq!(files[3].first_at_or_past(9000), Some((8992, 9000)));
-        assert_eq!(files[3].first_at_or_past(9008), None);
+        assert_eq!(files[3].first_at_or_past(9000).unwrap(), Some((8992, 9000)));
+        assert_eq!(files[3].first_at_or_past(9008).unwrap(), None);
+        assert!(ids.check_reads().is_ok() && val.check_reads().is_ok());
+    }
+
+    /// A file cut short while a run reads it: the window reads zeros, and the check after
+    /// the step names the file and how it changed. A mapping would have ended the process.
+    #[test]
+    fn a_file_cut_short_under_a_run_fails_its_reads_by_name() {
+        let dir = std::env::temp_dir().join(format!("trainer-cut-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("shard.bin");
+        let bytes: Vec<u8> = (1u16..=3000).flat_map(|i| i.to_le_bytes()).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        let file = TokenFile::new(FileBytes::open(&path).unwrap(), 0..bytes.len(), 2).unwrap();
+        let ids = TokenIds::of_files(vec![file]);
+        let mut out = [7u32; 4];
+        ids.copy_ids(2000, &mut out);
+        assert_eq!(out, [2001, 2002, 2003, 2004]);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(1000)
+            .unwrap();
+        ids.copy_ids(2000, &mut out);
+        assert_eq!(out, [0; 4]);
+        let e = ids.check_reads().unwrap_err();
+        assert_eq!(e.exit_code(), 1);
+        let message = e.to_string();
+        assert!(message.starts_with(&format!(
+            "{}: cannot read its ids 2000..2004",
+            path.display()
+        )));
+        assert!(
+            message.contains("the file ends before them; it is 1000 bytes now, 6000 when"),
+            "{message}"
+        );
+        assert!(
+            message.contains("must not change while a run reads them"),
+            "{message}"
+        );
+        assert!(ids.to_vec().is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -3,7 +3,7 @@
 //! whose file name holds `*` or `?` names every matching file, in name order, read as one
 //! stream. Samples are windows as for text (`text::windows`).
 //!
-//! The files are read where they lie (memory-mapped, `TokenIds`), gzip files excepted.
+//! The files are read where they lie, a window at a time (`TokenIds`), gzip files excepted.
 
 use super::text::{classes, windows, Splits};
 use super::token_ids::{FileBytes, TokenFile, TokenIds};
@@ -46,13 +46,13 @@ pub fn load(spec: &DataSpec) -> Result<Data> {
     let train_files = files(path, "data.path")?;
     let train = read_all(&train_files, format, limit.as_ref())?;
     // Before any split: each whole file's largest id is known.
-    let mut largest = train.largest();
+    let mut largest = train.largest()?;
     let name = path.display().to_string();
     let splits = match &spec.val_path {
         Some(val_path) => {
             let val_files = files(val_path, "data.val_path")?;
             let val = read_all(&val_files, format, limit.as_ref())?;
-            largest = largest.max(val.largest());
+            largest = largest.max(val.largest()?);
             Splits {
                 origin: Origin::file(&name, None),
                 train: (format!("{name}: the training tokens"), train),
@@ -128,7 +128,7 @@ fn read_all(files: &[PathBuf], format: TokenFormat, limit: Option<&Limit>) -> Re
                 Some(l) => format!("not below {}", l.from),
                 None => format!("past the largest vocabulary trainer holds, {LARGEST_VOCABULARY}"),
             };
-            let (at, id) = file.first_at_or_past(below).expect("its largest id is");
+            let (at, id) = file.first_at_or_past(below)?.expect("its largest id is");
             return Err(Error::Job(format!(
                 "{}: token {at} is {id}, {why}",
                 path.display()
@@ -145,7 +145,16 @@ fn read_ids(path: &Path, format: TokenFormat) -> Result<TokenFile> {
     let bytes = FileBytes::open(path)?;
     let (body, width) = match format {
         TokenFormat::Uint16 => (0..bytes.len(), 2),
-        TokenFormat::LlmC => llmc_body(&name, &bytes)?,
+        TokenFormat::LlmC => {
+            let mut header = vec![0; bytes.len().min(HEADER_BYTES)];
+            bytes
+                .read_at(0, &mut header)
+                .map_err(|e| Error::UnreadableData {
+                    path: path.to_path_buf(),
+                    message: format!("cannot read data file {name}: {e}"),
+                })?;
+            llmc_body(&name, &header, bytes.len())?
+        }
     };
     if body.len() % width != 0 {
         return Err(Error::Job(format!(
@@ -153,24 +162,23 @@ fn read_ids(path: &Path, format: TokenFormat) -> Result<TokenFile> {
             body.len()
         )));
     }
-    Ok(TokenFile::new(bytes, body, width))
+    TokenFile::new(bytes, body, width)
 }
 
-/// Where an llm.c file's ids lie (after its header) and their width in bytes, its header
-/// checked.
-fn llmc_body(name: &str, bytes: &[u8]) -> Result<(std::ops::Range<usize>, usize)> {
-    let int = |i: usize| i32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().unwrap());
-    if bytes.len() >= 4 && int(0) != LLMC_MAGIC {
+/// Where an llm.c file of `len` bytes holds its ids (after its header) and their width in
+/// bytes, its `header` checked (the file's first bytes, up to the header's length).
+fn llmc_body(name: &str, header: &[u8], len: usize) -> Result<(std::ops::Range<usize>, usize)> {
+    let int = |i: usize| i32::from_le_bytes(header[4 * i..4 * i + 4].try_into().unwrap());
+    if header.len() >= 4 && int(0) != LLMC_MAGIC {
         let magic = int(0);
         return Err(Error::Job(format!(
             "{name}: not an llm.c token file: its magic number is {magic}, not {LLMC_MAGIC} \
              (nanoGPT's headerless train.bin: data.token_format = \"uint16\")"
         )));
     }
-    if bytes.len() < HEADER_BYTES {
+    if len < HEADER_BYTES {
         return Err(Error::Job(format!(
-            "{name}: {} bytes, shorter than llm.c's header of 256 int32 ({HEADER_BYTES} bytes)",
-            bytes.len()
+            "{name}: {len} bytes, shorter than llm.c's header of 256 int32 ({HEADER_BYTES} bytes)"
         )));
     }
     let (version, count) = (int(1), int(2));
@@ -184,7 +192,7 @@ fn llmc_body(name: &str, bytes: &[u8]) -> Result<(std::ops::Range<usize>, usize)
             )))
         }
     };
-    let body = HEADER_BYTES..bytes.len();
+    let body = HEADER_BYTES..len;
     let expected = usize::try_from(count)
         .ok()
         .and_then(|c| c.checked_mul(width));

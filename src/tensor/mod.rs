@@ -189,7 +189,7 @@ impl RowsAt {
 }
 
 /// Token ids in host memory, where a streamed batch copies its windows from: a vector, or
-/// token files mapped where they lie (`data::TokenIds`).
+/// token files read where they lie (`data::TokenIds`).
 pub trait HostIds: Sync {
     /// Ids `start..start + out.len()` into `out`.
     fn copy_ids(&self, start: usize, out: &mut [u32]);

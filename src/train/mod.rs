@@ -521,6 +521,7 @@ impl<'a, B: Engine> Training<'a, B> {
             Some(p) => p.step(cx, &batch, group, settings)?,
         };
         backend.status()?;
+        self.train_samples.check_reads()?;
         if let Some(scaler) = self.st.loss_scaler.as_mut() {
             scaler.update(result.skipped);
         }
@@ -1273,6 +1274,7 @@ fn evaluate<B: Engine>(
         }
         let s: LossStats = backend.take_stats(stats);
         backend.status()?; // no row from a faulted device
+        set.samples.check_reads()?;
         let row = MetricsRow {
             step,
             epoch,

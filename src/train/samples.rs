@@ -104,13 +104,13 @@ impl<B: Engine> Samples<B> {
         let values = match (reads.values, text) {
             (false, _) => None,
             (true, false) => Some(features),
-            (true, true) => Some(tokens.to_vec().into_iter().map(|id| id as f32).collect()),
+            (true, true) => Some(tokens.to_vec()?.into_iter().map(|id| id as f32).collect()),
         };
         let values = values.map(|v| Held::new(v, resident, |v| backend.upload_vec(v)));
         let ids = ids.map(|v| Held::new(v, resident, |v| backend.upload_ids(v)));
         let targets = match text {
             true => {
-                let upload = |t: TokenIds| backend.upload_ids(t.into_vec());
+                let upload = |t: TokenIds| backend.upload_ids(t.into_vec()?);
                 Targets::NextTokens(Held::new(tokens, resident, upload)?)
             }
             false => Targets::Rows(Held::new(targets, resident, |v| backend.upload_vec(v))?),
@@ -125,7 +125,17 @@ impl<B: Engine> Samples<B> {
         })
     }
 
-    /// Puts the samples `rows` into the network's input and target buffers.
+    /// Whether every batch so far read its samples: token files read where they lie may
+    /// have changed under the run (`TokenIds::check_reads`).
+    pub fn check_reads(&self) -> Result<()> {
+        match &self.targets {
+            Targets::NextTokens(Held::Streamed(tokens)) => tokens.check_reads(),
+            _ => Ok(()),
+        }
+    }
+
+    /// Puts the samples `rows` into the network's input and target buffers. A read that
+    /// fails shows in `check_reads`.
     pub fn load(&self, backend: &B, rows: &[u64], net: &mut Network<B>) {
         let (inputs, targets_at) = (self.inputs, self.targets_at);
         match &self.values {

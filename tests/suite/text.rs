@@ -42,7 +42,7 @@ fn a_text_is_windows_of_char_ids_whose_targets_are_the_next_characters() {
     );
     // 11 characters: the first 5 train (one window of 4 and its next), the last 6 validate.
     assert_eq!(
-        (d.train.len, d.train.tokens.to_vec()),
+        (d.train.len, d.train.tokens.to_vec().unwrap()),
         (1, vec![0, 1, 2, 0, 1])
     );
     assert_eq!(d.train.windows, Some(1));

@@ -59,7 +59,8 @@ fn text_ids(dir: &Path) -> (Vec<u32>, data::Data) {
     let mut s = job("source = \"text\"\npath = \"x\"\nval_fraction = 0.25");
     s.data.path = Some(path);
     let d = data::load(&s.data, 1).unwrap();
-    let ids = [d.train.tokens.to_vec(), d.eval[0].1.tokens.to_vec()].concat();
+    let ids = [&d.train.tokens, &d.eval[0].1.tokens].map(|t| t.to_vec().unwrap());
+    let ids = ids.concat();
     (ids, d)
 }
 
@@ -85,8 +86,13 @@ fn token_files_hold_the_ids_their_text_tokenizes_to() {
             &format!("val_fraction = 0.25\n{extra}"),
         );
         let d = data::load(&s.data, 1).unwrap();
-        assert_eq!(d.train.tokens, text.train.tokens, "{file}");
-        assert_eq!(d.eval[0].1.tokens, text.eval[0].1.tokens, "{file}");
+        let ids = |t: &data::TokenIds| t.to_vec().unwrap();
+        assert_eq!(ids(&d.train.tokens), ids(&text.train.tokens), "{file}");
+        assert_eq!(
+            ids(&d.eval[0].1.tokens),
+            ids(&text.eval[0].1.tokens),
+            "{file}"
+        );
         assert_eq!(
             (
                 d.train.len,
@@ -107,7 +113,7 @@ fn token_files_hold_the_ids_their_text_tokenizes_to() {
     let d = data::load(&s.data, 1).unwrap();
     assert_eq!(d.train.tokens.len(), ids.len());
     assert_eq!(
-        (&d.eval[0].1.tokens.to_vec()[..], d.eval[0].1.len),
+        (&d.eval[0].1.tokens.to_vec().unwrap()[..], d.eval[0].1.len),
         (&ids[..20], 2)
     );
     assert_eq!(d.classes, Some(50));
@@ -184,11 +190,11 @@ fn token_files_that_are_not_what_their_format_says_are_named() {
     );
 }
 
-/// Token files are read where they lie: mapped, they take no heap, and a run on them
-/// computes what a run on the same ids held in memory computes, bit for bit. A gzip file is
-/// read into memory.
+/// Token files are read where they lie: they take no heap, and a run on them computes what
+/// a run on the same ids held in memory computes, bit for bit. A gzip file is read into
+/// memory.
 #[test]
-fn mapped_token_files_train_as_the_same_ids_held() {
+fn token_files_read_where_they_lie_train_as_the_same_ids_held() {
     let tmp = tempfile::tempdir().unwrap();
     let (ids, text) = text_ids(tmp.path());
     let split = ids.len() / 3;
@@ -196,18 +202,16 @@ fn mapped_token_files_train_as_the_same_ids_held() {
     std::fs::write(tmp.path().join("s_1.bin"), llmc(&ids[split..], 2)).unwrap();
     let s = tokens_spec(&tmp.path().join("s_*.bin"), "val_fraction = 0.25");
     let d = data::load(&s.data, 1).unwrap();
-    assert_eq!((&d.train.tokens, d.bytes()), (&text.train.tokens, 0));
-    assert_eq!(d.mapped_bytes(), 2 * split + 4 * (ids.len() - split));
+    let train = |d: &data::Data| d.train.tokens.to_vec().unwrap();
+    assert_eq!((train(&d), d.bytes()), (train(&text), 0));
+    assert_eq!(d.on_disk_bytes(), 2 * split + 4 * (ids.len() - split));
 
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     gz.write_all(&llmc(&ids, 1)).unwrap();
     std::fs::write(tmp.path().join("g.bin"), gz.finish().unwrap()).unwrap();
     let s = tokens_spec(&tmp.path().join("g.bin"), "val_fraction = 0.25");
     let d = data::load(&s.data, 1).unwrap();
-    assert_eq!(
-        (d.train.tokens.to_vec(), d.mapped_bytes()),
-        (text.train.tokens.to_vec(), 0)
-    );
+    assert_eq!((train(&d), d.on_disk_bytes()), (train(&text), 0));
     assert!(d.bytes() > 0);
 
     let job = |data: &str| {
@@ -249,19 +253,19 @@ fn mapped_token_files_train_as_the_same_ids_held() {
         let rows = rows.iter().map(row).collect::<Vec<_>>();
         (rows, eval, log)
     };
-    let (held, mapped) = (
+    let (held, on_disk) = (
         "source = \"text\"\npath = \"t.txt\"",
         "source = \"tokens\"\npath = \"s_*.bin\"",
     );
     let (cpu_held, cpu_eval, _) = losses(held, "cpu");
     assert_eq!(cpu_held.len(), 6, "{cpu_held:?}");
-    let (cpu_mapped, cpu_mapped_eval, _) = losses(mapped, "cpu");
-    assert_eq!((cpu_held, cpu_eval), (cpu_mapped, cpu_mapped_eval));
-    // On a GPU the held ids are gathered on the device, the mapped ones copied in each batch.
+    let (cpu_on_disk, cpu_on_disk_eval, _) = losses(on_disk, "cpu");
+    assert_eq!((cpu_held, cpu_eval), (cpu_on_disk, cpu_on_disk_eval));
+    // On a GPU the held ids are gathered on the device, the files' copied in each batch.
     if gpu_present() {
         let (gpu_held, gpu_eval, _) = losses(held, "cuda");
-        let (gpu_mapped, gpu_mapped_eval, log) = losses(mapped, "cuda");
-        assert_eq!((gpu_held, gpu_eval), (gpu_mapped, gpu_mapped_eval));
+        let (gpu_on_disk, gpu_on_disk_eval, log) = losses(on_disk, "cuda");
+        assert_eq!((gpu_held, gpu_eval), (gpu_on_disk, gpu_on_disk_eval));
         assert!(
             log.contains("streamed from pinned host memory (token files stay where they lie)"),
             "{log}"
@@ -380,4 +384,85 @@ fn the_gpt2_124m_job_is_gpt2_small() {
     let text = stdout(&out);
     assert!(text.contains("total parameters: 124,475,904"), "{text}");
     assert!(text.contains("h11_mlp_c_proj"), "{text}");
+}
+
+/// A token file cut short while a run reads it (a preparation script run again, say) fails
+/// the run with exit 1 and a message naming the file; the summary says so and the earlier
+/// checkpoints stay. A memory-mapped file would have ended the process with SIGBUS.
+#[test]
+fn a_token_file_cut_short_under_a_run_fails_it_by_name() {
+    use std::time::{Duration, Instant};
+    let tmp = tempfile::tempdir().unwrap();
+    let ids: Vec<u32> = (0..200_000).map(|i| (i * 7 + i / 13) % 64).collect();
+    let shard = tmp.path().join("shard.bin");
+    std::fs::write(&shard, llmc(&ids, 1)).unwrap();
+    let job = write_job(
+        tmp.path(),
+        r#"
+        [job]
+        name = "cut"
+        [data]
+        source = "tokens"
+        path = "shard.bin"
+        classes = 64
+        block_size = 16
+        batch_size = 4
+        [model]
+        layers = [{ type = "embedding", num_embeddings = 64, embedding_dim = 8 },
+                  { type = "linear", out = 64 }]
+        [optimizer]
+        type = "sgd"
+        lr = 0.01
+        [train]
+        max_steps = 100_000_000
+        log_every = 1000
+        [checkpoint]
+        every_steps = 20
+        "#,
+    );
+    let runs = tmp.path().join("runs");
+    let mut child = std::process::Command::new(crate::common::trainer_bin())
+        .args([
+            "run",
+            job.to_str().unwrap(),
+            "--runs-dir",
+            runs.to_str().unwrap(),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let checkpoint = loop {
+        let found = (std::fs::read_dir(runs.join("cut")).ok())
+            .and_then(|mut d| d.next()?.ok())
+            .map(|e| e.path().join("checkpoints/step-00000020.safetensors"))
+            .filter(|c| c.exists());
+        if let Some(c) = found {
+            break c;
+        }
+        assert!(Instant::now() < deadline, "no checkpoint after 120 s");
+        assert!(child.try_wait().unwrap().is_none(), "the run ended early");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&shard)
+        .unwrap()
+        .set_len(2048)
+        .unwrap();
+    let ended = child.wait_with_output().unwrap();
+    let e = stderr(&ended);
+    assert_eq!(ended.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains(&format!("{}: cannot read its ids", shard.display())),
+        "{e}"
+    );
+    assert!(
+        e.contains("is 2048 bytes now, 401024 when the run opened it"),
+        "{e}"
+    );
+    let run = checkpoint.parent().unwrap().parent().unwrap();
+    assert_eq!(crate::common::summary(run)["status"], "failed");
+    assert!(checkpoint.exists());
 }

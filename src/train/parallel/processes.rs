@@ -93,12 +93,12 @@ pub struct ProcessReplicas<B: Engine> {
 }
 
 /// Identifies the training data: every rank must hold the same samples.
-fn data_hash(data: &Data) -> String {
+fn data_hash(data: &Data) -> Result<String> {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
     h.update(bytemuck::cast_slice(&data.train.features));
-    data.train.tokens.hash_into(&mut h);
+    data.train.tokens.hash_into(&mut h)?;
     h.update(bytemuck::cast_slice(&data.train.targets));
-    format!("{:016x}", h.digest())
+    Ok(format!("{:016x}", h.digest()))
 }
 
 impl<B: Engine> ProcessReplicas<B> {
@@ -120,7 +120,7 @@ impl<B: Engine> ProcessReplicas<B> {
             version: env!("CARGO_PKG_VERSION").into(),
             world_size: world.world_size,
             job: checkpoint::spec_json(spec).0,
-            data_hash: data_hash(data),
+            data_hash: data_hash(data)?,
             param_len,
             collective,
             resumes,
@@ -657,7 +657,7 @@ fn check_greeting(
             world.rank
         );
     }
-    if g.param_len != graph.param_len || g.data_hash != data_hash(data) {
+    if g.param_len != graph.param_len || g.data_hash != data_hash(data)? {
         return Err(Error::Job(format!(
             "rank {0}'s training data differ from rank 0's ({1} samples on rank {0}): every \
              rank must read the same data",
