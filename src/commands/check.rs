@@ -148,6 +148,15 @@ pub fn check(job: &Path, sets: &[String]) -> Result<Checked> {
         "total parameters: {}\n",
         group_digits(graph.parameter_count())
     );
+    let (per_sample, layout) = (graph.model_flops_per_sample(), BatchLayout::of(&spec));
+    let step_samples = layout.micro_batch * layout.accumulation;
+    out += &format!(
+        "model FLOPs (forward, backward and loss): {} a sample, {} an optimizer step ({} \
+         samples)\n",
+        flops(per_sample),
+        flops(per_sample * step_samples as f64),
+        group_digits(step_samples)
+    );
     if in_place.contains(&true) {
         out += "* in place: writes its output over its input, which no other layer needs\n";
     }
@@ -170,7 +179,6 @@ pub fn check(job: &Path, sets: &[String]) -> Result<Checked> {
     } else {
         crate::tensor::cpu::threads_label(replica_threads(&spec))
     };
-    let layout = BatchLayout::of(&spec);
     let replicas = match spec.parallel.replicas() {
         Some(n) => format!(", per replica ({n} replicas)"),
         None => String::new(),
@@ -304,4 +312,19 @@ pub fn devices() -> String {
         Err(why) => out += &format!("cuda: not available ({why})\n"),
     }
     out
+}
+
+/// FLOPs in the largest unit that leaves a whole number: "332.2 MFLOP", "448.3 TFLOP".
+fn flops(n: f64) -> String {
+    let units = [
+        (1e15, "PFLOP"),
+        (1e12, "TFLOP"),
+        (1e9, "GFLOP"),
+        (1e6, "MFLOP"),
+        (1e3, "kFLOP"),
+    ];
+    match units.iter().find(|(scale, _)| n >= *scale) {
+        Some((scale, unit)) => format!("{:.1} {unit}", n / scale),
+        None => format!("{n:.0} FLOP"),
+    }
 }

@@ -364,6 +364,22 @@ impl Graph {
         self.layers.iter().enumerate().filter_map(table).collect()
     }
 
+    /// The FLOPs of training on one sample, as MFU counts them (llm.c, nanoGPT): every
+    /// layer's forward and backward, and the loss. Activation checkpointing's recomputed
+    /// forwards are the hardware's work, not the model's: not counted.
+    pub fn model_flops_per_sample(&self) -> f64 {
+        let layers: f64 = (self.layers.iter())
+            .map(|l| l.op.kind().flops(&l.in_shape, &l.out_shape))
+            .map(|f| f.forward + f.backward)
+            .sum();
+        layers + self.loss_flops_per_sample()
+    }
+
+    /// The loss's FLOPs a sample: about four an output value (softmax, log, gradient).
+    pub fn loss_flops_per_sample(&self) -> f64 {
+        4.0 * crate::ops::numel(self.output_shape()) as f64
+    }
+
     pub fn output_shape(&self) -> &[usize] {
         self.layers
             .last()

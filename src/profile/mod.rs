@@ -117,7 +117,7 @@ const DATASHEETS: [(&str, [f64; 3]); 7] = [
 
 /// The datasheet peak of the card `description` names (`Backend::describe`), for half
 /// precision products or f32 ones (TF32 where the description says it is allowed).
-fn datasheet_peak(description: &str, half: bool) -> Option<Peak> {
+pub fn datasheet_peak(description: &str, half: bool) -> Option<Peak> {
     let (name, figures) = DATASHEETS
         .iter()
         .find(|(name, _)| description.contains(name))?;
@@ -236,7 +236,11 @@ impl Report {
         (other.name, other.pass) = ("other (host)".into(), "other");
         other.seconds = (seconds - timed).max(0.0);
         lines.push(other);
-        let model_flops = lines.iter().map(|l| l.flops).sum();
+        // Recomputed forwards are not the model's FLOPs (`Graph::model_flops_per_sample`).
+        let model_flops = (lines.iter())
+            .filter(|l| l.pass != "recompute")
+            .map(|l| l.flops)
+            .sum();
         Report {
             steps: p.steps.len(),
             seconds,
@@ -478,7 +482,8 @@ fn cost(part: Part, samples: usize, cx: &Context) -> (f64, f64) {
         }
         Part::Loss => {
             let out = numel(cx.graph.output_shape()) * samples;
-            (4.0 * out as f64, (2 * out * cx.value_bytes) as f64)
+            let flops = cx.graph.loss_flops_per_sample() * samples as f64;
+            (flops, (2 * out * cx.value_bytes) as f64)
         }
         Part::Data | Part::AllReduce | Part::Clip | Part::Update => (0.0, 0.0),
     }

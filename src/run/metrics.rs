@@ -8,7 +8,7 @@ use std::path::Path;
 
 /// The columns, in order. Documented in docs/metrics.md; new columns are only
 /// ever appended.
-pub const METRICS_COLUMNS: [&str; 15] = [
+pub const METRICS_COLUMNS: [&str; 17] = [
     "step",
     "epoch",
     "split",
@@ -24,6 +24,8 @@ pub const METRICS_COLUMNS: [&str; 15] = [
     "skipped_steps",
     "global_batch",
     "tokens_per_sec",
+    "flops_per_sec",
+    "mfu",
 ];
 
 /// One row; `None` leaves the cell empty (e.g. accuracy for a regression).
@@ -48,6 +50,11 @@ pub struct MetricsRow {
     pub global_batch: Option<usize>,
     /// Target tokens a second, for jobs with a loss at every position (language models).
     pub tokens_per_sec: Option<f64>,
+    /// The model's FLOPs a second, all replicas (`Graph::model_flops_per_sample`; train rows).
+    pub flops_per_sec: Option<f64>,
+    /// `flops_per_sec` over the devices' datasheet peak, where it is known (H100, H200,
+    /// A100): model FLOPs utilisation, as llm.c and nanoGPT report it.
+    pub mfu: Option<f64>,
 }
 
 /// A value as the shortest text that reads back to it; from 1e16 up in exponent form (a
@@ -223,6 +230,8 @@ impl MetricsWriter {
             row.skipped_steps.map_or(String::new(), |s| s.to_string()),
             row.global_batch.map_or(String::new(), |b| b.to_string()),
             opt(row.tokens_per_sec.map(|s| s.round())),
+            opt(row.flops_per_sec.map(|s| s.round())),
+            opt(row.mfu.map(|m| (m * 1e4).round() / 1e4)),
         ])?;
         self.rows += 1;
         Ok(())

@@ -285,6 +285,7 @@ struct Training<'a, B: Engine> {
     /// The training samples are a language model's windows (`EpochOrder`).
     windows: bool,
     data_finite: bool,
+    flops: ModelFlops,
     /// Optimizer steps of the whole run, and of all its epochs (more, when max_steps ends
     /// it first).
     total: usize,
@@ -360,6 +361,9 @@ impl<'a, B: Engine> Training<'a, B> {
             net.set_running_stats(backend, &stats)?;
         }
         let mut optimizer = optimizer_for(backend, spec, &net.graph)?;
+        let replicas = parallel.as_ref().map_or(1, |p| p.replicas());
+        let half = net.half().is_some();
+        let flops = ModelFlops::new(&net.graph, &backend.describe(), half, replicas);
 
         let (shape, data_finite) = ((data.row_len(), data.target_dim), data.all_finite());
         let (train_len, windows) = (data.train.len, data.train.windows.is_some());
@@ -438,6 +442,7 @@ impl<'a, B: Engine> Training<'a, B> {
             train_len,
             windows,
             data_finite,
+            flops,
             total,
             all_epochs_steps: steps_per_epoch(spec, train_len) * spec.train.epochs,
             log_every: spec.train.log_every as u64,
@@ -645,6 +650,7 @@ impl<'a, B: Engine> Training<'a, B> {
         let samples_per_sec = st.window_samples as f64 / st.window_seconds.max(1e-9);
         // A language model's loss is at every position: its speed is also in tokens.
         let positions = self.net.graph.objective.rows;
+        let flops_per_sec = samples_per_sec * self.flops.per_sample;
         let row = MetricsRow {
             step: st.step,
             epoch,
@@ -661,6 +667,8 @@ impl<'a, B: Engine> Training<'a, B> {
             skipped_steps: Some(st.skipped_steps),
             global_batch: Some(step_samples),
             tokens_per_sec: (positions > 1).then_some(samples_per_sec * positions as f64),
+            flops_per_sec: Some(flops_per_sec),
+            mfu: self.flops.peak.map(|peak| flops_per_sec / peak),
         };
         check_finite(
             &row,
@@ -1089,6 +1097,25 @@ pub fn optimizer_step<B: Engine>(
     apply_gradients(&mut cx, settings)
 }
 
+/// A train row's speed in model FLOPs: a sample's FLOPs, and all the replicas' devices'
+/// datasheet peak where it is known (MFU).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct ModelFlops {
+    per_sample: f64,
+    peak: Option<f64>,
+}
+
+impl ModelFlops {
+    /// `graph`'s, on `replicas` devices like the one `device` describes, computing in half
+    /// precision or not.
+    fn new(graph: &Graph, device: &str, half: bool, replicas: usize) -> Self {
+        ModelFlops {
+            per_sample: graph.model_flops_per_sample(),
+            peak: crate::profile::datasheet_peak(device, half).map(|p| p.flops * replicas as f64),
+        }
+    }
+}
+
 /// A replica's place among the data-parallel replicas.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Rank {
@@ -1415,6 +1442,9 @@ fn progress_line(row: &MetricsRow, total_steps: usize) -> String {
     if let Some(t) = row.tokens_per_sec {
         line += &format!(" {t:.0} tokens/s");
     }
+    if let Some(m) = row.mfu {
+        line += &format!(" MFU {:.1}%", 100.0 * m);
+    }
     line
 }
 
@@ -1424,6 +1454,39 @@ mod tests {
 
     /// Where the backend cannot see each step's loss (a GPU), the error names the steps the
     /// row averages; where it can, the first step whose loss was not finite.
+    /// MFU is measured against all the replicas' datasheet peak, where it is known; a
+    /// train row's log line gives it.
+    #[test]
+    fn mfu_is_against_every_replicas_datasheet_peak() {
+        let spec: JobSpec = toml::from_str(
+            "[data]\nsource = \"synthetic\"\n[model]\nlayers = [{ type = \"linear\", out = 3 }]\n\
+             [optimizer]\ntype = \"sgd\"\nlr = 0.1\n",
+        )
+        .unwrap();
+        let shape = crate::graph::DataShape {
+            sample_shape: vec![4],
+            classes: Some(3),
+            classes_from: None,
+            target_dim: 1,
+        };
+        let graph = Graph::build(&spec, &shape).unwrap();
+        let flops = |device: &str, half, replicas| ModelFlops::new(&graph, device, half, replicas);
+        let h100 = flops("cuda:0 (NVIDIA H100 80GB HBM3, TF32 allowed)", true, 2);
+        assert_eq!(h100.peak, Some(2.0 * 989.4e12));
+        assert_eq!(flops("cpu (2 threads)", false, 1).peak, None);
+        assert_eq!(h100.per_sample, graph.model_flops_per_sample());
+        let row = MetricsRow {
+            split: "train",
+            mfu: Some(0.4523),
+            ..Default::default()
+        };
+        assert!(
+            progress_line(&row, 10).ends_with(" MFU 45.2%"),
+            "{}",
+            progress_line(&row, 10)
+        );
+    }
+
     #[test]
     fn a_diverged_row_names_its_first_bad_step_or_else_its_steps() {
         let row = MetricsRow {

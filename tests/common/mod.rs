@@ -143,6 +143,31 @@ pub fn write_job(dir: &Path, text: &str) -> PathBuf {
     path
 }
 
+/// metrics.csv's columns that time the run: they differ between two runs of one job.
+pub const TIMING_COLUMNS: [&str; 5] = [
+    "samples_per_sec",
+    "elapsed_s",
+    "tokens_per_sec",
+    "flops_per_sec",
+    "mfu",
+];
+
+/// The model FLOPs a sample that `trainer check` printed in `text`.
+pub fn flops_a_sample(text: &str) -> f64 {
+    let line = (text.lines())
+        .find_map(|l| l.strip_prefix("model FLOPs (forward, backward and loss): "))
+        .unwrap_or_else(|| panic!("no model FLOPs line: {text}"));
+    let (number, rest) = line.split_once(' ').unwrap();
+    let scale = match &rest[..1] {
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        _ => panic!("{line}"),
+    };
+    number.parse::<f64>().unwrap() * scale
+}
+
 pub fn read_csv(path: &Path) -> (Vec<String>, Vec<Vec<String>>) {
     let mut r = csv::Reader::from_path(path).unwrap();
     let header = r.headers().unwrap().iter().map(String::from).collect();

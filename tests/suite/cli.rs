@@ -60,17 +60,17 @@ fn mlp_job_trains_and_writes_a_complete_run_directory() {
     let mut lines = metrics.lines();
     assert_eq!(
         lines.next().unwrap(),
-        "step,epoch,split,loss,accuracy,lr,grad_norm,samples_per_sec,elapsed_s,gpu_mem_allocated,gpu_mem_peak,loss_scale,skipped_steps,global_batch,tokens_per_sec"
+        "step,epoch,split,loss,accuracy,lr,grad_norm,samples_per_sec,elapsed_s,gpu_mem_allocated,gpu_mem_peak,loss_scale,skipped_steps,global_batch,tokens_per_sec,flops_per_sec,mfu"
     );
     let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
     assert!(
         rows.iter().any(|r| r[2] == "train") && rows.iter().filter(|r| r[2] == "val").count() == 3
     );
     for r in &rows {
-        assert_eq!(r.len(), 15);
+        assert_eq!(r.len(), 17);
         assert!(
-            r[9].is_empty() && r[10].is_empty(),
-            "no GPU memory on the CPU"
+            r[9].is_empty() && r[10].is_empty() && r[16].is_empty(),
+            "no GPU memory and no datasheet peak (MFU) on the CPU"
         );
         // jobs/mlp.toml: batch 64, one replica, no accumulation; 1,438 training samples
         // leave 30 for each epoch's last step (the run's last, 69, writes a row).

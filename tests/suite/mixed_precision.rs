@@ -354,7 +354,7 @@ fn resuming_a_mixed_precision_run_gives_the_uninterrupted_run_exactly() {
             .map(|r| {
                 let mut cells: Vec<(String, String)> = r
                     .into_iter()
-                    .filter(|(k, _)| k != "samples_per_sec" && k != "elapsed_s")
+                    .filter(|(k, _)| !common::TIMING_COLUMNS.contains(&k.as_str()))
                     .collect();
                 cells.sort();
                 cells.into_iter().map(|(k, v)| format!("{k}={v}")).collect()

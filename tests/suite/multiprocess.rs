@@ -207,11 +207,11 @@ fn run_alone(args: &[&str]) -> PathBuf {
     PathBuf::from(String::from_utf8(o.stdout).unwrap().trim())
 }
 
-/// Every metrics.csv column but the timing ones (samples_per_sec, elapsed_s).
+/// Every metrics.csv column but the timing ones.
 fn numbers(dir: &Path) -> Vec<Vec<String>> {
     let (header, rows) = read_csv(&dir.join("metrics.csv"));
     let keep: Vec<usize> = (0..header.len())
-        .filter(|&i| !["samples_per_sec", "elapsed_s"].contains(&header[i].as_str()))
+        .filter(|&i| !common::TIMING_COLUMNS.contains(&header[i].as_str()))
         .collect();
     rows.iter()
         .map(|r| keep.iter().map(|&i| r[i].clone()).collect())

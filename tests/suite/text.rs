@@ -189,6 +189,18 @@ fn the_char_gpt_job_trains_and_samples_with_its_vocabulary() {
         let per_sec = |name| common::column(&rows[0], row, name).parse::<f64>().unwrap();
         let (samples, tokens) = (per_sec("samples_per_sec"), per_sec("tokens_per_sec"));
         assert!((tokens - 64.0 * samples).abs() <= 32.0, "{row:?}");
+        // The model's FLOPs a sample (`trainer check` prints 332.2 MFLOP), times samples/s
+        // (rounded to a whole number in the file).
+        let flops = per_sec("flops_per_sec");
+        assert!(
+            (flops - 332.2e6 * samples).abs() <= 0.5 * 332.2e6 + 0.001 * flops,
+            "{row:?}"
+        );
+        assert_eq!(
+            common::column(&rows[0], row, "mfu"),
+            "",
+            "no datasheet peak on a CPU"
+        );
     }
     assert!(losses[2] < 0.85 * 73f64.ln(), "{losses:?}");
     let preprocess = std::fs::read_to_string(dir.join("preprocess.json")).unwrap();
@@ -568,11 +580,10 @@ fn losses(dir: &Path) -> Vec<f64> {
 fn metrics_without_timing(dir: &Path) -> Vec<String> {
     let text = std::fs::read_to_string(dir.join("metrics.csv")).unwrap();
     let header: Vec<&str> = text.lines().next().unwrap().split(',').collect();
-    let timing = ["samples_per_sec", "elapsed_s", "tokens_per_sec"];
     (text.lines())
         .map(|l| {
             (l.split(',').zip(&header))
-                .filter(|(_, h)| !timing.contains(h))
+                .filter(|(_, h)| !common::TIMING_COLUMNS.contains(h))
                 .map(|(v, _)| v)
                 .collect::<Vec<_>>()
                 .join(",")
@@ -732,4 +743,25 @@ fn decoding_refuses_a_layer_that_reads_the_whole_sequence() {
          {{ type = \"layernorm\" }}, {{ type = \"linear\", out = 10 }}"
     ));
     assert!(Graph::for_decoding(&gpt, &one_token, 8).is_ok());
+}
+
+/// A GPT's model FLOPs, as `trainer check` prints them (and train rows' flops_per_sec and
+/// MFU count them), are nanoGPT's `estimate_mfu`: 6N + 12·L·H·Q·T a token, N the
+/// parameters but the position table, over T tokens a sample.
+#[test]
+fn a_gpts_model_flops_are_nanogpts_estimate() {
+    let out = trainer(&["check", "jobs/gpt_char.toml"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let (n, (l, h, q, t)) = (805_120.0 - 64.0 * 128.0, (4.0, 4.0, 32.0, 64.0));
+    let nanogpt = (6.0 * n + 12.0 * l * h * q * t) * t;
+    let ours = common::flops_a_sample(&text);
+    assert!(
+        (ours / nanogpt - 1.0).abs() < 0.01,
+        "{ours} against {nanogpt}: {text}"
+    );
+    assert!(
+        text.contains("332.2 MFLOP a sample, 4.0 GFLOP an optimizer step (12 samples)"),
+        "{text}"
+    );
 }

@@ -384,6 +384,14 @@ fn the_gpt2_124m_job_is_gpt2_small() {
     let text = stdout(&out);
     assert!(text.contains("total parameters: 124,475,904"), "{text}");
     assert!(text.contains("h11_mlp_c_proj"), "{text}");
+    // nanoGPT's estimate_mfu: 6N + 12·L·H·Q·T a token, N without the position table.
+    let (n, (l, h, q, t)) = (124_475_904.0 - 1024.0 * 768.0, (12.0, 12.0, 64.0, 1024.0));
+    let nanogpt = (6.0 * n + 12.0 * l * h * q * t) * t;
+    let ours = crate::common::flops_a_sample(&text);
+    assert!(
+        (ours / nanogpt - 1.0).abs() < 0.01,
+        "{ours} against {nanogpt}: {text}"
+    );
 }
 
 /// A token file cut short while a run reads it (a preparation script run again, say) fails
