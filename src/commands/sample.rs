@@ -1,6 +1,7 @@
 //! `trainer sample`: text from a run's language model. The prompt, in the run's vocabulary,
 //! then one token at a time: the model reads the last block_size tokens, and the next token
-//! is drawn from its last position's logits (divided by the temperature, cut to the top k).
+//! is drawn from its last position's logits (divided by the temperature, cut to the top k
+//! and to the top p).
 //!
 //! While the text fits in the block, a `Decoder` reads one token a step and its attention
 //! layers keep the earlier positions' keys and values (a key/value cache). Past the block
@@ -43,6 +44,10 @@ pub struct SampleArgs {
     /// Draw from the k likeliest tokens only.
     #[arg(long, value_name = "K")]
     pub top_k: Option<usize>,
+    /// Draw from the likeliest tokens whose probabilities add up to P or more (nucleus
+    /// sampling, after --top-k).
+    #[arg(long, value_name = "P")]
+    pub top_p: Option<f64>,
     /// The seed of the draws.
     #[arg(long, default_value_t = 1337)]
     pub seed: u64,
@@ -61,6 +66,11 @@ pub fn sample(args: &SampleArgs) -> Result<()> {
     }
     if args.top_k == Some(0) {
         return Err(Error::Job("--top-k 0: must be at least 1".into()));
+    }
+    if let Some(p) = args.top_p.filter(|p| !(*p > 0.0 && *p <= 1.0)) {
+        return Err(Error::Job(format!(
+            "--top-p {p}: must be above 0 and at most 1"
+        )));
     }
     let trained = Trained::load(&args.run, args.checkpoint.as_deref())?;
     let Some(vocabulary) = trained.preprocess.vocabulary.clone() else {
@@ -262,12 +272,7 @@ fn generate_with<B: Engine>(
     for _ in 0..args.tokens {
         if let Some(decoder) = decoder.as_mut().filter(|_| ids.len() <= block) {
             let logits = decoder.logits(backend, ids, vocab);
-            let next = draw(
-                &logits[..known.min(vocab)],
-                args.temperature,
-                args.top_k,
-                rng,
-            );
+            let next = Draw::of(args).draw(&logits[..known.min(vocab)], rng);
             ids.push(next);
             drawn.push(next);
             match emit(next) {
@@ -294,7 +299,7 @@ fn generate_with<B: Engine>(
         let model = model.as_mut().expect("built above");
         let logits = model.logits(backend, context, vocab);
         let last = &logits[(context.len() - 1) * vocab..][..known.min(vocab)];
-        let next = draw(last, args.temperature, args.top_k, rng);
+        let next = Draw::of(args).draw(last, rng);
         ids.push(next);
         drawn.push(next);
         if !emit(next) {
@@ -415,31 +420,71 @@ impl<B: Engine> Window<B> {
     }
 }
 
-/// A token drawn from softmax(logits / temperature) over the `top_k` largest logits.
-fn draw(logits: &[f32], temperature: f64, top_k: Option<usize>, rng: &mut Rng) -> u32 {
-    let scaled: Vec<f64> = logits.iter().map(|&l| l as f64 / temperature).collect();
-    let cutoff = match top_k {
-        Some(k) if k < scaled.len() => {
-            let mut sorted = scaled.clone();
-            sorted.sort_by(|a, b| b.total_cmp(a));
-            sorted[k - 1]
+/// How a token is drawn from the logits: softmax(logits / temperature), cut to the `top_k`
+/// largest logits, then to the likeliest tokens whose probabilities add up to `top_p`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Draw {
+    temperature: f64,
+    top_k: Option<usize>,
+    top_p: Option<f64>,
+}
+
+impl Draw {
+    fn of(args: &SampleArgs) -> Draw {
+        Draw {
+            temperature: args.temperature,
+            top_k: args.top_k,
+            top_p: args.top_p,
         }
-        _ => f64::NEG_INFINITY,
-    };
-    let max = scaled.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let weights: Vec<f64> = scaled
-        .iter()
-        .map(|&s| if s >= cutoff { (s - max).exp() } else { 0.0 })
-        .collect();
-    let mut target = rng.next_f64() * weights.iter().sum::<f64>();
-    for (i, &w) in weights.iter().enumerate() {
-        if target < w {
-            return i as u32;
-        }
-        target -= w;
     }
-    // Rounding left the target past the last weight: the last token with any.
-    weights.iter().rposition(|&w| w > 0.0).unwrap_or(0) as u32
+
+    fn draw(&self, logits: &[f32], rng: &mut Rng) -> u32 {
+        let scaled: Vec<f64> = logits
+            .iter()
+            .map(|&l| l as f64 / self.temperature)
+            .collect();
+        let cutoff = match self.top_k {
+            Some(k) if k < scaled.len() => {
+                let mut sorted = scaled.clone();
+                sorted.sort_by(|a, b| b.total_cmp(a));
+                sorted[k - 1]
+            }
+            _ => f64::NEG_INFINITY,
+        };
+        let max = scaled.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let mut weights: Vec<f64> = scaled
+            .iter()
+            .map(|&s| if s >= cutoff { (s - max).exp() } else { 0.0 })
+            .collect();
+        if let Some(p) = self.top_p.filter(|&p| p < 1.0) {
+            keep_nucleus(&mut weights, p);
+        }
+        let mut target = rng.next_f64() * weights.iter().sum::<f64>();
+        for (i, &w) in weights.iter().enumerate() {
+            if target < w {
+                return i as u32;
+            }
+            target -= w;
+        }
+        // Rounding left the target past the last weight: the last token with any.
+        weights.iter().rposition(|&w| w > 0.0).unwrap_or(0) as u32
+    }
+}
+
+/// Zeroes every weight but the largest ones that make up a share `p` of the total: the
+/// smallest such set, as Hugging Face's top_p. The likeliest token always stays.
+fn keep_nucleus(weights: &mut [f64], p: f64) {
+    let total: f64 = weights.iter().sum();
+    let mut order: Vec<usize> = (0..weights.len()).collect();
+    order.sort_by(|&a, &b| weights[b].total_cmp(&weights[a]).then(a.cmp(&b)));
+    let mut kept = 0.0;
+    for &i in &order {
+        if kept >= p * total {
+            weights[i] = 0.0;
+        } else {
+            kept += weights[i];
+        }
+    }
 }
 
 #[cfg(test)]
@@ -451,17 +496,67 @@ mod tests {
     fn top_k_one_is_the_largest_logit_and_draws_follow_the_probabilities() {
         let mut rng = Rng::new(3);
         let logits = [0.1, 2.0, -1.0, 1.9];
+        let top = |k| Draw {
+            temperature: 1.0,
+            top_k: Some(k),
+            top_p: None,
+        };
         for _ in 0..20 {
-            assert_eq!(draw(&logits, 1.0, Some(1), &mut rng), 1);
+            assert_eq!(top(1).draw(&logits, &mut rng), 1);
         }
         let mut counts = [0usize; 4];
         for _ in 0..20_000 {
-            counts[draw(&logits, 1.0, Some(2), &mut rng) as usize] += 1;
+            counts[top(2).draw(&logits, &mut rng) as usize] += 1;
         }
         assert_eq!((counts[0], counts[2]), (0, 0));
         // e^2 / (e^2 + e^1.9) = 0.525
         let share = counts[1] as f64 / 20_000.0;
         assert!((share - 0.525).abs() < 0.015, "{share}");
+    }
+
+    /// Top p keeps the likeliest tokens until their probabilities reach p, and draws from
+    /// them in proportion, as Hugging Face's TopPLogitsWarper.
+    #[test]
+    fn top_p_keeps_the_smallest_set_that_reaches_p() {
+        // Probabilities 0.5, 0.3, 0.15, 0.05.
+        let logits = [0.5f32, 0.3, 0.15, 0.05].map(f32::ln);
+        let nucleus = |p| {
+            let mut w = [0.5, 0.3, 0.15, 0.05];
+            keep_nucleus(&mut w, p);
+            w.map(|w| w > 0.0)
+        };
+        assert_eq!(nucleus(0.5), [true, false, false, false]);
+        assert_eq!(nucleus(0.6), [true, true, false, false]);
+        assert_eq!(nucleus(0.79), [true, true, false, false]);
+        assert_eq!(nucleus(0.81), [true, true, true, false]);
+        assert_eq!(nucleus(0.01), [true, false, false, false]);
+        let draw = Draw {
+            temperature: 1.0,
+            top_k: None,
+            top_p: Some(0.7),
+        };
+        let mut rng = Rng::new(9);
+        let mut counts = [0usize; 4];
+        for _ in 0..20_000 {
+            counts[draw.draw(&logits, &mut rng) as usize] += 1;
+        }
+        assert_eq!((counts[2], counts[3]), (0, 0));
+        // 0.5 / (0.5 + 0.3)
+        let share = counts[0] as f64 / 20_000.0;
+        assert!((share - 0.625).abs() < 0.015, "{share}");
+        // Top p of 1 and no top p draw the same tokens.
+        let (mut a, mut b) = (Rng::new(4), Rng::new(4));
+        let all = Draw {
+            top_p: Some(1.0),
+            ..draw
+        };
+        let none = Draw {
+            top_p: None,
+            ..draw
+        };
+        for _ in 0..100 {
+            assert_eq!(all.draw(&logits, &mut a), none.draw(&logits, &mut b));
+        }
     }
 
     #[test]
@@ -509,6 +604,7 @@ mod tests {
             samples: 1,
             temperature: 1.0,
             top_k: None,
+            top_p: None,
             seed: 5,
             device: "cpu".into(),
         };

@@ -254,6 +254,15 @@ fn the_char_gpt_job_trains_and_samples_with_its_vocabulary() {
     );
     let again = sample(&["--prompt", "KING", "--seed", "7", "--top-k", "10"]);
     assert_eq!(stdout(&again), text, "the same seed, the same text");
+    let nucleus = sample(&["--prompt", "KING", "--seed", "7", "--top-p", "0.9"]);
+    assert!(nucleus.status.success(), "{}", stderr(&nucleus));
+    assert!(stdout(&nucleus).starts_with("KING"), "{}", stdout(&nucleus));
+    for p in ["0", "1.5"] {
+        let out = sample(&["--top-p", p]);
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        let want = format!("--top-p {p}: must be above 0 and at most 1");
+        assert!(stderr(&out).contains(&want), "{}", stderr(&out));
+    }
     let out = sample(&["--prompt", "KING\u{e9}"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(
