@@ -4,7 +4,10 @@
 # alternates 1 replica through NCCL with no data parallelism, 3 times, on the launch-bound
 # MLP 784-1024-1024-10 and on the cuBLAS-bound one (issue 7's overhead); `gpt` times
 # jobs/gpt_shakespeare.toml (bf16) with attention's probabilities kept and with flash
-# attention, profiles a step of each with CUDA events, and times `trainer sample` on CUDA.
+# attention, profiles a step of each with CUDA events, and times `trainer sample` on CUDA;
+# `gpt2 [BATCH]` puts jobs/gpt2_124m.toml (bf16, micro-batch BATCH x 1024, 64 by default) beside
+# PyTorch eager and compiled (bench/gpt2_torch_gpu.py): steady tokens/s and MFU, then profiles
+# its attention. About 4 minutes on an H200.
 set -uo pipefail
 source .gpu/nccl.sh
 eval "$(sed -n '/^out=/,/^}$/p' bench/gpu.sh)"
@@ -22,6 +25,39 @@ if [ "${1:-gemm}" = gpt ]; then
   start=$(date +%s%N)
   $bin sample "$dir" --device cuda --prompt "ROMEO:" --tokens 500 --seed 1 > /dev/null
   log "sample on CUDA, 500 tokens: $(( ($(date +%s%N) - start) / 1000000 )) ms"
+  exit 0
+fi
+if [ "${1:-gemm}" = gpt2 ]; then
+  B=${2:-64}
+  shards=$(mktemp -d)
+  # 20M random GPT-2 ids: the speed does not depend on the text.
+  python3 bench/token_shards.py "$shards" 1 20000000
+  # A small validation file: the run's last evaluation reads all of it.
+  python3 bench/token_shards.py "$shards/val" 1 1000000
+  mv "$shards/val/fineweb_train_000000.bin" "$shards/fineweb_val_000000.bin"
+  g2=(--set "data.path=\"$shards/fineweb_train_*.bin\"" --set "data.val_path=\"$shards/fineweb_val_*.bin\""
+      --set data.batch_size=$B --set train.grad_accum_steps=1 --set train.max_steps=60
+      --set train.log_every=10 --set train.eval_every_steps=100000 --set train.eval_steps=1)
+  log "== jobs/gpt2_124m.toml bf16, micro-batch $B x 1024, 60 steps"
+  $bin check jobs/gpt2_124m.toml "${g2[@]}" | grep -E 'model FLOPs|total' | tee -a "$out"
+  # Steady tokens/s and MFU: the train rows after the first (which holds the warm-up).
+  steady() {
+    python3 - "$1" <<'PY'
+import csv, sys
+rows = [r for r in csv.DictReader(open(sys.argv[1] + "/metrics.csv")) if r["split"] == "train"][1:]
+tps = sum(float(r["tokens_per_sec"]) for r in rows) / len(rows)
+mfu = [float(r["mfu"]) for r in rows if r["mfu"]]
+print(f"{tps:.0f} tokens/s steady, MFU {100 * sum(mfu) / len(mfu):.1f}%" if mfu else f"{tps:.0f} tokens/s steady")
+PY
+  }
+  for flash in true false; do
+    dir=$($bin run jobs/gpt2_124m.toml "${g2[@]}" --set device.flash_attention=$flash --runs-dir "$runs" --quiet)
+    log "trainer, flash_attention=$flash: $(steady "$dir") $(summary "$dir")"
+  done
+  log "$(python3 bench/gpt2_torch_gpu.py --batch "$B" --steps 60 2>&1 | tail -1)"
+  log "$(python3 bench/gpt2_torch_gpu.py --batch "$B" --steps 60 --compile 2>&1 | tail -1)"
+  $bin profile jobs/gpt2_124m.toml "${g2[@]}" --steps 3 --warmup 3 --runs-dir "$runs" --quiet \
+    | grep -E 'attention|^step|model FLOPs|memory' | tee -a "$out"
   exit 0
 fi
 if [ "${1:-gemm}" = nccl ]; then

@@ -151,11 +151,16 @@ pub fn check(job: &Path, sets: &[String]) -> Result<Checked> {
     let (per_sample, layout) = (graph.model_flops_per_sample(), BatchLayout::of(&spec));
     let step_samples = layout.micro_batch * layout.accumulation;
     out += &format!(
-        "model FLOPs (forward, backward and loss): {} a sample, {} an optimizer step ({} \
-         samples)\n",
+        "model FLOPs (forward, backward and loss): {} a sample, {} an optimizer step of {} \
+         {}\n",
         flops(per_sample),
         flops(per_sample * step_samples as f64),
-        group_digits(step_samples)
+        group_digits(step_samples),
+        if step_samples == 1 {
+            "sample"
+        } else {
+            "samples"
+        }
     );
     if in_place.contains(&true) {
         out += "* in place: writes its output over its input, which no other layer needs\n";

@@ -770,7 +770,7 @@ fn a_gpts_model_flops_are_nanogpts_estimate() {
         "{ours} against {nanogpt}: {text}"
     );
     assert!(
-        text.contains("332.2 MFLOP a sample, 4.0 GFLOP an optimizer step (12 samples)"),
+        text.contains("332.2 MFLOP a sample, 4.0 GFLOP an optimizer step of 12 samples"),
         "{text}"
     );
 }
