@@ -155,6 +155,9 @@ enum Command {
     /// Write a GPT run's model as Hugging Face's GPT-2 (model.safetensors and config.json),
     /// which transformers' GPT2LMHeadModel.from_pretrained reads; prints the directory.
     Export(commands::ExportArgs),
+    /// Tokenize text files into llm.c token shards (train_*.bin, val_*.bin) for
+    /// data.source = "tokens"; prints the [data] keys that read them.
+    Tokenize(commands::TokenizeArgs),
     /// List the runs under a runs directory: keys that differ, status, final and best metrics.
     Ls {
         /// The runs directory to list (every run and sweep under it).
@@ -336,6 +339,9 @@ fn main() -> ExitCode {
         Command::Sample(args) => commands::sample(&args),
         Command::Export(args) => {
             commands::export(&args).and_then(|dir| print_out(&format!("{}\n", dir.display())))
+        }
+        Command::Tokenize(args) => {
+            commands::tokenize(&args).and_then(|t| print_out(&t.report(&args.output)))
         }
         Command::Profile(args) => commands::profile(&args),
         Command::Ls { runs_dir, shown } => {

@@ -36,6 +36,7 @@ mod memory;
 mod profile;
 mod sample;
 mod start;
+mod tokenize;
 
 pub use check::{check, devices, Checked};
 pub use evaluate::{evaluate, predict, report, EvalArgs, Evaluation, PredictArgs};
@@ -50,6 +51,7 @@ use start::{
     final_rows, job_command, nothing_left_to_train, plan_start, resume_command,
     with_original_init_from, with_resume_hint,
 };
+pub use tokenize::{tokenize, TokenizeArgs, Tokenized};
 
 pub struct RunArgs {
     /// The job file, or the resumed run's config.toml when none was given (`job_given`).

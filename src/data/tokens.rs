@@ -207,6 +207,46 @@ fn llmc_body(name: &str, header: &[u8], len: usize) -> Result<(std::ops::Range<u
     Ok((body, width))
 }
 
+/// Shards written by `write_shards`: their paths, and the ids in each.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Shards {
+    pub paths: Vec<PathBuf>,
+    pub tokens: usize,
+}
+
+/// Writes `ids` as llm.c token files of at most `per_shard` ids each (uint16, version 1):
+/// `dir/{prefix}_000000.bin`, then 000001 and on. Each goes by a temporary name, is put on
+/// disk and then renamed, so a shard that exists is whole.
+pub fn write_shards(dir: &Path, prefix: &str, ids: &[u16], per_shard: usize) -> Result<Shards> {
+    let mut shards = Shards::default();
+    for (k, chunk) in ids.chunks(per_shard.max(1)).enumerate() {
+        let path = dir.join(format!("{prefix}_{k:06}.bin"));
+        let tmp = dir.join(format!(".{prefix}_{k:06}.bin.tmp"));
+        let mut header = [0i32; 256];
+        header[..3].copy_from_slice(&[LLMC_MAGIC, 1, chunk.len() as i32]);
+        let written = std::fs::File::create(&tmp).and_then(|mut f| {
+            use std::io::Write;
+            let mut out = std::io::BufWriter::new(&mut f);
+            out.write_all(bytemuck::cast_slice(&header.map(i32::to_le)))?;
+            let ids: Vec<u8> = chunk.iter().flat_map(|id| id.to_le_bytes()).collect();
+            out.write_all(&ids)?;
+            out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+            std::fs::rename(&tmp, &path)?;
+            std::fs::File::open(dir)?.sync_all()
+        });
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(Error::Runtime(format!(
+                "cannot write {}: {e}",
+                path.display()
+            )));
+        }
+        shards.paths.push(path);
+        shards.tokens += chunk.len();
+    }
+    Ok(shards)
+}
+
 #[cfg(test)]
 mod tests {
     use super::glob_match;

@@ -474,3 +474,102 @@ fn a_token_file_cut_short_under_a_run_fails_it_by_name() {
     assert_eq!(crate::common::summary(run)["status"], "failed");
     assert!(checkpoint.exists());
 }
+
+/// `trainer tokenize` writes llm.c shards: the GPT-2 ids of each document after an
+/// `<|endoftext|>`, split into train and validation as data.val_fraction splits a text. The
+/// `[data]` keys it prints read them; it never overwrites shards.
+#[test]
+fn tokenize_writes_the_shards_its_data_keys_read() {
+    use trainer::data::vocabulary::Vocabulary;
+    use trainer::spec::Tokenizer;
+    let tmp = tempfile::tempdir().unwrap();
+    let first: String = (0..300)
+        .map(|i| format!("The quick brown fox {i} jumps over the lazy dog.\n"))
+        .collect();
+    let second = "ROMEO: But soft, what light through yonder window breaks?\n".repeat(40);
+    std::fs::write(tmp.path().join("a.txt"), &first).unwrap();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(second.as_bytes()).unwrap();
+    std::fs::write(tmp.path().join("b.txt.gz"), gz.finish().unwrap()).unwrap();
+    let dir = tmp.path().join("shards");
+    let (a, b) = (tmp.path().join("a.txt"), tmp.path().join("b.txt.gz"));
+    let tokenize = |extra: &[&str]| {
+        let mut args = vec!["tokenize", a.to_str().unwrap(), b.to_str().unwrap()];
+        args.extend_from_slice(&["-o", dir.to_str().unwrap()]);
+        if !extra.contains(&"--shard-tokens") {
+            args.extend_from_slice(&["--shard-tokens", "1000"]);
+        }
+        args.extend_from_slice(extra);
+        trainer(&args)
+    };
+    let out = tokenize(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let keys = stdout(&out);
+    let d = dir.display();
+    let want = format!(
+        "[data]\nsource = \"tokens\"\npath = \"{d}/train_*.bin\"\nval_path = \"{d}/val_*.bin\"\n\
+         tokenizer = \"gpt2\"\n"
+    );
+    assert!(keys.ends_with(&want), "{keys}");
+
+    let gpt2 = Vocabulary::of(Tokenizer::Gpt2, "");
+    let ids: Vec<u32> = [first.as_str(), second.as_str()]
+        .iter()
+        .flat_map(|text| std::iter::once(50_256).chain(gpt2.encode(text).unwrap()))
+        .collect();
+    let val_len = (ids.len() as f64 * 0.1).round() as usize;
+    let mut s = tokens_spec(&dir.join("train_*.bin"), "");
+    s.data.val_path = Some(dir.join("val_*.bin"));
+    let loaded = data::load(&s.data, 1).unwrap();
+    let read = |t: &data::TokenIds| t.to_vec().unwrap();
+    let (train, val) = ids.split_at(ids.len() - val_len);
+    assert_eq!(read(&loaded.train.tokens), train);
+    assert_eq!(read(&loaded.eval[0].1.tokens), val);
+    let shards = std::fs::read_dir(&dir).unwrap().count();
+    assert_eq!(shards, train.len().div_ceil(1000) + val_len.div_ceil(1000));
+    assert!(
+        keys.starts_with(&format!(
+            "wrote {} train shards ({} tokens) and 1 validation shard ({val_len} tokens)",
+            train.len().div_ceil(1000),
+            train.len()
+        )),
+        "{keys}"
+    );
+
+    // The same folder again: refused, and the shards are as they were.
+    let before = std::fs::read(dir.join("train_000000.bin")).unwrap();
+    let again = tokenize(&[]);
+    assert_eq!(again.status.code(), Some(2), "{}", stderr(&again));
+    assert!(
+        stderr(&again).contains("tokenize never overwrites shards"),
+        "{}",
+        stderr(&again)
+    );
+    assert_eq!(std::fs::read(dir.join("train_000000.bin")).unwrap(), before);
+
+    let refused = |extra: &[&str], want: &str| {
+        let out = tokenize(extra);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(want), "{extra:?}: {}", stderr(&out));
+    };
+    std::fs::remove_dir_all(&dir).unwrap();
+    refused(
+        &["--tokenizer", "char"],
+        "--tokenizer char: a char vocabulary is the text's own",
+    );
+    refused(
+        &["--tokenizer", "bpe"],
+        "--tokenizer bpe: not a tokenizer; allowed: gpt2, bytes",
+    );
+    refused(
+        &["--val-fraction", "1"],
+        "--val-fraction 1: must be at least 0 and below 1",
+    );
+    refused(
+        &["--shard-tokens", "0"],
+        "--shard-tokens 0: must be from 1 to 2147483647",
+    );
+    std::fs::write(&a, b"caf\xe9").unwrap();
+    refused(&[], "a.txt: not UTF-8 text (byte 3)");
+    assert!(!dir.exists(), "a refused tokenize writes nothing");
+}
