@@ -319,7 +319,7 @@ pub fn devices() -> String {
     out
 }
 
-/// FLOPs in the largest unit that leaves a whole number: "332.2 MFLOP", "448.3 TFLOP".
+/// FLOPs in the largest unit they reach: "332.2 MFLOP", "448.3 TFLOP".
 fn flops(n: f64) -> String {
     let units = [
         (1e15, "PFLOP"),

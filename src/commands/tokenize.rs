@@ -71,21 +71,7 @@ impl Tokenized {
 
 /// Tokenizes `args.inputs` and writes their shards into `args.output`.
 pub fn tokenize(args: &TokenizeArgs) -> Result<Tokenized> {
-    let tokenizer =
-        match args.tokenizer.as_str() {
-            "gpt2" => Tokenizer::Gpt2,
-            "bytes" => Tokenizer::Bytes,
-            "char" => return Err(Error::Job(
-                "--tokenizer char: a char vocabulary is the text's own characters, which token \
-                 files do not record; train on the text itself (data.source = \"text\")"
-                    .into(),
-            )),
-            other => {
-                return Err(Error::Job(format!(
-                    "--tokenizer {other}: not a tokenizer; allowed: gpt2, bytes"
-                )))
-            }
-        };
+    let tokenizer = tokenizer_named(&args.tokenizer)?;
     if !(0.0..1.0).contains(&args.val_fraction) {
         return Err(Error::Job(format!(
             "--val-fraction {}: must be at least 0 and below 1",
@@ -100,25 +86,28 @@ pub fn tokenize(args: &TokenizeArgs) -> Result<Tokenized> {
         )));
     }
     refuse_existing_shards(&args.output)?;
-    // Each file on a thread of its own; the documents stay in the order given.
+    // Each file on a thread of its own; the documents stay in the order given. Both
+    // vocabularies fit in 16 bits (50,257 and 256 ids).
     let documents = (args.inputs.par_iter())
         .map(|path| {
             let text = crate::data::read_text(path)?;
-            let ids = match tokenizer {
+            let ids: Vec<u16> = match tokenizer {
                 Tokenizer::Gpt2 => GPT2.with(|bpe| bpe.encode_ordinary(&text)),
                 _ => text.bytes().map(u32::from).collect(),
-            };
+            }
+            .into_iter()
+            .map(|id| id as u16)
+            .collect();
             tracing::info!("{}: {} tokens", path.display(), ids.len());
             Ok(ids)
         })
-        .collect::<Result<Vec<Vec<u32>>>>()?;
+        .collect::<Result<Vec<Vec<u16>>>>()?;
     let mut ids: Vec<u16> = Vec::with_capacity(documents.iter().map(|d| d.len() + 1).sum());
     for document in documents {
         if tokenizer == Tokenizer::Gpt2 {
             ids.push(END_OF_TEXT);
         }
-        // Both vocabularies fit in 16 bits (50,257 and 256 ids).
-        ids.extend(document.into_iter().map(|id| id as u16));
+        ids.extend(document);
     }
     let val_len = (ids.len() as f64 * args.val_fraction).round() as usize;
     if ids.len() - val_len < 2 || (args.val_fraction > 0.0 && val_len < 2) {
@@ -138,6 +127,22 @@ pub fn tokenize(args: &TokenizeArgs) -> Result<Tokenized> {
         val: write("val", val)?,
         tokenizer,
     })
+}
+
+/// The tokenizer `--tokenizer` names: one whose vocabulary token files can stand for.
+fn tokenizer_named(name: &str) -> Result<Tokenizer> {
+    match name {
+        "gpt2" => Ok(Tokenizer::Gpt2),
+        "bytes" => Ok(Tokenizer::Bytes),
+        "char" => Err(Error::Job(
+            "--tokenizer char: a char vocabulary is the text's own characters, which token \
+             files do not record; train on the text itself (data.source = \"text\")"
+                .into(),
+        )),
+        other => Err(Error::Job(format!(
+            "--tokenizer {other}: not a tokenizer; allowed: gpt2, bytes"
+        ))),
+    }
 }
 
 /// Nothing is overwritten: a folder that holds shards already is refused.

@@ -224,13 +224,12 @@ pub fn write_shards(dir: &Path, prefix: &str, ids: &[u16], per_shard: usize) -> 
         let tmp = dir.join(format!(".{prefix}_{k:06}.bin.tmp"));
         let mut header = [0i32; 256];
         header[..3].copy_from_slice(&[LLMC_MAGIC, 1, chunk.len() as i32]);
+        let ids: Vec<u8> = chunk.iter().flat_map(|id| id.to_le_bytes()).collect();
         let written = std::fs::File::create(&tmp).and_then(|mut f| {
             use std::io::Write;
-            let mut out = std::io::BufWriter::new(&mut f);
-            out.write_all(bytemuck::cast_slice(&header.map(i32::to_le)))?;
-            let ids: Vec<u8> = chunk.iter().flat_map(|id| id.to_le_bytes()).collect();
-            out.write_all(&ids)?;
-            out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+            f.write_all(bytemuck::cast_slice(&header.map(i32::to_le)))?;
+            f.write_all(&ids)?;
+            f.sync_all()?;
             std::fs::rename(&tmp, &path)?;
             std::fs::File::open(dir)?.sync_all()
         });
