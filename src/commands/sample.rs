@@ -269,10 +269,11 @@ fn generate_with<B: Engine>(
         false => None,
     };
     let mut drawn = Vec::with_capacity(args.tokens);
+    let draw = Draw::of(args);
     for _ in 0..args.tokens {
         if let Some(decoder) = decoder.as_mut().filter(|_| ids.len() <= block) {
             let logits = decoder.logits(backend, ids, vocab);
-            let next = Draw::of(args).draw(&logits[..known.min(vocab)], rng);
+            let next = draw.draw(&logits[..known.min(vocab)], rng);
             ids.push(next);
             drawn.push(next);
             match emit(next) {
@@ -299,7 +300,7 @@ fn generate_with<B: Engine>(
         let model = model.as_mut().expect("built above");
         let logits = model.logits(backend, context, vocab);
         let last = &logits[(context.len() - 1) * vocab..][..known.min(vocab)];
-        let next = Draw::of(args).draw(last, rng);
+        let next = draw.draw(last, rng);
         ids.push(next);
         drawn.push(next);
         if !emit(next) {

@@ -3,18 +3,12 @@
 //! (`data.source = "tokens"`) instead of tokenizing its text at every start.
 
 use super::*;
+use crate::data::vocabulary::Vocabulary;
 use crate::spec::Tokenizer;
 use rayon::prelude::*;
 
 /// GPT-2's `<|endoftext|>`: llm.c's fineweb.py puts it before each document.
 const END_OF_TEXT: u16 = 50_256;
-
-thread_local! {
-    /// GPT-2's encoder, one a thread: threads sharing one queue for its regex's scratch
-    /// space (two threads took up to twice the time of one, measured).
-    static GPT2: tiktoken_rs::CoreBPE =
-        tiktoken_rs::r50k_base().expect("tiktoken-rs's built-in GPT-2 tables load");
-}
 
 /// `trainer tokenize`'s arguments.
 #[derive(clap::Args)]
@@ -86,18 +80,17 @@ pub fn tokenize(args: &TokenizeArgs) -> Result<Tokenized> {
         )));
     }
     refuse_existing_shards(&args.output)?;
+    let vocabulary = Vocabulary::of(tokenizer, "");
     // Each file on a thread of its own; the documents stay in the order given. Both
     // vocabularies fit in 16 bits (50,257 and 256 ids).
     let documents = (args.inputs.par_iter())
         .map(|path| {
             let text = crate::data::read_text(path)?;
-            let ids: Vec<u16> = match tokenizer {
-                Tokenizer::Gpt2 => GPT2.with(|bpe| bpe.encode_ordinary(&text)),
-                _ => text.bytes().map(u32::from).collect(),
-            }
-            .into_iter()
-            .map(|id| id as u16)
-            .collect();
+            let ids: Vec<u16> = (vocabulary.encode(&text))
+                .expect("gpt2 and bytes take any text")
+                .into_iter()
+                .map(|id| id as u16)
+                .collect();
             tracing::info!("{}: {} tokens", path.display(), ids.len());
             Ok(ids)
         })

@@ -15,6 +15,14 @@ pub struct Vocabulary {
     pub chars: String,
 }
 
+thread_local! {
+    /// GPT-2's encoder, one a thread: threads sharing tiktoken-rs's singleton queue for its
+    /// regex's scratch space (two threads took up to twice the time of one, measured in
+    /// `trainer tokenize`).
+    static GPT2: tiktoken_rs::CoreBPE =
+        tiktoken_rs::r50k_base().expect("tiktoken-rs's built-in GPT-2 tables load");
+}
+
 /// GPT-2's vocabulary: 50,000 merges, 256 bytes and `<|endoftext|>`.
 pub const GPT2_VOCABULARY: usize = 50_257;
 
@@ -49,7 +57,7 @@ impl Vocabulary {
     pub fn encode(&self, text: &str) -> std::result::Result<Vec<u32>, char> {
         match self.tokenizer {
             Tokenizer::Bytes => Ok(text.bytes().map(u32::from).collect()),
-            Tokenizer::Gpt2 => Ok(tiktoken_rs::r50k_base_singleton().encode_ordinary(text)),
+            Tokenizer::Gpt2 => Ok(GPT2.with(|bpe| bpe.encode_ordinary(text))),
             Tokenizer::Char => {
                 let chars: Vec<char> = self.chars.chars().collect();
                 text.chars()
@@ -64,7 +72,7 @@ impl Vocabulary {
         match self.tokenizer {
             Tokenizer::Bytes => vec![id as u8],
             Tokenizer::Gpt2 if (id as usize) < GPT2_VOCABULARY => {
-                (tiktoken_rs::r50k_base_singleton().decode_bytes(&[id])).unwrap_or_default()
+                GPT2.with(|bpe| bpe.decode_bytes(&[id])).unwrap_or_default()
             }
             Tokenizer::Gpt2 => Vec::new(),
             Tokenizer::Char => match self.chars.chars().nth(id as usize) {
@@ -88,8 +96,8 @@ impl Vocabulary {
                     .copied()
                     .filter(|&i| (i as usize) < GPT2_VOCABULARY)
                     .collect();
-                let bytes = tiktoken_rs::r50k_base_singleton()
-                    .decode_bytes(&known)
+                let bytes = GPT2
+                    .with(|bpe| bpe.decode_bytes(&known))
                     .unwrap_or_default();
                 String::from_utf8_lossy(&bytes).into_owned()
             }

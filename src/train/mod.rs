@@ -1452,8 +1452,6 @@ fn progress_line(row: &MetricsRow, total_steps: usize) -> String {
 mod tests {
     use super::*;
 
-    /// Where the backend cannot see each step's loss (a GPU), the error names the steps the
-    /// row averages; where it can, the first step whose loss was not finite.
     /// MFU is measured against all the replicas' datasheet peak, where it is known; a
     /// train row's log line gives it.
     #[test]
@@ -1487,6 +1485,8 @@ mod tests {
         );
     }
 
+    /// Where the backend cannot see each step's loss (a GPU), the error names the steps the
+    /// row averages; where it can, the first step whose loss was not finite.
     #[test]
     fn a_diverged_row_names_its_first_bad_step_or_else_its_steps() {
         let row = MetricsRow {
