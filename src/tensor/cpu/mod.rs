@@ -2,12 +2,15 @@
 //! for users without a GPU. Matrix products go through the `gemm` crate (AVX2/AVX-512
 //! kernels, threaded with rayon); large elementwise passes are split across the same threads.
 
+mod cross_entropy;
+
 use super::matmul::Parallelism;
 use super::{
     cast, AdamStep, Backend, Capture, HalfKind, HostIds, IdsInto, LossFn, LossStats, Matrices,
     RowsAt, SgdStep, UpdatedParams,
 };
 use crate::error::Result;
+use cross_entropy::CrossEntropyRows;
 use rayon::prelude::*;
 
 /// Elementwise passes shorter than this stay on one thread: splitting costs more than it saves.
@@ -290,33 +293,7 @@ impl Backend for CpuBackend {
         } = f
         {
             let rows = CrossEntropyRows::new(targets, n, dim, label_smoothing, ignore_index);
-            let g = rows.gradient_scale(grad_scale);
-            let (x, block) = (&out[..n * dim], SCORED_BLOCK * dim);
-            match (dout, rows.parallel()) {
-                (Some(d), false) => {
-                    let rows_of = x.chunks_exact(dim).zip(d.chunks_exact_mut(dim));
-                    let scored = rows_of
-                        .enumerate()
-                        .map(|(s, (x, d))| rows.row(s, x, g, Some(d)));
-                    add_in_order(scored, stats);
-                }
-                (None, false) => {
-                    let scored = x
-                        .chunks_exact(dim)
-                        .enumerate()
-                        .map(|(s, x)| rows.row(s, x, g, None));
-                    add_in_order(scored, stats);
-                }
-                (Some(d), true) => {
-                    let blocks = x.chunks(block).zip(d[..n * dim].chunks_mut(block));
-                    let blocks = blocks.map(|(x, d)| x.par_chunks(dim).zip(d.par_chunks_mut(dim)));
-                    rows.score(blocks, stats, |s, (x, d)| rows.row(s, x, g, Some(d)));
-                }
-                (None, true) => {
-                    let blocks = x.chunks(block).map(|x| x.par_chunks(dim));
-                    rows.score(blocks, stats, |s, x| rows.row(s, x, g, None));
-                }
-            }
+            rows.score_into(out, dout.map(|d| &mut d[..]), grad_scale, stats);
             return;
         }
         let g = grad_scale as f64 / n.max(1) as f64;
@@ -369,17 +346,7 @@ impl Backend for CpuBackend {
         stats: &mut LossStats,
     ) {
         let rows = CrossEntropyRows::new(targets, n, dim, label_smoothing, ignore_index);
-        let g = rows.gradient_scale(grad_scale);
-        let out = &mut out[..n * dim];
-        if rows.parallel() {
-            let blocks = out
-                .chunks_mut(SCORED_BLOCK * dim)
-                .map(|b| b.par_chunks_mut(dim));
-            rows.score(blocks, stats, |s, row| rows.row_in_place(s, row, g));
-        } else {
-            let rows_of = out.chunks_exact_mut(dim).enumerate();
-            add_in_order(rows_of.map(|(s, row)| rows.row_in_place(s, row, g)), stats);
-        }
+        rows.score_in_place(out, grad_scale, stats);
     }
 
     fn new_stats(&self) -> Result<LossStats> {
@@ -631,161 +598,6 @@ fn refresh_half_copy(params: &[f32], half_copy: Option<(&mut Vec<f32>, HalfKind)
                 cast::round_to_half(kind, h);
             });
     }
-}
-
-/// Loss and hit (1 or 0) for one row of logits; writes the gradient times `g` when asked.
-/// PyTorch's label smoothing: the target is (1-ε)·onehot + ε/C.
-/// A cross-entropy's rows: their labels, and which are scored.
-struct CrossEntropyRows<'a> {
-    targets: &'a [f32],
-    n: usize,
-    dim: usize,
-    smoothing: f64,
-    ignore_index: Option<u32>,
-}
-
-/// Rows of a block scored together, their results on the stack.
-const SCORED_BLOCK: usize = 64;
-/// Logits a thread takes at least: a short row's loss is not worth a task.
-const LOGITS_PER_TASK: usize = 1 << 14;
-
-impl<'a> CrossEntropyRows<'a> {
-    fn new(
-        targets: &'a [f32],
-        n: usize,
-        dim: usize,
-        smoothing: f32,
-        ignore_index: Option<u32>,
-    ) -> Self {
-        CrossEntropyRows {
-            targets,
-            n,
-            dim,
-            smoothing: smoothing as f64,
-            ignore_index,
-        }
-    }
-
-    fn ignored(&self, s: usize) -> bool {
-        (self.ignore_index).is_some_and(|i| self.targets[s] == i as f32)
-    }
-
-    /// The factor of each row's gradient: the mean over the rows scored. None scored: no
-    /// gradient (PyTorch's would be NaN).
-    fn gradient_scale(&self, grad_scale: f32) -> f64 {
-        let scored = (0..self.n).filter(|&s| !self.ignored(s)).count();
-        grad_scale as f64 / scored.max(1) as f64
-    }
-
-    /// Row `s` of logits `x`: its loss and hit, and its gradient into `grad` where given
-    /// (zeros for an ignored row, which scores nothing).
-    fn row(&self, s: usize, x: &[f32], g: f64, grad: Option<&mut [f32]>) -> Option<(f64, f64)> {
-        if self.ignored(s) {
-            grad.into_iter().for_each(|d| d.fill(0.0));
-            return None;
-        }
-        let label = self.targets[s] as usize;
-        let (loss, correct, lse) = cross_entropy_stats(x, label, self.smoothing);
-        if let Some(grad) = grad {
-            for (j, d) in grad.iter_mut().enumerate() {
-                *d = cross_entropy_grad(x[j], j, label, self.smoothing, x.len(), lse, g);
-            }
-        }
-        Some((loss, correct))
-    }
-
-    /// `row`, with the gradient written over the logits.
-    fn row_in_place(&self, s: usize, row: &mut [f32], g: f64) -> Option<(f64, f64)> {
-        if self.ignored(s) {
-            row.fill(0.0);
-            return None;
-        }
-        let label = self.targets[s] as usize;
-        let (loss, correct, lse) = cross_entropy_stats(row, label, self.smoothing);
-        for (j, d) in row.iter_mut().enumerate() {
-            *d = cross_entropy_grad(*d, j, label, self.smoothing, self.dim, lse, g);
-        }
-        Some((loss, correct))
-    }
-
-    /// Whether the rows are worth threads: a small batch's loss is not.
-    fn parallel(&self) -> bool {
-        self.n * self.dim > LOGITS_PER_TASK
-    }
-
-    /// Scores every row, `score(s, its item of blocks)`, in parallel where the rows are long,
-    /// and adds the results to `stats` in row order: the same sums, to the bit, as one
-    /// thread's. `blocks` holds the rows in blocks of `SCORED_BLOCK`, whose results are on
-    /// the stack: nothing is allocated.
-    fn score<I>(
-        &self,
-        blocks: impl Iterator<Item = I>,
-        stats: &mut LossStats,
-        score: impl Fn(usize, I::Item) -> Option<(f64, f64)> + Sync + Send,
-    ) where
-        I: IndexedParallelIterator,
-    {
-        let min_rows = LOGITS_PER_TASK.div_ceil(self.dim);
-        let mut results = [None; SCORED_BLOCK];
-        let mut first = 0;
-        for block in blocks {
-            let m = block.len();
-            (block
-                .zip(results[..m].par_iter_mut())
-                .enumerate()
-                .with_min_len(min_rows))
-            .for_each(|(i, (item, result))| *result = score(first + i, item));
-            add_in_order(results[..m].iter().copied(), stats);
-            first += m;
-        }
-    }
-}
-
-/// Adds scored rows' (loss, hit) to `stats`, in order; None is a row not scored.
-fn add_in_order(scored: impl Iterator<Item = Option<(f64, f64)>>, stats: &mut LossStats) {
-    for (loss, correct) in scored.flatten() {
-        stats.loss_sum += loss;
-        stats.correct += correct;
-        stats.samples += 1.0;
-    }
-}
-
-/// A row's loss, whether its argmax is the label, and its log-sum-exp.
-fn cross_entropy_stats(x: &[f32], label: usize, smoothing: f64) -> (f64, f64, f64) {
-    let classes = x.len();
-    let (mut max, mut argmax) = (f32::NEG_INFINITY, 0);
-    for (j, &v) in x.iter().enumerate() {
-        if v > max {
-            max = v;
-            argmax = j;
-        }
-    }
-    let max = max as f64;
-    let sum_exp: f64 = x.iter().map(|&v| (v as f64 - max).exp()).sum();
-    let log_sum_exp = max + sum_exp.ln();
-    let nll = log_sum_exp - x[label] as f64;
-    let loss = if smoothing > 0.0 {
-        let mean_nll = log_sum_exp - x.iter().map(|&v| v as f64).sum::<f64>() / classes as f64;
-        (1.0 - smoothing) * nll + smoothing * mean_nll
-    } else {
-        nll
-    };
-    (loss, f64::from(argmax == label), log_sum_exp)
-}
-
-/// d(loss)/d(x_j) · g for logit `x` of class `j`: (softmax − target) · g.
-fn cross_entropy_grad(
-    x: f32,
-    j: usize,
-    label: usize,
-    smoothing: f64,
-    classes: usize,
-    log_sum_exp: f64,
-    g: f64,
-) -> f32 {
-    let p = (x as f64 - log_sum_exp).exp();
-    let target = smoothing / classes as f64 + if j == label { 1.0 - smoothing } else { 0.0 };
-    ((p - target) * g) as f32
 }
 
 #[cfg(test)]
