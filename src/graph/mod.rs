@@ -535,6 +535,23 @@ fn objective(
                     has_accuracy: true,
                 });
             }
+            if !leading.is_empty() && data.target_dim == positions {
+                // A label per position, but not a logit per class at each: the hint is the
+                // vocabulary's size, not a flatten.
+                let fix = if last > classes {
+                    format!("set data.classes = {last} to pad the vocabulary, or make the last layer's out {classes}")
+                } else {
+                    format!("make the last layer's out {classes}")
+                };
+                return Err(Error::AtKey {
+                    message: format!(
+                        "{last_key} (the last layer) outputs {}: {last} logits at each of \
+                         {positions} positions, but the data has {classes} classes{classes_from}; {fix}",
+                        shape_str(out_shape)
+                    ),
+                    key: last_key.clone(),
+                });
+            }
             if out_shape.len() != 1 || width != classes {
                 // More outputs than labels found: classes without samples, which data.classes
                 // can name; fewer: the model is too narrow for the labels there are.

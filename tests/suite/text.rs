@@ -99,7 +99,8 @@ fn the_gpt2_tokenizer_gives_gpt2s_ids() {
 
 /// A small GPT on text through GPT-2's tokenizer, its output layer padded to 50,304 as
 /// llm.c's: it trains, saves the tokenizer, and `trainer sample` continues a prompt in it.
-/// data.classes below the vocabulary is refused.
+/// data.classes below the vocabulary is refused; a padded output layer without it is told
+/// to set it.
 #[test]
 fn a_gpt_on_gpt2_tokens_trains_and_samples() {
     let tmp = tempfile::tempdir().unwrap();
@@ -146,6 +147,26 @@ fn a_gpt_on_gpt2_tokens_trains_and_samples() {
     assert!(
         stderr(&out).contains(
             "data.classes = 1000 is smaller than the vocabulary of data.tokenizer = \"gpt2\""
+        ),
+        "{}",
+        stderr(&out)
+    );
+
+    let padded = [
+        "data.tokenizer='gpt2'",
+        "model.layers[0].num_embeddings=50304",
+        "model.layers[4].out=50304",
+    ];
+    let mut args = vec!["run", job.to_str().unwrap(), "--runs-dir"];
+    args.push(runs.to_str().unwrap());
+    args.extend(padded.iter().flat_map(|s| ["--set", *s]));
+    let out = trainer(&args);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(
+            "outputs [8, 50304]: 50304 logits at each of 8 positions, but the data has 50257 \
+             classes; set data.classes = 50304 to pad the vocabulary, or make the last layer's \
+             out 50257"
         ),
         "{}",
         stderr(&out)
