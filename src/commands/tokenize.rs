@@ -4,8 +4,10 @@
 
 use super::*;
 use crate::data::vocabulary::Vocabulary;
+use crate::data::{ShardWriter, Shards};
 use crate::spec::Tokenizer;
 use rayon::prelude::*;
+use std::io::{BufRead, Read};
 
 /// GPT-2's `<|endoftext|>`: llm.c's fineweb.py puts it before each document.
 const END_OF_TEXT: u16 = 50_256;
@@ -42,8 +44,10 @@ pub struct Tokenized {
 }
 
 impl Tokenized {
-    /// What it wrote, and the `[data]` keys that train on it.
+    /// What it wrote, and the `[data]` keys that train on it. Their paths are absolute: a
+    /// job file resolves relative ones from its own folder, not from here.
     pub fn report(&self, dir: &Path) -> String {
+        let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
         let shards = |s: &crate::data::Shards, what: &str| {
             let n = s.paths.len();
             let plural = if n == 1 { "" } else { "s" };
@@ -63,7 +67,8 @@ impl Tokenized {
     }
 }
 
-/// Tokenizes `args.inputs` and writes their shards into `args.output`.
+/// Tokenizes `args.inputs` and writes their shards into `args.output`. On failure it
+/// removes what it wrote.
 pub fn tokenize(args: &TokenizeArgs) -> Result<Tokenized> {
     let tokenizer = tokenizer_named(&args.tokenizer)?;
     if !(0.0..1.0).contains(&args.val_fraction) {
@@ -80,46 +85,279 @@ pub fn tokenize(args: &TokenizeArgs) -> Result<Tokenized> {
         )));
     }
     refuse_existing_shards(&args.output)?;
-    let vocabulary = Vocabulary::of(tokenizer, "");
-    // Each file on a thread of its own; the documents stay in the order given. Both
-    // vocabularies fit in 16 bits (50,257 and 256 ids).
-    let documents = (args.inputs.par_iter())
-        .map(|path| {
-            let text = crate::data::read_text(path)?;
-            let ids: Vec<u16> = (vocabulary.encode(&text))
-                .expect("gpt2 and bytes take any text")
-                .into_iter()
-                .map(|id| id as u16)
-                .collect();
-            tracing::info!("{}: {} tokens", path.display(), ids.len());
-            Ok(ids)
-        })
-        .collect::<Result<Vec<Vec<u16>>>>()?;
-    let mut ids: Vec<u16> = Vec::with_capacity(documents.iter().map(|d| d.len() + 1).sum());
-    for document in documents {
-        if tokenizer == Tokenizer::Gpt2 {
-            ids.push(END_OF_TEXT);
-        }
-        ids.extend(document);
+    let created = !args.output.exists();
+    std::fs::create_dir_all(&args.output)
+        .map_err(|e| Error::Runtime(format!("cannot create {}: {e}", args.output.display())))?;
+    let written = write_shards(args, tokenizer);
+    if written.is_err() {
+        remove_shards(&args.output, created);
     }
-    let val_len = (ids.len() as f64 * args.val_fraction).round() as usize;
-    if ids.len() - val_len < 2 || (args.val_fraction > 0.0 && val_len < 2) {
+    written
+}
+
+/// Shards of every token in order, before the split into train and validation.
+const UNSPLIT: &str = ".unsplit";
+
+/// Tokenizes the inputs into unsplit shards as it reads them, then splits those into train
+/// and validation shards: it holds a few pieces of text and a shard's ids at a time.
+fn write_shards(args: &TokenizeArgs, tokenizer: Tokenizer) -> Result<Tokenized> {
+    let dir = args.output.as_path();
+    let mut unsplit = ShardWriter::new(dir, UNSPLIT, args.shard_tokens);
+    let vocabulary = Vocabulary::of(tokenizer, "");
+    let mut pieces = Pieces::new(&args.inputs, PIECE_BYTES);
+    let (mut counted, mut logged) = (vec![0usize; args.inputs.len()], 0);
+    // Enough pieces to keep every thread busy, in the order read.
+    let batch_len = 2 * rayon::current_num_threads();
+    loop {
+        let batch = (0..batch_len)
+            .map_while(|_| pieces.next().transpose())
+            .collect::<Result<Vec<Piece>>>()?;
+        if batch.is_empty() {
+            break;
+        }
+        // Both vocabularies fit in 16 bits (50,257 and 256 ids).
+        let encoded: Vec<Vec<u16>> = (batch.par_iter())
+            .map(|piece| {
+                let ids = vocabulary.encode(&piece.text);
+                let ids = ids.expect("gpt2 and bytes take any text");
+                ids.into_iter().map(|id| id as u16).collect()
+            })
+            .collect();
+        for (piece, ids) in batch.iter().zip(encoded) {
+            if piece.starts_document && tokenizer == Tokenizer::Gpt2 {
+                unsplit.push(&[END_OF_TEXT])?;
+                counted[piece.file] += 1;
+            }
+            unsplit.push(&ids)?;
+            counted[piece.file] += ids.len();
+        }
+        // Files the reader has left are whole: log their counts.
+        for file in logged..pieces.file {
+            tracing::info!("{}: {} tokens", args.inputs[file].display(), counted[file]);
+        }
+        logged = pieces.file;
+    }
+    split(unsplit.finish()?, args, tokenizer)
+}
+
+/// Splits the unsplit shards into train shards and, from the last `--val-fraction` of the
+/// tokens, validation shards; each unsplit shard is removed once read.
+fn split(unsplit: Shards, args: &TokenizeArgs, tokenizer: Tokenizer) -> Result<Tokenized> {
+    let total = unsplit.tokens;
+    let val_len = (total as f64 * args.val_fraction).round() as usize;
+    if total - val_len < 2 || (args.val_fraction > 0.0 && val_len < 2) {
         return Err(Error::Job(format!(
-            "{} tokens in all: too few to split by --val-fraction {} into train and validation",
-            ids.len(),
+            "{total} tokens in all: too few to split by --val-fraction {} into train and \
+             validation",
             args.val_fraction
         )));
     }
-    std::fs::create_dir_all(&args.output)
-        .map_err(|e| Error::Runtime(format!("cannot create {}: {e}", args.output.display())))?;
-    let (train, val) = ids.split_at(ids.len() - val_len);
-    let write =
-        |prefix, ids| crate::data::write_shards(&args.output, prefix, ids, args.shard_tokens);
+    let dir = args.output.as_path();
+    let mut train = ShardWriter::new(dir, "train", args.shard_tokens);
+    let mut val = ShardWriter::new(dir, "val", args.shard_tokens);
+    let (mut at, train_len) = (0, total - val_len);
+    for path in &unsplit.paths {
+        let len = args.shard_tokens.min(total - at);
+        // A shard wholly of train ids, or wholly of validation ids, keeps its file.
+        let kept = match (at + len <= train_len, at >= train_len) {
+            (true, _) => train.adopt(path, len)?,
+            (_, true) => val.adopt(path, len)?,
+            _ => false,
+        };
+        if !kept {
+            let ids = crate::data::read_shard(path)?;
+            let cut = train_len.saturating_sub(at).min(ids.len());
+            train.push(&ids[..cut])?;
+            val.push(&ids[cut..])?;
+            std::fs::remove_file(path)
+                .map_err(|e| Error::Runtime(format!("cannot remove {}: {e}", path.display())))?;
+        }
+        at += len;
+    }
     Ok(Tokenized {
-        train: write("train", train)?,
-        val: write("val", val)?,
+        train: train.finish()?,
+        val: val.finish()?,
         tokenizer,
     })
+}
+
+/// Removes what a failed tokenize wrote: its shards, unsplit or not, and their temporary
+/// files; and the folder, where it made it. The folder held no shards before
+/// (`refuse_existing_shards`), so every shard there is this call's.
+fn remove_shards(dir: &Path, created: bool) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let name = name.trim_start_matches('.');
+        let ours = ["train_", "val_", &UNSPLIT[1..]]
+            .iter()
+            .any(|prefix| name.starts_with(prefix));
+        if ours && (name.ends_with(".bin") || name.ends_with(".bin.tmp")) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+    if created {
+        let _ = std::fs::remove_dir(dir);
+    }
+}
+
+/// Bytes of text a task encodes at a time: about a tenth of a second of one thread's work.
+const PIECE_BYTES: usize = 1 << 20;
+
+/// A piece of one input file's text.
+struct Piece {
+    text: String,
+    /// Which input it is from.
+    file: usize,
+    /// Whether it is its file's first: a document starts there.
+    starts_document: bool,
+}
+
+/// The inputs' text in order, a piece of about `piece_bytes` at a time. A piece ends just
+/// after a line break that stands between two printable ASCII characters, or at the end
+/// of its file. GPT-2's pre-tokenizer cuts text there anyway (the break is a word of its
+/// own), so the pieces' ids are the whole text's. A file without such a break is one piece.
+struct Pieces<'a> {
+    inputs: &'a [PathBuf],
+    piece_bytes: usize,
+    /// The file being read, its index, and how far (its uncompressed bytes) it is read.
+    file: usize,
+    reader: Option<Box<dyn Read + Send>>,
+    gzip: bool,
+    offset: usize,
+    /// Bytes read and not yet given out; the end of the file has been reached when `ended`.
+    buffer: Vec<u8>,
+    ended: bool,
+    started: bool,
+}
+
+impl<'a> Pieces<'a> {
+    fn new(inputs: &'a [PathBuf], piece_bytes: usize) -> Self {
+        Pieces {
+            inputs,
+            piece_bytes,
+            file: 0,
+            reader: None,
+            gzip: false,
+            offset: 0,
+            buffer: Vec::new(),
+            ended: false,
+            started: false,
+        }
+    }
+
+    /// The next piece, or None after the last file.
+    fn next(&mut self) -> Result<Option<Piece>> {
+        loop {
+            if self.file == self.inputs.len() {
+                return Ok(None);
+            }
+            if self.reader.is_none() {
+                self.open()?;
+            }
+            let searched = self.buffer.len().saturating_sub(2);
+            if !self.ended {
+                self.read_more()?;
+            }
+            let cut = match self.ended {
+                true => Some(self.buffer.len()),
+                false => safe_cut(&self.buffer, searched),
+            };
+            match cut {
+                Some(0) => {
+                    // An empty file is a document too: <|endoftext|> stands for it.
+                    let first = !self.started;
+                    self.next_file();
+                    if first {
+                        return Ok(Some(self.piece(Vec::new(), self.file - 1, true)?));
+                    }
+                }
+                Some(cut) => {
+                    let rest = self.buffer.split_off(cut);
+                    let text = std::mem::replace(&mut self.buffer, rest);
+                    let (file, first) = (self.file, !self.started);
+                    self.started = true;
+                    let piece = self.piece(text, file, first)?;
+                    self.offset += cut;
+                    if self.ended && self.buffer.is_empty() {
+                        self.next_file();
+                    }
+                    return Ok(Some(piece));
+                }
+                None => {}
+            }
+        }
+    }
+
+    fn piece(&self, text: Vec<u8>, file: usize, starts_document: bool) -> Result<Piece> {
+        let text = String::from_utf8(text).map_err(|e| {
+            let at = self.offset + e.utf8_error().valid_up_to();
+            Error::Job(format!(
+                "{}: not UTF-8 text (byte {at})",
+                self.inputs[file].display()
+            ))
+        })?;
+        Ok(Piece {
+            text,
+            file,
+            starts_document,
+        })
+    }
+
+    fn open(&mut self) -> Result<()> {
+        let path = &self.inputs[self.file];
+        let unreadable = |e: std::io::Error| Error::UnreadableData {
+            path: path.clone(),
+            message: format!("cannot read data file {}: {e}", path.display()),
+        };
+        let mut file = std::io::BufReader::new(std::fs::File::open(path).map_err(unreadable)?);
+        self.gzip = file
+            .fill_buf()
+            .map_err(unreadable)?
+            .starts_with(&[0x1f, 0x8b]);
+        self.reader = Some(match self.gzip {
+            true => Box::new(flate2::read::MultiGzDecoder::new(file)),
+            false => Box::new(file),
+        });
+        Ok(())
+    }
+
+    /// Reads up to `piece_bytes` more; fewer means the file has ended.
+    fn read_more(&mut self) -> Result<()> {
+        let reader = self.reader.as_mut().expect("opened");
+        let want = self.piece_bytes as u64;
+        let read = reader.take(want).read_to_end(&mut self.buffer);
+        let read = read.map_err(|e| {
+            let path = &self.inputs[self.file];
+            match self.gzip {
+                true => Error::Job(format!("{}: corrupt gzip data: {e}", path.display())),
+                false => Error::UnreadableData {
+                    path: path.clone(),
+                    message: format!("cannot read data file {}: {e}", path.display()),
+                },
+            }
+        })?;
+        self.ended = (read as u64) < want;
+        Ok(())
+    }
+
+    fn next_file(&mut self) {
+        self.file += 1;
+        self.reader = None;
+        self.buffer.clear();
+        (self.offset, self.ended, self.started) = (0, false, false);
+    }
+}
+
+/// The last place in `text`, at or after `from`, just after a line break between two
+/// printable ASCII characters; None where there is none.
+fn safe_cut(text: &[u8], from: usize) -> Option<usize> {
+    let printable = |b: u8| b.is_ascii_graphic();
+    (from.max(2)..text.len())
+        .rev()
+        .find(|&p| text[p - 1] == b'\n' && printable(text[p - 2]) && printable(text[p]))
 }
 
 /// The tokenizer `--tokenizer` names: one whose vocabulary token files can stand for.
@@ -154,5 +392,64 @@ fn refuse_existing_shards(dir: &Path) -> Result<()> {
             name.to_string_lossy()
         ))),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read_all(inputs: &[PathBuf], piece_bytes: usize) -> Result<Vec<Piece>> {
+        let mut pieces = Pieces::new(inputs, piece_bytes);
+        std::iter::from_fn(|| pieces.next().transpose()).collect()
+    }
+
+    /// The bundled Shakespeare (gzip) in pieces of about 1,000 bytes: together they are the
+    /// text, and their GPT-2 ids are the whole text's.
+    #[test]
+    fn pieces_give_the_whole_texts_ids() {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("jobs/data/shakespeare.txt.gz");
+        let whole = crate::data::read_text(&path).unwrap();
+        let pieces = read_all(std::slice::from_ref(&path), 1000).unwrap();
+        assert!(pieces.len() > 500, "{} pieces", pieces.len());
+        assert!(pieces[0].starts_document && pieces[1..].iter().all(|p| !p.starts_document));
+        let text: String = pieces.iter().map(|p| p.text.as_str()).collect();
+        assert_eq!(text, whole);
+        let gpt2 = Vocabulary::of(Tokenizer::Gpt2, "");
+        let ids: Vec<u32> = (pieces.iter())
+            .flat_map(|p| gpt2.encode(&p.text).unwrap())
+            .collect();
+        assert_eq!(ids, gpt2.encode(&whole).unwrap());
+    }
+
+    /// Edge cases: a file without a line break is one piece; an empty file is one empty
+    /// document; a byte that is not UTF-8 is named by its place in its file.
+    #[test]
+    fn pieces_of_odd_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let file = |name: &str, bytes: &[u8]| {
+            let path = tmp.path().join(name);
+            std::fs::write(&path, bytes).unwrap();
+            path
+        };
+        let (long, empty) = (file("long.txt", &[b'x'; 5000]), file("empty.txt", b""));
+        let lines = file("lines.txt", "word.\n".repeat(1000).as_bytes());
+        let pieces = read_all(&[long, empty, lines.clone()], 100).unwrap();
+        let summary: Vec<(usize, bool, usize)> = (pieces.iter())
+            .map(|p| (p.file, p.starts_document, p.text.len()))
+            .take(3)
+            .collect();
+        assert_eq!(summary, [(0, true, 5000), (1, true, 0), (2, true, 96)]);
+        let third: String = pieces[2..].iter().map(|p| p.text.as_str()).collect();
+        assert_eq!(third, "word.\n".repeat(1000));
+
+        let mut bad = "word.\n".repeat(100).into_bytes();
+        bad.extend_from_slice(b"caf\xe9\n");
+        let bad = file("bad.txt", &bad);
+        let error = read_all(&[lines, bad], 100).err().unwrap().to_string();
+        assert!(
+            error.ends_with("bad.txt: not UTF-8 text (byte 603)"),
+            "{error}"
+        );
     }
 }

@@ -14,7 +14,7 @@ pub use order::EpochOrder;
 pub use preprocess::Preprocess;
 pub(crate) use sources::{idx_images, read_text};
 pub use token_ids::TokenIds;
-pub use tokens::{write_shards, Shards};
+pub use tokens::{read_shard, ShardWriter, Shards};
 
 use crate::error::{Error, Result};
 use crate::spec::{DataPlacement, DataSource, DataSpec, Task};

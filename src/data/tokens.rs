@@ -207,24 +207,105 @@ fn llmc_body(name: &str, header: &[u8], len: usize) -> Result<(std::ops::Range<u
     Ok((body, width))
 }
 
-/// Shards written by `write_shards`: their paths, and the ids in each.
+/// The ids of a shard a `ShardWriter` wrote (llm.c's format, version 1).
+pub fn read_shard(path: &Path) -> Result<Vec<u16>> {
+    let name = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|e| Error::UnreadableData {
+        path: path.to_path_buf(),
+        message: format!("cannot read data file {name}: {e}"),
+    })?;
+    let (body, _) = llmc_body(&name, &bytes[..bytes.len().min(HEADER_BYTES)], bytes.len())?;
+    Ok(bytes[body]
+        .chunks_exact(2)
+        .map(|b| u16::from_le_bytes([b[0], b[1]]))
+        .collect())
+}
+
+/// Shards written by a `ShardWriter`: their paths, and the ids in all of them.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Shards {
     pub paths: Vec<PathBuf>,
     pub tokens: usize,
 }
 
-/// Writes `ids` as llm.c token files of at most `per_shard` ids each (uint16, version 1):
-/// `dir/{prefix}_000000.bin`, then 000001 and on. Each goes by a temporary name, is put on
-/// disk and then renamed, so a shard that exists is whole.
-pub fn write_shards(dir: &Path, prefix: &str, ids: &[u16], per_shard: usize) -> Result<Shards> {
-    let mut shards = Shards::default();
-    for (k, chunk) in ids.chunks(per_shard.max(1)).enumerate() {
+/// Writes ids as llm.c token files of `per_shard` ids each (uint16, version 1), the last
+/// shorter: `dir/{prefix}_000000.bin`, then 000001 and on. It holds at most one shard's ids.
+/// Each shard goes by a temporary name, is put on disk and then renamed, so a shard that
+/// exists is whole.
+pub struct ShardWriter<'a> {
+    dir: &'a Path,
+    prefix: &'static str,
+    per_shard: usize,
+    pending: Vec<u16>,
+    written: Shards,
+}
+
+impl<'a> ShardWriter<'a> {
+    pub fn new(dir: &'a Path, prefix: &'static str, per_shard: usize) -> Self {
+        ShardWriter {
+            dir,
+            prefix,
+            per_shard: per_shard.max(1),
+            pending: Vec::new(),
+            written: Shards::default(),
+        }
+    }
+
+    /// Adds `ids` after those before, writing each shard as it fills.
+    pub fn push(&mut self, mut ids: &[u16]) -> Result<()> {
+        while !ids.is_empty() {
+            let room = self.per_shard - self.pending.len();
+            let (now, rest) = ids.split_at(room.min(ids.len()));
+            self.pending.extend_from_slice(now);
+            if self.pending.len() == self.per_shard {
+                self.write_pending()?;
+            }
+            ids = rest;
+        }
+        Ok(())
+    }
+
+    /// Takes `path`, a shard of `len` ids another writer wrote, as this one's next shard, by
+    /// renaming it; false where this one holds ids of its own. A shard shorter than
+    /// `per_shard` must be the last.
+    pub fn adopt(&mut self, path: &Path, len: usize) -> Result<bool> {
+        if !self.pending.is_empty() {
+            return Ok(false);
+        }
+        let k = self.written.paths.len();
+        let to = self.dir.join(format!("{}_{k:06}.bin", self.prefix));
+        std::fs::rename(path, &to).map_err(|e| {
+            Error::Runtime(format!(
+                "cannot rename {} to {}: {e}",
+                path.display(),
+                to.display()
+            ))
+        })?;
+        self.written.paths.push(to);
+        self.written.tokens += len;
+        Ok(true)
+    }
+
+    /// Writes the last, shorter shard, and says what was written.
+    pub fn finish(mut self) -> Result<Shards> {
+        if !self.pending.is_empty() {
+            self.write_pending()?;
+        }
+        Ok(self.written)
+    }
+
+    fn write_pending(&mut self) -> Result<()> {
+        let k = self.written.paths.len();
+        let (dir, prefix) = (self.dir, self.prefix);
         let path = dir.join(format!("{prefix}_{k:06}.bin"));
         let tmp = dir.join(format!(".{prefix}_{k:06}.bin.tmp"));
         let mut header = [0i32; 256];
-        header[..3].copy_from_slice(&[LLMC_MAGIC, 1, chunk.len() as i32]);
-        let ids: Vec<u8> = chunk.iter().flat_map(|id| id.to_le_bytes()).collect();
+        header[..3].copy_from_slice(&[LLMC_MAGIC, 1, self.pending.len() as i32]);
+        let ids: Vec<u8> = self
+            .pending
+            .iter()
+            .flat_map(|id| id.to_le_bytes())
+            .collect();
         let written = std::fs::File::create(&tmp).and_then(|mut f| {
             use std::io::Write;
             f.write_all(bytemuck::cast_slice(&header.map(i32::to_le)))?;
@@ -240,10 +321,11 @@ pub fn write_shards(dir: &Path, prefix: &str, ids: &[u16], per_shard: usize) -> 
                 path.display()
             )));
         }
-        shards.paths.push(path);
-        shards.tokens += chunk.len();
+        self.written.paths.push(path);
+        self.written.tokens += self.pending.len();
+        self.pending.clear();
+        Ok(())
     }
-    Ok(shards)
 }
 
 #[cfg(test)]
