@@ -132,8 +132,11 @@ fn write_shards(args: &TokenizeArgs, tokenizer: Tokenizer) -> Result<Tokenized> 
             counted[piece.file] += ids.len();
         }
         // Files the reader has left are whole: log their counts.
-        for file in logged..pieces.file {
-            tracing::info!("{}: {} tokens", args.inputs[file].display(), counted[file]);
+        let left = args.inputs[logged..pieces.file]
+            .iter()
+            .zip(&counted[logged..]);
+        for (path, tokens) in left {
+            tracing::info!("{}: {tokens} tokens", path.display());
         }
         logged = pieces.file;
     }
