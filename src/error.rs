@@ -73,11 +73,12 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
-/// An error with model.layers[`i`], a `kind` layer: "model.layers[3] (conv2d): `what`".
-pub fn layer_error(i: usize, kind: &str, what: impl fmt::Display) -> Error {
+/// An error with the layer at `key` (`ModelSpec::layer_key`), a `kind` layer:
+/// "model.layers[3] (conv2d): `what`".
+pub fn layer_error(key: &str, kind: &str, what: impl fmt::Display) -> Error {
     Error::AtKey {
-        key: format!("model.layers[{i}]"),
-        message: format!("model.layers[{i}] ({kind}): {what}"),
+        key: key.to_string(),
+        message: format!("{key} ({kind}): {what}"),
     }
 }
 

@@ -256,15 +256,19 @@ fn model_for(job: &Path, sets: &[String], spec: &JobSpec, data: &Data) -> Result
             };
             // A key other than a layer (the loss for targets it cannot take, the input
             // shape) is credited to its own source alone.
-            if !key.starts_with("model.layers") {
+            if !key.starts_with("model.layers") && !key.starts_with("model.blocks") {
                 return Error::Job(format!("{}: {m}", sources.of(&key)));
             }
             let from = sources.of(&key);
             let mut notes = Vec::new();
             // What it is given may come from elsewhere: a --set of another layer, the shape.
-            let layers = sources.of("model.layers");
+            let list = match key.starts_with("model.blocks") {
+                true => "model.blocks",
+                false => "model.layers",
+            };
+            let layers = sources.of(list);
             if layers != from {
-                notes.push(format!("model.layers is changed by {layers}"));
+                notes.push(format!("{list} is changed by {layers}"));
             }
             let shape_from = sources.of("model.input_shape");
             if let Some(shape) = spec
@@ -317,12 +321,8 @@ fn check_batch_norm_batches(
     graph: &Graph,
     train_len: usize,
 ) -> Result<()> {
-    let one_per_channel = graph
-        .layers
-        .iter()
-        .enumerate()
-        .find(|(_, l)| l.op.properties().one_value_per_channel);
-    let Some((i, layer)) = one_per_channel else {
+    let one_per_channel = (graph.layers.iter()).find(|l| l.op.properties().one_value_per_channel);
+    let Some(layer) = one_per_channel else {
         return Ok(());
     };
     let (batch, replicas) = (spec.batch_size(), spec.parallel.replicas().unwrap_or(1));
@@ -346,10 +346,11 @@ fn check_batch_norm_batches(
         r => format!(" split among {r} replicas, one of which gets 1"),
     };
     Err(Error::Job(format!(
-        "{}: model.layers[{i}] ({}) would train on {which}, {n} sample{}{share}: one value per \
+        "{}: {} ({}) would train on {which}, {n} sample{}{share}: one value per \
          channel, whose variance is 0 (PyTorch refuses to train on it); {fix} ({train_len} \
          training samples)",
         job.display(),
+        layer.key,
         layer.kind,
         if n == 1 { "" } else { "s" }
     )))
@@ -420,9 +421,10 @@ fn check_token_ids(job: &Path, graph: &Graph, data: &Data) -> Result<()> {
         };
         if let Some((v, place)) = outside {
             return Err(Error::Job(format!(
-                "{}: model.layers[{layer}] (embedding): the {split} data holds {v} ({place}), \
+                "{}: {} (embedding): the {split} data holds {v} ({place}), \
                  but token ids must be whole numbers in [0, {vocab}) (num_embeddings{}){}",
                 job.display(),
+                graph.layers[layer].key,
                 if embeddings.len() > 1 {
                     ", the smallest of the embeddings'"
                 } else {

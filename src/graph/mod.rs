@@ -27,6 +27,8 @@ pub struct Layer {
     pub kind: &'static str,
     /// The spec's `name`, if any.
     pub name: Option<String>,
+    /// Where the job writes it (`ModelSpec::layer_key`): errors name it.
+    pub key: String,
     /// The nodes it reads (see `wiring`): node 0 is the data, node i+1 layer i's output.
     pub inputs: Vec<usize>,
     pub op: Op,
@@ -134,7 +136,7 @@ impl Graph {
             Some(shape) => shape.clone(),
             None => data.sample_shape.clone(),
         };
-        let wiring = wiring::resolve(&spec.model.layers)?;
+        let wiring = wiring::resolve(&spec.model)?;
         let mut node_shapes = vec![input_shape.clone()];
         // Per node: the data itself, or a view of it.
         let mut reads_data = vec![true];
@@ -149,8 +151,9 @@ impl Graph {
                 .filter_map(|l: &Layer| Some((l.name.as_deref()?, &l.op)))
                 .collect();
             let offset_before = offset;
+            let key = spec.model.layer_key(i);
             let mut at = Build {
-                layer: i,
+                key: &key,
                 in_shapes: &in_shapes,
                 reads_data: reads_data[inputs[0]],
                 offset: &mut offset,
@@ -162,7 +165,7 @@ impl Graph {
             if decoding.is_some() && !op.properties().one_position_at_a_time {
                 let why = "it reads the whole sequence at once; a model that reads one token a \
                            step (a key/value cache) needs layers that read one position at a time";
-                return Err(layer_error(i, kind, why));
+                return Err(layer_error(&key, kind, why));
             }
             // Only the tensors it holds itself: a tied weight is its earlier layer's.
             let own = |t: &&crate::ops::ParamTensor| t.offset >= offset_before;
@@ -173,7 +176,7 @@ impl Graph {
                 .map(|t| numel(&t.shape))
                 .sum();
             sample_values += values(&out_shape);
-            let too_large = |what: String| Err(layer_error(i, kind, what));
+            let too_large = |what: String| Err(layer_error(&key, kind, what));
             if sample_values > MAX_SAMPLE_VALUES {
                 return too_large(format!(
                     "the layers up to this one output {sample_values} values per sample (this \
@@ -192,6 +195,7 @@ impl Graph {
             layers.push(Layer {
                 kind,
                 name: entry.name.clone(),
+                key,
                 inputs,
                 op,
                 in_shape,
@@ -207,7 +211,8 @@ impl Graph {
             });
         }
         let output_shape = node_shapes.last().expect("the input node");
-        let objective = objective(spec, data, output_shape, layers.len())?;
+        let last = layers.last().expect("a layer with parameters");
+        let objective = objective(spec, data, output_shape, &last.key)?;
         let checkpoint_segments = match &spec.checkpoint.activations {
             None | Some(ActivationCheckpointing::Mode(ActivationMode::None)) => None,
             Some(ActivationCheckpointing::Mode(ActivationMode::All)) => {
@@ -473,10 +478,9 @@ fn objective(
     spec: &JobSpec,
     data: &DataShape,
     out_shape: &[usize],
-    layers: usize,
+    last_key: &str,
 ) -> Result<Objective> {
     let width = numel(out_shape);
-    let last_key = format!("model.layers[{}]", layers.saturating_sub(1));
     let values = match width {
         1 => "1 value".to_string(),
         n => format!("{n} values"),
@@ -497,7 +501,7 @@ fn objective(
                 "{last_key} (the last layer) outputs {} ({values} per sample) but {what}{flatten}",
                 shape_str(out_shape)
             ),
-            key: last_key.clone(),
+            key: last_key.to_string(),
         })
     };
     match spec.loss.kind {
@@ -549,7 +553,7 @@ fn objective(
                          {positions} positions, but the data has {classes} classes{classes_from}; {fix}",
                         shape_str(out_shape)
                     ),
-                    key: last_key.clone(),
+                    key: last_key.to_string(),
                 });
             }
             if out_shape.len() != 1 || width != classes {

@@ -290,9 +290,9 @@ impl<B: Engine> Network<B> {
         // Dropout draws a new mask every micro-step from a key passed by value.
         let layers = &self.graph.layers;
         if let Some(i) = layers.iter().position(|l| l.op.properties().draws_masks) {
-            let kind = layers[i].kind;
+            let (key, kind) = (&layers[i].key, layers[i].kind);
             return Err(format!(
-                "model.layers[{i}] ({kind}) draws a new dropout mask every step"
+                "{key} ({kind}) draws a new dropout mask every step"
             ));
         }
         self.graphs.enable();

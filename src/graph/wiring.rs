@@ -3,16 +3,18 @@
 //! Node 0 is the data, node i+1 the output of layer i. Errors name the layers involved.
 
 use crate::error::{Error, Result};
-use crate::spec::ModelLayer;
+use crate::spec::ModelSpec;
 use std::collections::HashMap;
 
 /// The name `inputs` use for the data.
 pub const INPUT: &str = "input";
 
-fn label(i: usize, l: &ModelLayer) -> String {
+/// Layer `i` as errors name it: its key in the job, its kind and its name.
+fn label(model: &ModelSpec, i: usize) -> String {
+    let (key, l) = (model.layer_key(i), &model.layers[i]);
     match &l.name {
-        Some(name) => format!("model.layers[{i}] ({} \"{name}\")", l.layer.kind()),
-        None => format!("model.layers[{i}] ({})", l.layer.kind()),
+        Some(name) => format!("{key} ({} \"{name}\")", l.layer.kind()),
+        None => format!("{key} ({})", l.layer.kind()),
     }
 }
 
@@ -49,7 +51,9 @@ fn unusable(name: &str) -> Option<&'static str> {
 }
 
 /// The input nodes of every layer.
-pub fn resolve(layers: &[ModelLayer]) -> Result<Vec<Vec<usize>>> {
+pub fn resolve(model: &ModelSpec) -> Result<Vec<Vec<usize>>> {
+    let layers = &model.layers;
+    let label = |i: usize| label(model, i);
     let mut problems = Vec::new();
     // The first layer with a problem: the error is credited to where it was set.
     let mut first = None;
@@ -65,17 +69,18 @@ pub fn resolve(layers: &[ModelLayer]) -> Result<Vec<Vec<usize>>> {
                     i,
                     format!(
                         "{}: the name \"{name}\" is reserved; choose another",
-                        label(i, l)
+                        label(i)
                     ),
                 );
             } else if let Some(why) = unusable(name) {
-                problem(i, format!("{}: the name \"{name}\" {why}", label(i, l)));
+                problem(i, format!("{}: the name \"{name}\" {why}", label(i)));
             } else if let Some(&first) = layer_of.get(name) {
                 problem(
                     i,
                     format!(
-                        "{}: the name \"{name}\" is already model.layers[{first}]'s",
-                        label(i, l)
+                        "{}: the name \"{name}\" is already {}'s",
+                        label(i),
+                        model.layer_key(first)
                     ),
                 );
             } else {
@@ -99,11 +104,12 @@ pub fn resolve(layers: &[ModelLayer]) -> Result<Vec<Vec<usize>>> {
                             problem(
                                 i,
                                 format!(
-                                "{}: input \"{name}\" is model.layers[{j}], which does not come \
-                                 before it; a layer can only take earlier layers' outputs (the \
-                                 graph must have no cycles)",
-                                label(i, l)
-                            ),
+                                    "{}: input \"{name}\" is {}, which does not come before it; a \
+                                 layer can only take earlier layers' outputs (the graph must \
+                                 have no cycles)",
+                                    label(i),
+                                    model.layer_key(j)
+                                ),
                             );
                             None
                         }
@@ -119,8 +125,9 @@ pub fn resolve(layers: &[ModelLayer]) -> Result<Vec<Vec<usize>>> {
                                 .filter(|&j| j < i && layers[j].name.is_none())
                                 .map_or(String::new(), |j| {
                                     format!(
-                                        " (model.layers[{j}] has no name: give it one, e.g. \
-                                         name = \"layer{j}\", and use that)"
+                                        " ({} has no name: give it one, e.g. name = \
+                                         \"layer{j}\", and use that)",
+                                        model.layer_key(j)
                                     )
                                 });
                             problem(
@@ -128,7 +135,7 @@ pub fn resolve(layers: &[ModelLayer]) -> Result<Vec<Vec<usize>>> {
                                 format!(
                                     "{}: input \"{name}\" is not the name of an earlier layer; \
                                  known: {}{unnamed}",
-                                    label(i, l),
+                                    label(i),
                                     known.join(", ")
                                 ),
                             );
@@ -143,14 +150,14 @@ pub fn resolve(layers: &[ModelLayer]) -> Result<Vec<Vec<usize>>> {
         if many && given < 2 {
             problem(i, format!(
                 "{}: takes two or more inputs, {given} given; name them with inputs = [\"a\", \"b\"]",
-                label(i, l)
+                label(i)
             ));
         } else if !many && given != 1 {
             problem(
                 i,
                 format!(
                     "{}: takes one input, {given} given (add or concat combine several)",
-                    label(i, l)
+                    label(i)
                 ),
             );
         }
@@ -163,18 +170,14 @@ pub fn resolve(layers: &[ModelLayer]) -> Result<Vec<Vec<usize>>> {
             used[n] = true;
         }
     }
-    for (i, l) in layers
-        .iter()
-        .enumerate()
-        .take(layers.len().saturating_sub(1))
-    {
+    for i in 0..layers.len().saturating_sub(1) {
         if !used[i + 1] {
             problem(
                 i,
                 format!(
                     "{}: its output is not used by any layer (only the last layer's output is the \
                  model's); name it in a later layer's inputs, or remove it",
-                    label(i, l)
+                    label(i)
                 ),
             );
         }
@@ -182,7 +185,7 @@ pub fn resolve(layers: &[ModelLayer]) -> Result<Vec<Vec<usize>>> {
     match first {
         None => Ok(wiring),
         Some(i) => Err(Error::AtKey {
-            key: format!("model.layers[{i}]"),
+            key: model.layer_key(i),
             message: problems.join("\n"),
         }),
     }
@@ -192,12 +195,8 @@ pub fn resolve(layers: &[ModelLayer]) -> Result<Vec<Vec<usize>>> {
 mod tests {
     use super::*;
 
-    fn layers(toml_text: &str) -> Vec<ModelLayer> {
-        #[derive(serde::Deserialize)]
-        struct M {
-            layers: Vec<ModelLayer>,
-        }
-        toml::from_str::<M>(toml_text).unwrap().layers
+    fn layers(toml_text: &str) -> ModelSpec {
+        toml::from_str(toml_text).unwrap()
     }
 
     #[test]

@@ -163,8 +163,8 @@ pub struct SavedState {
 /// Where an op is built: its layer's place, its inputs' shapes, and the flat parameter
 /// buffer so far.
 pub struct Build<'a> {
-    /// Its index in model.layers.
-    pub layer: usize,
+    /// Its key in the job (`ModelSpec::layer_key`), which errors name.
+    pub key: &'a str,
     /// The per-sample shape of each input.
     pub in_shapes: &'a [&'a [usize]],
     /// Whether its first input is the data itself, or a view of it.
@@ -201,6 +201,6 @@ impl Build<'_> {
 
     /// An error naming this layer and its kind.
     pub fn error(&self, kind: &str, message: impl std::fmt::Display) -> Error {
-        layer_error(self.layer, kind, message)
+        layer_error(self.key, kind, message)
     }
 }

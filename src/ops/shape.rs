@@ -40,11 +40,11 @@ pub fn reserve(offset: &mut usize, len: usize) -> usize {
 }
 
 /// The [channels, height, width] of an image layer's input.
-pub(super) fn chw(i: usize, kind: &str, in_shape: &[usize]) -> Result<(usize, usize, usize)> {
+pub(super) fn chw(key: &str, kind: &str, in_shape: &[usize]) -> Result<(usize, usize, usize)> {
     match *in_shape {
         [c, h, w] => Ok((c, h, w)),
         _ => Err(layer_error(
-            i,
+            key,
             kind,
             format!(
                 "its input has shape {} but {kind} needs [channels, height, \

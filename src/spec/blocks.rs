@@ -11,9 +11,11 @@ pub const BLOCK_INPUT: &str = "block_input";
 pub fn expand(model: &mut ModelSpec) -> Result<()> {
     let blocks = std::mem::take(&mut model.blocks);
     let mut layers = Vec::with_capacity(model.layers.len());
+    let mut keys = Vec::with_capacity(model.layers.len());
     for (i, entry) in model.layers.iter().cloned().enumerate() {
         let LayerSpec::Repeat(repeat) = &entry.layer else {
             layers.push(entry);
+            keys.push(format!("model.layers[{i}]"));
             continue;
         };
         let key = format!("model.layers[{i}]");
@@ -77,6 +79,7 @@ pub fn expand(model: &mut ModelSpec) -> Result<()> {
                     }
                 }
                 layers.push(layer);
+                keys.push(format!("{block_key}[{j}]"));
             }
             input = layers.last().and_then(|l| l.name.clone());
         }
@@ -90,6 +93,7 @@ pub fn expand(model: &mut ModelSpec) -> Result<()> {
         return Err(at(&format!("model.blocks.{unused}"), why));
     }
     model.layers = layers;
+    model.layer_keys = keys;
     Ok(())
 }
 

@@ -380,6 +380,18 @@ pub struct ModelSpec {
     /// wte → transformer.wte, h3_attn_c_attn → transformer.h.3.attn.c_attn, lm_head).
     #[serde(default)]
     pub state_dict_names: StateDictNames,
+    /// Where each layer is written in the job, once `repeat` layers are written out:
+    /// `model.layers[i]`, or `model.blocks.NAME[j]` for a block's layer. Errors name these.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub layer_keys: Vec<String>,
+}
+
+impl ModelSpec {
+    /// The job's key of layer `i` (`layer_keys`), or `model.layers[i]`.
+    pub fn layer_key(&self, i: usize) -> String {
+        (self.layer_keys.get(i).cloned()).unwrap_or_else(|| format!("model.layers[{i}]"))
+    }
 }
 
 /// How parameter tensors are named in a state_dict.

@@ -273,9 +273,14 @@ fn validate_model(m: &ModelSpec, p: &mut Problems) {
         "model.layers",
         "is empty; a model needs at least one layer",
     );
+    // A block's layer is checked once, not once a copy.
+    let mut checked = std::collections::HashSet::new();
     for (i, layer) in m.layers.iter().enumerate() {
-        for (name, message) in layer.layer.problems().found {
-            p.add(&format!("model.layers[{i}].{name}"), message);
+        let key = m.layer_key(i);
+        if checked.insert(key.clone()) {
+            for (name, message) in layer.layer.problems().found {
+                p.add(&format!("{key}.{name}"), message);
+            }
         }
     }
     if let Some(shape) = &m.input_shape {

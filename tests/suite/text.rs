@@ -621,6 +621,36 @@ fn metrics_without_timing(dir: &Path) -> Vec<String> {
         .collect()
 }
 
+/// An error in a repeated block's layer names the block's key, as the job writes it, and
+/// where the bad value came from: not the layer's place once the copies are written out.
+#[test]
+fn errors_in_a_repeated_block_name_the_blocks_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = small_gpt(tmp.path());
+    let refused = |set: &str, want: &str| {
+        let out = trainer(&["check", job.to_str().unwrap(), "--set", set]);
+        assert_eq!(out.status.code(), Some(2), "{set}: {}", stderr(&out));
+        assert!(stderr(&out).contains(want), "{set}: {}", stderr(&out));
+        assert!(
+            !stderr(&out).contains("model.layers[4]"),
+            "{}",
+            stderr(&out)
+        );
+        stderr(&out)
+    };
+    refused(
+        "model.blocks.h[2].heads=3",
+        "--set model.blocks.h[2].heads: model.blocks.h[2] (attention): ",
+    );
+    let copies = refused("model.blocks.h[2].heads=0", "model.blocks.h[2].heads");
+    let once = "key `model.blocks.h[2].heads`: 0 given";
+    assert_eq!(copies.matches(once).count(), 1, "not once a copy: {copies}");
+    refused(
+        "model.blocks.h[4].inputs=['nowhere', 'attn_c_proj']",
+        "model.blocks.h[4] (add \"h0_attn_out\"): input \"nowhere\" is not the name",
+    );
+}
+
 /// Dropout on the small GPT's attention probabilities, as `--set` arguments.
 const ATTENTION_DROPOUT: [&str; 2] = ["--set", "model.blocks.h[2].dropout=0.2"];
 

@@ -73,7 +73,7 @@ pub fn build_1d(spec: &BatchNormSpec, at: &mut Build) -> Result<(Op, Vec<usize>)
 
 /// Over [channels, height, width] samples.
 pub fn build_2d(spec: &BatchNormSpec, at: &mut Build) -> Result<(Op, Vec<usize>)> {
-    let (c, h, w) = chw(at.layer, "batchnorm2d", at.in_shape())?;
+    let (c, h, w) = chw(at.key, "batchnorm2d", at.in_shape())?;
     Ok(build(spec, c, h * w, at))
 }
 

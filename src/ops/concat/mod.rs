@@ -115,7 +115,7 @@ mod tests {
     fn concat(shapes: &[&[usize]]) -> Result<Vec<usize>> {
         let mut offset = 0;
         let mut at = Build {
-            layer: 3,
+            key: "model.layers[3]",
             in_shapes: shapes,
             reads_data: false,
             offset: &mut offset,

@@ -116,7 +116,7 @@ pub struct Conv2d {
 }
 
 pub fn build(l: &Conv2dSpec, at: &mut Build) -> Result<(Op, Vec<usize>)> {
-    let (c, h, w) = chw(at.layer, "conv2d", at.in_shape())?;
+    let (c, h, w) = chw(at.key, "conv2d", at.in_shape())?;
     let err = |m: String| Err(at.error("conv2d", m));
     if let Some(given) = l.in_channels {
         if given != c {

@@ -67,7 +67,7 @@ fn build(kind: PoolKind, l: &PoolSpec, at: &mut Build) -> Result<(Op, Vec<usize>
     } else {
         "avgpool2d"
     };
-    let (c, h, w) = chw(at.layer, name, at.in_shape())?;
+    let (c, h, w) = chw(at.key, name, at.in_shape())?;
     let k = l.kernel_size.pair();
     let pad = l.padding.pair();
     if pad.0 * 2 > k.0 || pad.1 * 2 > k.1 {
@@ -95,7 +95,7 @@ fn build(kind: PoolKind, l: &PoolSpec, at: &mut Build) -> Result<(Op, Vec<usize>
 
 /// AdaptiveAvgPool2d(1): an average pool whose window is the whole plane.
 pub fn global_avg(_: &NoSettings, at: &mut Build) -> Result<(Op, Vec<usize>)> {
-    let (c, h, w) = chw(at.layer, "global_avg_pool", at.in_shape())?;
+    let (c, h, w) = chw(at.key, "global_avg_pool", at.in_shape())?;
     let geom = Pool2d {
         c,
         h,
