@@ -106,6 +106,7 @@ fn write_shards(args: &TokenizeArgs, tokenizer: Tokenizer) -> Result<Tokenized> 
     let vocabulary = Vocabulary::of(tokenizer, "");
     let mut pieces = Pieces::new(&args.inputs, PIECE_BYTES);
     let (mut counted, mut logged) = (vec![0usize; args.inputs.len()], 0);
+    let mut progress = Progress::new();
     // Enough pieces to keep every thread busy, in the order read.
     let batch_len = 2 * rayon::current_num_threads();
     loop {
@@ -123,6 +124,13 @@ fn write_shards(args: &TokenizeArgs, tokenizer: Tokenizer) -> Result<Tokenized> 
                 ids.into_iter().map(|id| id as u16).collect()
             })
             .collect();
+        let (bytes, tokens) = (
+            batch.iter().map(|p| p.text.len()).sum(),
+            encoded.iter().map(Vec::len).sum(),
+        );
+        if let Some(line) = progress.add(bytes, tokens, std::time::Instant::now()) {
+            tracing::info!("{line}");
+        }
         for (piece, ids) in batch.iter().zip(encoded) {
             if piece.starts_document && tokenizer == Tokenizer::Gpt2 {
                 unsplit.push(&[END_OF_TEXT])?;
@@ -141,6 +149,46 @@ fn write_shards(args: &TokenizeArgs, tokenizer: Tokenizer) -> Result<Tokenized> 
         logged = pieces.file;
     }
     split(unsplit.finish()?, args, tokenizer)
+}
+
+/// A line every PROGRESS_EVERY while a large corpus is tokenized: what is done, and how
+/// fast. A single large file otherwise says nothing until it ends.
+struct Progress {
+    started: std::time::Instant,
+    last: std::time::Instant,
+    bytes: usize,
+    tokens: usize,
+}
+
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl Progress {
+    fn new() -> Self {
+        let now = std::time::Instant::now();
+        Progress {
+            started: now,
+            last: now,
+            bytes: 0,
+            tokens: 0,
+        }
+    }
+
+    /// Counts `bytes` of text and their `tokens`; a line to log when PROGRESS_EVERY has
+    /// passed since the last, at `now`.
+    fn add(&mut self, bytes: usize, tokens: usize, now: std::time::Instant) -> Option<String> {
+        (self.bytes, self.tokens) = (self.bytes + bytes, self.tokens + tokens);
+        if now < self.last + PROGRESS_EVERY {
+            return None;
+        }
+        self.last = now;
+        let megabytes = self.bytes as f64 / 1e6;
+        let seconds = (now - self.started).as_secs_f64();
+        Some(format!(
+            "{megabytes:.1} MB of text, {} tokens so far: {:.1} MB/s",
+            self.tokens,
+            megabytes / seconds
+        ))
+    }
 }
 
 /// Splits the unsplit shards into train shards and, from the last `--val-fraction` of the
@@ -423,6 +471,22 @@ mod tests {
             .flat_map(|p| gpt2.encode(&p.text).unwrap())
             .collect();
         assert_eq!(ids, gpt2.encode(&whole).unwrap());
+    }
+
+    /// Progress is a line every ten seconds, with the text and tokens so far and the rate.
+    #[test]
+    fn progress_speaks_every_ten_seconds() {
+        let mut progress = Progress::new();
+        let at = |s: u64| progress.started + std::time::Duration::from_secs(s);
+        let (five, ten, twelve, twenty) = (at(5), at(10), at(12), at(20));
+        assert_eq!(progress.add(4_000_000, 1_000_000, five), None);
+        let line = progress.add(6_000_000, 1_500_000, ten);
+        assert_eq!(
+            line.as_deref(),
+            Some("10.0 MB of text, 2500000 tokens so far: 1.0 MB/s")
+        );
+        assert_eq!(progress.add(1, 1, twelve), None);
+        assert!(progress.add(1, 1, twenty).is_some());
     }
 
     /// Edge cases: a file without a line break is one piece; an empty file is one empty
