@@ -1,11 +1,13 @@
-//! attention on the CPU: one sample per task, its heads in turn, each head a few
-//! single-threaded matrix products around a row softmax.
+//! attention on the CPU: one sample per task, its heads in turn, each head's rows in bands
+//! that are tasks too (so batch 1 uses every thread), each band a few single-threaded
+//! matrix products around a row softmax.
 
 use super::{Kernels, ProbsDropout};
 use crate::tensor::cpu::{vectorized, CpuBackend};
 use crate::tensor::matmul::matmul_into_rows;
 use crate::tensor::vector_math::exp;
 use crate::tensor::Attention as Shape;
+use rayon::iter::Either;
 use rayon::prelude::*;
 
 impl Kernels for CpuBackend {
@@ -70,11 +72,11 @@ pub fn workspace_len(shape: &Shape, max_batch: usize) -> usize {
     max_batch * heads_kept * shape.len * shape.len
 }
 
-/// kept = p ∘ mask / (1 − p) for head `h`'s probabilities p [T, T].
-fn drop_probs(p: &[f32], kept: &mut [f32], d: ProbsDropout, h: usize) {
-    let first = (h * p.len()) as u64;
+/// kept = p ∘ mask / (1 − p) for probabilities p of a sample's [heads, T, T], the first at
+/// index `first` of that stream.
+fn drop_probs(p: &[f32], kept: &mut [f32], d: ProbsDropout, first: usize) {
     for (i, (k, &p)) in kept.iter_mut().zip(p).enumerate() {
-        *k = p * d.factor(first + i as u64);
+        *k = p * d.factor((first + i) as u64);
     }
 }
 
@@ -88,12 +90,25 @@ const Q: usize = 0;
 const K: usize = 1;
 const V: usize = 2;
 
-/// One sample: x [T, 3·C] → y [T, C]. Each head is two matrix products, S = Q·Kᵀ and
-/// Y = P·V, around a row softmax; with dropout, V is weighted by the kept probabilities.
-/// `saved` keeps the probabilities [heads, T, T]; with `flash`, y and each row's log-sum-exp
-/// [heads, T] instead, the probabilities a head's scratch. The products also cover the
-/// masked half (its probabilities are 0): at these sizes a whole product runs faster than
-/// half of one by hand.
+/// Query rows a band holds: each band of a head is a task, and reads only the keys its rows
+/// attend to. Up to 64 rows, one band: a whole small product runs faster than parts.
+const BAND_ROWS: usize = 64;
+
+/// The keys rows up to `end` (exclusive) read: all of them, or with a causal mask those up
+/// to `end`.
+fn keys_for(shape: &Shape, end: usize) -> usize {
+    if shape.causal {
+        end
+    } else {
+        shape.len
+    }
+}
+
+/// One sample: x [T, 3·C] → y [T, C]. Each head, a band of query rows at a time on the
+/// pool's threads, is two matrix products, S = Q·Kᵀ and Y = P·V, around a row softmax; with
+/// dropout, V is weighted by the kept probabilities. `saved` keeps the probabilities
+/// [heads, T, T]; with `flash`, y and each row's log-sum-exp [heads, T] instead, the
+/// probabilities a head's scratch. A band's products stop at the last key it attends to.
 fn forward_sample(
     x: &[f32],
     y: &mut [f32],
@@ -113,29 +128,39 @@ fn forward_sample(
             false => &mut front[h * t * t..][..t * t],
         };
         let (q, k, v) = (part(shape, Q, h), part(shape, K, h), part(shape, V, h));
-        matmul_into_rows(p, t, &x[q..], (xs, 1), &x[k..], (1, xs), (t, t, d));
-        for i in 0..t {
-            let row_lse = softmax_row(&mut p[i * t..][..t], shape.attended(i), shape.scale());
-            if shape.flash {
-                lse[h * t + i] = row_lse;
-            }
-        }
-        let weights: &[f32] = match dropout {
-            Some(dropout) => {
-                drop_probs(p, kept, dropout, h);
-                kept
-            }
-            None => p,
+        // With flash, each band's rows' log-sum-exps; without, nothing to keep.
+        let lse_bands = match shape.flash {
+            true => Either::Left(lse[h * t..][..t].par_chunks_mut(BAND_ROWS).map(Some)),
+            false => Either::Right(rayon::iter::repeat_n((), t.div_ceil(BAND_ROWS)).map(|_| None)),
         };
-        matmul_into_rows(
-            &mut y[h * d..],
-            c,
-            weights,
-            (t, 1),
-            &x[v..],
-            (xs, 1),
-            (t, d, t),
-        );
+        (y.par_chunks_mut(BAND_ROWS * c))
+            .zip(p.par_chunks_mut(BAND_ROWS * t))
+            .zip(kept.par_chunks_mut(BAND_ROWS * t))
+            .zip(lse_bands)
+            .enumerate()
+            .for_each(|(band, (((y, p), kept), mut lse))| {
+                let (first, rows) = (band * BAND_ROWS, y.len() / c);
+                let keys = keys_for(shape, first + rows);
+                vectorized(|| {
+                    let at_q = &x[first * xs + q..];
+                    matmul_into_rows(p, t, at_q, (xs, 1), &x[k..], (1, xs), (rows, keys, d));
+                    for (r, row) in p.chunks_exact_mut(t).enumerate() {
+                        let row_lse = softmax_row(row, shape.attended(first + r), shape.scale());
+                        if let Some(lse) = lse.as_deref_mut() {
+                            lse[r] = row_lse;
+                        }
+                    }
+                    let weights: &[f32] = match dropout {
+                        Some(dropout) => {
+                            drop_probs(p, kept, dropout, h * t * t + first * t);
+                            kept
+                        }
+                        None => p,
+                    };
+                    let (out, v) = (&mut y[h * d..], &x[v..]);
+                    matmul_into_rows(out, c, weights, (t, 1), v, (xs, 1), (rows, d, keys));
+                });
+            });
     }
     if shape.flash {
         front.copy_from_slice(&y[..t * c]);
@@ -156,16 +181,26 @@ fn softmax_row(row: &mut [f32], last: usize, scale: f32) -> f32 {
 }
 
 /// Head `h`'s probabilities [T, T] again from its scores and the rows' log-sum-exps `lse`
-/// [T]: p = exp(s·scale − lse), 0 where masked.
+/// [T]: p = exp(s·scale − lse), 0 where masked. A band of rows a task.
 fn probs_again(x: &[f32], lse: &[f32], p: &mut [f32], shape: &Shape, h: usize) {
     let (t, d, xs, scale) = (shape.len, shape.head_dim, 3 * shape.width(), shape.scale());
     let (q, k) = (part(shape, Q, h), part(shape, K, h));
-    matmul_into_rows(p, t, &x[q..], (xs, 1), &x[k..], (1, xs), (t, t, d));
-    for (i, row) in p.chunks_exact_mut(t).enumerate() {
-        let (row, masked) = row.split_at_mut(shape.attended(i));
-        row.iter_mut().for_each(|s| *s = exp(*s * scale - lse[i]));
-        masked.fill(0.0);
-    }
+    (p.par_chunks_mut(BAND_ROWS * t))
+        .zip(lse.par_chunks(BAND_ROWS))
+        .enumerate()
+        .for_each(|(band, (p, lse))| {
+            let (first, rows) = (band * BAND_ROWS, lse.len());
+            let keys = keys_for(shape, first + rows);
+            vectorized(|| {
+                let at_q = &x[first * xs + q..];
+                matmul_into_rows(p, t, at_q, (xs, 1), &x[k..], (1, xs), (rows, keys, d));
+                for (r, row) in p.chunks_exact_mut(t).enumerate() {
+                    let (row, masked) = row.split_at_mut(shape.attended(first + r));
+                    row.iter_mut().for_each(|s| *s = exp(*s * scale - lse[r]));
+                    masked.fill(0.0);
+                }
+            });
+        });
 }
 
 /// One sample's input gradient dx [T, 3·C] from dy [T, C] and what forward saved; `scratch`
@@ -196,7 +231,8 @@ fn backward_sample(
 /// Head `h`'s share of dx from its probabilities p [T, T]; `ds` holds its score gradients.
 /// dV = Pᵀ·dY, dP = dY·Vᵀ, dS = P∘(dP − rowsum(P∘dP))/√d, dQ = dS·K, dK = dSᵀ·Q. With
 /// dropout, dV reads the kept probabilities (drawn into `ds` first) and dP is masked and
-/// scaled as they were.
+/// scaled as they were. dS and dQ go by bands of query rows; dK and dV, which sum over
+/// query rows, by bands of key rows, each from the first query that attends to it.
 #[allow(clippy::too_many_arguments)]
 fn backward_head(
     x: &[f32],
@@ -212,32 +248,69 @@ fn backward_head(
     let (xs, scale) = (3 * c, shape.scale());
     let (q, k, v) = (part(shape, Q, h), part(shape, K, h), part(shape, V, h));
     let dyh = &dy[h * d..];
-    let weights: &[f32] = match dropout {
-        Some(dropout) => {
-            drop_probs(p, ds, dropout, h);
-            ds
-        }
-        None => p,
+    // The first query row that attends to key `j`.
+    let first_query = |j: usize| if shape.causal { j } else { 0 };
+    // dV[j] = Σᵢ weights[i, j]·dY[i], by bands of key rows.
+    let dv = |dx: &mut [f32], weights: &[f32]| {
+        (dx.par_chunks_mut(BAND_ROWS * xs).enumerate()).for_each(|(band, dx)| {
+            let (first, rows) = (band * BAND_ROWS, dx.len() / xs);
+            let i0 = first_query(first);
+            let (w, g) = (&weights[i0 * t + first..], &dyh[i0 * c..]);
+            let dims = (rows, d, t - i0);
+            vectorized(|| matmul_into_rows(&mut dx[v..], xs, w, (1, t), g, (c, 1), dims));
+        });
     };
-    matmul_into_rows(&mut dx[v..], xs, weights, (1, t), dyh, (c, 1), (t, d, t));
-    matmul_into_rows(ds, t, dyh, (c, 1), &x[v..], (1, xs), (t, t, d));
-    for i in 0..t {
-        let last = shape.attended(i);
-        let (dp, p) = (&mut ds[i * t..][..t], &p[i * t..][..last]);
-        if let Some(dropout) = dropout {
-            let first = (h * t * t + i * t) as u64;
-            for (j, g) in dp[..last].iter_mut().enumerate() {
-                *g *= dropout.factor(first + j as u64);
-            }
-        }
-        let total = in_lanes(&dp[..last], p, |g, pj| g * pj);
-        for (s, &pj) in dp[..last].iter_mut().zip(p) {
-            *s = pj * (*s - total) * scale;
-        }
-        dp[last..].fill(0.0);
+    if let Some(dropout) = dropout {
+        (ds.par_chunks_mut(BAND_ROWS * t)
+            .zip(p.par_chunks(BAND_ROWS * t)))
+        .enumerate()
+        .for_each(|(band, (kept, p))| {
+            drop_probs(p, kept, dropout, h * t * t + band * BAND_ROWS * t);
+        });
+        dv(dx, ds);
     }
-    matmul_into_rows(&mut dx[q..], xs, ds, (t, 1), &x[k..], (xs, 1), (t, d, t));
-    matmul_into_rows(&mut dx[k..], xs, ds, (1, t), &x[q..], (xs, 1), (t, d, t));
+    // dS and dQ, by bands of query rows.
+    (dx.par_chunks_mut(BAND_ROWS * xs))
+        .zip(ds.par_chunks_mut(BAND_ROWS * t))
+        .enumerate()
+        .for_each(|(band, (dx, ds))| {
+            let (first, rows) = (band * BAND_ROWS, ds.len() / t);
+            let keys = keys_for(shape, first + rows);
+            vectorized(|| {
+                let (g, at_v) = (&dyh[first * c..], &x[v..]);
+                matmul_into_rows(ds, t, g, (c, 1), at_v, (1, xs), (rows, keys, d));
+                for (r, dp) in ds.chunks_exact_mut(t).enumerate() {
+                    let i = first + r;
+                    let last = shape.attended(i);
+                    let p = &p[i * t..][..last];
+                    if let Some(dropout) = dropout {
+                        let at = (h * t * t + i * t) as u64;
+                        for (j, g) in dp[..last].iter_mut().enumerate() {
+                            *g *= dropout.factor(at + j as u64);
+                        }
+                    }
+                    let total = in_lanes(&dp[..last], p, |g, pj| g * pj);
+                    for (s, &pj) in dp[..last].iter_mut().zip(p) {
+                        *s = pj * (*s - total) * scale;
+                    }
+                    dp[last..].fill(0.0);
+                }
+                let dims = (rows, d, keys);
+                matmul_into_rows(&mut dx[q..], xs, ds, (t, 1), &x[k..], (xs, 1), dims);
+            });
+        });
+    if dropout.is_none() {
+        dv(dx, p);
+    }
+    // dK[j] = Σᵢ dS[i, j]·Q[i], by bands of key rows.
+    let ds: &[f32] = ds;
+    (dx.par_chunks_mut(BAND_ROWS * xs).enumerate()).for_each(|(band, dx)| {
+        let (first, rows) = (band * BAND_ROWS, dx.len() / xs);
+        let i0 = first_query(first);
+        let (w, at_q) = (&ds[i0 * t + first..], &x[i0 * xs + q..]);
+        let dims = (rows, d, t - i0);
+        vectorized(|| matmul_into_rows(&mut dx[k..], xs, w, (1, t), at_q, (xs, 1), dims));
+    });
 }
 
 /// Σ term(a_i, b_i), summed in eight lanes (which vectorise) and then across them.

@@ -227,8 +227,9 @@ impl OpKind for Attention {
     }
 
     fn flops(&self, _: &[usize], _: &[usize]) -> Flops {
-        // Per head, Q·Kᵀ and P·V, each T·T·d multiply-adds over the whole square (the
-        // products cover the masked half too); backward has four such products.
+        // Per head, Q·Kᵀ and P·V, each T·T·d multiply-adds over the whole square, as
+        // nanoGPT's MFU counts them, though the CPU's bands skip most of the masked half;
+        // backward has four such products.
         let s = &self.shape;
         let macs = (2 * s.len * s.len * s.width()) as f64;
         Flops {

@@ -55,6 +55,97 @@ fn reference(
     (y, probs)
 }
 
+/// The input gradient by its definition, in f64: with P the probabilities and K the kept
+/// ones (P times the dropout factors), dV = Kᵀ·dY, dP = (dY·Vᵀ) times the factors,
+/// dS = P∘(dP − rowsum(P∘dP))/√d, dQ = dS·K, dK = dSᵀ·Q.
+fn reference_backward(
+    qkv: &[f32],
+    dy: &[f32],
+    n: usize,
+    s: &Attention,
+    dropout: Option<ProbsDropout>,
+) -> Vec<f64> {
+    let (t, c, d) = (s.len, s.width(), s.head_dim);
+    let (_, probs) = reference(qkv, n, s, dropout);
+    let at = |b: usize, i: usize, part: usize, h: usize, e: usize| {
+        ((b * t + i) * 3 + part) * c + h * d + e
+    };
+    let mut dx = vec![0.0f64; qkv.len()];
+    for b in 0..n {
+        for h in 0..s.heads {
+            let p_at = |i: usize, j: usize| ((b * s.heads + h) * t + i) * t + j;
+            let factor =
+                |i: usize, j: usize| dropout.map_or(1.0, |dr| dr.factor(p_at(i, j) as u64) as f64);
+            let g = |i: usize, e: usize| dy[(b * t + i) * c + h * d + e] as f64;
+            for i in 0..t {
+                let dp: Vec<f64> = (0..t)
+                    .map(|j| {
+                        let dot: f64 = (0..d)
+                            .map(|e| g(i, e) * qkv[at(b, j, 2, h, e)] as f64)
+                            .sum();
+                        dot * factor(i, j)
+                    })
+                    .collect();
+                let total: f64 = (0..t).map(|j| probs[p_at(i, j)] * dp[j]).sum();
+                for j in 0..t {
+                    let p = probs[p_at(i, j)];
+                    let ds = p * (dp[j] - total) / (d as f64).sqrt();
+                    for e in 0..d {
+                        dx[at(b, j, 2, h, e)] += p * factor(i, j) * g(i, e);
+                        dx[at(b, i, 0, h, e)] += ds * qkv[at(b, j, 1, h, e)] as f64;
+                        dx[at(b, j, 1, h, e)] += ds * qkv[at(b, i, 0, h, e)] as f64;
+                    }
+                }
+            }
+        }
+    }
+    dx
+}
+
+/// Three bands of query rows on the CPU (64, 64 and 22 rows).
+fn banded_shape(causal: bool) -> Attention {
+    Attention {
+        len: 150,
+        heads: 2,
+        head_dim: 8,
+        causal,
+        flash: false,
+    }
+}
+
+/// Forward and backward, with and without flash and dropout, causal or not, on one band and
+/// on several, against the definitions in f64.
+#[test]
+fn attention_and_its_gradient_are_their_definitions() {
+    for s in [
+        shape(true),
+        shape(false),
+        long_shape(true),
+        banded_shape(true),
+        banded_shape(false),
+    ] {
+        for flash in [false, true] {
+            for dropout in [None, Some(DROPOUT)] {
+                let (s, n) = (Attention { flash, ..s }, 2);
+                let at = format!("{s:?} {dropout:?}");
+                let qkv = random_vec(n * s.len * 3 * s.width(), 6);
+                let dy = random_vec(n * s.len * s.width(), 7);
+                let (y, _, dx) = cpu_pass(&s, n, &qkv, &dy, dropout);
+                let (y_ref, _) = reference(&qkv, n, &s, dropout);
+                let dx_ref = reference_backward(&qkv, &dy, n, &s, dropout);
+                for (what, got, want) in [("y", &y, &y_ref), ("dqkv", &dx, &dx_ref)] {
+                    for (i, (&g, &w)) in got.iter().zip(want.iter()).enumerate() {
+                        assert!(
+                            (g as f64 - w).abs() <= 2e-5 * (1.0 + w.abs()),
+                            "{at}: {what}[{i}] = {g}, by definition {w}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 fn shape(causal: bool) -> Attention {
     Attention {
         len: 6,
