@@ -7,7 +7,7 @@ use crate::tensor::cpu::{vectorized, CpuBackend};
 use crate::tensor::matmul::matmul_into_rows;
 use crate::tensor::vector_math::exp;
 use crate::tensor::Attention as Shape;
-use rayon::iter::Either;
+use rayon::iter::{repeat_n, Either};
 use rayon::prelude::*;
 
 impl Kernels for CpuBackend {
@@ -131,7 +131,7 @@ fn forward_sample(
         // With flash, each band's rows' log-sum-exps; without, nothing to keep.
         let lse_bands = match shape.flash {
             true => Either::Left(lse[h * t..][..t].par_chunks_mut(BAND_ROWS).map(Some)),
-            false => Either::Right(rayon::iter::repeat_n((), t.div_ceil(BAND_ROWS)).map(|_| None)),
+            false => Either::Right(repeat_n((), t.div_ceil(BAND_ROWS)).map(|_| None)),
         };
         (y.par_chunks_mut(BAND_ROWS * c))
             .zip(p.par_chunks_mut(BAND_ROWS * t))
