@@ -242,7 +242,7 @@ fn remove_shards(dir: &Path, created: bool) {
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         let name = name.trim_start_matches('.');
-        let ours = ["train_", "val_", &UNSPLIT[1..]]
+        let ours = ["train_", "val_", UNSPLIT.trim_start_matches('.')]
             .iter()
             .any(|prefix| name.starts_with(prefix));
         if ours && (name.ends_with(".bin") || name.ends_with(".bin.tmp")) {
@@ -273,14 +273,17 @@ struct Piece {
 struct Pieces<'a> {
     inputs: &'a [PathBuf],
     piece_bytes: usize,
-    /// The file being read, its index, and how far (its uncompressed bytes) it is read.
+    /// The index of the file being read, its reader, and whether it is gzip.
     file: usize,
     reader: Option<Box<dyn Read + Send>>,
     gzip: bool,
+    /// Where `buffer` starts in the file's text, in bytes.
     offset: usize,
-    /// Bytes read and not yet given out; the end of the file has been reached when `ended`.
+    /// Bytes read and not yet given out.
     buffer: Vec<u8>,
+    /// Whether the file's end has been read.
     ended: bool,
+    /// Whether the file has given a piece.
     started: bool,
 }
 
@@ -316,28 +319,19 @@ impl<'a> Pieces<'a> {
                 true => Some(self.buffer.len()),
                 false => safe_cut(&self.buffer, searched),
             };
-            match cut {
-                Some(0) => {
-                    // An empty file is a document too: <|endoftext|> stands for it.
-                    let first = !self.started;
+            // An empty file gives one empty piece: a document too, which <|endoftext|>
+            // stands for.
+            if let Some(cut) = cut {
+                let rest = self.buffer.split_off(cut);
+                let text = std::mem::replace(&mut self.buffer, rest);
+                let (file, first) = (self.file, !self.started);
+                self.started = true;
+                let piece = self.piece(text, file, first)?;
+                self.offset += cut;
+                if self.ended && self.buffer.is_empty() {
                     self.next_file();
-                    if first {
-                        return Ok(Some(self.piece(Vec::new(), self.file - 1, true)?));
-                    }
                 }
-                Some(cut) => {
-                    let rest = self.buffer.split_off(cut);
-                    let text = std::mem::replace(&mut self.buffer, rest);
-                    let (file, first) = (self.file, !self.started);
-                    self.started = true;
-                    let piece = self.piece(text, file, first)?;
-                    self.offset += cut;
-                    if self.ended && self.buffer.is_empty() {
-                        self.next_file();
-                    }
-                    return Ok(Some(piece));
-                }
-                None => {}
+                return Ok(Some(piece));
             }
         }
     }
