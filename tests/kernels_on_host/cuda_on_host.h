@@ -148,6 +148,45 @@ T shuffle(T v, Source source) {
     return got;
 }
 
+// mma.sync.m16n8k16 with bf16 operands and f32 sums, as flash_mma.cu's
+// mma_bf16_m16n8k16 documents the lanes' parts: the warp's lanes publish theirs, then each
+// computes its four results (exact products, summed in double, rounded once).
+uint32_t mma_slots[MAX_THREADS][6];
+inline float bf16_value(uint32_t bits) {
+    uint32_t u = bits << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+inline void mma_bf16_m16n8k16(float* d, const uint32_t* a, const uint32_t* b) {
+    unsigned id = thread_id(), lane = id & 31, first = id - lane;
+    memcpy(mma_slots[id], a, 16);
+    memcpy(mma_slots[id] + 4, b, 8);
+    wait(AtShuffle);
+    float A[16][16], B[16][8];
+    for (unsigned l = 0; l < 32; l++) {
+        unsigned g = l / 4, c = 2 * (l % 4);
+        const uint32_t* s = mma_slots[first + l];
+        for (unsigned r = 0; r < 4; r++) {
+            unsigned row = g + 8 * (r & 1), col = c + 8 * (r >> 1);
+            A[row][col] = bf16_value(s[r] & 0xffffu);
+            A[row][col + 1] = bf16_value(s[r] >> 16);
+        }
+        for (unsigned r = 0; r < 2; r++) {
+            B[c + 8 * r][g] = bf16_value(s[4 + r] & 0xffffu);
+            B[c + 8 * r + 1][g] = bf16_value(s[4 + r] >> 16);
+        }
+    }
+    wait(AtShuffle);  // no lane writes its slot again before every lane has read
+    unsigned g = lane / 4, c = 2 * (lane % 4);
+    for (unsigned e = 0; e < 4; e++) {
+        unsigned row = g + 8 * (e / 2), col = c + (e & 1);
+        double sum = d[e];
+        for (unsigned k = 0; k < 16; k++) sum += (double)A[row][k] * (double)B[k][col];
+        d[e] = (float)sum;
+    }
+}
+
 inline void report(const char* why) {
     unsigned counts[4] = {0, 0, 0, 0};
     for (unsigned t = 0; t < block_threads; t++) counts[fibers[t].state]++;

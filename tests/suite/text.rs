@@ -589,7 +589,7 @@ every_steps = 10
 "#;
 
 /// The small GPT's job file and text in `dir`.
-fn small_gpt(dir: &Path) -> std::path::PathBuf {
+pub(crate) fn small_gpt(dir: &Path) -> std::path::PathBuf {
     let text: String = (0..3000)
         .map(|i| (b'a' + ((i * 7 + i / 13) % 12) as u8) as char)
         .collect();
@@ -600,7 +600,7 @@ fn small_gpt(dir: &Path) -> std::path::PathBuf {
 }
 
 /// The loss of every metrics.csv row, train and val.
-fn losses(dir: &Path) -> Vec<f64> {
+pub(crate) fn losses(dir: &Path) -> Vec<f64> {
     (metrics_without_timing(dir).iter().skip(1))
         .map(|l| l.split(',').nth(3).unwrap().parse().unwrap())
         .collect()

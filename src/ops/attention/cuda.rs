@@ -8,8 +8,8 @@
 //! kept probabilities wait in dp's place for the product before it.
 
 use super::{Kernels, ProbsDropout, MAX_FLASH_HEAD_DIM};
-use crate::tensor::cuda::{grid, per_item, CudaBackend, CudaBuf, Launch};
-use crate::tensor::{Attention as Shape, Matrices};
+use crate::tensor::cuda::{grid, per_item, storage_id, CudaBackend, CudaBuf, Launch};
+use crate::tensor::{Attention as Shape, HalfKind, Matrices};
 use cudarc::driver::LaunchConfig;
 
 /// Workspace values for `max_batch` samples; with `flash`, each row's delta (flash.cu).
@@ -194,19 +194,25 @@ impl Kernels for CudaBackend {
     }
 }
 
-/// flash.cu's launch: a block of FLASH_ROWS threads for each sample's head's FLASH_ROWS rows.
-fn flash_blocks(n: usize, s: &Shape) -> LaunchConfig {
+/// flash.cu's launch: a block for each sample's head's FLASH_ROWS rows, of FLASH_ROWS threads
+/// (a row each), or with tensor cores of four warps (16 rows each).
+fn flash_blocks(n: usize, s: &Shape, tensor_cores: bool) -> LaunchConfig {
     const FLASH_ROWS: usize = 64;
     LaunchConfig {
         grid_dim: ((n * s.heads * s.len.div_ceil(FLASH_ROWS)) as u32, 1, 1),
-        block_dim: (FLASH_ROWS as u32, 1, 1),
+        block_dim: (if tensor_cores { 128 } else { FLASH_ROWS as u32 }, 1, 1),
         shared_mem_bytes: 0,
     }
 }
 
-/// flash.cu's kernel `name` for the narrowest head width that holds `head_dim`.
-fn flash_kernel(name: &str, head_dim: usize) -> String {
+/// The flash kernel `name` for the narrowest head width that holds `head_dim`: flash.cu's,
+/// or with tensor cores flash_mma.cu's.
+fn flash_kernel(name: &str, head_dim: usize, tensor_cores: bool) -> String {
     let width = [32, 64, 128].into_iter().find(|&w| head_dim <= w);
+    let name = match tensor_cores {
+        true => name.replacen("flash_", "flash_mma_", 1),
+        false => name.to_string(),
+    };
     format!("{name}_{}", width.unwrap_or(MAX_FLASH_HEAD_DIM))
 }
 
@@ -220,6 +226,15 @@ fn dropout_args(d: Option<ProbsDropout>) -> ProbsDropout {
 }
 
 impl CudaBackend {
+    /// Whether flash attention runs on tensor cores (flash_mma.cu): with bf16 activations,
+    /// heads a multiple of 8 wide, on compute capability 8.0 or later. Otherwise flash.cu's
+    /// kernels compute in f32.
+    fn flash_on_tensor_cores(&self, qkv: &CudaBuf, s: &Shape) -> bool {
+        qkv.storage() == storage_id(Some(HalfKind::Bf16))
+            && s.head_dim.is_multiple_of(8)
+            && self.compute_capability().0 >= 8
+    }
+
     /// y and `saved` (outputs, then log-sum-exps) from qkv, in one kernel.
     fn flash_forward(
         &self,
@@ -233,7 +248,8 @@ impl CudaBackend {
         let (xs, ys, d) = (qkv.storage(), y.storage(), dropout_args(dropout));
         let [n64, t, h, hd] = [n, s.len, s.heads, s.head_dim].map(|v| v as u64);
         let (scale, causal) = (s.scale(), i32::from(s.causal));
-        let name = flash_kernel("flash_forward", s.head_dim);
+        let tensor_cores = self.flash_on_tensor_cores(qkv, s);
+        let name = flash_kernel("flash_forward", s.head_dim, tensor_cores);
         let mut l = Launch::new(self.stream(), self.kernel(&name));
         l.arg(&qkv.mem).arg(&xs).arg(&mut y.mem).arg(&ys);
         l.arg(&mut saved.mem).arg(&n64).arg(&t).arg(&h).arg(&hd);
@@ -242,8 +258,9 @@ impl CudaBackend {
             .arg(&d.p)
             .arg(&d.key)
             .arg(&d.first);
-        // SAFETY: one thread per row of each sample's head, as flash.cu lays them out.
-        self.launch("flash attention", unsafe { l.launch(flash_blocks(n, s)) });
+        // SAFETY: the blocks and threads the kernel's file lays out.
+        let blocks = flash_blocks(n, s, tensor_cores);
+        self.launch("flash attention", unsafe { l.launch(blocks) });
     }
 
     /// dqkv from dy and what `flash_forward` saved: the rows' deltas into the workspace,
@@ -278,8 +295,9 @@ impl CudaBackend {
         self.launch("flash attention delta", unsafe {
             l.launch(grid(n * s.heads * s.len))
         });
+        let tensor_cores = self.flash_on_tensor_cores(qkv, s);
         for name in ["flash_backward_kv", "flash_backward_q"] {
-            let kernel = flash_kernel(name, s.head_dim);
+            let kernel = flash_kernel(name, s.head_dim, tensor_cores);
             let mut l = Launch::new(self.stream(), self.kernel(&kernel));
             l.arg(&qkv.mem).arg(&xs).arg(&dy.mem).arg(&dys);
             l.arg(&saved.mem)
@@ -292,11 +310,10 @@ impl CudaBackend {
                 .arg(&d.p)
                 .arg(&d.key)
                 .arg(&d.first);
-            // SAFETY: one thread per row of each sample's head; the two write dqkv's
-            // disjoint parts (k and v, then q).
-            self.launch("flash attention backward", unsafe {
-                l.launch(flash_blocks(n, s))
-            });
+            // SAFETY: the blocks and threads the kernel's file lays out; the two write
+            // dqkv's disjoint parts (k and v, then q).
+            let blocks = flash_blocks(n, s, tensor_cores);
+            self.launch("flash attention backward", unsafe { l.launch(blocks) });
         }
     }
 

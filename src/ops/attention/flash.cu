@@ -2,7 +2,8 @@
 // each row's output and the log-sum-exp of its scaled scores; backward computes the
 // probabilities again, a tile of keys or queries at a time. One thread holds one row (a query,
 // or in dk/dv's kernel a key) in registers; the block's threads share a tile of the other
-// side in shared memory. Plain f32 arithmetic, no tensor cores.
+// side in shared memory. Plain f32 arithmetic: in bf16 on compute capability 8.0 and later,
+// flash_mma.cu runs the same passes on tensor cores.
 //
 // Layouts: qkv and dqkv [n, T, 3, H, hd] in their storage; y and dy [n, T, H, hd];
 // saved, per sample, [o: T·H·hd | lse: H·T] in f32 (`flash_saved`); delta [n·H·T].

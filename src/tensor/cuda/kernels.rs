@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 /// Every kernel file, in the order they are concatenated after common.cuh: the shared ones,
 /// then those of ops that keep their kernels in their own folder.
-pub const SOURCES: [(&str, &str); 18] = [
+pub const SOURCES: [(&str, &str); 19] = [
     ("cast.cu", include_str!("../../../kernels/cast.cu")),
     ("graph.cu", include_str!("../../../kernels/graph.cu")),
     (
@@ -56,6 +56,10 @@ pub const SOURCES: [(&str, &str); 18] = [
     (
         "ops/attention/flash.cu",
         include_str!("../../ops/attention/flash.cu"),
+    ),
+    (
+        "ops/attention/flash_mma.cu",
+        include_str!("../../ops/attention/flash_mma.cu"),
     ),
     (
         "ops/position_embedding/position_embedding.cu",

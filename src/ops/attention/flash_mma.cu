@@ -1,0 +1,432 @@
+// Flash attention on tensor cores, for bf16 activations on compute capability 8.0 and later:
+// the products of flash.cu's kernels as warp-wide mma.sync (bf16 operands, f32 sums). The same
+// layouts, launch grid and saved values as flash.cu; the host picks these kernels where the
+// head width is a multiple of 8 (`flash_mma` in cuda.rs).
+//
+// A block has four warps and FLASH_ROWS rows of its side (queries, or keys for dk and dv);
+// each warp owns 16 of them. The other side comes a tile of MMA_TILE rows at a time through
+// shared memory, stored row-major in bf16. The scores a warp computes stay in its registers:
+// mma's result layout for two 16×8 tiles is its operand layout for one 16×16 tile, so the
+// probabilities (or their gradients) go into the next product without shared memory, as in
+// FlashAttention-2. P and dS are rounded to bf16 for that product, as FlashAttention does.
+
+#define MMA_TILE 64
+
+// D = A·B + D for a warp: A 16×16 (row-major), B 16×8 (column-major), bf16 pairs packed in
+// u32; D 16×8 in f32. Lane l holds, with g = l / 4 and c = 2·(l % 4) (PTX ISA, mma.m16n8k16):
+// a[0] A[g][c, c+1], a[1] A[g+8][c, c+1], a[2] A[g][c+8, c+9], a[3] A[g+8][c+8, c+9];
+// b[0] B[c, c+1][g], b[1] B[c+8, c+9][g]; d[0], d[1] D[g][c, c+1], d[2], d[3] D[g+8][c, c+1].
+// Every lane of the warp calls it.
+__device__ __forceinline__ void mma_bf16_m16n8k16(float* d, const u32* a, const u32* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#elif defined(__CUDA_ARCH__)
+    asm volatile("trap;");  // the host launches these kernels on 8.0 and later only
+#else
+    host_gpu::mma_bf16_m16n8k16(d, a, b);
+#endif
+}
+
+__device__ __forceinline__ u32 bf16_pair(float lo, float hi) {
+    return (u32)f32_to_bf16_bits(lo) | ((u32)f32_to_bf16_bits(hi) << 16);
+}
+
+// Halves a row of a shared tile: D values and 8 of padding, so that the lanes' operand reads
+// fall in different banks.
+#define MMA_STRIDE(D) ((D) + 8)
+
+// Rows r0.. (MMA_TILE of them) of a [T, hd] matrix whose row i starts at src[at + i·stride],
+// into `tile` as bf16; zeros past T and past hd. hd is a multiple of 8.
+template <int D>
+__device__ void mma_load_rows(u16* tile, const void* src, int s, u64 at, u64 stride, u64 r0, u64 T, u64 hd) {
+    for (int e = threadIdx.x; e < MMA_TILE * D / 8; e += blockDim.x) {
+        int r = e / (D / 8), c = e % (D / 8) * 8;
+        u64 i = r0 + r;
+        uint4 v = {0u, 0u, 0u, 0u};
+        if (i < T && (u64)c < hd) {
+            u64 first = at + i * stride + c;
+            if (s == 2 && aligned16(src)) {
+                v = *(const uint4*)((const u16*)src + first);
+            } else {
+                u32 w[4];
+                for (int k = 0; k < 4; k++) w[k] = bf16_pair(load(src, s, first + 2 * k), load(src, s, first + 2 * k + 1));
+                v = {w[0], w[1], w[2], w[3]};
+            }
+        }
+        *(uint4*)(tile + r * MMA_STRIDE(D) + c) = v;
+    }
+}
+
+// A's fragment for rows r0.. and columns k0.. of a shared tile.
+template <int D>
+__device__ __forceinline__ void mma_a(u32* a, const u16* tile, int r0, int k0) {
+    int lane = threadIdx.x & 31;
+    const u16* p = tile + (r0 + lane / 4) * MMA_STRIDE(D) + k0 + 2 * (lane % 4);
+    a[0] = *(const u32*)p;
+    a[1] = *(const u32*)(p + 8 * MMA_STRIDE(D));
+    a[2] = *(const u32*)(p + 8);
+    a[3] = *(const u32*)(p + 8 * MMA_STRIDE(D) + 8);
+}
+
+// B's fragment where B[k][n] = tile[n0 + n][k0 + k]: a product with the tile's rows
+// transposed (q·kᵀ).
+template <int D>
+__device__ __forceinline__ void mma_b_transposed(u32* b, const u16* tile, int n0, int k0) {
+    int lane = threadIdx.x & 31;
+    const u16* p = tile + (n0 + lane / 4) * MMA_STRIDE(D) + k0 + 2 * (lane % 4);
+    b[0] = *(const u32*)p;
+    b[1] = *(const u32*)(p + 8);
+}
+
+// B's fragment where B[k][n] = tile[k0 + k][n0 + n]: a product with the tile as it is (p·v).
+template <int D>
+__device__ __forceinline__ void mma_b(u32* b, const u16* tile, int k0, int n0) {
+    int lane = threadIdx.x & 31;
+    const u16* p = tile + (k0 + 2 * (lane % 4)) * MMA_STRIDE(D) + n0 + lane / 4;
+    const int S = MMA_STRIDE(D);
+    b[0] = (u32)p[0] | ((u32)p[S] << 16);
+    b[1] = (u32)p[8 * S] | ((u32)p[9 * S] << 16);
+}
+
+// A's fragment for columns 16c.. of a warp's 16 × MMA_TILE results: two 16×8 result tiles.
+__device__ __forceinline__ void mma_a_from(u32* a, const float (*x)[4], int c) {
+    a[0] = bf16_pair(x[2 * c][0], x[2 * c][1]);
+    a[1] = bf16_pair(x[2 * c][2], x[2 * c][3]);
+    a[2] = bf16_pair(x[2 * c + 1][0], x[2 * c + 1][1]);
+    a[3] = bf16_pair(x[2 * c + 1][2], x[2 * c + 1][3]);
+}
+
+// x (16 × MMA_TILE for the warp) = A·Bᵀ over D columns: A the warp's rows of `rows`, B the
+// rows of `tile`.
+template <int D>
+__device__ __forceinline__ void mma_scores(float (*x)[4], const u32 (*a)[4], const u16* tile) {
+    #pragma unroll
+    for (int nt = 0; nt < MMA_TILE / 8; nt++) {
+        x[nt][0] = x[nt][1] = x[nt][2] = x[nt][3] = 0.0f;
+        #pragma unroll
+        for (int kc = 0; kc < D / 16; kc++) {
+            u32 b[2];
+            mma_b_transposed<D>(b, tile, nt * 8, kc * 16);
+            mma_bf16_m16n8k16(x[nt], a[kc], b);
+        }
+    }
+}
+
+// acc (16 × D for the warp) += x·tile, x the warp's 16 × MMA_TILE results (rounded to bf16).
+template <int D>
+__device__ __forceinline__ void mma_accumulate(float (*acc)[4], const float (*x)[4], const u16* tile) {
+    #pragma unroll
+    for (int c = 0; c < MMA_TILE / 16; c++) {
+        u32 a[4];
+        mma_a_from(a, x, c);
+        #pragma unroll
+        for (int nt = 0; nt < D / 8; nt++) {
+            u32 b[2];
+            mma_b<D>(b, tile, c * 16, nt * 8);
+            mma_bf16_m16n8k16(acc[nt], a, b);
+        }
+    }
+}
+
+// Where the value of result element e (0..3) of 16×8 tile nt lies for this lane: its row in
+// the warp's 16 and its column in the tile's MMA_TILE.
+__device__ __forceinline__ int mma_row(int e) { return (threadIdx.x & 31) / 4 + 8 * (e / 2); }
+__device__ __forceinline__ int mma_col(int nt, int e) { return nt * 8 + 2 * (threadIdx.x & 3) + (e & 1); }
+
+// The maximum over the four lanes that hold a row.
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// The forward pass: flash.cu's flash_forward, each warp 16 queries, a tile of keys a step.
+template <int D>
+__device__ void flash_mma_forward(const void* qkv, int xs, void* y, int ys, float* saved, u64 T, u64 H, u64 hd,
+                                  float scale, int causal, float drop, u64 key, u64 first) {
+    __shared__ uint4 ks_[MMA_TILE * MMA_STRIDE(D) / 8], vs_[MMA_TILE * MMA_STRIDE(D) / 8];  // 16-byte aligned
+    u16 *ks = (u16*)ks_, *vs = (u16*)vs_;
+    u64 tiles = (T + FLASH_ROWS - 1) / FLASH_ROWS;
+    u64 bh = blockIdx.x / tiles, tile = blockIdx.x % tiles, b = bh / H, h = bh % H;
+    int warp = threadIdx.x / 32;
+    u64 row0 = tile * FLASH_ROWS + warp * 16;  // the warp's first query
+    u64 stride = 3 * H * hd, at_q = (b * T * 3 + 0) * H * hd + h * hd;
+    // The warp's queries as A fragments, through shared memory.
+    mma_load_rows<D>(ks, qkv, xs, at_q, stride, tile * FLASH_ROWS, T, hd);
+    __syncthreads();
+    u32 q[D / 16][4];
+    #pragma unroll
+    for (int kc = 0; kc < D / 16; kc++) mma_a<D>(q[kc], ks, warp * 16, kc * 16);
+    float acc[D / 8][4], m[2], l[2] = {0.0f, 0.0f};
+    m[0] = m[1] = flash_neg_inf();
+    #pragma unroll
+    for (int nt = 0; nt < D / 8; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+    u64 keys = causal ? (tile + 1) * FLASH_ROWS : T;
+    if (keys > T) keys = T;
+    for (u64 j0 = 0; j0 < keys; j0 += MMA_TILE) {
+        __syncthreads();
+        mma_load_rows<D>(ks, qkv, xs, at_q + hd * H, stride, j0, T, hd);
+        mma_load_rows<D>(vs, qkv, xs, at_q + 2 * hd * H, stride, j0, T, hd);
+        __syncthreads();
+        if (causal && j0 > row0 + 15) continue;  // every key of the tile is after the warp's queries
+        float s[MMA_TILE / 8][4];
+        mma_scores<D>(s, q, ks);
+        float tile_max[2] = {flash_neg_inf(), flash_neg_inf()};
+        #pragma unroll
+        for (int nt = 0; nt < MMA_TILE / 8; nt++) {
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                u64 i = row0 + mma_row(e), j = j0 + mma_col(nt, e);
+                bool seen = j < T && !(causal && j > i);
+                s[nt][e] = seen ? s[nt][e] * scale : flash_neg_inf();
+                tile_max[e / 2] = fmaxf(tile_max[e / 2], s[nt][e]);
+            }
+        }
+        float base[2], correction[2];
+        for (int r = 0; r < 2; r++) {
+            float m_new = fmaxf(m[r], quad_max(tile_max[r]));
+            // A row that has seen no key yet keeps zeros: nothing to rescale, nothing to add.
+            base[r] = m_new == flash_neg_inf() ? 0.0f : m_new;
+            correction[r] = expf(m[r] - base[r]);
+            m[r] = m_new;
+            l[r] *= correction[r];
+        }
+        #pragma unroll
+        for (int nt = 0; nt < D / 8; nt++) {
+            #pragma unroll
+            for (int e = 0; e < 4; e++) acc[nt][e] *= correction[e / 2];
+        }
+        #pragma unroll
+        for (int nt = 0; nt < MMA_TILE / 8; nt++) {
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float p = expf(s[nt][e] - base[e / 2]);
+                l[e / 2] += p;
+                if (drop > 0.0f) {
+                    u64 i = row0 + mma_row(e), j = j0 + mma_col(nt, e);
+                    p *= kept_factor(drop, key, first, ((b * H + h) * T + i) * T + j);
+                }
+                s[nt][e] = p;
+            }
+        }
+        mma_accumulate<D>(acc, s, vs);
+    }
+    float* own = saved + flash_saved(b, T, H, hd);
+    for (int r = 0; r < 2; r++) l[r] = quad_sum(l[r]);
+    #pragma unroll
+    for (int nt = 0; nt < D / 8; nt++) {
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+            u64 i = row0 + mma_row(e), d = mma_col(nt, e);
+            if (i >= T || d >= hd) continue;
+            float o = acc[nt][e] / l[e / 2];
+            store(y, ys, (b * T + i) * H * hd + h * hd + d, o);
+            own[i * H * hd + h * hd + d] = o;
+        }
+    }
+    if ((threadIdx.x & 3) == 0) {
+        for (int r = 0; r < 2; r++) {
+            u64 i = row0 + mma_row(2 * r);
+            if (i < T) own[T * H * hd + h * T + i] = m[r] + logf(l[r]);
+        }
+    }
+}
+
+// dk and dv: each warp 16 keys, a tile of the queries that attend to them a step. In the
+// transposed scores sᵀ = k·qᵀ a lane's row is a key and its column a query:
+// dv += (p·z)ᵀ·dy, dsᵀ = p·(z·(v·dyᵀ) − delta)·scale, dk += dsᵀ·q.
+template <int D>
+__device__ void flash_mma_backward_kv(const void* qkv, int xs, const void* dy, int dys, const float* saved,
+                                      const float* delta, void* dqkv, int dxs, u64 T, u64 H, u64 hd, float scale,
+                                      int causal, float drop, u64 key, u64 first) {
+    __shared__ uint4 qs_[MMA_TILE * MMA_STRIDE(D) / 8], gs_[MMA_TILE * MMA_STRIDE(D) / 8];  // 16-byte aligned
+    u16 *qs = (u16*)qs_, *gs = (u16*)gs_;
+    __shared__ float lse[MMA_TILE], dl[MMA_TILE];
+    u64 tiles = (T + FLASH_ROWS - 1) / FLASH_ROWS;
+    u64 bh = blockIdx.x / tiles, tile = blockIdx.x % tiles, b = bh / H, h = bh % H;
+    int warp = threadIdx.x / 32;
+    u64 row0 = tile * FLASH_ROWS + warp * 16;  // the warp's first key
+    u64 stride = 3 * H * hd, at_q = (b * T * 3 + 0) * H * hd + h * hd, at_dy = b * T * H * hd + h * hd;
+    u32 k[D / 16][4], v[D / 16][4];
+    mma_load_rows<D>(qs, qkv, xs, at_q + hd * H, stride, tile * FLASH_ROWS, T, hd);
+    mma_load_rows<D>(gs, qkv, xs, at_q + 2 * hd * H, stride, tile * FLASH_ROWS, T, hd);
+    __syncthreads();
+    #pragma unroll
+    for (int kc = 0; kc < D / 16; kc++) {
+        mma_a<D>(k[kc], qs, warp * 16, kc * 16);
+        mma_a<D>(v[kc], gs, warp * 16, kc * 16);
+    }
+    float dk[D / 8][4], dv[D / 8][4];
+    #pragma unroll
+    for (int nt = 0; nt < D / 8; nt++) {
+        #pragma unroll
+        for (int e = 0; e < 4; e++) dk[nt][e] = dv[nt][e] = 0.0f;
+    }
+    const float* lses = saved + flash_saved(b, T, H, hd) + T * H * hd + h * T;
+    const float* deltas = delta + (b * H + h) * T;
+    // Causal: the queries before the block's first key attend to none of its keys.
+    for (u64 i0 = causal ? tile * FLASH_ROWS : 0; i0 < T; i0 += MMA_TILE) {
+        __syncthreads();
+        mma_load_rows<D>(qs, qkv, xs, at_q, stride, i0, T, hd);
+        mma_load_rows<D>(gs, dy, dys, at_dy, H * hd, i0, T, hd);
+        for (int e = threadIdx.x; e < MMA_TILE; e += blockDim.x) {
+            lse[e] = i0 + e < T ? lses[i0 + e] : 0.0f;
+            dl[e] = i0 + e < T ? deltas[i0 + e] : 0.0f;
+        }
+        __syncthreads();
+        float p[MMA_TILE / 8][4], ds[MMA_TILE / 8][4];
+        mma_scores<D>(p, k, qs);
+        mma_scores<D>(ds, v, gs);  // dpᵀ = v·dyᵀ
+        #pragma unroll
+        for (int nt = 0; nt < MMA_TILE / 8; nt++) {
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int c = mma_col(nt, e);
+                u64 j = row0 + mma_row(e), i = i0 + c;
+                bool seen = i < T && j < T && !(causal && j > i);
+                float prob = seen ? expf(p[nt][e] * scale - lse[c]) : 0.0f;
+                float z = drop > 0.0f && seen ? kept_factor(drop, key, first, ((b * H + h) * T + i) * T + j) : 1.0f;
+                ds[nt][e] = prob * (z * ds[nt][e] - dl[c]) * scale;
+                p[nt][e] = prob * z;
+            }
+        }
+        mma_accumulate<D>(dv, p, gs);
+        mma_accumulate<D>(dk, ds, qs);
+    }
+    #pragma unroll
+    for (int nt = 0; nt < D / 8; nt++) {
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+            u64 j = row0 + mma_row(e), d = mma_col(nt, e);
+            if (j >= T || d >= hd) continue;
+            store(dqkv, dxs, qkv_at(b, j, 1, h, d, T, H, hd), dk[nt][e]);
+            store(dqkv, dxs, qkv_at(b, j, 2, h, d, T, H, hd), dv[nt][e]);
+        }
+    }
+}
+
+// dq: each warp 16 queries, a tile of the keys they attend to a step; dq += ds·k.
+template <int D>
+__device__ void flash_mma_backward_q(const void* qkv, int xs, const void* dy, int dys, const float* saved,
+                                     const float* delta, void* dqkv, int dxs, u64 T, u64 H, u64 hd, float scale,
+                                     int causal, float drop, u64 key, u64 first) {
+    __shared__ uint4 ks_[MMA_TILE * MMA_STRIDE(D) / 8], vs_[MMA_TILE * MMA_STRIDE(D) / 8];  // 16-byte aligned
+    u16 *ks = (u16*)ks_, *vs = (u16*)vs_;
+    u64 tiles = (T + FLASH_ROWS - 1) / FLASH_ROWS;
+    u64 bh = blockIdx.x / tiles, tile = blockIdx.x % tiles, b = bh / H, h = bh % H;
+    int warp = threadIdx.x / 32;
+    u64 row0 = tile * FLASH_ROWS + warp * 16;  // the warp's first query
+    u64 stride = 3 * H * hd, at_q = (b * T * 3 + 0) * H * hd + h * hd, at_dy = b * T * H * hd + h * hd;
+    u32 q[D / 16][4], g[D / 16][4];
+    mma_load_rows<D>(ks, qkv, xs, at_q, stride, tile * FLASH_ROWS, T, hd);
+    mma_load_rows<D>(vs, dy, dys, at_dy, H * hd, tile * FLASH_ROWS, T, hd);
+    __syncthreads();
+    #pragma unroll
+    for (int kc = 0; kc < D / 16; kc++) {
+        mma_a<D>(q[kc], ks, warp * 16, kc * 16);
+        mma_a<D>(g[kc], vs, warp * 16, kc * 16);
+    }
+    // The lse and delta of the lane's two rows.
+    const float* own = saved + flash_saved(b, T, H, hd) + T * H * hd + h * T;
+    float lse[2], dl[2];
+    for (int r = 0; r < 2; r++) {
+        u64 i = row0 + mma_row(2 * r);
+        lse[r] = i < T ? own[i] : 0.0f;
+        dl[r] = i < T ? delta[(b * H + h) * T + i] : 0.0f;
+    }
+    float dq[D / 8][4];
+    #pragma unroll
+    for (int nt = 0; nt < D / 8; nt++) dq[nt][0] = dq[nt][1] = dq[nt][2] = dq[nt][3] = 0.0f;
+    u64 keys = causal ? (tile + 1) * FLASH_ROWS : T;
+    if (keys > T) keys = T;
+    for (u64 j0 = 0; j0 < keys; j0 += MMA_TILE) {
+        __syncthreads();
+        mma_load_rows<D>(ks, qkv, xs, at_q + hd * H, stride, j0, T, hd);
+        mma_load_rows<D>(vs, qkv, xs, at_q + 2 * hd * H, stride, j0, T, hd);
+        __syncthreads();
+        if (causal && j0 > row0 + 15) continue;
+        float s[MMA_TILE / 8][4], ds[MMA_TILE / 8][4];
+        mma_scores<D>(s, q, ks);
+        mma_scores<D>(ds, g, vs);  // dp = dy·vᵀ
+        #pragma unroll
+        for (int nt = 0; nt < MMA_TILE / 8; nt++) {
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                u64 i = row0 + mma_row(e), j = j0 + mma_col(nt, e);
+                bool seen = i < T && j < T && !(causal && j > i);
+                float prob = seen ? expf(s[nt][e] * scale - lse[e / 2]) : 0.0f;
+                float z = drop > 0.0f && seen ? kept_factor(drop, key, first, ((b * H + h) * T + i) * T + j) : 1.0f;
+                ds[nt][e] = prob * (z * ds[nt][e] - dl[e / 2]) * scale;
+            }
+        }
+        mma_accumulate<D>(dq, ds, ks);
+    }
+    #pragma unroll
+    for (int nt = 0; nt < D / 8; nt++) {
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+            u64 i = row0 + mma_row(e), d = mma_col(nt, e);
+            if (i < T && d < hd) store(dqkv, dxs, qkv_at(b, i, 0, h, d, T, H, hd), dq[nt][e]);
+        }
+    }
+}
+
+// The kernels by head width, with flash.cu's arguments (n unused: the grid covers it).
+extern "C" __global__ void flash_mma_forward_32(const void* qkv, int xs, void* y, int ys, float* saved, u64 n,
+                                              u64 T, u64 H, u64 hd, float scale, int causal, float drop, u64 key,
+                                              u64 first) {
+    flash_mma_forward<32>(qkv, xs, y, ys, saved, T, H, hd, scale, causal, drop, key, first);
+}
+extern "C" __global__ void flash_mma_backward_kv_32(const void* qkv, int xs, const void* dy, int dys,
+                                                  const float* saved, const float* delta, void* dqkv, int dxs, u64 n,
+                                                  u64 T, u64 H, u64 hd, float scale, int causal, float drop, u64 key,
+                                                  u64 first) {
+    flash_mma_backward_kv<32>(qkv, xs, dy, dys, saved, delta, dqkv, dxs, T, H, hd, scale, causal, drop, key, first);
+}
+extern "C" __global__ void flash_mma_backward_q_32(const void* qkv, int xs, const void* dy, int dys,
+                                                 const float* saved, const float* delta, void* dqkv, int dxs, u64 n,
+                                                 u64 T, u64 H, u64 hd, float scale, int causal, float drop, u64 key,
+                                                 u64 first) {
+    flash_mma_backward_q<32>(qkv, xs, dy, dys, saved, delta, dqkv, dxs, T, H, hd, scale, causal, drop, key, first);
+}
+extern "C" __global__ void flash_mma_forward_64(const void* qkv, int xs, void* y, int ys, float* saved, u64 n,
+                                              u64 T, u64 H, u64 hd, float scale, int causal, float drop, u64 key,
+                                              u64 first) {
+    flash_mma_forward<64>(qkv, xs, y, ys, saved, T, H, hd, scale, causal, drop, key, first);
+}
+extern "C" __global__ void flash_mma_backward_kv_64(const void* qkv, int xs, const void* dy, int dys,
+                                                  const float* saved, const float* delta, void* dqkv, int dxs, u64 n,
+                                                  u64 T, u64 H, u64 hd, float scale, int causal, float drop, u64 key,
+                                                  u64 first) {
+    flash_mma_backward_kv<64>(qkv, xs, dy, dys, saved, delta, dqkv, dxs, T, H, hd, scale, causal, drop, key, first);
+}
+extern "C" __global__ void flash_mma_backward_q_64(const void* qkv, int xs, const void* dy, int dys,
+                                                 const float* saved, const float* delta, void* dqkv, int dxs, u64 n,
+                                                 u64 T, u64 H, u64 hd, float scale, int causal, float drop, u64 key,
+                                                 u64 first) {
+    flash_mma_backward_q<64>(qkv, xs, dy, dys, saved, delta, dqkv, dxs, T, H, hd, scale, causal, drop, key, first);
+}
+extern "C" __global__ void flash_mma_forward_128(const void* qkv, int xs, void* y, int ys, float* saved, u64 n,
+                                              u64 T, u64 H, u64 hd, float scale, int causal, float drop, u64 key,
+                                              u64 first) {
+    flash_mma_forward<128>(qkv, xs, y, ys, saved, T, H, hd, scale, causal, drop, key, first);
+}
+extern "C" __global__ void flash_mma_backward_kv_128(const void* qkv, int xs, const void* dy, int dys,
+                                                  const float* saved, const float* delta, void* dqkv, int dxs, u64 n,
+                                                  u64 T, u64 H, u64 hd, float scale, int causal, float drop, u64 key,
+                                                  u64 first) {
+    flash_mma_backward_kv<128>(qkv, xs, dy, dys, saved, delta, dqkv, dxs, T, H, hd, scale, causal, drop, key, first);
+}
+extern "C" __global__ void flash_mma_backward_q_128(const void* qkv, int xs, const void* dy, int dys,
+                                                 const float* saved, const float* delta, void* dqkv, int dxs, u64 n,
+                                                 u64 T, u64 H, u64 hd, float scale, int causal, float drop, u64 key,
+                                                 u64 first) {
+    flash_mma_backward_q<128>(qkv, xs, dy, dys, saved, delta, dqkv, dxs, T, H, hd, scale, causal, drop, key, first);
+}
