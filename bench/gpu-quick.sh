@@ -7,7 +7,8 @@
 # attention, profiles a step of each with CUDA events, and times `trainer sample` on CUDA;
 # `gpt2 [BATCH]` puts jobs/gpt2_124m.toml (bf16, micro-batch BATCH x 1024, 64 by default) beside
 # PyTorch eager and compiled (bench/gpt2_torch_gpu.py): steady tokens/s and MFU, then profiles
-# its attention. About 4 minutes on an H200.
+# its attention beside PyTorch's flash attention alone (bench/attention_torch_gpu.py). About 4
+# minutes on an H200.
 set -uo pipefail
 source .gpu/nccl.sh
 eval "$(sed -n '/^out=/,/^}$/p' bench/gpu.sh)"
@@ -58,6 +59,8 @@ PY
   log "$(python3 bench/gpt2_torch_gpu.py --batch "$B" --steps 60 --compile 2>&1 | tail -1)"
   $bin profile jobs/gpt2_124m.toml "${g2[@]}" --steps 3 --warmup 3 --runs-dir "$runs" --quiet \
     | grep -E 'attention|^step|model FLOPs|memory' | tee -a "$out"
+  # PyTorch's flash attention alone at the same shape: the profile's attention rows beside it.
+  log "$(python3 bench/attention_torch_gpu.py --batch "$B" 2>&1 | tail -1)"
   exit 0
 fi
 if [ "${1:-gemm}" = nccl ]; then
