@@ -266,10 +266,9 @@ struct Piece {
     starts_document: bool,
 }
 
-/// The inputs' text in order, a piece of about `piece_bytes` at a time. A piece ends just
-/// after a line break that stands between two printable ASCII characters, or at the end
-/// of its file. GPT-2's pre-tokenizer cuts text there anyway (the break is a word of its
-/// own), so the pieces' ids are the whole text's. A file without such a break is one piece.
+/// The inputs' text in order, a piece of about `piece_bytes` at a time. A piece ends where
+/// GPT-2's pre-tokenizer cuts the text anyway (`safe_cut`), or at the end of its file, so the
+/// pieces' ids are the whole text's. A file with no such place is one piece.
 struct Pieces<'a> {
     inputs: &'a [PathBuf],
     piece_bytes: usize,
@@ -396,13 +395,18 @@ impl<'a> Pieces<'a> {
     }
 }
 
-/// The last place in `text`, at or after `from`, just after a line break between two
-/// printable ASCII characters; None where there is none.
+/// The last place in `text`, at or after `from`, where GPT-2's pre-tokenizer starts a word
+/// whatever comes before: just after a line break between two printable ASCII characters;
+/// else, for a line longer than a piece, at a space between a printable ASCII character and
+/// an ASCII letter (the space begins the next word). None where there is neither.
 fn safe_cut(text: &[u8], from: usize) -> Option<usize> {
     let printable = |b: u8| b.is_ascii_graphic();
-    (from.max(2)..text.len())
-        .rev()
-        .find(|&p| text[p - 1] == b'\n' && printable(text[p - 2]) && printable(text[p]))
+    let places = || (from.max(2)..text.len().saturating_sub(1)).rev();
+    let after_line_break =
+        |p: usize| text[p - 1] == b'\n' && printable(text[p - 2]) && printable(text[p]);
+    let before_word =
+        |p: usize| text[p] == b' ' && printable(text[p - 1]) && text[p + 1].is_ascii_alphabetic();
+    (places().find(|&p| after_line_break(p))).or_else(|| places().find(|&p| before_word(p)))
 }
 
 /// The tokenizer `--tokenizer` names: one whose vocabulary token files can stand for.
@@ -467,6 +471,26 @@ mod tests {
         assert_eq!(ids, gpt2.encode(&whole).unwrap());
     }
 
+    /// A text on one line, longer than a piece, is cut before its words: the bundled
+    /// Shakespeare with its line breaks as spaces, in pieces of about 1,000 bytes, gives the
+    /// whole line's ids.
+    #[test]
+    fn a_line_longer_than_a_piece_is_cut_before_a_word() {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("jobs/data/shakespeare.txt.gz");
+        let line = crate::data::read_text(&path).unwrap().replace('\n', " ");
+        let tmp = tempfile::tempdir().unwrap();
+        let one_line = tmp.path().join("line.txt");
+        std::fs::write(&one_line, &line).unwrap();
+        let pieces = read_all(&[one_line], 1000).unwrap();
+        assert!(pieces.len() > 500, "{} pieces", pieces.len());
+        assert!(pieces.iter().all(|p| p.text.len() < 2000));
+        let gpt2 = Vocabulary::of(Tokenizer::Gpt2, "");
+        let ids: Vec<u32> = (pieces.iter())
+            .flat_map(|p| gpt2.encode(&p.text).unwrap())
+            .collect();
+        assert_eq!(ids, gpt2.encode(&line).unwrap());
+    }
+
     /// Progress is a line every ten seconds, with the text and tokens so far and the rate.
     #[test]
     fn progress_speaks_every_ten_seconds() {
@@ -483,7 +507,7 @@ mod tests {
         assert!(progress.add(1, 1, twenty).is_some());
     }
 
-    /// Edge cases: a file without a line break is one piece; an empty file is one empty
+    /// Edge cases: a file with no place to cut is one piece; an empty file is one empty
     /// document; a byte that is not UTF-8 is named by its place in its file.
     #[test]
     fn pieces_of_odd_files() {
