@@ -2,13 +2,13 @@
 """Writes the emulated driver's kernel table from the kernel program (stdin): for every
 `extern "C" __global__` kernel, a thunk that calls it with the arguments cuLaunchKernel's
 `kernelParams` point to, the argument sizes a launch copies, and whether it may wait at a
-barrier, a warp shuffle or a warp-wide mma (then its threads run as fibers; the others as
+barrier, a warp shuffle or a warp-wide load or mma (then its threads run as fibers; the others as
 plain calls)."""
 import re
 import sys
 
 source = sys.stdin.read()
-WAITS = ("__syncthreads", "__syncwarp", "__shfl_down_sync", "__shfl_xor_sync", "mma_bf16_m16n8k16")
+WAITS = ("__syncthreads", "__syncwarp", "__shfl_down_sync", "__shfl_xor_sync", "mma_bf16_m16n8k16", "ldmatrix_x4")
 KEYWORDS = {"if", "for", "while", "switch", "return", "sizeof"}
 
 

@@ -187,6 +187,22 @@ inline void mma_bf16_m16n8k16(float* d, const uint32_t* a, const uint32_t* b) {
     }
 }
 
+// ldmatrix .x4, as flash_mma.cu's ldmatrix_x4 documents it: the lanes publish their rows'
+// addresses, then each reads its four registers.
+inline void ldmatrix_x4(uint32_t* r, const uint16_t* row, bool trans) {
+    unsigned id = thread_id(), lane = id & 31, first = id - lane;
+    memcpy(&shuffle_slots[id], &row, sizeof row);
+    wait(AtShuffle);
+    unsigned g = lane / 4, c = 2 * (lane % 4);
+    for (unsigned m = 0; m < 4; m++) {
+        const uint16_t* rows[8];
+        for (unsigned k = 0; k < 8; k++) memcpy(&rows[k], &shuffle_slots[first + 8 * m + k], sizeof rows[k]);
+        uint32_t lo = trans ? rows[c][g] : rows[g][c], hi = trans ? rows[c + 1][g] : rows[g][c + 1];
+        r[m] = lo | hi << 16;
+    }
+    wait(AtShuffle);  // no lane writes its slot again before every lane has read
+}
+
 inline void report(const char* why) {
     unsigned counts[4] = {0, 0, 0, 0};
     for (unsigned t = 0; t < block_threads; t++) counts[fibers[t].state]++;

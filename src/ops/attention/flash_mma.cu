@@ -35,6 +35,11 @@ __device__ __forceinline__ u32 bf16_pair(float lo, float hi) {
     return (u32)f32_to_bf16_bits(lo) | ((u32)f32_to_bf16_bits(hi) << 16);
 }
 
+// Scores are kept in base 2: exp(x) = exp2(x·log2(e)), one ex2 instruction. The saved
+// log-sum-exps stay natural, as flash.cu's and the CPU's.
+#define MMA_LOG2E 1.4426950408889634f
+#define MMA_LN2 0.6931471805599453f
+
 // Halves a row of a shared tile: D values and 8 of padding, so that the lanes' operand reads
 // fall in different banks.
 #define MMA_STRIDE(D) ((D) + 8)
@@ -61,35 +66,53 @@ __device__ void mma_load_rows(u16* tile, const void* src, int s, u64 at, u64 str
     }
 }
 
-// A's fragment for rows r0.. and columns k0.. of a shared tile.
+// Four 8×8 matrices of bf16 from shared memory, a register each (PTX's ldmatrix .x4): lanes
+// 8m..8m+7 give the addresses of matrix m's rows. Lane l gets row l / 4 of each, columns
+// 2·(l % 4) and the next; or with `trans` that column pair's rows: column l / 4, rows
+// 2·(l % 4) and the next. Every lane of the warp calls it.
+template <bool trans>
+__device__ __forceinline__ void ldmatrix_x4(u32* r, const u16* row) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+    u32 at;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(at) : "l"(row));
+    if (trans)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(at));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(at));
+#elif defined(__CUDA_ARCH__)
+    asm volatile("trap;");
+#else
+    host_gpu::ldmatrix_x4(r, row, trans);
+#endif
+}
+
+// A's fragment for rows r0.. and columns k0.. of a shared tile: its four 8×8 quarters, the
+// rows' top then bottom halves, left then right.
 template <int D>
 __device__ __forceinline__ void mma_a(u32* a, const u16* tile, int r0, int k0) {
     int lane = threadIdx.x & 31;
-    const u16* p = tile + (r0 + lane / 4) * MMA_STRIDE(D) + k0 + 2 * (lane % 4);
-    a[0] = *(const u32*)p;
-    a[1] = *(const u32*)(p + 8 * MMA_STRIDE(D));
-    a[2] = *(const u32*)(p + 8);
-    a[3] = *(const u32*)(p + 8 * MMA_STRIDE(D) + 8);
+    ldmatrix_x4<false>(a, tile + (r0 + (lane & 15)) * MMA_STRIDE(D) + k0 + (lane >> 4) * 8);
 }
 
-// B's fragment where B[k][n] = tile[n0 + n][k0 + k]: a product with the tile's rows
-// transposed (q·kᵀ).
+// B's fragments for result columns n0.. and n0 + 8.. (two per register pair) where
+// B[k][n] = tile[n + ..][k0 + k]: a product with the tile's rows transposed (q·kᵀ).
 template <int D>
 __device__ __forceinline__ void mma_b_transposed(u32* b, const u16* tile, int n0, int k0) {
     int lane = threadIdx.x & 31;
-    const u16* p = tile + (n0 + lane / 4) * MMA_STRIDE(D) + k0 + 2 * (lane % 4);
-    b[0] = *(const u32*)p;
-    b[1] = *(const u32*)(p + 8);
+    int row = n0 + (lane & 7) + (lane >> 4) * 8, col = k0 + ((lane >> 3) & 1) * 8;
+    ldmatrix_x4<false>(b, tile + row * MMA_STRIDE(D) + col);
 }
 
-// B's fragment where B[k][n] = tile[k0 + k][n0 + n]: a product with the tile as it is (p·v).
+// The same where B[k][n] = tile[k0 + k][n + ..]: a product with the tile as it is (p·v).
 template <int D>
 __device__ __forceinline__ void mma_b(u32* b, const u16* tile, int k0, int n0) {
     int lane = threadIdx.x & 31;
-    const u16* p = tile + (k0 + 2 * (lane % 4)) * MMA_STRIDE(D) + n0 + lane / 4;
-    const int S = MMA_STRIDE(D);
-    b[0] = (u32)p[0] | ((u32)p[S] << 16);
-    b[1] = (u32)p[8 * S] | ((u32)p[9 * S] << 16);
+    int row = k0 + (lane & 15), col = n0 + (lane >> 4) * 8;
+    ldmatrix_x4<true>(b, tile + row * MMA_STRIDE(D) + col);
 }
 
 // A's fragment for columns 16c.. of a warp's 16 × MMA_TILE results: two 16×8 result tiles.
@@ -105,13 +128,15 @@ __device__ __forceinline__ void mma_a_from(u32* a, const float (*x)[4], int c) {
 template <int D>
 __device__ __forceinline__ void mma_scores(float (*x)[4], const u32 (*a)[4], const u16* tile) {
     #pragma unroll
-    for (int nt = 0; nt < MMA_TILE / 8; nt++) {
-        x[nt][0] = x[nt][1] = x[nt][2] = x[nt][3] = 0.0f;
+    for (int nt = 0; nt < MMA_TILE / 8; nt++) x[nt][0] = x[nt][1] = x[nt][2] = x[nt][3] = 0.0f;
+    #pragma unroll
+    for (int nt = 0; nt < MMA_TILE / 8; nt += 2) {
         #pragma unroll
         for (int kc = 0; kc < D / 16; kc++) {
-            u32 b[2];
+            u32 b[4];
             mma_b_transposed<D>(b, tile, nt * 8, kc * 16);
             mma_bf16_m16n8k16(x[nt], a[kc], b);
+            mma_bf16_m16n8k16(x[nt + 1], a[kc], b + 2);
         }
     }
 }
@@ -124,10 +149,11 @@ __device__ __forceinline__ void mma_accumulate(float (*acc)[4], const float (*x)
         u32 a[4];
         mma_a_from(a, x, c);
         #pragma unroll
-        for (int nt = 0; nt < D / 8; nt++) {
-            u32 b[2];
+        for (int nt = 0; nt < D / 8; nt += 2) {
+            u32 b[4];
             mma_b<D>(b, tile, c * 16, nt * 8);
             mma_bf16_m16n8k16(acc[nt], a, b);
+            mma_bf16_m16n8k16(acc[nt + 1], a, b + 2);
         }
     }
 }
@@ -164,7 +190,7 @@ __device__ void flash_mma_forward(const void* qkv, int xs, void* y, int ys, floa
     u32 q[D / 16][4];
     #pragma unroll
     for (int kc = 0; kc < D / 16; kc++) mma_a<D>(q[kc], ks, warp * 16, kc * 16);
-    float acc[D / 8][4], m[2], l[2] = {0.0f, 0.0f};
+    float acc[D / 8][4], m[2], l[2] = {0.0f, 0.0f}, scale2 = scale * MMA_LOG2E;
     m[0] = m[1] = flash_neg_inf();
     #pragma unroll
     for (int nt = 0; nt < D / 8; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
@@ -178,14 +204,16 @@ __device__ void flash_mma_forward(const void* qkv, int xs, void* y, int ys, floa
         if (causal && j0 > row0 + 15) continue;  // every key of the tile is after the warp's queries
         float s[MMA_TILE / 8][4];
         mma_scores<D>(s, q, ks);
+        // Only the tile on the diagonal and the last one hold keys to mask.
+        bool edge = (causal && j0 + MMA_TILE > row0) || j0 + MMA_TILE > T;
         float tile_max[2] = {flash_neg_inf(), flash_neg_inf()};
         #pragma unroll
         for (int nt = 0; nt < MMA_TILE / 8; nt++) {
             #pragma unroll
             for (int e = 0; e < 4; e++) {
                 u64 i = row0 + mma_row(e), j = j0 + mma_col(nt, e);
-                bool seen = j < T && !(causal && j > i);
-                s[nt][e] = seen ? s[nt][e] * scale : flash_neg_inf();
+                bool seen = !edge || (j < T && !(causal && j > i));
+                s[nt][e] = seen ? s[nt][e] * scale2 : flash_neg_inf();
                 tile_max[e / 2] = fmaxf(tile_max[e / 2], s[nt][e]);
             }
         }
@@ -194,7 +222,7 @@ __device__ void flash_mma_forward(const void* qkv, int xs, void* y, int ys, floa
             float m_new = fmaxf(m[r], quad_max(tile_max[r]));
             // A row that has seen no key yet keeps zeros: nothing to rescale, nothing to add.
             base[r] = m_new == flash_neg_inf() ? 0.0f : m_new;
-            correction[r] = expf(m[r] - base[r]);
+            correction[r] = exp2f(m[r] - base[r]);
             m[r] = m_new;
             l[r] *= correction[r];
         }
@@ -207,7 +235,7 @@ __device__ void flash_mma_forward(const void* qkv, int xs, void* y, int ys, floa
         for (int nt = 0; nt < MMA_TILE / 8; nt++) {
             #pragma unroll
             for (int e = 0; e < 4; e++) {
-                float p = expf(s[nt][e] - base[e / 2]);
+                float p = exp2f(s[nt][e] - base[e / 2]);
                 l[e / 2] += p;
                 if (drop > 0.0f) {
                     u64 i = row0 + mma_row(e), j = j0 + mma_col(nt, e);
@@ -234,7 +262,7 @@ __device__ void flash_mma_forward(const void* qkv, int xs, void* y, int ys, floa
     if ((threadIdx.x & 3) == 0) {
         for (int r = 0; r < 2; r++) {
             u64 i = row0 + mma_row(2 * r);
-            if (i < T) own[T * H * hd + h * T + i] = m[r] + logf(l[r]);
+            if (i < T) own[T * H * hd + h * T + i] = m[r] * MMA_LN2 + logf(l[r]);
         }
     }
 }
@@ -271,27 +299,30 @@ __device__ void flash_mma_backward_kv(const void* qkv, int xs, const void* dy, i
     }
     const float* lses = saved + flash_saved(b, T, H, hd) + T * H * hd + h * T;
     const float* deltas = delta + (b * H + h) * T;
+    float scale2 = scale * MMA_LOG2E;
     // Causal: the queries before the block's first key attend to none of its keys.
     for (u64 i0 = causal ? tile * FLASH_ROWS : 0; i0 < T; i0 += MMA_TILE) {
         __syncthreads();
         mma_load_rows<D>(qs, qkv, xs, at_q, stride, i0, T, hd);
         mma_load_rows<D>(gs, dy, dys, at_dy, H * hd, i0, T, hd);
         for (int e = threadIdx.x; e < MMA_TILE; e += blockDim.x) {
-            lse[e] = i0 + e < T ? lses[i0 + e] : 0.0f;
+            lse[e] = i0 + e < T ? lses[i0 + e] * MMA_LOG2E : 0.0f;
             dl[e] = i0 + e < T ? deltas[i0 + e] : 0.0f;
         }
         __syncthreads();
         float p[MMA_TILE / 8][4], ds[MMA_TILE / 8][4];
         mma_scores<D>(p, k, qs);
         mma_scores<D>(ds, v, gs);  // dpᵀ = v·dyᵀ
+        // Only the tile on the diagonal and the last ones hold pairs to mask.
+        bool edge = (causal && i0 < row0 + 16) || i0 + MMA_TILE > T || row0 + 16 > T;
         #pragma unroll
         for (int nt = 0; nt < MMA_TILE / 8; nt++) {
             #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int c = mma_col(nt, e);
                 u64 j = row0 + mma_row(e), i = i0 + c;
-                bool seen = i < T && j < T && !(causal && j > i);
-                float prob = seen ? expf(p[nt][e] * scale - lse[c]) : 0.0f;
+                bool seen = !edge || (i < T && j < T && !(causal && j > i));
+                float prob = seen ? exp2f(p[nt][e] * scale2 - lse[c]) : 0.0f;
                 float z = drop > 0.0f && seen ? kept_factor(drop, key, first, ((b * H + h) * T + i) * T + j) : 1.0f;
                 ds[nt][e] = prob * (z * ds[nt][e] - dl[c]) * scale;
                 p[nt][e] = prob * z;
@@ -338,10 +369,10 @@ __device__ void flash_mma_backward_q(const void* qkv, int xs, const void* dy, in
     float lse[2], dl[2];
     for (int r = 0; r < 2; r++) {
         u64 i = row0 + mma_row(2 * r);
-        lse[r] = i < T ? own[i] : 0.0f;
+        lse[r] = i < T ? own[i] * MMA_LOG2E : 0.0f;
         dl[r] = i < T ? delta[(b * H + h) * T + i] : 0.0f;
     }
-    float dq[D / 8][4];
+    float dq[D / 8][4], scale2 = scale * MMA_LOG2E;
     #pragma unroll
     for (int nt = 0; nt < D / 8; nt++) dq[nt][0] = dq[nt][1] = dq[nt][2] = dq[nt][3] = 0.0f;
     u64 keys = causal ? (tile + 1) * FLASH_ROWS : T;
@@ -355,13 +386,14 @@ __device__ void flash_mma_backward_q(const void* qkv, int xs, const void* dy, in
         float s[MMA_TILE / 8][4], ds[MMA_TILE / 8][4];
         mma_scores<D>(s, q, ks);
         mma_scores<D>(ds, g, vs);  // dp = dy·vᵀ
+        bool edge = (causal && j0 + MMA_TILE > row0) || j0 + MMA_TILE > T || row0 + 16 > T;
         #pragma unroll
         for (int nt = 0; nt < MMA_TILE / 8; nt++) {
             #pragma unroll
             for (int e = 0; e < 4; e++) {
                 u64 i = row0 + mma_row(e), j = j0 + mma_col(nt, e);
-                bool seen = i < T && j < T && !(causal && j > i);
-                float prob = seen ? expf(s[nt][e] * scale - lse[e / 2]) : 0.0f;
+                bool seen = !edge || (i < T && j < T && !(causal && j > i));
+                float prob = seen ? exp2f(s[nt][e] * scale2 - lse[e / 2]) : 0.0f;
                 float z = drop > 0.0f && seen ? kept_factor(drop, key, first, ((b * H + h) * T + i) * T + j) : 1.0f;
                 ds[nt][e] = prob * (z * ds[nt][e] - dl[e / 2]) * scale;
             }
