@@ -511,20 +511,26 @@ fn validate_checkpoint(spec: &JobSpec, p: &mut Problems) {
         }
     }
     if let Some(best) = &c.keep_best {
-        // A checkpoint is compared by the evaluation of its own parameters, which only
-        // every_epochs checkpoints (and the final one) have.
+        // A checkpoint is compared by the evaluation of its own parameters: every_epochs
+        // checkpoints after evaluated epochs, every_steps ones at evaluated steps (and the
+        // final one) have it.
+        let by_epochs = c.every_epochs.is_some() && spec.train.eval_every_epochs > 0;
+        let by_steps = c
+            .every_steps
+            .is_some_and(|n| (spec.train.eval_every_steps).is_some_and(|e| n.is_multiple_of(e)));
         p.check(
-            c.every_epochs.is_some() && spec.train.eval_every_epochs > 0,
+            by_epochs || by_steps,
             "checkpoint.keep_best",
             format!(
-                "metric \"{}\" needs checkpoint.every_epochs and train.eval_every_epochs > 0: \
-                 checkpoints are compared by the evaluation made right before them",
+                "metric \"{}\" needs checkpoints at evaluations: checkpoint.every_epochs with \
+                 train.eval_every_epochs > 0, or checkpoint.every_steps a multiple of \
+                 train.eval_every_steps",
                 best.metric.name()
             ),
         );
         let split = best.metric.split();
         let has_split = match split {
-            "val" => spec.data.val_fraction > 0.0,
+            "val" => spec.data.val_fraction > 0.0 || spec.data.val_path.is_some(),
             _ => spec.data.test_path.is_some() || spec.data.test_images.is_some(),
         };
         p.check(

@@ -209,10 +209,11 @@ pub fn train_session<B: Engine>(
             let eval_due = (t.spec.train.eval_every_steps)
                 .is_some_and(|n| step.is_multiple_of(n as u64))
                 && (step as usize) < t.total;
+            let mut evaluation = BTreeMap::new();
             if eval_due {
                 // eval_steps batches of the job's batch size, however many replicas share it.
                 let samples = (t.spec.train.eval_steps).map(|s| s * t.spec.batch_size());
-                t.evaluate(0..t.periodic_sets, epoch, samples)?;
+                evaluation = t.evaluate(0..t.periodic_sets, epoch, samples)?;
             }
 
             let signal = t.stop_signal();
@@ -221,7 +222,10 @@ pub fn train_session<B: Engine>(
                 .is_some_and(|n| step.is_multiple_of(n as u64))
                 && (step as usize) < t.total;
             if due || signal.is_some() || out_of_time {
+                // A checkpoint at an evaluated step carries it: keep_best ranks by it.
+                t.st.evaluation = evaluation;
                 t.checkpoint()?;
+                t.st.evaluation.clear();
             }
             if let Some(signal) = signal {
                 return Ok(t.interrupted(signal));

@@ -1048,6 +1048,26 @@ fn keep_last_and_keep_best_prune_old_checkpoints() {
     );
 }
 
+/// Checkpoints every 20 steps, evaluated every 10: keep_best ranks them by the evaluation
+/// of their own weights (the val_loss rows at their steps), as nanoGPT keeps its best.
+#[test]
+fn keep_best_ranks_step_checkpoints_by_their_evaluation() {
+    let steps =
+        "every_steps = 20\nkeep_last = 1\nkeep_best = { metric = \"val_loss\", mode = \"max\" }\n";
+    let job = SMALL_JOB.replace("every_steps = 10\n", steps);
+    let job = write_job(&job.replace("epochs = 4\n", "epochs = 4\neval_every_steps = 10\n"));
+    let dir = run_dir(&job.run(&[]));
+    // mode = "max" on a falling loss: the best is the first evaluated checkpoint, at step 20
+    // (not step 10's evaluation, which has no checkpoint), besides the final one.
+    assert_eq!(
+        checkpoints(&dir),
+        ["step-00000020.safetensors", "step-00000092.safetensors"]
+    );
+    let text = std::fs::read_to_string(dir.join("metrics.csv")).unwrap();
+    let val_rows = text.lines().filter(|l| l.contains(",val,")).count();
+    assert!(val_rows >= 9, "{val_rows} evaluation rows\n{text}");
+}
+
 #[test]
 fn resume_auto_continues_the_newest_unfinished_run_else_starts_a_new_one() {
     let job = write_job(&format!("{SMALL_JOB}resume = \"auto\"\n"));
@@ -1066,6 +1086,13 @@ fn checkpoint_keys_are_validated() {
         (
             "keep_best = { metric = \"val_loss\" }",
             vec!["checkpoint.keep_best", "every_epochs"],
+        ),
+        (
+            "every_steps = 15\nkeep_best = { metric = \"val_loss\" }",
+            vec![
+                "checkpoint.keep_best",
+                "a multiple of train.eval_every_steps",
+            ],
         ),
         (
             "every_epochs = 1\nkeep_best = { metric = \"test_accuracy\" }",
