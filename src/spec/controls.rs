@@ -229,10 +229,12 @@ pub(super) fn problems(spec: &JobSpec) -> Vec<(String, String)> {
                 ),
             ));
         }
-        if t.eval_every_epochs == 0 {
+        if t.eval_every_epochs == 0 && t.eval_every_steps.is_none() {
             out.push((
                 key,
-                "needs evaluations, but train.eval_every_epochs = 0".into(),
+                "needs evaluations, but train.eval_every_epochs = 0 and train.eval_every_steps \
+                 is not set"
+                    .into(),
             ));
         }
         if es.patience == 0 {

@@ -186,10 +186,15 @@ pub fn train_session<B: Engine>(
             // Past the deadline, this step is the last one (and is logged).
             let out_of_time = t.deadline.is_some_and(|d| Instant::now() >= d);
             let epoch_ends = t.st.steps_in_epoch + 1 == steps_in_this_epoch;
+            // At the last step the final evaluation follows the loop.
+            let eval_due = (t.spec.train.eval_every_steps)
+                .is_some_and(|n| step.is_multiple_of(n as u64))
+                && (step as usize) < t.total;
             let logging = step.is_multiple_of(t.log_every)
                 || step as usize == t.total
                 || out_of_time
-                || (may_stop_here && epoch_ends);
+                || (may_stop_here && epoch_ends)
+                || (t.early_stopping.is_some() && eval_due);
 
             let first = (step_in_epoch * step_samples) as u64;
             order.fill(
@@ -205,15 +210,17 @@ pub fn train_session<B: Engine>(
                 t.log_train_row(epoch, lr, &result, samples)?;
             }
 
-            // At the last step the final evaluation follows the loop.
-            let eval_due = (t.spec.train.eval_every_steps)
-                .is_some_and(|n| step.is_multiple_of(n as u64))
-                && (step as usize) < t.total;
             let mut evaluation = BTreeMap::new();
             if eval_due {
                 // eval_steps batches of the job's batch size, however many replicas share it.
                 let samples = (t.spec.train.eval_steps).map(|s| s * t.spec.batch_size());
                 evaluation = t.evaluate(0..t.periodic_sets, epoch, samples)?;
+                // Early stopping counts these evaluations too, as Lightning's counts every
+                // validation; its final checkpoint then carries this one.
+                if t.stops_early() {
+                    t.st.evaluation = evaluation;
+                    break 'epochs;
+                }
             }
 
             let signal = t.stop_signal();
@@ -741,14 +748,9 @@ impl<'a, B: Engine> Training<'a, B> {
         let mut evaluation = BTreeMap::new();
         if self.evaluates_after(epoch) {
             evaluation = self.evaluate(0..self.periodic_sets, epoch, None)?;
-            if let Some(es) = self.early_stopping.as_mut() {
-                let stop = es.should_stop(&self.outcome.last_eval);
-                self.st.early_stopping = Some(es.progress().clone());
-                if stop {
-                    self.outcome.end_reason = EndReason::EarlyStopped;
-                    self.st.evaluation = evaluation;
-                    return Ok(EpochEnd::Stop);
-                }
+            if self.stops_early() {
+                self.st.evaluation = evaluation;
+                return Ok(EpochEnd::Stop);
             }
         }
         // The epoch is done, evaluation included: a checkpoint from here starts the next.
@@ -761,6 +763,20 @@ impl<'a, B: Engine> Training<'a, B> {
             self.st.evaluation.clear();
         }
         Ok(EpochEnd::Continue)
+    }
+
+    /// Early stopping's verdict on the evaluation just made (its count goes into the
+    /// checkpoints); true ends the run.
+    fn stops_early(&mut self) -> bool {
+        let Some(es) = self.early_stopping.as_mut() else {
+            return false;
+        };
+        let stop = es.should_stop(&self.outcome.last_eval);
+        self.st.early_stopping = Some(es.progress().clone());
+        if stop {
+            self.outcome.end_reason = EndReason::EarlyStopped;
+        }
+        stop
     }
 
     /// Evaluates `sets` of the evaluation splits (at most `batches` batches of each),

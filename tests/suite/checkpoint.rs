@@ -1008,6 +1008,42 @@ fn a_resumed_run_stops_early_where_the_uninterrupted_one_did() {
     }
 }
 
+/// Early stopping counts the evaluations of train.eval_every_steps, as Lightning counts each
+/// validation: nothing beats the first (step 5) by min_delta, so with patience 2 the run
+/// stops at step 15's, mid-epoch, and its last train row is step 15. A run resumed from the
+/// checkpoint between them stops there too.
+#[test]
+fn early_stopping_counts_the_evaluations_every_n_steps() {
+    let job = write_job(
+        &SMALL_JOB
+            .replace(
+                "epochs = 4",
+                "epochs = 10\neval_every_steps = 5\n\
+                 early_stopping = { metric = \"val_accuracy\", patience = 2, min_delta = 1.0 }",
+            )
+            .replace("every_steps = 10", "every_steps = 5"),
+    );
+    let whole = run_dir(&job.run(&[]));
+    assert_eq!(summary(&whole)["end_reason"], "early_stopped");
+    assert_eq!(summary(&whole)["steps"], 15, "{}", summary(&whole));
+    let rows = metrics(&whole);
+    let last_train = rows.iter().rev().find(|r| r.contains(",train,")).unwrap();
+    assert!(last_train.starts_with("15,"), "{last_train}\n{rows:?}");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    std::fs::create_dir_all(dir.join("checkpoints")).unwrap();
+    for file in ["metrics.csv", "config.toml"] {
+        std::fs::copy(whole.join(file), dir.join(file)).unwrap();
+    }
+    let name = "step-00000010.safetensors";
+    let checkpoint = dir.join("checkpoints").join(name);
+    std::fs::copy(whole.join("checkpoints").join(name), &checkpoint).unwrap();
+    run_dir(&job.run(&["--resume", checkpoint.to_str().unwrap()]));
+    assert_eq!(summary(&dir)["end_reason"], "early_stopped");
+    assert_eq!(metrics(&dir), metrics(&whole));
+    assert_eq!(weights(&dir), weights(&whole));
+}
+
 #[test]
 fn nonexistent_resume_path_and_a_run_without_checkpoints_are_named() {
     let job = write_job(SMALL_JOB);
