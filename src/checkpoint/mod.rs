@@ -30,7 +30,7 @@ pub use resume::{
 };
 
 use crate::error::{Error, Result};
-use crate::spec::{BestMode, CheckpointSpec, JobSpec, StopMode};
+use crate::spec::{BestMode, CheckpointSpec, JobSpec, KeepBestSpec, StopMode};
 use crate::tensor::LossStats;
 use file::{TensorOut, Values};
 use serde::{Deserialize, Serialize};
@@ -272,6 +272,33 @@ pub fn list(dir: &Path) -> Vec<(u64, PathBuf)> {
     found
 }
 
+/// The checkpoint in `dir` that `best` ranks first by the evaluation it carries; None where
+/// none carries that metric.
+pub fn best(dir: &Path, best: &KeepBestSpec) -> Option<PathBuf> {
+    best_of(&list(dir), best).map(Path::to_path_buf)
+}
+
+/// The checkpoint of `all` that `best` ranks first (the earliest among equals).
+fn best_of<'a>(all: &'a [(u64, PathBuf)], best: &KeepBestSpec) -> Option<&'a Path> {
+    let metric = best.metric.name();
+    let better = |a: f64, b: f64| match best.mode() {
+        BestMode::Min => a < b,
+        BestMode::Max => a > b,
+    };
+    let mut winner: Option<(f64, &Path)> = None;
+    for (_, path) in all {
+        let value = file::read_metadata_only(path)
+            .and_then(|m| serde_json::from_str::<TrainState>(m.get("state")?).ok())
+            .and_then(|s| s.evaluation.get(metric).copied());
+        if let Some(v) = value {
+            if winner.is_none_or(|(w, _)| better(v, w)) {
+                winner = Some((v, path));
+            }
+        }
+    }
+    winner.map(|(_, p)| p)
+}
+
 /// Deletes the checkpoints `keep_last` and `keep_best` do not keep, and temporary files a
 /// killed write left behind. Without keep_last every checkpoint is kept.
 pub fn prune(dir: &Path, policy: &CheckpointSpec) -> Result<()> {
@@ -293,23 +320,7 @@ pub fn prune(dir: &Path, policy: &CheckpointSpec) -> Result<()> {
         .map(|(_, p)| p.as_path())
         .collect();
     if let Some(best) = &policy.keep_best {
-        let metric = best.metric.name();
-        let better = |a: f64, b: f64| match best.mode() {
-            BestMode::Min => a < b,
-            BestMode::Max => a > b,
-        };
-        let mut winner: Option<(f64, &Path)> = None;
-        for (_, path) in &all {
-            let value = file::read_metadata_only(path)
-                .and_then(|m| serde_json::from_str::<TrainState>(m.get("state")?).ok())
-                .and_then(|s| s.evaluation.get(metric).copied());
-            if let Some(v) = value {
-                if winner.is_none_or(|(w, _)| better(v, w)) {
-                    winner = Some((v, path));
-                }
-            }
-        }
-        keep.extend(winner.map(|(_, p)| p));
+        keep.extend(best_of(&all, best));
     }
     for (_, path) in &all {
         if !keep.contains(&path.as_path()) {

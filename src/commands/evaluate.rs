@@ -25,7 +25,8 @@ pub struct EvalArgs {
     /// The IDX labels of --data's images.
     #[arg(long, value_name = "FILE", requires = "data")]
     pub labels: Option<PathBuf>,
-    /// A training checkpoint of the run instead of its final weights.
+    /// A training checkpoint of the run instead of its final weights; `best` for the one
+    /// its checkpoint.keep_best keeps.
     #[arg(long, value_name = "FILE")]
     pub checkpoint: Option<PathBuf>,
     /// Write the metrics as CSV (split,metric,class,value).
@@ -66,9 +67,30 @@ pub(super) struct Trained {
     weights: PathBuf,
 }
 
+/// `--checkpoint best`: the checkpoint the run's checkpoint.keep_best keeps.
+const BEST: &str = "best";
+
+/// The run's checkpoint that its job's checkpoint.keep_best ranks first.
+fn best_checkpoint(run: &Path, spec: &JobSpec) -> Result<PathBuf> {
+    let Some(keep_best) = &spec.checkpoint.keep_best else {
+        return Err(Error::Job(format!(
+            "--checkpoint best: {} has no checkpoint.keep_best to rank its checkpoints by; \
+             give a checkpoint file",
+            run.display()
+        )));
+    };
+    checkpoint::best(&run.join("checkpoints"), keep_best).ok_or_else(|| {
+        Error::Job(format!(
+            "--checkpoint best: no checkpoint of {} carries an evaluation of {}",
+            run.display(),
+            keep_best.metric.name()
+        ))
+    })
+}
+
 impl Trained {
     /// `run`'s model: a run directory's final weights or `checkpoint`, or a job file's
-    /// model.init_from.
+    /// model.init_from. A checkpoint named `best` is the one checkpoint.keep_best keeps.
     pub fn load(run: &Path, checkpoint: Option<&Path>) -> Result<Trained> {
         if run.is_file() && run.extension().is_some_and(|e| e == "toml") {
             return Trained::from_job(run, checkpoint);
@@ -92,6 +114,14 @@ impl Trained {
         };
         let graph = Graph::build(&spec, &shape)
             .map_err(|e| e.with_note(&format!("building the model of {}", config.display())))?;
+        let best;
+        let checkpoint = match checkpoint {
+            Some(name) if name == Path::new(BEST) && !name.exists() => {
+                best = best_checkpoint(run, &spec)?;
+                Some(best.as_path())
+            }
+            other => other,
+        };
         let (params, running_stats, weights) = match checkpoint {
             Some(path) => {
                 let c = checkpoint::load(path).map_err(|why| {
@@ -494,7 +524,8 @@ pub struct PredictArgs {
     /// Where the predictions go (CSV).
     #[arg(long, short, value_name = "FILE")]
     pub output: PathBuf,
-    /// A training checkpoint of the run instead of its final weights.
+    /// A training checkpoint of the run instead of its final weights; `best` for the one
+    /// its checkpoint.keep_best keeps.
     #[arg(long, value_name = "FILE")]
     pub checkpoint: Option<PathBuf>,
     /// Input columns copied to each output row first, e.g. an id (by header name, or by

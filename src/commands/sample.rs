@@ -22,7 +22,8 @@ pub struct SampleArgs {
     /// The run directory of a model trained on text, or a job file whose model.init_from
     /// gives the weights (GPT-2's, say).
     pub run: PathBuf,
-    /// A training checkpoint of the run instead of its final weights.
+    /// A training checkpoint of the run instead of its final weights; `best` for the one
+    /// its checkpoint.keep_best keeps.
     #[arg(long, value_name = "FILE")]
     pub checkpoint: Option<PathBuf>,
     /// The text to continue (default: a new line).

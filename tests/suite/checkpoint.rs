@@ -1085,7 +1085,8 @@ fn keep_last_and_keep_best_prune_old_checkpoints() {
 }
 
 /// Checkpoints every 20 steps, evaluated every 10: keep_best ranks them by the evaluation
-/// of their own weights (the val_loss rows at their steps), as nanoGPT keeps its best.
+/// of their own weights (the val_loss rows at their steps), as nanoGPT keeps its best, and
+/// `--checkpoint best` reads that one.
 #[test]
 fn keep_best_ranks_step_checkpoints_by_their_evaluation() {
     let steps =
@@ -1102,6 +1103,17 @@ fn keep_best_ranks_step_checkpoints_by_their_evaluation() {
     let text = std::fs::read_to_string(dir.join("metrics.csv")).unwrap();
     let val_rows = text.lines().filter(|l| l.contains(",val,")).count();
     assert!(val_rows >= 9, "{val_rows} evaluation rows\n{text}");
+    // `--checkpoint best` evaluates (and samples, predicts) that one.
+    let run = dir.to_str().unwrap();
+    let out = trainer(&["eval", run, "--checkpoint", "best"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report = common::stdout(&out);
+    assert!(report.contains("step-00000020.safetensors"), "{report}");
+    // A run whose job keeps no best is told so.
+    let plain_job = write_job(SMALL_JOB);
+    let plain = run_dir(&plain_job.run(&[]));
+    let out = trainer(&["eval", plain.to_str().unwrap(), "--checkpoint", "best"]);
+    expect_exit_2(&out, &["--checkpoint best", "no checkpoint.keep_best"]);
 }
 
 #[test]
