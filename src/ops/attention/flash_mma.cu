@@ -1,14 +1,15 @@
 // Flash attention on tensor cores, for bf16 activations on compute capability 8.0 and later:
 // the products of flash.cu's kernels as warp-wide mma.sync (bf16 operands, f32 sums). The same
 // layouts, launch grid and saved values as flash.cu; the host picks these kernels where the
-// head width is a multiple of 8 (`flash_mma` in cuda.rs).
+// head width is a multiple of 8 (`flash_on_tensor_cores` in cuda.rs).
 //
 // A block has four warps and FLASH_ROWS rows of its side (queries, or keys for dk and dv);
 // each warp owns 16 of them. The other side comes a tile of MMA_TILE rows at a time through
-// shared memory, stored row-major in bf16. The scores a warp computes stay in its registers:
-// mma's result layout for two 16×8 tiles is its operand layout for one 16×16 tile, so the
-// probabilities (or their gradients) go into the next product without shared memory, as in
-// FlashAttention-2. P and dS are rounded to bf16 for that product, as FlashAttention does.
+// shared memory, stored row-major in bf16 and read by ldmatrix. The scores a warp computes
+// stay in its registers: mma's result layout for two 16×8 tiles is its operand layout for
+// one 16×16 tile, so the probabilities (or their gradients) go into the next product without
+// shared memory, as in FlashAttention-2. P and dS are rounded to bf16 for that product, as
+// FlashAttention does.
 
 #define MMA_TILE 64
 
@@ -123,8 +124,8 @@ __device__ __forceinline__ void mma_a_from(u32* a, const float (*x)[4], int c) {
     a[3] = bf16_pair(x[2 * c + 1][2], x[2 * c + 1][3]);
 }
 
-// x (16 × MMA_TILE for the warp) = A·Bᵀ over D columns: A the warp's rows of `rows`, B the
-// rows of `tile`.
+// x (16 × MMA_TILE for the warp) = A·Bᵀ over D columns: A the warp's 16 rows (`a`, a
+// fragment for each 16 columns), B the rows of `tile`.
 template <int D>
 __device__ __forceinline__ void mma_scores(float (*x)[4], const u32 (*a)[4], const u16* tile) {
     #pragma unroll
