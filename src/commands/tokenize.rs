@@ -453,6 +453,17 @@ mod tests {
         std::iter::from_fn(|| pieces.next().transpose()).collect()
     }
 
+    /// Together the pieces are `whole`, and their GPT-2 ids are its ids.
+    fn assert_encoded_as_whole(pieces: &[Piece], whole: &str) {
+        let text: String = pieces.iter().map(|p| p.text.as_str()).collect();
+        assert_eq!(text, whole);
+        let gpt2 = Vocabulary::of(Tokenizer::Gpt2, "");
+        let ids: Vec<u32> = (pieces.iter())
+            .flat_map(|p| gpt2.encode(&p.text).unwrap())
+            .collect();
+        assert_eq!(ids, gpt2.encode(whole).unwrap());
+    }
+
     /// The bundled Shakespeare (gzip) in pieces of about 1,000 bytes: together they are the
     /// text, and their GPT-2 ids are the whole text's.
     #[test]
@@ -462,13 +473,7 @@ mod tests {
         let pieces = read_all(std::slice::from_ref(&path), 1000).unwrap();
         assert!(pieces.len() > 500, "{} pieces", pieces.len());
         assert!(pieces[0].starts_document && pieces[1..].iter().all(|p| !p.starts_document));
-        let text: String = pieces.iter().map(|p| p.text.as_str()).collect();
-        assert_eq!(text, whole);
-        let gpt2 = Vocabulary::of(Tokenizer::Gpt2, "");
-        let ids: Vec<u32> = (pieces.iter())
-            .flat_map(|p| gpt2.encode(&p.text).unwrap())
-            .collect();
-        assert_eq!(ids, gpt2.encode(&whole).unwrap());
+        assert_encoded_as_whole(&pieces, &whole);
     }
 
     /// A text on one line, longer than a piece, is cut before its words: the bundled
@@ -484,11 +489,7 @@ mod tests {
         let pieces = read_all(&[one_line], 1000).unwrap();
         assert!(pieces.len() > 500, "{} pieces", pieces.len());
         assert!(pieces.iter().all(|p| p.text.len() < 2000));
-        let gpt2 = Vocabulary::of(Tokenizer::Gpt2, "");
-        let ids: Vec<u32> = (pieces.iter())
-            .flat_map(|p| gpt2.encode(&p.text).unwrap())
-            .collect();
-        assert_eq!(ids, gpt2.encode(&line).unwrap());
+        assert_encoded_as_whole(&pieces, &line);
     }
 
     /// Progress is a line every ten seconds, with the text and tokens so far and the rate.
