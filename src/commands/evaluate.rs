@@ -25,8 +25,8 @@ pub struct EvalArgs {
     /// The IDX labels of --data's images.
     #[arg(long, value_name = "FILE", requires = "data")]
     pub labels: Option<PathBuf>,
-    /// A training checkpoint of the run instead of its final weights; `best` for the one
-    /// its checkpoint.keep_best keeps.
+    /// A training checkpoint of the run instead of its final weights: a file, `last` for
+    /// the newest, or `best` for the one its checkpoint.keep_best keeps.
     #[arg(long, value_name = "FILE")]
     pub checkpoint: Option<PathBuf>,
     /// Write the metrics as CSV (split,metric,class,value).
@@ -69,6 +69,19 @@ pub(super) struct Trained {
 
 /// `--checkpoint best`: the checkpoint the run's checkpoint.keep_best keeps.
 const BEST: &str = "best";
+/// `--checkpoint last`: the run's newest checkpoint, as Lightning's `ckpt_path="last"`.
+const LAST: &str = "last";
+
+/// The run's newest checkpoint.
+fn last_checkpoint(run: &Path) -> Result<PathBuf> {
+    let newest = checkpoint::list(&run.join("checkpoints")).pop();
+    newest.map(|(_, path)| path).ok_or_else(|| {
+        Error::Job(format!(
+            "--checkpoint last: {} has no checkpoints (checkpoints/step-*.safetensors)",
+            run.display()
+        ))
+    })
+}
 
 /// The run's checkpoint that its job's checkpoint.keep_best ranks first.
 fn best_checkpoint(run: &Path, spec: &JobSpec) -> Result<PathBuf> {
@@ -88,9 +101,28 @@ fn best_checkpoint(run: &Path, spec: &JobSpec) -> Result<PathBuf> {
     })
 }
 
+/// Why a run without final weights cannot be read as it is, and what it has instead: a run
+/// that stopped before its end has only its checkpoints.
+fn unfinished(run: &Path) -> Error {
+    let hint = match checkpoint::list(&run.join("checkpoints")).pop() {
+        Some((step, _)) => format!(
+            "its newest checkpoint is from step {step}: pass --checkpoint last (or a \
+             checkpoint file), or finish it with `trainer run --resume {}`",
+            run.display()
+        ),
+        None => "it has no checkpoints either".to_string(),
+    };
+    Error::Job(format!(
+        "{}: no final weights ({}), which a run writes when it finishes; {hint}",
+        run.display(),
+        weights::MODEL_FILE
+    ))
+}
+
 impl Trained {
     /// `run`'s model: a run directory's final weights or `checkpoint`, or a job file's
-    /// model.init_from. A checkpoint named `best` is the one checkpoint.keep_best keeps.
+    /// model.init_from. A checkpoint named `best` is the one checkpoint.keep_best keeps;
+    /// one named `last` is the newest.
     pub fn load(run: &Path, checkpoint: Option<&Path>) -> Result<Trained> {
         if run.is_file() && run.extension().is_some_and(|e| e == "toml") {
             return Trained::from_job(run, checkpoint);
@@ -114,11 +146,15 @@ impl Trained {
         };
         let graph = Graph::build(&spec, &shape)
             .map_err(|e| e.with_note(&format!("building the model of {}", config.display())))?;
-        let best;
+        let named;
         let checkpoint = match checkpoint {
             Some(name) if name == Path::new(BEST) && !name.exists() => {
-                best = best_checkpoint(run, &spec)?;
-                Some(best.as_path())
+                named = best_checkpoint(run, &spec)?;
+                Some(named.as_path())
+            }
+            Some(name) if name == Path::new(LAST) && !name.exists() => {
+                named = last_checkpoint(run)?;
+                Some(named.as_path())
             }
             other => other,
         };
@@ -142,6 +178,9 @@ impl Trained {
             }
             None => {
                 let path = run.join(weights::MODEL_FILE);
+                if !path.exists() {
+                    return Err(unfinished(run));
+                }
                 let w = weights::read_as(&path, &graph, "the run's final weights ")?;
                 (w.params, w.running_stats, path)
             }
@@ -524,8 +563,8 @@ pub struct PredictArgs {
     /// Where the predictions go (CSV).
     #[arg(long, short, value_name = "FILE")]
     pub output: PathBuf,
-    /// A training checkpoint of the run instead of its final weights; `best` for the one
-    /// its checkpoint.keep_best keeps.
+    /// A training checkpoint of the run instead of its final weights: a file, `last` for
+    /// the newest, or `best` for the one its checkpoint.keep_best keeps.
     #[arg(long, value_name = "FILE")]
     pub checkpoint: Option<PathBuf>,
     /// Input columns copied to each output row first, e.g. an id (by header name, or by

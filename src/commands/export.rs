@@ -13,7 +13,8 @@ pub struct ExportArgs {
     /// The directory to write model.safetensors and config.json in. It is created; one that
     /// already holds a model.safetensors is refused.
     pub output: PathBuf,
-    /// A training checkpoint of the run instead of its final weights.
+    /// A training checkpoint of the run instead of its final weights: a file, `last` for
+    /// the newest, or `best` for the one its checkpoint.keep_best keeps.
     #[arg(long, value_name = "FILE")]
     pub checkpoint: Option<PathBuf>,
 }

@@ -22,8 +22,8 @@ pub struct SampleArgs {
     /// The run directory of a model trained on text, or a job file whose model.init_from
     /// gives the weights (GPT-2's, say).
     pub run: PathBuf,
-    /// A training checkpoint of the run instead of its final weights; `best` for the one
-    /// its checkpoint.keep_best keeps.
+    /// A training checkpoint of the run instead of its final weights: a file, `last` for
+    /// the newest, or `best` for the one its checkpoint.keep_best keeps.
     #[arg(long, value_name = "FILE")]
     pub checkpoint: Option<PathBuf>,
     /// The text to continue (default: a new line).

@@ -1116,6 +1116,29 @@ fn keep_best_ranks_step_checkpoints_by_their_evaluation() {
     expect_exit_2(&out, &["--checkpoint best", "no checkpoint.keep_best"]);
 }
 
+/// A run that stopped before its end has no final weights: eval (and predict, sample) say
+/// so and name its newest checkpoint, and `--checkpoint last` reads that one.
+#[test]
+fn an_unfinished_run_is_read_from_its_newest_checkpoint_by_last() {
+    let job = write_job(SMALL_JOB);
+    let dir = crashed_small_run(&job);
+    std::fs::remove_file(dir.join("model.safetensors")).unwrap();
+    let newest = checkpoints(&dir).pop().unwrap();
+    let run = dir.to_str().unwrap();
+    let out = trainer(&["eval", run]);
+    expect_exit_2(&out, &["no final weights", "--checkpoint last", "--resume"]);
+    let out = trainer(&["eval", run, "--checkpoint", "last"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report = common::stdout(&out);
+    assert!(report.contains(&newest), "{newest} not in\n{report}");
+    // A run with no checkpoints has nothing to read.
+    std::fs::remove_dir_all(dir.join("checkpoints")).unwrap();
+    let out = trainer(&["eval", run, "--checkpoint", "last"]);
+    expect_exit_2(&out, &["--checkpoint last", "has no checkpoints"]);
+    let out = trainer(&["eval", run]);
+    expect_exit_2(&out, &["no final weights", "no checkpoints either"]);
+}
+
 #[test]
 fn resume_auto_continues_the_newest_unfinished_run_else_starts_a_new_one() {
     let job = write_job(&format!("{SMALL_JOB}resume = \"auto\"\n"));
