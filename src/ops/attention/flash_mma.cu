@@ -41,6 +41,11 @@ __device__ __forceinline__ u32 bf16_pair(float lo, float hi) {
 #define MMA_LOG2E 1.4426950408889634f
 #define MMA_LN2 0.6931471805599453f
 
+// The backward passes take a shared tile's rows in chunks of MMA_CHUNK, so that a chunk's
+// scores and their gradients fit in registers beside the head-wide sums (dk and dv, or dq).
+// With whole tiles, dk and dv spilled 968 bytes a lane at head width 128.
+#define MMA_CHUNK(D) ((D) > 64 ? 16 : 32)
+
 // Halves a row of a shared tile: D values and 8 of padding, so that the lanes' operand reads
 // fall in different banks.
 #define MMA_STRIDE(D) ((D) + 8)
@@ -124,14 +129,14 @@ __device__ __forceinline__ void mma_a_from(u32* a, const float (*x)[4], int c) {
     a[3] = bf16_pair(x[2 * c + 1][2], x[2 * c + 1][3]);
 }
 
-// x (16 × MMA_TILE for the warp) = A·Bᵀ over D columns: A the warp's 16 rows (`a`, a
-// fragment for each 16 columns), B the rows of `tile`.
-template <int D>
+// x (16 × N for the warp) = A·Bᵀ over D columns: A the warp's 16 rows (`a`, a fragment for
+// each 16 columns), B the first N rows of `tile`.
+template <int D, int N>
 __device__ __forceinline__ void mma_scores(float (*x)[4], const u32 (*a)[4], const u16* tile) {
     #pragma unroll
-    for (int nt = 0; nt < MMA_TILE / 8; nt++) x[nt][0] = x[nt][1] = x[nt][2] = x[nt][3] = 0.0f;
+    for (int nt = 0; nt < N / 8; nt++) x[nt][0] = x[nt][1] = x[nt][2] = x[nt][3] = 0.0f;
     #pragma unroll
-    for (int nt = 0; nt < MMA_TILE / 8; nt += 2) {
+    for (int nt = 0; nt < N / 8; nt += 2) {
         #pragma unroll
         for (int kc = 0; kc < D / 16; kc++) {
             u32 b[4];
@@ -142,11 +147,12 @@ __device__ __forceinline__ void mma_scores(float (*x)[4], const u32 (*a)[4], con
     }
 }
 
-// acc (16 × D for the warp) += x·tile, x the warp's 16 × MMA_TILE results (rounded to bf16).
-template <int D>
+// acc (16 × D for the warp) += x·tile, x the warp's 16 × N results (rounded to bf16) and
+// tile's first N rows.
+template <int D, int N>
 __device__ __forceinline__ void mma_accumulate(float (*acc)[4], const float (*x)[4], const u16* tile) {
     #pragma unroll
-    for (int c = 0; c < MMA_TILE / 16; c++) {
+    for (int c = 0; c < N / 16; c++) {
         u32 a[4];
         mma_a_from(a, x, c);
         #pragma unroll
@@ -204,7 +210,7 @@ __device__ void flash_mma_forward(const void* qkv, int xs, void* y, int ys, floa
         __syncthreads();
         if (causal && j0 > row0 + 15) continue;  // every key of the tile is after the warp's queries
         float s[MMA_TILE / 8][4];
-        mma_scores<D>(s, q, ks);
+        mma_scores<D, MMA_TILE>(s, q, ks);
         // Only the tile on the diagonal and the last one hold keys to mask.
         bool edge = (causal && j0 + MMA_TILE > row0) || j0 + MMA_TILE > T;
         float tile_max[2] = {flash_neg_inf(), flash_neg_inf()};
@@ -245,7 +251,7 @@ __device__ void flash_mma_forward(const void* qkv, int xs, void* y, int ys, floa
                 s[nt][e] = p;
             }
         }
-        mma_accumulate<D>(acc, s, vs);
+        mma_accumulate<D, MMA_TILE>(acc, s, vs);
     }
     float* own = saved + flash_saved(b, T, H, hd);
     for (int r = 0; r < 2; r++) l[r] = quad_sum(l[r]);
@@ -311,26 +317,30 @@ __device__ void flash_mma_backward_kv(const void* qkv, int xs, const void* dy, i
             dl[e] = i0 + e < T ? deltas[i0 + e] : 0.0f;
         }
         __syncthreads();
-        float p[MMA_TILE / 8][4], ds[MMA_TILE / 8][4];
-        mma_scores<D>(p, k, qs);
-        mma_scores<D>(ds, v, gs);  // dpᵀ = v·dyᵀ
         // Only the tile on the diagonal and the last ones hold pairs to mask.
         bool edge = (causal && i0 < row0 + 16) || i0 + MMA_TILE > T || row0 + 16 > T;
-        #pragma unroll
-        for (int nt = 0; nt < MMA_TILE / 8; nt++) {
+        #pragma unroll 1
+        for (int c0 = 0; c0 < MMA_TILE; c0 += MMA_CHUNK(D)) {
+            const u16 *q_rows = qs + c0 * MMA_STRIDE(D), *g_rows = gs + c0 * MMA_STRIDE(D);
+            float p[MMA_CHUNK(D) / 8][4], ds[MMA_CHUNK(D) / 8][4];
+            mma_scores<D, MMA_CHUNK(D)>(p, k, q_rows);
+            mma_scores<D, MMA_CHUNK(D)>(ds, v, g_rows);  // dpᵀ = v·dyᵀ
             #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int c = mma_col(nt, e);
-                u64 j = row0 + mma_row(e), i = i0 + c;
-                bool seen = !edge || (i < T && j < T && !(causal && j > i));
-                float prob = seen ? exp2f(p[nt][e] * scale2 - lse[c]) : 0.0f;
-                float z = drop > 0.0f && seen ? kept_factor(drop, key, first, ((b * H + h) * T + i) * T + j) : 1.0f;
-                ds[nt][e] = prob * (z * ds[nt][e] - dl[c]) * scale;
-                p[nt][e] = prob * z;
+            for (int nt = 0; nt < MMA_CHUNK(D) / 8; nt++) {
+                #pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int c = c0 + mma_col(nt, e);
+                    u64 j = row0 + mma_row(e), i = i0 + c;
+                    bool seen = !edge || (i < T && j < T && !(causal && j > i));
+                    float prob = seen ? exp2f(p[nt][e] * scale2 - lse[c]) : 0.0f;
+                    float z = drop > 0.0f && seen ? kept_factor(drop, key, first, ((b * H + h) * T + i) * T + j) : 1.0f;
+                    ds[nt][e] = prob * (z * ds[nt][e] - dl[c]) * scale;
+                    p[nt][e] = prob * z;
+                }
             }
+            mma_accumulate<D, MMA_CHUNK(D)>(dv, p, g_rows);
+            mma_accumulate<D, MMA_CHUNK(D)>(dk, ds, q_rows);
         }
-        mma_accumulate<D>(dv, p, gs);
-        mma_accumulate<D>(dk, ds, qs);
     }
     #pragma unroll
     for (int nt = 0; nt < D / 8; nt++) {
@@ -384,22 +394,26 @@ __device__ void flash_mma_backward_q(const void* qkv, int xs, const void* dy, in
         mma_load_rows<D>(vs, qkv, xs, at_q + 2 * hd * H, stride, j0, T, hd);
         __syncthreads();
         if (causal && j0 > row0 + 15) continue;
-        float s[MMA_TILE / 8][4], ds[MMA_TILE / 8][4];
-        mma_scores<D>(s, q, ks);
-        mma_scores<D>(ds, g, vs);  // dp = dy·vᵀ
         bool edge = (causal && j0 + MMA_TILE > row0) || j0 + MMA_TILE > T || row0 + 16 > T;
-        #pragma unroll
-        for (int nt = 0; nt < MMA_TILE / 8; nt++) {
+        #pragma unroll 1
+        for (int c0 = 0; c0 < MMA_TILE; c0 += MMA_CHUNK(D)) {
+            const u16 *k_rows = ks + c0 * MMA_STRIDE(D), *v_rows = vs + c0 * MMA_STRIDE(D);
+            float s[MMA_CHUNK(D) / 8][4], ds[MMA_CHUNK(D) / 8][4];
+            mma_scores<D, MMA_CHUNK(D)>(s, q, k_rows);
+            mma_scores<D, MMA_CHUNK(D)>(ds, g, v_rows);  // dp = dy·vᵀ
             #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                u64 i = row0 + mma_row(e), j = j0 + mma_col(nt, e);
-                bool seen = !edge || (i < T && j < T && !(causal && j > i));
-                float prob = seen ? exp2f(s[nt][e] * scale2 - lse[e / 2]) : 0.0f;
-                float z = drop > 0.0f && seen ? kept_factor(drop, key, first, ((b * H + h) * T + i) * T + j) : 1.0f;
-                ds[nt][e] = prob * (z * ds[nt][e] - dl[e / 2]) * scale;
+            for (int nt = 0; nt < MMA_CHUNK(D) / 8; nt++) {
+                #pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    u64 i = row0 + mma_row(e), j = j0 + c0 + mma_col(nt, e);
+                    bool seen = !edge || (i < T && j < T && !(causal && j > i));
+                    float prob = seen ? exp2f(s[nt][e] * scale2 - lse[e / 2]) : 0.0f;
+                    float z = drop > 0.0f && seen ? kept_factor(drop, key, first, ((b * H + h) * T + i) * T + j) : 1.0f;
+                    ds[nt][e] = prob * (z * ds[nt][e] - dl[e / 2]) * scale;
+                }
             }
+            mma_accumulate<D, MMA_CHUNK(D)>(dq, ds, k_rows);
         }
-        mma_accumulate<D>(dq, ds, ks);
     }
     #pragma unroll
     for (int nt = 0; nt < D / 8; nt++) {

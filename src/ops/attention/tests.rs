@@ -184,6 +184,18 @@ fn gpt2_head_shape(causal: bool) -> Attention {
     }
 }
 
+/// Heads 128 wide, as Llama's, over two tiles, the last partial: flash_mma.cu's widest
+/// kernels, which take a tile's rows in chunks of 16 in the backward passes.
+fn wide_head_shape(causal: bool) -> Attention {
+    Attention {
+        len: 70,
+        heads: 1,
+        head_dim: 128,
+        causal,
+        flash: true,
+    }
+}
+
 /// Dropout on the probabilities, as a training pass of sample 5 on would draw it.
 const DROPOUT: ProbsDropout = ProbsDropout {
     p: 0.3,
@@ -324,7 +336,7 @@ fn attention_refuses_heads_that_do_not_divide_the_width_and_inputs_that_are_not_
 
 /// CUDA against the CPU on random inputs, with activations in f32 and in each half format;
 /// with flash, flash.cu's kernels against the CPU's, on more rows than a block holds too. In
-/// bf16 with heads a multiple of 8 wide (40 and 64 here), flash attention runs on tensor
+/// bf16 with heads a multiple of 8 wide (40, 64 and 128 here), flash attention runs on tensor
 /// cores (flash_mma.cu).
 #[test]
 fn attention_on_cuda_matches_the_cpu() {
@@ -366,6 +378,8 @@ fn attention_on_cuda_matches_the_cpu() {
         ),
         (gpt2_head_shape(true), Some(DROPOUT)),
         (gpt2_head_shape(false), None),
+        (wide_head_shape(true), Some(DROPOUT)),
+        (wide_head_shape(false), None),
     ];
     for storage in STORAGES {
         for (s, dropout) in cases {
