@@ -2,7 +2,10 @@
 with decay on matrices), trained on random windows of the same text, for tokens/s side by
 side with trainer.
 
-python3 bench/gpt_char_torch.py [steps]   (2 threads, as trainer on this machine)
+python3 bench/gpt_char_torch.py [steps [B T C H L DROPOUT]]   (2 threads, as trainer here)
+
+The shape defaults to jobs/gpt_char.toml's (12 64 128 4 4 0); jobs/gpt_shakespeare.toml's is
+64 256 384 6 6 0.2. Dropout sits where nanoGPT's does.
 """
 
 import gzip
@@ -16,7 +19,15 @@ from torch.nn import functional as F
 
 torch.set_num_threads(2)
 torch.manual_seed(1337)
-B, T, C, H, L = 12, 64, 128, 4, 4
+shape = sys.argv[2:8] if len(sys.argv) > 2 else ["12", "64", "128", "4", "4", "0"]
+B, T, C, H, L = (int(v) for v in shape[:5])
+P = float(shape[5])
+
+
+def drop(x):
+    return F.dropout(x, P) if P > 0 else x
+
+
 text = gzip.open("jobs/data/shakespeare.txt.gz").read().decode()
 chars = sorted(set(text))
 V = len(chars)
@@ -36,9 +47,9 @@ class Block(nn.Module):
         b, t, c = x.shape
         q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
         q, k, v = (z.view(b, t, H, c // H).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.attn_proj(y.transpose(1, 2).contiguous().view(b, t, c))
-        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x))))
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=P, is_causal=True)
+        x = x + drop(self.attn_proj(y.transpose(1, 2).contiguous().view(b, t, c)))
+        return x + drop(self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)))))
 
 
 class GPT(nn.Module):
@@ -50,7 +61,7 @@ class GPT(nn.Module):
         self.lm_head.weight = self.wte.weight
 
     def forward(self, idx, targets):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        x = drop(self.wte(idx) + self.wpe(torch.arange(idx.shape[1])))
         for block in self.h:
             x = block(x)
         logits = self.lm_head(self.ln_f(x))
@@ -58,6 +69,11 @@ class GPT(nn.Module):
 
 
 model = GPT()
+# nanoGPT's initialisation of matrices and embeddings: PyTorch's N(0, 1) embedding, tied to
+# the head, starts the loss far above ln(vocabulary).
+for p in model.parameters():
+    if p.dim() >= 2:
+        nn.init.normal_(p, 0.0, 0.02)
 params = list(model.parameters())
 groups = [
     {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
