@@ -60,10 +60,17 @@ pub struct SampleArgs {
 /// Writes the prompt, then each drawn token as soon as it is drawn.
 pub fn sample(args: &SampleArgs) -> Result<()> {
     if !(args.temperature > 0.0 && args.temperature.is_finite()) {
+        let greedy = match args.temperature == 0.0 {
+            true => "; for the likeliest token at each step (greedy decoding), pass --top-k 1",
+            false => "",
+        };
         return Err(Error::Job(format!(
-            "--temperature {}: must be a positive number",
+            "--temperature {}: must be a positive number{greedy}",
             args.temperature
         )));
+    }
+    if args.samples == 0 {
+        return Err(Error::Job("--samples 0: must be at least 1".into()));
     }
     if args.top_k == Some(0) {
         return Err(Error::Job("--top-k 0: must be at least 1".into()));

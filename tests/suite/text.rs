@@ -284,6 +284,16 @@ fn the_char_gpt_job_trains_and_samples_with_its_vocabulary() {
         let want = format!("--top-p {p}: must be above 0 and at most 1");
         assert!(stderr(&out).contains(&want), "{}", stderr(&out));
     }
+    let out = sample(&["--temperature", "0"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("pass --top-k 1"), "{}", stderr(&out));
+    let out = sample(&["--samples", "0"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--samples 0: must be at least 1"),
+        "{}",
+        stderr(&out)
+    );
     let out = sample(&["--prompt", "KING\u{e9}"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(
