@@ -15,7 +15,8 @@ pub fn mix(mut z: u64) -> u64 {
 /// The CUDA kernels compute exactly the same function.
 #[inline]
 pub fn uniform(key: u64, index: u64) -> f32 {
-    (mix(key ^ mix(index)) >> 40) as f32 * (1.0 / 16_777_216.0)
+    // The 24 bits convert exactly through i32, which SIMD lanes convert; u64 they do not.
+    ((mix(key ^ mix(index)) >> 40) as i32) as f32 * (1.0 / 16_777_216.0)
 }
 
 /// Derives an independent key from a parent key and a purpose or position.

@@ -98,8 +98,9 @@ pub(crate) fn vectorized<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
-/// Defines a function whose body is compiled three times, for AVX-512F, AVX2 and the
-/// baseline, and run in the widest the CPU has. Its slices arrive as arguments, so LLVM
+/// Defines a function whose body is compiled three times, for AVX-512 (F and DQ: DQ
+/// multiplies 64-bit lanes, as the dropout mask's hash does), AVX2 and the baseline, and run
+/// in the widest the CPU has. Its slices arrive as arguments, so LLVM
 /// knows they do not alias and vectorises the loops (a closure's captured slices it does
 /// not, and `vectorized` cannot force a large closure inline). The arithmetic is the same
 /// IEEE operations at every width, so results do not depend on the CPU.
@@ -113,7 +114,7 @@ macro_rules! simd_fn {
             fn body($($arg: $ty),*) $body
             #[cfg(target_arch = "x86_64")]
             {
-                #[target_feature(enable = "avx512f")]
+                #[target_feature(enable = "avx512f,avx512dq")]
                 #[allow(clippy::too_many_arguments)]
                 unsafe fn avx512($($arg: $ty),*) {
                     body($($arg),*)
@@ -123,8 +124,10 @@ macro_rules! simd_fn {
                 unsafe fn avx2($($arg: $ty),*) {
                     body($($arg),*)
                 }
-                if std::arch::is_x86_feature_detected!("avx512f") {
-                    // SAFETY: the CPU supports AVX-512F, checked just above.
+                if std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx512dq")
+                {
+                    // SAFETY: the CPU supports AVX-512F and DQ, checked just above.
                     return unsafe { avx512($($arg),*) };
                 }
                 if std::arch::is_x86_feature_detected!("avx2") {
