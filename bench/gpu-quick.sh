@@ -14,8 +14,10 @@ source .gpu/nccl.sh
 eval "$(sed -n '/^out=/,/^}$/p' bench/gpu.sh)"
 big=(--set device.type=\"cuda\" --set data.samples=40960 --set train.epochs=20)
 if [ "${1:-gemm}" = gpt ]; then
+  # No evaluation, so a checkpoint only at the end: the job's keep_best needs checkpoints
+  # at evaluations.
   gpt=(--set device.type=\"cuda\" --set train.max_steps=300 --set train.eval_every_steps=100000
-       --set train.log_every=50)
+       --set checkpoint.every_steps=100000 --set train.log_every=50)
   for flash in false true; do
     log "== jobs/gpt_shakespeare.toml bf16, 300 steps, device.flash_attention=$flash"
     log "trainer: $(trainer jobs/gpt_shakespeare.toml "${gpt[@]}" --set device.flash_attention=$flash)"
@@ -38,7 +40,8 @@ if [ "${1:-gemm}" = gpt2 ]; then
   mv "$shards/val/fineweb_train_000000.bin" "$shards/fineweb_val_000000.bin"
   g2=(--set "data.path=\"$shards/fineweb_train_*.bin\"" --set "data.val_path=\"$shards/fineweb_val_*.bin\""
       --set data.batch_size=$B --set train.grad_accum_steps=1 --set train.max_steps=60
-      --set train.log_every=10 --set train.eval_every_steps=100000 --set train.eval_steps=1)
+      --set train.log_every=10 --set train.eval_every_steps=100000 --set train.eval_steps=1
+      --set checkpoint.every_steps=100000)
   log "== jobs/gpt2_124m.toml bf16, micro-batch $B x 1024, 60 steps"
   $bin check jobs/gpt2_124m.toml "${g2[@]}" | grep -E 'model FLOPs|total' | tee -a "$out"
   # Steady tokens/s and MFU: the train rows after the first (which holds the warm-up).
