@@ -397,6 +397,7 @@ __device__ void flash_mma_backward_q(const void* qkv, int xs, const void* dy, in
         bool edge = (causal && j0 + MMA_TILE > row0) || j0 + MMA_TILE > T || row0 + 16 > T;
         #pragma unroll 1
         for (int c0 = 0; c0 < MMA_TILE; c0 += MMA_CHUNK(D)) {
+            if (causal && j0 + c0 > row0 + 15) continue;  // every key of the chunk is after the warp's queries
             const u16 *k_rows = ks + c0 * MMA_STRIDE(D), *v_rows = vs + c0 * MMA_STRIDE(D);
             float s[MMA_CHUNK(D) / 8][4], ds[MMA_CHUNK(D) / 8][4];
             mma_scores<D, MMA_CHUNK(D)>(s, q, k_rows);
