@@ -100,10 +100,10 @@ pub(crate) fn vectorized<R>(f: impl FnOnce() -> R) -> R {
 
 /// Defines a function whose body is compiled three times, for AVX-512 (F and DQ: DQ
 /// multiplies 64-bit lanes, as the dropout mask's hash does), AVX2 and the baseline, and run
-/// in the widest the CPU has. Its slices arrive as arguments, so LLVM
-/// knows they do not alias and vectorises the loops (a closure's captured slices it does
-/// not, and `vectorized` cannot force a large closure inline). The arithmetic is the same
-/// IEEE operations at every width, so results do not depend on the CPU.
+/// in the widest the CPU has. Its slices arrive as arguments, so LLVM knows they do not
+/// alias and vectorises the loops (a closure's captured slices it does not, and
+/// `vectorized` cannot force a large closure inline). The arithmetic is the same IEEE
+/// operations at every width, so results do not depend on the CPU.
 macro_rules! simd_fn {
     ($(#[$doc:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
         $(#[$doc])*
