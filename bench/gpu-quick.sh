@@ -4,7 +4,8 @@
 # alternates 1 replica through NCCL with no data parallelism, 3 times, on the launch-bound
 # MLP 784-1024-1024-10 and on the cuBLAS-bound one (issue 7's overhead); `gpt` times
 # jobs/gpt_shakespeare.toml (bf16) with attention's probabilities kept and with flash
-# attention, profiles a step of each with CUDA events, and times `trainer sample` on CUDA;
+# attention, profiles a step of each with CUDA events, times it with flash and no dropout,
+# and times `trainer sample` on CUDA;
 # `gpt2 [BATCH]` puts jobs/gpt2_124m.toml (bf16, micro-batch BATCH x 1024, 64 by default) beside
 # PyTorch eager and compiled (bench/gpt2_torch_gpu.py): steady tokens/s and MFU, then profiles
 # its attention beside PyTorch's flash attention alone (bench/attention_torch_gpu.py). About 4
@@ -24,6 +25,12 @@ if [ "${1:-gemm}" = gpt ]; then
     $bin profile jobs/gpt_shakespeare.toml --steps 5 --warmup 5 --runs-dir "$runs" --quiet \
       --set device.type=\"cuda\" --set device.flash_attention=$flash | tee -a "$out"
   done
+  # Dropout's cost: the same job with every dropout at 0 (flash_mma.cu hashes each score).
+  nodrop=$(mktemp --suffix=.toml)
+  sed -e 's/p = 0.2/p = 0.0/g' -e 's/dropout = 0.2/dropout = 0.0/g' \
+    -e "s|^path = \"data/|path = \"$PWD/jobs/data/|" jobs/gpt_shakespeare.toml > "$nodrop"
+  log "== dropout 0, device.flash_attention=true"
+  log "trainer: $(trainer "$nodrop" "${gpt[@]}" --set device.flash_attention=true)"
   dir=$($bin run jobs/gpt_shakespeare.toml "${gpt[@]}" --set train.max_steps=50 --runs-dir "$runs" --quiet)
   start=$(date +%s%N)
   $bin sample "$dir" --device cuda --prompt "ROMEO:" --tokens 500 --seed 1 > /dev/null
