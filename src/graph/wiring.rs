@@ -145,21 +145,18 @@ pub fn resolve(model: &ModelSpec) -> Result<Vec<Vec<usize>>> {
                 })
                 .collect(),
         };
-        let many = l.layer.takes_many_inputs();
+        let taken = l.layer.inputs_taken();
         let given = l.inputs.as_ref().map_or(1, Vec::len);
-        if many && given < 2 {
-            problem(i, format!(
-                "{}: takes two or more inputs, {given} given; name them with inputs = [\"a\", \"b\"]",
-                label(i)
-            ));
-        } else if !many && given != 1 {
-            problem(
-                i,
-                format!(
-                    "{}: takes one input, {given} given (add or concat combine several)",
-                    label(i)
+        if !taken.contains(&given) {
+            let (at, name) = (label(i), "name them with inputs = [\"a\", \"b\"]");
+            let message = match (*taken.start(), *taken.end()) {
+                (1, 1) => format!(
+                    "{at}: takes one input, {given} given (add, concat and multiply combine several)"
                 ),
-            );
+                (2, 2) => format!("{at}: takes two inputs, {given} given; {name}"),
+                _ => format!("{at}: takes two or more inputs, {given} given; {name}"),
+            };
+            problem(i, message);
         }
         wiring.push(inputs);
     }

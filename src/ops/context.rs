@@ -132,6 +132,19 @@ impl<B: Backend> Forward<'_, B> {
         read_write(self.acts, self.slot[self.inputs[k]], self.out_slot)
     }
 
+    /// The first two inputs and the output, which has its own buffer.
+    pub fn two_inputs_and_output(&mut self) -> (&B::Buf, &B::Buf, &mut B::Buf) {
+        let [a, b] = [0, 1].map(|k| self.slot[self.inputs[k]]);
+        let (below, rest) = self.acts.split_at_mut(self.out_slot);
+        let (y, above) = rest.split_first_mut().expect("the output's buffer");
+        let (below, above) = (&*below, &*above);
+        let slot = |s: usize| match s < self.out_slot {
+            true => &below[s],
+            false => &above[s - self.out_slot - 1],
+        };
+        (slot(a), slot(b), y)
+    }
+
     /// The output alone (an op running in place).
     pub fn output(&mut self) -> &mut B::Buf {
         &mut self.acts[self.out_slot]
@@ -192,7 +205,7 @@ pub struct Grads<'s, B: Backend> {
     pub workspace: &'s mut B::Buf,
 }
 
-impl<B: Backend> Backward<'_, B> {
+impl<'a, B: Backend> Backward<'a, B> {
     /// Its number of inputs.
     pub fn inputs(&self) -> usize {
         self.inputs.len()
@@ -239,6 +252,11 @@ impl<B: Backend> Backward<'_, B> {
             dy,
             dx,
         )
+    }
+
+    /// Input `k`'s values.
+    pub fn input(&self, k: usize) -> &'a B::Buf {
+        &self.acts[self.slot[self.inputs[k]]]
     }
 
     /// The output's gradient and input `k`'s, and whether it adds to what other layers

@@ -20,6 +20,7 @@ pub mod dropout;
 pub mod embedding;
 pub mod layernorm;
 pub mod linear;
+pub mod multiply;
 pub mod pool;
 pub mod position_embedding;
 pub mod repeat;
@@ -117,6 +118,8 @@ layer_kinds! {
     "gelu" => Gelu(GeluSpec) by activation::gelu,
     "tanh" => Tanh(NoSettings) by activation::tanh,
     "sigmoid" => Sigmoid(NoSettings) by activation::sigmoid,
+    /// x·sigmoid(x), PyTorch's SiLU.
+    "silu" => Silu(NoSettings) by activation::silu,
     /// Zeroes each element with probability p in training and scales the rest by 1/(1-p).
     "dropout" => Dropout(DropoutSpec) by dropout::build,
     /// Collapses every dimension but the batch into one.
@@ -145,6 +148,9 @@ layer_kinds! {
     /// The elementwise sum of its inputs, which must have the same shape (residual
     /// connections).
     "add" => Add(NoSettings) by add::build,
+    /// The elementwise product of its two inputs, which must have the same shape (Llama's
+    /// gated MLP).
+    "multiply" => Multiply(NoSettings) by multiply::build,
     /// Its inputs joined along the first per-sample dimension (channels for images, features
     /// for vectors); the other dimensions must agree.
     "concat" => Concat(NoSettings) by concat::build,
@@ -167,9 +173,14 @@ layer_kinds! {
 }
 
 impl LayerSpec {
-    /// Whether the layer takes two or more inputs (add, concat).
-    pub fn takes_many_inputs(&self) -> bool {
-        matches!(self, LayerSpec::Add(_) | LayerSpec::Concat(_))
+    /// How many inputs the layer takes: add and concat two or more, multiply two, the
+    /// others one.
+    pub fn inputs_taken(&self) -> std::ops::RangeInclusive<usize> {
+        match self {
+            LayerSpec::Add(_) | LayerSpec::Concat(_) => 2..=usize::MAX,
+            LayerSpec::Multiply(_) => 2..=2,
+            _ => 1..=1,
+        }
     }
 }
 
@@ -215,6 +226,7 @@ ops! {
     RmsNorm(rmsnorm::RmsNorm),
     BatchNorm(batchnorm::BatchNorm),
     Add(add::Add),
+    Multiply(multiply::Multiply),
     Concat(concat::Concat),
     Softmax(softmax::Softmax),
     Embedding(embedding::Embedding),
@@ -244,6 +256,7 @@ engine!(
     embedding,
     layernorm,
     linear,
+    multiply,
     pool,
     position_embedding,
     rmsnorm,

@@ -38,6 +38,8 @@ pub enum Activation {
     GeluTanh,
     Tanh,
     Sigmoid,
+    /// x·σ(x), PyTorch's SiLU (swish): the gate of Llama's SwiGLU.
+    Silu,
 }
 
 /// The loss functions, each fused with its gradient.

@@ -454,6 +454,20 @@ fn expect_failure(job: &str, files: &[(&str, &[u8])], extra: &[&str], code: i32,
 }
 
 #[test]
+fn multiply_takes_exactly_two_inputs() {
+    let layers = r#"layers = [
+  { type = "flatten", name = "x" },
+  { type = "multiply", inputs = ["x", "x", "x"] },
+  { type = "linear", out = 10 },
+]"#;
+    let job = GOOD_JOB.replace(
+        r#"layers = [{ type = "flatten" }, { type = "linear", out = 10 }]"#,
+        layers,
+    );
+    expect_failure(&job, &[], &[], 2, &["takes two inputs, 3 given"]);
+}
+
+#[test]
 fn malformed_toml_names_the_line_and_column() {
     expect_failure(
         "[data\nsource = \"digits\"\n",

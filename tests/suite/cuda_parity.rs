@@ -451,6 +451,7 @@ fn half_width_buffers_hold_what_rounded_f32_buffers_hold() {
             Activation::Gelu,
             Activation::Tanh,
             Activation::Sigmoid,
+            Activation::Silu,
         ] {
             let what = format!("{kind:?} {f:?}");
             let mut y_cpu = vec![0.0; len];

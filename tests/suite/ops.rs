@@ -14,6 +14,8 @@ mod embedding;
 mod layernorm;
 #[path = "../../src/ops/linear/tests.rs"]
 mod linear;
+#[path = "../../src/ops/multiply/tests.rs"]
+mod multiply;
 #[path = "../../src/ops/pool/tests.rs"]
 mod pool;
 #[path = "../../src/ops/position_embedding/tests.rs"]

@@ -149,6 +149,7 @@ fn activations_and_derivatives_match_pytorch() {
             "gelu_tanh" => Activation::GeluTanh,
             "tanh" => Activation::Tanh,
             "sigmoid" => Activation::Sigmoid,
+            "silu" => Activation::Silu,
             other => panic!("unknown activation {other}"),
         };
         let x = floats(&case["x"]);

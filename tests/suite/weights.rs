@@ -483,6 +483,7 @@ fn layer_json(op: &Op, out_shape: &[usize]) -> String {
             Activation::GeluTanh => "[\"gelu\", \"tanh\"]".into(),
             Activation::Tanh => "[\"tanh\"]".into(),
             Activation::Sigmoid => "[\"sigmoid\"]".into(),
+            Activation::Silu => "[\"silu\"]".into(),
         },
         Op::BatchNorm(b) => format!(
             "[\"batchnorm{}d\", {}, {}, {}]",
@@ -492,6 +493,7 @@ fn layer_json(op: &Op, out_shape: &[usize]) -> String {
             b.momentum
         ),
         Op::Add(_) => "[\"add\"]".into(),
+        Op::Multiply(_) => "[\"multiply\"]".into(),
         Op::Embedding(e) => format!("[\"embedding\", {}, {}]", e.vocab, e.dim),
         Op::Concat(_) => "[\"concat\"]".into(),
         Op::PositionEmbedding(p) => {

@@ -1,4 +1,4 @@
-// Activation functions, by id (`activation_id`): relu, gelu, gelu_tanh, tanh, sigmoid.
+// Activation functions, by id (`activation_id`): relu, gelu, gelu_tanh, tanh, sigmoid, silu.
 #define SQRT_2_OVER_PI 0.7978845608f
 #define GELU_COEF 0.044715f
 
@@ -8,7 +8,8 @@ __device__ __forceinline__ float act(int f, float x) {
         case 1: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
         case 2: return 0.5f * x * (1.0f + tanhf(SQRT_2_OVER_PI * (x + GELU_COEF * x * x * x)));
         case 3: return tanhf(x);
-        default: return 1.0f / (1.0f + expf(-x));
+        case 4: return 1.0f / (1.0f + expf(-x));
+        default: return x / (1.0f + expf(-x));
     }
 }
 
@@ -25,7 +26,11 @@ __device__ __forceinline__ float act_derivative(int f, float x, float y) {
             return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * SQRT_2_OVER_PI * (1.0f + 3.0f * GELU_COEF * x * x);
         }
         case 3: return 1.0f - y * y;
-        default: return y * (1.0f - y);
+        case 4: return y * (1.0f - y);
+        default: {
+            float s = 1.0f / (1.0f + expf(-x));
+            return s * (1.0f + x * (1.0f - s));
+        }
     }
 }
 

@@ -16,6 +16,7 @@ impl Kernels for CpuBackend {
             Activation::GeluTanh => map_from(y, x, gelu_tanh),
             Activation::Tanh => map_from(y, x, f32::tanh),
             Activation::Sigmoid => map_from(y, x, sigmoid),
+            Activation::Silu => map_from(y, x, silu),
         }
     }
 
@@ -27,6 +28,7 @@ impl Kernels for CpuBackend {
             Activation::GeluTanh => map_in_place(buf, gelu_tanh),
             Activation::Tanh => map_in_place(buf, f32::tanh),
             Activation::Sigmoid => map_in_place(buf, sigmoid),
+            Activation::Silu => map_in_place(buf, silu),
         }
     }
 
@@ -48,6 +50,7 @@ impl Kernels for CpuBackend {
             Activation::GeluTanh => chain(dx, dy, x, gelu_tanh_derivative),
             Activation::Tanh => chain(dx, dy, y, |y| 1.0 - y * y),
             Activation::Sigmoid => chain(dx, dy, y, |y| y * (1.0 - y)),
+            Activation::Silu => chain(dx, dy, x, silu_derivative),
         }
     }
 
@@ -145,6 +148,20 @@ pub fn relu(x: f32) -> f32 {
 #[inline(always)]
 fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
+}
+
+/// x / (1 + e^−x), as PyTorch's CPU kernel writes x·σ(x). The vectorisable exp keeps the
+/// loop in SIMD lanes.
+#[inline(always)]
+fn silu(x: f32) -> f32 {
+    x / (1.0 + exp(-x))
+}
+
+/// σ(x)·(1 + x·(1 − σ(x))), PyTorch's silu_backward.
+#[inline(always)]
+fn silu_derivative(x: f32) -> f32 {
+    let s = 1.0 / (1.0 + exp(-x));
+    s * (1.0 + x * (1.0 - s))
 }
 
 /// x·Φ(x), exact GELU.

@@ -93,5 +93,6 @@ fn activation_id(f: Activation) -> i32 {
         Activation::GeluTanh => 2,
         Activation::Tanh => 3,
         Activation::Sigmoid => 4,
+        Activation::Silu => 5,
     }
 }

@@ -1,4 +1,4 @@
-//! relu, gelu (exact or tanh), tanh, sigmoid: elementwise, any shape.
+//! relu, gelu (exact or tanh), tanh, sigmoid, silu: elementwise, any shape.
 //! Its kernels live here too: `cpu.rs`, `cuda.rs`, `activation.cu`.
 
 pub mod cpu;
@@ -57,6 +57,10 @@ pub fn tanh(_: &NoSettings, at: &mut Build) -> Result<(Op, Vec<usize>)> {
 
 pub fn sigmoid(_: &NoSettings, at: &mut Build) -> Result<(Op, Vec<usize>)> {
     of(Function::Sigmoid, at)
+}
+
+pub fn silu(_: &NoSettings, at: &mut Build) -> Result<(Op, Vec<usize>)> {
+    of(Function::Silu, at)
 }
 
 pub fn gelu(spec: &GeluSpec, at: &mut Build) -> Result<(Op, Vec<usize>)> {
@@ -118,11 +122,11 @@ pub trait Kernels: Backend {
 impl OpKind for Activation {
     fn properties(&self) -> Properties {
         let relu = self.f == Function::Relu;
-        // GELU's backward reads its input, so it cannot overwrite it.
-        let gelu = matches!(self.f, Function::Gelu | Function::GeluTanh);
+        // GELU's and SiLU's backward read their input, so they cannot overwrite it.
+        let reads_input = matches!(self.f, Function::Gelu | Function::GeluTanh | Function::Silu);
         Properties {
-            writes_in_place: !gelu,
-            backward_reads_input: gelu,
+            writes_in_place: !reads_input,
+            backward_reads_input: reads_input,
             backward_reads_output: true,
             // ReLU of a half value is one.
             forward_keeps_half: relu,

@@ -22,6 +22,7 @@ fn activations_forward_and_backward_match_the_cpu() {
         Activation::GeluTanh,
         Activation::Tanh,
         Activation::Sigmoid,
+        Activation::Silu,
     ] {
         let mut y_cpu = vec![0.0; len];
         CPU.activation_forward(f, &x, &mut y_cpu, len);
@@ -69,6 +70,11 @@ fn tanh_gradients() {
 #[test]
 fn sigmoid_gradients() {
     check_gradients(&between_linears(r#"{ type = "sigmoid" }"#), classes(3));
+}
+
+#[test]
+fn silu_gradients() {
+    check_gradients(&between_linears(r#"{ type = "silu" }"#), classes(3));
 }
 
 /// The vectorisable exp and erfc against f64 over grids, with their limits.
