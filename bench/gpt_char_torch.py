@@ -6,10 +6,15 @@ python3 bench/gpt_char_torch.py [steps [B T C H L DROPOUT]]   (2 threads, as tra
 
 The shape defaults to jobs/gpt_char.toml's (12 64 128 4 4 0); jobs/gpt_shakespeare.toml's is
 64 256 384 6 6 0.2. Dropout sits where nanoGPT's does.
+
+ARCH=llama trains jobs/llama_char.toml's model instead: Hugging Face's Llama layer (RMSNorm,
+rotary embedding with its cosines and sines computed once, SiLU-gated MLP of 352 values,
+untied embeddings).
 """
 
 import gzip
 import math
+import os
 import sys
 import time
 
@@ -52,6 +57,51 @@ class Block(nn.Module):
         return x + drop(self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)))))
 
 
+class LlamaBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.input_layernorm = nn.RMSNorm(C, eps=1e-5)
+        self.post_attention_layernorm = nn.RMSNorm(C, eps=1e-5)
+        self.qkv_proj, self.o_proj = nn.Linear(C, 3 * C, bias=False), nn.Linear(C, C, bias=False)
+        self.gate_proj, self.up_proj = nn.Linear(C, 352, bias=False), nn.Linear(C, 352, bias=False)
+        self.down_proj = nn.Linear(352, C, bias=False)
+
+    def forward(self, x, cos, sin):
+        b, t, c = x.shape
+        q, k, v = self.qkv_proj(self.input_layernorm(x)).split(C, dim=2)
+        q, k, v = (z.view(b, t, H, c // H).transpose(1, 2) for z in (q, k, v))
+        q, k = (z * cos + rotate_half(z) * sin for z in (q, k))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        h = x + self.o_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+        n = self.post_attention_layernorm(h)
+        return h + self.down_proj(F.silu(self.gate_proj(n)) * self.up_proj(n))
+
+
+def rotate_half(x):
+    d = x.shape[-1]
+    return torch.cat((-x[..., d // 2 :], x[..., : d // 2]), dim=-1)
+
+
+class Llama(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(V, C)
+        self.layers = nn.ModuleList(LlamaBlock() for _ in range(L))
+        self.norm, self.lm_head = nn.RMSNorm(C, eps=1e-5), nn.Linear(C, V, bias=False)
+        d = C // H
+        inv_freq = 1.0 / (10000.0 ** (torch.arange(0, d, 2).float() / d))
+        emb = torch.arange(T).float()[:, None] * inv_freq[None, :]
+        emb = torch.cat((emb, emb), dim=-1)
+        self.cos, self.sin = emb.cos(), emb.sin()
+
+    def forward(self, idx, targets):
+        x = self.embed_tokens(idx)
+        for block in self.layers:
+            x = block(x, self.cos, self.sin)
+        logits = self.lm_head(self.norm(x))
+        return F.cross_entropy(logits.view(-1, V), targets.view(-1))
+
+
 class GPT(nn.Module):
     def __init__(self):
         super().__init__()
@@ -68,7 +118,7 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, V), targets.view(-1))
 
 
-model = GPT()
+model = Llama() if os.environ.get("ARCH") == "llama" else GPT()
 # nanoGPT's initialisation of matrices and embeddings: PyTorch's N(0, 1) embedding, tied to
 # the head, starts the loss far above ln(vocabulary).
 for p in model.parameters():

@@ -575,8 +575,8 @@ mod tests {
         assert_eq!(window(3, 8), 8);
     }
 
-    /// A run of jobs/gpt_char.toml, 3 steps, in `dir`.
-    fn tiny_gpt(dir: &std::path::Path) -> PathBuf {
+    /// A run of jobs/JOB.toml, 3 steps, in `dir`.
+    fn tiny_run(dir: &std::path::Path, job: &str) -> PathBuf {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
         let run = dir.join("run");
         let sets = [
@@ -585,7 +585,7 @@ mod tests {
             "device.type=\"cpu\"",
         ];
         crate::commands::run(&RunArgs {
-            job: root.join("jobs/gpt_char.toml"),
+            job: root.join(format!("jobs/{job}.toml")),
             job_given: true,
             sets: sets.map(String::from).to_vec(),
             name: None,
@@ -641,41 +641,46 @@ mod tests {
 
     /// The key/value cache gives each position the logits the whole block gives it (to
     /// rounding: its softmax scales before the exponent), and draws the same tokens, through
-    /// the block and past it.
+    /// the block and past it: for a GPT, and for a Llama, whose rotary embedding turns each
+    /// position's query and key by its own position.
     #[test]
     fn the_key_value_cache_reads_what_the_whole_block_reads() {
-        let tmp = tempfile::tempdir().unwrap();
-        let run = tiny_gpt(tmp.path());
-        let trained = Trained::load(&run, None).unwrap();
-        let backend = CpuBackend::new(1);
-        let (block, vocab) = (64, trained.preprocess.classes.unwrap());
-        let ids: Vec<u32> = (0..block as u32)
-            .map(|i| (i * 7 + 3) % vocab as u32)
-            .collect();
-        let half = train::half_kind(trained.spec.precision.mode);
-        let mut whole = Window::new(&backend, &trained, block, half).unwrap();
-        let all = whole.logits(&backend, &ids, vocab).to_vec();
-        let mut decoder = Decoder::new(&backend, &trained, block, half).unwrap();
-        for t in 0..block {
-            let got = decoder.logits(&backend, &ids[..=t], vocab);
-            let want = &all[t * vocab..][..vocab];
-            for (g, w) in got.iter().zip(want) {
-                assert!(
-                    (g - w).abs() <= 1e-4 * (1.0 + w.abs()),
-                    "position {t}: {g} {w}"
-                );
+        for job in ["gpt_char", "llama_char"] {
+            let tmp = tempfile::tempdir().unwrap();
+            let run = tiny_run(tmp.path(), job);
+            let trained = Trained::load(&run, None).unwrap();
+            let backend = CpuBackend::new(1);
+            let (block, vocab) = (64, trained.preprocess.classes.unwrap());
+            let ids: Vec<u32> = (0..block as u32)
+                .map(|i| (i * 7 + 3) % vocab as u32)
+                .collect();
+            let half = train::half_kind(trained.spec.precision.mode);
+            let mut whole = Window::new(&backend, &trained, block, half).unwrap();
+            let all = whole.logits(&backend, &ids, vocab).to_vec();
+            let mut decoder = Decoder::new(&backend, &trained, block, half).unwrap();
+            for t in 0..block {
+                let got = decoder.logits(&backend, &ids[..=t], vocab);
+                let want = &all[t * vocab..][..vocab];
+                for (g, w) in got.iter().zip(want) {
+                    assert!(
+                        (g - w).abs() <= 1e-4 * (1.0 + w.abs()),
+                        "{job}, position {t}: {g} {w}"
+                    );
+                }
             }
+            assert_eq!(draws(&run, true, false), draws(&run, false, false), "{job}");
         }
-        assert_eq!(draws(&run, true, false), draws(&run, false, false));
     }
 
     /// Reading shorter windows draws the same tokens as reading the whole block each time:
     /// through contexts of every window and past the block (the context then slides).
     #[test]
     fn shorter_windows_draw_what_the_whole_block_draws() {
-        let tmp = tempfile::tempdir().unwrap();
-        let run = tiny_gpt(tmp.path());
-        assert_eq!(draws(&run, false, true), draws(&run, false, false));
+        for job in ["gpt_char", "llama_char"] {
+            let tmp = tempfile::tempdir().unwrap();
+            let run = tiny_run(tmp.path(), job);
+            assert_eq!(draws(&run, false, true), draws(&run, false, false), "{job}");
+        }
     }
 
     #[test]

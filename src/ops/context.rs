@@ -149,6 +149,11 @@ impl<B: Backend> Forward<'_, B> {
     pub fn output(&mut self) -> &mut B::Buf {
         &mut self.acts[self.out_slot]
     }
+
+    /// The output and the workspace (an op running in place that needs scratch).
+    pub fn output_and_workspace(&mut self) -> (&mut B::Buf, &mut B::Buf) {
+        (&mut self.acts[self.out_slot], self.workspace)
+    }
 }
 
 /// One layer's backward pass.

@@ -25,6 +25,7 @@ pub mod pool;
 pub mod position_embedding;
 pub mod repeat;
 pub mod rmsnorm;
+pub mod rotary;
 pub mod softmax;
 pub mod view;
 
@@ -45,6 +46,7 @@ pub use pool::PoolSpec;
 pub use position_embedding::PositionEmbeddingSpec;
 pub use repeat::RepeatSpec;
 pub use rmsnorm::RmsNormSpec;
+pub use rotary::RotarySpec;
 pub use view::ReshapeSpec;
 
 use crate::error::Result;
@@ -164,6 +166,9 @@ layer_kinds! {
     /// Multi-head scaled dot-product attention, causal by default: [T, 3·C] (queries, keys
     /// and values side by side, from a linear layer) → [T, C].
     "attention" => Attention(AttentionSpec) by attention::build,
+    /// Rotary position embedding (RoPE) of the queries and keys in [T, 3·C] samples, before
+    /// attention: Llama's, in Hugging Face's `rotate_half` convention.
+    "rotary" => Rotary(RotarySpec) by rotary::build,
     /// Adds a learned vector per position to [T, C] samples (GPT's position embedding).
     "position_embedding" => PositionEmbedding(PositionEmbeddingSpec) by position_embedding::build,
     /// The layers of model.blocks.BLOCK, `times` copies in a row (transformer blocks). A
@@ -231,6 +236,7 @@ ops! {
     Softmax(softmax::Softmax),
     Embedding(embedding::Embedding),
     Attention(attention::Attention),
+    Rotary(rotary::Rotary),
     PositionEmbedding(position_embedding::PositionEmbedding),
 }
 
@@ -260,6 +266,7 @@ engine!(
     pool,
     position_embedding,
     rmsnorm,
+    rotary,
     softmax,
 );
 

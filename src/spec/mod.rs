@@ -1586,17 +1586,19 @@ mod tests {
             r#"layers = [
               { type = "linear", out = 3, bias = false, name = "a" },
               { type = "relu", inputs = ["a"] }, { type = "gelu", approximate = "tanh" },
-              { type = "tanh" }, { type = "sigmoid" }, { type = "dropout", p = 0.25 },
+              { type = "tanh" }, { type = "sigmoid" }, { type = "silu" }, { type = "dropout", p = 0.25 },
               { type = "flatten" }, { type = "reshape", shape = [1, -1] },
               { type = "conv2d", out = 4, kernel_size = [3, 5], padding = 1, groups = 2 },
               { type = "maxpool2d", kernel_size = 2 }, { type = "avgpool2d", kernel_size = 3, stride = 1 },
               { type = "global_avg_pool" }, { type = "layernorm", eps = 1e-6 },
               { type = "rmsnorm", eps = 1e-6 },
               { type = "batchnorm1d" }, { type = "batchnorm2d", momentum = 0.2 },
-              { type = "add", inputs = ["a", "b"] }, { type = "concat", inputs = ["a", "b"] },
+              { type = "add", inputs = ["a", "b"] }, { type = "multiply", inputs = ["a", "b"] },
+              { type = "concat", inputs = ["a", "b"] },
               { type = "softmax" }, { type = "log_softmax" },
               { type = "embedding", num_embeddings = 20, embedding_dim = 8 },
               { type = "attention", heads = 4, causal = false },
+              { type = "rotary", heads = 4, theta = 500.0 },
               { type = "position_embedding", num_positions = 64 },
               { type = "repeat", block = "h", times = 2 },
             ]"#,
@@ -1605,8 +1607,8 @@ mod tests {
         assert_eq!(kinds, LayerSpec::KINDS);
         assert_eq!(read[0].name.as_deref(), Some("a"));
         assert_eq!(read[1].inputs, Some(vec!["a".to_string()]));
-        let LayerSpec::Conv2d(conv) = &read[8].layer else {
-            panic!("{:?}", read[8]);
+        let LayerSpec::Conv2d(conv) = &read[9].layer else {
+            panic!("{:?}", read[9]);
         };
         assert_eq!(
             (conv.out, conv.kernel_size, conv.padding, conv.groups),

@@ -22,5 +22,7 @@ mod pool;
 mod position_embedding;
 #[path = "../../src/ops/rmsnorm/tests.rs"]
 mod rmsnorm;
+#[path = "../../src/ops/rotary/tests.rs"]
+mod rotary;
 #[path = "../../src/ops/softmax/tests.rs"]
 mod softmax;

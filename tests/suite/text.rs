@@ -417,13 +417,6 @@ fn init_values(index: usize, n: usize) -> Vec<f32> {
 /// over the same batches; with device.flash_attention too.
 #[test]
 fn the_char_gpt_follows_pytorch_for_50_steps() {
-    let path = crate::common::root().join("tests/fixtures/gpt_reference.json");
-    let fixture: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let want: Vec<f64> = (fixture["losses"].as_array().unwrap().iter())
-        .map(|v| v.as_f64().unwrap())
-        .collect();
-
     // The initial weights, in PyTorch's order of its tensors (the output layer is tied).
     let mut names = vec!["wte".to_string(), "wpe".to_string()];
     for i in 0..4 {
@@ -448,21 +441,75 @@ fn the_char_gpt_follows_pytorch_for_50_steps() {
         n if n.ends_with("mlp_c_proj") => vec![128, 512],
         _ => vec![128, 128],
     };
-    let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = (names.iter().enumerate())
-        .map(|(index, name)| {
-            let shape = shape(name);
+    // The job names its tensors as nanoGPT does, which init_from reads.
+    let mut tensors = initial_tensors(&names, shape, |name| StateDictNames::Nanogpt.prefix(name));
+    assert_eq!(tensors[3].0, "transformer.h.0.attn.c_attn.weight");
+    tensors.push(("lm_head.weight".into(), vec![73, 128], tensors[0].2.clone()));
+    follows_pytorch("gpt_char", "gpt_reference.json", &tensors);
+}
+
+/// jobs/llama_char.toml's first 50 steps give PyTorch's losses (Hugging Face's Llama layer
+/// written out, tests/fixtures/make_llama_reference.py) within 1e-4, as the GPT's: RMSNorm,
+/// rotary embedding, the gated MLP with SiLU, untied embeddings.
+#[test]
+fn the_char_llama_follows_pytorch_for_50_steps() {
+    let mut names = vec!["embed_tokens".to_string()];
+    for i in 0..4 {
+        for part in [
+            "input_layernorm",
+            "self_attn_qkv_proj",
+            "self_attn_o_proj",
+            "post_attention_layernorm",
+            "mlp_gate_proj",
+            "mlp_up_proj",
+            "mlp_down_proj",
+        ] {
+            names.push(format!("layers{i}_{part}"));
+        }
+    }
+    names.extend(["norm".into(), "lm_head".into()]);
+    let shape = |name: &str| match name {
+        "embed_tokens" | "lm_head" => vec![73, 128],
+        n if n.ends_with("norm") => vec![128],
+        n if n.ends_with("qkv_proj") => vec![384, 128],
+        n if n.ends_with("o_proj") => vec![128, 128],
+        n if n.ends_with("down_proj") => vec![128, 352],
+        _ => vec![352, 128],
+    };
+    let tensors = initial_tensors(&names, shape, |name| name.to_string());
+    follows_pytorch("llama_char", "llama_reference.json", &tensors);
+}
+
+/// Each layer's weight, named by `name`: 1 for the 1-D scales, else `init_values` of its
+/// index, as the fixtures' scripts initialise.
+fn initial_tensors(
+    layers: &[String],
+    shape: impl Fn(&str) -> Vec<usize>,
+    name: impl Fn(&str) -> String,
+) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+    (layers.iter().enumerate())
+        .map(|(index, layer)| {
+            let shape = shape(layer);
             let n = shape.iter().product();
             let values = match shape.len() {
                 1 => vec![1.0; n],
                 _ => init_values(index, n),
             };
-            // The job names its tensors as nanoGPT does, which init_from reads.
-            let prefix = StateDictNames::Nanogpt.prefix(name);
-            (format!("{prefix}.weight"), shape, values)
+            (format!("{}.weight", name(layer)), shape, values)
         })
+        .collect()
+}
+
+/// jobs/JOB.toml's first 50 steps from `tensors`, without shuffling, give the losses of
+/// tests/fixtures/FIXTURE within 1e-4 relative, with and without flash attention (whose
+/// backward computes the probabilities again).
+fn follows_pytorch(job: &str, fixture: &str, tensors: &[(String, Vec<usize>, Vec<f32>)]) {
+    let path = crate::common::root().join("tests/fixtures").join(fixture);
+    let fixture: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let want: Vec<f64> = (fixture["losses"].as_array().unwrap().iter())
+        .map(|v| v.as_f64().unwrap())
         .collect();
-    assert_eq!(tensors[3].0, "transformer.h.0.attn.c_attn.weight");
-    tensors.push(("lm_head.weight".into(), vec![73, 128], tensors[0].2.clone()));
     let tmp = tempfile::tempdir().unwrap();
     let init = tmp.path().join("init.safetensors");
     let views: Vec<(&str, &[f32], Vec<usize>)> = (tensors.iter())
@@ -471,12 +518,12 @@ fn the_char_gpt_follows_pytorch_for_50_steps() {
     common::write_f32_safetensors(&init, &views);
 
     let init_from = format!("model.init_from={:?}", init.to_str().unwrap());
-    // Flash attention too: backward computes the probabilities again.
+    let job = format!("jobs/{job}.toml");
     for flash in ["false", "true"] {
         let flash_set = format!("device.flash_attention={flash}");
         let out = trainer(&[
             "run",
-            "jobs/gpt_char.toml",
+            &job,
             "-q",
             "--runs-dir",
             tmp.path().to_str().unwrap(),
@@ -507,12 +554,12 @@ fn the_char_gpt_follows_pytorch_for_50_steps() {
         for (step, (g, w)) in got.iter().zip(&want).enumerate() {
             assert!(
                 (g - w).abs() <= 1e-4 * w,
-                "flash {flash}: step {}: trainer {g}, PyTorch {w}",
+                "{job}, flash {flash}: step {}: trainer {g}, PyTorch {w}",
                 step + 1
             );
             largest = largest.max((g - w).abs() / w);
         }
-        println!("flash {flash}: largest relative difference over 50 steps: {largest:.1e}");
+        println!("{job}, flash {flash}: largest relative difference over 50 steps: {largest:.1e}");
     }
 }
 

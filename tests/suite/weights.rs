@@ -500,6 +500,7 @@ fn layer_json(op: &Op, out_shape: &[usize]) -> String {
             format!("[\"position_embedding\", {}, {}]", p.positions, p.width)
         }
         Op::Attention(a) => format!("[\"attention\", {}, {}]", a.shape.heads, a.shape.causal),
+        Op::Rotary(r) => format!("[\"rotary\", {}, {}]", r.rotation.heads, r.rotation.theta),
         Op::Softmax(s) => {
             format!("[\"{}\"]", if s.log { "log_softmax" } else { "softmax" })
         }
@@ -548,6 +549,22 @@ const ATTENTION_LAYERS: &str = r#"[
   { type = "layernorm", bias = false }, { type = "flatten" }, { type = "linear", out = 10 },
 ]"#;
 
+/// A Llama block over the image's rows: RMSNorm, rotary position embedding before causal
+/// attention, and the gated MLP down(silu(gate(x)) · up(x)), as Hugging Face's
+/// LlamaDecoderLayer computes them (tests/fixtures/torch_load_model.py).
+const LLAMA_LAYERS: &str = r#"[
+  { type = "reshape", shape = [8, 8], name = "x" },
+  { type = "rmsnorm", eps = 1e-5 }, { type = "linear", out = 24, bias = false },
+  { type = "rotary", heads = 2, theta = 500.0 }, { type = "attention", heads = 2 },
+  { type = "linear", out = 8, bias = false, name = "o_proj" },
+  { type = "add", inputs = ["x", "o_proj"], name = "h" },
+  { type = "rmsnorm", eps = 1e-5, name = "norm" },
+  { type = "linear", out = 12, bias = false, name = "gate" }, { type = "silu", name = "act" },
+  { type = "linear", out = 12, bias = false, inputs = ["norm"], name = "up" },
+  { type = "multiply", inputs = ["act", "up"] },
+  { type = "linear", out = 8, bias = false, name = "down" }, { type = "add", inputs = ["h", "down"] }, { type = "flatten" }, { type = "linear", out = 10 },
+]"#;
+
 #[test]
 fn pytorch_loads_model_safetensors_and_computes_the_same_outputs() {
     for layers in [
@@ -556,6 +573,7 @@ fn pytorch_loads_model_safetensors_and_computes_the_same_outputs() {
         RESIDUAL_LAYERS,
         EMBEDDING_LAYERS,
         ATTENTION_LAYERS,
+        LLAMA_LAYERS,
     ] {
         compare_with_torch(layers);
     }

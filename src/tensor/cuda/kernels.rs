@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 /// Every kernel file, in the order they are concatenated after common.cuh: the shared ones,
 /// then those of ops that keep their kernels in their own folder.
-pub const SOURCES: [(&str, &str); 20] = [
+pub const SOURCES: [(&str, &str); 21] = [
     ("cast.cu", include_str!("../../../kernels/cast.cu")),
     ("graph.cu", include_str!("../../../kernels/graph.cu")),
     (
@@ -45,6 +45,10 @@ pub const SOURCES: [(&str, &str); 20] = [
         include_str!("../../ops/dropout/dropout.cu"),
     ),
     ("ops/pool/pool.cu", include_str!("../../ops/pool/pool.cu")),
+    (
+        "ops/rotary/rotary.cu",
+        include_str!("../../ops/rotary/rotary.cu"),
+    ),
     (
         "ops/multiply/multiply.cu",
         include_str!("../../ops/multiply/multiply.cu"),

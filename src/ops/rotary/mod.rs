@@ -1,0 +1,210 @@
+//! rotary: rotary position embedding (RoPE), as Llama applies it to queries and keys before
+//! attention. A sample of [T, 3·C] holds each position's query, key and value side by side,
+//! as attention reads them. In each head of d values, pair (i, i + d/2) of the query and of
+//! the key turns by the angle p·θ^(−2i/d) at position p: Hugging Face's `rotate_half`
+//! convention. Values pass unchanged.
+//! Its kernels live here too: `cpu.rs`, `cuda.rs`, `rotary.cu`.
+
+mod cpu;
+mod cuda;
+
+use super::Flops;
+use super::{shape_str, Backward, Build, Checks, Compute, Dx, Engine, Forward, Op, OpKind};
+use super::{ParamTensor, Properties, SavedState, Scratch};
+use crate::error::Result;
+use crate::tensor::Backend;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::ops::Range;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RotarySpec {
+    /// Attention heads, as the attention layer after it has; they split the width C evenly,
+    /// into heads of an even number of values.
+    #[schemars(range(min = 1, max = 2147483647))]
+    pub heads: usize,
+    /// The base θ of the angles: Llama's `rope_theta`. Default 10000.
+    #[serde(default = "default_theta")]
+    #[schemars(range(min = 0), extend("exclusiveMinimum" = 1))]
+    pub theta: f64,
+}
+
+fn default_theta() -> f64 {
+    10_000.0
+}
+
+impl RotarySpec {
+    pub(super) fn check(&self, c: &mut Checks) {
+        c.size("heads", self.heads, 1);
+        let message = format!("{} given; must be a finite number above 1", self.theta);
+        c.check(self.theta.is_finite() && self.theta > 1.0, "theta", message);
+    }
+}
+
+/// What the kernels need: the sequence length, the heads and their width, and θ.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rotation {
+    pub len: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    pub theta: f32,
+}
+
+impl Rotation {
+    /// The width C of the queries (and of the keys, and of the values).
+    pub fn width(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    /// The values of one position: query, key and value.
+    pub fn row_len(&self) -> usize {
+        3 * self.width()
+    }
+
+    /// The table of the CPU's cosines and sines: d/2 of each for each position.
+    pub fn table_len(&self) -> usize {
+        self.len * self.head_dim
+    }
+
+    /// Angle i's frequency θ^(−2i/d), in f32 as Hugging Face's `inv_freq`.
+    pub fn frequency(&self, i: usize) -> f32 {
+        1.0 / self.theta.powf((2 * i) as f32 / self.head_dim as f32)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rotary {
+    pub rotation: Rotation,
+}
+
+pub fn build(spec: &RotarySpec, at: &mut Build) -> Result<(Op, Vec<usize>)> {
+    let shape = at.in_shape().to_vec();
+    let [len, fused] = shape[..] else {
+        let why = format!(
+            "it reads [length, 3·width] samples (queries, keys and values side by side, from a \
+             linear layer of 3·width outputs), but the previous layer outputs {}",
+            shape_str(&shape)
+        );
+        return Err(at.error("rotary", why));
+    };
+    if fused % 3 != 0 {
+        let why = format!(
+            "its input's last axis holds queries, keys and values side by side, 3·width values, \
+             but it has {fused}, which 3 does not divide"
+        );
+        return Err(at.error("rotary", why));
+    }
+    let width = fused / 3;
+    if width % spec.heads != 0 || !(width / spec.heads).is_multiple_of(2) {
+        let why = format!(
+            "heads = {} must split the width {width} into heads of an even number of values \
+             (it turns pairs of them)",
+            spec.heads
+        );
+        return Err(at.error("rotary", why));
+    }
+    let rotation = Rotation {
+        len,
+        heads: spec.heads,
+        head_dim: width / spec.heads,
+        theta: spec.theta as f32,
+    };
+    Ok((Op::Rotary(Rotary { rotation }), shape))
+}
+
+/// The backend's side of rotary: a CPU and a CUDA implementation, in this folder.
+pub trait Kernels: Backend {
+    /// y = x with the queries and keys of n samples turned, the first position at
+    /// `position`; `inverse` turns them back, which is backward (the transpose of a
+    /// rotation is its inverse). The CPU keeps each position's cosines and sines in
+    /// `workspace` (`Rotation::table_len`); CUDA computes them where it needs them.
+    #[allow(clippy::too_many_arguments)]
+    fn rotary(
+        &self,
+        x: &Self::Buf,
+        y: &mut Self::Buf,
+        workspace: &mut Self::Buf,
+        n: usize,
+        rotation: &Rotation,
+        position: usize,
+        inverse: bool,
+    );
+
+    /// `rotary` forward, writing over its input.
+    fn rotary_in_place(
+        &self,
+        buf: &mut Self::Buf,
+        workspace: &mut Self::Buf,
+        n: usize,
+        rotation: &Rotation,
+        position: usize,
+    );
+}
+
+impl OpKind for Rotary {
+    fn properties(&self) -> Properties {
+        Properties {
+            // Backward reads neither its input nor its output: the turn is linear.
+            writes_in_place: true,
+            backward_reads_input: false,
+            backward_reads_output: false,
+            forward_keeps_half: false,
+            is_view: false,
+            activation: None,
+            applies_relu_after: false,
+            takes_gradient_through_relu: false,
+            multiplies_input: false,
+            rounds_dx_after: true,
+            token_vocab: None,
+            draws_masks: false,
+            one_value_per_channel: false,
+            one_position_at_a_time: true,
+            attention_heads: None,
+            layer_norm_eps: None,
+        }
+    }
+    fn parameters(&self) -> Vec<ParamTensor> {
+        Vec::new()
+    }
+    fn written_params(&self) -> Vec<Range<usize>> {
+        Vec::new()
+    }
+    fn state_len(&self, _: &[usize], _: usize) -> usize {
+        0
+    }
+    fn saved_state(&self) -> Option<SavedState> {
+        None
+    }
+    fn workspace(&self, _: &Scratch) -> Option<usize> {
+        Some(self.rotation.table_len())
+    }
+
+    fn flops(&self, _: &[usize], out: &[usize]) -> Flops {
+        // Two products and a sum for each query and key value, a third of them values.
+        Flops::per_value(out, 2.0, 2.0)
+    }
+}
+
+impl<B: Engine> Compute<B> for Rotary {
+    fn forward(&self, f: &mut Forward<'_, B>) {
+        let (backend, n, r, position) = (f.backend, f.n, &self.rotation, f.position);
+        if f.in_place {
+            let (buf, workspace) = f.output_and_workspace();
+            backend.rotary_in_place(buf, workspace, n, r, position);
+            return;
+        }
+        let io = f.io();
+        backend.rotary(io.x, io.y, io.workspace, n, r, position, false);
+    }
+
+    fn backward(&self, b: &mut Backward<'_, B>) -> Dx {
+        let (backend, n, r) = (b.backend, b.n, &self.rotation);
+        let g = b.io();
+        if let Some(dx) = g.dx {
+            // Only training runs backward, whose sequences start at position 0.
+            backend.rotary(g.dy, dx, g.workspace, n, r, 0, true);
+        }
+        Dx::Written { exact: false }
+    }
+}
