@@ -19,6 +19,7 @@
 
 pub mod file;
 pub mod hugging_face;
+pub mod llama;
 mod mapping;
 mod resume;
 pub mod superseded;

@@ -1,14 +1,16 @@
-//! `trainer export`: a GPT's weights as Hugging Face's GPT-2, for transformers'
-//! `GPT2LMHeadModel.from_pretrained` and the tools built on it.
+//! `trainer export`: a GPT's weights as Hugging Face's GPT-2, or a Llama's as its Llama, for
+//! transformers' `from_pretrained` and the tools built on it.
 
 use super::evaluate::Trained;
 use super::*;
-use crate::checkpoint::hugging_face;
+use crate::checkpoint::{hugging_face, llama};
+use crate::spec::StateDictNames;
 
 /// `trainer export`'s arguments.
 #[derive(clap::Args)]
 pub struct ExportArgs {
-    /// The run directory of a GPT named as nanoGPT's (or a job file with model.init_from).
+    /// The run directory of a GPT named as nanoGPT's, or of a Llama named as
+    /// jobs/llama_char.toml's (or a job file with model.init_from).
     pub run: PathBuf,
     /// The directory to write model.safetensors and config.json in. It is created; one that
     /// already holds a model.safetensors is refused.
@@ -19,12 +21,31 @@ pub struct ExportArgs {
     pub checkpoint: Option<PathBuf>,
 }
 
+/// The model families export writes.
+enum Family {
+    Gpt2(hugging_face::Gpt2),
+    Llama(llama::Llama),
+}
+
 /// Writes the run's model into `args.output`; returns that directory.
 pub fn export(args: &ExportArgs) -> Result<PathBuf> {
     let trained = Trained::load(&args.run, args.checkpoint.as_deref())?;
-    let gpt2 = hugging_face::gpt2_of(&trained.graph).map_err(|why| {
+    let graph = &trained.graph;
+    // nanoGPT's names mark a GPT; any other model is read as a Llama.
+    let family = match graph.names {
+        StateDictNames::Nanogpt => hugging_face::gpt2_of(graph)
+            .map(Family::Gpt2)
+            .map_err(|why| format!("as Hugging Face's GPT-2: {why}")),
+        _ => llama::llama_of(graph).map(Family::Llama).map_err(|why| {
+            format!(
+                "as Hugging Face's Llama: {why}. A GPT is written as GPT-2 when its tensors \
+                 are named as nanoGPT's (model.state_dict_names = \"nanogpt\")"
+            )
+        }),
+    };
+    let family = family.map_err(|why| {
         Error::Job(format!(
-            "{}: its model cannot be written as Hugging Face's GPT-2: {why}",
+            "{}: its model cannot be written {why}",
             args.run.display()
         ))
     })?;
@@ -35,7 +56,11 @@ pub fn export(args: &ExportArgs) -> Result<PathBuf> {
             target.display()
         )));
     }
-    hugging_face::write(&args.output, &gpt2, &trained.graph, &trained.params)
-        .map_err(|why| crate::runtime_err!("{why}"))?;
+    let (dir, params) = (&args.output, &trained.params);
+    match family {
+        Family::Gpt2(gpt2) => hugging_face::write(dir, &gpt2, graph, params),
+        Family::Llama(described) => llama::write(dir, &described, graph, params),
+    }
+    .map_err(|why| crate::runtime_err!("{why}"))?;
     Ok(args.output.clone())
 }

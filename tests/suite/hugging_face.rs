@@ -566,3 +566,121 @@ fn export_refuses_a_model_gpt2_cannot_hold() {
     assert_refused(&out, "missing transformer.ln_f.bias");
     assert!(!dir.path().join("hf").exists(), "nothing is written");
 }
+
+/// jobs/llama_char.toml's run, exported, is transformers' LlamaForCausalLM: its config, the
+/// fused projection split into q_proj, k_proj and v_proj, and, where transformers is
+/// installed, the run's logits.
+#[test]
+fn export_writes_a_llama_that_transformers_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let runs = dir.path().join("runs");
+    let job = root().join("jobs/llama_char.toml");
+    let sets = ["--set", "train.max_steps=3", "--set", "device.type=\"cpu\""];
+    let run = common::run_job(&job, &runs, &sets);
+    let exported = dir.path().join("hf");
+    let out = trainer(&["export", run.to_str().unwrap(), exported.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let config = std::fs::read_to_string(exported.join("config.json")).unwrap();
+    for field in [
+        "\"LlamaForCausalLM\"",
+        "\"num_hidden_layers\": 4",
+        "\"num_attention_heads\": 4",
+        "\"num_key_value_heads\": 4",
+        "\"intermediate_size\": 352",
+        "\"rms_norm_eps\": 0.00001",
+        "\"rope_theta\": 10000.0",
+        "\"max_position_embeddings\": 64",
+        "\"tie_word_embeddings\": false",
+    ] {
+        assert!(config.contains(field), "{field}: {config}");
+    }
+
+    let read = |path: &Path| std::fs::read(path).unwrap();
+    let (ours, theirs) = (
+        read(&run.join("model.safetensors")),
+        read(&exported.join("model.safetensors")),
+    );
+    let (ours, theirs) = (
+        SafeTensors::deserialize(&ours).unwrap(),
+        SafeTensors::deserialize(&theirs).unwrap(),
+    );
+    let values = |file: &SafeTensors, name: &str| -> Vec<f32> {
+        bytemuck::pod_collect_to_vec(file.tensor(name).unwrap().data())
+    };
+    assert_eq!(theirs.len(), 2 + 4 * 9 + 1);
+    let fused = values(&ours, "layers2_self_attn_qkv_proj.weight");
+    for (k, part) in ["q_proj", "k_proj", "v_proj"].iter().enumerate() {
+        let name = format!("model.layers.2.self_attn.{part}.weight");
+        assert_eq!(theirs.tensor(&name).unwrap().shape(), [128, 128]);
+        assert_eq!(values(&theirs, &name), fused[k * 128 * 128..][..128 * 128]);
+    }
+    assert_eq!(
+        values(&theirs, "model.layers.3.mlp.down_proj.weight"),
+        values(&ours, "layers3_mlp_down_proj.weight")
+    );
+
+    let Some(python) = common::torch_python() else {
+        println!("skipped transformers' half: no Python with torch");
+        return;
+    };
+    let spec = trainer::spec::load_job(&job, &[]).unwrap();
+    let (block, vocabulary, n) = (64, 73, 3);
+    let data = DataShape {
+        sample_shape: vec![block],
+        classes: Some(vocabulary),
+        classes_from: None,
+        target_dim: block,
+    };
+    let graph = Graph::build(&spec, &data).unwrap();
+    let w = weights::read(&run.join("model.safetensors"), &graph).unwrap();
+    let backend = CpuBackend::new(1);
+    let mut net = Network::new(&backend, graph, &w.params, n, 0).unwrap();
+    let input: Vec<f32> = (0..n * block)
+        .map(|i| ((i * 31 + 7) % vocabulary) as f32)
+        .collect();
+    net.set_input(&backend, &input);
+    net.forward(&backend, n, false, 0);
+    let logits = net.output()[..n * block * vocabulary].to_vec();
+    let case = dir.path().join("case.safetensors");
+    common::write_f32_safetensors(
+        &case,
+        &[
+            ("input", &input, vec![n, block]),
+            ("expected", &logits, vec![n, block, vocabulary]),
+        ],
+    );
+    let out = std::process::Command::new(&python)
+        .arg(root().join("tests/fixtures/hf_from_pretrained.py"))
+        .args([exported.to_str().unwrap(), case.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
+    println!("{python}: {text}");
+    assert!(
+        matches!(out.status.code(), Some(0 | 3)),
+        "transformers disagrees:\n{text}"
+    );
+}
+
+/// A model that is neither a GPT named as nanoGPT's nor a Llama is refused, naming what a
+/// Llama lacks; nothing is written.
+#[test]
+fn export_refuses_a_model_neither_gpt2_nor_llama_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let runs = dir.path().join("runs");
+    let sets = [
+        "--set",
+        "train.max_steps=2",
+        "--set",
+        "model.state_dict_names=\"sequential\"",
+    ];
+    let run = common::run_job(&root().join("jobs/gpt_char.toml"), &runs, &sets);
+    let hf = dir.path().join("hf");
+    let out = trainer(&["export", run.to_str().unwrap(), hf.to_str().unwrap()]);
+    assert_refused(
+        &out,
+        "cannot be written as Hugging Face's Llama: Llama has no position_embedding",
+    );
+    assert_refused(&out, "model.state_dict_names = \"nanogpt\"");
+    assert!(!hf.exists(), "nothing is written");
+}

@@ -1,0 +1,212 @@
+//! Hugging Face's Llama, written: a model built as jobs/llama_char.toml (RMSNorm, rotary
+//! embedding, the gated MLP with SiLU, no biases) saved as transformers' LlamaForCausalLM
+//! saves itself, so `from_pretrained` reads it.
+//!
+//! - The model is recognised by its layer names, jobs/llama_char.toml's: `embed_tokens`,
+//!   `layers<i>_input_layernorm` ... `layers<i>_mlp_down_proj`, `norm`, `lm_head`.
+//! - The fused query, key and value projection is split into `q_proj`, `k_proj` and `v_proj`:
+//!   its first, second and third C rows.
+//! - Its rotary layers turn pairs (i, i + d/2), as transformers' `rotate_half`, so the
+//!   matrices need no permutation.
+
+use super::file::{self, TensorOut, Values};
+use crate::graph::Graph;
+use crate::ops::Op;
+use crate::tensor::Activation;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// The parts of a block, as the job names them (after `layers<i>_`) and as
+/// LlamaDecoderLayer does. The fused projection is written as three.
+const PARTS: [(&str, &str); 7] = [
+    ("input_layernorm", "input_layernorm"),
+    ("self_attn_qkv_proj", "self_attn.qkv_proj"),
+    ("self_attn_o_proj", "self_attn.o_proj"),
+    ("post_attention_layernorm", "post_attention_layernorm"),
+    ("mlp_gate_proj", "mlp.gate_proj"),
+    ("mlp_up_proj", "mlp.up_proj"),
+    ("mlp_down_proj", "mlp.down_proj"),
+];
+
+/// What LlamaConfig says of a model.
+#[derive(Debug)]
+pub struct Llama {
+    vocab_size: usize,
+    hidden_size: usize,
+    intermediate_size: usize,
+    layers: usize,
+    heads: usize,
+    positions: usize,
+    eps: f32,
+    theta: f32,
+}
+
+/// The Llama that `graph` is; Err says why it is none.
+pub fn llama_of(graph: &Graph) -> Result<Llama, String> {
+    let (mut heads, mut lens, mut eps, mut thetas) = (vec![], vec![], vec![], vec![]);
+    for layer in &graph.layers {
+        match &layer.op {
+            Op::Attention(a) if !a.shape.causal => {
+                return Err("Llama's attention is causal".into());
+            }
+            Op::Attention(a) => {
+                heads.push(a.shape.heads);
+                lens.push(a.shape.len);
+            }
+            Op::RmsNorm(r) => eps.push(r.eps),
+            Op::Rotary(r) => {
+                heads.push(r.rotation.heads);
+                thetas.push(r.rotation.theta);
+            }
+            Op::LayerNorm(_) | Op::PositionEmbedding(_) => {
+                return Err(format!(
+                    "Llama has no {}: it normalises with rmsnorm and places tokens with rotary",
+                    layer.kind
+                ));
+            }
+            Op::Activation(a) if a.f != Activation::Silu => {
+                return Err(format!("Llama's MLP gates with silu, not {}", layer.kind));
+            }
+            _ => {}
+        }
+    }
+    let same = |v: &[f32]| v.windows(2).all(|w| w[0] == w[1]);
+    let one_heads = heads.windows(2).all(|w| w[0] == w[1]);
+    if !one_heads || !same(&eps) || !same(&thetas) || thetas.len() * 2 != heads.len() {
+        return Err(
+            "LlamaConfig has one number of heads, one rms_norm_eps and one rope_theta, and a \
+             rotary layer before every attention layer with its heads"
+                .into(),
+        );
+    }
+    let shapes: BTreeMap<String, Vec<usize>> = (graph.state_dict_entries().into_iter())
+        .map(|e| (e.name, e.shape))
+        .collect();
+    let shape = |name: &str| shapes.get(name).cloned().unwrap_or_default();
+    let (embedding, gate) = (
+        shape("embed_tokens.weight"),
+        shape("layers0_mlp_gate_proj.weight"),
+    );
+    let (&[vocab_size, hidden_size], &[intermediate_size, _]) =
+        (embedding.as_slice(), gate.as_slice())
+    else {
+        return Err(
+            "a Llama has the layers of jobs/llama_char.toml, named as it names them: \
+             embed_tokens, layers0_mlp_gate_proj ..."
+                .into(),
+        );
+    };
+    let described = Llama {
+        vocab_size,
+        hidden_size,
+        intermediate_size,
+        layers: thetas.len(),
+        heads: heads[0],
+        positions: lens[0],
+        eps: eps.first().copied().unwrap_or(1e-6),
+        theta: thetas[0],
+    };
+    let mut wanted = vec!["embed_tokens.weight", "norm.weight", "lm_head.weight"]
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>();
+    for i in 0..described.layers {
+        wanted.extend(
+            PARTS
+                .iter()
+                .map(|(ours, _)| format!("layers{i}_{ours}.weight")),
+        );
+    }
+    let missing: Vec<&String> = wanted.iter().filter(|n| !shapes.contains_key(*n)).collect();
+    let extra: Vec<&String> = shapes.keys().filter(|n| !wanted.contains(n)).collect();
+    if !missing.is_empty() || !extra.is_empty() {
+        let list = |names: Vec<&String>| match names.len() {
+            0 => "none".to_string(),
+            _ => (names.iter().map(|n| n.as_str()).collect::<Vec<_>>()).join(", "),
+        };
+        return Err(format!(
+            "a Llama's tensors are those of jobs/llama_char.toml, without biases, and the \
+             model differs: missing {}; not in a Llama {}",
+            list(missing),
+            list(extra),
+        ));
+    }
+    Ok(described)
+}
+
+/// Writes `params` of `graph`, the Llama `described`, into `dir` as transformers'
+/// LlamaForCausalLM saves itself: model.safetensors under its names (no lm_head where it is
+/// the embedding's) and config.json. Err says what could not be written.
+pub fn write(dir: &Path, described: &Llama, graph: &Graph, params: &[f32]) -> Result<(), String> {
+    let entries = graph.state_dict_entries();
+    let entry = |name: &str| entries.iter().find(|e| e.name == name);
+    let tied =
+        entry("lm_head.weight").map(|e| e.offset) == entry("embed_tokens.weight").map(|e| e.offset);
+    let mut tensors: Vec<(String, &[f32], Vec<usize>)> = Vec::new();
+    let mut add = |theirs: String, ours: &str| {
+        let e = entry(ours).expect("llama_of checked every name");
+        let values = &params[e.offset..e.offset + e.len()];
+        if !ours.ends_with("qkv_proj.weight") {
+            tensors.push((theirs, values, e.shape.clone()));
+            return;
+        }
+        // The fused projection's rows: C of queries, then keys, then values.
+        let part_len = values.len() / 3;
+        let shape = vec![e.shape[0] / 3, e.shape[1]];
+        for (k, name) in ["q_proj", "k_proj", "v_proj"].iter().enumerate() {
+            let values = &values[k * part_len..(k + 1) * part_len];
+            tensors.push((theirs.replace("qkv_proj", name), values, shape.clone()));
+        }
+    };
+    add("model.embed_tokens.weight".into(), "embed_tokens.weight");
+    for i in 0..described.layers {
+        for (ours, theirs) in PARTS {
+            add(
+                format!("model.layers.{i}.{theirs}.weight"),
+                &format!("layers{i}_{ours}.weight"),
+            );
+        }
+    }
+    add("model.norm.weight".into(), "norm.weight");
+    if !tied {
+        add("lm_head.weight".into(), "lm_head.weight");
+    }
+    let out: Vec<TensorOut> = (tensors.iter())
+        .map(|(name, values, shape)| TensorOut {
+            name: name.clone(),
+            shape: shape.clone(),
+            values: Values::F32(values),
+        })
+        .collect();
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let metadata = BTreeMap::from([("format".to_string(), "pt".to_string())]);
+    file::write(&dir.join("model.safetensors"), &out, metadata)?;
+    let d = described;
+    // The f32 values as they read in the job (1e-5, 10000), not their f64 widenings.
+    let widen = |v: f32| v.to_string().parse::<f64>().unwrap_or(f64::from(v));
+    let config = serde_json::json!({
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": d.vocab_size,
+        "hidden_size": d.hidden_size,
+        "intermediate_size": d.intermediate_size,
+        "num_hidden_layers": d.layers,
+        "num_attention_heads": d.heads,
+        "num_key_value_heads": d.heads,
+        "head_dim": d.hidden_size / d.heads,
+        "hidden_act": "silu",
+        "max_position_embeddings": d.positions,
+        "rms_norm_eps": widen(d.eps),
+        "rope_theta": widen(d.theta),
+        "rope_scaling": null,
+        "attention_bias": false,
+        "attention_dropout": 0.0,
+        "mlp_bias": false,
+        "tie_word_embeddings": tied,
+        "initializer_range": 0.02,
+        "torch_dtype": "float32",
+    });
+    let text = serde_json::to_string_pretty(&config).expect("a JSON value") + "\n";
+    let path = dir.join("config.json");
+    std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
