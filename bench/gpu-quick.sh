@@ -5,7 +5,8 @@
 # MLP 784-1024-1024-10 and on the cuBLAS-bound one (issue 7's overhead); `gpt` times
 # jobs/gpt_shakespeare.toml (bf16) with attention's probabilities kept and with flash
 # attention, profiles a step of each with CUDA events, times it with flash and no dropout,
-# and times `trainer sample` on CUDA;
+# times jobs/llama_char.toml (rotary, silu and multiply) in fp32 and bf16, and times
+# `trainer sample` on CUDA;
 # `gpt2 [BATCH]` puts jobs/gpt2_124m.toml (bf16, micro-batch BATCH x 1024, 64 by default) beside
 # PyTorch eager and compiled (bench/gpt2_torch_gpu.py): steady tokens/s and MFU, then profiles
 # its attention beside PyTorch's flash attention alone (bench/attention_torch_gpu.py). About 4
@@ -31,6 +32,11 @@ if [ "${1:-gemm}" = gpt ]; then
     -e "s|^path = \"data/|path = \"$PWD/jobs/data/|" jobs/gpt_shakespeare.toml > "$nodrop"
   log "== dropout 0, device.flash_attention=true"
   log "trainer: $(trainer "$nodrop" "${gpt[@]}" --set device.flash_attention=true)"
+  for mode in fp32 bf16; do
+    log "== jobs/llama_char.toml $mode, 300 steps, device.flash_attention=true"
+    log "trainer: $(trainer jobs/llama_char.toml "${gpt[@]}" --set precision.mode=\"$mode\" \
+      --set device.flash_attention=true)"
+  done
   dir=$($bin run jobs/gpt_shakespeare.toml "${gpt[@]}" --set train.max_steps=50 --runs-dir "$runs" --quiet)
   start=$(date +%s%N)
   $bin sample "$dir" --device cuda --prompt "ROMEO:" --tokens 500 --seed 1 > /dev/null

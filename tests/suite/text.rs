@@ -3,7 +3,7 @@
 //! the errors for text that cannot be read as asked.
 
 use crate::common::{self, run_job, spec, stderr, stdout, trainer};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use trainer::data;
 use trainer::data::vocabulary::Vocabulary;
 use trainer::spec::{StateDictNames, Tokenizer};
@@ -645,6 +645,48 @@ clip_grad_norm = 1.0
 every_steps = 10
 "#;
 
+/// The small GPT's model with Llama's layers: RMSNorm, rotary embedding, a SiLU-gated MLP,
+/// untied embeddings.
+const SMALL_LLAMA_MODEL: &str = r#"[model]
+init = "gpt2"
+layers = [
+  { type = "embedding", num_embeddings = 12, embedding_dim = 16, name = "embed_tokens" },
+  { type = "repeat", block = "h", times = 2 },
+  { type = "rmsnorm", name = "norm" },
+  { type = "linear", out = 12, bias = false, name = "lm_head" },
+]
+[model.blocks]
+h = [
+  { type = "rmsnorm", name = "input_layernorm" },
+  { type = "linear", out = 48, bias = false, name = "qkv_proj" },
+  { type = "rotary", heads = 2 },
+  { type = "attention", heads = 2 },
+  { type = "linear", out = 16, bias = false, name = "o_proj" },
+  { type = "add", inputs = ["block_input", "o_proj"], name = "attn_out" },
+  { type = "rmsnorm", name = "post_attention_layernorm" },
+  { type = "linear", out = 24, bias = false, name = "gate_proj" },
+  { type = "silu", name = "act" },
+  { type = "linear", out = 24, bias = false, inputs = ["post_attention_layernorm"], name = "up_proj" },
+  { type = "multiply", inputs = ["act", "up_proj"], name = "gated" },
+  { type = "linear", out = 16, bias = false, name = "down_proj" },
+  { type = "add", inputs = ["attn_out", "down_proj"] },
+]
+"#;
+
+/// The small GPT, and the same with Llama's layers, each with the `--set` arguments that
+/// drop its attention probabilities (0.2).
+pub(crate) fn small_models(dir: &Path) -> [(&'static str, PathBuf, [&'static str; 2]); 2] {
+    let gpt = small_gpt(dir);
+    let (head, rest) = SMALL_GPT.split_once("[model]").unwrap();
+    let (_, training) = rest.split_once("[loss]").unwrap();
+    let llama = dir.join("llama.toml");
+    std::fs::write(&llama, format!("{head}{SMALL_LLAMA_MODEL}[loss]{training}")).unwrap();
+    [
+        ("gpt", gpt, ATTENTION_DROPOUT),
+        ("llama", llama, ["--set", "model.blocks.h[3].dropout=0.2"]),
+    ]
+}
+
 /// The small GPT's job file and text in `dir`.
 pub(crate) fn small_gpt(dir: &Path) -> std::path::PathBuf {
     let text: String = (0..3000)
@@ -751,78 +793,102 @@ fn eval_reads_a_texts_splits_a_block_apart() {
 /// A GPT run resumed from its step-20 checkpoint, with gradient accumulation, activation
 /// checkpointing and attention dropout, ends as the uninterrupted run: the same windows in
 /// the same order, the same masks, the same losses and the same final weights, bit for bit.
+/// So does a Llama's.
 #[test]
 fn a_resumed_gpt_run_gives_the_uninterrupted_run_exactly() {
     let tmp = tempfile::tempdir().unwrap();
-    let job = small_gpt(tmp.path());
-    let runs = tmp.path().join("runs");
-    let sets = [
-        "--set",
-        "train.grad_accum_steps=2",
-        "--set",
-        "checkpoint.activations=\"all\"",
-        ATTENTION_DROPOUT[0],
-        ATTENTION_DROPOUT[1],
-    ];
-    let full = run_job(&job, &runs, &sets);
-    let crashed = tmp.path().join("crashed");
-    std::fs::create_dir_all(crashed.join("checkpoints")).unwrap();
-    for name in ["metrics.csv", "config.toml", "train.log"] {
-        std::fs::copy(full.join(name), crashed.join(name)).unwrap();
+    for (model, job, dropout) in small_models(tmp.path()) {
+        let runs = tmp.path().join(model);
+        let sets = [
+            "--set",
+            "train.grad_accum_steps=2",
+            "--set",
+            "checkpoint.activations=\"all\"",
+            dropout[0],
+            dropout[1],
+        ];
+        let full = run_job(&job, &runs, &sets);
+        let crashed = tmp.path().join(format!("{model}-crashed"));
+        std::fs::create_dir_all(crashed.join("checkpoints")).unwrap();
+        for name in ["metrics.csv", "config.toml", "train.log"] {
+            std::fs::copy(full.join(name), crashed.join(name)).unwrap();
+        }
+        for step in ["step-00000010.safetensors", "step-00000020.safetensors"] {
+            let (from, to) = (full.join("checkpoints"), crashed.join("checkpoints"));
+            std::fs::copy(from.join(step), to.join(step)).unwrap();
+        }
+        let resume = [&sets[..], &["--resume", crashed.to_str().unwrap()]].concat();
+        run_job(&job, &runs, &resume);
+        assert_eq!(
+            metrics_without_timing(&crashed),
+            metrics_without_timing(&full),
+            "{model}"
+        );
+        assert_eq!(
+            std::fs::read(crashed.join("model.safetensors")).unwrap(),
+            std::fs::read(full.join("model.safetensors")).unwrap(),
+            "{model}"
+        );
     }
-    for step in ["step-00000010.safetensors", "step-00000020.safetensors"] {
-        let (from, to) = (full.join("checkpoints"), crashed.join("checkpoints"));
-        std::fs::copy(from.join(step), to.join(step)).unwrap();
+}
+
+/// Activation checkpointing recomputes a segment's forward pass in backward: a GPT and a
+/// Llama train to the same bits with it as without it.
+#[test]
+fn activation_checkpointing_trains_a_gpt_and_a_llama_to_the_same_bits() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (model, job, dropout) in small_models(tmp.path()) {
+        let runs = tmp.path().join(model);
+        let plain = run_job(&job, &runs, &dropout);
+        let all = ["--set", "checkpoint.activations=\"all\""];
+        let recomputed = run_job(&job, &runs, &[&dropout[..], &all].concat());
+        assert_eq!(
+            std::fs::read(plain.join("model.safetensors")).unwrap(),
+            std::fs::read(recomputed.join("model.safetensors")).unwrap(),
+            "{model}"
+        );
     }
-    let resume = [&sets[..], &["--resume", crashed.to_str().unwrap()]].concat();
-    run_job(&job, &runs, &resume);
-    assert_eq!(
-        metrics_without_timing(&crashed),
-        metrics_without_timing(&full)
-    );
-    assert_eq!(
-        std::fs::read(crashed.join("model.safetensors")).unwrap(),
-        std::fs::read(full.join("model.safetensors")).unwrap()
-    );
 }
 
 /// Two replicas in threads train the small GPT as one device does: each takes half of every
 /// micro-batch's windows and draws the attention dropout masks one device would for them,
-/// and the averaged gradients give the same losses up to rounding.
+/// and the averaged gradients give the same losses up to rounding. So do they a Llama.
 #[test]
 fn a_gpt_on_two_replicas_follows_one_device() {
     let tmp = tempfile::tempdir().unwrap();
-    let job = small_gpt(tmp.path());
-    let runs = tmp.path().join("runs");
-    let one = run_job(&job, &runs, &ATTENTION_DROPOUT);
-    let two = run_job(
-        &job,
-        &runs,
-        &[&ATTENTION_DROPOUT[..], &["--set", "parallel.replicas=2"]].concat(),
-    );
-    let (a, b) = (losses(&one), losses(&two));
-    assert_eq!(a.len(), b.len());
-    for (x, y) in a.iter().zip(&b) {
-        assert!((x - y).abs() <= 1e-5 * x.abs(), "{a:?}\n{b:?}");
+    for (model, job, dropout) in small_models(tmp.path()) {
+        let runs = tmp.path().join(model);
+        let one = run_job(&job, &runs, &dropout);
+        let two = run_job(
+            &job,
+            &runs,
+            &[&dropout[..], &["--set", "parallel.replicas=2"]].concat(),
+        );
+        let (a, b) = (losses(&one), losses(&two));
+        assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(&b) {
+            assert!((x - y).abs() <= 1e-5 * x.abs(), "{model}: {a:?}\n{b:?}");
+        }
+        let without_dropout = losses(&run_job(&job, &runs, &[]));
+        assert_ne!(without_dropout, a, "{model}: the dropout was not applied");
     }
-    let without_dropout = losses(&run_job(&job, &runs, &[]));
-    assert_ne!(without_dropout, a, "the dropout was not applied");
 }
 
 /// The small GPT in bf16 (emulated on the CPU: half-width values, f32 master weights)
-/// follows its fp32 run: every loss within 2%.
+/// follows its fp32 run: every loss within 2%. So does the Llama.
 #[test]
 fn a_gpt_in_bf16_follows_its_fp32_run() {
     let tmp = tempfile::tempdir().unwrap();
-    let job = small_gpt(tmp.path());
-    let runs = tmp.path().join("runs");
-    let fp32 = run_job(&job, &runs, &[]);
-    let bf16 = run_job(&job, &runs, &["--set", "precision.mode=\"bf16\""]);
-    let (a, b) = (losses(&fp32), losses(&bf16));
-    assert_eq!(a.len(), b.len());
-    assert!(a != b, "bf16 gave fp32's bits: was it applied?");
-    for (x, y) in a.iter().zip(&b) {
-        assert!((x - y).abs() <= 0.02 * x.abs(), "{a:?}\n{b:?}");
+    for (model, job, _) in small_models(tmp.path()) {
+        let runs = tmp.path().join(model);
+        let fp32 = run_job(&job, &runs, &[]);
+        let bf16 = run_job(&job, &runs, &["--set", "precision.mode=\"bf16\""]);
+        let (a, b) = (losses(&fp32), losses(&bf16));
+        assert_eq!(a.len(), b.len());
+        assert!(a != b, "{model}: bf16 gave fp32's bits: was it applied?");
+        for (x, y) in a.iter().zip(&b) {
+            assert!((x - y).abs() <= 0.02 * x.abs(), "{model}: {a:?}\n{b:?}");
+        }
     }
 }
 
