@@ -1604,38 +1604,41 @@ fn weight_decay_on_matrices_leaves_biases_and_norm_scales_undecayed() {
 
 /// `trainer sample --device cuda` (the key/value cache from the backend's products and
 /// softmax, then windows past the block) writes the CPU's greedy text: 80 tokens after a
-/// 1-token prompt, through the block of 64 and past it.
+/// 1-token prompt, through the block of 64 and past it. So does a Llama, whose rotary layer
+/// turns each new token by its position.
 #[test]
 fn sample_on_cuda_writes_what_the_cpu_writes() {
     if !common::gpu_present() {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let sets = ["train.max_steps=40", "train.log_every=40"];
-    let mut extra: Vec<&str> = sets.iter().flat_map(|s| ["--set", *s]).collect();
-    extra.extend(["--set", "device.type=\"cpu\""]);
-    let job = common::root().join("jobs/gpt_char.toml");
-    let run = common::run_job(&job, tmp.path(), &extra);
-    let text = |device: &str| {
-        let args = [
-            "sample",
-            run.to_str().unwrap(),
-            "--prompt",
-            "K",
-            "--tokens",
-            "80",
-            "--top-k",
-            "1",
-            "--device",
-            device,
-        ];
-        let out = common::trainer(&args);
-        assert!(out.status.success(), "{}", common::stderr(&out));
-        common::stdout(&out)
-    };
-    let cpu = text("cpu");
-    assert!(cpu.chars().count() >= 81, "{cpu:?}");
-    assert_eq!(text("cuda"), cpu);
+    for job in ["gpt_char", "llama_char"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let sets = ["train.max_steps=40", "train.log_every=40"];
+        let mut extra: Vec<&str> = sets.iter().flat_map(|s| ["--set", *s]).collect();
+        extra.extend(["--set", "device.type=\"cpu\""]);
+        let job_path = common::root().join(format!("jobs/{job}.toml"));
+        let run = common::run_job(&job_path, tmp.path(), &extra);
+        let text = |device: &str| {
+            let args = [
+                "sample",
+                run.to_str().unwrap(),
+                "--prompt",
+                "K",
+                "--tokens",
+                "80",
+                "--top-k",
+                "1",
+                "--device",
+                device,
+            ];
+            let out = common::trainer(&args);
+            assert!(out.status.success(), "{}", common::stderr(&out));
+            common::stdout(&out)
+        };
+        let cpu = text("cpu");
+        assert!(cpu.chars().count() >= 81, "{job}: {cpu:?}");
+        assert_eq!(text("cuda"), cpu, "{job}");
+    }
 }
 
 /// Token ids gathered on the device and from host memory, into ids and into values (a

@@ -91,24 +91,30 @@ impl ProbsDropout {
     }
 }
 
-pub fn build(spec: &AttentionSpec, at: &mut Build) -> Result<(Op, Vec<usize>)> {
-    let shape = at.in_shape().to_vec();
+/// The length and width of the [T, 3·C] samples a layer of `kind` reads (attention, rotary):
+/// queries, keys and values side by side. Err names what it was given instead.
+pub(super) fn qkv_shape(kind: &str, at: &Build) -> Result<(usize, usize)> {
+    let shape = at.in_shape();
     let [len, fused] = shape[..] else {
         let why = format!(
             "it reads [length, 3·width] samples (queries, keys and values side by side, from a \
              linear layer of 3·width outputs), but the previous layer outputs {}",
-            shape_str(&shape)
+            shape_str(shape)
         );
-        return Err(at.error("attention", why));
+        return Err(at.error(kind, why));
     };
     if fused % 3 != 0 {
         let why = format!(
             "its input's last axis holds queries, keys and values side by side, 3·width values, \
              but it has {fused}, which 3 does not divide"
         );
-        return Err(at.error("attention", why));
+        return Err(at.error(kind, why));
     }
-    let width = fused / 3;
+    Ok((len, fused / 3))
+}
+
+pub fn build(spec: &AttentionSpec, at: &mut Build) -> Result<(Op, Vec<usize>)> {
+    let (len, width) = qkv_shape("attention", at)?;
     if width % spec.heads != 0 {
         let why = format!("heads = {} does not divide the width {width}", spec.heads);
         return Err(at.error("attention", why));

@@ -9,7 +9,7 @@ mod cpu;
 mod cuda;
 
 use super::Flops;
-use super::{shape_str, Backward, Build, Checks, Compute, Dx, Engine, Forward, Op, OpKind};
+use super::{Backward, Build, Checks, Compute, Dx, Engine, Forward, Op, OpKind};
 use super::{ParamTensor, Properties, SavedState, Scratch};
 use crate::error::Result;
 use crate::tensor::Backend;
@@ -26,7 +26,7 @@ pub struct RotarySpec {
     pub heads: usize,
     /// The base θ of the angles: Llama's `rope_theta`. Default 10000.
     #[serde(default = "default_theta")]
-    #[schemars(range(min = 0), extend("exclusiveMinimum" = 1))]
+    #[schemars(extend("exclusiveMinimum" = 1))]
     pub theta: f64,
 }
 
@@ -79,23 +79,7 @@ pub struct Rotary {
 }
 
 pub fn build(spec: &RotarySpec, at: &mut Build) -> Result<(Op, Vec<usize>)> {
-    let shape = at.in_shape().to_vec();
-    let [len, fused] = shape[..] else {
-        let why = format!(
-            "it reads [length, 3·width] samples (queries, keys and values side by side, from a \
-             linear layer of 3·width outputs), but the previous layer outputs {}",
-            shape_str(&shape)
-        );
-        return Err(at.error("rotary", why));
-    };
-    if fused % 3 != 0 {
-        let why = format!(
-            "its input's last axis holds queries, keys and values side by side, 3·width values, \
-             but it has {fused}, which 3 does not divide"
-        );
-        return Err(at.error("rotary", why));
-    }
-    let width = fused / 3;
+    let (len, width) = super::attention::qkv_shape("rotary", at)?;
     if width % spec.heads != 0 || !(width / spec.heads).is_multiple_of(2) {
         let why = format!(
             "heads = {} must split the width {width} into heads of an even number of values \
@@ -110,7 +94,7 @@ pub fn build(spec: &RotarySpec, at: &mut Build) -> Result<(Op, Vec<usize>)> {
         head_dim: width / spec.heads,
         theta: spec.theta as f32,
     };
-    Ok((Op::Rotary(Rotary { rotation }), shape))
+    Ok((Op::Rotary(Rotary { rotation }), vec![len, 3 * width]))
 }
 
 /// The backend's side of rotary: a CPU and a CUDA implementation, in this folder.
