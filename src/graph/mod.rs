@@ -158,6 +158,7 @@ impl Graph {
                 reads_data: reads_data[inputs[0]],
                 offset: &mut offset,
                 named: &named,
+                input_op: inputs[0].checked_sub(1).map(|l| &layers[l].op),
                 decoding,
                 flash_attention: spec.device.flash_attention,
             };

@@ -173,6 +173,8 @@ pub struct Build<'a> {
     pub offset: &'a mut usize,
     /// The earlier layers that have a name, with their ops (weight tying).
     pub named: &'a [(&'a str, &'a super::Op)],
+    /// The op of the layer its first input comes from; None for the data.
+    pub input_op: Option<&'a super::Op>,
     /// A model that reads one position a step, keeping each attention layer's keys and
     /// values for this many positions (`trainer sample`); None when training.
     pub decoding: Option<usize>,

@@ -120,6 +120,16 @@ pub fn build(spec: &AttentionSpec, at: &mut Build) -> Result<(Op, Vec<usize>)> {
         return Err(at.error("attention", why));
     }
     let head_dim = width / spec.heads;
+    if let Some(Op::Rotary(r)) = at.input_op {
+        if r.rotation.heads != spec.heads {
+            let why = format!(
+                "the rotary layer before it turns {} heads of {} values, and it has heads = {}: \
+                 give both the same heads",
+                r.rotation.heads, r.rotation.head_dim, spec.heads
+            );
+            return Err(at.error("attention", why));
+        }
+    }
     if at.flash_attention && head_dim > MAX_FLASH_HEAD_DIM {
         let why = format!(
             "device.flash_attention holds a head's {head_dim} values in registers, at most \

@@ -120,6 +120,7 @@ mod tests {
             reads_data: false,
             offset: &mut offset,
             named: &[],
+            input_op: None,
             decoding: None,
             flash_attention: false,
         };

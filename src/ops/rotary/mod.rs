@@ -20,8 +20,8 @@ use std::ops::Range;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RotarySpec {
-    /// Attention heads, as the attention layer after it has; they split the width C evenly,
-    /// into heads of an even number of values.
+    /// Attention heads, as the attention layer after it has (checked); they split the width
+    /// C evenly, into heads of an even number of values.
     #[schemars(range(min = 1, max = 2147483647))]
     pub heads: usize,
     /// The base θ of the angles: Llama's `rope_theta`. Default 10000.

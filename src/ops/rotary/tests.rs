@@ -88,7 +88,7 @@ fn rotary_gradients() {
 }
 
 #[test]
-fn rotary_refuses_odd_heads_and_inputs_that_are_not_qkv() {
+fn rotary_refuses_odd_heads_inputs_that_are_not_qkv_and_other_heads_after_it() {
     let cases = [
         (
             r#"{ type = "linear", out = 12 }, { type = "rotary", heads = 3 }"#,
@@ -120,6 +120,12 @@ fn rotary_refuses_odd_heads_and_inputs_that_are_not_qkv() {
         let e = Graph::build(&job, &sequences()).unwrap_err().to_string();
         assert!(e.contains(expected) && e.contains("model.layers[2]"), "{e}");
     }
+    let middle = r#"{ type = "linear", out = 24 }, { type = "rotary", heads = 2 },
+        { type = "attention", heads = 4 }"#;
+    let e = Graph::build(&spec(&sequence_job(middle)), &sequences()).unwrap_err();
+    let want = "model.layers[3] (attention): the rotary layer before it turns 2 heads of 4 \
+                values, and it has heads = 4: give both the same heads";
+    assert!(e.to_string().contains(want), "{e}");
 }
 
 /// CUDA against the CPU on random inputs, in f32 and in each half format: forward, in
