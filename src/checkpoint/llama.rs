@@ -72,6 +72,9 @@ pub fn llama_of(graph: &Graph) -> Result<Llama, String> {
     }
     let same = |v: &[f32]| v.windows(2).all(|w| w[0] == w[1]);
     let one_heads = heads.windows(2).all(|w| w[0] == w[1]);
+    if thetas.is_empty() {
+        return Err("a Llama has attention layers, each after a rotary layer".into());
+    }
     if !one_heads || !same(&eps) || !same(&thetas) || thetas.len() * 2 != heads.len() {
         return Err(
             "LlamaConfig has one number of heads, one rms_norm_eps and one rope_theta, and a \

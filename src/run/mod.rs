@@ -82,7 +82,7 @@ fn lock(dir: &Path) -> Result<fs::File> {
 pub(crate) fn lock_state(dir: &Path) -> Option<LockState> {
     use std::os::unix::fs::MetadataExt;
     let meta = fs::metadata(dir.join(LOCK_FILE)).ok()?;
-    let table = fs::read_to_string("/proc/locks").ok()?;
+    let table = lock_table()?;
     let device = format!(
         "{:02x}:{:02x}:{}",
         libc::major(meta.dev()),
@@ -110,6 +110,22 @@ pub(crate) fn lock_state(dir: &Path) -> Option<LockState> {
         (file == device || (inode == meta.ino() && holds(pid))).then_some(pid)
     });
     Some(holder.map_or(LockState::Free, LockState::HeldBy))
+}
+
+/// /proc/locks, read in reads of 64 KiB. The kernel renders the table afresh at each read's
+/// offset, so a lock released between two reads shifts the lines after it, and one can be
+/// skipped. `read_to_string` starts with a 32-byte read, so a lock held throughout could read
+/// as free; one large read takes a page of lines, about fifty locks, at once.
+fn lock_table() -> Option<String> {
+    use std::io::Read;
+    let mut file = fs::File::open("/proc/locks").ok()?;
+    let (mut table, mut chunk) = (Vec::new(), vec![0u8; 1 << 16]);
+    loop {
+        match file.read(&mut chunk).ok()? {
+            0 => return String::from_utf8(table).ok(),
+            n => table.extend_from_slice(&chunk[..n]),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

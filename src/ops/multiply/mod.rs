@@ -98,8 +98,9 @@ impl<B: Engine> Compute<B> for Multiply {
         backend.multiply(a, b, y, len);
     }
 
-    /// Each input's gradient is dy times the other input, rounded in mixed precision after
-    /// each write, as PyTorch rounds each bf16 product and sum.
+    /// Each input's gradient is dy times the other input. In mixed precision it is rounded
+    /// after each write: a product added to another layer's gradient is rounded once, where
+    /// PyTorch rounds the product and then the sum.
     fn backward(&self, b: &mut Backward<'_, B>) -> Dx {
         let (backend, len, half) = (b.backend, b.out_len, b.half);
         for k in 0..2 {

@@ -165,7 +165,8 @@ impl OpKind for Rotary {
     }
 
     fn flops(&self, _: &[usize], out: &[usize]) -> Flops {
-        // Two products and a sum for each query and key value, a third of them values.
+        // Three operations for each query and key value, two thirds of the output; none
+        // for the values: two a value on average, forward and backward.
         Flops::per_value(out, 2.0, 2.0)
     }
 }
