@@ -795,7 +795,7 @@ fn eval_reads_a_texts_splits_a_block_apart() {
 /// the same order, the same masks, the same losses and the same final weights, bit for bit.
 /// So does a Llama's.
 #[test]
-fn a_resumed_gpt_run_gives_the_uninterrupted_run_exactly() {
+fn a_resumed_gpt_or_llama_run_gives_the_uninterrupted_run_exactly() {
     let tmp = tempfile::tempdir().unwrap();
     for (model, job, dropout) in small_models(tmp.path()) {
         let runs = tmp.path().join(model);
@@ -852,9 +852,9 @@ fn activation_checkpointing_trains_a_gpt_and_a_llama_to_the_same_bits() {
 
 /// Two replicas in threads train the small GPT as one device does: each takes half of every
 /// micro-batch's windows and draws the attention dropout masks one device would for them,
-/// and the averaged gradients give the same losses up to rounding. So do they a Llama.
+/// and the averaged gradients give the same losses up to rounding. So do a Llama's.
 #[test]
-fn a_gpt_on_two_replicas_follows_one_device() {
+fn a_gpt_or_llama_on_two_replicas_follows_one_device() {
     let tmp = tempfile::tempdir().unwrap();
     for (model, job, dropout) in small_models(tmp.path()) {
         let runs = tmp.path().join(model);
@@ -877,7 +877,7 @@ fn a_gpt_on_two_replicas_follows_one_device() {
 /// The small GPT in bf16 (emulated on the CPU: half-width values, f32 master weights)
 /// follows its fp32 run: every loss within 2%. So does the Llama.
 #[test]
-fn a_gpt_in_bf16_follows_its_fp32_run() {
+fn a_gpt_or_llama_in_bf16_follows_its_fp32_run() {
     let tmp = tempfile::tempdir().unwrap();
     for (model, job, _) in small_models(tmp.path()) {
         let runs = tmp.path().join(model);
