@@ -74,7 +74,11 @@ pub fn check(weights: &Path, graph: &Graph) -> Result<bool, String> {
     }
     for layer in &graph.layers {
         let ops = layer.op.kind().properties();
-        if let Some(heads) = ops.attention_heads.filter(|&h| h != config.n_head) {
+        if let Some(heads) = ops
+            .attention
+            .map(|a| a.heads)
+            .filter(|&h| h != config.n_head)
+        {
             return differs(format!(
                 "n_head = {}, and the model's attention has {heads} heads: set heads = {}",
                 config.n_head, config.n_head
@@ -132,7 +136,7 @@ pub fn gpt2_of(graph: &Graph) -> Result<Gpt2, String> {
     let (mut gelus, mut eps) = (Vec::new(), Vec::new());
     for layer in &graph.layers {
         let ops = layer.op.kind().properties();
-        heads.extend(ops.attention_heads);
+        heads.extend(ops.attention.map(|a| a.heads));
         gelus.extend(ops.activation.filter(|&f| is_gelu(f)));
         eps.extend(ops.layer_norm_eps);
     }

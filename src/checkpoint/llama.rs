@@ -11,7 +11,6 @@
 
 use super::file::{self, TensorOut, Values};
 use crate::graph::Graph;
-use crate::ops::Op;
 use crate::tensor::Activation;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -45,37 +44,30 @@ pub struct Llama {
 pub fn llama_of(graph: &Graph) -> Result<Llama, String> {
     let (mut heads, mut lens, mut eps, mut thetas) = (vec![], vec![], vec![], vec![]);
     for layer in &graph.layers {
-        match &layer.op {
-            Op::Attention(a) if !a.shape.causal => {
+        let ops = layer.op.properties();
+        if ops.layer_norm_eps.is_some() {
+            let why = format!("Llama has no {}: it normalises with rmsnorm", layer.kind);
+            return Err(why);
+        }
+        if ops.activation.is_some_and(|f| f != Activation::Silu) {
+            return Err(format!("Llama's MLP gates with silu, not {}", layer.kind));
+        }
+        if let Some(a) = ops.attention {
+            if !a.causal {
                 return Err("Llama's attention is causal".into());
             }
-            Op::Attention(a) => {
-                heads.push(a.shape.heads);
-                lens.push(a.shape.len);
-            }
-            Op::RmsNorm(r) => eps.push(r.eps),
-            Op::Rotary(r) => {
-                heads.push(r.rotation.heads);
-                thetas.push(r.rotation.theta);
-            }
-            Op::LayerNorm(_) | Op::PositionEmbedding(_) => {
-                return Err(format!(
-                    "Llama has no {}: it normalises with rmsnorm and places tokens with rotary",
-                    layer.kind
-                ));
-            }
-            Op::Activation(a) if a.f != Activation::Silu => {
-                return Err(format!("Llama's MLP gates with silu, not {}", layer.kind));
-            }
-            _ => {}
+            heads.push(a.heads);
+            lens.push(a.len);
         }
+        eps.extend(ops.rms_norm_eps);
+        thetas.extend(ops.rotary.map(|r| r.theta));
     }
     let same = |v: &[f32]| v.windows(2).all(|w| w[0] == w[1]);
     let one_heads = heads.windows(2).all(|w| w[0] == w[1]);
     if thetas.is_empty() {
         return Err("a Llama has attention layers, each after a rotary layer".into());
     }
-    if !one_heads || !same(&eps) || !same(&thetas) || thetas.len() * 2 != heads.len() {
+    if !one_heads || !same(&eps) || !same(&thetas) || thetas.len() != heads.len() {
         return Err(
             "LlamaConfig has one number of heads, one rms_norm_eps and one rope_theta, and a \
              rotary layer before every attention layer with its heads"

@@ -110,10 +110,14 @@ pub struct Properties {
     /// position depends on its inputs at that position, or, as causal attention's, at the
     /// positions up to it.
     pub one_position_at_a_time: bool,
-    /// Its number of heads (attention): what a GPT-2 config.json calls n_head.
-    pub attention_heads: Option<usize>,
+    /// Its shape (attention): heads are what a GPT-2 config.json calls n_head.
+    pub attention: Option<crate::tensor::Attention>,
     /// The epsilon it normalises with (layer norm): GPT-2's layer_norm_epsilon.
     pub layer_norm_eps: Option<f32>,
+    /// The epsilon it normalises with (RMSNorm): a Llama config.json's rms_norm_eps.
+    pub rms_norm_eps: Option<f32>,
+    /// The turn it gives queries and keys (rotary): a Llama config.json's rope_theta.
+    pub rotary: Option<super::rotary::Rotation>,
 }
 
 /// An op's forward and backward passes on backend `B`.

@@ -664,7 +664,7 @@ fn export_refuses_a_model_neither_gpt2_nor_llama_holds() {
     let out = trainer(&["export", run.to_str().unwrap(), hf.to_str().unwrap()]);
     assert_refused(
         &out,
-        "cannot be written as Hugging Face's Llama: Llama has no position_embedding",
+        "cannot be written as Hugging Face's Llama: Llama has no layernorm",
     );
     assert_refused(&out, "model.state_dict_names = \"nanogpt\"");
     assert!(!hf.exists(), "nothing is written");

@@ -40,8 +40,10 @@ impl OpKind for Add {
             draws_masks: false,
             one_value_per_channel: false,
             one_position_at_a_time: true,
-            attention_heads: None,
+            attention: None,
             layer_norm_eps: None,
+            rms_norm_eps: None,
+            rotary: None,
         }
     }
     fn parameters(&self) -> Vec<ParamTensor> {

@@ -120,15 +120,14 @@ pub fn build(spec: &AttentionSpec, at: &mut Build) -> Result<(Op, Vec<usize>)> {
         return Err(at.error("attention", why));
     }
     let head_dim = width / spec.heads;
-    if let Some(Op::Rotary(r)) = at.input_op {
-        if r.rotation.heads != spec.heads {
-            let why = format!(
-                "the rotary layer before it turns {} heads of {} values, and it has heads = {}: \
-                 give both the same heads",
-                r.rotation.heads, r.rotation.head_dim, spec.heads
-            );
-            return Err(at.error("attention", why));
-        }
+    let rotary = at.input_op.and_then(|op| op.properties().rotary);
+    if let Some(r) = rotary.filter(|r| r.heads != spec.heads) {
+        let why = format!(
+            "the rotary layer before it turns {} heads of {} values, and it has heads = {}: \
+             give both the same heads",
+            r.heads, r.head_dim, spec.heads
+        );
+        return Err(at.error("attention", why));
     }
     if at.flash_attention && head_dim > MAX_FLASH_HEAD_DIM {
         let why = format!(
@@ -215,8 +214,10 @@ impl OpKind for Attention {
             draws_masks: self.dropout > 0.0,
             one_value_per_channel: false,
             one_position_at_a_time: true,
-            attention_heads: Some(self.shape.heads),
+            attention: Some(self.shape),
             layer_norm_eps: None,
+            rms_norm_eps: None,
+            rotary: None,
         }
     }
     fn parameters(&self) -> Vec<ParamTensor> {

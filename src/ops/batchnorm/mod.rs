@@ -144,8 +144,10 @@ impl OpKind for BatchNorm {
             draws_masks: false,
             one_value_per_channel: self.spatial == 1,
             one_position_at_a_time: false,
-            attention_heads: None,
+            attention: None,
             layer_norm_eps: None,
+            rms_norm_eps: None,
+            rotary: None,
         }
     }
     fn parameters(&self) -> Vec<ParamTensor> {

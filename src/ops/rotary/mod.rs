@@ -144,8 +144,10 @@ impl OpKind for Rotary {
             draws_masks: false,
             one_value_per_channel: false,
             one_position_at_a_time: true,
-            attention_heads: None,
+            attention: None,
             layer_norm_eps: None,
+            rms_norm_eps: None,
+            rotary: Some(self.rotation),
         }
     }
     fn parameters(&self) -> Vec<ParamTensor> {
