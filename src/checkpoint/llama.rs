@@ -5,7 +5,8 @@
 //! - The model is recognised by its layer names, jobs/llama_char.toml's: `embed_tokens`,
 //!   `layers<i>_input_layernorm` ... `layers<i>_mlp_down_proj`, `norm`, `lm_head`.
 //! - The fused query, key and value projection is split into `q_proj`, `k_proj` and `v_proj`:
-//!   its first, second and third C rows.
+//!   its rows of the query heads, then of the key heads, then of the value heads (fewer
+//!   than the query heads with `kv_heads`, as `num_key_value_heads`).
 //! - Its rotary layers turn pairs (i, i + d/2), as transformers' `rotate_half`, so the
 //!   matrices need no permutation.
 
@@ -35,6 +36,8 @@ pub struct Llama {
     intermediate_size: usize,
     layers: usize,
     heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
     positions: usize,
     eps: f32,
     theta: f32,
@@ -56,7 +59,7 @@ pub fn llama_of(graph: &Graph) -> Result<Llama, String> {
             if !a.causal {
                 return Err("Llama's attention is causal".into());
             }
-            heads.push(a.heads);
+            heads.push((a.heads, a.kv_heads, a.head_dim));
             lens.push(a.len);
         }
         eps.extend(ops.rms_norm_eps);
@@ -91,12 +94,15 @@ pub fn llama_of(graph: &Graph) -> Result<Llama, String> {
                 .into(),
         );
     };
+    let (heads, kv_heads, head_dim) = heads[0];
     let described = Llama {
         vocab_size,
         hidden_size,
         intermediate_size,
         layers: thetas.len(),
-        heads: heads[0],
+        heads,
+        kv_heads,
+        head_dim,
         positions: lens[0],
         eps: eps.first().copied().unwrap_or(1e-6),
         theta: thetas[0],
@@ -145,12 +151,20 @@ pub fn write(dir: &Path, described: &Llama, graph: &Graph, params: &[f32]) -> Re
             tensors.push((theirs, values, e.shape.clone()));
             return;
         }
-        // The fused projection's rows: C of queries, then keys, then values.
-        let part_len = values.len() / 3;
-        let shape = vec![e.shape[0] / 3, e.shape[1]];
-        for (k, name) in ["q_proj", "k_proj", "v_proj"].iter().enumerate() {
-            let values = &values[k * part_len..(k + 1) * part_len];
-            tensors.push((theirs.replace("qkv_proj", name), values, shape.clone()));
+        // The fused projection's rows: the query heads', then the key heads', then the value
+        // heads'.
+        let d = described;
+        let kv_rows = d.kv_heads * d.head_dim;
+        let rows = [d.heads * d.head_dim, kv_rows, kv_rows];
+        let mut first = 0;
+        for (rows, name) in rows.into_iter().zip(["q_proj", "k_proj", "v_proj"]) {
+            let part = &values[first * e.shape[1]..(first + rows) * e.shape[1]];
+            tensors.push((
+                theirs.replace("qkv_proj", name),
+                part,
+                vec![rows, e.shape[1]],
+            ));
+            first += rows;
         }
     };
     add("model.embed_tokens.weight".into(), "embed_tokens.weight");
@@ -187,8 +201,8 @@ pub fn write(dir: &Path, described: &Llama, graph: &Graph, params: &[f32]) -> Re
         "intermediate_size": d.intermediate_size,
         "num_hidden_layers": d.layers,
         "num_attention_heads": d.heads,
-        "num_key_value_heads": d.heads,
-        "head_dim": d.hidden_size / d.heads,
+        "num_key_value_heads": d.kv_heads,
+        "head_dim": d.head_dim,
         "hidden_act": "silu",
         "max_position_embeddings": d.positions,
         "rms_norm_eps": widen(d.eps),

@@ -576,7 +576,7 @@ mod tests {
     }
 
     /// A run of jobs/JOB.toml, 3 steps, in `dir`.
-    fn tiny_run(dir: &std::path::Path, job: &str) -> PathBuf {
+    fn tiny_run(dir: &std::path::Path, (job, extra): (&str, &[&str])) -> PathBuf {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
         let run = dir.join("run");
         let sets = [
@@ -587,7 +587,7 @@ mod tests {
         crate::commands::run(&RunArgs {
             job: root.join(format!("jobs/{job}.toml")),
             job_given: true,
-            sets: sets.map(String::from).to_vec(),
+            sets: sets.iter().chain(extra).map(|s| s.to_string()).collect(),
             name: None,
             runs_dir: dir.to_path_buf(),
             resume: None,
@@ -639,13 +639,29 @@ mod tests {
         .unwrap()
     }
 
+    /// The jobs the sampling tests train for three steps, each with its `--set`s: a GPT, a
+    /// Llama, and a Llama with grouped-query attention (two key and value heads for four
+    /// query heads).
+    const MODELS: [(&str, &[&str]); 3] = [
+        ("gpt_char", &[]),
+        ("llama_char", &[]),
+        (
+            "llama_char",
+            &[
+                "model.blocks.layers[1].out=256",
+                "model.blocks.layers[2].kv_heads=2",
+                "model.blocks.layers[3].kv_heads=2",
+            ],
+        ),
+    ];
+
     /// The key/value cache gives each position the logits the whole block gives it (to
     /// rounding: its softmax scales before the exponent), and draws the same tokens, through
     /// the block and past it: for a GPT, and for a Llama, whose rotary embedding turns each
-    /// position's query and key by its own position.
+    /// position's query and key by its own position, with grouped-query attention too.
     #[test]
     fn the_key_value_cache_reads_what_the_whole_block_reads() {
-        for job in ["gpt_char", "llama_char"] {
+        for job in MODELS {
             let tmp = tempfile::tempdir().unwrap();
             let run = tiny_run(tmp.path(), job);
             let trained = Trained::load(&run, None).unwrap();
@@ -664,11 +680,15 @@ mod tests {
                 for (g, w) in got.iter().zip(want) {
                     assert!(
                         (g - w).abs() <= 1e-4 * (1.0 + w.abs()),
-                        "{job}, position {t}: {g} {w}"
+                        "{job:?}, position {t}: {g} {w}"
                     );
                 }
             }
-            assert_eq!(draws(&run, true, false), draws(&run, false, false), "{job}");
+            assert_eq!(
+                draws(&run, true, false),
+                draws(&run, false, false),
+                "{job:?}"
+            );
         }
     }
 
@@ -676,10 +696,14 @@ mod tests {
     /// through contexts of every window and past the block (the context then slides).
     #[test]
     fn shorter_windows_draw_what_the_whole_block_draws() {
-        for job in ["gpt_char", "llama_char"] {
+        for job in MODELS {
             let tmp = tempfile::tempdir().unwrap();
             let run = tiny_run(tmp.path(), job);
-            assert_eq!(draws(&run, false, true), draws(&run, false, false), "{job}");
+            assert_eq!(
+                draws(&run, false, true),
+                draws(&run, false, false),
+                "{job:?}"
+            );
         }
     }
 

@@ -117,12 +117,15 @@ impl Pool2d {
     }
 }
 
-/// Multi-head attention's shape for one sample: `len` positions of `heads` heads of
-/// `head_dim` values (width = heads × head_dim).
+/// Multi-head attention's shape for one sample: `len` positions of `heads` query heads of
+/// `head_dim` values (width = heads × head_dim), and `kv_heads` key and value heads, each
+/// shared by `heads / kv_heads` query heads (grouped-query attention; as many as the query
+/// heads in plain multi-head attention).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Attention {
     pub len: usize,
     pub heads: usize,
+    pub kv_heads: usize,
     pub head_dim: usize,
     /// Each position attends to itself and the positions before it only.
     pub causal: bool,
@@ -132,8 +135,24 @@ pub struct Attention {
 }
 
 impl Attention {
+    /// The queries' width, and the output's.
     pub fn width(&self) -> usize {
         self.heads * self.head_dim
+    }
+
+    /// The keys' width, and the values'.
+    pub fn kv_width(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+
+    /// An input row: its queries, keys and values side by side.
+    pub fn qkv_width(&self) -> usize {
+        self.width() + 2 * self.kv_width()
+    }
+
+    /// The key and value head that query head `h` reads.
+    pub fn kv_head(&self, h: usize) -> usize {
+        h / (self.heads / self.kv_heads)
     }
 
     /// The scores' scale, 1/√head_dim (PyTorch's scaled_dot_product_attention).

@@ -57,12 +57,14 @@ pub fn matmul(
     );
 }
 
-/// dst = lhs·rhs on one thread, into a destination whose rows lie `dst_rs` values apart (a
-/// column block of a wider matrix, such as one head's slice of attention's output).
+/// dst = lhs·rhs on one thread, or dst += lhs·rhs with `accumulate`, into a destination
+/// whose rows lie `dst_rs` values apart (a column block of a wider matrix, such as one head's
+/// slice of attention's output).
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_into_rows(
     dst: &mut [f32],
     dst_rs: usize,
+    accumulate: bool,
     lhs: &[f32],
     lhs_strides: (usize, usize),
     rhs: &[f32],
@@ -74,7 +76,7 @@ pub fn matmul_into_rows(
     product(
         dst,
         dst_rs,
-        false,
+        accumulate,
         lhs,
         lhs_strides,
         rhs,

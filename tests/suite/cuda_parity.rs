@@ -1605,16 +1605,27 @@ fn weight_decay_on_matrices_leaves_biases_and_norm_scales_undecayed() {
 /// `trainer sample --device cuda` (the key/value cache from the backend's products and
 /// softmax, then windows past the block) writes the CPU's greedy text: 80 tokens after a
 /// 1-token prompt, through the block of 64 and past it. So does a Llama, whose rotary layer
-/// turns each new token by its position.
+/// turns each new token by its position, with and without grouped-query attention.
 #[test]
 fn sample_on_cuda_writes_what_the_cpu_writes() {
     if !common::gpu_present() {
         return;
     }
-    for job in ["gpt_char", "llama_char"] {
+    let grouped = [
+        "model.blocks.layers[1].out=256",
+        "model.blocks.layers[2].kv_heads=2",
+        "model.blocks.layers[3].kv_heads=2",
+    ];
+    for (job, model) in [
+        ("gpt_char", &[][..]),
+        ("llama_char", &[]),
+        ("llama_char", &grouped),
+    ] {
         let tmp = tempfile::tempdir().unwrap();
         let sets = ["train.max_steps=40", "train.log_every=40"];
-        let mut extra: Vec<&str> = sets.iter().flat_map(|s| ["--set", *s]).collect();
+        let mut extra: Vec<&str> = (sets.iter().chain(model))
+            .flat_map(|s| ["--set", *s])
+            .collect();
         extra.extend(["--set", "device.type=\"cpu\""]);
         let job_path = common::root().join(format!("jobs/{job}.toml"));
         let run = common::run_job(&job_path, tmp.path(), &extra);
@@ -1636,8 +1647,8 @@ fn sample_on_cuda_writes_what_the_cpu_writes() {
             common::stdout(&out)
         };
         let cpu = text("cpu");
-        assert!(cpu.chars().count() >= 81, "{job}: {cpu:?}");
-        assert_eq!(text("cuda"), cpu, "{job}");
+        assert!(cpu.chars().count() >= 81, "{job} {model:?}: {cpu:?}");
+        assert_eq!(text("cuda"), cpu, "{job} {model:?}");
     }
 }
 

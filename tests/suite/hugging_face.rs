@@ -580,23 +580,40 @@ fn export_refuses_a_model_gpt2_cannot_hold() {
 
 /// jobs/llama_char.toml's run, exported, is transformers' LlamaForCausalLM: its config, the
 /// fused projection split into q_proj, k_proj and v_proj, and, where transformers is
-/// installed, the run's logits.
+/// installed, the run's logits. With grouped-query attention too: two key and value heads,
+/// `num_key_value_heads`, their projections 64 rows each.
 #[test]
 fn export_writes_a_llama_that_transformers_reads() {
+    let grouped = [
+        "model.blocks.layers[1].out=256",
+        "model.blocks.layers[2].kv_heads=2",
+        "model.blocks.layers[3].kv_heads=2",
+    ];
+    for (sets, kv_heads) in [(&[][..], 4), (&grouped[..], 2)] {
+        exports_a_llama(sets, kv_heads);
+    }
+}
+
+/// jobs/llama_char.toml with `sets`, whose attention has `kv_heads`, exported and read back.
+fn exports_a_llama(sets: &[&str], kv_heads: usize) {
     let dir = tempfile::tempdir().unwrap();
     let runs = dir.path().join("runs");
     let job = root().join("jobs/llama_char.toml");
-    let sets = ["--set", "train.max_steps=3", "--set", "device.type=\"cpu\""];
-    let run = common::run_job(&job, &runs, &sets);
+    let base = ["train.max_steps=3", "device.type=\"cpu\""];
+    let sets: Vec<String> = base.iter().chain(sets).map(|s| s.to_string()).collect();
+    let args: Vec<&str> = sets.iter().flat_map(|s| ["--set", s.as_str()]).collect();
+    let run = common::run_job(&job, &runs, &args);
     let exported = dir.path().join("hf");
     let out = trainer(&["export", run.to_str().unwrap(), exported.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
     let config = std::fs::read_to_string(exported.join("config.json")).unwrap();
+    let kv_field = format!("\"num_key_value_heads\": {kv_heads}");
     for field in [
         "\"LlamaForCausalLM\"",
         "\"num_hidden_layers\": 4",
         "\"num_attention_heads\": 4",
-        "\"num_key_value_heads\": 4",
+        &kv_field,
+        "\"head_dim\": 32",
         "\"intermediate_size\": 352",
         "\"rms_norm_eps\": 0.00001",
         "\"rope_theta\": 10000.0",
@@ -621,17 +638,24 @@ fn export_writes_a_llama_that_transformers_reads() {
     // embed_tokens, norm and lm_head; nine a layer, the fused projection three.
     assert_eq!(theirs.len(), 3 + 4 * 9);
     let fused = values(&ours, "layers2_self_attn_qkv_proj.weight");
-    for (k, part) in ["q_proj", "k_proj", "v_proj"].iter().enumerate() {
+    let mut first = 0;
+    for (part, rows) in [
+        ("q_proj", 128),
+        ("k_proj", kv_heads * 32),
+        ("v_proj", kv_heads * 32),
+    ] {
         let name = format!("model.layers.2.self_attn.{part}.weight");
-        assert_eq!(theirs.tensor(&name).unwrap().shape(), [128, 128]);
-        assert_eq!(values(&theirs, &name), fused[k * 128 * 128..][..128 * 128]);
+        assert_eq!(theirs.tensor(&name).unwrap().shape(), [rows, 128]);
+        assert_eq!(values(&theirs, &name), fused[first * 128..][..rows * 128]);
+        first += rows;
     }
+    assert_eq!(first * 128, fused.len());
     assert_eq!(
         values(&theirs, "model.layers.3.mlp.down_proj.weight"),
         values(&ours, "layers3_mlp_down_proj.weight")
     );
 
-    let spec = trainer::spec::load_job(&job, &[]).unwrap();
+    let spec = trainer::spec::load_job(&job, &sets).unwrap();
     let (block, vocabulary) = (64, 73);
     let data = DataShape {
         sample_shape: vec![block],

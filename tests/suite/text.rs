@@ -445,7 +445,7 @@ fn the_char_gpt_follows_pytorch_for_50_steps() {
     let mut tensors = initial_tensors(&names, shape, |name| StateDictNames::Nanogpt.prefix(name));
     assert_eq!(tensors[3].0, "transformer.h.0.attn.c_attn.weight");
     tensors.push(("lm_head.weight".into(), vec![73, 128], tensors[0].2.clone()));
-    follows_pytorch("gpt_char", "gpt_reference.json", &tensors);
+    follows_pytorch("gpt_char", "gpt_reference.json", &tensors, &[]);
 }
 
 /// jobs/llama_char.toml's first 50 steps give PyTorch's losses (Hugging Face's Llama layer
@@ -453,6 +453,26 @@ fn the_char_gpt_follows_pytorch_for_50_steps() {
 /// rotary embedding, the gated MLP with SiLU, untied embeddings.
 #[test]
 fn the_char_llama_follows_pytorch_for_50_steps() {
+    let tensors = llama_char_tensors(384);
+    follows_pytorch("llama_char", "llama_reference.json", &tensors, &[]);
+}
+
+/// The same with grouped-query attention: two key and value heads of 32 values, each shared
+/// by two of the four query heads, so the fused projection has 128 + 2·64 outputs.
+#[test]
+fn the_char_llama_with_grouped_query_attention_follows_pytorch_for_50_steps() {
+    let tensors = llama_char_tensors(256);
+    let sets = [
+        "model.blocks.layers[1].out=256",
+        "model.blocks.layers[2].kv_heads=2",
+        "model.blocks.layers[3].kv_heads=2",
+    ];
+    follows_pytorch("llama_char", "llama_gqa_reference.json", &tensors, &sets);
+}
+
+/// jobs/llama_char.toml's initial tensors as the fixtures' script makes them, its fused
+/// projection `qkv_rows` high.
+fn llama_char_tensors(qkv_rows: usize) -> Vec<(String, Vec<usize>, Vec<f32>)> {
     let mut names = vec!["embed_tokens".to_string()];
     for i in 0..4 {
         for part in [
@@ -471,13 +491,12 @@ fn the_char_llama_follows_pytorch_for_50_steps() {
     let shape = |name: &str| match name {
         "embed_tokens" | "lm_head" => vec![73, 128],
         n if n.ends_with("norm") => vec![128],
-        n if n.ends_with("qkv_proj") => vec![384, 128],
+        n if n.ends_with("qkv_proj") => vec![qkv_rows, 128],
         n if n.ends_with("o_proj") => vec![128, 128],
         n if n.ends_with("down_proj") => vec![128, 352],
         _ => vec![352, 128],
     };
-    let tensors = initial_tensors(&names, shape, |name| name.to_string());
-    follows_pytorch("llama_char", "llama_reference.json", &tensors);
+    initial_tensors(&names, shape, |name| name.to_string())
 }
 
 /// Each layer's weight, named by `name`: 1 for the 1-D scales, else `init_values` of its
@@ -500,10 +519,15 @@ fn initial_tensors(
         .collect()
 }
 
-/// jobs/JOB.toml's first 50 steps from `tensors`, without shuffling, give the losses of
-/// tests/fixtures/FIXTURE within 1e-4 relative, with and without flash attention (whose
-/// backward computes the probabilities again).
-fn follows_pytorch(job: &str, fixture: &str, tensors: &[(String, Vec<usize>, Vec<f32>)]) {
+/// jobs/JOB.toml's first 50 steps from `tensors`, without shuffling and with `sets` (each a
+/// `--set`), give the losses of tests/fixtures/FIXTURE within 1e-4 relative, with and without
+/// flash attention (whose backward computes the probabilities again).
+fn follows_pytorch(
+    job: &str,
+    fixture: &str,
+    tensors: &[(String, Vec<usize>, Vec<f32>)],
+    sets: &[&str],
+) {
     let path = crate::common::root().join("tests/fixtures").join(fixture);
     let fixture: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
@@ -521,7 +545,7 @@ fn follows_pytorch(job: &str, fixture: &str, tensors: &[(String, Vec<usize>, Vec
     let job = format!("jobs/{job}.toml");
     for flash in ["false", "true"] {
         let flash_set = format!("device.flash_attention={flash}");
-        let out = trainer(&[
+        let mut args = vec![
             "run",
             &job,
             "-q",
@@ -541,7 +565,9 @@ fn follows_pytorch(job: &str, fixture: &str, tensors: &[(String, Vec<usize>, Vec
             "device.type=\"cpu\"",
             "--set",
             &flash_set,
-        ]);
+        ];
+        args.extend(sets.iter().flat_map(|s| ["--set", *s]));
+        let out = trainer(&args);
         assert!(out.status.success(), "{}", stderr(&out));
         let dir = std::path::PathBuf::from(stdout(&out).trim());
         let metrics = std::fs::read_to_string(dir.join("metrics.csv")).unwrap();
@@ -645,7 +671,8 @@ clip_grad_norm = 1.0
 every_steps = 10
 "#;
 
-/// The small GPT's model with Llama's layers: RMSNorm, rotary embedding, a SiLU-gated MLP,
+/// The small GPT's model with Llama's layers: RMSNorm, rotary embedding, grouped-query
+/// attention (two query heads of 8 values share one key and value head), a SiLU-gated MLP,
 /// untied embeddings.
 const SMALL_LLAMA_MODEL: &str = r#"[model]
 init = "gpt2"
@@ -658,9 +685,9 @@ layers = [
 [model.blocks]
 h = [
   { type = "rmsnorm", name = "input_layernorm" },
-  { type = "linear", out = 48, bias = false, name = "qkv_proj" },
-  { type = "rotary", heads = 2 },
-  { type = "attention", heads = 2 },
+  { type = "linear", out = 32, bias = false, name = "qkv_proj" },
+  { type = "rotary", heads = 2, kv_heads = 1 },
+  { type = "attention", heads = 2, kv_heads = 1 },
   { type = "linear", out = 16, bias = false, name = "o_proj" },
   { type = "add", inputs = ["block_input", "o_proj"], name = "attn_out" },
   { type = "rmsnorm", name = "post_attention_layernorm" },

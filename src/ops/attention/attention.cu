@@ -1,34 +1,50 @@
 // Attention's own kernels; its products are cuBLAS's strided-batched GEMMs (cuda.rs).
-// Layouts: a sample's [T, parts, H, hd] rows (qkv: parts = 3; y, dy: parts = 1), and each
-// part's heads as [n, H, T, hd] f32 matrices in the workspace, parts one after another.
+// Layouts: a sample's rows of heads of hd values: qkv's H query heads, then G key heads and G
+// value heads (G = kv_heads, which H is a multiple of); y's and dy's H heads. In the
+// workspace each part's heads as [n, H, T, hd] f32 matrices, parts one after another: query
+// head h's keys and values are those of key and value head h / (H / G).
 
-// w[at + part·E + ((b·H + h)·T + t)·hd + d] = x[b, t, part, h, d], E = n·T·H·hd.
-extern "C" __global__ void attention_split(const void* x, int xs, float* w, u64 at, u64 n, u64 T, u64 H, u64 hd,
-                                           u64 parts) {
-    u64 e = n * T * H * hd;
+// Where value d of head `head` of position t of sample b lies, in rows of R heads of hd.
+__device__ __forceinline__ u64 qkv_at(u64 b, u64 t, u64 head, u64 d, u64 T, u64 R, u64 hd) {
+    return ((b * T + t) * R + head) * hd + d;
+}
+
+// The head of a qkv row that query head h reads in part `part` (0 queries, 1 keys, 2 values).
+__device__ __forceinline__ u64 qkv_head(u64 part, u64 h, u64 H, u64 G) {
+    return part == 0 ? h : H + (part - 1) * G + h / (H / G);
+}
+
+// w[at + part·E + ((b·H + h)·T + t)·hd + d] = x[b, t, qkv_head(part, h), d], E = n·T·H·hd, for
+// qkv (parts = 3) or dy (parts = 1).
+extern "C" __global__ void attention_split(const void* x, int xs, float* w, u64 at, u64 n, u64 T, u64 H, u64 G,
+                                           u64 hd, u64 parts) {
+    u64 e = n * T * H * hd, R = parts == 3 ? H + 2 * G : H;
     GRID_STRIDE(i, e * parts) {
         u64 d = i % hd, r = i / hd;
+        u64 t = r % T;
+        r /= T;
         u64 h = r % H;
         r /= H;
-        u64 part = r % parts;
-        r /= parts;
-        u64 t = r % T, b = r / T;
-        w[at + part * e + ((b * H + h) * T + t) * hd + d] = load(x, xs, i);
+        u64 b = r % n, part = r / n;
+        w[at + i] = load(x, xs, qkv_at(b, t, qkv_head(part, h, H, G), d, T, R, hd));
     }
 }
 
-// The inverse: y[b, t, part, h, d] = w[at + part·E + ((b·H + h)·T + t)·hd + d].
-extern "C" __global__ void attention_merge(const float* w, u64 at, void* y, int ys, u64 n, u64 T, u64 H, u64 hd,
-                                           u64 parts) {
-    u64 e = n * T * H * hd;
-    GRID_STRIDE(i, e * parts) {
+// The inverse, into y (parts = 1) or dqkv (parts = 3): a key or value head's gradient is the
+// sum of its H / G query heads' in the workspace.
+extern "C" __global__ void attention_merge(const float* w, u64 at, void* y, int ys, u64 n, u64 T, u64 H, u64 G,
+                                           u64 hd, u64 parts) {
+    u64 e = n * T * H * hd, R = parts == 3 ? H + 2 * G : H, group = H / G;
+    GRID_STRIDE(i, n * T * R * hd) {
         u64 d = i % hd, r = i / hd;
-        u64 h = r % H;
-        r /= H;
-        u64 part = r % parts;
-        r /= parts;
+        u64 head = r % R;
+        r /= R;
         u64 t = r % T, b = r / T;
-        store(y, ys, i, w[at + part * e + ((b * H + h) * T + t) * hd + d]);
+        u64 part = head < H ? 0 : head < H + G ? 1 : 2;
+        u64 first = part == 0 ? head : (head - H - (part - 1) * G) * group, count = part == 0 ? 1 : group;
+        float sum = 0.0f;
+        for (u64 j = 0; j < count; j++) sum += w[at + part * e + ((b * H + first + j) * T + t) * hd + d];
+        store(y, ys, i, sum);
     }
 }
 

@@ -26,11 +26,12 @@ impl Kernels for CpuBackend {
         dropout: Option<ProbsDropout>,
     ) {
         let (t, c, w) = (shape.len, shape.width(), workspace_len(shape, 1));
+        let xs = shape.qkv_width();
         y[..n * t * c]
             .par_chunks_mut(t * c)
             .zip(probs[..n * shape.saved_len()].par_chunks_mut(shape.saved_len()))
             .zip(workspace[..n * w].par_chunks_mut(w))
-            .zip(qkv[..n * t * 3 * c].par_chunks(t * 3 * c))
+            .zip(qkv[..n * t * xs].par_chunks(t * xs))
             .enumerate()
             .for_each(|(b, (((y, saved), scratch), x))| {
                 let dropout = dropout.map(|d| d.from_sample(b, shape));
@@ -50,10 +51,11 @@ impl Kernels for CpuBackend {
         dropout: Option<ProbsDropout>,
     ) {
         let (t, c, w) = (shape.len, shape.width(), workspace_len(shape, 1));
-        dqkv[..n * t * 3 * c]
-            .par_chunks_mut(t * 3 * c)
+        let xs = shape.qkv_width();
+        dqkv[..n * t * xs]
+            .par_chunks_mut(t * xs)
             .zip(workspace[..n * w].par_chunks_mut(w))
-            .zip(qkv[..n * t * 3 * c].par_chunks(t * 3 * c))
+            .zip(qkv[..n * t * xs].par_chunks(t * xs))
             .zip(probs[..n * shape.saved_len()].par_chunks(shape.saved_len()))
             .zip(dy[..n * t * c].par_chunks(t * c))
             .enumerate()
@@ -103,10 +105,16 @@ simd_fn! {
     }
 }
 
-/// Where head `h`'s queries (part 0), keys (1) or values (2) start in a [T, 3·C] sample;
-/// their rows lie 3·C apart.
+/// Where query head `h`'s queries (part 0), keys (1) or values (2) start in a sample: its
+/// own queries, the keys and values of the key and value head it shares. Their rows lie
+/// `qkv_width` apart.
 fn part(shape: &Shape, part: usize, h: usize) -> usize {
-    part * shape.width() + h * shape.head_dim
+    let d = shape.head_dim;
+    match part {
+        Q => h * d,
+        K => shape.width() + shape.kv_head(h) * d,
+        _ => shape.width() + shape.kv_width() + shape.kv_head(h) * d,
+    }
 }
 
 const Q: usize = 0;
@@ -127,7 +135,7 @@ fn keys_for(shape: &Shape, end: usize) -> usize {
     }
 }
 
-/// One sample: x [T, 3·C] → y [T, C]. Each head, a band of query rows at a time on the
+/// One sample: x [T, C + 2·C_kv] → y [T, C]. Each head, a band of query rows at a time on the
 /// pool's threads, is two matrix products, S = Q·Kᵀ and Y = P·V, around a row softmax; with
 /// dropout, V is weighted by the kept probabilities. `saved` keeps the probabilities
 /// [heads, T, T]; with `flash`, y and each row's log-sum-exp [heads, T] instead, the
@@ -141,7 +149,7 @@ fn forward_sample(
     dropout: Option<ProbsDropout>,
 ) {
     let (t, c, d) = (shape.len, shape.width(), shape.head_dim);
-    let xs = 3 * c;
+    let xs = shape.qkv_width();
     let (kept, head_probs) = scratch.split_at_mut(t * t);
     // The probabilities [heads, T, T], or with flash y's copy [T, C] and then the lse.
     let (front, lse) = saved.split_at_mut(if shape.flash { t * c } else { saved.len() });
@@ -166,7 +174,8 @@ fn forward_sample(
                 let keys = keys_for(shape, first + rows);
                 vectorized(|| {
                     let at_q = &x[first * xs + q..];
-                    matmul_into_rows(p, t, at_q, (xs, 1), &x[k..], (1, xs), (rows, keys, d));
+                    let dims = (rows, keys, d);
+                    matmul_into_rows(p, t, false, at_q, (xs, 1), &x[k..], (1, xs), dims);
                     for (r, row) in p.chunks_exact_mut(t).enumerate() {
                         let row_lse = softmax_row(row, shape.attended(first + r), shape.scale());
                         if let Some(lse) = lse.as_deref_mut() {
@@ -181,7 +190,8 @@ fn forward_sample(
                         None => p,
                     };
                     let (out, v) = (&mut y[h * d..], &x[v..]);
-                    matmul_into_rows(out, c, weights, (t, 1), v, (xs, 1), (rows, d, keys));
+                    let dims = (rows, d, keys);
+                    matmul_into_rows(out, c, false, weights, (t, 1), v, (xs, 1), dims);
                 });
             });
     }
@@ -206,7 +216,7 @@ fn softmax_row(row: &mut [f32], last: usize, scale: f32) -> f32 {
 /// Head `h`'s probabilities [T, T] again from its scores and the rows' log-sum-exps `lse`
 /// [T]: p = exp(s·scale − lse), 0 where masked. A band of rows a task.
 fn probs_again(x: &[f32], lse: &[f32], p: &mut [f32], shape: &Shape, h: usize) {
-    let (t, d, xs, scale) = (shape.len, shape.head_dim, 3 * shape.width(), shape.scale());
+    let (t, d, xs, scale) = (shape.len, shape.head_dim, shape.qkv_width(), shape.scale());
     let (q, k) = (part(shape, Q, h), part(shape, K, h));
     (p.par_chunks_mut(BAND_ROWS * t))
         .zip(lse.par_chunks(BAND_ROWS))
@@ -216,7 +226,8 @@ fn probs_again(x: &[f32], lse: &[f32], p: &mut [f32], shape: &Shape, h: usize) {
             let keys = keys_for(shape, first + rows);
             vectorized(|| {
                 let at_q = &x[first * xs + q..];
-                matmul_into_rows(p, t, at_q, (xs, 1), &x[k..], (1, xs), (rows, keys, d));
+                let dims = (rows, keys, d);
+                matmul_into_rows(p, t, false, at_q, (xs, 1), &x[k..], (1, xs), dims);
                 for (r, row) in p.chunks_exact_mut(t).enumerate() {
                     let (row, masked) = row.split_at_mut(shape.attended(first + r));
                     row.iter_mut().for_each(|s| *s = exp(*s * scale - lse[r]));
@@ -226,7 +237,7 @@ fn probs_again(x: &[f32], lse: &[f32], p: &mut [f32], shape: &Shape, h: usize) {
         });
 }
 
-/// One sample's input gradient dx [T, 3·C] from dy [T, C] and what forward saved; `scratch`
+/// One sample's input gradient dx [T, C + 2·C_kv] from dy [T, C] and what forward saved; `scratch`
 /// holds one head's score gradients [T, T] (and with `flash` its probabilities again).
 fn backward_sample(
     x: &[f32],
@@ -252,6 +263,8 @@ fn backward_sample(
 }
 
 /// Head `h`'s share of dx from its probabilities p [T, T]; `ds` holds its score gradients.
+/// The first query head of a key and value head writes their gradients; the others of its
+/// group add to them.
 /// dV = Pᵀ·dY, dP = dY·Vᵀ, dS = P∘(dP − rowsum(P∘dP))/√d, dQ = dS·K, dK = dSᵀ·Q. With
 /// dropout, dV reads the kept probabilities (drawn into `ds` first) and dP is masked and
 /// scaled as they were. dS and dQ go by bands of query rows; dK and dV, which sum over
@@ -268,8 +281,9 @@ fn backward_head(
     h: usize,
 ) {
     let (t, c, d) = (shape.len, shape.width(), shape.head_dim);
-    let (xs, scale) = (3 * c, shape.scale());
+    let (xs, scale) = (shape.qkv_width(), shape.scale());
     let (q, k, v) = (part(shape, Q, h), part(shape, K, h), part(shape, V, h));
+    let adds = !h.is_multiple_of(shape.heads / shape.kv_heads);
     let dyh = &dy[h * d..];
     // The first query row that attends to key `j`.
     let first_query = |j: usize| if shape.causal { j } else { 0 };
@@ -280,7 +294,8 @@ fn backward_head(
             let i0 = first_query(first);
             let (w, g) = (&weights[i0 * t + first..], &dyh[i0 * c..]);
             let dims = (rows, d, t - i0);
-            vectorized(|| matmul_into_rows(&mut dx[v..], xs, w, (1, t), g, (c, 1), dims));
+            let dv = &mut dx[v..];
+            vectorized(|| matmul_into_rows(dv, xs, adds, w, (1, t), g, (c, 1), dims));
         });
     };
     if let Some(dropout) = dropout {
@@ -301,7 +316,7 @@ fn backward_head(
             let keys = keys_for(shape, first + rows);
             vectorized(|| {
                 let (g, at_v) = (&dyh[first * c..], &x[v..]);
-                matmul_into_rows(ds, t, g, (c, 1), at_v, (1, xs), (rows, keys, d));
+                matmul_into_rows(ds, t, false, g, (c, 1), at_v, (1, xs), (rows, keys, d));
                 for (r, dp) in ds.chunks_exact_mut(t).enumerate() {
                     let i = first + r;
                     let last = shape.attended(i);
@@ -316,7 +331,8 @@ fn backward_head(
                     dp[last..].fill(0.0);
                 }
                 let dims = (rows, d, keys);
-                matmul_into_rows(&mut dx[q..], xs, ds, (t, 1), &x[k..], (xs, 1), dims);
+                let dq = &mut dx[q..];
+                matmul_into_rows(dq, xs, false, ds, (t, 1), &x[k..], (xs, 1), dims);
             });
         });
     if dropout.is_none() {
@@ -329,7 +345,8 @@ fn backward_head(
         let i0 = first_query(first);
         let (w, at_q) = (&ds[i0 * t + first..], &x[i0 * xs + q..]);
         let dims = (rows, d, t - i0);
-        vectorized(|| matmul_into_rows(&mut dx[k..], xs, w, (1, t), at_q, (xs, 1), dims));
+        let dk = &mut dx[k..];
+        vectorized(|| matmul_into_rows(dk, xs, adds, w, (1, t), at_q, (xs, 1), dims));
     });
 }
 

@@ -2,7 +2,8 @@
 //! n × heads matrices, and the kernels of attention.cu for the masked softmax; or, with
 //! `device.flash_attention`, flash.cu's kernels, which never store the T×T matrix.
 //!
-//! The workspace, for n samples (E = n·T·C values a part, P = n·H·T·T):
+//! The workspace, for n samples (E = n·T·C values a part, P = n·H·T·T; every query head has
+//! its own copy of its keys and values there, as PyTorch's `repeat_kv`):
 //! [q | k | v | y or dy heads | dp | dq | dk | dv], at 0, E, 2E, 3E, 4E, 4E+P, 5E+P, 6E+P.
 //! Every product reads what lies before the part it writes, except that with dropout the
 //! kept probabilities wait in dp's place for the product before it.
@@ -194,12 +195,13 @@ impl Kernels for CudaBackend {
     }
 }
 
-/// flash.cu's launch: a block for each sample's head's FLASH_ROWS rows, of FLASH_ROWS threads
-/// (a row each), or with tensor cores of four warps (16 rows each).
-fn flash_blocks(n: usize, s: &Shape, tensor_cores: bool) -> LaunchConfig {
+/// flash.cu's launch: a block for each of a sample's `heads` heads' FLASH_ROWS rows (query
+/// heads, or key and value heads for dk and dv), of FLASH_ROWS threads (a row each), or with
+/// tensor cores of four warps (16 rows each).
+fn flash_blocks(n: usize, heads: usize, s: &Shape, tensor_cores: bool) -> LaunchConfig {
     const FLASH_ROWS: usize = 64;
     LaunchConfig {
-        grid_dim: ((n * s.heads * s.len.div_ceil(FLASH_ROWS)) as u32, 1, 1),
+        grid_dim: ((n * heads * s.len.div_ceil(FLASH_ROWS)) as u32, 1, 1),
         block_dim: (if tensor_cores { 128 } else { FLASH_ROWS as u32 }, 1, 1),
         shared_mem_bytes: 0,
     }
@@ -246,20 +248,25 @@ impl CudaBackend {
         dropout: Option<ProbsDropout>,
     ) {
         let (xs, ys, d) = (qkv.storage(), y.storage(), dropout_args(dropout));
-        let [n64, t, h, hd] = [n, s.len, s.heads, s.head_dim].map(|v| v as u64);
+        let [n64, t, h, g, hd] = [n, s.len, s.heads, s.kv_heads, s.head_dim].map(|v| v as u64);
         let (scale, causal) = (s.scale(), i32::from(s.causal));
         let tensor_cores = self.flash_on_tensor_cores(qkv, s);
         let name = flash_kernel("flash_forward", s.head_dim, tensor_cores);
         let mut l = Launch::new(self.stream(), self.kernel(&name));
         l.arg(&qkv.mem).arg(&xs).arg(&mut y.mem).arg(&ys);
-        l.arg(&mut saved.mem).arg(&n64).arg(&t).arg(&h).arg(&hd);
+        l.arg(&mut saved.mem)
+            .arg(&n64)
+            .arg(&t)
+            .arg(&h)
+            .arg(&g)
+            .arg(&hd);
         l.arg(&scale)
             .arg(&causal)
             .arg(&d.p)
             .arg(&d.key)
             .arg(&d.first);
         // SAFETY: the blocks and threads the kernel's file lays out.
-        let blocks = flash_blocks(n, s, tensor_cores);
+        let blocks = flash_blocks(n, s.heads, s, tensor_cores);
         self.launch("flash attention", unsafe { l.launch(blocks) });
     }
 
@@ -283,7 +290,7 @@ impl CudaBackend {
             dqkv.storage(),
             dropout_args(dropout),
         );
-        let [n64, t, h, hd] = [n, s.len, s.heads, s.head_dim].map(|v| v as u64);
+        let [n64, t, h, g, hd] = [n, s.len, s.heads, s.kv_heads, s.head_dim].map(|v| v as u64);
         let (scale, causal) = (s.scale(), i32::from(s.causal));
         let mut l = Launch::new(self.stream(), self.kernel("flash_backward_delta"));
         l.arg(&dy.mem)
@@ -296,7 +303,10 @@ impl CudaBackend {
             l.launch(grid(n * s.heads * s.len))
         });
         let tensor_cores = self.flash_on_tensor_cores(qkv, s);
-        for name in ["flash_backward_kv", "flash_backward_q"] {
+        for (name, heads) in [
+            ("flash_backward_kv", s.kv_heads),
+            ("flash_backward_q", s.heads),
+        ] {
             let kernel = flash_kernel(name, s.head_dim, tensor_cores);
             let mut l = Launch::new(self.stream(), self.kernel(&kernel));
             l.arg(&qkv.mem).arg(&xs).arg(&dy.mem).arg(&dys);
@@ -304,7 +314,7 @@ impl CudaBackend {
                 .arg(&workspace.mem)
                 .arg(&mut dqkv.mem)
                 .arg(&dxs);
-            l.arg(&n64).arg(&t).arg(&h).arg(&hd);
+            l.arg(&n64).arg(&t).arg(&h).arg(&g).arg(&hd);
             l.arg(&scale)
                 .arg(&causal)
                 .arg(&d.p)
@@ -312,7 +322,7 @@ impl CudaBackend {
                 .arg(&d.first);
             // SAFETY: the blocks and threads the kernel's file lays out; the two write
             // dqkv's disjoint parts (k and v, then q).
-            let blocks = flash_blocks(n, s, tensor_cores);
+            let blocks = flash_blocks(n, heads, s, tensor_cores);
             self.launch("flash attention backward", unsafe { l.launch(blocks) });
         }
     }
@@ -327,27 +337,33 @@ impl CudaBackend {
         self.launch("attention dropout", unsafe { l.launch(grid(len)) });
     }
 
-    /// `parts` parts of x's rows ([n, T, parts, H, hd]) as heads into the workspace at `at`.
+    /// The heads of x's rows (qkv with `parts` 3, dy with 1) into the workspace at `at`, as
+    /// `parts` parts of n·H matrices [T, hd]: each query head with its own keys and values.
     fn split(&self, x: &CudaBuf, w: &mut CudaBuf, at: usize, n: usize, s: &Shape, parts: usize) {
         let xs = x.storage();
-        let [at, n64, t, h, d, p] = [at, n, s.len, s.heads, s.head_dim, parts].map(|v| v as u64);
+        let [at, n64, t, h, g, d, p] =
+            [at, n, s.len, s.heads, s.kv_heads, s.head_dim, parts].map(|v| v as u64);
         let mut l = Launch::new(self.stream(), self.kernel("attention_split"));
         l.arg(&x.mem).arg(&xs).arg(&mut w.mem).arg(&at);
-        l.arg(&n64).arg(&t).arg(&h).arg(&d).arg(&p);
-        // SAFETY: grid-stride over the n·T·parts·C values.
+        l.arg(&n64).arg(&t).arg(&h).arg(&g).arg(&d).arg(&p);
+        // SAFETY: grid-stride over the workspace's n·T·parts·C values.
         let len = n * s.len * s.width() * parts;
         self.launch("attention split", unsafe { l.launch(grid(len)) });
     }
 
-    /// The inverse of `split`: heads at `at` in the workspace into y's rows.
+    /// The inverse of `split`: heads at `at` in the workspace into y's rows, a key or value
+    /// head the sum of its query heads' copies.
     fn merge(&self, w: &CudaBuf, at: usize, y: &mut CudaBuf, n: usize, s: &Shape, parts: usize) {
         let ys = y.storage();
-        let [at, n64, t, h, d, p] = [at, n, s.len, s.heads, s.head_dim, parts].map(|v| v as u64);
+        let [at, n64, t, h, g, d, p] =
+            [at, n, s.len, s.heads, s.kv_heads, s.head_dim, parts].map(|v| v as u64);
         let mut l = Launch::new(self.stream(), self.kernel("attention_merge"));
         l.arg(&w.mem).arg(&at).arg(&mut y.mem).arg(&ys);
-        l.arg(&n64).arg(&t).arg(&h).arg(&d).arg(&p);
-        // SAFETY: grid-stride over the n·T·parts·C values.
-        let len = n * s.len * s.width() * parts;
-        self.launch("attention merge", unsafe { l.launch(grid(len)) });
+        l.arg(&n64).arg(&t).arg(&h).arg(&g).arg(&d).arg(&p);
+        // SAFETY: grid-stride over y's n·T rows.
+        let row = if parts == 3 { s.qkv_width() } else { s.width() };
+        self.launch("attention merge", unsafe {
+            l.launch(grid(n * s.len * row))
+        });
     }
 }

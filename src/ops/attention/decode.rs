@@ -17,9 +17,9 @@ pub struct Cache {
 }
 
 /// The layer's state: one head's probabilities for every head [heads, positions], shared by
-/// the samples in turn, then each sample's keys and values [positions, 2·C].
+/// the samples in turn, then each sample's keys and values [positions, 2·C_kv].
 pub fn state_len(shape: &Shape, positions: usize, max_batch: usize) -> usize {
-    shape.heads * positions + max_batch * positions * 2 * shape.width()
+    shape.heads * positions + max_batch * positions * 2 * shape.kv_width()
 }
 
 /// The scores of every head [heads, positions].
@@ -27,8 +27,8 @@ pub fn workspace_len(shape: &Shape, positions: usize) -> usize {
     shape.heads * positions
 }
 
-/// y [n, C] from qkv [n, 3·C] at `cache.position`, per head softmax(q·Kᵀ/√d)·V over the
-/// cached positions up to it.
+/// y [n, C] from qkv [n, C + 2·C_kv] at `cache.position`, per head softmax(q·Kᵀ/√d)·V over
+/// the cached positions up to it.
 #[allow(clippy::too_many_arguments)]
 pub fn forward<B: Engine>(
     backend: &B,
@@ -40,55 +40,53 @@ pub fn forward<B: Engine>(
     shape: &Shape,
     cache: Cache,
 ) {
-    let (c, d, heads) = (shape.width(), shape.head_dim, shape.heads);
+    let (c, kv, d, heads) = (shape.width(), shape.kv_width(), shape.head_dim, shape.heads);
+    let (xs, group) = (shape.qkv_width(), heads / shape.kv_heads);
     let attended = cache.position + 1;
     let probs_len = heads * cache.positions;
     for b in 0..n {
-        let keys = probs_len + b * cache.positions * 2 * c;
-        // This position's key and value, side by side in qkv, join the cache.
-        let at = (2 * c, keys + cache.position * 2 * c);
-        backend.copy_rows(qkv, (3 * c, b * 3 * c + c), state, at, 2 * c, 1, false);
-        let query = Matrices {
-            offset: b * 3 * c,
-            batch_stride: d,
-            row_stride: 3 * c,
-            transposed: false,
-        };
+        let keys = probs_len + b * cache.positions * 2 * kv;
+        // This position's keys and values, side by side in qkv, join the cache.
+        let at = (2 * kv, keys + cache.position * 2 * kv);
+        backend.copy_rows(qkv, (xs, b * xs + c), state, at, 2 * kv, 1, false);
         let cached = |offset| Matrices {
             offset,
             batch_stride: d,
-            row_stride: 2 * c,
+            row_stride: 2 * kv,
             transposed: offset == keys,
         };
-        let rows = Matrices {
-            offset: 0,
-            batch_stride: attended,
+        // Query head g·group + j reads key and value head g: each product takes the j-th
+        // query head of every group, kv_heads of them, at once.
+        let queries = |j: usize| Matrices {
+            offset: b * xs + j * d,
+            batch_stride: group * d,
+            row_stride: xs,
+            transposed: false,
+        };
+        let rows = |j: usize| Matrices {
+            offset: j * attended,
+            batch_stride: group * attended,
             row_stride: attended,
             transposed: false,
         };
         // Shapes are (m, n, k): one query row against `attended` keys of d values.
-        let (q_k, s) = ((1, attended, d), heads);
-        backend.batched_matmul(q_k, s, qkv, query, state, cached(keys), scores, rows, false);
+        let (q_k, s) = ((1, attended, d), shape.kv_heads);
+        for j in 0..group {
+            let (query, key_rows) = (queries(j), cached(keys));
+            backend.batched_matmul(q_k, s, qkv, query, state, key_rows, scores, rows(j), false);
+        }
         backend.scale(scores, shape.scale());
         backend.softmax_forward(scores, state, heads, attended, false);
-        let out = Matrices {
-            offset: b * c,
-            batch_stride: d,
-            // One row: C's rows are n = d apart.
-            row_stride: d,
-            transposed: false,
-        };
-        let p_v = (1, d, attended);
-        backend.batched_matmul(
-            p_v,
-            heads,
-            state,
-            rows,
-            state,
-            cached(keys + c),
-            y,
-            out,
-            false,
-        );
+        for j in 0..group {
+            let out = Matrices {
+                offset: b * c + j * d,
+                batch_stride: group * d,
+                // One row: C's rows are n = d apart.
+                row_stride: d,
+                transposed: false,
+            };
+            let (p_v, values) = ((1, d, attended), cached(keys + kv));
+            backend.batched_matmul(p_v, s, state, rows(j), state, values, y, out, false);
+        }
     }
 }

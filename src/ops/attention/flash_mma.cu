@@ -182,15 +182,16 @@ __device__ __forceinline__ float quad_sum(float v) {
 
 // The forward pass: flash.cu's flash_forward, each warp 16 queries, a tile of keys a step.
 template <int D>
-__device__ void flash_mma_forward(const void* qkv, int xs, void* y, int ys, float* saved, u64 T, u64 H, u64 hd,
-                                  float scale, int causal, float drop, u64 key, u64 first) {
+__device__ void flash_mma_forward(const void* qkv, int xs, void* y, int ys, float* saved, u64 T, u64 H, u64 G,
+                                  u64 hd, float scale, int causal, float drop, u64 key, u64 first) {
     __shared__ uint4 ks_[MMA_TILE * MMA_STRIDE(D) / 8], vs_[MMA_TILE * MMA_STRIDE(D) / 8];  // 16-byte aligned
     u16 *ks = (u16*)ks_, *vs = (u16*)vs_;
     u64 tiles = (T + FLASH_ROWS - 1) / FLASH_ROWS;
     u64 bh = blockIdx.x / tiles, tile = blockIdx.x % tiles, b = bh / H, h = bh % H;
     int warp = threadIdx.x / 32;
     u64 row0 = tile * FLASH_ROWS + warp * 16;  // the warp's first query
-    u64 stride = 3 * H * hd, at_q = (b * T * 3 + 0) * H * hd + h * hd;
+    u64 stride = (H + 2 * G) * hd, at_q = b * T * stride + h * hd;
+    u64 at_k = b * T * stride + qkv_head(1, h, H, G) * hd, at_v = b * T * stride + qkv_head(2, h, H, G) * hd;
     // The warp's queries as A fragments, through shared memory.
     mma_load_rows<D>(ks, qkv, xs, at_q, stride, tile * FLASH_ROWS, T, hd);
     __syncthreads();
@@ -205,8 +206,8 @@ __device__ void flash_mma_forward(const void* qkv, int xs, void* y, int ys, floa
     if (keys > T) keys = T;
     for (u64 j0 = 0; j0 < keys; j0 += MMA_TILE) {
         __syncthreads();
-        mma_load_rows<D>(ks, qkv, xs, at_q + hd * H, stride, j0, T, hd);
-        mma_load_rows<D>(vs, qkv, xs, at_q + 2 * hd * H, stride, j0, T, hd);
+        mma_load_rows<D>(ks, qkv, xs, at_k, stride, j0, T, hd);
+        mma_load_rows<D>(vs, qkv, xs, at_v, stride, j0, T, hd);
         __syncthreads();
         if (causal && j0 > row0 + 15) continue;  // every key of the tile is after the warp's queries
         float s[MMA_TILE / 8][4];
@@ -274,24 +275,25 @@ __device__ void flash_mma_forward(const void* qkv, int xs, void* y, int ys, floa
     }
 }
 
-// dk and dv: each warp 16 keys, a tile of the queries that attend to them a step. In the
-// transposed scores sᵀ = k·qᵀ a lane's row is a key and its column a query:
+// dk and dv: each warp 16 keys of key and value head g, a tile of the queries that attend to
+// them a step, of each of the H/G query heads that share them. In the transposed scores
+// sᵀ = k·qᵀ a lane's row is a key and its column a query:
 // dv += (p·z)ᵀ·dy, dsᵀ = p·(z·(v·dyᵀ) − delta)·scale, dk += dsᵀ·q.
 template <int D>
 __device__ void flash_mma_backward_kv(const void* qkv, int xs, const void* dy, int dys, const float* saved,
-                                      const float* delta, void* dqkv, int dxs, u64 T, u64 H, u64 hd, float scale,
-                                      int causal, float drop, u64 key, u64 first) {
+                                      const float* delta, void* dqkv, int dxs, u64 T, u64 H, u64 G, u64 hd,
+                                      float scale, int causal, float drop, u64 key, u64 first) {
     __shared__ uint4 qs_[MMA_TILE * MMA_STRIDE(D) / 8], gs_[MMA_TILE * MMA_STRIDE(D) / 8];  // 16-byte aligned
     u16 *qs = (u16*)qs_, *gs = (u16*)gs_;
     __shared__ float lse[MMA_TILE], dl[MMA_TILE];
     u64 tiles = (T + FLASH_ROWS - 1) / FLASH_ROWS;
-    u64 bh = blockIdx.x / tiles, tile = blockIdx.x % tiles, b = bh / H, h = bh % H;
+    u64 bg = blockIdx.x / tiles, tile = blockIdx.x % tiles, b = bg / G, g = bg % G;
     int warp = threadIdx.x / 32;
     u64 row0 = tile * FLASH_ROWS + warp * 16;  // the warp's first key
-    u64 stride = 3 * H * hd, at_q = (b * T * 3 + 0) * H * hd + h * hd, at_dy = b * T * H * hd + h * hd;
+    u64 stride = (H + 2 * G) * hd, at_k = b * T * stride + (H + g) * hd, at_v = at_k + G * hd;
     u32 k[D / 16][4], v[D / 16][4];
-    mma_load_rows<D>(qs, qkv, xs, at_q + hd * H, stride, tile * FLASH_ROWS, T, hd);
-    mma_load_rows<D>(gs, qkv, xs, at_q + 2 * hd * H, stride, tile * FLASH_ROWS, T, hd);
+    mma_load_rows<D>(qs, qkv, xs, at_k, stride, tile * FLASH_ROWS, T, hd);
+    mma_load_rows<D>(gs, qkv, xs, at_v, stride, tile * FLASH_ROWS, T, hd);
     __syncthreads();
     #pragma unroll
     for (int kc = 0; kc < D / 16; kc++) {
@@ -304,42 +306,45 @@ __device__ void flash_mma_backward_kv(const void* qkv, int xs, const void* dy, i
         #pragma unroll
         for (int e = 0; e < 4; e++) dk[nt][e] = dv[nt][e] = 0.0f;
     }
-    const float* lses = saved + flash_saved(b, T, H, hd) + T * H * hd + h * T;
-    const float* deltas = delta + (b * H + h) * T;
     float scale2 = scale * MMA_LOG2E;
-    // Causal: the queries before the block's first key attend to none of its keys.
-    for (u64 i0 = causal ? tile * FLASH_ROWS : 0; i0 < T; i0 += MMA_TILE) {
-        __syncthreads();
-        mma_load_rows<D>(qs, qkv, xs, at_q, stride, i0, T, hd);
-        mma_load_rows<D>(gs, dy, dys, at_dy, H * hd, i0, T, hd);
-        for (int e = threadIdx.x; e < MMA_TILE; e += blockDim.x) {
-            lse[e] = i0 + e < T ? lses[i0 + e] * MMA_LOG2E : 0.0f;
-            dl[e] = i0 + e < T ? deltas[i0 + e] : 0.0f;
-        }
-        __syncthreads();
-        // Only the tile on the diagonal and the last ones hold pairs to mask.
-        bool edge = (causal && i0 < row0 + 16) || i0 + MMA_TILE > T || row0 + 16 > T;
-        #pragma unroll 1
-        for (int c0 = 0; c0 < MMA_TILE; c0 += MMA_CHUNK(D)) {
-            const u16 *q_rows = qs + c0 * MMA_STRIDE(D), *g_rows = gs + c0 * MMA_STRIDE(D);
-            float p[MMA_CHUNK(D) / 8][4], ds[MMA_CHUNK(D) / 8][4];
-            mma_scores<D, MMA_CHUNK(D)>(p, k, q_rows);
-            mma_scores<D, MMA_CHUNK(D)>(ds, v, g_rows);  // dpᵀ = v·dyᵀ
-            #pragma unroll
-            for (int nt = 0; nt < MMA_CHUNK(D) / 8; nt++) {
-                #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int c = c0 + mma_col(nt, e);
-                    u64 j = row0 + mma_row(e), i = i0 + c;
-                    bool seen = !edge || (i < T && j < T && !(causal && j > i));
-                    float prob = seen ? exp2f(p[nt][e] * scale2 - lse[c]) : 0.0f;
-                    float z = drop > 0.0f && seen ? kept_factor(drop, key, first, ((b * H + h) * T + i) * T + j) : 1.0f;
-                    ds[nt][e] = prob * (z * ds[nt][e] - dl[c]) * scale;
-                    p[nt][e] = prob * z;
-                }
+    for (u64 h = g * (H / G); h < (g + 1) * (H / G); h++) {
+        u64 at_q = b * T * stride + h * hd, at_dy = b * T * H * hd + h * hd;
+        const float* lses = saved + flash_saved(b, T, H, hd) + T * H * hd + h * T;
+        const float* deltas = delta + (b * H + h) * T;
+        // Causal: the queries before the block's first key attend to none of its keys.
+        for (u64 i0 = causal ? tile * FLASH_ROWS : 0; i0 < T; i0 += MMA_TILE) {
+            __syncthreads();
+            mma_load_rows<D>(qs, qkv, xs, at_q, stride, i0, T, hd);
+            mma_load_rows<D>(gs, dy, dys, at_dy, H * hd, i0, T, hd);
+            for (int e = threadIdx.x; e < MMA_TILE; e += blockDim.x) {
+                lse[e] = i0 + e < T ? lses[i0 + e] * MMA_LOG2E : 0.0f;
+                dl[e] = i0 + e < T ? deltas[i0 + e] : 0.0f;
             }
-            mma_accumulate<D, MMA_CHUNK(D)>(dv, p, g_rows);
-            mma_accumulate<D, MMA_CHUNK(D)>(dk, ds, q_rows);
+            __syncthreads();
+            // Only the tile on the diagonal and the last ones hold pairs to mask.
+            bool edge = (causal && i0 < row0 + 16) || i0 + MMA_TILE > T || row0 + 16 > T;
+            #pragma unroll 1
+            for (int c0 = 0; c0 < MMA_TILE; c0 += MMA_CHUNK(D)) {
+                const u16 *q_rows = qs + c0 * MMA_STRIDE(D), *g_rows = gs + c0 * MMA_STRIDE(D);
+                float p[MMA_CHUNK(D) / 8][4], ds[MMA_CHUNK(D) / 8][4];
+                mma_scores<D, MMA_CHUNK(D)>(p, k, q_rows);
+                mma_scores<D, MMA_CHUNK(D)>(ds, v, g_rows);  // dpᵀ = v·dyᵀ
+                #pragma unroll
+                for (int nt = 0; nt < MMA_CHUNK(D) / 8; nt++) {
+                    #pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int c = c0 + mma_col(nt, e);
+                        u64 j = row0 + mma_row(e), i = i0 + c;
+                        bool seen = !edge || (i < T && j < T && !(causal && j > i));
+                        float prob = seen ? exp2f(p[nt][e] * scale2 - lse[c]) : 0.0f;
+                        float z = drop > 0.0f && seen ? kept_factor(drop, key, first, ((b * H + h) * T + i) * T + j) : 1.0f;
+                        ds[nt][e] = prob * (z * ds[nt][e] - dl[c]) * scale;
+                        p[nt][e] = prob * z;
+                    }
+                }
+                mma_accumulate<D, MMA_CHUNK(D)>(dv, p, g_rows);
+                mma_accumulate<D, MMA_CHUNK(D)>(dk, ds, q_rows);
+            }
         }
     }
     #pragma unroll
@@ -348,8 +353,8 @@ __device__ void flash_mma_backward_kv(const void* qkv, int xs, const void* dy, i
         for (int e = 0; e < 4; e++) {
             u64 j = row0 + mma_row(e), d = mma_col(nt, e);
             if (j >= T || d >= hd) continue;
-            store(dqkv, dxs, qkv_at(b, j, 1, h, d, T, H, hd), dk[nt][e]);
-            store(dqkv, dxs, qkv_at(b, j, 2, h, d, T, H, hd), dv[nt][e]);
+            store(dqkv, dxs, qkv_at(b, j, H + g, d, T, H + 2 * G, hd), dk[nt][e]);
+            store(dqkv, dxs, qkv_at(b, j, H + G + g, d, T, H + 2 * G, hd), dv[nt][e]);
         }
     }
 }
@@ -357,15 +362,16 @@ __device__ void flash_mma_backward_kv(const void* qkv, int xs, const void* dy, i
 // dq: each warp 16 queries, a tile of the keys they attend to a step; dq += ds·k.
 template <int D>
 __device__ void flash_mma_backward_q(const void* qkv, int xs, const void* dy, int dys, const float* saved,
-                                     const float* delta, void* dqkv, int dxs, u64 T, u64 H, u64 hd, float scale,
-                                     int causal, float drop, u64 key, u64 first) {
+                                     const float* delta, void* dqkv, int dxs, u64 T, u64 H, u64 G, u64 hd,
+                                     float scale, int causal, float drop, u64 key, u64 first) {
     __shared__ uint4 ks_[MMA_TILE * MMA_STRIDE(D) / 8], vs_[MMA_TILE * MMA_STRIDE(D) / 8];  // 16-byte aligned
     u16 *ks = (u16*)ks_, *vs = (u16*)vs_;
     u64 tiles = (T + FLASH_ROWS - 1) / FLASH_ROWS;
     u64 bh = blockIdx.x / tiles, tile = blockIdx.x % tiles, b = bh / H, h = bh % H;
     int warp = threadIdx.x / 32;
     u64 row0 = tile * FLASH_ROWS + warp * 16;  // the warp's first query
-    u64 stride = 3 * H * hd, at_q = (b * T * 3 + 0) * H * hd + h * hd, at_dy = b * T * H * hd + h * hd;
+    u64 stride = (H + 2 * G) * hd, at_q = b * T * stride + h * hd, at_dy = b * T * H * hd + h * hd;
+    u64 at_k = b * T * stride + qkv_head(1, h, H, G) * hd, at_v = b * T * stride + qkv_head(2, h, H, G) * hd;
     u32 q[D / 16][4], g[D / 16][4];
     mma_load_rows<D>(ks, qkv, xs, at_q, stride, tile * FLASH_ROWS, T, hd);
     mma_load_rows<D>(vs, dy, dys, at_dy, H * hd, tile * FLASH_ROWS, T, hd);
@@ -390,8 +396,8 @@ __device__ void flash_mma_backward_q(const void* qkv, int xs, const void* dy, in
     if (keys > T) keys = T;
     for (u64 j0 = 0; j0 < keys; j0 += MMA_TILE) {
         __syncthreads();
-        mma_load_rows<D>(ks, qkv, xs, at_q + hd * H, stride, j0, T, hd);
-        mma_load_rows<D>(vs, qkv, xs, at_q + 2 * hd * H, stride, j0, T, hd);
+        mma_load_rows<D>(ks, qkv, xs, at_k, stride, j0, T, hd);
+        mma_load_rows<D>(vs, qkv, xs, at_v, stride, j0, T, hd);
         __syncthreads();
         if (causal && j0 > row0 + 15) continue;
         bool edge = (causal && j0 + MMA_TILE > row0) || j0 + MMA_TILE > T || row0 + 16 > T;
@@ -421,60 +427,66 @@ __device__ void flash_mma_backward_q(const void* qkv, int xs, const void* dy, in
         #pragma unroll
         for (int e = 0; e < 4; e++) {
             u64 i = row0 + mma_row(e), d = mma_col(nt, e);
-            if (i < T && d < hd) store(dqkv, dxs, qkv_at(b, i, 0, h, d, T, H, hd), dq[nt][e]);
+            if (i < T && d < hd) store(dqkv, dxs, qkv_at(b, i, h, d, T, H + 2 * G, hd), dq[nt][e]);
         }
     }
 }
 
 // The kernels by head width, with flash.cu's arguments (n unused: the grid covers it).
 extern "C" __global__ void flash_mma_forward_32(const void* qkv, int xs, void* y, int ys, float* saved, u64 n,
-                                              u64 T, u64 H, u64 hd, float scale, int causal, float drop, u64 key,
-                                              u64 first) {
-    flash_mma_forward<32>(qkv, xs, y, ys, saved, T, H, hd, scale, causal, drop, key, first);
+                                              u64 T, u64 H, u64 G, u64 hd, float scale, int causal, float drop,
+                                              u64 key, u64 first) {
+    flash_mma_forward<32>(qkv, xs, y, ys, saved, T, H, G, hd, scale, causal, drop, key, first);
 }
 extern "C" __global__ void flash_mma_backward_kv_32(const void* qkv, int xs, const void* dy, int dys,
                                                   const float* saved, const float* delta, void* dqkv, int dxs, u64 n,
-                                                  u64 T, u64 H, u64 hd, float scale, int causal, float drop, u64 key,
-                                                  u64 first) {
-    flash_mma_backward_kv<32>(qkv, xs, dy, dys, saved, delta, dqkv, dxs, T, H, hd, scale, causal, drop, key, first);
+                                                  u64 T, u64 H, u64 G, u64 hd, float scale, int causal, float drop,
+                                                  u64 key, u64 first) {
+    flash_mma_backward_kv<32>(qkv, xs, dy, dys, saved, delta, dqkv, dxs, T, H, G, hd, scale, causal, drop, key,
+                            first);
 }
 extern "C" __global__ void flash_mma_backward_q_32(const void* qkv, int xs, const void* dy, int dys,
-                                                 const float* saved, const float* delta, void* dqkv, int dxs, u64 n,
-                                                 u64 T, u64 H, u64 hd, float scale, int causal, float drop, u64 key,
-                                                 u64 first) {
-    flash_mma_backward_q<32>(qkv, xs, dy, dys, saved, delta, dqkv, dxs, T, H, hd, scale, causal, drop, key, first);
+                                                  const float* saved, const float* delta, void* dqkv, int dxs, u64 n,
+                                                  u64 T, u64 H, u64 G, u64 hd, float scale, int causal, float drop,
+                                                  u64 key, u64 first) {
+    flash_mma_backward_q<32>(qkv, xs, dy, dys, saved, delta, dqkv, dxs, T, H, G, hd, scale, causal, drop, key,
+                            first);
 }
 extern "C" __global__ void flash_mma_forward_64(const void* qkv, int xs, void* y, int ys, float* saved, u64 n,
-                                              u64 T, u64 H, u64 hd, float scale, int causal, float drop, u64 key,
-                                              u64 first) {
-    flash_mma_forward<64>(qkv, xs, y, ys, saved, T, H, hd, scale, causal, drop, key, first);
+                                              u64 T, u64 H, u64 G, u64 hd, float scale, int causal, float drop,
+                                              u64 key, u64 first) {
+    flash_mma_forward<64>(qkv, xs, y, ys, saved, T, H, G, hd, scale, causal, drop, key, first);
 }
 extern "C" __global__ void flash_mma_backward_kv_64(const void* qkv, int xs, const void* dy, int dys,
                                                   const float* saved, const float* delta, void* dqkv, int dxs, u64 n,
-                                                  u64 T, u64 H, u64 hd, float scale, int causal, float drop, u64 key,
-                                                  u64 first) {
-    flash_mma_backward_kv<64>(qkv, xs, dy, dys, saved, delta, dqkv, dxs, T, H, hd, scale, causal, drop, key, first);
+                                                  u64 T, u64 H, u64 G, u64 hd, float scale, int causal, float drop,
+                                                  u64 key, u64 first) {
+    flash_mma_backward_kv<64>(qkv, xs, dy, dys, saved, delta, dqkv, dxs, T, H, G, hd, scale, causal, drop, key,
+                            first);
 }
 extern "C" __global__ void flash_mma_backward_q_64(const void* qkv, int xs, const void* dy, int dys,
-                                                 const float* saved, const float* delta, void* dqkv, int dxs, u64 n,
-                                                 u64 T, u64 H, u64 hd, float scale, int causal, float drop, u64 key,
-                                                 u64 first) {
-    flash_mma_backward_q<64>(qkv, xs, dy, dys, saved, delta, dqkv, dxs, T, H, hd, scale, causal, drop, key, first);
+                                                  const float* saved, const float* delta, void* dqkv, int dxs, u64 n,
+                                                  u64 T, u64 H, u64 G, u64 hd, float scale, int causal, float drop,
+                                                  u64 key, u64 first) {
+    flash_mma_backward_q<64>(qkv, xs, dy, dys, saved, delta, dqkv, dxs, T, H, G, hd, scale, causal, drop, key,
+                            first);
 }
 extern "C" __global__ void flash_mma_forward_128(const void* qkv, int xs, void* y, int ys, float* saved, u64 n,
-                                              u64 T, u64 H, u64 hd, float scale, int causal, float drop, u64 key,
-                                              u64 first) {
-    flash_mma_forward<128>(qkv, xs, y, ys, saved, T, H, hd, scale, causal, drop, key, first);
+                                              u64 T, u64 H, u64 G, u64 hd, float scale, int causal, float drop,
+                                              u64 key, u64 first) {
+    flash_mma_forward<128>(qkv, xs, y, ys, saved, T, H, G, hd, scale, causal, drop, key, first);
 }
 extern "C" __global__ void flash_mma_backward_kv_128(const void* qkv, int xs, const void* dy, int dys,
                                                   const float* saved, const float* delta, void* dqkv, int dxs, u64 n,
-                                                  u64 T, u64 H, u64 hd, float scale, int causal, float drop, u64 key,
-                                                  u64 first) {
-    flash_mma_backward_kv<128>(qkv, xs, dy, dys, saved, delta, dqkv, dxs, T, H, hd, scale, causal, drop, key, first);
+                                                  u64 T, u64 H, u64 G, u64 hd, float scale, int causal, float drop,
+                                                  u64 key, u64 first) {
+    flash_mma_backward_kv<128>(qkv, xs, dy, dys, saved, delta, dqkv, dxs, T, H, G, hd, scale, causal, drop, key,
+                            first);
 }
 extern "C" __global__ void flash_mma_backward_q_128(const void* qkv, int xs, const void* dy, int dys,
-                                                 const float* saved, const float* delta, void* dqkv, int dxs, u64 n,
-                                                 u64 T, u64 H, u64 hd, float scale, int causal, float drop, u64 key,
-                                                 u64 first) {
-    flash_mma_backward_q<128>(qkv, xs, dy, dys, saved, delta, dqkv, dxs, T, H, hd, scale, causal, drop, key, first);
+                                                  const float* saved, const float* delta, void* dqkv, int dxs, u64 n,
+                                                  u64 T, u64 H, u64 G, u64 hd, float scale, int causal, float drop,
+                                                  u64 key, u64 first) {
+    flash_mma_backward_q<128>(qkv, xs, dy, dys, saved, delta, dqkv, dxs, T, H, G, hd, scale, causal, drop, key,
+                            first);
 }

@@ -2,7 +2,9 @@
 //! CausalSelfAttention between its two projections. A sample of [T, 3·C] holds each
 //! position's query, key and value side by side (a `linear` layer of 3·C outputs makes them);
 //! the output is [T, C], the heads side by side (a `linear` layer of C outputs after it is
-//! the output projection).
+//! the output projection). With `kv_heads` below `heads` (grouped-query attention) a
+//! position holds fewer keys and values than queries, [T, C + 2·C_kv], and each key and value
+//! head serves heads / kv_heads query heads in turn.
 //! Its kernels live here too: `cpu.rs`, `cuda.rs`, `attention.cu`.
 
 pub mod cpu;
@@ -27,6 +29,12 @@ pub struct AttentionSpec {
     /// Attention heads; they split the width C evenly.
     #[schemars(range(min = 1, max = 2147483647))]
     pub heads: usize,
+    /// Key and value heads, each shared by heads / kv_heads query heads: grouped-query
+    /// attention, as in Llama 3 and Mistral. The input then holds heads + 2·kv_heads heads
+    /// a position. Default: as many as `heads`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 2147483647))]
+    pub kv_heads: Option<usize>,
     /// Each position attends to itself and earlier positions only (a language model's
     /// mask). Default true.
     #[serde(default = "yes")]
@@ -45,9 +53,18 @@ fn yes() -> bool {
     true
 }
 
+/// `kv_heads`, where given, is at least 1 and divides `heads`.
+pub(super) fn check_kv_heads(c: &mut Checks, heads: usize, kv_heads: Option<usize>) {
+    if let Some(kv) = kv_heads {
+        let message = format!("{kv} given; must divide heads = {heads}");
+        c.check(kv >= 1 && heads.is_multiple_of(kv), "kv_heads", message);
+    }
+}
+
 impl AttentionSpec {
     pub(super) fn check(&self, c: &mut Checks) {
         c.size("heads", self.heads, 1);
+        check_kv_heads(c, self.heads, self.kv_heads);
         let message = format!("{} given; must be in [0, 1)", self.dropout);
         c.check((0.0..1.0).contains(&self.dropout), "dropout", message);
     }
@@ -91,9 +108,15 @@ impl ProbsDropout {
     }
 }
 
-/// The length and width of the [T, 3·C] samples a layer of `kind` reads (attention, rotary):
-/// queries, keys and values side by side. Err names what it was given instead.
-pub(super) fn qkv_shape(kind: &str, at: &Build) -> Result<(usize, usize)> {
+/// The length and head width of the samples a layer of `kind` reads (attention, rotary):
+/// each position's queries (`heads` heads), keys and values (`kv_heads` heads each) side by
+/// side, [T, (heads + 2·kv_heads)·head_dim]. Err names what it was given instead.
+pub(super) fn qkv_shape(
+    kind: &str,
+    at: &Build,
+    heads: usize,
+    kv_heads: usize,
+) -> Result<(usize, usize)> {
     let shape = at.in_shape();
     let [len, fused] = shape[..] else {
         let why = format!(
@@ -103,32 +126,42 @@ pub(super) fn qkv_shape(kind: &str, at: &Build) -> Result<(usize, usize)> {
         );
         return Err(at.error(kind, why));
     };
-    if fused % 3 != 0 {
+    let parts = heads + 2 * kv_heads;
+    if kv_heads == heads && fused % 3 != 0 {
         let why = format!(
             "its input's last axis holds queries, keys and values side by side, 3·width values, \
              but it has {fused}, which 3 does not divide"
         );
         return Err(at.error(kind, why));
     }
-    Ok((len, fused / 3))
+    if kv_heads == heads && fused % parts != 0 {
+        let why = format!("heads = {heads} does not divide the width {}", fused / 3);
+        return Err(at.error(kind, why));
+    }
+    if fused % parts != 0 {
+        let why = format!(
+            "its input's last axis holds {heads} query heads, then {kv_heads} key and \
+             {kv_heads} value heads (kv_heads), {parts} heads of equal width, but it has \
+             {fused} values, which {parts} does not divide"
+        );
+        return Err(at.error(kind, why));
+    }
+    Ok((len, fused / parts))
 }
 
 pub fn build(spec: &AttentionSpec, at: &mut Build) -> Result<(Op, Vec<usize>)> {
-    let (len, width) = qkv_shape("attention", at)?;
-    if width % spec.heads != 0 {
-        let why = format!("heads = {} does not divide the width {width}", spec.heads);
-        return Err(at.error("attention", why));
-    }
-    let head_dim = width / spec.heads;
+    let kv_heads = spec.kv_heads.unwrap_or(spec.heads);
     let rotary = at.input_op.and_then(|op| op.properties().rotary);
-    if let Some(r) = rotary.filter(|r| r.heads != spec.heads) {
+    if let Some(r) = rotary.filter(|r| (r.heads, r.kv_heads) != (spec.heads, kv_heads)) {
         let why = format!(
-            "the rotary layer before it turns {} heads of {} values, and it has heads = {}: \
-             give both the same heads",
-            r.heads, r.head_dim, spec.heads
+            "the rotary layer before it turns heads = {} and kv_heads = {}, and it has \
+             heads = {} and kv_heads = {kv_heads}: give both the same heads",
+            r.heads, r.kv_heads, spec.heads
         );
         return Err(at.error("attention", why));
     }
+    let (len, head_dim) = qkv_shape("attention", at, spec.heads, kv_heads)?;
+    let width = spec.heads * head_dim;
     if at.flash_attention && head_dim > MAX_FLASH_HEAD_DIM {
         let why = format!(
             "device.flash_attention holds a head's {head_dim} values in registers, at most \
@@ -139,6 +172,7 @@ pub fn build(spec: &AttentionSpec, at: &mut Build) -> Result<(Op, Vec<usize>)> {
     let shape = Shape {
         len,
         heads: spec.heads,
+        kv_heads,
         head_dim,
         causal: spec.causal,
         // A key/value cache keeps no probabilities either way.
@@ -165,7 +199,8 @@ pub trait Kernels: Backend {
     /// The scratch `attention_forward` and `attention_backward` need for `max_batch` samples.
     fn attention_workspace_len(&self, shape: &Shape, max_batch: usize) -> usize;
 
-    /// y [n, T, C] from qkv [n, T, 3·C]: per head, dropout(softmax(q·kᵀ/√d, masked))·v.
+    /// y [n, T, C] from qkv [n, T, C + 2·C_kv]: per head, dropout(softmax(q·kᵀ/√d,
+    /// masked))·v, with the key and value head that the query head shares.
     /// Keeps the probabilities [n, heads, T, T], before dropout, in `probs` for backward (0
     /// where masked); with `shape.flash`, per sample its y [T, C] in f32 and then each row's
     /// log-sum-exp of its scaled scores [heads, T].
@@ -181,8 +216,9 @@ pub trait Kernels: Backend {
         dropout: Option<ProbsDropout>,
     );
 
-    /// dqkv [n, T, 3·C] from dy [n, T, C], the input and the kept probabilities; `dropout`
-    /// as in the forward pass.
+    /// dqkv [n, T, C + 2·C_kv] from dy [n, T, C], the input and the kept probabilities (a
+    /// shared key's or value's gradient sums over its query heads); `dropout` as in the
+    /// forward pass.
     #[allow(clippy::too_many_arguments)]
     fn attention_backward(
         &self,

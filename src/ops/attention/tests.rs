@@ -12,6 +12,17 @@ use trainer::ops::attention::{Kernels, ProbsDropout};
 use trainer::tensor::cpu::CpuBackend;
 use trainer::tensor::{Attention, Backend, HalfKind};
 
+/// Where value e of query head h's part (0 its queries, 1 its keys, 2 its values) lies at
+/// position i of sample b: query head h reads key and value head h / (heads / kv_heads).
+fn qkv_index(s: &Attention, b: usize, i: usize, part: usize, h: usize, e: usize) -> usize {
+    let d = s.head_dim;
+    let head = match part {
+        0 => h,
+        _ => s.heads + (part - 1) * s.kv_heads + h / (s.heads / s.kv_heads),
+    };
+    (b * s.len + i) * s.qkv_width() + head * d + e
+}
+
 /// Attention by its definition, in f64: per sample and head, dropout(softmax(q·kᵀ/√d +
 /// mask))·v, the probabilities returned before dropout.
 fn reference(
@@ -22,7 +33,7 @@ fn reference(
 ) -> (Vec<f64>, Vec<f64>) {
     let (t, c, d) = (s.len, s.width(), s.head_dim);
     let value = |b: usize, i: usize, part: usize, h: usize, e: usize| {
-        qkv[((b * t + i) * 3 + part) * c + h * d + e] as f64
+        qkv[qkv_index(s, b, i, part, h, e)] as f64
     };
     let (mut y, mut probs) = (vec![0.0; n * t * c], vec![0.0; n * s.probs_len()]);
     for b in 0..n {
@@ -68,9 +79,7 @@ fn reference_backward(
 ) -> Vec<f64> {
     let (t, c, d) = (s.len, s.width(), s.head_dim);
     let (_, probs) = reference(qkv, n, s, dropout);
-    let at = |b: usize, i: usize, part: usize, h: usize, e: usize| {
-        ((b * t + i) * 3 + part) * c + h * d + e
-    };
+    let at = |b: usize, i: usize, part: usize, h: usize, e: usize| qkv_index(s, b, i, part, h, e);
     let mut dx = vec![0.0f64; qkv.len()];
     for b in 0..n {
         for h in 0..s.heads {
@@ -108,6 +117,33 @@ fn banded_shape(causal: bool) -> Attention {
     Attention {
         len: 150,
         heads: 2,
+        kv_heads: 2,
+        head_dim: 8,
+        causal,
+        flash: false,
+    }
+}
+
+/// Grouped-query attention: 4 query heads, 2 key and value heads, over two of flash.cu's
+/// 64-row blocks.
+fn grouped_shape(causal: bool) -> Attention {
+    Attention {
+        len: 70,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 8,
+        causal,
+        flash: false,
+    }
+}
+
+/// One key and value head for three query heads (multi-query attention), over three of
+/// the CPU's bands.
+fn one_kv_head_shape(causal: bool) -> Attention {
+    Attention {
+        len: 150,
+        heads: 3,
+        kv_heads: 1,
         head_dim: 8,
         causal,
         flash: false,
@@ -115,7 +151,8 @@ fn banded_shape(causal: bool) -> Attention {
 }
 
 /// Forward (its output and kept probabilities) and backward, with and without flash and
-/// dropout, causal or not, on one band and on several, against the definitions in f64.
+/// dropout, causal or not, on one band and on several, with as many key and value heads as
+/// query heads or fewer, against the definitions in f64.
 #[test]
 fn attention_and_its_gradient_are_their_definitions() {
     for s in [
@@ -124,12 +161,15 @@ fn attention_and_its_gradient_are_their_definitions() {
         long_shape(true),
         banded_shape(true),
         banded_shape(false),
+        grouped_shape(true),
+        grouped_shape(false),
+        one_kv_head_shape(true),
     ] {
         for flash in [false, true] {
             for dropout in [None, Some(DROPOUT)] {
                 let (s, n) = (Attention { flash, ..s }, 2);
                 let at = format!("{s:?} {dropout:?}");
-                let qkv = random_vec(n * s.len * 3 * s.width(), 6);
+                let qkv = random_vec(n * s.len * s.qkv_width(), 6);
                 let dy = random_vec(n * s.len * s.width(), 7);
                 let (y, saved, dx) = cpu_pass(&s, n, &qkv, &dy, dropout);
                 let (y_ref, probs_ref) = reference(&qkv, n, &s, dropout);
@@ -156,6 +196,7 @@ fn shape(causal: bool) -> Attention {
     Attention {
         len: 6,
         heads: 3,
+        kv_heads: 3,
         head_dim: 5,
         causal,
         flash: false,
@@ -167,6 +208,7 @@ fn long_shape(causal: bool) -> Attention {
     Attention {
         len: 70,
         heads: 2,
+        kv_heads: 2,
         head_dim: 40,
         causal,
         flash: false,
@@ -178,6 +220,7 @@ fn gpt2_head_shape(causal: bool) -> Attention {
     Attention {
         len: 130,
         heads: 2,
+        kv_heads: 2,
         head_dim: 64,
         causal,
         flash: true,
@@ -190,6 +233,7 @@ fn wide_head_shape(causal: bool) -> Attention {
     Attention {
         len: 70,
         heads: 1,
+        kv_heads: 1,
         head_dim: 128,
         causal,
         flash: true,
@@ -209,6 +253,7 @@ fn attention_dropout_drops_p_of_the_probabilities() {
     let s = Attention {
         len: 32,
         heads: 4,
+        kv_heads: 4,
         head_dim: 8,
         causal: false,
         flash: false,
@@ -251,10 +296,15 @@ fn cpu_pass(
 /// computes them again in backward: the same y, the same gradients within rounding.
 #[test]
 fn flash_attention_keeps_log_sum_exps_and_gives_the_same_gradients() {
-    for s in [shape(true), shape(false), long_shape(true)] {
+    for s in [
+        shape(true),
+        shape(false),
+        long_shape(true),
+        grouped_shape(true),
+    ] {
         for dropout in [None, Some(DROPOUT)] {
             let n = 2;
-            let qkv = random_vec(n * s.len * 3 * s.width(), 4);
+            let qkv = random_vec(n * s.len * s.qkv_width(), 4);
             let dy = random_vec(n * s.len * s.width(), 5);
             let flash = Attention { flash: true, ..s };
             let (y, probs, dx) = cpu_pass(&s, n, &qkv, &dy, dropout);
@@ -273,8 +323,8 @@ fn flash_attention_keeps_log_sum_exps_and_gives_the_same_gradients() {
             for r in 0..n * s.heads * t {
                 let (b, h, i) = (r / (s.heads * t), r / t % s.heads, r % t);
                 let l = saved[b * (t * c + s.heads * t) + t * c + h * t + i];
-                let q = |e: usize| qkv[((b * t + i) * 3) * c + h * d + e];
-                let k = |e: usize| qkv[((b * t) * 3 + 1) * c + h * d + e];
+                let q = |e: usize| qkv[qkv_index(&s, b, i, 0, h, e)];
+                let k = |e: usize| qkv[qkv_index(&s, b, 0, 1, h, e)];
                 let score: f32 = (0..d).map(|e| q(e) * k(e)).sum::<f32>() * s.scale();
                 let p = probs[((b * s.heads + h) * t + i) * t];
                 assert!(
@@ -301,6 +351,10 @@ fn attention_gradients() {
     check_gradients(&sequence_job(middle), sequences());
     let flash = sequence_job(middle) + "\n[device]\nflash_attention = true\n";
     check_gradients(&flash, sequences());
+    // Grouped-query: two query heads share one key and value head, with a rotary layer.
+    let grouped = r#"{ type = "linear", out = 16 }, { type = "rotary", heads = 2, kv_heads = 1 },
+        { type = "attention", heads = 2, kv_heads = 1, dropout = 0.3 }"#;
+    check_gradients(&sequence_job(grouped), sequences());
 }
 
 #[test]
@@ -318,11 +372,21 @@ fn attention_refuses_heads_that_do_not_divide_the_width_and_inputs_that_are_not_
             r#"{ type = "flatten" }, { type = "attention", heads = 1 }"#,
             "it reads [length, 3·width] samples",
         ),
+        (
+            r#"{ type = "linear", out = 14 }, { type = "attention", heads = 2, kv_heads = 1 }"#,
+            "2 query heads, then 1 key and 1 value heads (kv_heads), 4 heads of equal width, \
+             but it has 14 values, which 4 does not divide",
+        ),
     ];
     let job = sequence_job(
         r#"{ type = "linear", out = 12 }, { type = "attention", heads = 2, dropout = 1.0 }"#,
     );
     let needles = ["model.layers[2].dropout", "1 given; must be in [0, 1)"];
+    expect_error(&job, &["check", "JOB"], 2, &needles);
+    let job = sequence_job(
+        r#"{ type = "linear", out = 12 }, { type = "attention", heads = 2, kv_heads = 3 }"#,
+    );
+    let needles = ["model.layers[2].kv_heads", "3 given; must divide heads = 2"];
     expect_error(&job, &["check", "JOB"], 2, &needles);
     for (middle, expected) in cases {
         let job = spec(&sequence_job(middle));
@@ -380,6 +444,22 @@ fn attention_on_cuda_matches_the_cpu() {
         (gpt2_head_shape(false), None),
         (wide_head_shape(true), Some(DROPOUT)),
         (wide_head_shape(false), None),
+        (grouped_shape(true), Some(DROPOUT)),
+        (one_kv_head_shape(false), None),
+        (
+            Attention {
+                flash: true,
+                ..grouped_shape(true)
+            },
+            Some(DROPOUT),
+        ),
+        (
+            Attention {
+                flash: true,
+                ..one_kv_head_shape(false)
+            },
+            None,
+        ),
     ];
     for storage in STORAGES {
         for (s, dropout) in cases {
@@ -395,7 +475,7 @@ fn attention_on_cuda_matches_the_cpu() {
                 tolerance(storage)
             };
             let at = format!("{storage:?} causal {causal} flash {} {dropout:?}", s.flash);
-            let (x_len, y_len) = (n * s.len * 3 * s.width(), n * s.len * s.width());
+            let (x_len, y_len) = (n * s.len * s.qkv_width(), n * s.len * s.width());
             let x = stored(storage, &random_vec(x_len, 2));
             let dy = stored(storage, &random_vec(y_len, 3));
             let mut y = vec![f32::NAN; y_len];

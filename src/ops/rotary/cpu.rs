@@ -5,7 +5,7 @@ use super::{Kernels, Rotation};
 use crate::tensor::cpu::CpuBackend;
 use rayon::prelude::*;
 
-/// Rows of 3·C values a thread takes at a time.
+/// Rows a thread takes at a time.
 const ROWS_PER_TASK: usize = 16;
 
 impl Kernels for CpuBackend {
@@ -70,8 +70,8 @@ fn turn_rows(rows: &mut [f32], table: &[f32], r: &Rotation, first: usize, invers
     for (k, row) in rows.chunks_exact_mut(r.row_len()).enumerate() {
         let t = (first + k) % r.len;
         let (cos, sin) = (&cos[t * half..][..half], &sin[t * half..][..half]);
-        // The queries and the keys: the first 2·C values of the row.
-        for head in row[..2 * r.width()].chunks_exact_mut(r.head_dim) {
+        // The queries and the keys: the row's first heads.
+        for head in row[..r.turned_len()].chunks_exact_mut(r.head_dim) {
             let (a, b) = head.split_at_mut(half);
             match inverse {
                 false => turn(a, b, cos, sin),

@@ -20,7 +20,7 @@ impl Kernels for CudaBackend {
         let mut l = Launch::new(self.stream(), self.kernel("rotary"));
         l.arg(&x.mem).arg(&xs).arg(&mut y.mem).arg(&ys);
         a.push(&mut l).arg(&inverse);
-        // SAFETY: reads and writes the n·T rows of 3·C values.
+        // SAFETY: reads and writes the n·T rows of queries, keys and values.
         self.launch("rotary", unsafe { l.launch(grid(a.pairs())) });
     }
 
@@ -37,7 +37,7 @@ impl Kernels for CudaBackend {
         let mut l = Launch::new(self.stream(), self.kernel("rotary_in_place"));
         l.arg(&mut buf.mem).arg(&s);
         a.push(&mut l);
-        // SAFETY: reads and writes the queries and keys of n·T rows of 3·C values.
+        // SAFETY: reads and writes the queries and keys of n·T rows.
         self.launch("rotary", unsafe { l.launch(grid(a.pairs())) });
     }
 }
@@ -46,7 +46,9 @@ impl Kernels for CudaBackend {
 struct Args {
     rows: u64,
     len: u64,
-    heads: i32,
+    /// The queries' and the keys' heads.
+    turned: i32,
+    kv_heads: i32,
     head_dim: i32,
     theta: f32,
     position: u64,
@@ -57,7 +59,8 @@ impl Args {
         Args {
             rows: (n * r.len) as u64,
             len: r.len as u64,
-            heads: r.heads as i32,
+            turned: (r.heads + r.kv_heads) as i32,
+            kv_heads: r.kv_heads as i32,
             head_dim: r.head_dim as i32,
             theta: r.theta,
             position: position as u64,
@@ -66,11 +69,14 @@ impl Args {
 
     /// One thread for each turned pair, half a row's queries and keys.
     fn pairs(&self) -> usize {
-        (self.rows * self.heads as u64 * self.head_dim as u64) as usize
+        (self.rows * self.turned as u64 * self.head_dim as u64 / 2) as usize
     }
 
     fn push<'l, 'a>(&'a self, l: &'l mut Launch<'a>) -> &'l mut Launch<'a> {
-        l.arg(&self.rows).arg(&self.len).arg(&self.heads);
-        l.arg(&self.head_dim).arg(&self.theta).arg(&self.position)
+        l.arg(&self.rows).arg(&self.len).arg(&self.turned);
+        l.arg(&self.kv_heads)
+            .arg(&self.head_dim)
+            .arg(&self.theta)
+            .arg(&self.position)
     }
 }

@@ -1,6 +1,6 @@
 //! rotary: rotary position embedding (RoPE), as Llama applies it to queries and keys before
-//! attention. A sample of [T, 3·C] holds each position's query, key and value side by side,
-//! as attention reads them. In each head of d values, pair (i, i + d/2) of the query and of
+//! attention. A sample of [T, C + 2·C_kv] holds each position's queries, keys and values side
+//! by side, as attention reads them (C_kv = C unless `kv_heads` is given). In each head of d values, pair (i, i + d/2) of the query and of
 //! the key turns by the angle p·θ^(−2i/d) at position p: Hugging Face's `rotate_half`
 //! convention. Values pass unchanged.
 //! Its kernels live here too: `cpu.rs`, `cuda.rs`, `rotary.cu`.
@@ -24,6 +24,10 @@ pub struct RotarySpec {
     /// C evenly, into heads of an even number of values.
     #[schemars(range(min = 1, max = 2147483647))]
     pub heads: usize,
+    /// Key heads, as the attention layer after it has (checked). Default: as many as `heads`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 2147483647))]
+    pub kv_heads: Option<usize>,
     /// The base θ of the angles: Llama's `rope_theta`. Default 10000.
     #[serde(default = "default_theta")]
     #[schemars(extend("exclusiveMinimum" = 1))]
@@ -37,29 +41,32 @@ fn default_theta() -> f64 {
 impl RotarySpec {
     pub(super) fn check(&self, c: &mut Checks) {
         c.size("heads", self.heads, 1);
+        super::attention::check_kv_heads(c, self.heads, self.kv_heads);
         let message = format!("{} given; must be a finite number above 1", self.theta);
         c.check(self.theta.is_finite() && self.theta > 1.0, "theta", message);
     }
 }
 
-/// What the kernels need: the sequence length, the heads and their width, and θ.
+/// What the kernels need: the sequence length, the query and key heads and their width,
+/// and θ.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Rotation {
     pub len: usize,
     pub heads: usize,
+    pub kv_heads: usize,
     pub head_dim: usize,
     pub theta: f32,
 }
 
 impl Rotation {
-    /// The width C of the queries (and of the keys, and of the values).
-    pub fn width(&self) -> usize {
-        self.heads * self.head_dim
+    /// The values of one position: queries, keys and values.
+    pub fn row_len(&self) -> usize {
+        (self.heads + 2 * self.kv_heads) * self.head_dim
     }
 
-    /// The values of one position: query, key and value.
-    pub fn row_len(&self) -> usize {
-        3 * self.width()
+    /// The values it turns at the start of a row: the queries and the keys.
+    pub fn turned_len(&self) -> usize {
+        (self.heads + self.kv_heads) * self.head_dim
     }
 
     /// The table of the CPU's cosines and sines: d/2 of each for each position.
@@ -79,22 +86,24 @@ pub struct Rotary {
 }
 
 pub fn build(spec: &RotarySpec, at: &mut Build) -> Result<(Op, Vec<usize>)> {
-    let (len, width) = super::attention::qkv_shape("rotary", at)?;
-    if width % spec.heads != 0 || !(width / spec.heads).is_multiple_of(2) {
+    let kv_heads = spec.kv_heads.unwrap_or(spec.heads);
+    let (len, head_dim) = super::attention::qkv_shape("rotary", at, spec.heads, kv_heads)?;
+    if !head_dim.is_multiple_of(2) {
         let why = format!(
-            "heads = {} must split the width {width} into heads of an even number of values \
-             (it turns pairs of them)",
-            spec.heads
+            "its heads are {head_dim} values wide: it turns pairs of values, so a head's width \
+             must be even"
         );
         return Err(at.error("rotary", why));
     }
     let rotation = Rotation {
         len,
         heads: spec.heads,
-        head_dim: width / spec.heads,
+        kv_heads,
+        head_dim,
         theta: spec.theta as f32,
     };
-    Ok((Op::Rotary(Rotary { rotation }), vec![len, 3 * width]))
+    let row_len = rotation.row_len();
+    Ok((Op::Rotary(Rotary { rotation }), vec![len, row_len]))
 }
 
 /// The backend's side of rotary: a CPU and a CUDA implementation, in this folder.
@@ -167,8 +176,9 @@ impl OpKind for Rotary {
     }
 
     fn flops(&self, _: &[usize], out: &[usize]) -> Flops {
-        // Three operations for each query and key value, two thirds of the output; none
-        // for the values: two a value on average, forward and backward.
+        // Three operations for each query and key value, two thirds of the output (more
+        // with fewer key heads); none for the values: about two a value, forward and
+        // backward.
         Flops::per_value(out, 2.0, 2.0)
     }
 }

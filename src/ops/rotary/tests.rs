@@ -39,6 +39,7 @@ fn rotary_matches_hugging_faces_llama() {
         let r = Rotation {
             len: size("length"),
             heads: size("heads"),
+            kv_heads: size("heads"),
             head_dim: size("head_dim"),
             theta: case["theta"].as_f64().unwrap() as f32,
         };
@@ -64,6 +65,7 @@ fn a_position_alone_turns_as_in_its_sequence() {
     let whole = Rotation {
         len: 9,
         heads: 2,
+        kv_heads: 2,
         head_dim: 6,
         theta: 10_000.0,
     };
@@ -92,11 +94,11 @@ fn rotary_refuses_odd_heads_inputs_that_are_not_qkv_and_other_heads_after_it() {
     let cases = [
         (
             r#"{ type = "linear", out = 12 }, { type = "rotary", heads = 3 }"#,
-            "heads = 3 must split the width 4 into heads of an even number of values",
+            "heads = 3 does not divide the width 4",
         ),
         (
             r#"{ type = "linear", out = 12 }, { type = "rotary", heads = 4 }"#,
-            "heads = 4 must split the width 4",
+            "its heads are 1 values wide: it turns pairs of values, so a head's width must be even",
         ),
         (
             r#"{ type = "linear", out = 10 }, { type = "rotary", heads = 1 }"#,
@@ -123,25 +125,43 @@ fn rotary_refuses_odd_heads_inputs_that_are_not_qkv_and_other_heads_after_it() {
     let middle = r#"{ type = "linear", out = 24 }, { type = "rotary", heads = 2 },
         { type = "attention", heads = 4 }"#;
     let e = Graph::build(&spec(&sequence_job(middle)), &sequences()).unwrap_err();
-    let want = "model.layers[3] (attention): the rotary layer before it turns 2 heads of 4 \
-                values, and it has heads = 4: give both the same heads";
+    let want = "model.layers[3] (attention): the rotary layer before it turns heads = 2 and \
+                kv_heads = 2, and it has heads = 4 and kv_heads = 4: give both the same heads";
     assert!(e.to_string().contains(want), "{e}");
+    let middle = r#"{ type = "linear", out = 32 }, { type = "rotary", heads = 4, kv_heads = 2 },
+        { type = "attention", heads = 4 }"#;
+    let e = Graph::build(&spec(&sequence_job(middle)), &sequences()).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("kv_heads = 2, and it has heads = 4 and kv_heads = 4"),
+        "{e}"
+    );
 }
 
 /// CUDA against the CPU on random inputs, in f32 and in each half format: forward, in
-/// place, from a later position, and backward.
+/// place, from a later position, and backward; with as many key heads as query heads, and
+/// with fewer.
 #[test]
 fn rotary_on_cuda_matches_the_cpu() {
     let Some(g) = gpu() else { return };
     let r = Rotation {
         len: 37,
         heads: 3,
+        kv_heads: 3,
         head_dim: 16,
         theta: 10_000.0,
     };
+    let grouped = Rotation {
+        heads: 4,
+        kv_heads: 2,
+        ..r
+    };
     let n = 3;
-    let len = n * r.len * r.row_len();
-    for storage in STORAGES {
+    for (r, storage) in [r, grouped]
+        .into_iter()
+        .flat_map(|r| STORAGES.map(|s| (r, s)))
+    {
+        let len = n * r.len * r.row_len();
         let (x, dy) = (
             stored(storage, &random_vec(len, 1)),
             stored(storage, &random_vec(len, 2)),
@@ -150,7 +170,7 @@ fn rotary_on_cuda_matches_the_cpu() {
         let mut table = vec![0.0; r.table_len()];
         let mut gpu_workspace = up(&g, &[0.0]);
         for (position, inverse) in [(0, false), (5, false), (0, true)] {
-            let at = format!("{storage:?} from {position}, inverse {inverse}");
+            let at = format!("{r:?} {storage:?} from {position}, inverse {inverse}");
             let input = if inverse { &dy } else { &x };
             let mut y = vec![0.0; len];
             CPU.rotary(input, &mut y, &mut table, n, &r, position, inverse);
