@@ -9,7 +9,8 @@ The shape defaults to jobs/gpt_char.toml's (12 64 128 4 4 0); jobs/gpt_shakespea
 
 ARCH=llama trains jobs/llama_char.toml's model instead: Hugging Face's Llama layer (RMSNorm,
 rotary embedding with its cosines and sines computed once, SiLU-gated MLP of 352 values,
-untied embeddings).
+untied embeddings). KV_HEADS=2 gives it grouped-query attention: two key and value heads,
+each shared by two query heads, through scaled_dot_product_attention's enable_gqa.
 """
 
 import gzip
@@ -27,6 +28,7 @@ torch.manual_seed(1337)
 shape = sys.argv[2:8] if len(sys.argv) > 2 else ["12", "64", "128", "4", "4", "0"]
 B, T, C, H, L = (int(v) for v in shape[:5])
 P = float(shape[5])
+KV = int(os.environ.get("KV_HEADS") or H)
 
 
 def drop(x):
@@ -62,16 +64,19 @@ class LlamaBlock(nn.Module):
         super().__init__()
         self.input_layernorm = nn.RMSNorm(C, eps=1e-5)
         self.post_attention_layernorm = nn.RMSNorm(C, eps=1e-5)
-        self.qkv_proj, self.o_proj = nn.Linear(C, 3 * C, bias=False), nn.Linear(C, C, bias=False)
+        self.qkv_proj = nn.Linear(C, C + 2 * KV * (C // H), bias=False)
+        self.o_proj = nn.Linear(C, C, bias=False)
         self.gate_proj, self.up_proj = nn.Linear(C, 352, bias=False), nn.Linear(C, 352, bias=False)
         self.down_proj = nn.Linear(352, C, bias=False)
 
     def forward(self, x, cos, sin):
         b, t, c = x.shape
-        q, k, v = self.qkv_proj(self.input_layernorm(x)).split(C, dim=2)
-        q, k, v = (z.view(b, t, H, c // H).transpose(1, 2) for z in (q, k, v))
+        d = c // H
+        q, k, v = self.qkv_proj(self.input_layernorm(x)).split([C, KV * d, KV * d], dim=2)
+        q = q.view(b, t, H, d).transpose(1, 2)
+        k, v = (z.view(b, t, KV, d).transpose(1, 2) for z in (k, v))
         q, k = (z * cos + rotate_half(z) * sin for z in (q, k))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=KV != H)
         h = x + self.o_proj(y.transpose(1, 2).contiguous().view(b, t, c))
         n = self.post_attention_layernorm(h)
         return h + self.down_proj(F.silu(self.gate_proj(n)) * self.up_proj(n))
