@@ -1,6 +1,10 @@
-//! Hugging Face's Llama, written: a model built as jobs/llama_char.toml (RMSNorm, rotary
-//! embedding, the gated MLP with SiLU, no biases) saved as transformers' LlamaForCausalLM
-//! saves itself, so `from_pretrained` reads it.
+//! Hugging Face's Llama, both ways.
+//!
+//! - Writing: a model built as jobs/llama_char.toml (RMSNorm, rotary embedding, the gated
+//!   MLP with SiLU, no biases) saved as transformers' LlamaForCausalLM saves itself, so
+//!   `from_pretrained` reads it.
+//! - Reading (`model.init_from`, renamed by `mapping`): `check` compares the config.json
+//!   beside the file with the model, for what the tensors' shapes cannot tell.
 //!
 //! - The model is recognised by its layer names, jobs/llama_char.toml's: `embed_tokens`,
 //!   `layers<i>_input_layernorm` ... `layers<i>_mlp_down_proj`, `norm`, `lm_head`.
@@ -13,12 +17,13 @@
 use super::file::{self, TensorOut, Values};
 use crate::graph::Graph;
 use crate::tensor::Activation;
+use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::Path;
 
 /// The parts of a block, as the job names them (after `layers<i>_`) and as
 /// LlamaDecoderLayer does. The fused projection is written as three.
-const PARTS: [(&str, &str); 7] = [
+pub(super) const PARTS: [(&str, &str); 7] = [
     ("input_layernorm", "input_layernorm"),
     ("self_attn_qkv_proj", "self_attn.qkv_proj"),
     ("self_attn_o_proj", "self_attn.o_proj"),
@@ -218,4 +223,118 @@ pub fn write(dir: &Path, described: &Llama, graph: &Graph, params: &[f32]) -> Re
     let text = serde_json::to_string_pretty(&config).expect("a JSON value") + "\n";
     let path = dir.join("config.json");
     std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+/// The fields of LlamaConfig that change what the model computes but not its tensors' shapes.
+/// Absent fields take transformers' defaults. transformers 5 writes θ and the rotary kind
+/// under `rope_parameters`; earlier versions `rope_theta` and `rope_scaling`.
+#[derive(Debug, Deserialize)]
+struct LlamaConfig {
+    #[serde(default = "default_heads")]
+    num_attention_heads: usize,
+    num_key_value_heads: Option<usize>,
+    #[serde(default = "default_eps")]
+    rms_norm_eps: f64,
+    rope_theta: Option<f64>,
+    #[serde(default)]
+    rope_scaling: Option<RopeParameters>,
+    #[serde(default)]
+    rope_parameters: Option<RopeParameters>,
+    #[serde(default = "default_act")]
+    hidden_act: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct RopeParameters {
+    #[serde(default, alias = "type")]
+    rope_type: Option<String>,
+    rope_theta: Option<f64>,
+}
+
+fn default_heads() -> usize {
+    32
+}
+fn default_eps() -> f64 {
+    1e-6
+}
+fn default_act() -> String {
+    "silu".into()
+}
+
+/// Where `weights` has a config.json beside it: Ok(true) when the Llama `graph` computes
+/// what it says; Err says how they differ. Ok(false): no config.json to check against.
+pub fn check(weights: &Path, graph: &Graph) -> Result<bool, String> {
+    let ours = llama_of(graph)
+        .map_err(|why| format!("it is a Hugging Face Llama file, and the model is not: {why}"))?;
+    let path = weights.with_file_name("config.json");
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Ok(false);
+    };
+    let config: LlamaConfig = serde_json::from_str(&text)
+        .map_err(|e| format!("{} beside it is not a Llama config: {e}", path.display()))?;
+    let differs = |what: String| Err(format!("{} beside it says {what}", path.display()));
+    let rope = config
+        .rope_parameters
+        .as_ref()
+        .or(config.rope_scaling.as_ref());
+    if let Some(kind) = rope.and_then(|r| r.rope_type.as_deref()) {
+        if kind != "default" {
+            return differs(format!(
+                "its rotary embedding is {kind:?}; trainer's rotary layer turns by θ alone \
+                 (\"default\")"
+            ));
+        }
+    }
+    let theta = (rope.and_then(|r| r.rope_theta))
+        .or(config.rope_theta)
+        .unwrap_or(10_000.0);
+    let kv_heads = config
+        .num_key_value_heads
+        .unwrap_or(config.num_attention_heads);
+    let checks = [
+        (
+            config.hidden_act == "silu",
+            format!(
+                "hidden_act = {:?}; trainer's Llama gates with silu",
+                config.hidden_act
+            ),
+        ),
+        (
+            config.num_attention_heads == ours.heads,
+            format!(
+                "num_attention_heads = {}, and the model's attention has heads = {}",
+                config.num_attention_heads, ours.heads
+            ),
+        ),
+        (
+            kv_heads == ours.kv_heads,
+            format!(
+                "num_key_value_heads = {kv_heads}, and the model's attention has kv_heads = {}",
+                ours.kv_heads
+            ),
+        ),
+        (
+            same(ours.eps, config.rms_norm_eps),
+            format!(
+                "rms_norm_eps = {}, and the model's rmsnorm has eps = {}",
+                config.rms_norm_eps, ours.eps
+            ),
+        ),
+        (
+            same(ours.theta, theta),
+            format!(
+                "rope_theta = {theta}, and the model's rotary has theta = {}",
+                ours.theta
+            ),
+        ),
+    ];
+    match checks.into_iter().find(|(ok, _)| !ok) {
+        Some((_, what)) => differs(what),
+        None => Ok(true),
+    }
+}
+
+/// Whether the model's f32 value is the config's.
+fn same(ours: f32, theirs: f64) -> bool {
+    (f64::from(ours) / theirs - 1.0).abs() <= 1e-6
 }

@@ -12,6 +12,7 @@
 
 use super::file::{self, TensorOut, Values};
 use super::hugging_face;
+use super::llama;
 use super::mapping::{Change, Mapping};
 use crate::error::{Error, Result};
 use crate::graph::{Graph, StateDictEntry};
@@ -137,12 +138,16 @@ pub fn read_as(path: &Path, graph: &Graph, what: &str) -> Result<Weights> {
         }
         let gpt = graph.names == StateDictNames::Sequential
             && names.iter().any(|n| n.ends_with("wte.weight"));
-        let hint = match gpt {
-            true => {
+        let hint = match (gpt, mapping.hugging_face_llama) {
+            (true, _) => {
                 "; a GPT's file (nanoGPT's or Hugging Face's) reads into a model with \
                      model.state_dict_names = \"nanogpt\""
             }
-            false => "",
+            (_, true) => {
+                "; a Hugging Face Llama file reads into a model whose layers are built and \
+                 named as jobs/llama_char.toml's"
+            }
+            _ => "",
         };
         return Err(bad(format!(
             "{why}the model needs exactly: {} (PyTorch state_dict names: the layer's name, else \
@@ -152,10 +157,9 @@ pub fn read_as(path: &Path, graph: &Graph, what: &str) -> Result<Weights> {
     }
     for e in params.iter().chain(&stats) {
         let source = &mapping.sources[&e.name];
-        let theirs = &shapes[&source.name];
-        let shape = Mapping::shape_after(source.change, theirs, &e.shape);
+        let shape = Mapping::shape_after(source, &shapes, &e.shape);
         if shape != e.shape {
-            let read_as = match source.name == e.name {
+            let read_as = match source.name() == e.name {
                 true => String::new(),
                 false => format!(" (read as `{}`)", e.name),
             };
@@ -163,24 +167,44 @@ pub fn read_as(path: &Path, graph: &Graph, what: &str) -> Result<Weights> {
                 Change::Transpose => ", Conv1D's [in, out] of",
                 _ => "",
             };
+            let theirs: Vec<String> = (source.names.iter())
+                .map(|n| format!("{:?}", shapes[n]))
+                .collect();
             return Err(bad(format!(
-                "tensor `{}`{read_as} has shape {theirs:?}{layout}, the model needs {:?}",
-                source.name, e.shape
+                "{} {}{read_as} {} {}{layout}, the model needs {:?}",
+                if theirs.len() == 1 {
+                    "tensor"
+                } else {
+                    "tensors"
+                },
+                source.shown(),
+                if theirs.len() == 1 {
+                    "has shape"
+                } else {
+                    "have shapes"
+                },
+                theirs.join(", "),
+                e.shape
             )));
         }
     }
-    // What the shapes cannot tell: heads, GELU's form, layer norm's epsilon.
-    let config_checked = match mapping.hugging_face {
-        true => hugging_face::check(path, graph).map_err(bad)?,
-        false => false,
+    // What the shapes cannot tell: heads, GELU's form, layer norm's epsilon; a Llama's key
+    // and value heads, its rotary θ and RMSNorm's epsilon.
+    let config_checked = match (mapping.hugging_face, mapping.hugging_face_llama) {
+        (true, _) => hugging_face::check(path, graph).map_err(bad)?,
+        (_, true) => llama::check(path, graph).map_err(bad)?,
+        _ => false,
     };
     let f = file::read(path).map_err(bad)?;
     let fill = |entries: &[StateDictEntry], out: &mut [f32]| -> Result<()> {
         for e in entries {
             let source = &mapping.sources[&e.name];
-            let values = f.f32s(&source.name).map_err(bad)?;
-            let values =
-                Mapping::values_after(source.change, values, &shapes[&source.name], e.len());
+            let mut values = Vec::with_capacity(e.len());
+            for name in &source.names {
+                values.extend(f.f32s(name).map_err(bad)?);
+            }
+            let shape = &shapes[source.name()];
+            let values = Mapping::values_after(source.change, values, shape, e.len());
             // A NaN would only show as a diverged loss or a NaN evaluation, far from its cause.
             if let Some((i, v)) = values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
                 return Err(bad(format!(
@@ -208,7 +232,7 @@ pub fn read_as(path: &Path, graph: &Graph, what: &str) -> Result<Weights> {
         running_stats: vec![0.0; graph.running_stats_len()],
         batches_tracked: tracked
             .iter()
-            .map(|n| f.count(&mapping.sources[n].name).map_err(bad))
+            .map(|n| f.count(mapping.sources[n].name()).map_err(bad))
             .collect::<Result<_>>()?,
     };
     fill(&params, &mut weights.params)?;
@@ -245,14 +269,32 @@ fn log_changes(
             changed(Change::Transpose).count()
         );
     }
+    if mapping.hugging_face_llama {
+        let config = match config_checked {
+            true => "; the model matches its config.json",
+            false => {
+                "; no config.json beside it, so the job's heads, key and value heads, \
+                 rope_theta and rms_norm_eps are taken on trust"
+            }
+        };
+        let tied = match mapping.sources.get("lm_head.weight") {
+            Some(s) if s.name() == "model.embed_tokens.weight" => "; lm_head is embed_tokens",
+            _ => "",
+        };
+        tracing::info!(
+            "{file}: a Hugging Face Llama file: {} layers' q_proj, k_proj and v_proj stacked \
+             into the fused projection{tied}{config}",
+            changed(Change::StackRows).count()
+        );
+    }
     for e in model {
         let source = &mapping.sources[&e.name];
         if source.change == Change::FirstRows {
             tracing::info!(
                 "{file}: `{}` has {} positions; the model reads the first {}, as nanoGPT's \
                  crop_block_size",
-                source.name,
-                shapes[&source.name][0],
+                source.name(),
+                shapes[source.name()][0],
                 e.shape[0]
             );
         }

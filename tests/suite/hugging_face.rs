@@ -580,8 +580,9 @@ fn export_refuses_a_model_gpt2_cannot_hold() {
 
 /// jobs/llama_char.toml's run, exported, is transformers' LlamaForCausalLM: its config, the
 /// fused projection split into q_proj, k_proj and v_proj, and, where transformers is
-/// installed, the run's logits. With grouped-query attention too: two key and value heads,
-/// `num_key_value_heads`, their projections 64 rows each.
+/// installed, the run's logits; model.init_from reads it back. With grouped-query
+/// attention too: two key and value heads, `num_key_value_heads`, their projections 64 rows
+/// each.
 #[test]
 fn export_writes_a_llama_that_transformers_reads() {
     let grouped = [
@@ -665,6 +666,12 @@ fn exports_a_llama(sets: &[&str], kv_heads: usize) {
     };
     let graph = Graph::build(&spec, &data).unwrap();
     let w = weights::read(&run.join("model.safetensors"), &graph).unwrap();
+    // model.init_from reads the exported file back to the same bits.
+    let back = weights::read(&exported.join("model.safetensors"), &graph).unwrap();
+    assert!(
+        back.params == w.params,
+        "the exported Llama reads back otherwise"
+    );
     let input: Vec<f32> = (0..3 * block)
         .map(|i| ((i * 31 + 7) % vocabulary) as f32)
         .collect();

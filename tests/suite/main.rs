@@ -15,6 +15,7 @@ mod data_parallel;
 mod docs;
 mod gradients;
 mod hugging_face;
+mod hugging_face_llama;
 mod kernels_on_host;
 mod layout;
 mod mixed_precision;
