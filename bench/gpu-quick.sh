@@ -5,7 +5,8 @@
 # MLP 784-1024-1024-10 and on the cuBLAS-bound one (issue 7's overhead); `gpt` times
 # jobs/gpt_shakespeare.toml (bf16) with attention's probabilities kept and with flash
 # attention, profiles a step of each with CUDA events, times it with flash and no dropout,
-# times jobs/llama_char.toml (rotary, silu and multiply) in fp32 and bf16, and times
+# times jobs/llama_char.toml (rotary, silu and multiply) in fp32 and bf16 and with
+# grouped-query attention, and times
 # `trainer sample` on CUDA;
 # `gpt2 [BATCH]` puts jobs/gpt2_124m.toml (bf16, micro-batch BATCH x 1024, 64 by default) beside
 # PyTorch eager and compiled (bench/gpt2_torch_gpu.py): steady tokens/s and MFU, then profiles
@@ -37,6 +38,11 @@ if [ "${1:-gemm}" = gpt ]; then
     log "trainer: $(trainer jobs/llama_char.toml "${gpt[@]}" --set precision.mode=\"$mode\" \
       --set device.flash_attention=true)"
   done
+  # Grouped-query attention: two key and value heads for four query heads.
+  log "== jobs/llama_char.toml bf16, kv_heads = 2, 300 steps, device.flash_attention=true"
+  log "trainer: $(trainer jobs/llama_char.toml "${gpt[@]}" --set precision.mode=\"bf16\" \
+    --set device.flash_attention=true --set 'model.blocks.layers[1].out=256' \
+    --set 'model.blocks.layers[2].kv_heads=2' --set 'model.blocks.layers[3].kv_heads=2')"
   dir=$($bin run jobs/gpt_shakespeare.toml "${gpt[@]}" --set train.max_steps=50 --runs-dir "$runs" --quiet)
   start=$(date +%s%N)
   $bin sample "$dir" --device cuda --prompt "ROMEO:" --tokens 500 --seed 1 > /dev/null

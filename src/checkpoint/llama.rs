@@ -16,6 +16,7 @@
 
 use super::file::{self, TensorOut, Values};
 use crate::graph::Graph;
+use crate::ops::rotary::Llama3Scaling;
 use crate::tensor::Activation;
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -46,11 +47,12 @@ pub struct Llama {
     positions: usize,
     eps: f32,
     theta: f32,
+    scaling: Option<Llama3Scaling>,
 }
 
 /// The Llama that `graph` is; Err says why it is none.
 pub fn llama_of(graph: &Graph) -> Result<Llama, String> {
-    let (mut heads, mut lens, mut eps, mut thetas) = (vec![], vec![], vec![], vec![]);
+    let (mut heads, mut lens, mut eps, mut rotations) = (vec![], vec![], vec![], vec![]);
     for layer in &graph.layers {
         let ops = layer.op.properties();
         if ops.layer_norm_eps.is_some() {
@@ -68,16 +70,18 @@ pub fn llama_of(graph: &Graph) -> Result<Llama, String> {
             lens.push(a.len);
         }
         eps.extend(ops.rms_norm_eps);
-        thetas.extend(ops.rotary.map(|r| r.theta));
+        rotations.extend(ops.rotary.map(|r| (r.theta, r.scaling)));
     }
     let same = |v: &[f32]| v.windows(2).all(|w| w[0] == w[1]);
     let one_heads = heads.windows(2).all(|w| w[0] == w[1]);
-    if thetas.is_empty() {
+    if rotations.is_empty() {
         return Err("a Llama has attention layers, each after a rotary layer".into());
     }
-    if !one_heads || !same(&eps) || !same(&thetas) || thetas.len() != heads.len() {
+    let one_rotation = rotations.windows(2).all(|w| w[0] == w[1]);
+    if !one_heads || !same(&eps) || !one_rotation || rotations.len() != heads.len() {
         return Err(
-            "LlamaConfig has one number of heads, one rms_norm_eps and one rope_theta, and a \
+            "LlamaConfig has one number of heads, one rms_norm_eps and one rope_theta and \
+             rope_scaling, and a \
              rotary layer before every attention layer with its heads"
                 .into(),
         );
@@ -104,13 +108,14 @@ pub fn llama_of(graph: &Graph) -> Result<Llama, String> {
         vocab_size,
         hidden_size,
         intermediate_size,
-        layers: thetas.len(),
+        layers: rotations.len(),
         heads,
         kv_heads,
         head_dim,
         positions: lens[0],
         eps: eps.first().copied().unwrap_or(1e-6),
-        theta: thetas[0],
+        theta: rotations[0].0,
+        scaling: rotations[0].1,
     };
     let mut wanted = vec!["embed_tokens.weight", "norm.weight", "lm_head.weight"]
         .into_iter()
@@ -212,7 +217,13 @@ pub fn write(dir: &Path, described: &Llama, graph: &Graph, params: &[f32]) -> Re
         "max_position_embeddings": d.positions,
         "rms_norm_eps": widen(d.eps),
         "rope_theta": widen(d.theta),
-        "rope_scaling": null,
+        "rope_scaling": d.scaling.map(|s| serde_json::json!({
+            "rope_type": "llama3",
+            "factor": widen(s.factor),
+            "low_freq_factor": widen(s.low_freq_factor),
+            "high_freq_factor": widen(s.high_freq_factor),
+            "original_max_position_embeddings": s.original_context as usize,
+        })),
         "attention_bias": false,
         "attention_dropout": 0.0,
         "mlp_bias": false,
@@ -249,6 +260,10 @@ struct RopeParameters {
     #[serde(default, alias = "type")]
     rope_type: Option<String>,
     rope_theta: Option<f64>,
+    factor: Option<f64>,
+    low_freq_factor: Option<f64>,
+    high_freq_factor: Option<f64>,
+    original_max_position_embeddings: Option<f64>,
 }
 
 fn default_heads() -> usize {
@@ -277,13 +292,31 @@ pub fn check(weights: &Path, graph: &Graph) -> Result<bool, String> {
         .rope_parameters
         .as_ref()
         .or(config.rope_scaling.as_ref());
-    if let Some(kind) = rope.and_then(|r| r.rope_type.as_deref()) {
-        if kind != "default" {
+    let kind = rope
+        .and_then(|r| r.rope_type.as_deref())
+        .unwrap_or("default");
+    let scaling = match (kind, rope) {
+        ("default", _) => None,
+        ("llama3", Some(r)) => Some(llama3_scaling(r).ok_or_else(|| {
+            format!(
+                "{} beside it has rope_type \"llama3\" without its factor, low_freq_factor, \
+                 high_freq_factor and original_max_position_embeddings",
+                path.display()
+            )
+        })?),
+        _ => {
             return differs(format!(
                 "its rotary embedding is {kind:?}; trainer's rotary layer turns by θ alone \
-                 (\"default\")"
-            ));
+                 (\"default\") or with Llama 3.1's scaling (\"llama3\")"
+            ))
         }
+    };
+    if scaling != ours.scaling {
+        return differs(format!(
+            "rope scaling {}, and the model's rotary has scaling {}",
+            shown(scaling),
+            shown(ours.scaling)
+        ));
     }
     let theta = (rope.and_then(|r| r.rope_theta))
         .or(config.rope_theta)
@@ -331,6 +364,29 @@ pub fn check(weights: &Path, graph: &Graph) -> Result<bool, String> {
     match checks.into_iter().find(|(ok, _)| !ok) {
         Some((_, what)) => differs(what),
         None => Ok(true),
+    }
+}
+
+/// The config's Llama 3.1 scaling, in f32 as the rotary layer holds it; None if a field is
+/// missing.
+fn llama3_scaling(r: &RopeParameters) -> Option<Llama3Scaling> {
+    Some(Llama3Scaling {
+        factor: r.factor? as f32,
+        low_freq_factor: r.low_freq_factor? as f32,
+        high_freq_factor: r.high_freq_factor? as f32,
+        original_context: r.original_max_position_embeddings? as f32,
+    })
+}
+
+/// A scaling as a job writes it, or "none".
+fn shown(scaling: Option<Llama3Scaling>) -> String {
+    match scaling {
+        None => "none".into(),
+        Some(s) => format!(
+            "{{ type = \"llama3\", factor = {}, low_freq_factor = {}, high_freq_factor = {}, \
+             original_max_position_embeddings = {} }}",
+            s.factor, s.low_freq_factor, s.high_freq_factor, s.original_context
+        ),
     }
 }
 

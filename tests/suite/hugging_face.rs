@@ -582,7 +582,7 @@ fn export_refuses_a_model_gpt2_cannot_hold() {
 /// fused projection split into q_proj, k_proj and v_proj, and, where transformers is
 /// installed, the run's logits; model.init_from reads it back. With grouped-query
 /// attention too: two key and value heads, `num_key_value_heads`, their projections 64 rows
-/// each.
+/// each. And with Llama 3.1's stretched rotary frequencies, `rope_scaling`.
 #[test]
 fn export_writes_a_llama_that_transformers_reads() {
     let grouped = [
@@ -590,7 +590,12 @@ fn export_writes_a_llama_that_transformers_reads() {
         "model.blocks.layers[2].kv_heads=2",
         "model.blocks.layers[3].kv_heads=2",
     ];
-    for (sets, kv_heads) in [(&[][..], 4), (&grouped[..], 2)] {
+    let stretched = [
+        "model.blocks.layers[2].scaling = { type = \"llama3\", factor = 8.0, \
+                      low_freq_factor = 1.0, high_freq_factor = 4.0, \
+                      original_max_position_embeddings = 32 }",
+    ];
+    for (sets, kv_heads) in [(&[][..], 4), (&grouped[..], 2), (&stretched[..], 4)] {
         exports_a_llama(sets, kv_heads);
     }
 }
@@ -623,6 +628,12 @@ fn exports_a_llama(sets: &[&str], kv_heads: usize) {
     ] {
         assert!(config.contains(field), "{field}: {config}");
     }
+    let scaled = sets.iter().any(|s| s.contains("scaling"));
+    assert_eq!(
+        config.contains("\"rope_type\": \"llama3\""),
+        scaled,
+        "{config}"
+    );
 
     let read = |path: &Path| std::fs::read(path).unwrap();
     let (ours, theirs) = (

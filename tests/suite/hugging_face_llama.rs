@@ -12,9 +12,13 @@ use trainer::tensor::cpu::CpuBackend;
 
 const FIXTURE: &str = "tests/fixtures/hf_llama";
 /// The fixture's model: 2 layers of width 32, 4 query heads and 2 key and value heads of 8
-/// values, θ = 500000, a tied lm_head. Its config has 32 positions; the job's block is 16.
+/// values, Llama 3.1's rotary embedding (θ = 500000, stretched), a tied lm_head. The job's
+/// block is 16 positions.
 const VOCABULARY: usize = 256;
 const BLOCK: usize = 16;
+/// Its rotary embedding's stretch, as the job writes it.
+const SCALING: &str = "{ type = \"llama3\", factor = 8.0, low_freq_factor = 1.0, \
+                       high_freq_factor = 16.0, original_max_position_embeddings = 1024 }";
 
 /// jobs/llama_char.toml's layers at the fixture's size, on the bundled Shakespeare as bytes.
 fn job(init_from: &Path) -> String {
@@ -41,7 +45,7 @@ layers = [
 layers = [
   {{ type = "rmsnorm", eps = 1e-5, name = "input_layernorm" }},
   {{ type = "linear", out = 64, bias = false, name = "self_attn_qkv_proj" }},
-  {{ type = "rotary", heads = 4, kv_heads = 2, theta = 500000.0 }},
+  {{ type = "rotary", heads = 4, kv_heads = 2, theta = 500000.0, scaling = {SCALING} }},
   {{ type = "attention", heads = 4, kv_heads = 2 }},
   {{ type = "linear", out = 32, bias = false, name = "self_attn_o_proj" }},
   {{ type = "add", inputs = ["block_input", "self_attn_o_proj"], name = "attn_out" }},
@@ -138,7 +142,7 @@ fn a_run_from_a_llama_file_says_how_it_read_it() {
 }
 
 /// What the shapes cannot tell is read from config.json and refused where the model
-/// differs: θ, the key and value heads, a rotary embedding other than θ's alone.
+/// differs: θ, RMSNorm's epsilon, the rotary stretch, a rotary embedding of another kind.
 #[test]
 fn a_llama_file_whose_config_differs_from_the_model_is_refused() {
     refused(
@@ -152,17 +156,34 @@ fn a_llama_file_whose_config_differs_from_the_model_is_refused() {
         |j| j.replace("rmsnorm\", eps = 1e-5", "rmsnorm\", eps = 1e-6"),
         "rms_norm_eps = 0.00001, and the model's rmsnorm has eps = 0.000001",
     );
+    refused(
+        &fixture(),
+        |j| j.replace(", scaling = { type", ", unused = { type"),
+        "unknown field `unused`",
+    );
+    refused(
+        &fixture(),
+        |j| j.replace(&format!(", scaling = {SCALING}"), ""),
+        "rope scaling { type = \"llama3\", factor = 8, low_freq_factor = 1, high_freq_factor \
+         = 16, original_max_position_embeddings = 1024 }, and the model's rotary has scaling \
+         none",
+    );
+    refused(
+        &fixture(),
+        |j| j.replace("factor = 8.0", "factor = 4.0"),
+        "and the model's rotary has scaling { type = \"llama3\", factor = 4,",
+    );
     let dir = tempfile::tempdir().unwrap();
     for name in ["model.safetensors", "config.json"] {
         std::fs::copy(root().join(FIXTURE).join(name), dir.path().join(name)).unwrap();
     }
     let config = dir.path().join("config.json");
     let text = std::fs::read_to_string(&config).unwrap();
-    std::fs::write(&config, text.replace("\"default\"", "\"llama3\"")).unwrap();
+    std::fs::write(&config, text.replace("\"llama3\"", "\"yarn\"")).unwrap();
     refused(
         &dir.path().join("model.safetensors"),
         |j| j,
-        "its rotary embedding is \"llama3\"; trainer's rotary layer turns by θ alone",
+        "its rotary embedding is \"yarn\"; trainer's rotary layer turns by θ alone",
     );
 }
 

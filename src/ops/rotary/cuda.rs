@@ -51,6 +51,8 @@ struct Args {
     kv_heads: i32,
     head_dim: i32,
     theta: f32,
+    /// Llama3Scaling's factor (0 for none), low and high factors and original context.
+    stretch: [f32; 4],
     position: u64,
 }
 
@@ -63,6 +65,14 @@ impl Args {
             kv_heads: r.kv_heads as i32,
             head_dim: r.head_dim as i32,
             theta: r.theta,
+            stretch: r.scaling.map_or([0.0; 4], |s| {
+                [
+                    s.factor,
+                    s.low_freq_factor,
+                    s.high_freq_factor,
+                    s.original_context,
+                ]
+            }),
             position: position as u64,
         }
     }
@@ -74,9 +84,9 @@ impl Args {
 
     fn push<'l, 'a>(&'a self, l: &'l mut Launch<'a>) -> &'l mut Launch<'a> {
         l.arg(&self.rows).arg(&self.len).arg(&self.turned);
-        l.arg(&self.kv_heads)
-            .arg(&self.head_dim)
-            .arg(&self.theta)
-            .arg(&self.position)
+        l.arg(&self.kv_heads).arg(&self.head_dim).arg(&self.theta);
+        let [factor, low, high, original] = &self.stretch;
+        l.arg(factor).arg(low).arg(high).arg(original);
+        l.arg(&self.position)
     }
 }

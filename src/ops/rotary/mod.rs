@@ -32,6 +32,57 @@ pub struct RotarySpec {
     #[serde(default = "default_theta")]
     #[schemars(extend("exclusiveMinimum" = 1))]
     pub theta: f64,
+    /// Frequencies stretched for a longer context, as Hugging Face's `rope_scaling`. Default:
+    /// none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scaling: Option<ScalingSpec>,
+}
+
+/// How the frequencies stretch, by `type`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ScalingSpec {
+    /// Llama 3.1's: frequencies whose wavelength is past original_max_position_embeddings /
+    /// low_freq_factor are divided by `factor`; those below original_max_position_embeddings
+    /// / high_freq_factor stay; those between blend the two.
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        #[schemars(range(min = 1, max = 2147483647))]
+        original_max_position_embeddings: usize,
+    },
+}
+
+/// Llama 3.1's stretch of the frequencies (`ScalingSpec::Llama3`), in f32 as Hugging Face's.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Llama3Scaling {
+    pub factor: f32,
+    pub low_freq_factor: f32,
+    pub high_freq_factor: f32,
+    pub original_context: f32,
+}
+
+impl Llama3Scaling {
+    /// The stretched frequency of `f`, in the order of operations of transformers'
+    /// `_compute_llama3_parameters`.
+    pub fn stretch(&self, f: f32) -> f32 {
+        let low_wavelen = self.original_context / self.low_freq_factor;
+        let high_wavelen = self.original_context / self.high_freq_factor;
+        let wavelen = (2.0 * std::f64::consts::PI) as f32 / f;
+        let divided = match wavelen > low_wavelen {
+            true => f / self.factor,
+            false => f,
+        };
+        let smooth = (self.original_context / wavelen - self.low_freq_factor)
+            / (self.high_freq_factor - self.low_freq_factor);
+        // transformers' !(w < high) & !(w > low): the same for finite wavelengths.
+        let medium = (high_wavelen..=low_wavelen).contains(&wavelen);
+        match medium {
+            true => (1.0 - smooth) * divided / self.factor + smooth * divided,
+            false => divided,
+        }
+    }
 }
 
 fn default_theta() -> f64 {
@@ -44,6 +95,21 @@ impl RotarySpec {
         super::attention::check_kv_heads(c, self.heads, self.kv_heads);
         let message = format!("{} given; must be a finite number above 1", self.theta);
         c.check(self.theta.is_finite() && self.theta > 1.0, "theta", message);
+        if let Some(ScalingSpec::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            ..
+        }) = self.scaling
+        {
+            let message = format!(
+                "factor = {factor}, low_freq_factor = {low_freq_factor}, high_freq_factor = \
+                 {high_freq_factor} given; the factor must be at least 1 and the low \
+                 frequencies' factor positive and below the high ones'"
+            );
+            let ok = factor >= 1.0 && low_freq_factor > 0.0 && high_freq_factor > low_freq_factor;
+            c.check(ok, "scaling", message);
+        }
     }
 }
 
@@ -56,6 +122,7 @@ pub struct Rotation {
     pub kv_heads: usize,
     pub head_dim: usize,
     pub theta: f32,
+    pub scaling: Option<Llama3Scaling>,
 }
 
 impl Rotation {
@@ -74,9 +141,11 @@ impl Rotation {
         self.len * self.head_dim
     }
 
-    /// Angle i's frequency θ^(−2i/d), in f32 as Hugging Face's `inv_freq`.
+    /// Angle i's frequency θ^(−2i/d), stretched by the scaling, in f32 as Hugging Face's
+    /// `inv_freq`.
     pub fn frequency(&self, i: usize) -> f32 {
-        1.0 / self.theta.powf((2 * i) as f32 / self.head_dim as f32)
+        let f = 1.0 / self.theta.powf((2 * i) as f32 / self.head_dim as f32);
+        self.scaling.map_or(f, |s| s.stretch(f))
     }
 }
 
@@ -101,6 +170,19 @@ pub fn build(spec: &RotarySpec, at: &mut Build) -> Result<(Op, Vec<usize>)> {
         kv_heads,
         head_dim,
         theta: spec.theta as f32,
+        scaling: spec.scaling.as_ref().map(
+            |ScalingSpec::Llama3 {
+                 factor,
+                 low_freq_factor,
+                 high_freq_factor,
+                 original_max_position_embeddings,
+             }| Llama3Scaling {
+                factor: *factor as f32,
+                low_freq_factor: *low_freq_factor as f32,
+                high_freq_factor: *high_freq_factor as f32,
+                original_context: *original_max_position_embeddings as f32,
+            },
+        ),
     };
     let row_len = rotation.row_len();
     Ok((Op::Rotary(Rotary { rotation }), vec![len, row_len]))

@@ -7,7 +7,7 @@ use crate::cuda_parity::{up, STORAGES};
 use crate::gradients::{check_gradients, sequence_job, sequences};
 use crate::text::{losses, small_models};
 use trainer::graph::Graph;
-use trainer::ops::rotary::{Kernels, Rotation};
+use trainer::ops::rotary::{Kernels, Llama3Scaling, Rotation};
 use trainer::tensor::cpu::CpuBackend;
 
 const CPU: CpuBackend = CpuBackend::new(1);
@@ -42,6 +42,7 @@ fn rotary_matches_hugging_faces_llama() {
             kv_heads: size("heads"),
             head_dim: size("head_dim"),
             theta: case["theta"].as_f64().unwrap() as f32,
+            scaling: None,
         };
         let (n, x, dy) = (size("batch"), floats(&case["x"]), floats(&case["dy"]));
         let mut table = vec![f32::NAN; r.table_len()];
@@ -68,6 +69,7 @@ fn a_position_alone_turns_as_in_its_sequence() {
         kv_heads: 2,
         head_dim: 6,
         theta: 10_000.0,
+        scaling: None,
     };
     let row = whole.row_len();
     let x = random_vec(whole.len * row, 1);
@@ -117,6 +119,17 @@ fn rotary_refuses_odd_heads_inputs_that_are_not_qkv_and_other_heads_after_it() {
         "1 given; must be a finite number above 1",
     ];
     expect_error(&job, &["check", "JOB"], 2, &needles);
+    let scaling = "{ type = \"llama3\", factor = 0.5, low_freq_factor = 1.0, high_freq_factor \
+                   = 4.0, original_max_position_embeddings = 8 }";
+    let job = sequence_job(&format!(
+        r#"{{ type = "linear", out = 12 }}, {{ type = "rotary", heads = 1, scaling = {scaling} }}"#
+    ));
+    let needles = [
+        "model.layers[2].scaling",
+        "factor = 0.5, low_freq_factor = 1, high_freq_factor = 4 given; the factor must be at \
+         least 1",
+    ];
+    expect_error(&job, &["check", "JOB"], 2, &needles);
     for (middle, expected) in cases {
         let job = spec(&sequence_job(middle));
         let e = Graph::build(&job, &sequences()).unwrap_err().to_string();
@@ -150,17 +163,27 @@ fn rotary_on_cuda_matches_the_cpu() {
         kv_heads: 3,
         head_dim: 16,
         theta: 10_000.0,
+        scaling: None,
     };
     let grouped = Rotation {
         heads: 4,
         kv_heads: 2,
         ..r
     };
+    // Llama 3.1's stretch: with θ = 10000 and 16 values a head, wavelengths of 6 to 18,000
+    // positions, some under 64 (kept), some past 1024 (divided), some between (blended).
+    let stretched = Rotation {
+        scaling: Some(Llama3Scaling {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 16.0,
+            original_context: 1024.0,
+        }),
+        ..grouped
+    };
     let n = 3;
-    for (r, storage) in [r, grouped]
-        .into_iter()
-        .flat_map(|r| STORAGES.map(|s| (r, s)))
-    {
+    let rotations = [r, grouped, stretched];
+    for (r, storage) in rotations.into_iter().flat_map(|r| STORAGES.map(|s| (r, s))) {
         let len = n * r.len * r.row_len();
         let (x, dy) = (
             stored(storage, &random_vec(len, 1)),
