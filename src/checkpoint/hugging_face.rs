@@ -8,6 +8,7 @@
 //!   `from_pretrained` reads it: model.safetensors (Conv1D matrices, [in, out]) and
 //!   config.json.
 
+use super::config::{config_beside, same_value};
 use super::file::{self, TensorOut, Values};
 use super::mapping::{Change, Mapping, CONV1D};
 use crate::graph::Graph;
@@ -45,20 +46,12 @@ fn is_gelu(f: Function) -> bool {
     matches!(f, Function::Gelu | Function::GeluTanh)
 }
 
-/// Whether the model's f32 epsilon is the config's.
-fn same_eps(ours: f32, theirs: f64) -> bool {
-    (f64::from(ours) / theirs - 1.0).abs() <= 1e-6
-}
-
 /// Where `weights` has a config.json beside it: Ok(true) when the model computes what it
 /// says; Err says how the model differs. Ok(false): no config.json to check against.
 pub fn check(weights: &Path, graph: &Graph) -> Result<bool, String> {
-    let path = weights.with_file_name("config.json");
-    let Ok(text) = std::fs::read_to_string(&path) else {
+    let Some((path, config)) = config_beside::<Gpt2Config>(weights, "GPT-2")? else {
         return Ok(false);
     };
-    let config: Gpt2Config = serde_json::from_str(&text)
-        .map_err(|e| format!("{} beside it is not a GPT-2 config: {e}", path.display()))?;
     let differs = |what: String| Err(format!("{} beside it says {what}", path.display()));
     let gelu = match config.activation_function.as_str() {
         "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => Function::GeluTanh,
@@ -96,7 +89,7 @@ pub fn check(weights: &Path, graph: &Graph) -> Result<bool, String> {
         }
         if let Some(eps) = ops
             .layer_norm_eps
-            .filter(|&e| !same_eps(e, config.layer_norm_epsilon))
+            .filter(|&e| !same_value(e, config.layer_norm_epsilon))
         {
             return differs(format!(
                 "layer_norm_epsilon = {}, and the model's layer norm has eps = {eps}",

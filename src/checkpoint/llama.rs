@@ -14,6 +14,7 @@
 //! - Its rotary layers turn pairs (i, i + d/2), as transformers' `rotate_half`, so the
 //!   matrices need no permutation.
 
+use super::config::{config_beside, same_value};
 use super::file::{self, TensorOut, Values};
 use crate::graph::Graph;
 use crate::ops::rotary::Llama3Scaling;
@@ -281,12 +282,9 @@ fn default_act() -> String {
 pub fn check(weights: &Path, graph: &Graph) -> Result<bool, String> {
     let ours = llama_of(graph)
         .map_err(|why| format!("it is a Hugging Face Llama file, and the model is not: {why}"))?;
-    let path = weights.with_file_name("config.json");
-    let Ok(text) = std::fs::read_to_string(&path) else {
+    let Some((path, config)) = config_beside::<LlamaConfig>(weights, "Llama")? else {
         return Ok(false);
     };
-    let config: LlamaConfig = serde_json::from_str(&text)
-        .map_err(|e| format!("{} beside it is not a Llama config: {e}", path.display()))?;
     let differs = |what: String| Err(format!("{} beside it says {what}", path.display()));
     let rope = config
         .rope_parameters
@@ -347,14 +345,14 @@ pub fn check(weights: &Path, graph: &Graph) -> Result<bool, String> {
             ),
         ),
         (
-            same(ours.eps, config.rms_norm_eps),
+            same_value(ours.eps, config.rms_norm_eps),
             format!(
                 "rms_norm_eps = {}, and the model's rmsnorm has eps = {}",
                 config.rms_norm_eps, ours.eps
             ),
         ),
         (
-            same(ours.theta, theta),
+            same_value(ours.theta, theta),
             format!(
                 "rope_theta = {theta}, and the model's rotary has theta = {}",
                 ours.theta
@@ -388,9 +386,4 @@ fn shown(scaling: Option<Llama3Scaling>) -> String {
             s.factor, s.low_freq_factor, s.high_freq_factor, s.original_context
         ),
     }
-}
-
-/// Whether the model's f32 value is the config's.
-fn same(ours: f32, theirs: f64) -> bool {
-    (f64::from(ours) / theirs - 1.0).abs() <= 1e-6
 }

@@ -17,6 +17,7 @@
 //! micro-step, optimizer steps, metrics rows...), `spec` (the resolved job as JSON),
 //! `spec_hash`, `format`, and the integrity fields of `file`.
 
+mod config;
 pub mod file;
 pub mod hugging_face;
 pub mod llama;

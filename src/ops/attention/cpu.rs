@@ -237,8 +237,9 @@ fn probs_again(x: &[f32], lse: &[f32], p: &mut [f32], shape: &Shape, h: usize) {
         });
 }
 
-/// One sample's input gradient dx [T, C + 2·C_kv] from dy [T, C] and what forward saved; `scratch`
-/// holds one head's score gradients [T, T] (and with `flash` its probabilities again).
+/// One sample's input gradient dx [T, C + 2·C_kv] from dy [T, C] and what forward saved;
+/// `scratch` holds one head's score gradients [T, T] (and with `flash` its probabilities
+/// again).
 fn backward_sample(
     x: &[f32],
     saved: &[f32],

@@ -1,8 +1,9 @@
 //! rotary: rotary position embedding (RoPE), as Llama applies it to queries and keys before
 //! attention. A sample of [T, C + 2·C_kv] holds each position's queries, keys and values side
-//! by side, as attention reads them (C_kv = C unless `kv_heads` is given). In each head of d values, pair (i, i + d/2) of the query and of
-//! the key turns by the angle p·θ^(−2i/d) at position p: Hugging Face's `rotate_half`
-//! convention. Values pass unchanged.
+//! by side, as attention reads them (C_kv = C unless `kv_heads` is given). In each head of d
+//! values, pair (i, i + d/2) of the query and of the key turns by the angle p·θ^(−2i/d) at
+//! position p: Hugging Face's `rotate_half` convention. Values pass unchanged. `scaling`
+//! stretches the frequencies θ^(−2i/d) as Llama 3.1 does.
 //! Its kernels live here too: `cpu.rs`, `cuda.rs`, `rotary.cu`.
 
 mod cpu;
