@@ -1,4 +1,5 @@
-//! Hugging Face's Llama, both ways.
+//! Hugging Face's Llama, both ways; and Qwen2, a Llama with biases on its queries, keys and
+//! values (the fused projection's bias).
 //!
 //! - Writing: a model built as jobs/llama_char.toml (RMSNorm, rotary embedding, the gated
 //!   MLP with SiLU, no biases) saved as transformers' LlamaForCausalLM saves itself, so
@@ -49,6 +50,8 @@ pub struct Llama {
     eps: f32,
     theta: f32,
     scaling: Option<Llama3Scaling>,
+    /// Biases on the queries, keys and values, as Qwen2's: written as Qwen2ForCausalLM.
+    qkv_bias: bool,
 }
 
 /// The Llama that `graph` is; Err says why it is none.
@@ -117,6 +120,7 @@ pub fn llama_of(graph: &Graph) -> Result<Llama, String> {
         eps: eps.first().copied().unwrap_or(1e-6),
         theta: rotations[0].0,
         scaling: rotations[0].1,
+        qkv_bias: shapes.contains_key("layers0_self_attn_qkv_proj.bias"),
     };
     let mut wanted = vec!["embed_tokens.weight", "norm.weight", "lm_head.weight"]
         .into_iter()
@@ -128,6 +132,9 @@ pub fn llama_of(graph: &Graph) -> Result<Llama, String> {
                 .iter()
                 .map(|(ours, _)| format!("layers{i}_{ours}.weight")),
         );
+        if described.qkv_bias {
+            wanted.push(format!("layers{i}_self_attn_qkv_proj.bias"));
+        }
     }
     let missing: Vec<&String> = wanted.iter().filter(|n| !shapes.contains_key(*n)).collect();
     let extra: Vec<&String> = shapes.keys().filter(|n| !wanted.contains(n)).collect();
@@ -137,7 +144,8 @@ pub fn llama_of(graph: &Graph) -> Result<Llama, String> {
             _ => (names.iter().map(|n| n.as_str()).collect::<Vec<_>>()).join(", "),
         };
         return Err(format!(
-            "a Llama's tensors are those of jobs/llama_char.toml, without biases, and the \
+            "a Llama's tensors are those of jobs/llama_char.toml, without biases (or, as \
+             Qwen2's, with biases on every fused projection), and the \
              model differs: missing {}; not in a Llama {}",
             list(missing),
             list(extra),
@@ -158,23 +166,21 @@ pub fn write(dir: &Path, described: &Llama, graph: &Graph, params: &[f32]) -> Re
     let mut add = |theirs: String, ours: &str| {
         let e = entry(ours).expect("llama_of checked every name");
         let values = &params[e.offset..e.offset + e.len()];
-        if !ours.ends_with("qkv_proj.weight") {
+        if !ours.contains("qkv_proj.") {
             tensors.push((theirs, values, e.shape.clone()));
             return;
         }
-        // The fused projection's rows: the query heads', then the key heads', then the value
-        // heads'.
+        // The fused projection's rows (of its matrix, or of its bias): the query heads', then
+        // the key heads', then the value heads'.
         let d = described;
         let kv_rows = d.kv_heads * d.head_dim;
         let rows = [d.heads * d.head_dim, kv_rows, kv_rows];
+        let row_len: usize = e.shape[1..].iter().product();
         let mut first = 0;
         for (rows, name) in rows.into_iter().zip(["q_proj", "k_proj", "v_proj"]) {
-            let part = &values[first * e.shape[1]..(first + rows) * e.shape[1]];
-            tensors.push((
-                theirs.replace("qkv_proj", name),
-                part,
-                vec![rows, e.shape[1]],
-            ));
+            let part = &values[first * row_len..(first + rows) * row_len];
+            let shape = [&[rows][..], &e.shape[1..]].concat();
+            tensors.push((theirs.replace("qkv_proj", name), part, shape));
             first += rows;
         }
     };
@@ -184,6 +190,12 @@ pub fn write(dir: &Path, described: &Llama, graph: &Graph, params: &[f32]) -> Re
             add(
                 format!("model.layers.{i}.{theirs}.weight"),
                 &format!("layers{i}_{ours}.weight"),
+            );
+        }
+        if described.qkv_bias {
+            add(
+                format!("model.layers.{i}.self_attn.qkv_proj.bias"),
+                &format!("layers{i}_self_attn_qkv_proj.bias"),
             );
         }
     }
@@ -204,9 +216,13 @@ pub fn write(dir: &Path, described: &Llama, graph: &Graph, params: &[f32]) -> Re
     let d = described;
     // The f32 values as they read in the job (1e-5, 10000), not their f64 widenings.
     let widen = |v: f32| v.to_string().parse::<f64>().unwrap_or(f64::from(v));
-    let config = serde_json::json!({
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+    let (architecture, model_type) = match d.qkv_bias {
+        true => ("Qwen2ForCausalLM", "qwen2"),
+        false => ("LlamaForCausalLM", "llama"),
+    };
+    let mut config = serde_json::json!({
+        "architectures": [architecture],
+        "model_type": model_type,
         "vocab_size": d.vocab_size,
         "hidden_size": d.hidden_size,
         "intermediate_size": d.intermediate_size,
@@ -232,6 +248,12 @@ pub fn write(dir: &Path, described: &Llama, graph: &Graph, params: &[f32]) -> Re
         "initializer_range": 0.02,
         "torch_dtype": "float32",
     });
+    if let (true, Some(fields)) = (d.qkv_bias, config.as_object_mut()) {
+        // Qwen2's config has no attention_bias (its biases are always there) and may attend
+        // to a window only; this model attends to every position before.
+        fields.remove("attention_bias");
+        fields.insert("use_sliding_window".into(), false.into());
+    }
     let text = serde_json::to_string_pretty(&config).expect("a JSON value") + "\n";
     let path = dir.join("config.json");
     std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
@@ -254,6 +276,12 @@ struct LlamaConfig {
     rope_parameters: Option<RopeParameters>,
     #[serde(default = "default_act")]
     hidden_act: String,
+    /// Qwen2's: attention over a window of positions only, in all layers or in those whose
+    /// type says so.
+    #[serde(default)]
+    use_sliding_window: bool,
+    #[serde(default)]
+    layer_types: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -323,6 +351,12 @@ pub fn check(weights: &Path, graph: &Graph) -> Result<bool, String> {
         .num_key_value_heads
         .unwrap_or(config.num_attention_heads);
     let checks = [
+        (
+            !config.use_sliding_window && config.layer_types.iter().all(|t| t == "full_attention"),
+            "use_sliding_window = true or a layer of another type than \"full_attention\"; \
+             trainer's attention reads every position before"
+                .to_string(),
+        ),
         (
             config.hidden_act == "silu",
             format!(

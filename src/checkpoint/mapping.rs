@@ -17,7 +17,8 @@
 //! transformers' `save_pretrained` of LlamaForCausalLM:
 //!
 //! - `model.layers.<i>.self_attn.q_proj.weight` is `layers<i>_self_attn_qkv_proj.weight`'s
-//!   first rows; `k_proj`'s and `v_proj`'s rows follow, stacked.
+//!   first rows; `k_proj`'s and `v_proj`'s rows follow, stacked. Qwen2's biases on them stack
+//!   the same way into the fused projection's bias.
 //! - The other names lose `model.` and write `_` for the dots inside a layer.
 //! - Without `lm_head.weight` (`tie_word_embeddings`), the output matrix is the token
 //!   embedding's.
@@ -200,8 +201,9 @@ impl Mapping {
             Change::FirstRows => [&want[..1], &theirs[1..]].concat(),
             Change::StackRows => {
                 let all: Vec<&Vec<usize>> = source.names.iter().map(|n| &shapes[n]).collect();
-                match all.iter().all(|s| s.len() == 2 && s[1] == theirs[1]) {
-                    true => vec![all.iter().map(|s| s[0]).sum(), theirs[1]],
+                let rest = theirs.get(1..).unwrap_or_default();
+                match all.iter().all(|s| !s.is_empty() && s[1..] == *rest) {
+                    true => [&[all.iter().map(|s| s[0]).sum()][..], rest].concat(),
                     // Unequal widths stack into nothing the model has.
                     false => all.iter().flat_map(|s| s.iter().copied()).collect(),
                 }
@@ -257,8 +259,13 @@ fn llama_name(name: &str) -> Option<LlamaName> {
     }
     let rest = name.strip_prefix("model.layers.")?;
     let (layer, part) = rest.split_once('.')?;
-    let part = part.strip_suffix(".weight")?;
     layer.parse::<usize>().ok()?;
+    // Qwen2's biases on the queries, keys and values: the fused projection's bias.
+    if let Some(part) = part.strip_suffix(".bias") {
+        let qkv = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"].contains(&part);
+        return qkv.then(|| LlamaName::Fused(format!("layers{layer}_self_attn_qkv_proj.bias")));
+    }
+    let part = part.strip_suffix(".weight")?;
     if ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"].contains(&part) {
         return Some(LlamaName::Fused(format!(
             "layers{layer}_self_attn_qkv_proj.weight"
@@ -440,6 +447,26 @@ mod tests {
             "model.layers.0.mlp.down_proj.weight"
         );
         assert_eq!(m.sources.len(), 7);
+    }
+
+    /// Qwen2's biases on q, k and v stack into the fused projection's bias.
+    #[test]
+    fn qwen2s_projection_biases_stack_into_the_fused_bias() {
+        let layer = "model.layers.0.self_attn";
+        let file = shapes(&[
+            (&format!("{layer}.k_proj.bias"), &[4]),
+            (&format!("{layer}.q_proj.bias"), &[8]),
+            (&format!("{layer}.q_proj.weight"), &[8, 8]),
+            (&format!("{layer}.v_proj.bias"), &[4]),
+        ]);
+        let mut model = llama_model();
+        model.push(entry("layers0_self_attn_qkv_proj.bias", &[16]));
+        let m = Mapping::new(&file, &model, StateDictNames::Sequential);
+        let bias = &m.sources["layers0_self_attn_qkv_proj.bias"];
+        assert_eq!(bias.change, Change::StackRows);
+        let parts = ["q_proj", "k_proj", "v_proj"].map(|p| format!("{layer}.{p}.bias"));
+        assert_eq!(bias.names, parts);
+        assert_eq!(Mapping::shape_after(bias, &file, &[16]), [16]);
     }
 
     /// Without all three projections the fused one is missing, and the parts there are

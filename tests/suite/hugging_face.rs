@@ -582,7 +582,8 @@ fn export_refuses_a_model_gpt2_cannot_hold() {
 /// fused projection split into q_proj, k_proj and v_proj, and, where transformers is
 /// installed, the run's logits; model.init_from reads it back. With grouped-query
 /// attention too: two key and value heads, `num_key_value_heads`, their projections 64 rows
-/// each. And with Llama 3.1's stretched rotary frequencies, `rope_scaling`.
+/// each. With Llama 3.1's stretched rotary frequencies, `rope_scaling`. And with biases on
+/// the fused projection, as Qwen2ForCausalLM.
 #[test]
 fn export_writes_a_llama_that_transformers_reads() {
     let grouped = [
@@ -595,7 +596,13 @@ fn export_writes_a_llama_that_transformers_reads() {
                       low_freq_factor = 1.0, high_freq_factor = 4.0, \
                       original_max_position_embeddings = 32 }",
     ];
-    for (sets, kv_heads) in [(&[][..], 4), (&grouped[..], 2), (&stretched[..], 4)] {
+    let biased = ["model.blocks.layers[1].bias=true"];
+    for (sets, kv_heads) in [
+        (&[][..], 4),
+        (&grouped[..], 2),
+        (&stretched[..], 4),
+        (&biased[..], 4),
+    ] {
         exports_a_llama(sets, kv_heads);
     }
 }
@@ -614,8 +621,14 @@ fn exports_a_llama(sets: &[&str], kv_heads: usize) {
     assert!(out.status.success(), "{}", stderr(&out));
     let config = std::fs::read_to_string(exported.join("config.json")).unwrap();
     let kv_field = format!("\"num_key_value_heads\": {kv_heads}");
+    // Biases on the fused projection make a Qwen2.
+    let biased = sets.iter().any(|s| s.contains("bias=true"));
+    let architecture = match biased {
+        true => "\"Qwen2ForCausalLM\"",
+        false => "\"LlamaForCausalLM\"",
+    };
     for field in [
-        "\"LlamaForCausalLM\"",
+        architecture,
         "\"num_hidden_layers\": 4",
         "\"num_attention_heads\": 4",
         &kv_field,
@@ -647,8 +660,9 @@ fn exports_a_llama(sets: &[&str], kv_heads: usize) {
     let values = |file: &SafeTensors, name: &str| -> Vec<f32> {
         bytemuck::pod_collect_to_vec(file.tensor(name).unwrap().data())
     };
-    // embed_tokens, norm and lm_head; nine a layer, the fused projection three.
-    assert_eq!(theirs.len(), 3 + 4 * 9);
+    // embed_tokens, norm and lm_head; nine a layer, the fused projection three (and its
+    // bias three).
+    assert_eq!(theirs.len(), 3 + 4 * (9 + 3 * usize::from(biased)));
     let fused = values(&ours, "layers2_self_attn_qkv_proj.weight");
     let mut first = 0;
     for (part, rows) in [

@@ -96,8 +96,34 @@ fn refused(init_from: &Path, edit: impl Fn(String) -> String, said: &str) {
 /// projections stacked, the embedding read as lm_head too.
 #[test]
 fn a_transformers_llama_file_gives_transformers_logits() {
+    gives_transformers_logits(FIXTURE, |j| j);
+}
+
+/// So does a Qwen2's (tests/fixtures/hf_qwen2): biases on the queries, keys and values,
+/// stacked into the fused projection's bias; θ = 1000000 without a stretch.
+#[test]
+fn a_transformers_qwen2_file_gives_transformers_logits() {
+    gives_transformers_logits("tests/fixtures/hf_qwen2", as_qwen2);
+}
+
+/// The fixture's job as the Qwen2 of tests/fixtures/hf_qwen2.
+fn as_qwen2(job: String) -> String {
+    (job.replace(
+        "bias = false, name = \"self_attn_qkv_proj\"",
+        "name = \"self_attn_qkv_proj\"",
+    ))
+    .replace(
+        &format!("theta = 500000.0, scaling = {SCALING}"),
+        "theta = 1000000.0",
+    )
+}
+
+/// The model of `fixture`, read by the fixture's job as `edit` changes it, computes the
+/// logits transformers wrote beside it.
+fn gives_transformers_logits(fixture: &str, edit: impl Fn(String) -> String) {
     let dir = tempfile::tempdir().unwrap();
-    let path = write_job(dir.path(), &fixture(), |j| j);
+    let file = root().join(fixture).join("model.safetensors");
+    let path = write_job(dir.path(), &file, edit);
     let spec = trainer::spec::load_job(&path, &[]).unwrap();
     let data = DataShape {
         sample_shape: vec![BLOCK],
@@ -106,12 +132,12 @@ fn a_transformers_llama_file_gives_transformers_logits() {
         target_dim: BLOCK,
     };
     let graph = Graph::build(&spec, &data).unwrap();
-    let w = weights::read(&fixture(), &graph).unwrap();
+    let w = weights::read(&file, &graph).unwrap();
 
-    let bytes = std::fs::read(root().join(FIXTURE).join("logits.safetensors")).unwrap();
-    let file = SafeTensors::deserialize(&bytes).unwrap();
+    let bytes = std::fs::read(root().join(fixture).join("logits.safetensors")).unwrap();
+    let logits = SafeTensors::deserialize(&bytes).unwrap();
     let f32s = |name: &str| -> Vec<f32> {
-        bytemuck::pod_collect_to_vec(file.tensor(name).unwrap().data())
+        bytemuck::pod_collect_to_vec(logits.tensor(name).unwrap().data())
     };
     let (input, theirs) = (f32s("input"), f32s("logits"));
     let n = input.len() / BLOCK;
@@ -124,8 +150,11 @@ fn a_transformers_llama_file_gives_transformers_logits() {
     let worst = (ours.iter().zip(&theirs))
         .map(|(a, b)| (a - b).abs() / (1.0 + b.abs()))
         .fold(0.0f32, f32::max);
-    assert!(worst < 1e-4, "logits differ from transformers' by {worst}");
-    println!("largest difference from transformers' logits: {worst:.1e}");
+    assert!(
+        worst < 1e-4,
+        "{fixture}: logits differ from transformers' by {worst}"
+    );
+    println!("{fixture}: largest difference from transformers' logits: {worst:.1e}");
 }
 
 /// A run from the file trains, and its train.log says what reading it changed.
@@ -142,7 +171,8 @@ fn a_run_from_a_llama_file_says_how_it_read_it() {
 }
 
 /// What the shapes cannot tell is read from config.json and refused where the model
-/// differs: θ, RMSNorm's epsilon, the rotary stretch, a rotary embedding of another kind.
+/// differs: θ, RMSNorm's epsilon, the rotary stretch, a rotary embedding of another kind,
+/// attention over a sliding window.
 #[test]
 fn a_llama_file_whose_config_differs_from_the_model_is_refused() {
     refused(
@@ -184,6 +214,25 @@ fn a_llama_file_whose_config_differs_from_the_model_is_refused() {
         &dir.path().join("model.safetensors"),
         |j| j,
         "its rotary embedding is \"yarn\"; trainer's rotary layer turns by θ alone",
+    );
+    // A Qwen2 that attends to a window of positions only.
+    let qwen2 = tempfile::tempdir().unwrap();
+    for name in ["model.safetensors", "config.json"] {
+        let from = root().join("tests/fixtures/hf_qwen2").join(name);
+        std::fs::copy(from, qwen2.path().join(name)).unwrap();
+    }
+    let config = qwen2.path().join("config.json");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let windowed = text.replace(
+        "\"use_sliding_window\": false",
+        "\"use_sliding_window\": true",
+    );
+    std::fs::write(&config, windowed).unwrap();
+    refused(
+        &qwen2.path().join("model.safetensors"),
+        as_qwen2,
+        "use_sliding_window = true or a layer of another type than \"full_attention\"; \
+         trainer's attention reads every position before",
     );
 }
 
