@@ -3,7 +3,7 @@
 //!
 //! - Writing: a model built as jobs/llama_char.toml (RMSNorm, rotary embedding, the gated
 //!   MLP with SiLU, no biases) saved as transformers' LlamaForCausalLM saves itself, so
-//!   `from_pretrained` reads it.
+//!   `from_pretrained` reads it; with the fused projection's bias, as Qwen2ForCausalLM.
 //! - Reading (`model.init_from`, renamed by `mapping`): `check` compares the config.json
 //!   beside the file with the model, for what the tensors' shapes cannot tell.
 //!
@@ -85,8 +85,7 @@ pub fn llama_of(graph: &Graph) -> Result<Llama, String> {
     if !one_heads || !same(&eps) || !one_rotation || rotations.len() != heads.len() {
         return Err(
             "LlamaConfig has one number of heads, one rms_norm_eps and one rope_theta and \
-             rope_scaling, and a \
-             rotary layer before every attention layer with its heads"
+             rope_scaling, and a rotary layer before every attention layer with its heads"
                 .into(),
         );
     }
