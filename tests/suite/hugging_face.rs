@@ -110,20 +110,31 @@ fn logits(file: &Path) -> Vec<f32> {
     let graph = graph(dir.path(), file);
     let w = weights::read(file, &graph).unwrap();
     let (input, _) = expected();
-    let n = input.len() / BLOCK;
-    let backend = CpuBackend::new(1);
-    let mut net = Network::new(&backend, graph, &w.params, n, 0).unwrap();
-    net.set_input(&backend, &input);
-    net.forward(&backend, n, false, 0);
-    net.output()[..n * BLOCK * VOCABULARY].to_vec()
+    model_logits(graph, &w.params, &input)
 }
 
-fn assert_close(ours: &[f32], theirs: &[f32]) {
+/// The logits of a language model `graph` with `params` for `input`, a window of ids a
+/// sample, on the CPU.
+pub(crate) fn model_logits(graph: Graph, params: &[f32], input: &[f32]) -> Vec<f32> {
+    let [block, vocabulary] = graph.output_shape()[..] else {
+        panic!("a language model outputs [T, vocabulary]")
+    };
+    let n = input.len() / block;
+    let backend = CpuBackend::new(1);
+    let mut net = Network::new(&backend, graph, params, n, 0).unwrap();
+    net.set_input(&backend, input);
+    net.forward(&backend, n, false, 0);
+    net.output()[..n * block * vocabulary].to_vec()
+}
+
+/// Our logits are transformers' within 1e-4 relative; returns the largest difference.
+pub(crate) fn assert_close(ours: &[f32], theirs: &[f32]) -> f32 {
     assert_eq!(ours.len(), theirs.len());
     let worst = (ours.iter().zip(theirs))
         .map(|(a, b)| (a - b).abs() / (1.0 + b.abs()))
         .fold(0.0f32, f32::max);
     assert!(worst < 1e-4, "logits differ from transformers' by {worst}");
+    worst
 }
 
 /// save_pretrained's own file: `transformer.` names, Conv1D layouts, no lm_head.
@@ -533,11 +544,7 @@ fn transformers_computes_the_logits(exported: &Path, graph: Graph, params: &[f32
         panic!("a language model outputs [T, vocabulary]")
     };
     let n = input.len() / block;
-    let backend = CpuBackend::new(1);
-    let mut net = Network::new(&backend, graph, params, n, 0).unwrap();
-    net.set_input(&backend, input);
-    net.forward(&backend, n, false, 0);
-    let logits = net.output()[..n * block * vocabulary].to_vec();
+    let logits = model_logits(graph, params, input);
     let dir = tempfile::tempdir().unwrap();
     let case = dir.path().join("case.safetensors");
     common::write_f32_safetensors(

@@ -4,11 +4,11 @@
 //! then computes transformers' own logits (tests/fixtures/make_hf_llama.py wrote both).
 
 use crate::common::{self, root, stderr, trainer};
+use crate::hugging_face::{assert_close, model_logits};
 use safetensors::SafeTensors;
 use std::path::{Path, PathBuf};
 use trainer::checkpoint::weights;
-use trainer::graph::{DataShape, Graph, Network};
-use trainer::tensor::cpu::CpuBackend;
+use trainer::graph::{DataShape, Graph};
 
 const FIXTURE: &str = "tests/fixtures/hf_llama";
 /// The fixture's model: 2 layers of width 32, 4 query heads and 2 key and value heads of 8
@@ -140,20 +140,7 @@ fn gives_transformers_logits(fixture: &str, edit: impl Fn(String) -> String) {
         bytemuck::pod_collect_to_vec(logits.tensor(name).unwrap().data())
     };
     let (input, theirs) = (f32s("input"), f32s("logits"));
-    let n = input.len() / BLOCK;
-    let backend = CpuBackend::new(1);
-    let mut net = Network::new(&backend, graph, &w.params, n, 0).unwrap();
-    net.set_input(&backend, &input);
-    net.forward(&backend, n, false, 0);
-    let ours = &net.output()[..n * BLOCK * VOCABULARY];
-    assert_eq!(ours.len(), theirs.len());
-    let worst = (ours.iter().zip(&theirs))
-        .map(|(a, b)| (a - b).abs() / (1.0 + b.abs()))
-        .fold(0.0f32, f32::max);
-    assert!(
-        worst < 1e-4,
-        "{fixture}: logits differ from transformers' by {worst}"
-    );
+    let worst = assert_close(&model_logits(graph, &w.params, &input), &theirs);
     println!("{fixture}: largest difference from transformers' logits: {worst:.1e}");
 }
 

@@ -100,15 +100,22 @@ impl RotarySpec {
             factor,
             low_freq_factor,
             high_freq_factor,
-            ..
+            original_max_position_embeddings,
         }) = self.scaling
         {
             let message = format!(
                 "factor = {factor}, low_freq_factor = {low_freq_factor}, high_freq_factor = \
-                 {high_freq_factor} given; the factor must be at least 1 and the low \
-                 frequencies' factor positive and below the high ones'"
+                 {high_freq_factor}, original_max_position_embeddings = \
+                 {original_max_position_embeddings} given; the factor must be at least 1, the \
+                 low frequencies' factor positive and below the high ones', and the original \
+                 positions at least 1"
             );
-            let ok = factor >= 1.0 && low_freq_factor > 0.0 && high_freq_factor > low_freq_factor;
+            let finite = [factor, low_freq_factor, high_freq_factor].map(f64::is_finite);
+            let ok = finite.iter().all(|&f| f)
+                && factor >= 1.0
+                && low_freq_factor > 0.0
+                && high_freq_factor > low_freq_factor
+                && original_max_position_embeddings >= 1;
             c.check(ok, "scaling", message);
         }
     }

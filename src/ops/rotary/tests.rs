@@ -126,8 +126,8 @@ fn rotary_refuses_odd_heads_inputs_that_are_not_qkv_and_other_heads_after_it() {
     ));
     let needles = [
         "model.layers[2].scaling",
-        "factor = 0.5, low_freq_factor = 1, high_freq_factor = 4 given; the factor must be at \
-         least 1",
+        "factor = 0.5, low_freq_factor = 1, high_freq_factor = 4, \
+         original_max_position_embeddings = 8 given; the factor must be at least 1",
     ];
     expect_error(&job, &["check", "JOB"], 2, &needles);
     for (middle, expected) in cases {
